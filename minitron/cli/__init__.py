@@ -1,4 +1,4 @@
-"""The ``minitron`` command: trace, groups, launch, pretrain, preprocess, vscode.
+"""The ``minitron`` command: trace, view, groups, launch, pretrain, preprocess, vscode.
 
 Every command validates its input in this process, before any rank starts: a bad layout or
 batch size is one line on stderr and exit code 2, never a traceback from 16 ranks.
@@ -7,43 +7,94 @@ batch size is one line on stderr and exit code 2, never a traceback from 16 rank
 from __future__ import annotations
 
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
-import click
 import typer
 
 # Each module registers its commands on the app; this order is the order `--help` lists them.
 from minitron.cli import trace, tools, train  # noqa: F401,I001
+from minitron.cli.command import MinitronCommand, UsageError
 from minitron.cli.common import UserError, app
+
+# What each command passes on that is not its own flag (see MinitronCommand).
+FORWARDS = {"trace": "megatron", "pretrain": "megatron", "launch": "script"}
+
+
+def _prepare_commands() -> None:
+    """Give every registered command minitron's flag checks and its whole first line in
+    ``minitron --help`` (click would cut it at about 45 characters)."""
+    for info in app.registered_commands:
+        name = info.name or info.callback.__name__.replace("_", "-")
+        info.cls = type(f"{name.title()}Command", (MinitronCommand,), {"forwards": FORWARDS.get(name)})
+        info.short_help = first_sentence(info.callback.__doc__ or "")
+
+
+def first_sentence(doc: str) -> str:
+    """The docstring's first sentence, however many source lines it spans."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    return paragraph.split(". ")[0].rstrip(".") + "."
+
+
+def _version(value: bool) -> None:
+    if value:
+        try:
+            print(f"minitron {version('minitron')}")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            print("minitron (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _top(show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                           help="print minitron's version and exit")):
+    """minitron: Megatron-LM's GPT pretraining path, small and traced."""
+
+
+_prepare_commands()
+# typer's exceptions for "stop here" and "the user pressed Ctrl-C" come from the same module as
+# its usage errors, whichever click that is.
+_click_exceptions = sys.modules[UsageError.__module__]
 
 
 def main() -> None:
     """Entry point: turn every kind of bad input into one line and a non-zero exit."""
-    from minitron.launcher import RankFailure
-
-    # typer carries its own copy of click; its usage errors derive from this class.
-    usage_error = typer.BadParameter.__mro__[1]
 
     def fail(message: str, code: int) -> None:
         print(f"minitron: {message}", file=sys.stderr)  # plain print: never wrapped, never styled
         sys.exit(code)
 
+    def interrupted() -> None:
+        # Only commands that start ranks import the launcher; it stops them all before the
+        # KeyboardInterrupt reaches us (launcher.launch's except clause).
+        ranks = "; every rank was stopped" if "minitron.launcher.launch" in sys.modules else ""
+        fail(f"interrupted{ranks}", 130)
+
     try:
         code = app(standalone_mode=False)
     except UserError as exc:
         fail(f"error: {exc}", 2)
-    except (usage_error, click.UsageError) as exc:
+    except UsageError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare `minitron`: the help is the answer
             print(exc.format_message())
             sys.exit(0)
         fail(f"error: {exc.format_message()}", 2)
-    except RankFailure as failure:
-        tail = failure.log_tail()
-        fail(f"{failure}" + (f"\n--- last lines of its log ---\n{tail}" if tail else ""), 1)
-    except (KeyboardInterrupt, click.Abort, typer.Abort):
-        fail("interrupted; every rank was stopped", 130)
-    except (typer.Exit, click.exceptions.Exit) as exc:
+    except KeyboardInterrupt:
+        interrupted()
+    except (_click_exceptions.Abort, typer.Abort):
+        interrupted()
+    except (typer.Exit, _click_exceptions.Exit) as exc:
         sys.exit(getattr(exc, "exit_code", 0))
-    # With standalone_mode=False, a command's typer.Exit(n) comes back as the return value.
+    except Exception as exc:  # noqa: BLE001 -- the failures of a run that started, named in one line
+        from minitron.launcher import RankFailure
+
+        if not isinstance(exc, RankFailure):
+            raise
+        tail = exc.log_tail()
+        fail(f"{exc}" + (f"\n--- last lines of its log ---\n{tail}" if tail else ""), 1)
+    # With standalone_mode=False a command's typer.Exit(n) comes back as the return value, and
+    # typer turns Ctrl-C inside a command into exactly such an exit with 130.
+    if code == 130:
+        interrupted()
     sys.exit(code if isinstance(code, int) else 0)
 
 

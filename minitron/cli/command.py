@@ -1,0 +1,116 @@
+"""What every command does with its flags before typer parses them: the short layout aliases,
+and one line for a mistyped flag.
+
+Three commands (trace, pretrain, launch) pass flags they do not know on to the ranks, because
+those flags are Megatron's (``--num-layers``, ``--lr``, ...). Left alone, a typo there travels
+to every rank, or hides behind "Missing option '--world'" when the typo was ``--wrld``. So the
+flags are checked here, once, against the command's own options and Megatron's parser.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import List
+
+import typer
+from typer.core import TyperCommand
+
+# Megatron's long layout flags and the short aliases every layout-taking command accepts.
+LAYOUT_ALIASES = {
+    "--tp": "--tensor-model-parallel-size",
+    "--pp": "--pipeline-model-parallel-size",
+    "--cp": "--context-parallel-size",
+    "--ep": "--expert-model-parallel-size",
+    "--vp": "--virtual-pipeline-model-parallel-size",
+}
+_NUMBER = re.compile(r"^-\d|^-\.\d|^-inf$|^-nan$", re.IGNORECASE)
+
+# click's usage error, from whichever click typer carries (its own private copy in recent typer,
+# the click package in older ones): the base class of typer.BadParameter. minitron never imports
+# click itself, so it works with both.
+UsageError = typer.BadParameter.__mro__[1]
+
+
+def megatron_flags() -> set:
+    """Every flag Megatron's parser (ours, same names) accepts. Torch-free, so a typo is
+    answered before torch is imported."""
+    from minitron.training.arguments import build_parser
+
+    return {s for action in build_parser()._actions for s in action.option_strings}
+
+
+def expand_aliases(argv: List[str]) -> List[str]:
+    """``--tp 2`` (or ``--tp=2``) becomes ``--tensor-model-parallel-size 2``: ranks parse
+    Megatron's names only."""
+    out = []
+    for token in argv:
+        if token == "--":
+            out.append(token)
+            continue
+        name, eq, value = token.partition("=")
+        out.append(LAYOUT_ALIASES.get(name, name) + eq + value if name in LAYOUT_ALIASES else token)
+    return out
+
+
+def suggest(name: str, known: set) -> str:
+    close = difflib.get_close_matches(name, sorted(known), n=2, cutoff=0.7)
+    if not close and name.lstrip("-"):
+        # A prefix is a strong hint too: --tensor-model → --tensor-model-parallel-size.
+        close = sorted(k for k in known if k.startswith(name))[:3]
+    return f"; did you mean {' or '.join(close)}?" if close else f"; see `minitron {{cmd}} --help`"
+
+
+class MinitronCommand(TyperCommand):
+    """A typer command whose flags are checked for typos before parsing.
+
+    ``forwards`` says what the command passes on: "megatron" (trace, pretrain: unknown flags must
+    be Megatron's), "script" (launch: everything after the script is the script's own), or None
+    (every flag must be the command's own).
+    """
+
+    forwards: str | None = None
+
+    def parse_args(self, ctx, args: List[str]) -> List[str]:
+        if self.forwards == "megatron" and self.name == "pretrain":
+            args = expand_aliases(args)
+        self._check_flags(args)
+        return super().parse_args(ctx, args)
+
+    def _own_options(self) -> tuple[set, set]:
+        names, flags = set(), set()
+        for param in self.params:
+            opts = set(getattr(param, "opts", [])) | set(getattr(param, "secondary_opts", []))
+            names |= opts
+            if getattr(param, "is_flag", False):
+                flags |= opts
+        return names | {"--help"}, flags | {"--help"}
+
+    def _check_flags(self, args: List[str]) -> None:
+        own, own_flags = self._own_options()
+        megatron = None
+        expect_value = False
+        for token in args:
+            if token == "--":
+                break  # what follows is for the ranks; parse_args checks it there
+            if not token.startswith("-") or _NUMBER.match(token):
+                if self.forwards == "script" and not expect_value:
+                    break  # the script path: the rest belongs to the script
+                expect_value = False
+                continue
+            name = token.split("=", 1)[0]
+            if self.forwards == "script" and name in ("-m", "--module"):
+                break  # the module and everything after it are the module's
+            if name in own:
+                expect_value = name not in own_flags and "=" not in token
+                continue
+            expect_value = False
+            if self.forwards == "megatron":
+                megatron = megatron if megatron is not None else megatron_flags()
+                if name in megatron:
+                    continue
+                known = own | megatron
+            else:
+                known = own
+            hint = suggest(name, known).replace("{cmd}", self.name or "")
+            raise UsageError(f"no such option {name}{hint}")
