@@ -1,0 +1,169 @@
+"""DeepSpeed's config: the ds_config JSON, read and resolved as ``deepspeed.runtime.config`` does.
+
+The heart of it is the batch-size triad:
+
+    train_batch_size = train_micro_batch_size_per_gpu × gradient_accumulation_steps × dp
+
+where dp ("world size" in DeepSpeed's code) is the number of data-parallel ranks: the whole
+world when no model-parallel unit (mpu) is passed, the data-parallel group's size when one is.
+Any two of the three determine the third; given one, the missing ones follow with
+gradient_accumulation_steps = 1; given all three, they must agree. DeepSpeed derives with
+integer division and only then checks the product, so a train_batch_size that does not divide
+is caught by the check, not by the derivation — the same happens here, with DeepSpeed's wording.
+
+The other sections (fp16, bf16, gradient_clipping, optimizer, scheduler, zero_optimization,
+steps_per_print) are parsed in ``config_sections.py``. Every bad value is one ``DeepSpeedConfigError``
+line naming the key; keys minitron does not implement are refused rather than ignored, so a config
+never promises what the run does not do.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from minitron.runtime.config_sections import (
+    DeepSpeedConfigError, check_keys, parse_optimizer, parse_precision, parse_scheduler, parse_zero, positive_int,
+)
+
+TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+# Top-level keys minitron reads; anything else is refused (see check_keys for keys accepted only
+# at DeepSpeed's default value, such as the seed notes' "wall_clock_breakdown": false).
+TOP_LEVEL = TRIAD + ("steps_per_print", "gradient_clipping", "fp16", "bf16", "bfloat16", "optimizer",
+                     "scheduler", "zero_optimization")
+DEFAULT_ONLY = {"prescale_gradients": False, "wall_clock_breakdown": False, "gradient_predivide_factor": 1.0,
+                "zero_allow_untested_optimizer": False, "sparse_gradients": False}
+
+
+def _no_duplicate_keys(pairs):
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise DeepSpeedConfigError(f"duplicate key {key!r}")
+        seen[key] = value
+    return seen
+
+
+def load_config(config: Union[str, Path, dict]) -> dict:
+    """The config as a dict: a dict is taken as is, a path is read as JSON (duplicate keys refused,
+    as DeepSpeed refuses them)."""
+    if isinstance(config, dict):
+        return dict(config)
+    path = Path(config)
+    if not path.is_file():
+        raise DeepSpeedConfigError(f"{path}: no such file; give the path of a ds_config JSON file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except UnicodeDecodeError as exc:
+        raise DeepSpeedConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise DeepSpeedConfigError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except DeepSpeedConfigError as exc:
+        raise DeepSpeedConfigError(f"{path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise DeepSpeedConfigError(f"{path}: a ds_config is a JSON object, got {type(data).__name__}")
+    return data
+
+
+def resolve_batch_triad(train_batch: Optional[int], micro_batch: Optional[int], grad_acc: Optional[int],
+                        world_size: int) -> tuple[int, int, int]:
+    """DeepSpeed's _set_batch_related_parameters followed by _batch_assertion."""
+    if train_batch is not None and micro_batch is not None and grad_acc is not None:
+        pass
+    elif train_batch is not None and micro_batch is not None:
+        if micro_batch == 0:  # DeepSpeed divides by it here and dies of a ZeroDivisionError
+            _not_positive("train_micro_batch_size_per_gpu", 0, world_size)
+        grad_acc = train_batch // micro_batch // world_size
+    elif train_batch is not None and grad_acc is not None:
+        if grad_acc == 0:  # likewise
+            _not_positive("gradient_accumulation_steps", 0, world_size)
+        micro_batch = train_batch // world_size // grad_acc
+    elif micro_batch is not None and grad_acc is not None:
+        train_batch = micro_batch * grad_acc * world_size
+    elif train_batch is not None:
+        grad_acc, micro_batch = 1, train_batch // world_size
+    elif micro_batch is not None:
+        grad_acc, train_batch = 1, micro_batch * world_size
+    else:
+        raise DeepSpeedConfigError("Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided")
+    for name, value in zip(TRIAD, (train_batch, micro_batch, grad_acc)):
+        if value <= 0:
+            _not_positive(name, value, world_size)
+    if train_batch != micro_batch * grad_acc * world_size:
+        raise DeepSpeedConfigError(
+            "Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
+            f"gradient_acc_step * world_size {train_batch} != {micro_batch} * {grad_acc} * {world_size}")
+    return train_batch, micro_batch, grad_acc
+
+
+def _not_positive(name: str, value: int, world_size: int) -> None:
+    label = {"train_batch_size": "Train batch size", "train_micro_batch_size_per_gpu": "Micro batch size per gpu",
+             "gradient_accumulation_steps": "Gradient accumulation steps"}[name]  # DeepSpeed's wording
+    raise DeepSpeedConfigError(f"{label}: {value} has to be greater than 0 ({name}, at data-parallel size "
+                               f"{world_size})")
+
+
+class DeepSpeedConfig:
+    """The resolved ds_config, with DeepSpeed's attribute names.
+
+    ``world_size`` is the data-parallel size: ``mpu.get_data_parallel_world_size()`` when a
+    model-parallel unit is given (Megatron's parallel_state is one), else the number given, else
+    the default process group's size, else 1 — the order DeepSpeed's constructor uses.
+    """
+
+    def __init__(self, config: Union[str, Path, dict], mpu: Any = None, world_size: Optional[int] = None):
+        self._param_dict = load_config(config)
+        self.world_size = self._data_parallel_size(mpu, world_size)
+        params = self._param_dict
+        check_keys(params, TOP_LEVEL, DEFAULT_ONLY, where="ds_config")
+        triad = [positive_int(params, key, allow_none=True) for key in TRIAD]
+        self.train_batch_size, self.train_micro_batch_size_per_gpu, self.gradient_accumulation_steps = \
+            resolve_batch_triad(*triad, self.world_size)
+        self.steps_per_print = positive_int(params, "steps_per_print", allow_none=True)  # None: DeepSpeed prints no periodic line
+        clip = params.get("gradient_clipping", 0.0)
+        if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip >= 0:
+            raise DeepSpeedConfigError(f"gradient_clipping must be a number >= 0 (0 turns it off), got {clip!r}")
+        self.gradient_clipping = float(clip)
+        precision = parse_precision(params)
+        self.fp16_enabled, self.bfloat16_enabled = precision.fp16, precision.bf16
+        self.loss_scale, self.initial_dynamic_scale = precision.loss_scale, precision.initial_scale
+        self.dynamic_loss_scale_args = precision.dynamic_args
+        self.optimizer_name, self.optimizer_params = parse_optimizer(params)
+        self.scheduler_name, self.scheduler_params = parse_scheduler(params)
+        self.zero_config = parse_zero(params)
+        self.zero_optimization_stage = self.zero_config.stage
+        self.zero_enabled = self.zero_optimization_stage > 0
+
+    @staticmethod
+    def _data_parallel_size(mpu: Any, world_size: Optional[int]) -> int:
+        if mpu is not None:
+            return mpu.get_data_parallel_world_size()
+        if world_size is not None:
+            if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+                raise DeepSpeedConfigError(f"the data-parallel size must be at least 1, got {world_size!r}")
+            return world_size
+        import sys
+        dist = sys.modules.get("torch.distributed")  # only a program that already uses torch asks it
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_world_size()
+        return 1
+
+    def as_dict(self) -> dict:
+        """Every resolved value, for ``minitron ds-config --json`` and the chapter's tables."""
+        return {
+            "data_parallel_size": self.world_size,
+            "train_batch_size": self.train_batch_size,
+            "train_micro_batch_size_per_gpu": self.train_micro_batch_size_per_gpu,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "steps_per_print": self.steps_per_print,
+            "gradient_clipping": self.gradient_clipping,
+            "fp16_enabled": self.fp16_enabled,
+            "bfloat16_enabled": self.bfloat16_enabled,
+            "loss_scale": self.loss_scale,
+            "initial_dynamic_scale": self.initial_dynamic_scale,
+            "dynamic_loss_scale_args": self.dynamic_loss_scale_args,
+            "optimizer": {"type": self.optimizer_name, "params": self.optimizer_params},
+            "scheduler": {"type": self.scheduler_name, "params": self.scheduler_params},
+            "zero_optimization": self.zero_config.as_dict(),
+        }
