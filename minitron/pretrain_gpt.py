@@ -25,7 +25,7 @@ from minitron.launcher.worker import rank_session
 from minitron.training.arguments import core_transformer_config_from_args
 from minitron.training.global_vars import get_args, get_tokenizer
 from minitron.training.training import pretrain
-from minitron.training.training_log import print_rank_0
+from minitron.training.utils import print_rank_0
 
 # Defaults for flags a user did not give: token-id data over a small vocabulary, so a command
 # line can stay about the parallel layout.

@@ -32,6 +32,7 @@ def pretrain(
     from minitron.launcher import launch as run
     from minitron.trace import TRACE_DIR_ENV
     from minitron.training.progress import PretrainProgress
+    from minitron.training.utils import CONSOLE_ENV
 
     check_world(world)
     backend = rank_backend(backend, world, "--backend fake moves no data, so it cannot train: use gloo or nccl")
@@ -44,20 +45,22 @@ def pretrain(
     if not args.train_iters:
         raise UserError("--train-iters N is required (N >= 1); `minitron trace` shows initialization alone")
     log_jsonl = Path(args.log_jsonl)
-    log_jsonl.parent.mkdir(parents=True, exist_ok=True)
-    log_jsonl.unlink(missing_ok=True)
-    env = {TRACE_DIR_ENV: str(trace_dir.resolve())} if trace_dir else {}
+    # The ranks append the lines Megatron prints for the console here; we show them as they come.
+    console_jsonl = (log_dir / "console.jsonl").resolve()
+    for path in (log_jsonl, console_jsonl):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+    env = {CONSOLE_ENV: str(console_jsonl)}
+    if trace_dir:
+        env[TRACE_DIR_ENV] = str(trace_dir.resolve())
     env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world))
     cfg = LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env,
                        warm=TRAINING_WARM)
     started = time.perf_counter()
-    with PretrainProgress(log_jsonl, args.train_iters, console) as progress:
+    with PretrainProgress(log_jsonl, console_jsonl, args.train_iters, console) as progress:
         run(cfg, Target(module="minitron.pretrain_gpt", argv=argv), monitor=progress.poll)
-    done = progress.records
-    last = done[-1] if done else {}
-    console.print(f"{len(done)} iterations on {world} ranks in {time.perf_counter() - started:.1f} s; "
-                  f"final lm loss {last.get('lm_loss', float('nan')):.4f}; per-iteration records: {log_jsonl}; "
-                  f"rank logs: {log_dir}/")
+    for line in progress.summary(world, args.seq_length, time.perf_counter() - started, log_dir, log_jsonl):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -145,7 +145,7 @@ def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> No
         marker.with_name(TRACKER + ".tmp").write_text(str(iteration))
         os.replace(marker.with_name(TRACKER + ".tmp"), marker)
     torch.distributed.barrier()
-    from minitron.training.training_log import print_rank_0
+    from minitron.training.utils import print_rank_0
     print_rank_0(f"> saved checkpoint at iteration {iteration} to {args.save}")
 # --8<-- [end:save]
 
@@ -156,7 +156,7 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
     args = get_args()
     iteration = read_latest_iteration(args.load)
     if iteration is None:
-        from minitron.training.training_log import print_rank_0
+        from minitron.training.utils import print_rank_0
         print_rank_0(f"> no checkpoint in {args.load}: starting from scratch")
         return 0
     tp, pp = mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank()
@@ -175,6 +175,6 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
     opt_param_scheduler.load_state_dict(state["opt_param_scheduler"])
     _set_rng_state(state["rng_state"][mpu.get_data_parallel_rank()])
     args.consumed_train_samples = state["consumed_train_samples"]
-    from minitron.training.training_log import print_rank_0
+    from minitron.training.utils import print_rank_0
     print_rank_0(f"> loaded checkpoint from {args.load} at iteration {iteration}")
     return iteration

@@ -22,7 +22,7 @@ from minitron.core import parallel_state as mpu
 from minitron.trace import traced
 from minitron.training.datasets.data_samplers import build_pretraining_data_loader
 from minitron.training.global_vars import get_args
-from minitron.training.training_log import print_rank_0
+from minitron.training.utils import print_rank_0
 
 
 def cyclic_iter(iterable):

@@ -25,6 +25,7 @@ from minitron.core import tensor_parallel
 from minitron.trace import traced
 from minitron.training.arguments import parse_args, validate_args
 from minitron.training.global_vars import get_args, set_global_variables
+from minitron.training.utils import print_rank_0
 
 
 # --8<-- [start:initialize-megatron]
@@ -46,10 +47,9 @@ def finish_mpu_init():
     we give it module level so the trace names it."""
     args = get_args()
     _initialize_distributed()
-    if args.rank == 0:
-        print(f"> initialized {args.world_size} ranks: tensor {args.tensor_model_parallel_size}, "
-              f"pipeline {args.pipeline_model_parallel_size}, context {args.context_parallel_size}, "
-              f"data {args.data_parallel_size}", flush=True)
+    print_rank_0(f"> initialized {args.world_size} ranks: tensor {args.tensor_model_parallel_size}, "
+                 f"pipeline {args.pipeline_model_parallel_size}, context {args.context_parallel_size}, "
+                 f"data {args.data_parallel_size}")
     _set_random_seed(args.seed, args.data_parallel_random_init)
 # --8<-- [end:finish_mpu_init]
 

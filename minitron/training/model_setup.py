@@ -10,6 +10,7 @@ from __future__ import annotations
 from minitron.core import parallel_state as mpu
 from minitron.trace import traced
 from minitron.training.global_vars import get_args
+from minitron.training.training_log import print_parameter_count
 
 
 # --8<-- [start:get_model]
@@ -32,6 +33,7 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
                                          vp_stage=chunk if vp is not None else None))
     if vp is not None:
         mpu.set_virtual_pipeline_model_parallel_rank(0)
+    print_parameter_count(model)
     if not wrap_with_ddp:
         return model
     from minitron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig

@@ -1,55 +1,98 @@
-"""The progress display of `minitron pretrain`, drawn by the launching process.
+"""What `minitron pretrain` shows while the ranks train, drawn by the launching process.
 
-The ranks never draw anything: the loss-owning rank appends one JSON object per iteration to
-``--log-jsonl`` and this class, in the parent, reads what is new each time the launcher's
-monitor hook calls it. Eight ranks therefore cannot fight over one terminal, and the same
-file is the run's machine-readable record.
+The ranks never write to our terminal: each one's stdout goes to its own log, so eight ranks
+cannot fight over one screen. Two files bring the run to us instead, read each time the
+launcher's monitor hook calls ``poll``:
+
+    console.jsonl     the lines Megatron prints for the console (print_rank_0, print_rank_last,
+                      the parameter counts), as the ranks printed them: shown as they come
+    iterations.jsonl  one record per iteration from the rank holding the loss (--log-jsonl):
+                      drives the progress bar and the closing summary
+
+On a terminal a rich progress bar sits under the lines; anywhere else (a pipe, a CI log) there
+are only the plain lines, with no cursor movement or colour codes in them.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
-class PretrainProgress:
-    def __init__(self, log_jsonl: Path, train_iters: int, console: Console | None = None):
-        self.path = Path(log_jsonl)
+class JsonlTail:
+    """The complete lines appended to a JSONL file since the last read."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
         self._offset = 0
+
+    def read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for next time
+        self._offset += len(complete)
+        return [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+
+
+class PretrainProgress:
+    def __init__(self, log_jsonl: Path, console_jsonl: Path, train_iters: int, console: Console):
+        self.iterations, self.lines = JsonlTail(log_jsonl), JsonlTail(console_jsonl)
         self.records: list[dict] = []
-        self.progress = Progress(
-            TextColumn("[bold]iteration"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[stats]}"), TimeElapsedColumn(),
-            console=console, transient=False)
-        self.task = self.progress.add_task("train", total=train_iters, stats="starting ranks…")
+        self.console = console
+        self.progress = None
+        if console.is_terminal:
+            self.progress = Progress(
+                TextColumn("[bold]iteration"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), console=console)
+            self.task = self.progress.add_task("train", total=train_iters, stats="starting ranks…")
 
     def __enter__(self):
-        self.progress.__enter__()
+        if self.progress:
+            self.progress.__enter__()
         return self
 
     def __exit__(self, *exc):
         self.poll()
-        return self.progress.__exit__(*exc)
+        if self.progress:
+            return self.progress.__exit__(*exc)
 
     def poll(self) -> None:
-        """Read the lines appended since the last call and update the bar."""
-        if not self.path.exists():
-            return
-        with open(self.path) as f:
-            f.seek(self._offset)
-            chunk = f.read()
-        complete = chunk[: chunk.rfind("\n") + 1]  # a line still being written waits for next time
-        self._offset += len(complete)
-        for line in complete.splitlines():
-            if line.strip():
-                self.records.append(json.loads(line))
-        if self.records:
+        """Move the bar to the newest iteration, and show the new console lines above it."""
+        self.records += self.iterations.read()
+        for line in self.lines.read():
+            if self.progress:
+                self.progress.console.print(line["text"], markup=False, highlight=False)
+            else:
+                print(line["text"], file=sys.stdout, flush=True)
+        if self.progress and self.records:
             r = self.records[-1]
-            stats = (f"lm loss {r['lm_loss']:.4f}  lr {r['lr']:.2e}  grad norm {r['grad_norm'] or 0:.3f}  "
-                     f"scale {r['loss_scale']:.0f}  {r['tokens_per_s']:.0f} tok/s")
-            if any(x["skipped"] for x in self.records):
-                stats += f"  skipped {sum(x['skipped'] for x in self.records)}"
+            stats = f"lm loss {r['lm_loss']:.4f}  {r['tokens_per_s']:.0f} tokens/s"
+            skipped = sum(x["skipped"] for x in self.records)
+            if skipped:
+                stats += f"  skipped {skipped}"
             self.progress.update(self.task, completed=r["iteration"], stats=stats)
+
+    def summary(self, world: int, seq_length: int, seconds: float, log_dir: Path, log_jsonl: Path) -> list[str]:
+        """The closing lines: how far the loss moved, how fast, and where the logs are."""
+        done = self.records
+        lines = [f"{len(done)} iteration{'s' if len(done) != 1 else ''} on {world} "
+                 f"rank{'s' if world != 1 else ''} in {seconds:.1f} s"]
+        losses = [r for r in done if r["lm_loss"] is not None]
+        if losses:
+            first, last = losses[0], losses[-1]
+            lines.append(f"lm loss {first['lm_loss']:.4f} (iteration {first['iteration']}) -> "
+                         f"{last['lm_loss']:.4f} (iteration {last['iteration']})")
+        train_s = sum(r["elapsed_ms"] for r in done) / 1000.0
+        if train_s > 0:
+            tokens = sum(r["global_batch_size"] for r in done) * seq_length
+            lines.append(f"{tokens / train_s:.0f} tokens/s ({tokens} tokens in {train_s:.1f} s of iterations)")
+        ranks = "rank0.log" if world == 1 else f"rank{{0..{world - 1}}}.log"
+        lines.append(f"logs: {log_dir}/{ranks} (one per rank), {log_jsonl} (one record per iteration)")
+        return lines

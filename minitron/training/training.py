@@ -18,11 +18,12 @@ from minitron.core import parallel_state as mpu
 from minitron.core.num_microbatches_calculator import get_num_microbatches, update_num_microbatches
 from minitron.core.pipeline_parallel.schedules import get_forward_backward_func
 from minitron.trace import traced
-from minitron.training.global_vars import get_args, get_timers
+from minitron.training.global_vars import get_args, get_timers, get_tokenizer
 from minitron.training.checkpointing import save_checkpoint
 from minitron.training.initialize import initialize_megatron
 from minitron.training.model_setup import setup_model_and_optimizer
-from minitron.training.training_log import IterationLog, print_rank_0, print_rank_last
+from minitron.training.training_log import IterationLog, print_vocab_padding
+from minitron.training.utils import print_rank_0, print_rank_last
 
 
 # --8<-- [start:pretrain]
@@ -38,6 +39,9 @@ def pretrain(train_valid_test_dataset_provider, model_provider, model_type, forw
         # that exited now could close a socket a slower peer is still completing.
         torch.distributed.barrier()
         return
+    # Megatron prints this while building the tokenizer; here it waits until a model is built
+    # from the padded size, where a reader comparing layouts needs to see it.
+    print_vocab_padding(args, get_tokenizer())
     model, optimizer, opt_param_scheduler = setup_model_and_optimizer(model_provider, model_type)
     from minitron.training.data import build_train_valid_test_data_iterators
     train_iter, valid_iter, _ = build_train_valid_test_data_iterators(train_valid_test_dataset_provider)

@@ -1,43 +1,67 @@
-"""What the loss-owning rank reports each iteration: a Megatron-style line and a JSON record.
+"""What a training run reports: the padded vocabulary, the parameters per rank, and Megatron's
+per-iteration log line with its JSON record.
 
-The loss exists only on the last pipeline stage, and after the data-parallel average every
-rank there holds the same value, so one rank speaks: the last rank of the world (Megatron's
-print_rank_last). ``--log-jsonl PATH`` gets one object per iteration from that rank; the
-``minitron pretrain`` command reads it to draw its progress display.
+The loss exists only on the last pipeline stage, and after the data-parallel average every rank
+there holds the same value, so one rank speaks for the iterations: the last rank of the world
+(print_rank_last). Every ``--log-interval`` iterations it prints Megatron's line, whose numbers
+cover the whole interval (the mean loss of the iterations that stepped, the mean time per
+iteration, the skipped and nan iterations counted since the last line). ``--log-jsonl PATH`` gets
+one object per iteration from the same rank, every iteration, logged or not: ``minitron
+pretrain`` draws its progress bar and its closing summary from it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import torch
 
+from minitron.core import parallel_state as mpu
 from minitron.core.num_microbatches_calculator import get_num_microbatches
+from minitron.training.tokenizer import _vocab_size_with_padding
+from minitron.training.utils import is_last_rank, print_rank_0, print_rank_last, print_to_console
 
 
-def is_last_rank() -> bool:
-    return torch.distributed.get_rank() == torch.distributed.get_world_size() - 1
+def print_vocab_padding(args, tokenizer) -> None:
+    """Megatron's line about the padded vocabulary, and a note when tp changes the model.
+
+    The embedding and output layer have ``padded_vocab_size`` rows, a multiple of
+    ``--make-vocab-size-divisible-by`` x tp, so the same tokenizer can give a tp=2 model more rows
+    than the tp=1 model: extra parameters, different initial weights, different losses.
+    """
+    size, padded = tokenizer.vocab_size, args.padded_vocab_size
+    print_rank_0(f" > padded vocab (size: {size}) with {padded - size} dummy tokens (new size: {padded})")
+    serial = _vocab_size_with_padding(size, args.make_vocab_size_divisible_by, 1)
+    if padded != serial:
+        print_rank_0(f" > note: the serial model (tp=1) pads this vocabulary to {serial}, not {padded}, so the "
+                     "two models differ (layouts train alike only where the padded sizes agree)")
 
 
-def print_rank_0(message: str) -> None:
-    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-        print(message, flush=True)
-
-
-def print_rank_last(message: str) -> None:
-    if not torch.distributed.is_initialized() or is_last_rank():
-        print(message, flush=True)
+def print_parameter_count(model) -> None:
+    """Megatron's count of this rank's parameters, printed by one rank per (tensor, pipeline)
+    pair: its data-parallel and context-parallel replicas hold the same tensors."""
+    if mpu.get_data_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0:
+        count = sum(p.nelement() for chunk in model for p in chunk.parameters())
+        print_to_console(f" > number of parameters on (tensor, pipeline) model parallel rank "
+                         f"({mpu.get_tensor_model_parallel_rank()}, {mpu.get_pipeline_model_parallel_rank()}): "
+                         f"{count}")
 
 
 class IterationLog:
-    """Formats and writes one iteration's numbers on the last rank; a no-op elsewhere."""
+    """Megatron's training_log on the last rank; a no-op elsewhere."""
 
     def __init__(self, args):
         self.args = args
         self.speaker = is_last_rank()
         self.file = open(args.log_jsonl, "a") if (self.speaker and args.log_jsonl) else None
-        self.started = time.perf_counter()
+        self._reset_interval()
+
+    def _reset_interval(self) -> None:
+        self.loss_sums: dict[str, float] = {}
+        self.advanced = self.skipped = self.nan = 0
+        self.seconds = 0.0
 
     def iteration(self, iteration, loss: dict, skipped: int, grad_norm, num_zeros, optimizer,
                   batch_size: int, seconds: float) -> None:
@@ -46,28 +70,52 @@ class IterationLog:
         args = self.args
         lr = optimizer.param_groups[0]["lr"]
         scale = float(optimizer.get_loss_scale())
-        tokens_per_s = batch_size * args.seq_length / seconds if seconds > 0 else 0.0
+        # A stepped iteration adds its loss to the interval's mean; a skipped one (fp16 overflow)
+        # adds nothing, and counts as a nan iteration if its loss was not finite.
+        got_nan = False
+        for key, value in loss.items():
+            if skipped:
+                got_nan = got_nan or not math.isfinite(value)
+            else:
+                self.loss_sums[key] = self.loss_sums.get(key, 0.0) + value
+        self.advanced += 0 if skipped else 1
+        self.skipped += skipped
+        self.nan += int(got_nan)
+        self.seconds += seconds
         record = {
             "iteration": iteration, "lm_loss": loss.get("lm loss"), "grad_norm": _num(grad_norm),
-            "lr": lr, "loss_scale": scale, "skipped": skipped, "num_zeros": _num(num_zeros),
+            "lr": lr, "loss_scale": scale, "skipped": skipped, "nan": int(got_nan), "num_zeros": _num(num_zeros),
             "num_microbatches": get_num_microbatches(), "global_batch_size": batch_size,
             "consumed_samples": args.consumed_train_samples, "elapsed_ms": seconds * 1000.0,
-            "tokens_per_s": tokens_per_s,
+            "tokens_per_s": batch_size * args.seq_length / seconds if seconds > 0 else 0.0,
         }
         if self.file:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
         if iteration % args.log_interval == 0:
-            parts = [f" iteration {iteration:8d}/{args.train_iters:8d}",
-                     f"consumed samples: {args.consumed_train_samples:10d}",
-                     f"elapsed time per iteration (ms): {seconds * 1000:.1f}",
-                     f"learning rate: {lr:.6E}", f"global batch size: {batch_size:5d}"]
-            parts += [f"{k}: {v:.6E}" for k, v in loss.items()]
-            parts += [f"loss scale: {scale:.1f}"]
-            if grad_norm is not None:
-                parts.append(f"grad norm: {_num(grad_norm):.3f}")
-            parts.append(f"number of skipped iterations: {skipped:3d}")
-            print(" | ".join(parts), flush=True)
+            print_rank_last(self._line(iteration, lr, batch_size, scale, grad_norm, num_zeros))
+            self._reset_interval()
+
+    def _line(self, iteration, lr, batch_size, scale, grad_norm, num_zeros) -> str:
+        """Megatron's fields, in Megatron's order, each closed by ' |'."""
+        args = self.args
+        per_iteration_ms = self.seconds * 1000.0 / max(self.advanced + self.skipped, 1)
+        s = f" [{time.strftime('%Y-%m-%d %H:%M:%S')}]"
+        s += f" iteration {iteration:8d}/{args.train_iters:8d} |"
+        s += f" consumed samples: {args.consumed_train_samples:12d} |"
+        s += f" elapsed time per iteration (ms): {per_iteration_ms:.1f} |"
+        s += f" learning rate: {lr:.6E} |"
+        s += f" global batch size: {batch_size:5d} |"
+        for key, total in self.loss_sums.items():
+            s += f" {key}: {total / max(self.advanced, 1):.6E} |"
+        s += f" loss scale: {scale:.1f} |"
+        if grad_norm is not None:
+            s += f" grad norm: {_num(grad_norm):.3f} |"
+        if num_zeros is not None:
+            s += f" num zeros: {int(_num(num_zeros))} |"
+        s += f" number of skipped iterations: {self.skipped:3d} |"
+        s += f" number of nan iterations: {self.nan:3d} |"
+        return s
 
     def close(self) -> None:
         if self.file:

@@ -1,8 +1,14 @@
-"""get_batch: the micro-batch this rank computes on, read once per tensor-parallel group.
+"""Megatron's training utilities: who prints, and get_batch (the micro-batch a rank computes on).
 
-The ranks of a TP group split the *model*, not the data: all of them need the same batch. Only
-TP rank 0 has a data iterator; it reads the batch and broadcasts it to its group. And not every
-pipeline stage needs every tensor:
+Printing. Megatron's console lines come from one rank each: rank 0 for set-up news
+(print_rank_0), the last rank for what only the last pipeline stage knows, the loss
+(print_rank_last). Under minitron's launcher a rank's stdout goes to its own log file; when the
+launching process wants those lines on its console it names a file in ``MINITRON_CONSOLE`` and
+every such print is also appended there, one JSON object per line, for it to show.
+
+get_batch. The ranks of a TP group split the *model*, not the data: all of them need the same
+batch. Only TP rank 0 has a data iterator; it reads the batch and broadcasts it to its group.
+And not every pipeline stage needs every tensor:
 
     first stage    tokens, position_ids, attention_mask   (the embedding's inputs)
     last stage     labels, loss_mask, attention_mask      (the loss's inputs)
@@ -13,11 +19,51 @@ So a middle stage reads nothing and broadcasts nothing; with one stage, all five
 
 from __future__ import annotations
 
+import json
+import os
+
 import torch
 
 from minitron.core import parallel_state as mpu
 from minitron.core.tensor_parallel import broadcast_data
 from minitron.trace import traced
+
+# The launching process's console, if it wants one: a file it reads while the ranks run.
+CONSOLE_ENV = "MINITRON_CONSOLE"
+
+
+def is_last_rank() -> bool:
+    return torch.distributed.get_rank() == torch.distributed.get_world_size() - 1
+
+
+def print_to_console(message: str) -> None:
+    """print(), and append the line to the launcher's console file when one is named.
+
+    One os.write of one line to a file opened with O_APPEND: the kernel puts each write at the
+    end whole, so lines of several ranks never interleave mid-line.
+    """
+    print(message, flush=True)
+    path = os.environ.get(CONSOLE_ENV)
+    if path:
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps({"rank": rank, "text": message}) + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+def print_rank_0(message: str) -> None:
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        print_to_console(message)
+
+
+def print_rank_last(message: str) -> None:
+    """The last rank of the world sits on the last pipeline stage (pp is the outermost
+    dimension of the rank order), so it holds the loss."""
+    if not torch.distributed.is_initialized() or is_last_rank():
+        print_to_console(message)
+
 
 # Which keys each kind of stage needs, grouped by dtype: one broadcast_data call per group.
 _FIRST = {torch.int64: ["tokens", "position_ids"]}
