@@ -59,8 +59,8 @@ def print_rank_0(message: str) -> None:
 
 
 def print_rank_last(message: str) -> None:
-    """The last rank of the world sits on the last pipeline stage (pp is the outermost
-    dimension of the rank order), so it holds the loss."""
+    """The last rank of the world has the highest coordinate along every dimension, in either
+    rank order, so it sits on the last pipeline stage and holds the loss."""
     if not torch.distributed.is_initialized() or is_last_rank():
         print_to_console(message)
 
