@@ -1,5 +1,4 @@
-"""`minitron groups`, `minitron launch` and `minitron vscode`: the layout, any script on many
-ranks, and the editor's attach configurations."""
+"""`minitron groups` and `minitron vscode`: the layout, and the editor's attach configurations."""
 
 from __future__ import annotations
 
@@ -60,42 +59,6 @@ def chunk_placement(pp: int, vp: int) -> str:
         chunks = ", ".join(str(stage + v * pp) for v in range(vp))
         lines.append(f"  stage {stage}: chunks {chunks}")
     return "\n".join(lines)
-
-
-@app.command(context_settings=EXTRA)
-def launch(
-    ctx: typer.Context,
-    world: int = typer.Option(..., "--world", "-w", help="number of ranks"),
-    module: Optional[str] = typer.Option(None, "--module", "-m", help="run a module as __main__ (like python -m)"),
-    backend: Optional[str] = typer.Option(None, "--backend", help="gloo (forked CPU ranks) or nccl (one GPU each)"),
-    log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="per-rank logs instead of this terminal"),
-    master_port: Optional[int] = typer.Option(None, "--master-port"),
-    trace_dir: Optional[Path] = typer.Option(None, "--trace", help="record every rank's calls into this directory"),
-    debug: Optional[str] = DEBUG, debug_port_base: int = DEBUG_PORT_BASE, debug_host: str = DEBUG_HOST,
-    debug_wait_timeout: float = DEBUG_WAIT,
-):
-    """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) on WORLD ranks, as torchrun would."""
-    from minitron.launcher import LaunchConfig, Target
-    from minitron.launcher import launch as run
-    from minitron.trace import TRACE_DIR_ENV
-
-    check_world(world)
-    backend = rank_backend(backend, world, "--backend fake plays ranks inside one process: use it with `minitron trace`")
-    args = list(ctx.args)
-    if module:
-        if module == "minitron.pretrain_gpt":  # Megatron's flags: the short layout aliases too
-            args = expand_aliases(args)
-            validate_pretrain(args, world)
-        target = Target(module=module, argv=args)
-    else:
-        if not args:
-            raise UserError("nothing to run: give a script path or -m MODULE")
-        if not Path(args[0]).is_file():
-            raise UserError(f"no such script: {args[0]}")
-        target = Target(script=args[0], argv=args[1:])
-    env = {TRACE_DIR_ENV: str(trace_dir.resolve())} if trace_dir else {}
-    env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world))
-    run(LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env), target)
 
 
 @app.command()

@@ -1,0 +1,138 @@
+"""`minitron launch`: any script or module on many ranks, as torchrun or DeepSpeed's runner would.
+
+Two ways to say how many ranks: torchrun's (``--world N``) or DeepSpeed's resource options
+(``--hostfile``, ``--include``/``--exclude``, ``--num_nodes``, ``--num_gpus``), which name hosts and
+slots; then the ranks are the active slots (launcher/runner.py). minitron runs one machine's ranks;
+``--dry-run`` shows what DeepSpeed's runner would start on every host, with each rank's environment,
+without starting anything.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich import box
+from rich.table import Table
+
+from minitron.cli.command import expand_aliases
+from minitron.cli.common import (
+    DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, DebugOptions, UserError, app, check_world, console,
+    rank_backend, validate_pretrain,
+)
+
+LOCAL_HOSTS = ("localhost", "127.0.0.1")
+
+
+def resources(hostfile, include, exclude, num_nodes, num_gpus, world):
+    """The active resources {host: [slots]}, or None when only --world was given."""
+    from minitron.launcher.runner import ResourceError, active_resources
+
+    if hostfile is None and not include and not exclude and num_nodes < 0 and num_gpus < 0:
+        return None
+    if hostfile is not None and not hostfile.is_file():
+        raise UserError(f"--hostfile {hostfile}: no such file (one 'HOST slots=N' line per host)")
+    try:
+        # Without a hostfile the pool is this machine; DeepSpeed counts its GPUs, minitron takes
+        # --world (or one slot per core) as the number of slots it offers.
+        import os
+        return active_resources(hostfile, world or os.cpu_count() or 1, include, exclude, num_nodes, num_gpus)
+    except ResourceError as exc:
+        raise UserError(str(exc)) from None
+
+
+def show_dry_run(world_info, master_addr: str, master_port: int, program: list, flags: list) -> None:
+    from minitron.launcher.runner import encode_world_info, node_commands, node_rank_env
+
+    console.print(f"active resources: {json.dumps(world_info)}")
+    console.print(f"world_info (base64): {encode_world_info(world_info)}", soft_wrap=True)
+    console.print("runner would run:")
+    for line in node_commands(world_info, master_addr, master_port, program, flags):
+        console.print(f"  {line}", soft_wrap=True, markup=False, highlight=False)
+    world = sum(len(slots) for slots in world_info.values())
+    table = Table(title=f"each rank's environment as launch.py sets it (WORLD_SIZE={world}, "
+                        f"CROSS_SIZE={len(world_info)})", title_justify="left", box=box.SIMPLE_HEAD)
+    keys = ("RANK", "LOCAL_RANK", "CROSS_RANK", "LOCAL_SIZE", "CUDA_VISIBLE_DEVICES")
+    table.add_column("host")
+    for key in keys:
+        table.add_column("devices" if key == "CUDA_VISIBLE_DEVICES" else key, justify="right")
+    for node_rank, host in enumerate(world_info):
+        for env in node_rank_env(world_info, node_rank, master_addr, master_port):
+            table.add_row(host, *(env[k] for k in keys))
+    console.print(table)
+    console.print("devices: CUDA_VISIBLE_DEVICES. LOCAL_RANK is launch.py's RANK % LOCAL_SIZE, which is the "
+                  "process's index on its host only when the hosts before it have as many slots.")
+
+
+@app.command(context_settings=EXTRA)
+def launch(
+    ctx: typer.Context,
+    world: Optional[int] = typer.Option(None, "--world", "-w", help="number of ranks (or use DeepSpeed's options)"),
+    module: Optional[str] = typer.Option(None, "--module", "-m", help="run a module as __main__ (like python -m)"),
+    backend: Optional[str] = typer.Option(None, "--backend", help="gloo (forked CPU ranks) or nccl (one GPU each)"),
+    log_dir: Optional[Path] = typer.Option(None, "--log-dir", "--enable_each_rank_log",
+                                           help="per-rank logs instead of this terminal"),
+    master_port: Optional[int] = typer.Option(None, "--master-port", "--master_port"),
+    trace_dir: Optional[Path] = typer.Option(None, "--trace", help="record every rank's calls into this directory"),
+    hostfile: Optional[Path] = typer.Option(None, "--hostfile", "-H", help="DeepSpeed's hostfile: 'HOST slots=N' lines"),
+    include: str = typer.Option("", "--include", "-i", help="hosts/slots to use, e.g. localhost:0,1@worker-1"),
+    exclude: str = typer.Option("", "--exclude", "-e", help="hosts/slots to leave out, same format"),
+    num_nodes: int = typer.Option(-1, "--num_nodes", help="use the first N hosts of the pool"),
+    num_gpus: int = typer.Option(-1, "--num_gpus", "--num_accelerators", help="use slots 0..N-1 of every host"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the resource pool, world_info, the per-node "
+                                                         "commands and each rank's environment; start nothing"),
+    debug: Optional[str] = DEBUG, debug_port_base: int = DEBUG_PORT_BASE, debug_host: str = DEBUG_HOST,
+    debug_wait_timeout: float = DEBUG_WAIT,
+):
+    """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) on WORLD ranks, as torchrun would."""
+    from minitron.launcher import LaunchConfig, Target
+    from minitron.launcher import launch as run
+    from minitron.launcher.runner import node_rank_env
+    from minitron.trace import TRACE_DIR_ENV
+
+    args = list(ctx.args)
+    if not module and not args:
+        raise UserError("nothing to run: give a script path or -m MODULE")
+    if not module and not dry_run and not Path(args[0]).is_file():
+        raise UserError(f"no such script: {args[0]}")
+    pool = resources(hostfile, include, exclude, num_nodes, num_gpus, world)
+    if pool is None and world is None:
+        raise UserError("how many ranks? give --world N, or DeepSpeed's --hostfile/--include/--num_gpus")
+    program = (["--module", module] if module else []) + args
+    if dry_run:
+        if pool is None:
+            from collections import OrderedDict
+            pool = OrderedDict(localhost=list(range(world)))
+        show_dry_run(pool, "127.0.0.1" if list(pool) == ["localhost"] else list(pool)[0],
+                     master_port or 29500, program, [])
+        return
+    env = {}
+    if pool is not None:
+        hosts = list(pool)
+        if hosts[0] not in LOCAL_HOSTS or len(hosts) > 1:
+            raise UserError(f"the pool spans {', '.join(hosts)}: minitron starts this machine's ranks only; "
+                            "run torchrun on each host, or see DeepSpeed's commands with --dry-run")
+        size = len(pool[hosts[0]])
+        if world is not None and world != size:
+            raise UserError(f"--world {world} disagrees with the {size} slots the resource options select")
+        world = size
+        # What launch.py adds to torchrun's variables: the node's place and size, the device list.
+        extra = node_rank_env(pool, 0, "127.0.0.1", 0)[0]
+        env.update({k: extra[k] for k in ("CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE")})
+    check_world(world)
+    backend = rank_backend(backend, world, "--backend fake plays ranks inside one process: use it with `minitron trace`")
+    if pool is not None and backend == "nccl":
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, pool[list(pool)[0]]))
+    if module:
+        if module == "minitron.pretrain_gpt":  # Megatron's flags: the short layout aliases too
+            args = expand_aliases(args)
+            validate_pretrain(args, world)
+        target = Target(module=module, argv=args)
+    else:
+        target = Target(script=args[0], argv=args[1:])
+    if trace_dir:
+        env[TRACE_DIR_ENV] = str(trace_dir.resolve())
+    env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world))
+    run(LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env), target)

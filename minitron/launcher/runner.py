@@ -1,0 +1,174 @@
+"""DeepSpeed's runner, the arithmetic part: from a hostfile and --include/--exclude to the
+world_info every node's launch.py receives, and from world_info to each rank's environment.
+
+DeepSpeed starts a job in two hops. ``deepspeed`` (runner.py) runs once: it reads the hostfile
+(``worker-0 slots=4`` per line), filters it with --include/--exclude/--num_nodes/--num_gpus into
+the *active resources* ``{host: [slot, ...]}``, encodes that dict as base64 JSON (world_info) and
+starts ``deepspeed.launcher.launch`` on every host (via pdsh on several hosts). Each launch.py
+decodes world_info, finds its own host by --node_rank, and starts one process per slot with RANK,
+LOCAL_RANK, WORLD_SIZE, CROSS_RANK (the node's index), CROSS_SIZE (the number of nodes), LOCAL_SIZE
+and the device list. Everything here is pure functions of those inputs, so ``minitron launch
+--dry-run`` can show all of it on one laptop; minitron itself runs one host's share (localhost),
+and several hosts under torchrun.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shlex
+from collections import OrderedDict
+from pathlib import Path
+
+
+class ResourceError(ValueError):
+    """A bad hostfile or filter; the message is one line."""
+
+
+def fetch_hostfile(path: str | Path) -> "OrderedDict[str, int] | None":
+    """``{host: slots}`` from DeepSpeed's hostfile format; None when there is no such file (DeepSpeed
+    then warns and uses the local machine only)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise ResourceError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    try:
+        return _parse_hostfile(lines)
+    except ResourceError as exc:
+        raise ResourceError(f"{path}: {exc}") from None
+
+
+def _parse_hostfile(lines: list[str]) -> "OrderedDict[str, int]":
+    pool: OrderedDict[str, int] = OrderedDict()
+    for line in (raw.strip() for raw in lines):
+        if not line or line.startswith("#"):
+            continue
+        match = re.search(r"^(\S+)\s+slots=(\d+)", line)
+        if not match:
+            raise ResourceError(f"bad entry {line!r}: each line is 'HOST slots=N'")
+        host = match.group(1)
+        if host in pool:
+            raise ResourceError(f"{host} appears twice; give each host one line")
+        pool[host] = int(match.group(2))
+    if not pool:
+        raise ResourceError("no hosts: the hostfile is empty or has only comments")
+    return pool
+
+
+def parse_node_config_list(spec: str) -> dict[str, list[int]]:
+    """``"worker-0@worker-1:0,2"`` -> ``{"worker-0": [], "worker-1": [0, 2]}`` (no slots: all of them)."""
+    nodes: dict[str, list[int]] = {}
+    for node in spec.split("@"):
+        host, _, slots = node.partition(":")
+        try:
+            ids = [int(s) for s in slots.split(",")] if slots else []
+        except ValueError:
+            raise ResourceError(f"{node!r}: slots are numbers, as in host:0,1") from None
+        nodes[host] = sorted(set(nodes.get(host, []) + ids))
+    return nodes
+
+
+def parse_resource_filter(host_info: "OrderedDict[str, list[int]]", include: str = "", exclude: str = ""):
+    """Keep (--include) or drop (--exclude) hosts and slots, keeping the hostfile's host order: the
+    order decides which ranks each host gets."""
+    if include and exclude:
+        raise ResourceError("--include and --exclude are mutually exclusive; use one")
+    if not include and not exclude:
+        return host_info
+    chosen = {} if include else {h: list(s) for h, s in host_info.items()}
+    for host, slots in parse_node_config_list(include or exclude).items():
+        if host not in host_info:
+            raise ResourceError(f"host {host!r} is not in the hostfile ({', '.join(host_info)})")
+        for slot in slots:
+            if slot not in host_info[host]:
+                raise ResourceError(f"host {host!r} has no slot {slot} (it has {host_info[host]})")
+        if include:
+            chosen[host] = slots or list(host_info[host])
+        else:
+            chosen[host] = [s for s in chosen[host] if s not in slots] if slots else []
+    # DeepSpeed removes duplicate slots keeping their order, then hosts left with no slot.
+    return OrderedDict((h, list(dict.fromkeys(chosen[h]))) for h in host_info if chosen.get(h))
+
+
+def parse_inclusion_exclusion(resource_pool: "OrderedDict[str, int]", include: str, exclude: str):
+    """The slots of each host as lists (an --include that names slots keeps only those), then filtered.
+
+    A host named without slots (``--include worker-0``) keeps all its slots, as DeepSpeed's
+    documentation says. DeepSpeed's own parse_inclusion_exclusion (checked at its commit 38327e0)
+    drops such a host instead: it gives it the empty slot list of parse_node_config_list before
+    the filter runs, and the filter then removes hosts left with no slot.
+    """
+    named = parse_node_config_list(include) if include else {}
+    for host, slots in named.items():
+        # DeepSpeed builds the host's slot list from the --include itself and only then checks the
+        # include against it, so `--include worker-1:5` passes on a 2-slot host. We refuse it.
+        if host in resource_pool and any(not 0 <= s < resource_pool[host] for s in slots):
+            raise ResourceError(f"host {host!r} has slots 0..{resource_pool[host] - 1}; --include names {slots}")
+    active = OrderedDict((host, named[host] if named.get(host) else list(range(slots)))
+                         for host, slots in resource_pool.items())
+    return parse_resource_filter(active, include, exclude)
+
+
+def active_resources(hostfile: str | Path | None, local_slots: int, include: str = "", exclude: str = "",
+                     num_nodes: int = -1, num_gpus: int = -1) -> "OrderedDict[str, list[int]]":
+    """What runner.main computes before encoding world_info. Without a hostfile the pool is this
+    machine alone: ``localhost`` with ``local_slots`` slots (DeepSpeed: its GPU count)."""
+    if (num_nodes >= 0 or num_gpus >= 0) and (include or exclude):
+        raise ResourceError("--num_nodes/--num_gpus cannot be combined with --include/--exclude")
+    pool = fetch_hostfile(hostfile) if hostfile else None
+    if pool is None:
+        if num_nodes > 1:
+            raise ResourceError(f"--num_nodes {num_nodes} needs a hostfile naming that many hosts (--hostfile)")
+        pool = OrderedDict(localhost=local_slots)
+    active = parse_inclusion_exclusion(pool, include, exclude)
+    if num_nodes > 0:
+        active = OrderedDict(list(active.items())[:num_nodes])
+    if num_gpus > 0:
+        active = OrderedDict((host, list(range(num_gpus))) for host in active)
+    if not active:
+        raise ResourceError("no slots left after --include/--exclude")
+    return active
+
+
+def encode_world_info(world_info: dict) -> str:
+    return base64.urlsafe_b64encode(json.dumps(world_info).encode("utf-8")).decode("utf-8")
+
+
+def decode_world_info(encoded: str) -> "OrderedDict[str, list[int]]":
+    try:
+        return json.loads(base64.urlsafe_b64decode(encoded), object_pairs_hook=OrderedDict)
+    except (ValueError, UnicodeDecodeError):
+        raise ResourceError(f"{encoded[:20]}...: not a base64-encoded world_info") from None
+
+
+def node_rank_env(world_info: dict, node_rank: int, master_addr: str, master_port: int) -> list[dict]:
+    """What launch.py sets for each process of host number ``node_rank``: global ranks count up
+    host by host in world_info's order. LOCAL_RANK is DeepSpeed's ``rank % processes on this
+    host`` — the process's index on its host only when every host before it has the same count."""
+    hosts = list(world_info)
+    if not 0 <= node_rank < len(hosts):
+        raise ResourceError(f"--node_rank {node_rank}: world_info has hosts 0..{len(hosts) - 1}")
+    first = sum(len(world_info[h]) for h in hosts[:node_rank])
+    slots = world_info[hosts[node_rank]]
+    world = sum(len(s) for s in world_info.values())
+    return [{"RANK": str(first + i), "LOCAL_RANK": str((first + i) % len(slots)), "WORLD_SIZE": str(world),
+             "CROSS_RANK": str(node_rank), "CROSS_SIZE": str(len(hosts)), "LOCAL_SIZE": str(len(slots)),
+             "CUDA_VISIBLE_DEVICES": ",".join(map(str, slots)), "MASTER_ADDR": master_addr,
+             "MASTER_PORT": str(master_port)} for i in range(len(slots))]
+
+
+def node_commands(world_info: dict, master_addr: str, master_port: int, program: list[str],
+                  launch_flags: list[str] = ()) -> list[str]:
+    """The command DeepSpeed's runner runs: launch.py directly on one host; on several, one pdsh
+    line that runs it on every host with ``%n`` (pdsh's host index) as --node_rank."""
+    encoded = encode_world_info(world_info)
+    launch = ["python", "-u", "-m", "deepspeed.launcher.launch", f"--world_info={encoded}"]
+    tail = [f"--master_addr={master_addr}", f"--master_port={master_port}", *launch_flags, *program]
+    if len(world_info) == 1:
+        return [shlex.join(launch + tail)]
+    pdsh = ["pdsh", "-S", "-f", "1024", "-w", ",".join(world_info)]
+    return [shlex.join(pdsh + launch + ["--node_rank=%n"] + tail)]

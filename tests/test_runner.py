@@ -1,0 +1,104 @@
+"""DeepSpeed's runner arithmetic (launcher/runner.py) and `minitron launch`'s DeepSpeed options.
+
+Expected values were obtained by running DeepSpeed's own runner.py functions (extracted from its
+source at commit 38327e0 and executed on these inputs): 164 of 169 include × exclude combinations
+over a three-host pool agree; the 5 that do not are the whole-host --include, where DeepSpeed's
+parse_inclusion_exclusion drops the host although its documentation keeps all its slots (we keep
+them; see the function's margin), and an --include slot beyond the hostfile's count, which
+DeepSpeed accepts because it checks the include against itself (we refuse it).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+
+from minitron.launcher.runner import (
+    ResourceError, _parse_hostfile, active_resources, decode_world_info, encode_world_info, node_rank_env,
+    parse_inclusion_exclusion,
+)
+
+MINITRON = str(Path(sys.executable).parent / "minitron")
+POOL = OrderedDict([("worker-0", 4), ("worker-1", 2), ("worker-2", 4)])
+
+
+@pytest.mark.parametrize("include, exclude, expected", [
+    ("", "", {"worker-0": [0, 1, 2, 3], "worker-1": [0, 1], "worker-2": [0, 1, 2, 3]}),
+    ("worker-1:0", "", {"worker-1": [0]}),
+    ("worker-0:3,1", "", {"worker-0": [1, 3]}),                       # slots sorted, as DeepSpeed does
+    ("worker-2:0@worker-0:2", "", {"worker-0": [2], "worker-2": [0]}),  # hostfile order, not the filter's
+    ("worker-0:1@worker-0:2", "", {"worker-0": [1, 2]}),
+    ("", "worker-1", {"worker-0": [0, 1, 2, 3], "worker-2": [0, 1, 2, 3]}),
+    ("", "worker-0:0,0@worker-2:1", {"worker-0": [1, 2, 3], "worker-1": [0, 1], "worker-2": [0, 2, 3]}),
+    ("worker-0", "", {"worker-0": [0, 1, 2, 3]}),  # DeepSpeed's code: {} (see the module docstring)
+])
+def test_inclusion_exclusion_as_deepspeed(include, exclude, expected):
+    assert dict(parse_inclusion_exclusion(POOL, include, exclude)) == expected
+
+
+@pytest.mark.parametrize("include, exclude, message", [
+    ("worker-9", "", "not in the hostfile"), ("worker-1:5", "", "has slots 0..1"), ("", "worker-1:5", "no slot 5"),
+    ("worker-0", "worker-1", "mutually exclusive"), ("worker-0:x", "", "slots are numbers"),
+])
+def test_bad_filters_are_one_line(include, exclude, message):
+    with pytest.raises(ResourceError, match=message):
+        parse_inclusion_exclusion(POOL, include, exclude)
+
+
+def test_hostfile_format():
+    assert _parse_hostfile(["# two hosts", "", "w0 slots=4", "w1 slots=2 # trailing words are ignored"]) == \
+        OrderedDict(w0=4, w1=2)
+    for bad in (["w0"], [], ["w0 slots=4", "w0 slots=2"]):
+        with pytest.raises(ResourceError):
+            _parse_hostfile(bad)
+
+
+def test_world_info_round_trip_is_deepspeeds_encoding():
+    info = OrderedDict([("worker-0", [0, 1, 2, 3]), ("worker-1", [0, 1])])
+    encoded = encode_world_info(info)
+    assert encoded == "eyJ3b3JrZXItMCI6IFswLCAxLCAyLCAzXSwgIndvcmtlci0xIjogWzAsIDFdfQ=="  # DeepSpeed's output
+    assert decode_world_info(encoded) == info
+
+
+def test_launch_py_environment_and_its_local_rank_rule():
+    info = OrderedDict([("worker-0", [0, 1]), ("worker-1", [0, 1, 2, 3])])
+    second = node_rank_env(info, 1, "worker-0", 29500)
+    assert [e["RANK"] for e in second] == ["2", "3", "4", "5"]
+    # rank % LOCAL_SIZE: not the process's index on worker-1 (that would be 0, 1, 2, 3).
+    assert [e["LOCAL_RANK"] for e in second] == ["2", "3", "0", "1"]
+    assert {(e["WORLD_SIZE"], e["CROSS_RANK"], e["CROSS_SIZE"], e["LOCAL_SIZE"], e["CUDA_VISIBLE_DEVICES"])
+            for e in second} == {("6", "1", "2", "4", "0,1,2,3")}
+
+
+def test_num_nodes_and_num_gpus(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a slots=4\nb slots=4\nc slots=4\n")
+    assert list(active_resources(hosts, 1, num_nodes=2)) == ["a", "b"]
+    assert dict(active_resources(hosts, 1, num_gpus=2)) == {"a": [0, 1], "b": [0, 1], "c": [0, 1]}
+    with pytest.raises(ResourceError, match="cannot be combined"):
+        active_resources(hosts, 1, include="a", num_gpus=2)
+    with pytest.raises(ResourceError, match="needs a hostfile"):
+        active_resources(None, 4, num_nodes=2)
+
+
+def test_launch_dry_run_and_a_local_include(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("worker-0 slots=2\nworker-1 slots=4\n")
+    dry = subprocess.run([MINITRON, "launch", "--hostfile", str(hosts), "--dry-run", "train.py", "--lr", "1"],
+                         capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+    assert "pdsh -S -f 1024 -w worker-0,worker-1 python -u -m deepspeed.launcher.launch --world_info=" in dry.stdout
+    assert "--node_rank=%n --master_addr=worker-0 --master_port=29500 train.py --lr 1" in dry.stdout
+    refused = subprocess.run([MINITRON, "launch", "--hostfile", str(hosts), "docs/examples/launch_demo.py"],
+                             capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert refused.returncode == 2 and "spans worker-0, worker-1" in refused.stderr
+    script = tmp_path / "show.py"
+    script.write_text("import os; print(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['LOCAL_SIZE'])\n")
+    run = subprocess.run([MINITRON, "launch", "--include", "localhost:0,1", "--backend", "gloo", str(script)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert sorted(run.stdout.split("\n")[:2]) == ["0 2 2", "1 2 2"]
