@@ -51,9 +51,11 @@ def _top(show_version: bool = typer.Option(False, "--version", is_eager=True, ca
 
 
 _prepare_commands()
-# typer's exceptions for "stop here" and "the user pressed Ctrl-C" come from the same module as
-# its usage errors, whichever click that is.
+# "Stop here" and "the user pressed Ctrl-C": typer's own classes, and click's where the click that
+# typer carries has its own (the module of its usage errors; recent typer keeps only its own).
 _click_exceptions = sys.modules[UsageError.__module__]
+ABORT = tuple({typer.Abort, getattr(_click_exceptions, "Abort", typer.Abort)})
+EXIT = tuple({typer.Exit, getattr(_click_exceptions, "Exit", typer.Exit)})
 
 
 def main() -> None:
@@ -80,9 +82,9 @@ def main() -> None:
         fail(f"error: {exc.format_message()}", 2)
     except KeyboardInterrupt:
         interrupted()
-    except (_click_exceptions.Abort, typer.Abort):
+    except ABORT:
         interrupted()
-    except (typer.Exit, _click_exceptions.Exit) as exc:
+    except EXIT as exc:
         sys.exit(getattr(exc, "exit_code", 0))
     except Exception as exc:  # noqa: BLE001 -- the failures of a run that started, named in one line
         from minitron.launcher import RankFailure

@@ -44,13 +44,13 @@ def resources(hostfile, include, exclude, num_nodes, num_gpus, world):
 
 
 def show_dry_run(world_info, master_addr: str, master_port: int, program: list, flags: list) -> None:
-    from minitron.launcher.runner import encode_world_info, node_commands, node_rank_env
+    from minitron.launcher.runner import encode_world_info, node_command, node_rank_env
 
     console.print(f"active resources: {json.dumps(world_info)}")
     console.print(f"world_info (base64): {encode_world_info(world_info)}", soft_wrap=True)
     console.print("runner would run:")
-    for line in node_commands(world_info, master_addr, master_port, program, flags):
-        console.print(f"  {line}", soft_wrap=True, markup=False, highlight=False)
+    command = " \\\n    ".join(node_command(world_info, master_addr, master_port, program, flags))
+    console.print(f"  {command}", soft_wrap=True, markup=False, highlight=False)
     world = sum(len(slots) for slots in world_info.values())
     table = Table(title=f"each rank's environment as launch.py sets it (WORLD_SIZE={world}, "
                         f"CROSS_SIZE={len(world_info)})", title_justify="left", box=box.SIMPLE_HEAD)

@@ -161,14 +161,15 @@ def node_rank_env(world_info: dict, node_rank: int, master_addr: str, master_por
              "MASTER_PORT": str(master_port)} for i in range(len(slots))]
 
 
-def node_commands(world_info: dict, master_addr: str, master_port: int, program: list[str],
-                  launch_flags: list[str] = ()) -> list[str]:
-    """The command DeepSpeed's runner runs: launch.py directly on one host; on several, one pdsh
-    line that runs it on every host with ``%n`` (pdsh's host index) as --node_rank."""
-    encoded = encode_world_info(world_info)
-    launch = ["python", "-u", "-m", "deepspeed.launcher.launch", f"--world_info={encoded}"]
-    tail = [f"--master_addr={master_addr}", f"--master_port={master_port}", *launch_flags, *program]
-    if len(world_info) == 1:
-        return [shlex.join(launch + tail)]
-    pdsh = ["pdsh", "-S", "-f", "1024", "-w", ",".join(world_info)]
-    return [shlex.join(pdsh + launch + ["--node_rank=%n"] + tail)]
+def node_command(world_info: dict, master_addr: str, master_port: int, program: list[str],
+                 launch_flags: list[str] = ()) -> list[str]:
+    """The command DeepSpeed's runner runs, as shell-quoted pieces (join them with spaces): launch.py
+    directly on one host; on several, one pdsh line that starts it on every host with ``%n``
+    (pdsh's index of the host) as --node_rank."""
+    launch = shlex.join(["python", "-u", "-m", "deepspeed.launcher.launch"])
+    where = shlex.join([f"--master_addr={master_addr}", f"--master_port={master_port}", *launch_flags])
+    pieces = [launch, shlex.quote(f"--world_info={encode_world_info(world_info)}")]
+    if len(world_info) > 1:
+        pieces = [shlex.join(["pdsh", "-S", "-f", "1024", "-w", ",".join(world_info)])] + pieces
+        where = "--node_rank=%n " + where
+    return pieces + [where, shlex.join(program)]
