@@ -12,7 +12,7 @@ import click
 import typer
 
 # Each module registers its commands on the app; this order is the order `--help` lists them.
-from minitron.cli import trace, tools, train  # noqa: F401,I001
+from minitron.cli import trace, tools, train, view  # noqa: F401,I001
 from minitron.cli.common import UserError, app
 
 
