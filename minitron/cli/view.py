@@ -30,7 +30,7 @@ def view(
     iteration: Optional[int] = typer.Option(None, "--iteration", help="the iteration the schedule shows "
                                                                       "(default: the last one traced)"),
 ):
-    """Show a trace directory written by trace, launch --trace, pretrain --trace or torchrun.
+    """Show any trace directory (trace, launch, pretrain, torchrun) and write its trace.json.
 
     Under torchrun, set MINITRON_TRACE_DIR=DIR for the ranks, then `minitron view DIR`.
     """

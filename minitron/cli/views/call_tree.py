@@ -82,8 +82,8 @@ def _args_segments(record: dict) -> list[tuple[str, str]]:
     """What a call's line says after its name, as (text, style) pieces."""
     name, args = record["name"], record["args"]
     if name == "torch.distributed.init_process_group":
-        world = f" world_size={args['world_size']}" if isinstance(args.get("world_size"), int) else ""
-        return [(f"  backend={args.get('backend')}{world}", "dim")]
+        world = [(f" world_size={args['world_size']}", "dim")] if isinstance(args.get("world_size"), int) else []
+        return [(f"  backend={args.get('backend')}", "dim")] + world
     if "group" not in args or not name.startswith("torch.distributed."):
         return []
     pieces = [(f"  {args['group']} {rank_ranges(args.get('ranks'))}", "magenta")]
@@ -99,19 +99,21 @@ def _label(group: list[dict], room: int, orphan: bool) -> Text:
     first, count = group[0], len(group)
     total = sum(c["end_us"] - c["start_us"] for c in group)
     times = f"  {duration(total)}" + (f", {duration(total / count)} each" if count > 1 else "")
-    seen = {tuple(_args_segments(c)) for c in group}
-    pieces = list(seen.pop()) if len(seen) == 1 else []  # arguments only where every call agrees
+    # Arguments only where every call agrees: eight all_reduces on one group with different
+    # shapes still name the group.
+    each = [_args_segments(c) for c in group]
+    pieces = [p for i, p in enumerate(each[0]) if all(len(e) == len(each[0]) and e[i] == p for e in each)]
     times_x = (f" ×{count}" if count > 1 else "")
     rest = len(times_x) + sum(len(t) for t, _ in pieces) + len(times)
     name = fitted_name(first["name"], room - rest)
     over = len(name) + rest - room
-    if over > 0 and pieces:  # still too wide: drop whole words of the arguments, never the name or the time
-        text = "".join(t for t, _ in pieces)
-        budget = len(text) - over - 2  # what is left for the words, with " …" after them
-        words = text.split(" ")        # "  GROUP [0,1] [4, 8]": two empty words, then the words
-        while len(words) > 3 and len(" ".join(words)) > budget:
-            words.pop()
-        pieces = [(" ".join(words) + " …", pieces[0][1])]
+    if over > 0 and pieces:  # still too wide: drop the last pieces (shape, then ops), never the name or the time
+        dropped = False
+        while over > 0 and len(pieces) > 1:
+            over -= len(pieces.pop()[0])
+            dropped = True
+        if dropped:
+            pieces.append((" …", "dim"))
     text = Text(name, style="bold cyan" if first["name"].startswith("torch.") else "bold")
     text.append(times_x, style="bold")
     for piece, style in pieces:
