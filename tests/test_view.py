@@ -209,3 +209,18 @@ def test_view_focus_folds_the_ancestors_of_a_torchrun_trace(torchrun_trace):
     assert "initialize_model_parallel" in lines[2] and "new_group" in lines[3]
     missing = minitron("view", str(torchrun_trace), "--focus", "no_such_step")
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "matches no call" in missing.stderr
+
+
+def test_a_rank_stopped_mid_write_is_still_read(tmp_path):
+    """The recorder writes in blocks, so a killed rank can end in half a line, and the calls it
+    had open never got a record: the rest is shown, the orphans marked, the cut line counted."""
+    from minitron.cli.views.trace_dir import read_trace
+
+    t = Trace()
+    outer = t.call("minitron.training.training.pretrain")
+    inner = t.call("minitron.core.parallel_state.initialize_model_parallel", outer)
+    lines = [json.dumps(r) for r in t.records if r is not outer]     # pretrain never returned
+    (tmp_path / "rank0.jsonl").write_text("\n".join(lines) + '\n{"rank": 0, "pid": 1')
+    runs, cut = read_trace(tmp_path)
+    assert cut == [0] and [r["id"] for r in runs[0]] == [inner["id"]]
+    assert "initialize_model_parallel  1.0 ms  (its caller never returned)" in render(call_tree(runs[0], 0, width=120), 120)

@@ -217,10 +217,13 @@ def call_tree(records: list[dict], rank: int, max_depth: int | None = None, focu
     def add(node: Tree, siblings: list[dict], level: int, indent: int) -> None:
         room = width - GUIDE * indent
         for group in merge(siblings):
+            orphan = any(c["id"] in calls.orphans for c in group)
             if group[0]["name"] == NEW_GROUP:
-                node.add(_new_group_line(rank, group, room))
+                line = node.add(_new_group_line(rank, group, room))
+                if orphan:
+                    line.label.append("  (its caller never returned)", style="yellow")
                 continue
-            child = node.add(_label(group, room, any(c["id"] in calls.orphans for c in group)))
+            child = node.add(_label(group, room, orphan))
             kids = calls.kids(group)
             if not kids:
                 continue

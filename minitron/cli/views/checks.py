@@ -115,11 +115,13 @@ def _layout(runs: dict[int, list[dict]]) -> Check:
     wrong = []
     for rank, seq in sequences.items():
         kept = {DESC_TO_KEY.get(desc): ranks for ranks, desc, _ in seq if rank in ranks}
-        wrong += [(rank, key) for key in expected if kept.get(key) != owner[key].get(rank)]
+        wrong += [(rank, key, kept.get(key)) for key in expected if kept.get(key) != owner[key].get(rank)]
     if absent:
         return Check(name, False, f"missing {absent[:3]}")
     if wrong:
-        return Check(name, False, f"rank {wrong[0][0]} kept a wrong {wrong[0][1]!r} group")
+        rank, key, kept = wrong[0]
+        return Check(name, False, f"rank {rank} joined no {key!r} group" if kept is None else
+                     f"rank {rank} kept a wrong {key!r} group {rank_ranges(list(kept))}")
     if len(runs) < world:
         return Check(name, True, f"files of {len(runs)} of the {world} ranks: every group with a member "
                                  f"among them was created; each of them kept its own")

@@ -18,6 +18,7 @@ INIT_MP = "minitron.core.parallel_state.initialize_model_parallel"
 INIT_PG = "torch.distributed.init_process_group"
 TRAIN_STEP = "minitron.training.training.train_step"
 RANK_FILE = re.compile(r"rank(\d+)\.jsonl")
+FIELDS = {"id", "parent", "name", "args", "start_us", "end_us"}
 
 
 class TraceError(ValueError):
@@ -42,12 +43,16 @@ def read_rank(path: Path) -> tuple[list[dict], bool]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             if number == len(lines):
                 cut = True
                 continue
-            raise TraceError(f"{path}:{number} is not a trace record (one JSON object per line)") from None
+            record = None
+        if not isinstance(record, dict) or not FIELDS <= record.keys():
+            raise TraceError(f"{path}:{number} is not a trace record (one JSON object per line with "
+                             f"{', '.join(sorted(FIELDS))})")
+        records.append(record)
     records.sort(key=lambda r: (r["start_us"], r["id"]))
     return records, cut
 
