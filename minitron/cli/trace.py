@@ -112,6 +112,8 @@ def trace(
         raise UserError(f"--rank {rank} is outside the world: choose 0..{world - 1}")
     if steps < 0:
         raise UserError(f"--steps must be 0 or more, got {steps}")
+    if depth is not None and depth < 1:
+        raise UserError(f"--depth must be 1 or more, got {depth}")
     views = _views(show, steps)
     argv = pretrain_argv(tp, pp, cp, ep, vp, order, backend, training_argv(world, tp, pp, cp, steps) + ctx.args)
     validate_pretrain(argv, world)
