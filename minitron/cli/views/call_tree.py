@@ -27,6 +27,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from minitron.cli.views.words import duration, fitted_name, plural, rank_ranges, short_name
+from minitron.core.rank_generator import DESC_TO_KEY
 
 NEW_GROUP = "torch.distributed.new_group"
 GUIDE = 4  # columns that rich's Tree indents each level by
@@ -79,14 +80,14 @@ def merge(records: list[dict]) -> list[list[dict]]:
 
 
 def _args_segments(record: dict) -> list[tuple[str, str]]:
-    """What a call's line says after its name, as (text, style) pieces."""
+    """What a call's line says after its name, as (text, style) pieces, most telling first."""
     name, args = record["name"], record["args"]
     if name == "torch.distributed.init_process_group":
         world = [(f" world_size={args['world_size']}", "dim")] if isinstance(args.get("world_size"), int) else []
         return [(f"  backend={args.get('backend')}", "dim")] + world
     if "group" not in args or not name.startswith("torch.distributed."):
         return []
-    pieces = [(f"  {args['group']} {rank_ranges(args.get('ranks'))}", "magenta")]
+    pieces = [(f"  {args['group']}", "magenta"), (f" {rank_ranges(args.get('ranks'))}", "magenta")]
     if "ops" in args:  # batch_isend_irecv: which way each message went, and to whom
         ops = " ".join(("send→" if op["op"] == "isend" else "recv←") + str(op["peer"]) for op in args["ops"])
         pieces.append((f" {ops}", "magenta"))
@@ -95,25 +96,35 @@ def _args_segments(record: dict) -> list[tuple[str, str]]:
     return pieces
 
 
+def _narrower(pieces: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    """The arguments, then shorter versions of them for a narrow line: without the shapes and
+    ops; with the group's short key (the group table's column: tp, dp, ...); without ranks."""
+    more = (" …", "dim")
+    options = [pieces] + [pieces[:n] + [more] for n in range(len(pieces) - 1, 1, -1)]
+    group = pieces[0][0].strip() if pieces else ""
+    if group in DESC_TO_KEY:
+        key = (f"  {DESC_TO_KEY[group]}", pieces[0][1])
+        options += [[key] + pieces[1:2] + ([more] if len(pieces) > 2 else []), [key, more]]
+    elif len(pieces) > 1:
+        options.append(pieces[:1] + [more])
+    return options
+
+
 def _label(group: list[dict], room: int, orphan: bool) -> Text:
     first, count = group[0], len(group)
     total = sum(c["end_us"] - c["start_us"] for c in group)
     times = f"  {duration(total)}" + (f", {duration(total / count)} each" if count > 1 else "")
+    times_x = f" ×{count}" if count > 1 else ""
     # Arguments only where every call agrees: eight all_reduces on one group with different
     # shapes still name the group.
     each = [_args_segments(c) for c in group]
-    pieces = [p for i, p in enumerate(each[0]) if all(len(e) == len(each[0]) and e[i] == p for e in each)]
-    times_x = (f" ×{count}" if count > 1 else "")
-    rest = len(times_x) + sum(len(t) for t, _ in pieces) + len(times)
-    name = fitted_name(first["name"], room - rest)
-    over = len(name) + rest - room
-    if over > 0 and pieces:  # still too wide: drop the last pieces (shape, then ops), never the name or the time
-        dropped = False
-        while over > 0 and len(pieces) > 1:
-            over -= len(pieces.pop()[0])
-            dropped = True
-        if dropped:
-            pieces.append((" …", "dim"))
+    agreed = [p for i, p in enumerate(each[0]) if all(len(e) == len(each[0]) and e[i] == p for e in each)]
+    # Shorten the name first, down to Class.method or function; then the arguments; never the time.
+    for pieces in _narrower(agreed):
+        rest = len(times_x) + sum(len(t) for t, _ in pieces) + len(times)
+        name = fitted_name(first["name"], room - rest)
+        if len(name) + rest <= room:
+            break
     text = Text(name, style="bold cyan" if first["name"].startswith("torch.") else "bold")
     text.append(times_x, style="bold")
     for piece, style in pieces:
