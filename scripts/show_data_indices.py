@@ -164,7 +164,7 @@ def cmd_barrier(work: str) -> None:
     import minitron.core.datasets  # noqa: F401  (imported once, before the ranks fork)
     import minitron.training.data  # noqa: F401
     from minitron.launcher import LaunchConfig, Target, launch
-    from minitron.trace.export import load_trace
+    from minitron.cli.views.trace_dir import load_trace
     prefix, trace_dir = build_corpus(work), os.path.join(work, "trace")
 
     def rank_main():

@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch._dynamo  # noqa: F401  (torch.optim loads it on first use: once here, not per rank)
 
     from minitron.launcher import LaunchConfig, RankFailure, Target, launch
-    from minitron.trace.export import load_trace
+    from minitron.cli.views.trace_dir import load_trace
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

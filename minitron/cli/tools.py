@@ -29,7 +29,7 @@ def groups(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object: group kind -> rank lists"),
 ):
     """Compute Megatron's process groups for a layout, without starting any process."""
-    from minitron.trace.layout_view import render_layout
+    from minitron.cli.views.layout import render_layout
 
     check_world(world)
     check_order(order)

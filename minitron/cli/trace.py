@@ -35,19 +35,20 @@ def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: 
 # --8<-- [end:pretrain-argv]
 
 
-VIEWS = ("tree", "groups", "checks", "schedule")
 # torch.optim imports torch._dynamo when the first optimizer is built: 3.5 s in every rank,
 # unless the launching process imports it once before forking.
 TRAINING_WARM = ("torch._dynamo",)
 
 
 def _views(show: str, steps: int) -> set:
-    if not show:
+    from minitron.cli.views.show import VIEWS, parse_views
+
+    try:
+        views = parse_views(show)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if views is None:
         return set(VIEWS) if steps else set(VIEWS) - {"schedule"}
-    views = {v.strip() for v in show.split(",") if v.strip()}
-    unknown = views - set(VIEWS)
-    if unknown:
-        raise UserError(f"--show {show!r}: unknown view {', '.join(sorted(unknown))}; choose from {', '.join(VIEWS)}")
     if "schedule" in views and not steps:
         raise UserError("--show schedule needs a training iteration: add --steps 1")
     return views
@@ -81,7 +82,10 @@ def trace(
                                                   "(mock data); 0: initialization only"),
     show: str = typer.Option("", "--show", help="comma list of views: tree, groups, checks, schedule "
                                                "(default: all that apply)"),
-    depth: Optional[int] = typer.Option(None, "--depth", help="call-tree depth (default: all; 7 with --steps)"),
+    depth: Optional[int] = typer.Option(None, "--depth", help="call-tree depth (default: all; 7 with --steps "
+                                                                     "unless --focus)"),
+    focus: Optional[str] = typer.Option(None, "--focus", help="show only the calls named NAME (a function name "
+                                                              "or pattern: train_step, '*forward*') and what ran inside"),
     log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="per-rank logs (default OUT/logs)"),
     master_port: Optional[int] = typer.Option(None, "--master-port", help="default: a free port"),
     debug: Optional[str] = DEBUG, debug_port_base: int = DEBUG_PORT_BASE, debug_host: str = DEBUG_HOST,
@@ -93,10 +97,12 @@ def trace(
     """
     from minitron.launcher import LaunchConfig, Target, launch
     from minitron.launcher.fake import play_ranks
+    from minitron.cli.views.call_tree import FocusError
+    from minitron.cli.views.perfetto import write_chrome_trace
+    from minitron.cli.views.show import default_depth, show_views
+    from minitron.cli.views.trace_dir import load_trace
+    from minitron.cli.views.words import plural
     from minitron.trace import TRACE_DIR_ENV
-    from minitron.trace.checks import check_trace
-    from minitron.trace.export import load_trace, write_chrome_trace
-    from minitron.trace.render import call_tree, check_lines, group_table
 
     check_world(world)
     check_order(order)
@@ -106,6 +112,8 @@ def trace(
         raise UserError(f"--rank {rank} is outside the world: choose 0..{world - 1}")
     if steps < 0:
         raise UserError(f"--steps must be 0 or more, got {steps}")
+    if depth is not None and depth < 1:
+        raise UserError(f"--depth must be 1 or more, got {depth}")
     views = _views(show, steps)
     argv = pretrain_argv(tp, pp, cp, ep, vp, order, backend, training_argv(world, tp, pp, cp, steps) + ctx.args)
     validate_pretrain(argv, world)
@@ -131,26 +139,16 @@ def trace(
     runs = load_trace(out)
     note = "fake backend: collectives did not communicate" if backend == "fake" else None
     chrome = write_chrome_trace(out, runs, note)
-    if "tree" in views:
-        console.print(call_tree(runs[rank], rank, depth if depth is not None else (7 if steps else None)))
-    if "groups" in views:
-        if world <= 64:
-            console.print(group_table(runs))
-        else:
-            console.print(f"[dim](group table omitted for {world} ranks; see {chrome})[/dim]")
-    if "schedule" in views:
-        from minitron.trace.schedule_view import pipeline_steps, render_slots
-        console.print(f"[bold]pipeline schedule of iteration {steps - 1}[/bold] "
-                      f"(tensor rank 0, data rank 0; executed order):")
-        console.print(render_slots(pipeline_steps(runs, iteration=steps - 1)))
-    checks = check_trace(runs, fake=backend == "fake")
-    if "checks" in views:
-        for line in check_lines(checks):
-            console.print(line)
+    try:
+        checks = show_views(console, runs, views, rank, focus=focus,
+                            depth=depth if depth is not None else default_depth(runs, focus),
+                            iteration=steps - 1 if steps else None, chrome=chrome)
+    except FocusError as exc:
+        raise UserError(f"{exc} (the trace is in {out}: `minitron view {out} --focus ...` reads it again)") from None
     pids = len({recs[0]["pid"] for recs in runs.values() if recs})
-    console.print(f"{world} ranks ({backend}, {pids} processes) in {elapsed:.2f} s → {out}/rank*.jsonl, "
-                  f"{chrome} (open in https://ui.perfetto.dev)")
+    console.print(f"{plural(world, 'rank')} ({backend}, {plural(pids, 'process', 'processes')}) in {elapsed:.2f} s "
+                  f"→ {out}/rank*.jsonl, {chrome} (open in https://ui.perfetto.dev)")
     if backend == "fake":
         console.print("[yellow]fake backend: one process played every rank; collectives moved no data[/yellow]")
-    if not all(c.ok for c in checks):
+    if any(c.ok is False for c in checks):
         raise typer.Exit(1)
