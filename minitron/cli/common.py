@@ -79,6 +79,19 @@ class DebugOptions:
         return env
 
 
+# The layout options, the same on every command that takes a layout: Megatron's long flag and
+# the short alias name one option (pretrain, which passes Megatron's flags through, expands the
+# aliases instead: cli/command.py).
+TP = typer.Option(1, "--tp", "--tensor-model-parallel-size", help="tensor-parallel size")
+PP = typer.Option(1, "--pp", "--pipeline-model-parallel-size", help="pipeline-parallel size (stages)")
+CP = typer.Option(1, "--cp", "--context-parallel-size", help="context-parallel size")
+EP = typer.Option(1, "--ep", "--expert-model-parallel-size", help="expert-parallel size")
+
+
+def vp_option(help: str):
+    return typer.Option(None, "--vp", "--virtual-pipeline-model-parallel-size", help=help)
+
+
 # The same four options on every command that starts ranks.
 DEBUG = typer.Option(None, "--debug", help="ranks that wait for a debugger: 3, 0,2, 1-3 or all")
 DEBUG_PORT_BASE = typer.Option(5678, "--debug-port-base", help="rank R listens on BASE+R")

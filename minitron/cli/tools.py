@@ -9,22 +9,16 @@ from typing import Optional
 import typer
 
 from minitron.cli.common import (
-    DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, ORDERS, DebugOptions, UserError, app, rank_backend,
-    check_order, check_world, console, validate_pretrain,
+    CP, DEBUG_HOST, DEBUG_PORT_BASE, EP, ORDERS, PP, TP, UserError, app, check_order, check_world, console, vp_option,
 )
-from minitron.cli.command import expand_aliases
 from minitron.core.rank_generator import DEFAULT_ORDER, LAYOUT_KEYS, layout
 
 @app.command()
 def groups(
     world: int = typer.Option(..., "--world", "-w", help="number of ranks"),
-    tp: int = typer.Option(1, "--tp", "--tensor-model-parallel-size", help="tensor-parallel size"),
-    pp: int = typer.Option(1, "--pp", "--pipeline-model-parallel-size", help="pipeline-parallel size (stages)"),
-    cp: int = typer.Option(1, "--cp", "--context-parallel-size", help="context-parallel size"),
-    ep: int = typer.Option(1, "--ep", "--expert-model-parallel-size", help="expert-parallel size"),
-    vp: Optional[int] = typer.Option(None, "--vp", "--virtual-pipeline-model-parallel-size",
-                                     help="model chunks per pipeline stage (interleaved schedule); "
-                                          "changes no group, shows which chunks each stage holds"),
+    tp: int = TP, pp: int = PP, cp: int = CP, ep: int = EP,
+    vp: Optional[int] = vp_option("model chunks per pipeline stage (interleaved schedule); changes no "
+                                  "group, shows which chunks each stage holds"),
     order: str = typer.Option(DEFAULT_ORDER, "--order", help=f"rank order: {ORDERS[0]} or {ORDERS[1]}"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object: group kind -> rank lists"),
 ):

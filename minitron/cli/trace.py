@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 
 from minitron.cli.common import (
-    DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, ORDERS, DebugOptions, UserError, app, check_backend,
+    CP, EP, PP, TP, vp_option, DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, ORDERS, DebugOptions, UserError, app, check_backend,
     check_order, check_world, console, default_backend, validate_pretrain,
 )
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER
@@ -68,11 +68,8 @@ def training_argv(world: int, tp: int, pp: int, cp: int, steps: int) -> List[str
 def trace(
     ctx: typer.Context,
     world: int = typer.Option(..., "--world", "-w", help="number of ranks"),
-    tp: int = typer.Option(1, "--tp", help="--tensor-model-parallel-size"),
-    pp: int = typer.Option(1, "--pp", help="--pipeline-model-parallel-size"),
-    cp: int = typer.Option(1, "--cp", help="--context-parallel-size"),
-    ep: int = typer.Option(1, "--ep", help="--expert-model-parallel-size"),
-    vp: Optional[int] = typer.Option(None, "--vp", help="--virtual-pipeline-model-parallel-size"),
+    tp: int = TP, pp: int = PP, cp: int = CP, ep: int = EP,
+    vp: Optional[int] = vp_option("model chunks per pipeline stage (interleaved schedule)"),
     order: str = typer.Option(DEFAULT_ORDER, "--order", help=f"rank order: {ORDERS[0]} or {ORDERS[1]}"),
     backend: Optional[str] = typer.Option(None, "--backend", help="gloo (CPU ranks), nccl (GPU ranks) or fake "
                                                                   "(one process plays every rank; no communication)"),
