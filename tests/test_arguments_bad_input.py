@@ -1,14 +1,13 @@
 """Bad input, one table: the real `minitron` executable answers each row with exit 2 and one
-line on stderr, no traceback, and starts no rank (the log / trace directory never appears)."""
+line on stderr, no traceback, and starts no rank (its log directory never appears). Rows from issues #9, #11 and #12."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from pathlib import Path
-
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 MINITRON = str(Path(sys.executable).parent / "minitron")
 ROOT = Path(__file__).resolve().parents[1]
