@@ -195,10 +195,11 @@ def _validate_batch(args):
     # train() will (the same calculator, the same consumed samples), so a batch that would not
     # split into micro-batches fails now, and sizes the ramp skips over are no obstacle.
     limit = min(samples, args.train_samples) if args.train_samples else samples
-    for batch, _ in _rampup_stretches(args, limit)[0]:
+    reached = [batch for batch, _ in _rampup_stretches(args, limit)[0]] + [args.global_batch_size]
+    for batch in reached:
         _require(batch % per_step == 0,
                  f"the ramp-up reaches a global batch of {batch}, not a multiple of micro batch x "
-                 f"data-parallel size = {micro} x {dp} = {per_step}; choose START and INCREMENT so it is")
+                 f"data-parallel size = {micro} x {dp} = {per_step}; choose the sizes so every batch of the ramp is")
 # --8<-- [end:validate-batch]
 
 
