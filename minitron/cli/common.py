@@ -49,6 +49,7 @@ def validate_pretrain(argv: List[str], world: int):
 
     This process is not a rank, so it does not ask the environment who it is (parse_args
     would); it states the world it is about to start. Nothing on this path imports torch."""
+    # Only the commands that start ranks validate Megatron's flags; the others skip the import.
     from minitron.training.arguments import GPT_ARGS_DEFAULTS, build_parser, validate_args
 
     try:
