@@ -22,14 +22,15 @@ from minitron.core.datasets import (
 )
 from minitron.core.models.gpt import GPTModel
 from minitron.launcher.worker import rank_session
-from minitron.training.arguments import core_transformer_config_from_args
+from minitron.training.arguments import GPT_ARGS_DEFAULTS, core_transformer_config_from_args
 from minitron.training.global_vars import get_args, get_tokenizer
 from minitron.training.training import pretrain
 from minitron.training.utils import print_rank_0
 
 # Defaults for flags a user did not give: token-id data over a small vocabulary, so a command
-# line can stay about the parallel layout.
-ARGS_DEFAULTS = {"tokenizer_type": "NullTokenizer", "vocab_size": 1024}
+# line can stay about the parallel layout (the values sit in training/arguments.py, where the
+# command line reads them without importing torch).
+ARGS_DEFAULTS = GPT_ARGS_DEFAULTS
 
 
 # --8<-- [start:model_provider]

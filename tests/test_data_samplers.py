@@ -3,12 +3,10 @@ the data flags reject what cannot work before any rank starts."""
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
-from minitron.training.arguments import ArgumentError
-from minitron.training.datasets.arguments import add_data_args, validate_data_args
+from minitron.training.argument_groups import ArgumentError, build_parser
+from minitron.training.datasets.arguments import validate_data_args
 from minitron.training.datasets.data_samplers import (
     MegatronPretrainingRandomSampler, MegatronPretrainingSampler,
 )
@@ -62,9 +60,7 @@ def test_sampler_errors_are_clear():
 
 
 def parse(argv):
-    parser = argparse.ArgumentParser()
-    add_data_args(parser)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     validate_data_args(args)
     return args
 

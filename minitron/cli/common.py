@@ -45,15 +45,18 @@ def check_backend(backend: str, world: int) -> None:
 
 
 def validate_pretrain(argv: List[str], world: int):
-    """Run parse_args + validate_args here, as rank 0 of ``world`` would, without any process."""
-    from minitron.pretrain_gpt import ARGS_DEFAULTS
-    from minitron.training.arguments import ArgumentError, parse_args, validate_args
+    """Parse and validate ``argv`` here, as rank 0 of ``world`` will, before any process exists.
+
+    This process is not a rank, so it does not ask the environment who it is (parse_args
+    would); it states the world it is about to start. Nothing on this path imports torch."""
+    # Only the commands that start ranks validate Megatron's flags; the others skip the import.
+    from minitron.training.arguments import GPT_ARGS_DEFAULTS, build_parser, validate_args
 
     try:
-        args = parse_args(argv=argv)
-        args.world_size, args.rank = world, 0
-        return validate_args(args, ARGS_DEFAULTS)
-    except (ArgumentError, ValueError) as exc:
+        args = build_parser().parse_args(argv)
+        args.world_size, args.rank, args.local_rank = world, 0, 0
+        return validate_args(args, GPT_ARGS_DEFAULTS)
+    except ValueError as exc:  # ArgumentError is one; a dataset check may raise a plain one
         raise UserError(str(exc)) from None
 
 

@@ -48,7 +48,7 @@ def set_global_variables(args, build_tokenizer: bool = True):
     )
     if build_tokenizer and args.tokenizer_type is not None:
         _GLOBAL_TOKENIZER = _build_tokenizer(args)
-    _GLOBAL_TIMERS = Timers(log_level=getattr(args, "timing_log_level", 0))
+    _GLOBAL_TIMERS = Timers(log_level=args.timing_log_level)
 # --8<-- [end:set-global-variables]
 
 

@@ -55,8 +55,10 @@ def get_optimizer_param_scheduler(optimizer):
     from minitron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     args = get_args()
-    decay_iters = args.lr_decay_iters or args.train_iters
-    decay_steps = decay_iters * args.global_batch_size
+    # --train-samples (sample-based training) decays over those samples; validate_args refused
+    # --lr-decay-iters and --lr-warmup-iters beside it, as Megatron does.
+    train_steps = args.train_samples or args.train_iters * args.global_batch_size
+    decay_steps = train_steps if args.train_samples else (args.lr_decay_iters or args.train_iters) * args.global_batch_size
     if args.lr_warmup_fraction is not None:
         warmup_steps = int(args.lr_warmup_fraction * decay_steps)
     else:
@@ -65,7 +67,7 @@ def get_optimizer_param_scheduler(optimizer):
         optimizer, init_lr=0.0 if warmup_steps else args.lr, max_lr=args.lr, min_lr=args.min_lr,
         lr_warmup_steps=warmup_steps, lr_decay_steps=decay_steps, lr_decay_style=args.lr_decay_style,
         start_wd=args.weight_decay, end_wd=args.weight_decay,
-        wd_incr_steps=args.train_iters * args.global_batch_size, wd_incr_style="constant")
+        wd_incr_steps=train_steps, wd_incr_style="constant")
 
 
 @traced

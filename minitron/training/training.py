@@ -104,7 +104,7 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_data_i
                       timers("interval-time").elapsed())
         # args.do_valid, not "have I a validation iterator": only tensor-parallel rank 0 reads
         # data, yet every rank must run the evaluation's collectives together.
-        if args.eval_interval and getattr(args, "do_valid", False) and iteration % args.eval_interval == 0:
+        if args.eval_interval and args.do_valid and iteration % args.eval_interval == 0:
             evaluate_and_print_results(f"iteration {iteration}", forward_step_func, valid_data_iterator, model)
         saved = bool(args.save and args.save_interval and iteration % args.save_interval == 0)
         if saved:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-from minitron.core.datasets.utils import Split
 
 
 class MegatronPretrainingSampler:
@@ -137,9 +136,6 @@ def build_pretraining_data_loader(dataset, consumed_samples, args=None, data_par
         data_parallel_rank = mpu.get_data_parallel_rank()
         data_parallel_size = mpu.get_data_parallel_world_size()
     dataloader_type = getattr(args, "dataloader_type", None) or "single"
-    split = getattr(dataset, "index_split", None)
-    if split == Split.valid and getattr(args, "full_validation", False):
-        consumed_samples = 0
     if dataloader_type == "single":
         batch_sampler = MegatronPretrainingSampler(
             len(dataset), consumed_samples, args.micro_batch_size, data_parallel_rank, data_parallel_size)
