@@ -11,12 +11,12 @@ import typer
 
 from minitron.cli.common import (
     CP, EP, PP, TP, vp_option, DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, ORDERS, DebugOptions, UserError, app, check_backend,
-    check_order, check_world, console, default_backend, validate_pretrain,
+    check_order, check_world, console, validate_pretrain,
 )
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER
 
 # --8<-- [start:pretrain-argv]
-def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: str, backend: str,
+def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: str, backend: Optional[str],
                   extra: List[str]) -> List[str]:
     """Megatron flags for a tiny GPT in this layout; the user's own flags (``extra``) come last
     and win. The defaults always satisfy validate_args: layers divide by pp x vp, heads by tp."""
@@ -26,7 +26,11 @@ def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: 
             "--context-parallel-size", str(cp), "--expert-model-parallel-size", str(ep),
             "--num-layers", str(layers), "--hidden-size", str(16 * heads),
             "--num-attention-heads", str(heads), "--seq-length", str(64 * cp),
-            "--micro-batch-size", "1", "--distributed-backend", backend]
+            "--micro-batch-size", "1"]
+    if backend:
+        argv += ["--distributed-backend", backend]
+    if ep > 1:  # expert groups need experts to split; an initialization-only run builds no model
+        argv += ["--num-experts", str(ep)]
     if vp:
         argv += ["--virtual-pipeline-model-parallel-size", str(vp)]
     if order == TP_PP_DP_ORDER:
@@ -92,19 +96,10 @@ def trace(
 
     Megatron flags after `--` are passed to every rank (e.g. `-- --global-batch-size 8`).
     """
-    from minitron.launcher import LaunchConfig, Target, launch
-    from minitron.launcher.fake import play_ranks
-    from minitron.cli.views.call_tree import FocusError
-    from minitron.cli.views.perfetto import write_chrome_trace
-    from minitron.cli.views.show import default_depth, show_views
-    from minitron.cli.views.trace_dir import load_trace
-    from minitron.cli.views.words import plural
-    from minitron.trace import TRACE_DIR_ENV
-
     check_world(world)
     check_order(order)
-    backend = backend or default_backend()
-    check_backend(backend, world)
+    if backend is not None:  # given: check it now (the default is known after validation)
+        check_backend(backend, world)
     if not 0 <= rank < world:
         raise UserError(f"--rank {rank} is outside the world: choose 0..{world - 1}")
     if steps < 0:
@@ -113,7 +108,20 @@ def trace(
         raise UserError(f"--depth must be 1 or more, got {depth}")
     views = _views(show, steps)
     argv = pretrain_argv(tp, pp, cp, ep, vp, order, backend, training_argv(world, tp, pp, cp, steps) + ctx.args)
-    validate_pretrain(argv, world)
+    # Every refusal happens before torch is imported: validate_args asks the accelerator for the
+    # default backend only once the flags have passed, and the ranks will decide the same way.
+    backend = validate_pretrain(argv, world).distributed_backend
+    check_backend(backend, world)
+
+    from minitron.cli.views.call_tree import FocusError
+    from minitron.cli.views.perfetto import write_chrome_trace
+    from minitron.cli.views.show import default_depth, show_views
+    from minitron.cli.views.trace_dir import load_trace
+    from minitron.cli.views.words import plural
+    from minitron.launcher import LaunchConfig, Target, launch
+    from minitron.launcher.fake import play_ranks
+    from minitron.trace import TRACE_DIR_ENV
+
     debug_env = DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world)
     if steps and backend == "fake":
         raise UserError("--steps needs real communication: the fake backend moves no data; use gloo")

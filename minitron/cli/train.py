@@ -28,22 +28,28 @@ def pretrain(
 ):
     """Train a GPT on WORLD ranks. Every other flag is Megatron's, passed to each rank
     (--tensor-model-parallel-size, --num-layers, --train-iters, --lr, --mock-data, ...)."""
+    fake = "--backend fake moves no data, so it cannot train: use gloo or nccl"
+    check_world(world)
+    argv = list(ctx.args)
+    if backend is not None:  # given: check it now, and every rank uses it
+        rank_backend(backend, world, fake)
+        if "--distributed-backend" not in argv:
+            argv += ["--distributed-backend", backend]
+    if "--log-jsonl" not in argv:  # the progress display reads it, so there is always one
+        argv += ["--log-jsonl", str((log_dir / "iterations.jsonl").resolve())]
+    # Every refusal happens here, before torch is imported: validate_args asks the accelerator
+    # for the default backend only once the flags have passed.
+    args = validate_pretrain(argv, world)
+    if not args.train_iters:
+        raise UserError("--train-iters N or --train-samples N is required; `minitron trace` shows "
+                        "initialization alone")
+    backend = rank_backend(args.distributed_backend, world, fake)
+
     from minitron.launcher import LaunchConfig, Target
     from minitron.launcher import launch as run
     from minitron.trace import TRACE_DIR_ENV
     from minitron.training.progress import PretrainProgress
     from minitron.training.utils import CONSOLE_ENV
-
-    check_world(world)
-    backend = rank_backend(backend, world, "--backend fake moves no data, so it cannot train: use gloo or nccl")
-    argv = list(ctx.args)
-    if "--distributed-backend" not in argv:
-        argv += ["--distributed-backend", backend]
-    if "--log-jsonl" not in argv:  # the progress display reads it, so there is always one
-        argv += ["--log-jsonl", str((log_dir / "iterations.jsonl").resolve())]
-    args = validate_pretrain(argv, world)
-    if not args.train_iters:
-        raise UserError("--train-iters N is required (N >= 1); `minitron trace` shows initialization alone")
     log_jsonl = Path(args.log_jsonl)
     # The ranks append the lines Megatron prints for the console here; we show them as they come.
     console_jsonl = (log_dir / "console.jsonl").resolve()

@@ -257,6 +257,10 @@ def _validate_training(args):
                  f"batch ({args.global_batch_size})")
     if not args.train_iters:
         return  # initialization only (what `minitron trace` runs)
+    # The expert groups exist (initialize_model_parallel builds them), the expert layers do not
+    # yet: training would silently run a dense model.
+    _require(args.num_experts is None, f"--num-experts {args.num_experts}: minitron has no mixture-of-experts "
+             "layers yet, so this would train a dense model; drop it (`minitron trace --ep N` shows the expert groups)")
     _require(args.lr is not None, "--lr is required for training (e.g. --lr 1e-3)")
     _require(args.min_lr <= args.lr, f"--min-lr {args.min_lr:g} is above --lr {args.lr:g}")
     _require(args.lr_warmup_fraction is None or args.lr_warmup_iters == 0,
