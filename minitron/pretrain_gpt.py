@@ -21,6 +21,7 @@ from minitron.core.datasets import (
     BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig, MockGPTDataset, get_blend_from_list,
 )
 from minitron.core.models.gpt import GPTModel
+from minitron.core.pipeline_parallel.schedules import get_attr_wrapped_model
 from minitron.launcher.worker import rank_session
 from minitron.training.arguments import core_transformer_config_from_args
 from minitron.training.global_vars import get_args, get_tokenizer
@@ -60,7 +61,8 @@ def forward_step(data_iterator, model):
     """One micro-batch: tokens in (first stage), per-token losses out (last stage)."""
     from minitron.training.utils import get_batch
 
-    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator)
+    vp_stage = get_attr_wrapped_model(model, "vp_stage")  # which model chunk, with a virtual pipeline
+    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator, vp_stage=vp_stage)
     output_tensor = model(tokens, position_ids, attention_mask, labels=labels)
     return output_tensor, partial(loss_func, loss_mask)
 # --8<-- [end:forward_step]

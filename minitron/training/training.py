@@ -16,7 +16,7 @@ import torch
 
 from minitron.core import parallel_state as mpu
 from minitron.core.num_microbatches_calculator import get_num_microbatches, update_num_microbatches
-from minitron.core.pipeline_parallel.schedules import get_forward_backward_func
+from minitron.core.pipeline_parallel import get_forward_backward_func
 from minitron.trace import traced
 from minitron.training.global_vars import get_args, get_timers
 from minitron.training.checkpointing import save_checkpoint

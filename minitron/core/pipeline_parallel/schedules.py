@@ -3,6 +3,11 @@
     forward_backward_no_pipelining                    pp = 1: forward, backward, repeat
     forward_backward_pipelining_without_interleaving  1F1B: warm-up, steady state, cool-down
     forward_backward_pipelining_with_interleaving     1F1B over several model chunks per rank
+                                                      (schedules_interleaved.py)
+
+get_forward_backward_func, which picks one for the layout, lives in the package's __init__.py
+(``from minitron.core.pipeline_parallel import get_forward_backward_func``, Megatron's import):
+it needs all three, and the interleaved one builds on the steps defined here.
 
 All three return the last stage's per-micro-batch loss dicts and leave the gradients of the
 whole global batch in the model, reduced across data-parallel ranks
@@ -21,25 +26,16 @@ from minitron.core.pipeline_parallel import p2p_communication as p2p
 from minitron.trace import traced
 
 
-# --8<-- [start:get-forward-backward-func]
-def get_forward_backward_func():
-    """The schedule this layout needs (Megatron picks it the same way)."""
-    if mpu.get_pipeline_model_parallel_world_size() > 1:
-        if mpu.get_virtual_pipeline_model_parallel_world_size() is not None:
-            from minitron.core.pipeline_parallel.schedules_interleaved import (
-                forward_backward_pipelining_with_interleaving,
-            )
-            return forward_backward_pipelining_with_interleaving
-        return forward_backward_pipelining_without_interleaving
-    return forward_backward_no_pipelining
-# --8<-- [end:get-forward-backward-func]
+def get_attr_wrapped_model(model, attr: str):
+    """``model.attr``, looking through the wrappers (DDP, Float16Module) that do not carry it."""
+    while not hasattr(model, attr) and hasattr(model, "module"):
+        model = model.module
+    return getattr(model, attr)
 
 
 def get_model_config(model):
-    """The model's TransformerConfig, looking through wrappers (DDP, Float16Module)."""
-    while not hasattr(model, "config") and hasattr(model, "module"):
-        model = model.module
-    return model.config
+    """The model's TransformerConfig, looking through wrappers."""
+    return get_attr_wrapped_model(model, "config")
 
 
 def _unwrap(model):
@@ -91,7 +87,7 @@ def forward_step(forward_step_func, data_iterator, model, num_microbatches, inpu
     """Run the user's forward step on one micro-batch; on the last stage, turn output into loss."""
     _unwrap(model).set_input_tensor(input_tensor)  # non-first stages start from the received activation
     output_tensor, loss_func = forward_step_func(data_iterator, model)
-    if mpu.is_pipeline_last_stage():
+    if mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage):  # this chunk computes the loss
         loss, loss_reduced = loss_func(output_tensor)
         # Each micro-batch's loss is divided here, so the gradients summed over micro-batches
         # are those of the mean loss over the global batch.

@@ -38,6 +38,7 @@ class GPTModel(LanguageModule):
                              "(training.tokenizer._vocab_size_with_padding)")
         self.vocab_size, self.max_sequence_length = vocab_size, max_sequence_length
         self.pre_process, self.post_process = pre_process, post_process
+        self.vp_stage = vp_stage  # which model chunk this is (None without a virtual pipeline)
         self.parallel_output = parallel_output
         self.share_embeddings_and_output_weights = share_embeddings_and_output_weights
 
