@@ -33,7 +33,6 @@ from minitron.training.training_log import print_rank_0
 ARGS_DEFAULTS = {"tokenizer_type": "NullTokenizer", "vocab_size": 1024}
 
 
-# --8<-- [start:model_provider]
 def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage=None) -> GPTModel:
     """This rank's GPT: the layers of its pipeline stage, each weight its tensor-parallel slice."""
     args = get_args()
@@ -42,10 +41,8 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
                     pre_process=pre_process, post_process=post_process,
                     share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
                     vp_stage=vp_stage)
-# --8<-- [end:model_provider]
 
 
-# --8<-- [start:forward_step]
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     """Mean per-token loss over the unmasked tokens; the reported value is averaged over
     data-parallel ranks (the gradient needs no such average: DDP does it)."""
@@ -65,7 +62,6 @@ def forward_step(data_iterator, model):
     tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator, vp_stage=vp_stage)
     output_tensor = model(tokens, position_ids, attention_mask, labels=labels)
     return output_tensor, partial(loss_func, loss_mask)
-# --8<-- [end:forward_step]
 
 
 def is_dataset_built_on_rank() -> bool:
@@ -102,7 +98,6 @@ train_valid_test_datasets_provider.is_distributed = True
 # --8<-- [end:provider]
 
 
-# --8<-- [start:main]
 def main(argv: list[str] | None = None) -> int:
     # minitron's one addition to Megatron's entry: the per-rank session (tracing, debugger),
     # driven by environment variables so it behaves the same under any launcher.
@@ -110,7 +105,6 @@ def main(argv: list[str] | None = None) -> int:
         pretrain(train_valid_test_datasets_provider, model_provider, "encoder_or_decoder", forward_step,
                  args_defaults=ARGS_DEFAULTS, argv=argv)
     return 0
-# --8<-- [end:main]
 
 
 if __name__ == "__main__":

@@ -28,10 +28,7 @@ def groups(
 
     check_world(world)
     check_order(order)
-    for flag, value in (("--tp", tp), ("--pp", pp), ("--cp", cp), ("--ep", ep)):
-        if value < 1:
-            raise UserError(f"{flag} must be at least 1, got {value}")
-    try:
+    try:  # layout() checks the sizes with validate_parallel_sizes, the rules' one home
         groups_ = layout(world, tp, pp, cp, ep, order)
     except ValueError as exc:
         raise UserError(str(exc)) from None

@@ -38,7 +38,6 @@ def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:
     return parser
 
 
-# --8<-- [start:parse-args]
 def parse_args(extra_args_provider=None, ignore_unknown_args=False, argv=None):
     """Parse Megatron's flags; rank and world size come from the environment as in Megatron."""
     parser = build_parser(extra_args_provider)
@@ -52,7 +51,6 @@ def parse_args(extra_args_provider=None, ignore_unknown_args=False, argv=None):
     if args.local_rank is None:
         args.local_rank = world.local_rank
     return args
-# --8<-- [end:parse-args]
 
 
 def _require(condition: bool, message: str) -> None:
@@ -60,7 +58,6 @@ def _require(condition: bool, message: str) -> None:
         raise ArgumentError(message)
 
 
-# --8<-- [start:validate-args]
 def validate_args(args, defaults: dict | None = None):
     """Fill in what the flags imply and reject what cannot work. Returns args."""
     for key, value in (defaults or {}).items():
@@ -94,10 +91,8 @@ def validate_args(args, defaults: dict | None = None):
     _require(args.distributed_timeout_minutes >= 1, "--distributed-timeout-minutes must be at least 1")
     validate_data_args(args)
     return args
-# --8<-- [end:validate-args]
 
 
-# --8<-- [start:validate-layout]
 def _validate_layout(args):
     tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
     model = tp * pp * cp
@@ -141,7 +136,6 @@ def _validate_layout(args):
                  f"= {pp} x {vp} = {pp * vp}")
         if vp == 1:
             args.virtual_pipeline_model_parallel_size = None  # one chunk per rank: no interleaving
-# --8<-- [end:validate-layout]
 
 
 def _validate_model_shape(args):
@@ -169,7 +163,6 @@ def _validate_model_shape(args):
                  f"--seq-length {args.seq_length} must be divisible by {tp}")
 
 
-# --8<-- [start:validate-batch]
 def _validate_batch(args):
     micro, dp = args.micro_batch_size, args.data_parallel_size
     per_step = micro * dp
@@ -196,7 +189,6 @@ def _validate_batch(args):
     _require(start % per_step == 0 and increment % per_step == 0,
              f"ramp-up batch sizes must stay multiples of micro batch x data-parallel size = {per_step}; "
              f"START {start} and INCREMENT {increment} are not")
-# --8<-- [end:validate-batch]
 
 
 

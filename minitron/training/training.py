@@ -25,7 +25,6 @@ from minitron.training.model_setup import setup_model_and_optimizer
 from minitron.training.training_log import IterationLog, print_rank_0, print_rank_last
 
 
-# --8<-- [start:pretrain]
 @traced
 def pretrain(train_valid_test_dataset_provider, model_provider, model_type, forward_step_func,
              extra_args_provider=None, args_defaults=None, argv=None):
@@ -42,10 +41,8 @@ def pretrain(train_valid_test_dataset_provider, model_provider, model_type, forw
     from minitron.training.data import build_train_valid_test_data_iterators
     train_iter, valid_iter, _ = build_train_valid_test_data_iterators(train_valid_test_dataset_provider)
     train(forward_step_func, model, optimizer, opt_param_scheduler, train_iter, valid_iter)
-# --8<-- [end:pretrain]
 
 
-# --8<-- [start:train_step]
 @traced(args=lambda *a, **k: {"iteration": get_args().curr_iteration})
 def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler):
     """One iteration: all micro-batches forward and backward, gradients reduced, one step."""
@@ -70,7 +67,6 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
         for key in losses_reduced[0]:
             loss[key] = torch.stack([d[key] for d in losses_reduced]).float().mean().item()
     return loss, skipped_iter, grad_norm, num_zeros_in_grad
-# --8<-- [end:train_step]
 
 
 @traced

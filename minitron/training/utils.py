@@ -44,7 +44,6 @@ def _keys_for_this_stage(create_attention_mask: bool, vp_stage: int | None = Non
     return wanted
 
 
-# --8<-- [start:get-batch-tp]
 @traced(args=lambda data_iterator, create_attention_mask=True, vp_stage=None: {
     "reads": data_iterator is not None, "tp_rank": mpu.get_tensor_model_parallel_rank()})
 def get_batch_on_this_tp_rank(data_iterator, create_attention_mask: bool = True, vp_stage: int | None = None) -> dict:
@@ -62,7 +61,6 @@ def get_batch_on_this_tp_rank(data_iterator, create_attention_mask: bool = True,
         received = broadcast_data(keys, None if data is None else {k: data[k].to(dtype) for k in keys}, dtype)
         batch.update(received)
     return batch
-# --8<-- [end:get-batch-tp]
 
 
 def get_batch_on_this_cp_rank(batch: dict, cp_rank: int | None = None, cp_size: int | None = None) -> dict:
@@ -89,7 +87,6 @@ def get_batch_on_this_cp_rank(batch: dict, cp_rank: int | None = None, cp_size: 
     return out
 
 
-# --8<-- [start:get-batch]
 def get_batch(data_iterator, create_attention_mask: bool | None = None, vp_stage: int | None = None):
     """(tokens, labels, loss_mask, attention_mask, position_ids) for GPT's forward_step, for
     model chunk ``vp_stage`` (None: the whole rank; needed with a virtual pipeline)."""
@@ -101,7 +98,6 @@ def get_batch(data_iterator, create_attention_mask: bool | None = None, vp_stage
     batch = get_batch_on_this_cp_rank(batch)
     return (batch["tokens"], batch["labels"], batch["loss_mask"], batch["attention_mask"],
             batch["position_ids"])
-# --8<-- [end:get-batch]
 
 
 def _args_flag(name: str, default):

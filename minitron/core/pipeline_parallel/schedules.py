@@ -52,7 +52,6 @@ def get_tensor_shape(config, seq_length: int, micro_batch_size: int):
     return (seq, micro_batch_size, config.hidden_size)
 
 
-# --8<-- [start:deallocate]
 def deallocate_output_tensor(out, deallocate_pipeline_outputs: bool = True):
     """Free a sent activation's storage but keep its autograd graph.
 
@@ -72,7 +71,6 @@ def custom_backward(output, grad_output):
     Variable._execution_engine.run_backward(
         tensors=(output,), grad_tensors=(grad_output,), keep_graph=False, create_graph=False,
         inputs=tuple(), allow_unreachable=True, accumulate_grad=True)
-# --8<-- [end:deallocate]
 
 
 def _step_args(*args, current_microbatch=None, vp_stage=None, **kwargs):
@@ -120,7 +118,6 @@ def _finalize(config, model_chunks, forward_only: bool):
         config.finalize_model_grads_func(model_chunks)
 
 
-# --8<-- [start:no-pipelining]
 @traced(args=lambda **kw: {"num_microbatches": kw.get("num_microbatches"), "forward_only": kw.get("forward_only", False)})
 def forward_backward_no_pipelining(*, forward_step_func, data_iterator, model, num_microbatches,
                                    seq_length, micro_batch_size, forward_only=False, **_):
@@ -147,10 +144,8 @@ def forward_backward_no_pipelining(*, forward_step_func, data_iterator, model, n
     one(num_microbatches - 1)
     _finalize(config, [model], forward_only)
     return losses
-# --8<-- [end:no-pipelining]
 
 
-# --8<-- [start:one-f-one-b]
 @traced(args=lambda **kw: {"num_microbatches": kw.get("num_microbatches"), "forward_only": kw.get("forward_only", False)})
 def forward_backward_pipelining_without_interleaving(*, forward_step_func, data_iterator, model,
                                                      num_microbatches, seq_length, micro_batch_size,
@@ -226,4 +221,3 @@ def forward_backward_pipelining_without_interleaving(*, forward_step_func, data_
             p2p.send_backward(input_grad, config)
     _finalize(config, [model], forward_only)
     return losses
-# --8<-- [end:one-f-one-b]

@@ -66,7 +66,6 @@ class GPTModel(LanguageModule):
             input_tensor = input_tensor[0]
         self.decoder.set_input_tensor(input_tensor)
 
-    # --8<-- [start:forward]
     @traced(args=lambda self, input_ids, position_ids, attention_mask=None, decoder_input=None,
             labels=None: {"input_ids": short_value(input_ids), "labels": short_value(labels),
                           "pre_process": self.pre_process, "post_process": self.post_process})
@@ -92,4 +91,3 @@ class GPTModel(LanguageModule):
         # gathered logits would be counted p times.
         logits, _ = self.output_layer(hidden_states, weight=weight, runtime_gather_output=False)
         return self.compute_language_model_loss(labels, logits)
-    # --8<-- [end:forward]
