@@ -19,8 +19,6 @@ micro-batches (0 .. num_microbatches-1); ``model_chunk_id`` the chunks (0 .. v-1
 
 from __future__ import annotations
 
-import contextlib
-
 from minitron.core import parallel_state as mpu
 from minitron.core.pipeline_parallel import p2p_communication as p2p
 from minitron.core.pipeline_parallel.schedules import (
