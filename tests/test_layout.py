@@ -262,10 +262,11 @@ def test_the_group_table_walks_megatrons_new_group_sequence():
 
     for world, tp, pp, cp, ep, order in LAYOUTS:
         walked = []
-        for kind, ranks in all_groups(*generators(world, tp, pp, cp, ep, order)):
-            walked.append((kind.desc, list(ranks)))
-            if kind.gloo:
-                walked.append((kind.desc + "_GLOO", list(ranks)))
+        for kind, groups in all_groups(*generators(world, tp, pp, cp, ep, order)):
+            for ranks in groups:
+                walked.append((kind.desc, list(ranks)))
+                if kind.gloo:
+                    walked.append((kind.desc + "_GLOO", list(ranks)))
         assert walked == creation_sequence(world, tp, pp, cp, ep, order), (world, tp, pp, cp, ep, order)
 
 

@@ -34,11 +34,10 @@ def create_group(ranks, timeout=None, backend=None, group_desc=None):
     return torch.distributed.new_group(ranks, timeout=timeout, backend=backend, group_desc=group_desc)
 
 
-def _keep(key: str, ranks: list[int], group) -> None:
-    """Remember ``group`` as this rank's ``key`` group if this rank is one of ``ranks``."""
-    if _RANK in ranks:
-        _GROUP[key] = group
-        _GLOBAL_RANKS[key] = list(ranks)
+def _keep(key: str, ranks, group) -> None:
+    """Remember ``group`` as this rank's ``key`` group (this rank is one of ``ranks``)."""
+    _GROUP[key] = group
+    _GLOBAL_RANKS[key] = list(ranks)
 
 
 @traced
@@ -76,13 +75,18 @@ def initialize_model_parallel(
     timeout = timedelta(minutes=distributed_timeout_minutes)
 
     # GROUP_KINDS (rank_generator.py) lists the kinds in Megatron's order; all_groups walks it.
-    for kind, ranks in all_groups(dense, expert):
-        _keep(kind.key, ranks, create_group(ranks, timeout=timeout, group_desc=kind.desc))
-        if kind.gloo:
-            # CPU-side collectives (checkpoint metadata, the distributed optimizer's state
-            # gathering) run on a gloo group even when the main groups are NCCL.
-            twin = create_group(ranks, timeout=timeout, backend="gloo", group_desc=kind.desc + "_GLOO")
-            _keep(kind.key + "-gloo", ranks, twin)
+    for kind, groups in all_groups(dense, expert):
+        key, desc, gloo = kind.key, kind.desc, kind.gloo
+        for ranks in groups:
+            group = create_group(ranks, timeout=timeout, group_desc=desc)
+            if _RANK in ranks:
+                _keep(key, ranks, group)
+            if gloo:
+                # CPU-side collectives (checkpoint metadata, the distributed optimizer's state
+                # gathering) run on a gloo group even when the main groups are NCCL.
+                twin = create_group(ranks, timeout=timeout, backend="gloo", group_desc=desc + "_GLOO")
+                if _RANK in ranks:
+                    _keep(key + "-gloo", ranks, twin)
 
 
 def is_initialized() -> bool:

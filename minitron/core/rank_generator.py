@@ -225,9 +225,10 @@ def generators(world_size: int, tp: int = 1, pp: int = 1, cp: int = 1, ep: int =
 
 
 def all_groups(dense: RankGenerator, expert: RankGenerator):
-    """Yield (kind, ranks) for every group, in the order Megatron creates them: GROUP_KINDS'
-    order, except that each pipeline group is followed at once by the embedding groups cut
-    from it."""
+    """Yield (kind, groups) in the order Megatron creates them: GROUP_KINDS' order, each kind's
+    groups in one run, except that each pipeline group is followed at once by the embedding
+    groups cut from it. (Runs, not single groups, so that the caller's inner loop stays tight:
+    at world 1024 a rank walks ~3400 groups.)"""
     cut_from_stage = [kind for kind in GROUP_KINDS if kind.source == "stage"]
     for kind in GROUP_KINDS:
         if kind.source == "stage":
@@ -236,19 +237,21 @@ def all_groups(dense: RankGenerator, expert: RankGenerator):
         groups = generator.get_ranks(kind.token)
         if kind.source == "joined":
             groups = [sum(groups, ())]
+        if kind.key != "pp":
+            yield kind, groups
+            continue
         for ranks in groups:
-            yield kind, ranks
-            if kind.key == "pp":
-                for stage_kind in cut_from_stage:
-                    yield stage_kind, STAGE_RANKS[stage_kind.key](ranks)
+            yield kind, (ranks,)
+            for stage_kind in cut_from_stage:
+                yield stage_kind, (STAGE_RANKS[stage_kind.key](ranks),)
 
 
 def layout(world_size: int, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
            order: str = DEFAULT_ORDER, expert_tp: int | None = None) -> dict[str, list[list[int]]]:
     """Every group kind -> its list of rank lists, computed without any process."""
     groups: dict[str, list[list[int]]] = {kind.key: [] for kind in GROUP_KINDS}
-    for kind, ranks in all_groups(*generators(world_size, tp, pp, cp, ep, order, expert_tp)):
-        groups[kind.key].append(list(ranks))  # the caller's to keep: plain lists, fresh each time
+    for kind, rank_lists in all_groups(*generators(world_size, tp, pp, cp, ep, order, expert_tp)):
+        groups[kind.key].extend(list(ranks) for ranks in rank_lists)  # the caller's: fresh lists
     return groups
 
 
