@@ -13,6 +13,11 @@ parallel dimensions, fastest-varying first. With the default order ``tp-cp-ep-dp
 A group "along" some dimensions is the set of ranks that agree on every *other* digit.
 So tensor-parallel peers are neighbours (they share the fastest digit's block, which is why
 Megatron wants them inside one machine), and pipeline stages are the farthest apart.
+
+Two things are written here once, for everyone: GROUP_KINDS, the table of group kinds that
+initialize_model_parallel, `minitron groups` and the trace checks all read; and
+validate_parallel_sizes, the rules a layout must obey, which the command line,
+validate_args and initialize_model_parallel all call.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ DIMENSIONS = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 # Megatron's --use-tp-pp-dp-mapping switches to this order: pipeline stages become neighbours.
 TP_PP_DP_ORDER = "tp-cp-ep-pp-dp"
+
 
 class GroupKind(NamedTuple):
     """One kind of process group, as initialize_model_parallel makes it."""
@@ -183,9 +189,11 @@ def validate_parallel_sizes(world_size: int, tp: int = 1, pp: int = 1, cp: int =
             f"world size {world_size} is not divisible by expert tensor x expert model x pipeline "
             f"parallel = {expert_tp} x {ep} x {pp} = {expert_model}; choose sizes whose product "
             f"divides {world_size}")
-    if vp is not None and (vp < 1 or pp < 2):
-        raise ValueError(f"a virtual pipeline of size {vp} (interleaved schedule) needs a size of at "
-                         f"least 1 and pipeline-model-parallel size > 1, got {pp}")
+    if vp is not None and vp < 1:
+        raise ValueError(f"virtual-pipeline-model-parallel size must be at least 1, got {vp}")
+    if vp is not None and pp < 2:
+        raise ValueError(f"a virtual pipeline (interleaved schedule) needs pipeline-model-parallel "
+                         f"size > 1, got {pp}")
     sizes = {"dp": world_size // model, "expert_tp": expert_tp, "expert_dp": world_size // expert_model}
     _validate_order(order, tp, pp, cp, ep, sizes)
     return sizes
