@@ -16,7 +16,6 @@ from minitron.accelerator.cuda_accelerator import CUDA_Accelerator
 _ACCELERATOR = None
 
 
-# --8<-- [start:get-accelerator]
 def get_accelerator():
     global _ACCELERATOR
     if _ACCELERATOR is None:
@@ -33,7 +32,6 @@ def get_accelerator():
         else:
             raise ValueError(f"MINITRON_ACCELERATOR={name!r}: use 'cuda' or 'cpu'")
     return _ACCELERATOR
-# --8<-- [end:get-accelerator]
 
 
 def set_accelerator(accelerator) -> None:

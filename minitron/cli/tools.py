@@ -11,7 +11,7 @@ import typer
 from minitron.cli.common import (
     CP, DEBUG_HOST, DEBUG_PORT_BASE, EP, ORDERS, PP, TP, UserError, app, check_order, check_world, console, vp_option,
 )
-from minitron.core.rank_generator import DEFAULT_ORDER, LAYOUT_KEYS, layout
+from minitron.core.rank_generator import DEFAULT_ORDER, LAYOUT_KEYS, layout, validate_parallel_sizes
 
 @app.command()
 def groups(
@@ -27,12 +27,8 @@ def groups(
 
     check_world(world)
     check_order(order)
-    for flag, value in (("--tp", tp), ("--pp", pp), ("--cp", cp), ("--ep", ep), ("--vp", vp or 1)):
-        if value < 1:
-            raise UserError(f"{flag} must be at least 1, got {value}")
-    if vp and pp < 2:
-        raise UserError(f"--vp {vp} needs pipeline stages to interleave: give --pp 2 or more")
-    try:
+    try:  # the sizes' one home: validate_parallel_sizes (vp too, which changes no group)
+        validate_parallel_sizes(world, tp, pp, cp, ep, vp=vp, order=order)
         groups_ = layout(world, tp, pp, cp, ep, order)
     except ValueError as exc:
         raise UserError(str(exc)) from None

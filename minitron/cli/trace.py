@@ -15,7 +15,6 @@ from minitron.cli.common import (
 )
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER
 
-# --8<-- [start:pretrain-argv]
 def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: str, backend: Optional[str],
                   extra: List[str]) -> List[str]:
     """Megatron flags for a tiny GPT in this layout; the user's own flags (``extra``) come last
@@ -36,7 +35,6 @@ def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: 
     if order == TP_PP_DP_ORDER:
         argv.append("--use-tp-pp-dp-mapping")
     return argv + list(extra)
-# --8<-- [end:pretrain-argv]
 
 
 # torch.optim imports torch._dynamo when the first optimizer is built: 3.5 s in every rank,

@@ -49,7 +49,6 @@ def _first(env, *names, default=None):
     return default
 
 
-# --8<-- [start:discover-world-info]
 def discover_world_info(env=None) -> WorldInfo:
     """Who am I and how many are we? Read torchrun's variables, else Slurm's, else MPI's.
 
@@ -77,7 +76,6 @@ def discover_world_info(env=None) -> WorldInfo:
     addr = env.get("MASTER_ADDR") or _slurm_first_host(env) or "127.0.0.1"
     port = int(env.get("MASTER_PORT", DEFAULT_PORT))
     return WorldInfo(int(rank), int(world), int(local), int(local_world), addr, port, source)
-# --8<-- [end:discover-world-info]
 
 
 def _slurm_first_host(env) -> str | None:
@@ -101,7 +99,6 @@ def export_world_info(info: WorldInfo) -> None:
     })
 
 
-# --8<-- [start:init-distributed]
 @traced
 def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool = True,
                      timeout: timedelta = timedelta(minutes=30), init_method: str | None = None,
@@ -124,7 +121,6 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
         dist_backend = get_accelerator().communication_backend_name()
     cdb = TorchBackend(dist_backend, timeout, init_method, rank, world_size)
     return cdb
-# --8<-- [end:init-distributed]
 
 
 def is_initialized() -> bool:

@@ -50,10 +50,8 @@ class TorchBackend:
     def get_world_size(self, group=None) -> int:
         return torch.distributed.get_world_size(group)
 
-    # --8<-- [start:forwarding]
     def all_reduce(self, tensor, op=torch.distributed.ReduceOp.SUM, group=None, async_op=False):
         return torch.distributed.all_reduce(tensor, op=op, group=group, async_op=async_op)
-    # --8<-- [end:forwarding]
 
     def broadcast(self, tensor, src, group=None, async_op=False):
         return torch.distributed.broadcast(tensor, src=src, group=group, async_op=async_op)

@@ -62,7 +62,6 @@ class NumMicroBatchesCalculator:
     def update(self, consumed_samples: int, consistency_check: bool = True, verbose: bool = False) -> None:
         raise NotImplementedError
 
-    # --8<-- [start:set-from-current]
     def _set_from_current(self, consistency_check: bool) -> None:
         per_step = self.micro_batch_times_data_parallel_size
         batch = self.current_global_batch_size
@@ -74,10 +73,8 @@ class NumMicroBatchesCalculator:
                    f"{self.micro_batch_size} x data-parallel size {self.data_parallel_size}")
         self.current_running_global_batch_size = batch
         self.num_micro_batches = batch // per_step
-    # --8<-- [end:set-from-current]
 
 
-# --8<-- [start:constant-calculator]
 class ConstantNumMicroBatchesCalculator(NumMicroBatchesCalculator):
     """The usual case: the same number of micro-batches every iteration."""
 
@@ -91,10 +88,8 @@ class ConstantNumMicroBatchesCalculator(NumMicroBatchesCalculator):
 
     def update(self, consumed_samples: int, consistency_check: bool = True, verbose: bool = False) -> None:
         pass  # constant: nothing changes with progress
-# --8<-- [end:constant-calculator]
 
 
-# --8<-- [start:rampup-calculator]
 class RampupBatchsizeNumMicroBatchesCalculator(NumMicroBatchesCalculator):
     """Global batch grows START -> global in INCREMENT steps over the first SAMPLES samples."""
 
@@ -124,7 +119,6 @@ class RampupBatchsizeNumMicroBatchesCalculator(NumMicroBatchesCalculator):
             steps = int(consumed_samples / self.rampup_samples_per_increment)
             self.current_global_batch_size = self.start_global_batch_size + steps * self.batch_size_increment
         self._set_from_current(consistency_check)
-# --8<-- [end:rampup-calculator]
 
 
 def _build_num_microbatches_calculator(rank: int, rampup_batch_size: list[int] | None, global_batch_size: int,

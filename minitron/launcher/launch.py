@@ -89,7 +89,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-# --8<-- [start:rank-env]
 def rank_env(rank: int, cfg: LaunchConfig) -> dict[str, str]:
     """The variables torchrun would set for this rank (one node: local rank == rank)."""
     env = {
@@ -109,7 +108,6 @@ def rank_env(rank: int, cfg: LaunchConfig) -> dict[str, str]:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.world_size))
     env.update(cfg.env)
     return env
-# --8<-- [end:rank-env]
 
 
 def log_path(cfg: LaunchConfig, rank: int) -> Path | None:
@@ -130,7 +128,6 @@ class _ForkedRank:
         return self.returncode
 
 
-# --8<-- [start:forked-child]
 def _run_forked_child(rank: int, cfg: LaunchConfig, target: Target) -> None:
     """Body of a forked rank. Never returns: the child must not run the parent's code on."""
     code = 1
@@ -165,10 +162,8 @@ def _run_forked_child(rank: int, cfg: LaunchConfig, target: Target) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-# --8<-- [end:forked-child]
 
 
-# --8<-- [start:start]
 def _start(rank: int, cfg: LaunchConfig, target: Target):
     if cfg.start_method == "fork":
         sys.stdout.flush()
@@ -183,10 +178,8 @@ def _start(rank: int, cfg: LaunchConfig, target: Target):
     console = [int(env[CONSOLE_FD_ENV])] if CONSOLE_FD_ENV in env else []
     return subprocess.Popen(target.command(), env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
                             start_new_session=True, pass_fds=console)
-# --8<-- [end:start]
 
 
-# --8<-- [start:stop-all]
 def _stop_all(procs: list, grace: float) -> None:
     """SIGTERM every rank's process group, wait up to ``grace`` s, then SIGKILL.
 
@@ -215,10 +208,8 @@ def _stop_all(procs: list, grace: float) -> None:
     for p in procs:
         while p.poll() is None:
             time.sleep(0.01)
-# --8<-- [end:stop-all]
 
 
-# --8<-- [start:warm-parent]
 def _warm_parent(target: Target, warm: tuple[str, ...] = ()) -> None:
     """Import what every rank needs once, here, so forked ranks inherit it.
 
@@ -233,10 +224,8 @@ def _warm_parent(target: Target, warm: tuple[str, ...] = ()) -> None:
         importlib.import_module(target.module)
     for module in warm:
         importlib.import_module(module)
-# --8<-- [end:warm-parent]
 
 
-# --8<-- [start:launch]
 def launch(cfg: LaunchConfig, target: Target, monitor: Callable[[], None] | None = None) -> None:
     """Run ``target`` on every rank; return when all exit 0, else raise RankFailure.
 
@@ -284,7 +273,6 @@ def launch(cfg: LaunchConfig, target: Target, monitor: Callable[[], None] | None
         os.close(console)
         shutil.rmtree(errors, ignore_errors=True)
         store.close()
-# --8<-- [end:launch]
 
 
 def _first_failure(procs: list, cfg: LaunchConfig, errors: Path, settle: float = 0.3) -> tuple[int, int]:

@@ -26,7 +26,6 @@ def die_with_parent() -> None:
         pass
 
 
-# --8<-- [start:keeper]
 class StoreKeeper:
     """Serve the ranks' rendezvous TCPStore from a process of the launcher's, as torchrun's
     agent does, instead of from rank 0.
@@ -73,4 +72,3 @@ class StoreKeeper:
     def close(self) -> None:
         os.close(self._stop_w)
         os.waitpid(self.pid, 0)
-# --8<-- [end:keeper]

@@ -37,7 +37,6 @@ def env_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-# --8<-- [start:rank-session]
 @contextmanager
 def rank_session():
     """Start tracing if MINITRON_TRACE_DIR is set, wait for a debugger if this rank is in
@@ -55,7 +54,6 @@ def rank_session():
     finally:
         if owner:
             trace.stop()
-# --8<-- [end:rank-session]
 
 
 # --8<-- [start:run-target]

@@ -59,7 +59,6 @@ def _init_worker(spec: dict) -> None:
     _WORKER["spec"] = spec
 
 
-# --8<-- [start:encode]
 def _encode_batch(batch: tuple[int, bytes]):
     """Tokenize a block of whole lines -> per key (tokens, lengths), bad lines, sizes.
 
@@ -107,7 +106,6 @@ def _encode_batch(batch: tuple[int, bytes]):
     arrays = {key: (np.concatenate(t) if t else np.zeros(0, dtype), np.asarray(n, dtype=np.int64))
               for key, (t, n) in out.items()}
     return arrays, bad, empty, len(blob)
-# --8<-- [end:encode]
 
 
 def _batches(path: str):

@@ -14,7 +14,7 @@ command line answers a bad layout in a fraction of a torch import.
 from __future__ import annotations
 
 from minitron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
-from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER
+from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate_parallel_sizes
 from minitron.training.argument_groups import ArgumentError, build_parser
 from minitron.training.datasets.arguments import validate_data_args
 
@@ -27,7 +27,6 @@ __all__ = ["ArgumentError", "GPT_ARGS_DEFAULTS", "build_parser", "parse_args", "
 GPT_ARGS_DEFAULTS = {"tokenizer_type": "NullTokenizer", "vocab_size": 1024}
 
 
-# --8<-- [start:parse-args]
 def parse_args(extra_args_provider=None, ignore_unknown_args=False, argv=None):
     """Parse Megatron's flags; rank and world size come from the environment as in Megatron."""
     # comm imports torch, and only a rank needs to know who it is: the command line validates
@@ -45,7 +44,6 @@ def parse_args(extra_args_provider=None, ignore_unknown_args=False, argv=None):
     if args.local_rank is None:
         args.local_rank = world.local_rank
     return args
-# --8<-- [end:parse-args]
 
 
 def _require(condition: bool, message: str) -> None:
@@ -53,7 +51,6 @@ def _require(condition: bool, message: str) -> None:
         raise ArgumentError(message)
 
 
-# --8<-- [start:validate-args]
 def validate_args(args, defaults: dict | None = None):
     """Fill in what the flags imply and reject what cannot work. Returns args.
 
@@ -86,19 +83,11 @@ def validate_args(args, defaults: dict | None = None):
                  "is visible; use --distributed-backend gloo on CPU")
     validate_data_args(args)
     return args
-# --8<-- [end:validate-args]
 
 
-# --8<-- [start:validate-layout]
 def _validate_layout(args):
     tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
-    model = tp * pp * cp
-    _require(args.world_size % model == 0,
-             f"world size {args.world_size} is not divisible by tensor x pipeline x context parallel "
-             f"= {tp} x {pp} x {cp} = {model}; choose sizes whose product divides {args.world_size}")
-    args.data_parallel_size = args.world_size // model
     args.order = TP_PP_DP_ORDER if args.use_tp_pp_dp_mapping else DEFAULT_ORDER
-
     ep = args.expert_model_parallel_size
     if args.num_experts == 0:
         args.num_experts = None  # as Megatron: zero experts is a dense model
@@ -108,41 +97,37 @@ def _validate_layout(args):
                  f"add --num-experts N (a multiple of {ep})")
         _require(args.num_experts % ep == 0,
                  f"--num-experts {args.num_experts} is not a multiple of --expert-model-parallel-size {ep}")
-    if args.expert_tensor_parallel_size is None:
-        args.expert_tensor_parallel_size = tp
-    etp = args.expert_tensor_parallel_size
-    expert_slice = args.world_size // (etp * pp) if args.world_size % (etp * pp) == 0 else None
-    _require(expert_slice is not None and expert_slice % ep == 0,
-             f"--expert-model-parallel-size {ep} must divide the expert data-parallel size "
-             f"world / (expert tp x pp) = {args.world_size} / ({etp} x {pp})")
-    args.expert_data_parallel_size = expert_slice // ep
-    if args.use_tp_pp_dp_mapping and pp > 1:
-        _require(args.expert_data_parallel_size == args.data_parallel_size,
-                 "with --use-tp-pp-dp-mapping the expert and dense data-parallel sizes must match")
-    if tp == 1:
-        args.sequence_parallel = False  # as Megatron: nothing to split the sequence across
 
     # Virtual pipeline (interleaved schedule): several model chunks per pipeline rank.
     _require(args.num_layers % pp == 0,
              f"--num-layers {args.num_layers} is not divisible by --pipeline-model-parallel-size {pp}")
-    per_stage = args.num_layers // pp
     if args.num_layers_per_virtual_pipeline_stage is not None:
-        n = args.num_layers_per_virtual_pipeline_stage
+        n, per_stage = args.num_layers_per_virtual_pipeline_stage, args.num_layers // pp
         _require(args.virtual_pipeline_model_parallel_size is None,
                  "give --num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank, "
                  "not both")
         _require(per_stage % n == 0, f"the {per_stage} layers of each pipeline stage are not divisible by "
                  f"--num-layers-per-virtual-pipeline-stage {n}")
         args.virtual_pipeline_model_parallel_size = per_stage // n
-    if args.virtual_pipeline_model_parallel_size is not None:
-        vp = args.virtual_pipeline_model_parallel_size
-        _require(pp > 1, "a virtual pipeline (interleaved schedule) needs --pipeline-model-parallel-size > 1")
+    vp = args.virtual_pipeline_model_parallel_size
+
+    # How the sizes tile the world: the rules' one home, shared with `minitron groups` and
+    # initialize_model_parallel.
+    try:
+        sizes = validate_parallel_sizes(args.world_size, tp, pp, cp, ep, args.expert_tensor_parallel_size, vp,
+                                        args.order)
+    except ValueError as exc:
+        raise ArgumentError(str(exc)) from None
+    args.data_parallel_size = sizes["dp"]
+    args.expert_tensor_parallel_size, args.expert_data_parallel_size = sizes["expert_tp"], sizes["expert_dp"]
+    if tp == 1:
+        args.sequence_parallel = False  # as Megatron: nothing to split the sequence across
+    if vp is not None:
         _require(args.num_layers % (pp * vp) == 0,
                  f"--num-layers {args.num_layers} is not divisible by pipeline x virtual pipeline "
                  f"= {pp} x {vp} = {pp * vp}")
         if vp == 1:
             args.virtual_pipeline_model_parallel_size = None  # one chunk per rank: no interleaving
-# --8<-- [end:validate-layout]
 
 
 def _validate_model_shape(args):
@@ -170,7 +155,6 @@ def _validate_model_shape(args):
                  f"--seq-length {args.seq_length} must be divisible by {tp}")
 
 
-# --8<-- [start:validate-batch]
 def _validate_batch(args):
     micro, dp = args.micro_batch_size, args.data_parallel_size
     per_step = micro * dp
@@ -200,7 +184,6 @@ def _validate_batch(args):
         _require(batch % per_step == 0,
                  f"the ramp-up reaches a global batch of {batch}, not a multiple of micro batch x "
                  f"data-parallel size = {micro} x {dp} = {per_step}; choose the sizes so every batch of the ramp is")
-# --8<-- [end:validate-batch]
 
 
 _MAX_RAMP_STEPS = 100_000  # Megatron's own examples climb in about a hundred

@@ -54,7 +54,6 @@ def build_train_valid_test_datasets(build_train_valid_test_datasets_provider):
     return build_train_valid_test_datasets_provider(num_samples)
 
 
-# --8<-- [start:loaders]
 @traced
 def build_train_valid_test_data_loaders(build_train_valid_test_datasets_provider):
     args = get_args()
@@ -80,7 +79,6 @@ def build_train_valid_test_data_loaders(build_train_valid_test_datasets_provider
     torch.distributed.broadcast(flags, 0)
     args.do_train, args.do_valid, args.do_test = (bool(f) for f in flags.tolist())
     return train_dataloader, valid_dataloader, test_dataloader
-# --8<-- [end:loaders]
 
 
 @traced

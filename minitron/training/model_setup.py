@@ -26,13 +26,10 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
     vp = mpu.get_virtual_pipeline_model_parallel_world_size()
     model = []
     for chunk in range(vp or 1):
-        if vp is not None:
-            mpu.set_virtual_pipeline_model_parallel_rank(chunk)
-        model.append(model_provider_func(pre_process=mpu.is_pipeline_first_stage(),
-                                         post_process=mpu.is_pipeline_last_stage(),
-                                         vp_stage=chunk if vp is not None else None))
-    if vp is not None:
-        mpu.set_virtual_pipeline_model_parallel_rank(0)
+        vp_stage = chunk if vp is not None else None
+        model.append(model_provider_func(pre_process=mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+                                         post_process=mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+                                         vp_stage=vp_stage))
     print_parameter_count(model)
     if not wrap_with_ddp:
         return model

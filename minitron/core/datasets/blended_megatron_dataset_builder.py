@@ -116,7 +116,6 @@ class BlendedMegatronDatasetBuilder:
                 low_level_dataset, dataset_path, indices, sizes[i], index_split, self.config))
         return datasets
 
-    # --8<-- [start:build-generic]
     @staticmethod
     @traced(args=lambda cls, is_built_on_rank, synchronize_ranks, *args: {
         "cls": cls.__name__, "built_here": is_built_on_rank()})
@@ -143,7 +142,6 @@ class BlendedMegatronDatasetBuilder:
         if rank != 0 and is_built_on_rank():
             dataset = cls(*args)
         return dataset
-    # --8<-- [end:build-generic]
 
 
 def _get_size_per_split_per_dataset(weights, target_size_per_split, surplus: float = 0.0):

@@ -70,7 +70,6 @@ def log_single_rank(message: str) -> None:
         print(message, flush=True)
 
 
-# --8<-- [start:cache]
 def build_or_load_indices(path_to_cache: str | None, base: str, description: str,
                           names: tuple[str, ...], build):
     """Return ``({name: array}, built_here)`` for the index arrays called ``names``.
@@ -105,4 +104,3 @@ def build_or_load_indices(path_to_cache: str | None, base: str, description: str
             f"{path_to_cache}: rank 0 builds them before the barrier; is --data-cache-path a "
             "directory every rank sees (shared, not node-local)?")
     return {name: np.load(path, mmap_mode="r") for name, path in paths.items()}, False
-# --8<-- [end:cache]

@@ -90,7 +90,6 @@ class DistributedDataParallel(MegatronModule):
             param.register_post_accumulate_grad_hook(self._make_backward_post_hook(param))
         # --8<-- [end:hook]
 
-    # --8<-- [start:post-hook]
     def _make_backward_post_hook(self, param: torch.nn.Parameter):
         def hook(_param):
             if param.grad is not None:
@@ -100,12 +99,10 @@ class DistributedDataParallel(MegatronModule):
             if self.ddp_config.overlap_grad_reduce:
                 self.param_to_bucket_group[param].register_grad_ready(param)
         return hook
-    # --8<-- [end:post-hook]
 
     def forward(self, *inputs, **kwargs):
         return self.module(*inputs, **kwargs)
 
-    # --8<-- [start:no-sync]
     @contextmanager
     def no_sync(self):
         """Micro-batches run inside this only accumulate; the bucket collectives wait."""
@@ -116,7 +113,6 @@ class DistributedDataParallel(MegatronModule):
         finally:
             for bucket_group in self.bucket_groups:
                 bucket_group.is_last_microbatch = True
-    # --8<-- [end:no-sync]
 
     def start_grad_sync(self, *unused) -> None:
         """Launch every bucket's reduction (asynchronous with overlap_grad_reduce)."""

@@ -82,7 +82,6 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return loss
 # --8<-- [end:label_smoothing]
 
-# --8<-- [start:backward]
     @staticmethod
     def backward(ctx, grad_output):
         softmax, target_mask, masked_target = ctx.saved_tensors
@@ -93,7 +92,6 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         if ctx.smoothing > 0:
             grad = grad - ctx.smoothing / ctx.vocab_size
         return grad * grad_output.unsqueeze(-1), None, None
-# --8<-- [end:backward]
 
 
 @traced(args=lambda vocab_parallel_logits, target, label_smoothing=0.0: {

@@ -29,7 +29,6 @@ from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
 
-# --8<-- [start:core_attention]
 class DotProductAttention(MegatronModule):
     """softmax(q k^T / sqrt(d), causal) v for this rank's heads. Inputs [s, b, heads, d]."""
 
@@ -73,10 +72,8 @@ class DotProductAttention(MegatronModule):
             with get_cuda_rng_tracker().fork():
                 probs = self.attention_dropout(probs)
         return torch.matmul(probs, v)
-# --8<-- [end:core_attention]
 
 
-# --8<-- [start:self_attention]
 class SelfAttention(MegatronModule):
     """linear_qkv (column-parallel) -> core attention on my heads -> linear_proj (row-parallel)."""
 
@@ -109,4 +106,3 @@ class SelfAttention(MegatronModule):
         query, key, value = self.get_query_key_value_tensors(hidden_states)
         context = self.core_attention(query, key, value, attention_mask)
         return self.linear_proj(context)
-# --8<-- [end:self_attention]

@@ -43,7 +43,6 @@ def get_num_layers_to_build(config) -> int:
     return config.num_layers // (pp_size * vp_size)
 
 
-# --8<-- [start:block]
 class TransformerBlock(MegatronModule):
     def __init__(self, config, pre_process: bool = True, post_process: bool = True,
                  vp_stage: int | None = None):
@@ -77,4 +76,3 @@ class TransformerBlock(MegatronModule):
         if self.final_layernorm is not None:
             hidden_states = self.final_layernorm(hidden_states)
         return hidden_states
-# --8<-- [end:block]

@@ -46,7 +46,6 @@ class MegatronPretrainingSampler:
         start = self.data_parallel_rank * self.micro_batch_size
         return start, start + self.micro_batch_size
 
-    # --8<-- [start:sequential-iter]
     def __iter__(self):
         batch = []
         for idx in range(self.consumed_samples, self.total_samples):  # resume: skip what was used
@@ -58,7 +57,6 @@ class MegatronPretrainingSampler:
         if batch and not self.drop_last:
             start, end = self.get_start_end_idx()
             yield batch[start:end]
-    # --8<-- [end:sequential-iter]
 
 
 class MegatronPretrainingRandomSampler:
@@ -91,7 +89,6 @@ class MegatronPretrainingRandomSampler:
     def __len__(self):
         return self.total_samples
 
-    # --8<-- [start:random-iter]
     def __iter__(self):
         usable = self.total_samples - self.last_batch_size  # whole rounds only
         self.epoch = self.consumed_samples // usable
@@ -116,7 +113,6 @@ class MegatronPretrainingRandomSampler:
                 self.consumed_samples += self.micro_batch_times_data_parallel_size
                 yield batch
                 batch = []
-    # --8<-- [end:random-iter]
 
 
 def build_pretraining_data_loader(dataset, consumed_samples, args=None, data_parallel_rank=None,

@@ -95,7 +95,6 @@ class GPT2Tokenizer:
                              "symbols; it is not a byte-level BPE vocabulary")
         self._cache: dict[str, list[int]] = {}
 
-    # --8<-- [start:bpe]
     def bpe(self, token: str) -> tuple[str, ...]:
         """Merge the symbols of one pre-token, best-ranked pair first, until none applies."""
         word = tuple(token)
@@ -105,7 +104,6 @@ class GPT2Tokenizer:
                 break
             word = tuple(merge_pair(word, *pair))
         return word
-    # --8<-- [end:bpe]
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []
