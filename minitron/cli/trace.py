@@ -36,9 +36,6 @@ def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: 
 
 
 VIEWS = ("tree", "groups", "checks", "schedule")
-# torch.optim imports torch._dynamo when the first optimizer is built: 3.5 s in every rank,
-# unless the launching process imports it once before forking.
-TRAINING_WARM = ("torch._dynamo",)
 
 
 def _views(show: str, steps: int) -> set:
@@ -61,6 +58,22 @@ def training_argv(world: int, tp: int, pp: int, cp: int, steps: int) -> List[str
     dp = world // (tp * pp * cp) if world % (tp * pp * cp) == 0 else 1
     return ["--train-iters", str(steps), "--lr", "1e-4", "--mock-data", "--hidden-dropout", "0",
             "--attention-dropout", "0", "--global-batch-size", str(dp * 2 * pp)]
+
+
+def play_pretrain_rank(argv: List[str]) -> None:
+    """One rank of a fake world: pretrain's initialization, then nothing left for the next rank."""
+    from minitron import comm
+    from minitron.core import parallel_state
+    from minitron.pretrain_gpt import ARGS_DEFAULTS
+    from minitron.training.global_vars import unset_global_variables
+    from minitron.training.training import pretrain
+
+    try:
+        pretrain(None, None, "encoder_or_decoder", None, args_defaults=ARGS_DEFAULTS, argv=argv)
+    finally:
+        parallel_state.destroy_model_parallel()
+        comm.destroy_process_group()  # cdb's torch world, and with it every subgroup
+        unset_global_variables()
 
 
 @app.command(context_settings=EXTRA)
@@ -120,11 +133,11 @@ def trace(
         stale.unlink(missing_ok=True)  # a previous, larger run must not leak ranks into this one
     started = time.perf_counter()
     if backend == "fake":
-        play_ranks(world, argv, str(out))
+        play_ranks(world, lambda: play_pretrain_rank(argv), out)
     else:
         cfg = LaunchConfig(world_size=world, backend=backend, log_dir=log_dir or out / "logs",
                            master_port=master_port, env={TRACE_DIR_ENV: str(out.resolve()), **debug_env},
-                           warm=TRAINING_WARM if steps else ())
+                           warm=LaunchConfig.warm if steps else ())  # no steps: no optimizer to warm for
         launch(cfg, Target(module="minitron.pretrain_gpt", argv=argv))
     elapsed = time.perf_counter() - started
 

@@ -13,7 +13,6 @@ from minitron.cli.common import (
     DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, DebugOptions, UserError, app, rank_backend,
     check_world, console, validate_pretrain,
 )
-from minitron.cli.trace import TRAINING_WARM
 
 @app.command(context_settings=EXTRA)
 def pretrain(
@@ -48,8 +47,7 @@ def pretrain(
     log_jsonl.unlink(missing_ok=True)
     env = {TRACE_DIR_ENV: str(trace_dir.resolve())} if trace_dir else {}
     env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world))
-    cfg = LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env,
-                       warm=TRAINING_WARM)
+    cfg = LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env)
     started = time.perf_counter()
     with PretrainProgress(log_jsonl, args.train_iters, console) as progress:
         run(cfg, Target(module="minitron.pretrain_gpt", argv=argv), monitor=progress.poll)

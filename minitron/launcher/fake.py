@@ -6,57 +6,95 @@ initialisation code runs for rank 0, then for rank 1, ... each time building the
 that rank would build. What you learn is the layout and the call structure at a scale no
 laptop could run; what you do not get is communication — every collective is a no-op.
 
-Cost: each rank calls new_group for every group of the world (about 3 x world of them), so a
-1024-rank world makes ~3.5 million calls in total. For a rank outside a group torch creates
-nothing; the trace hook returns torch's "not a member" answer directly for those, without
-recording them (see torch_hooks.FAKE_RANK).
+The rules of a fake world live here, in the launcher that plays it, not in the tracer (which
+only records, fake world or not). There are two, both about ``new_group``:
+
+* Every group is a fake group. Megatron asks for gloo twins of some groups (``backend="gloo"``);
+  in a fake world there is nothing to connect, so the backend is dropped. The trace still shows
+  what the program asked for: this rule sits beneath the tracer's wrapper.
+* A rank outside a group gets torch's "not a member" answer at once. Each rank calls new_group
+  for every group of the world (about 3 x world of them: ~3.5 million calls at world 1024,
+  tp 8, pp 8), and torch would create nothing for a non-member anyway. This rule sits above
+  the tracer, so those calls cost one membership test and leave no record: a rank's trace
+  holds the ~20 groups it is in, not the 3,400 it is not.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
+from typing import Callable, Iterable
 
-from minitron.trace import torch_hooks
+import torch.distributed as dist
+
+from minitron.launcher.worker import rank_session
+from minitron.trace import TRACE_DIR_ENV
+
+_RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", TRACE_DIR_ENV)
 
 
-def play_ranks(world_size: int, argv: list[str], trace_dir: str | None, ranks=None) -> float:
-    """Run pretrain_gpt for each rank in ``ranks`` (default: all) on the fake backend.
+# --8<-- [start:rules]
+@contextmanager
+def _only_fake_groups():
+    """Rule 1, for the whole play: new_group ignores the backend it is asked for."""
+    original = dist.new_group
 
-    Returns the seconds spent. Each rank leaves no state behind for the next one.
+    def new_group(ranks=None, timeout=None, backend=None, *args, **kwargs):
+        return original(ranks, timeout, None, *args, **kwargs)
+
+    dist.new_group = new_group
+    try:
+        yield
+    finally:
+        dist.new_group = original
+
+
+@contextmanager
+def _non_members_answered(rank: int):
+    """Rule 2, while ``rank`` is played: a group without it is answered before anyone sees it."""
+    inner = dist.new_group  # the tracer's wrapper when tracing, else rule 1
+    non_member = dist.GroupMember.NON_GROUP_MEMBER
+
+    def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
+                  use_local_synchronization=False, group_desc=None, **kwargs):
+        if ranks is not None and rank not in ranks:
+            return non_member
+        return inner(ranks, timeout, backend, pg_options, use_local_synchronization, group_desc, **kwargs)
+
+    dist.new_group = new_group
+    try:
+        yield
+    finally:
+        dist.new_group = inner
+# --8<-- [end:rules]
+
+
+# --8<-- [start:play-ranks]
+def play_ranks(world_size: int, rank_main: Callable[[], object], trace_dir: str | os.PathLike | None = None,
+               ranks: Iterable[int] | None = None) -> float:
+    """Call ``rank_main()`` as each rank in ``ranks`` (default: all) of a fake world in turn.
+
+    Each rank sees torchrun's variables (RANK, WORLD_SIZE, ...) and runs in a rank session,
+    traced into ``trace_dir`` if given. ``rank_main`` must leave no state behind for the next
+    rank (destroy the process group and whatever globals it set). Returns the seconds spent.
     """
-    from minitron import comm
-    from minitron.core import parallel_state
-    from minitron.launcher.worker import rank_session
-    from minitron.pretrain_gpt import ARGS_DEFAULTS
-    from minitron.training.global_vars import unset_global_variables
-    from minitron.training.training import pretrain
-
-    saved_env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                                                "MINITRON_TRACE_DIR")}
-    torch_hooks.install()  # the fake-world rules live in the new_group hook, traced or not
+    saved_env = {k: os.environ.get(k) for k in _RANK_VARS}
     start = time.perf_counter()
     try:
-        for rank in (range(world_size) if ranks is None else ranks):
-            os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                              LOCAL_WORLD_SIZE=str(world_size))
-            if trace_dir:
-                os.environ["MINITRON_TRACE_DIR"] = str(trace_dir)
-            torch_hooks.FAKE_RANK = rank
-            with rank_session():
-                try:
-                    pretrain(None, None, "encoder_or_decoder", None, args_defaults=ARGS_DEFAULTS,
-                             argv=argv + ["--distributed-backend", "fake"])
-                finally:
-                    parallel_state.destroy_model_parallel()
-                    comm.destroy_process_group()  # cdb's torch world, and with it every subgroup
-                    unset_global_variables()
+        with _only_fake_groups():
+            for rank in (range(world_size) if ranks is None else ranks):
+                os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                                  LOCAL_WORLD_SIZE=str(world_size))
+                if trace_dir:
+                    os.environ[TRACE_DIR_ENV] = str(trace_dir)
+                with rank_session(), _non_members_answered(rank):
+                    rank_main()
     finally:
-        torch_hooks.FAKE_RANK = None
-        torch_hooks.uninstall()
         for key, value in saved_env.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
     return time.perf_counter() - start
+# --8<-- [end:play-ranks]

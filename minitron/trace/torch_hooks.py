@@ -29,10 +29,6 @@ SETUP = ("init_process_group", "new_group", "destroy_process_group")
 
 _ORIGINAL: dict[str, object] = {}
 
-# The rank launcher/fake.py is playing, or None outside a fake world. There one process plays
-# every rank in turn, and each rank creates every group of the world (thousands at world 1024).
-FAKE_RANK: int | None = None
-
 
 def describe_group(group) -> dict:
     """{'group': 'TENSOR_MODEL_PARALLEL_GROUP', 'ranks': [0, 1]} for a ProcessGroup (None = world)."""
@@ -99,14 +95,7 @@ def _wrap_new_group(original):
     def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
                   use_local_synchronization=False, group_desc=None, **kwargs):
         recorder = _rec._ACTIVE
-        real_backend = backend
-        if FAKE_RANK is not None:
-            if ranks is not None and FAKE_RANK not in ranks:
-                # torch would create nothing for a non-member; answering directly (and not
-                # recording it) keeps a 1024-rank fake world to seconds and ~50 records a rank.
-                return dist.GroupMember.NON_GROUP_MEMBER
-            real_backend = None  # a fake world has only fake groups, Megatron's gloo twins too
-        call = lambda: original(ranks, timeout, real_backend, pg_options, use_local_synchronization,
+        call = lambda: original(ranks, timeout, backend, pg_options, use_local_synchronization,
                                 group_desc, **kwargs)
         if recorder is None:
             return call()
