@@ -199,7 +199,7 @@ def test_a_fake_world_answers_non_members_unrecorded_and_makes_every_group_fake(
         finally:
             dist.destroy_process_group()
 
-    play_ranks(4, rank_main, tmp_path)
+    play_ranks(4, rank_main, tmp_path, processes=1)  # here, so that `kept` is filled in this process
     assert dist.new_group is torchs_own                                     # rules gone afterwards
     assert kept[0] == ([[0, 1], None], [0, 1, 2, 3]) and kept[3] == ([None, [2, 3]], [0, 1, 2, 3])
     for rank in range(4):
@@ -207,3 +207,26 @@ def test_a_fake_world_answers_non_members_unrecorded_and_makes_every_group_fake(
         groups = [r["args"] for r in records if r["name"] == "torch.distributed.new_group"]
         assert [g["ranks"] for g in groups] == [[0, 1] if rank < 2 else [2, 3], [0, 1, 2, 3]]
         assert groups[1]["backend"] == "gloo" and all(g["member"] for g in groups)  # what was asked
+
+
+def test_a_fake_world_played_by_two_processes_leaves_the_same_traces(tmp_path):
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def rank_main():
+        dist.init_process_group("fake", store=FakeStore(), rank=int(os.environ["RANK"]), world_size=4)
+        try:
+            for ranks in ([0, 1], [2, 3], [0, 2], [1, 3]):
+                dist.new_group(ranks, group_desc="PAIR")
+        finally:
+            dist.destroy_process_group()
+
+    def calls(where):
+        return [[{k: v for k, v in json.loads(line).items() if k not in ("pid", "start_us", "end_us")}
+                 for line in (where / f"rank{r}.jsonl").read_text().splitlines()] for r in range(4)]
+
+    play_ranks(4, rank_main, tmp_path / "one", processes=1)
+    play_ranks(4, rank_main, tmp_path / "two", processes=2)
+    assert calls(tmp_path / "one") == calls(tmp_path / "two")
+    pids = {json.loads((tmp_path / "two" / f"rank{r}.jsonl").read_text().splitlines()[0])["pid"] for r in range(4)}
+    assert len(pids) == 2 and os.getpid() not in pids

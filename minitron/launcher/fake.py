@@ -22,7 +22,10 @@ only records, fake world or not). There are two, both about ``new_group``:
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import time
+import traceback
 from contextlib import contextmanager
 from typing import Callable, Iterable
 
@@ -72,18 +75,30 @@ def _non_members_answered(rank: int):
 
 # --8<-- [start:play-ranks]
 def play_ranks(world_size: int, rank_main: Callable[[], object], trace_dir: str | os.PathLike | None = None,
-               ranks: Iterable[int] | None = None) -> float:
+               ranks: Iterable[int] | None = None, processes: int | None = None) -> float:
     """Call ``rank_main()`` as each rank in ``ranks`` (default: all) of a fake world in turn.
 
     Each rank sees torchrun's variables (RANK, WORLD_SIZE, ...) and runs in a rank session,
     traced into ``trace_dir`` if given. ``rank_main`` must leave no state behind for the next
-    rank (destroy the process group and whatever globals it set). Returns the seconds spent.
+    rank (destroy the process group and whatever globals it set). ``processes`` (default: one
+    per core) forked copies of this process share the ranks out; 1 plays them all here.
+    Returns the seconds spent.
     """
-    saved_env = {k: os.environ.get(k) for k in _RANK_VARS}
+    ranks = list(range(world_size) if ranks is None else ranks)
+    processes = min(processes or os.cpu_count() or 1, len(ranks))
     start = time.perf_counter()
+    if processes <= 1:
+        _play(world_size, rank_main, trace_dir, ranks)
+    else:
+        _play_in_processes(world_size, rank_main, trace_dir, ranks, processes)
+    return time.perf_counter() - start
+
+
+def _play(world_size: int, rank_main: Callable[[], object], trace_dir, ranks: list[int]) -> None:
+    saved_env = {k: os.environ.get(k) for k in _RANK_VARS}
     try:
         with _only_fake_groups():
-            for rank in (range(world_size) if ranks is None else ranks):
+            for rank in ranks:
                 os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                                   LOCAL_WORLD_SIZE=str(world_size))
                 if trace_dir:
@@ -96,5 +111,43 @@ def play_ranks(world_size: int, rank_main: Callable[[], object], trace_dir: str 
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    return time.perf_counter() - start
 # --8<-- [end:play-ranks]
+
+
+def _play_in_processes(world_size: int, rank_main, trace_dir, ranks: list[int], processes: int) -> None:
+    """Deal the ranks out to forked copies of this process, one per core.
+
+    In a fake world the ranks never talk to each other, so they can be played in any order
+    and in any process; each rank's trace file is still written by the process that played
+    it. A copy that fails has printed its traceback; the others are stopped, and we raise.
+    """
+    pids = []
+    try:
+        for i in range(processes):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+                    _play(world_size, rank_main, trace_dir, ranks[i::processes])
+                    code = 0
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(code)
+            pids.append(pid)
+        failed = 0
+        for pid in list(pids):
+            failed += os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0
+            pids.remove(pid)
+    finally:
+        for pid in pids:  # still running: we were interrupted
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    if failed:
+        raise RuntimeError(f"{failed} of the {processes} processes playing the fake world failed "
+                           f"(traceback above)")

@@ -27,7 +27,8 @@ COLLECTIVES = (
 )
 SETUP = ("init_process_group", "new_group", "destroy_process_group")
 
-_ORIGINAL: dict[str, object] = {}
+_ORIGINAL: dict[str, object] = {}                 # name -> torch's function, while installed
+_MADE: dict[str, tuple[object, object]] = {}     # name -> (the function wrapped, its wrapper)
 
 
 def describe_group(group) -> dict:
@@ -141,6 +142,13 @@ def install() -> None:
         if original is None:
             continue
         _ORIGINAL[name] = original
+        setattr(dist, name, _wrapper(name, original))
+
+
+def _wrapper(name: str, original):
+    """The wrapper of ``original``, made once: a fake world starts tracing a thousand times."""
+    made = _MADE.get(name)
+    if made is None or made[0] is not original:
         if name == "new_group":
             wrapped = _wrap_new_group(original)
         elif name == "init_process_group":
@@ -149,7 +157,8 @@ def install() -> None:
             wrapped = _wrap_plain(name, original)
         else:
             wrapped = _wrap_collective(name, original)
-        setattr(dist, name, wrapped)
+        made = _MADE[name] = (original, wrapped)
+    return made[1]
 
 
 def uninstall() -> None:
