@@ -56,7 +56,6 @@ def launch(
     """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) on WORLD ranks, as torchrun would."""
     from minitron.launcher import LaunchConfig, Target
     from minitron.launcher import launch as run
-    from minitron.trace import TRACE_DIR_ENV
 
     check_world(world)
     backend = rank_backend(backend, world, "--backend fake plays ranks inside one process: use it with `minitron trace`")
@@ -71,8 +70,7 @@ def launch(
         if not Path(args[0]).is_file():
             raise UserError(f"no such script: {args[0]}")
         target = Target(script=args[0], argv=args[1:])
-    env = {TRACE_DIR_ENV: str(trace_dir.resolve())} if trace_dir else {}
-    env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world))
+    env = DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world, trace_dir)
     run(LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env), target)
 
 

@@ -87,7 +87,7 @@ def trace(
     vp: Optional[int] = typer.Option(None, "--vp", help="--virtual-pipeline-model-parallel-size"),
     order: str = typer.Option(DEFAULT_ORDER, "--order", help=f"rank order: {ORDERS[0]} or {ORDERS[1]}"),
     backend: Optional[str] = typer.Option(None, "--backend", help="gloo (CPU ranks), nccl (GPU ranks) or fake "
-                                                                  "(one process plays every rank; no communication)"),
+                                                                  "(ranks played in turn, one process per core; no communication)"),
     out: Path = typer.Option(Path("minitron-trace"), "--out", "-o", help="trace directory"),
     rank: int = typer.Option(0, "--rank", help="whose call tree to print"),
     steps: int = typer.Option(0, "--steps", help="training iterations to run and trace after initialization "
@@ -106,7 +106,6 @@ def trace(
     """
     from minitron.launcher import LaunchConfig, Target, launch
     from minitron.launcher.fake import play_ranks
-    from minitron.trace import TRACE_DIR_ENV
     from minitron.trace.checks import check_trace
     from minitron.trace.export import load_trace, write_chrome_trace
     from minitron.trace.render import call_tree, check_lines, group_table
@@ -122,10 +121,10 @@ def trace(
     views = _views(show, steps)
     argv = pretrain_argv(tp, pp, cp, ep, vp, order, backend, training_argv(world, tp, pp, cp, steps) + ctx.args)
     validate_pretrain(argv, world)
-    debug_env = DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world)
+    rank_env = DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world, out)
     if steps and backend == "fake":
         raise UserError("--steps needs real communication: the fake backend moves no data; use gloo")
-    if debug_env and backend == "fake":
+    if debug and backend == "fake":
         raise UserError("--debug needs real rank processes; use --backend gloo")
 
     out.mkdir(parents=True, exist_ok=True)
@@ -136,7 +135,7 @@ def trace(
         play_ranks(world, lambda: play_pretrain_rank(argv), out)
     else:
         cfg = LaunchConfig(world_size=world, backend=backend, log_dir=log_dir or out / "logs",
-                           master_port=master_port, env={TRACE_DIR_ENV: str(out.resolve()), **debug_env},
+                           master_port=master_port, env=rank_env,
                            warm=LaunchConfig.warm if steps else ())  # no steps: no optimizer to warm for
         launch(cfg, Target(module="minitron.pretrain_gpt", argv=argv))
     elapsed = time.perf_counter() - started
@@ -164,6 +163,6 @@ def trace(
     console.print(f"{world} ranks ({backend}, {pids} processes) in {elapsed:.2f} s → {out}/rank*.jsonl, "
                   f"{chrome} (open in https://ui.perfetto.dev)")
     if backend == "fake":
-        console.print("[yellow]fake backend: one process played every rank; collectives moved no data[/yellow]")
+        console.print("[yellow]fake backend: ranks played in turn, no process of their own; collectives moved no data[/yellow]")
     if not all(c.ok for c in checks):
         raise typer.Exit(1)

@@ -29,7 +29,6 @@ def pretrain(
     (--tensor-model-parallel-size, --num-layers, --train-iters, --lr, --mock-data, ...)."""
     from minitron.launcher import LaunchConfig, Target
     from minitron.launcher import launch as run
-    from minitron.trace import TRACE_DIR_ENV
     from minitron.training.progress import PretrainProgress
 
     check_world(world)
@@ -45,8 +44,7 @@ def pretrain(
     log_jsonl = Path(args.log_jsonl)
     log_jsonl.parent.mkdir(parents=True, exist_ok=True)
     log_jsonl.unlink(missing_ok=True)
-    env = {TRACE_DIR_ENV: str(trace_dir.resolve())} if trace_dir else {}
-    env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world))
+    env = DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world, trace_dir)
     cfg = LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env)
     started = time.perf_counter()
     with PretrainProgress(log_jsonl, args.train_iters, console) as progress:

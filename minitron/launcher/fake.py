@@ -1,4 +1,4 @@
-"""The fake backend: one process plays every rank of a large world, one after another.
+"""The fake backend: a few processes play every rank of a large world, one after another.
 
 torch ships a "fake" process group for exactly this: init_process_group accepts any rank and
 world size, and every collective returns at once without moving data. So the real
