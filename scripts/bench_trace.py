@@ -1,6 +1,6 @@
 """Benchmark the foundation against a bare `import torch`, as ratios measured in one run.
 
-    python scripts/bench_trace.py [--repeat 5] [--skip-fake]
+    python scripts/bench_trace.py [--repeat 5] [--skip-fake] [--compare OTHER_CHECKOUT]
 
 Goals (issue 10):
   minitron trace --tp 2 --pp 4 --world 16                      <= 1.3 x python -c "import torch"
@@ -11,7 +11,8 @@ Each round runs every command once, in turn, so that a busy machine slows all of
 the figures are medians over the rounds. Wall times are of the whole command: Python start-up,
 imports, the ranks, writing, loading, checking and rendering the traces. CPU seconds (user +
 system, the command and all its processes) are printed beside them: on a machine shared with
-other work they move much less than wall time does.
+other work they move much less than wall time does. --compare runs the minitron commands a
+second time in each round with another checkout first on PYTHONPATH (say, the last release).
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from pathlib import Path
 BIN = Path(sys.executable).parent
 
 
-def run(cmd: list[str]) -> tuple[float, float]:
+def run(cmd: list[str], pythonpath: str | None = None) -> tuple[float, float]:
     """(wall seconds, CPU seconds of the command and its children) of one run of ``cmd``."""
+    env = dict(os.environ, PYTHONPATH=pythonpath) if pythonpath else None
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode:
@@ -62,6 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5, help="rounds (default 5)")
     parser.add_argument("--skip-fake", action="store_true", help="leave out the 1024-rank fake world")
+    parser.add_argument("--compare", metavar="DIR", help="also run the minitron commands from this checkout")
     opts = parser.parse_args()
     minitron = str(BIN / "minitron")
     with tempfile.TemporaryDirectory() as tmp:
@@ -75,10 +78,15 @@ def main() -> None:
             commands["trace, world 1024 (fake)"] = [minitron, "trace", "--backend", "fake", "--tp", "8",
                                                     "--pp", "8", "--world", "1024", "--out", f"{tmp}/f1024"]
             goals["trace, world 1024 (fake)"] = 3.0
+        paths = {name: None for name in commands}
+        if opts.compare:
+            for name in list(goals):
+                commands[f"{name} [compare]"] = commands[name]
+                paths[f"{name} [compare]"] = str(Path(opts.compare).resolve())
         times: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
         for round_ in range(opts.repeat):
             for name, cmd in commands.items():
-                times[name].append(run(cmd))
+                times[name].append(run(cmd, paths[name]))
             print(f"round {round_ + 1}/{opts.repeat}: " + ", ".join(
                 f"{name} {times[name][-1][0]:.2f} s" for name in commands), file=sys.stderr)
 
@@ -87,13 +95,13 @@ def main() -> None:
     base = "import torch"
     print(f"{os.cpu_count()} cores; medians of {opts.repeat} rounds; load average now "
           f"{os.getloadavg()[0]:.1f}")
-    print(f"{'':28s} {'wall':>8s} {'ratio':>7s} {'goal':>6s}   {'CPU':>8s} {'ratio':>7s}")
+    print(f"{'':37s} {'wall':>8s} {'ratio':>7s} {'goal':>6s}   {'CPU':>8s} {'ratio':>7s}")
     for name in commands:
         ratio = wall[name] / wall[base]
         per_round = statistics.median(w / b for (w, _), (b, _) in zip(times[name], times[base]))
-        goal = goals.get(name)
+        goal = goals.get(name.removesuffix(" [compare]"))
         mark = "" if goal is None else ("  ok" if ratio <= goal else "  over")
-        print(f"{name:28s} {wall[name]:7.2f}s {ratio:6.2f}x {'' if goal is None else f'{goal:.1f}x':>6s}   "
+        print(f"{name:37s} {wall[name]:7.2f}s {ratio:6.2f}x {'' if goal is None else f'{goal:.1f}x':>6s}   "
               f"{cpu[name]:7.2f}s {cpu[name] / cpu[base]:6.2f}x{mark}"
               + ("" if name == base else f"   (median of per-round ratios {per_round:.2f}x)"))
     plain_ns, traced_ns = traced_call_overhead()
