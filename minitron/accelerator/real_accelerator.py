@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from minitron.accelerator.cpu_accelerator import CPU_Accelerator
 from minitron.accelerator.cuda_accelerator import CUDA_Accelerator
 
@@ -21,7 +23,6 @@ def get_accelerator():
     if _ACCELERATOR is None:
         name = os.environ.get("MINITRON_ACCELERATOR")
         if name is None:
-            import torch
             # device_count() asks the driver without creating a CUDA context, so it is safe
             # in a parent that forks ranks later.
             name = "cuda" if torch.cuda.device_count() > 0 else "cpu"

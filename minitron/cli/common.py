@@ -67,15 +67,14 @@ class DebugOptions:
     def __init__(self, ranks: Optional[str], port_base: int, host: str, wait_timeout: float):
         self.ranks, self.port_base, self.host, self.wait_timeout = ranks, port_base, host, wait_timeout
 
-    def env(self, world: int) -> dict:
-        if not self.ranks:
-            return {}
-        from minitron.launcher import debug
+    def env(self, world: int, trace_dir=None) -> dict:
+        """Every rank's session variables: these options, and tracing into ``trace_dir``."""
+        from minitron.launcher import session_env
         try:
-            env = debug.debug_env(self.ranks, world, self.port_base, self.host, self.wait_timeout)
+            env = session_env(world, trace_dir, self.ranks, self.port_base, self.host, self.wait_timeout)
         except ValueError as exc:
             raise UserError(str(exc)) from None
-        if self.host not in ("127.0.0.1", "localhost", "::1"):
+        if self.ranks and self.host not in ("127.0.0.1", "localhost", "::1"):
             Console(stderr=True).print(
                 f"[yellow]warning: debugger ports listen on {self.host}: anyone who can reach them "
                 f"can run code in the ranks[/yellow]")

@@ -90,7 +90,6 @@ def launch(
     from minitron.launcher import LaunchConfig, Target
     from minitron.launcher import launch as run
     from minitron.launcher.runner import node_rank_env
-    from minitron.trace import TRACE_DIR_ENV
 
     args = list(ctx.args)
     if not module and not args:
@@ -132,7 +131,5 @@ def launch(
         target = Target(module=module, argv=args)
     else:
         target = Target(script=args[0], argv=args[1:])
-    if trace_dir:
-        env[TRACE_DIR_ENV] = str(trace_dir.resolve())
-    env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world))
+    env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world, trace_dir))
     run(LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env), target)

@@ -37,11 +37,6 @@ def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: 
     return argv + list(extra)
 
 
-# torch.optim imports torch._dynamo when the first optimizer is built: 3.5 s in every rank,
-# unless the launching process imports it once before forking.
-TRAINING_WARM = ("torch._dynamo",)
-
-
 def _views(show: str, steps: int) -> set:
     from minitron.cli.views.show import VIEWS, parse_views
 
@@ -66,6 +61,22 @@ def training_argv(world: int, tp: int, pp: int, cp: int, steps: int) -> List[str
             "--attention-dropout", "0", "--global-batch-size", str(dp * 2 * pp)]
 
 
+def play_pretrain_rank(argv: List[str]) -> None:
+    """One rank of a fake world: pretrain's initialization, then nothing left for the next rank."""
+    from minitron import comm
+    from minitron.core import parallel_state
+    from minitron.pretrain_gpt import ARGS_DEFAULTS
+    from minitron.training.global_vars import unset_global_variables
+    from minitron.training.training import pretrain
+
+    try:
+        pretrain(None, None, "encoder_or_decoder", None, args_defaults=ARGS_DEFAULTS, argv=argv)
+    finally:
+        parallel_state.destroy_model_parallel()
+        comm.destroy_process_group()  # cdb's torch world, and with it every subgroup
+        unset_global_variables()
+
+
 @app.command(context_settings=EXTRA)
 def trace(
     ctx: typer.Context,
@@ -74,7 +85,7 @@ def trace(
     vp: Optional[int] = vp_option("model chunks per pipeline stage (interleaved schedule)"),
     order: str = typer.Option(DEFAULT_ORDER, "--order", help=f"rank order: {ORDERS[0]} or {ORDERS[1]}"),
     backend: Optional[str] = typer.Option(None, "--backend", help="gloo (CPU ranks), nccl (GPU ranks) or fake "
-                                                                  "(one process plays every rank; no communication)"),
+                                                                  "(ranks played in turn, one process per core; no communication)"),
     out: Path = typer.Option(Path("minitron-trace"), "--out", "-o", help="trace directory"),
     rank: int = typer.Option(0, "--rank", help="whose call tree to print"),
     steps: int = typer.Option(0, "--steps", help="training iterations to run and trace after initialization "
@@ -118,12 +129,11 @@ def trace(
     from minitron.cli.views.words import plural
     from minitron.launcher import LaunchConfig, Target, launch
     from minitron.launcher.fake import play_ranks
-    from minitron.trace import TRACE_DIR_ENV
 
-    debug_env = DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world)
+    rank_env = DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world, out)
     if steps and backend == "fake":
         raise UserError("--steps needs real communication: the fake backend moves no data; use gloo")
-    if debug_env and backend == "fake":
+    if debug and backend == "fake":
         raise UserError("--debug needs real rank processes; use --backend gloo")
 
     out.mkdir(parents=True, exist_ok=True)
@@ -131,11 +141,11 @@ def trace(
         stale.unlink(missing_ok=True)  # a previous, larger run must not leak ranks into this one
     started = time.perf_counter()
     if backend == "fake":
-        play_ranks(world, argv, str(out))
+        play_ranks(world, lambda: play_pretrain_rank(argv), out)
     else:
         cfg = LaunchConfig(world_size=world, backend=backend, log_dir=log_dir or out / "logs",
-                           master_port=master_port, env={TRACE_DIR_ENV: str(out.resolve()), **debug_env},
-                           warm=TRAINING_WARM if steps else ())
+                           master_port=master_port, env=rank_env,
+                           warm=LaunchConfig.warm if steps else ())  # no steps: no optimizer to warm for
         launch(cfg, Target(module="minitron.pretrain_gpt", argv=argv))
     elapsed = time.perf_counter() - started
 
@@ -152,6 +162,6 @@ def trace(
     console.print(f"{plural(world, 'rank')} ({backend}, {plural(pids, 'process', 'processes')}) in {elapsed:.2f} s "
                   f"→ {out}/rank*.jsonl, {chrome} (open in https://ui.perfetto.dev)")
     if backend == "fake":
-        console.print("[yellow]fake backend: one process played every rank; collectives moved no data[/yellow]")
+        console.print("[yellow]fake backend: ranks played in turn, no process of their own; collectives moved no data[/yellow]")
     if any(c.ok is False for c in checks):
         raise typer.Exit(1)

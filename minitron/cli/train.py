@@ -13,7 +13,6 @@ from minitron.cli.common import (
     DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, DebugOptions, UserError, app, rank_backend,
     check_world, console, validate_pretrain,
 )
-from minitron.cli.trace import TRAINING_WARM
 
 @app.command(context_settings=EXTRA)
 def pretrain(
@@ -47,7 +46,6 @@ def pretrain(
 
     from minitron.launcher import LaunchConfig, Target
     from minitron.launcher import launch as run
-    from minitron.trace import TRACE_DIR_ENV
     from minitron.training.progress import PretrainProgress
     from minitron.training.utils import CONSOLE_ENV
     log_jsonl = Path(args.log_jsonl)
@@ -57,11 +55,8 @@ def pretrain(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
     env = {CONSOLE_ENV: str(console_jsonl)}
-    if trace_dir:
-        env[TRACE_DIR_ENV] = str(trace_dir.resolve())
-    env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world))
-    cfg = LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env,
-                       warm=TRAINING_WARM)
+    env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world, trace_dir))
+    cfg = LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env)
     started = time.perf_counter()
     with PretrainProgress(log_jsonl, console_jsonl, args.train_iters, console) as progress:
         run(cfg, Target(module="minitron.pretrain_gpt", argv=argv), monitor=progress.poll)

@@ -22,6 +22,7 @@ from datetime import timedelta
 
 import torch
 
+from minitron.accelerator import get_accelerator
 from minitron.comm.torch import TorchBackend
 from minitron.trace import traced
 
@@ -117,7 +118,6 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
     if auto_mpi_discovery and not all(v in os.environ for v in TORCHRUN_VARS):
         export_world_info(discover_world_info())
     if dist_backend is None:
-        from minitron.accelerator import get_accelerator
         dist_backend = get_accelerator().communication_backend_name()
     cdb = TorchBackend(dist_backend, timeout, init_method, rank, world_size)
     return cdb

@@ -34,7 +34,8 @@ class TorchBackend:
                   "rank": rank, "world_size": world_size}
         if backend == "fake":
             # torch's fake process group: a world of any size in one process; collectives
-            # return at once and move no data. Importing the module registers the backend.
+            # return at once and move no data. Importing the module registers the backend
+            # (only here: it is torch's test machinery, which no real run should load).
             from torch.testing._internal.distributed.fake_pg import FakeStore
             kwargs["store"] = FakeStore()
             kwargs.pop("init_method")

@@ -19,6 +19,7 @@ Two ways to start a rank:
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import signal
@@ -34,7 +35,7 @@ from typing import Callable
 
 from minitron.launcher.debug import CONSOLE_FD_ENV
 from minitron.launcher.rendezvous import StoreKeeper, die_with_parent
-from minitron.launcher.worker import ERROR_DIR_ENV
+from minitron.launcher.worker import ERROR_DIR_ENV, Target, run_target
 
 
 class RankFailure(RuntimeError):
@@ -42,29 +43,21 @@ class RankFailure(RuntimeError):
 
     def __init__(self, rank: int, exitcode: int, log_path: Path | None):
         self.rank, self.exitcode, self.log_path = rank, exitcode, log_path
+        self._kept: list[str] | None = None
         how = f"was killed by signal {-exitcode}" if exitcode < 0 else f"exited with code {exitcode}"
         where = f"; its log: {log_path}" if log_path else ""
         super().__init__(f"rank {rank} {how}{where}")
 
     def log_tail(self, lines: int = 15) -> str:
+        if self._kept is not None:
+            return "\n".join(self._kept[-lines:])
         if not self.log_path or not self.log_path.exists():
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
-
-@dataclass
-class Target:
-    """What each rank runs: a module (``-m``), a script path, or (fork only) a Python callable."""
-
-    module: str | None = None
-    script: str | None = None
-    argv: list[str] = field(default_factory=list)
-    function: Callable[[], object] | None = None
-
-    def command(self) -> list[str]:
-        if self.module:
-            return [sys.executable, "-u", "-m", "minitron.launcher.worker", "-m", self.module, *self.argv]
-        return [sys.executable, "-u", "-m", "minitron.launcher.worker", self.script, *self.argv]
+    def keep_log_tail(self, lines: int = 60) -> None:
+        """Read the log's end now, for a log that is about to be deleted (a scratch directory)."""
+        self._kept = self.log_tail(lines).splitlines()
 
 
 @dataclass
@@ -76,7 +69,11 @@ class LaunchConfig:
     log_dir: Path | None = None      # per-rank logs; None: ranks share our terminal
     env: dict[str, str] = field(default_factory=dict)
     grace_seconds: float = 3.0       # SIGTERM, then this long, then SIGKILL
-    warm: tuple[str, ...] = ()       # more modules the forked ranks will need (imported once, here)
+    # Modules the forked ranks will need, imported once here (see _warm_parent). torch.optim
+    # imports torch._dynamo when a rank builds its first optimizer: 1.8 s of CPU in every rank
+    # unless the parent has it. A job that builds none (`minitron trace` without --steps)
+    # passes warm=() and saves the parent that time.
+    warm: tuple[str, ...] = ("torch._dynamo",)
 
     @property
     def start_method(self) -> str:
@@ -149,9 +146,8 @@ def _run_forked_child(rank: int, cfg: LaunchConfig, target: Target) -> None:
         # prints and tracebacks must go to the real descriptors, i.e. its log or our terminal.
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
-        import torch
+        import torch  # already loaded by _warm_parent: a lookup, which keeps this module torch-free
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-        from minitron.launcher.worker import run_target
         code = run_target(target)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -215,9 +211,9 @@ def _warm_parent(target: Target, warm: tuple[str, ...] = ()) -> None:
 
     Measured on 2 cores: 16 forked ranks that each import torch take 13.6 s; forked from a
     parent that already has it, 1.2 s. Importing runs no torch op, so no thread pool starts.
+    The imports are here, not at the top: the CLI imports this module to validate its input,
+    and must not pay for torch before it knows the input is good.
     """
-    import importlib
-
     import numpy.random  # noqa: F401  (numpy loads it lazily: 15 ms per rank otherwise)
     import torch.distributed  # noqa: F401
     if target.module and target.module.startswith("minitron."):
