@@ -52,8 +52,8 @@ def show_dry_run(world_info, master_addr: str, master_port: int, program: list, 
     command = " \\\n    ".join(node_command(world_info, master_addr, master_port, program, flags))
     console.print(f"  {command}", soft_wrap=True, markup=False, highlight=False)
     world = sum(len(slots) for slots in world_info.values())
-    table = Table(title=f"each rank's environment as launch.py sets it (WORLD_SIZE={world}, "
-                        f"CROSS_SIZE={len(world_info)})", title_justify="left", box=box.SIMPLE_HEAD)
+    console.print(f"each rank's environment as launch.py sets it (WORLD_SIZE={world}, CROSS_SIZE={len(world_info)}):")
+    table = Table(box=box.SIMPLE_HEAD)
     keys = ("RANK", "LOCAL_RANK", "CROSS_RANK", "LOCAL_SIZE", "CUDA_VISIBLE_DEVICES")
     table.add_column("host")
     for key in keys:
@@ -81,6 +81,8 @@ def launch(
     exclude: str = typer.Option("", "--exclude", "-e", help="hosts/slots to leave out, same format"),
     num_nodes: int = typer.Option(-1, "--num_nodes", help="use the first N hosts of the pool"),
     num_gpus: int = typer.Option(-1, "--num_gpus", "--num_accelerators", help="use slots 0..N-1 of every host"),
+    world_info: Optional[str] = typer.Option(None, "--world_info", help="launch.py's view: the base64 world info "
+                                             "the runner passes (instead of a hostfile)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the resource pool, world_info, the per-node "
                                                          "commands and each rank's environment; start nothing"),
     debug: Optional[str] = DEBUG, debug_port_base: int = DEBUG_PORT_BASE, debug_host: str = DEBUG_HOST,
@@ -96,7 +98,17 @@ def launch(
         raise UserError("nothing to run: give a script path or -m MODULE")
     if not module and not dry_run and not Path(args[0]).is_file():
         raise UserError(f"no such script: {args[0]}")
-    pool = resources(hostfile, include, exclude, num_nodes, num_gpus, world)
+    if world_info is not None:
+        from minitron.launcher.runner import ResourceError, decode_world_info
+        if hostfile or include or exclude or num_nodes >= 0 or num_gpus >= 0:
+            raise UserError("--world_info already says which hosts and slots: drop --hostfile/--include/--exclude/"
+                            "--num_nodes/--num_gpus")
+        try:
+            pool = decode_world_info(world_info)
+        except ResourceError as exc:
+            raise UserError(str(exc)) from None
+    else:
+        pool = resources(hostfile, include, exclude, num_nodes, num_gpus, world)
     if pool is None and world is None:
         raise UserError("how many ranks? give --world N, or DeepSpeed's --hostfile/--include/--num_gpus")
     program = (["--module", module] if module else []) + args
