@@ -32,6 +32,7 @@ def _pattern():
         return re.compile(_stdlib_pattern())
 
 
+@lru_cache(maxsize=1)
 def _stdlib_pattern() -> str:
     r"""GPT2_PATTERN for the standard `re`, which has no \p{...}: spell the classes out.
 
