@@ -73,6 +73,7 @@ def preprocess(
     vocab_file: Optional[str] = typer.Option(None, "--vocab-file", help="GPT2BPETokenizer: vocab.json"),
     merge_file: Optional[str] = typer.Option(None, "--merge-file", help="GPT2BPETokenizer: merges.txt"),
     tokenizer_model: Optional[str] = typer.Option(None, "--tokenizer-model", help="HuggingFaceTokenizer: tokenizer.json"),
+    vocab_size: Optional[int] = typer.Option(None, "--vocab-size", help="NullTokenizer: ids run 0..N-1; N is the end-of-document id"),
     json_keys: List[str] = typer.Option(["text"], "--json-keys", help="the field(s) holding the text"),
     append_eod: bool = typer.Option(False, "--append-eod", help="end every document with the EOD token"),
     workers: int = typer.Option(1, "--workers", help="tokenizing processes"),
@@ -84,7 +85,8 @@ def preprocess(
     try:
         result = run_preprocess(str(input), output_prefix, tokenizer_type=tokenizer_type, vocab_file=vocab_file,
                                 merge_file=merge_file, json_keys=json_keys, append_eod=append_eod,
-                                workers=workers, skip_bad_lines=skip_bad_lines, tokenizer_model=tokenizer_model)
+                                workers=workers, skip_bad_lines=skip_bad_lines, tokenizer_model=tokenizer_model,
+                                vocab_size=vocab_size)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     console.print(f"{result.documents} documents, {result.tokens} tokens, {result.input_bytes / 2**20:.1f} MB "

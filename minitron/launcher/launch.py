@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import traceback
+import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -66,6 +67,10 @@ class LaunchConfig:
     backend: str = "gloo"            # gloo -> fork, nccl -> spawn
     master_addr: str = "127.0.0.1"
     master_port: int | None = None   # None: pick a free one
+    # Pass ``--local_rank=N`` to each rank's program, before its own arguments, as DeepSpeed's
+    # launch.py does unless --no_local_rank. Off by default: torchrun passes only LOCAL_RANK.
+    local_rank_arg: bool = False
+    run_id: str = field(default_factory=lambda: str(uuid.uuid4()))  # torchrun's rendezvous id
     log_dir: Path | None = None      # per-rank logs; None: ranks share our terminal
     env: dict[str, str] = field(default_factory=dict)
     grace_seconds: float = 3.0       # SIGTERM, then this long, then SIGKILL
@@ -87,11 +92,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def rank_env(rank: int, cfg: LaunchConfig) -> dict[str, str]:
-    """The variables torchrun would set for this rank (one node: local rank == rank)."""
+    """The variables torchrun and DeepSpeed's launch.py set for this rank (one node, so the
+    local rank is the rank, and this node is node 0 of 1)."""
     env = {
         "RANK": str(rank), "LOCAL_RANK": str(rank),
         "WORLD_SIZE": str(cfg.world_size), "LOCAL_WORLD_SIZE": str(cfg.world_size),
         "GROUP_RANK": "0", "MASTER_ADDR": cfg.master_addr, "MASTER_PORT": str(cfg.master_port),
+        # torchrun's: GROUP_* count nodes (agents); every worker has the one role "default";
+        # a job that is never restarted has restart count 0 of at most 0 (--max-restarts).
+        "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(cfg.world_size),
+        "ROLE_NAME": "default", "TORCHELASTIC_RUN_ID": cfg.run_id,
+        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+        # DeepSpeed's launch.py names the same facts its own way: node rank, nodes, ranks here.
+        "CROSS_RANK": "0", "CROSS_SIZE": "1", "LOCAL_SIZE": str(cfg.world_size),
         # The rendezvous store lives in the launcher (see _host_store): ranks connect as clients.
         "TORCHELASTIC_USE_AGENT_STORE": "True",
     }
@@ -160,7 +173,17 @@ def _run_forked_child(rank: int, cfg: LaunchConfig, target: Target) -> None:
         os._exit(code)
 
 
+def rank_target(rank: int, cfg: LaunchConfig, target: Target) -> Target:
+    """``target`` with DeepSpeed's ``--local_rank=N`` first among its arguments, if asked for."""
+    if not cfg.local_rank_arg:
+        return target
+    if target.function is not None:
+        raise ValueError("--local_rank=N is a command-line argument: it cannot be passed to a Python function")
+    return replace(target, argv=[f"--local_rank={rank}", *target.argv])
+
+
 def _start(rank: int, cfg: LaunchConfig, target: Target):
+    target = rank_target(rank, cfg, target)
     if cfg.start_method == "fork":
         sys.stdout.flush()
         sys.stderr.flush()

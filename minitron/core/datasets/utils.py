@@ -47,8 +47,10 @@ def get_blend_from_list(blend: list[str] | None):
     if bad:
         raise ValueError(f"--data-path expects WEIGHT PREFIX pairs; {bad[0]!r} is out of place")
     weights = [float(w) for w in weights]
-    if any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise ValueError(f"--data-path weights {weights} must be non-negative and not all zero")
+    if any(not w > 0 for w in weights):
+        # Megatron's BlendedDataset refuses a weight of 0 too (it asserts every weight > 0).
+        raise ValueError(f"--data-path weights {weights} must all be positive; "
+                         "leave a dataset out rather than give it weight 0")
     return [p.strip() for p in prefixes], weights
 
 

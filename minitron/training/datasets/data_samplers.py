@@ -102,9 +102,12 @@ class MegatronPretrainingRandomSampler:
             order = torch.randperm(bucket_size, generator=g).tolist()
             idx_range = [bucket_start + x for x in order[in_epoch // self.data_parallel_size:]]
         else:
-            # Megatron permutes (total // m) * m indices here, which can leave dp ranks with
-            # different numbers of batches; we permute the whole rounds only, so they agree.
-            order = torch.randperm(usable, generator=g).tolist()[in_epoch:]
+            # One permutation of every whole micro batch's worth of samples, (total // m) * m,
+            # dealt out round-robin: as Megatron does. That is more than the whole rounds the
+            # epoch counts (``usable``), so some dp ranks may get one batch more than others
+            # near an epoch's end; each rank's loader then simply starts its next epoch later.
+            order = torch.randperm(self.total_samples // self.micro_batch_size * self.micro_batch_size,
+                                   generator=g).tolist()[in_epoch:]
             idx_range = order[self.data_parallel_rank::self.data_parallel_size]
         batch = []
         for idx in idx_range:
