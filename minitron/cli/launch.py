@@ -81,6 +81,8 @@ def launch(
     exclude: str = typer.Option("", "--exclude", "-e", help="hosts/slots to leave out, same format"),
     num_nodes: int = typer.Option(-1, "--num_nodes", help="use the first N hosts of the pool"),
     num_gpus: int = typer.Option(-1, "--num_gpus", "--num_accelerators", help="use slots 0..N-1 of every host"),
+    no_local_rank: bool = typer.Option(False, "--no_local_rank", help="with DeepSpeed's options: do not pass "
+                                       "--local_rank=N to the script (DeepSpeed passes it; torchrun does not)"),
     world_info: Optional[str] = typer.Option(None, "--world_info", help="launch.py's view: the base64 world info "
                                              "the runner passes (instead of a hostfile)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the resource pool, world_info, the per-node "
@@ -91,7 +93,6 @@ def launch(
     """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) on WORLD ranks, as torchrun would."""
     from minitron.launcher import LaunchConfig, Target
     from minitron.launcher import launch as run
-    from minitron.launcher.runner import node_rank_env
 
     args = list(ctx.args)
     if not module and not args:
@@ -117,7 +118,7 @@ def launch(
             from collections import OrderedDict
             pool = OrderedDict(localhost=list(range(world)))
         show_dry_run(pool, "127.0.0.1" if list(pool) == ["localhost"] else list(pool)[0],
-                     master_port or 29500, program, [])
+                     master_port or 29500, program, ["--no_local_rank"] if no_local_rank else [])
         return
     env = {}
     if pool is not None:
@@ -129,9 +130,6 @@ def launch(
         if world is not None and world != size:
             raise UserError(f"--world {world} disagrees with the {size} slots the resource options select")
         world = size
-        # What launch.py adds to torchrun's variables: the node's place and size, the device list.
-        extra = node_rank_env(pool, 0, "127.0.0.1", 0)[0]
-        env.update({k: extra[k] for k in ("CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE")})
     check_world(world)
     backend = rank_backend(backend, world, "--backend fake plays ranks inside one process: use it with `minitron trace`")
     if pool is not None and backend == "nccl":
@@ -144,4 +142,7 @@ def launch(
     else:
         target = Target(script=args[0], argv=args[1:])
     env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world, trace_dir))
-    run(LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env), target)
+    # DeepSpeed's launch.py passes --local_rank=N unless told not to; torchrun (--world) does not.
+    local_rank_arg = pool is not None and not no_local_rank
+    run(LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env,
+                     local_rank_arg=local_rank_arg), target)
