@@ -145,25 +145,26 @@ def with_master_addr(info: WorldInfo) -> WorldInfo:
     """
     if info.master_addr:
         return info
-    if info.source == "mpi" and _have_mpi4py():
-        return replace(info, master_addr=_mpi_broadcast_rank0_address())
+    addr = _mpi_broadcast_rank0_address() if info.source == "mpi" else None
+    if addr:
+        return replace(info, master_addr=addr)
     raise DiscoveryError(
         f"{info.world_size} {info.source} ranks on several nodes and no MASTER_ADDR: export "
         "MASTER_ADDR=<rank 0's host> (or install mpi4py to broadcast it, as DeepSpeed does)")
 # --8<-- [end:with-master-addr]
 
 
-def _have_mpi4py() -> bool:
-    import importlib.util
-    return importlib.util.find_spec("mpi4py") is not None
-
-
-def _mpi_broadcast_rank0_address() -> str:
-    """Rank 0's first IP address (``hostname -I``, else its resolved name), broadcast to all."""
+def _mpi_broadcast_rank0_address() -> str | None:
+    """Rank 0's first IP address (``hostname -I``, else its resolved name), broadcast to all;
+    None without mpi4py, which is optional here as in DeepSpeed (only MPI jobs across nodes that
+    set no MASTER_ADDR need it)."""
     import socket
     import subprocess
 
-    from mpi4py import MPI
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return None
     addr = None
     if MPI.COMM_WORLD.Get_rank() == 0:
         try:
