@@ -1,12 +1,17 @@
 """Benchmark training throughput: minitron against a plain PyTorch loop, tracing on against off.
 
-    python scripts/bench_training.py [--iters 12] [--hidden 256] [--layers 4] [--seq 256]
+    python scripts/bench_training.py [--rounds 5] [--iters 12] [--threads N] [--hidden 256] ...
 
 Both sides train the same GPT (pre-LayerNorm blocks, GeLU MLP of 4h, tied input/output
 embedding, learned positions), with AdamW, the same micro-batch and the same number of
-micro-batches per step, in one process on this machine's CPU. The plain loop is written here
-with torch.nn alone; minitron runs as `minitron pretrain --world 1`. Throughput is tokens per
-second over the iterations after the first two (warm-up), median of per-iteration times.
+micro-batches per step, on this machine's CPU, each in a fresh process with the same number of
+threads (OMP_NUM_THREADS and torch.set_num_threads). The plain loop is written here with
+torch.nn alone; minitron runs as `minitron pretrain --world 1`, untraced and traced.
+
+A shared machine is noisy, so the three runs are interleaved (plain, minitron, traced, plain,
+...) for --rounds rounds. Each run's time per iteration is the median over its iterations after
+the first two (warm-up); the figures printed are medians over the rounds, and the ratios are
+taken both of those medians and round by round (each round's runs are close in time).
 
 Prints: minitron / plain throughput (goal >= 0.95) and traced / untraced iteration time
 (goal <= 1.05).
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -61,6 +67,7 @@ class PlainGPT(torch.nn.Module):
 
 
 def plain_iteration_times(o) -> list[float]:
+    """The plain loop, in this process (run as a child: see ``--plain-child``)."""
     torch.manual_seed(0)
     model = PlainGPT(o.vocab, o.hidden, o.layers, o.heads, o.seq)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
@@ -79,6 +86,20 @@ def plain_iteration_times(o) -> list[float]:
     return times
 
 
+def child_env(o) -> dict:
+    # Both sides get the same thread count: minitron's launcher reads OMP_NUM_THREADS too.
+    return {**os.environ, "OMP_NUM_THREADS": str(o.threads)}
+
+
+def plain_run(o) -> list[float]:
+    """A fresh process, like minitron's, so neither side inherits the other's warm state."""
+    cmd = [sys.executable, __file__, "--plain-child", *sys.argv[1:]]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(o))
+    if done.returncode:
+        sys.exit(f"the plain loop failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def minitron_iteration_times(o, trace: bool) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [str(BIN / "minitron"), "pretrain", "--world", "1", "--log-dir", f"{tmp}/logs",
@@ -89,20 +110,22 @@ def minitron_iteration_times(o, trace: bool) -> list[float]:
                "--make-vocab-size-divisible-by", "1", "--hidden-dropout", "0", "--attention-dropout", "0"]
         if trace:
             cmd += ["--trace", f"{tmp}/trace"]
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(o))
         if done.returncode:
             sys.exit(f"minitron pretrain failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
         records = [json.loads(line) for line in open(f"{tmp}/logs/iterations.jsonl")]
     return [r["elapsed_ms"] / 1000 for r in records]
 
 
-def tokens_per_s(times: list[float], o) -> float:
-    return o.micro * o.microbatches * o.seq / statistics.median(times[2:])
+def seconds_per_iteration(times: list[float]) -> float:
+    return statistics.median(times[2:])   # the first two iterations warm up
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of plain, minitron, traced")
     p.add_argument("--iters", type=int, default=12)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=8)
@@ -110,17 +133,36 @@ def main() -> None:
     p.add_argument("--micro", type=int, default=4)
     p.add_argument("--microbatches", type=int, default=2)
     p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--plain-child", action="store_true", help=argparse.SUPPRESS)
     o = p.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    plain = tokens_per_s(plain_iteration_times(o), o)
-    untraced = tokens_per_s(minitron_iteration_times(o, trace=False), o)
-    traced = tokens_per_s(minitron_iteration_times(o, trace=True), o)
+    if o.iters < 3 or o.rounds < 1:
+        sys.exit("bench_training: use --iters 3 or more (two warm up) and --rounds 1 or more")
+    if o.plain_child:
+        torch.set_num_threads(o.threads)
+        print(json.dumps(plain_iteration_times(o)))
+        return
+
+    tokens = o.micro * o.microbatches * o.seq
     params = 12 * o.layers * o.hidden ** 2 + (o.vocab + o.seq) * o.hidden
     print(f"GPT ~{params / 1e6:.1f}M params, {o.layers} layers, hidden {o.hidden}, seq {o.seq}, "
-          f"micro {o.micro} x {o.microbatches} micro-batches, CPU threads {torch.get_num_threads()}")
-    print(f"plain PyTorch loop   {plain:9.0f} tokens/s")
-    print(f"minitron pretrain    {untraced:9.0f} tokens/s   ratio {untraced / plain:.3f} (goal >= 0.95)")
-    print(f"minitron, traced     {traced:9.0f} tokens/s   slowdown {untraced / traced:.3f}x (goal <= 1.05)")
+          f"micro {o.micro} x {o.microbatches} micro-batches, {o.threads} CPU threads per run, "
+          f"{o.iters} iterations per run")
+    print(f"{'round':>5}  {'plain tok/s':>11}  {'minitron':>9}  {'traced':>9}  "
+          f"{'minitron/plain':>14}  {'traced slowdown':>15}")
+    rows = []
+    for r in range(o.rounds):
+        plain = seconds_per_iteration(plain_run(o))
+        untraced = seconds_per_iteration(minitron_iteration_times(o, trace=False))
+        traced = seconds_per_iteration(minitron_iteration_times(o, trace=True))
+        rows.append((plain, untraced, traced))
+        print(f"{r + 1:>5}  {tokens / plain:11.0f}  {tokens / untraced:9.0f}  {tokens / traced:9.0f}  "
+              f"{plain / untraced:14.3f}  {traced / untraced:14.3f}x", flush=True)
+    plain, untraced, traced = (statistics.median(col) for col in zip(*rows))
+    print(f"median {tokens / plain:10.0f}  {tokens / untraced:9.0f}  {tokens / traced:9.0f}")
+    print(f"minitron / plain throughput: {plain / untraced:.3f} (ratio of medians), "
+          f"{statistics.median(p / u for p, u, _ in rows):.3f} (median of rounds)   goal >= 0.95")
+    print(f"traced / untraced time:      {traced / untraced:.3f} (ratio of medians), "
+          f"{statistics.median(t / u for _, u, t in rows):.3f} (median of rounds)   goal <= 1.05")
 
 
 if __name__ == "__main__":
