@@ -13,6 +13,10 @@ A shared machine is noisy, so the three runs are interleaved (plain, minitron, t
 the first two (warm-up); the figures printed are medians over the rounds, and the ratios are
 taken both of those medians and round by round (each round's runs are close in time).
 
+Page faults weigh on both sides: glibc returns freed heap to the system and faults it in
+again, as often as the order of frees dictates, and in a virtual machine each fault can cost
+far more wall time than CPU time. ``--steady-heap`` turns that off for both sides alike.
+
 Prints: minitron / plain throughput (goal >= 0.95) and traced / untraced iteration time
 (goal <= 1.05).
 """
@@ -88,16 +92,29 @@ def plain_iteration_times(o) -> list[float]:
 
 def child_env(o) -> dict:
     # Both sides get the same thread count: minitron's launcher reads OMP_NUM_THREADS too.
-    return {**os.environ, "OMP_NUM_THREADS": str(o.threads)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(o.threads)}
+    if o.steady_heap:
+        # glibc gives freed heap memory back to the system and pages it in again later; how
+        # often depends on the order of frees, not on the work. These settings (for both
+        # sides) keep the heap, so that only the arithmetic and the Python around it differ.
+        env.update(MALLOC_TRIM_THRESHOLD_=str(1 << 30), MALLOC_MMAP_THRESHOLD_=str(1 << 28))
+    return env
 
 
 def plain_run(o) -> list[float]:
-    """A fresh process, like minitron's, so neither side inherits the other's warm state."""
-    cmd = [sys.executable, __file__, "--plain-child", *sys.argv[1:]]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(o))
-    if done.returncode:
-        sys.exit(f"the plain loop failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """The plain loop as one rank of `minitron launch`: a process started exactly as minitron's
+    rank is (forked, its own session, the same environment and thread count). Linux's autogroup
+    scheduler shares a busy machine's CPUs between sessions, so a loop started any other way
+    gets a different share of the CPU than the rank it is compared with.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [str(BIN / "minitron"), "launch", "--world", "1", "--log-dir", tmp,
+               __file__, "--plain-child", *sys.argv[1:]]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(o), start_new_session=True)
+        log = Path(tmp, "rank0.log").read_text() if Path(tmp, "rank0.log").exists() else ""
+        if done.returncode:
+            sys.exit(f"the plain loop failed:\n{done.stderr[-2000:]}{log[-2000:]}")
+        return json.loads(log.strip().splitlines()[-1])
 
 
 def minitron_iteration_times(o, trace: bool) -> list[float]:
@@ -110,7 +127,7 @@ def minitron_iteration_times(o, trace: bool) -> list[float]:
                "--make-vocab-size-divisible-by", "1", "--hidden-dropout", "0", "--attention-dropout", "0"]
         if trace:
             cmd += ["--trace", f"{tmp}/trace"]
-        done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(o))
+        done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(o), start_new_session=True)
         if done.returncode:
             sys.exit(f"minitron pretrain failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
         records = [json.loads(line) for line in open(f"{tmp}/logs/iterations.jsonl")]
@@ -133,6 +150,8 @@ def main() -> None:
     p.add_argument("--micro", type=int, default=4)
     p.add_argument("--microbatches", type=int, default=2)
     p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--steady-heap", action="store_true",
+                   help="both sides: glibc keeps freed memory (no page faults from heap trimming)")
     p.add_argument("--plain-child", action="store_true", help=argparse.SUPPRESS)
     o = p.parse_args()
     if o.iters < 3 or o.rounds < 1:
@@ -146,7 +165,7 @@ def main() -> None:
     params = 12 * o.layers * o.hidden ** 2 + (o.vocab + o.seq) * o.hidden
     print(f"GPT ~{params / 1e6:.1f}M params, {o.layers} layers, hidden {o.hidden}, seq {o.seq}, "
           f"micro {o.micro} x {o.microbatches} micro-batches, {o.threads} CPU threads per run, "
-          f"{o.iters} iterations per run")
+          f"{o.iters} iterations per run{', steady heap' if o.steady_heap else ''}")
     print(f"{'round':>5}  {'plain tok/s':>11}  {'minitron':>9}  {'traced':>9}  "
           f"{'minitron/plain':>14}  {'traced slowdown':>15}")
     rows = []
