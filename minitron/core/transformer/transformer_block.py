@@ -72,8 +72,8 @@ class TransformerBlock(MegatronModule):
         if attention_mask is not None and is_causal_mask(attention_mask):
             # The data loader's mask is plain causal unless documents reset it. None says the
             # same to the attention and lets torch's fused kernel skip the hidden half of the
-            # scores instead of computing and masking it: same numbers, 2-3% of a CPU training
-            # step saved. (Megatron's GPT spec declares attn_mask_type=causal for the same reason.)
+            # scores instead of computing and masking it: same numbers, 2-3% of a CPU step.
+            # (Megatron's GPT layer spec declares attn_mask_type=causal for the same reason.)
             attention_mask = None
         # With sequence parallelism every activation in the block is this rank's part of the
         # sequence, so every dropout in it must draw differently on each TP rank.
