@@ -29,6 +29,15 @@ from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
 
+def is_causal_mask(attention_mask: torch.Tensor) -> bool:
+    """True if the mask ([b or 1, 1, s, s], True = hidden) hides exactly each query's future."""
+    s = attention_mask.size(-1)
+    if attention_mask.dim() != 4 or attention_mask.size(-2) != s:
+        return False
+    causal = torch.ones(s, s, dtype=torch.bool, device=attention_mask.device).triu_(1)
+    return torch.equal(attention_mask, causal.expand_as(attention_mask))
+
+
 class DotProductAttention(MegatronModule):
     """softmax(q k^T / sqrt(d), causal) v for this rank's heads. Inputs [s, b, heads, d]."""
 
