@@ -17,6 +17,7 @@ import typer
 from rich import box
 from rich.table import Table
 
+from minitron.cli import preflight
 from minitron.cli.command import expand_aliases
 from minitron.cli.common import (
     DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, DebugOptions, UserError, app, check_world, console,
@@ -132,6 +133,9 @@ def launch(
         target = Target(module=module, argv=args)
     else:
         target = Target(script=args[0], argv=args[1:])
+    if module:
+        preflight.check_module(module)
+    preflight.check_launch(world, backend, master_port, {"--log-dir": log_dir, "--trace": trace_dir})
     if trace_dir:
         env[TRACE_DIR_ENV] = str(trace_dir.resolve())
     env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world))

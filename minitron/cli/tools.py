@@ -12,6 +12,7 @@ from minitron.cli.common import (
     DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, ORDERS, DebugOptions, UserError, app, rank_backend,
     check_order, check_world, console, validate_pretrain,
 )
+from minitron.cli import preflight
 from minitron.cli.command import expand_aliases
 from minitron.core.rank_generator import DEFAULT_ORDER, LAYOUT_KEYS, layout
 
@@ -38,6 +39,7 @@ def groups(
             raise UserError(f"{flag} must be at least 1, got {value}")
     if vp and pp < 2:
         raise UserError(f"--vp {vp} needs pipeline stages to interleave: give --pp 2 or more")
+    preflight.check_world_limit(world, "groups")
     try:
         groups_ = layout(world, tp, pp, cp, ep, order)
     except ValueError as exc:
@@ -72,6 +74,7 @@ def vscode(
     from minitron.launcher import vscode as vscode_config
 
     check_world(world)
+    preflight.check_output_file(path, "--path")
     try:
         written = vscode_config.write_launch_json(path, world, debug_port_base, debug_host)
     except ValueError as exc:

@@ -13,6 +13,7 @@ from minitron.cli.common import (
     DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, DebugOptions, UserError, app, rank_backend,
     check_world, console, validate_pretrain,
 )
+from minitron.cli import preflight
 from minitron.cli.trace import TRAINING_WARM
 
 @app.command(context_settings=EXTRA)
@@ -44,6 +45,8 @@ def pretrain(
     args = validate_pretrain(argv, world)
     if not args.train_iters:
         raise UserError("--train-iters N is required (N >= 1); `minitron trace` shows initialization alone")
+    preflight.check_launch(world, backend, master_port, {"--log-dir": log_dir, "--trace": trace_dir, "--save": args.save})
+    preflight.check_output_file(args.log_jsonl, "--log-jsonl")
     log_jsonl = Path(args.log_jsonl)
     # The ranks append the lines Megatron prints for the console here; we show them as they come.
     console_jsonl = (log_dir / "console.jsonl").resolve()
@@ -79,6 +82,8 @@ def preprocess(
 ):
     """Tokenize a JSONL corpus into Megatron's indexed-dataset files (.bin + .idx)."""
     from minitron.tools.preprocess_data import run_preprocess
+
+    preflight.check_workers(workers)
 
     try:
         result = run_preprocess(str(input), output_prefix, tokenizer_type=tokenizer_type, vocab_file=vocab_file,
