@@ -222,7 +222,7 @@ def _validate_training(args):
         _require(args.save is not None and args.save_interval >= 1,
                  "--save-interval N needs --save DIR (and N >= 1)")
     if args.load is not None:
-        from minitron.training.checkpointing import CheckpointError, check_resumable
+        from minitron.training.checkpoint_files import CheckpointError, check_resumable  # torch-free
         try:
             check_resumable(args)
         except CheckpointError as exc:
