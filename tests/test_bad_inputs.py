@@ -114,7 +114,7 @@ CASES = [
     ("gloo-too-many", ["trace", "--world", "10000", "--backend", "gloo", "--out", "{tmp}/trace"], None,
      ["at most", "per core"]),
     ("fake-too-many", ["trace", "--world", "5000", "--backend", "fake", "--out", "{tmp}/trace"], None,
-     ["at most 4096"]),
+     ["at most 2048"]),
     ("preprocess-workers", ["preprocess", "--input", "{tmp}/in.jsonl", "--output-prefix", "{tmp}/out",
                             "--workers", "100000"], None, ["--workers 100000", "per core"]),
     ("preprocess-bad-line", ["preprocess", "--input", "{tmp}/bad.jsonl", "--output-prefix", "{tmp}/out"],

@@ -24,9 +24,10 @@ from minitron.cli.common import UserError
 # Measured on the 2-core machine: 16,384 ranks print in 0.9 s of CPU (70 MB), 65,536 in 6.2 s
 # (170 MB), 10^8 ate gigabytes. 16,384 is above the largest published Megatron runs.
 GROUPS_MAX_WORLD = 16384
-# fake plays every rank in one process, one after another: 1,024 ranks took ~10 s, 4,096 ~40 s
-# (linear). Past 4,096 a layout is better studied with `groups`, which shows the same groups.
-FAKE_MAX_WORLD = 4096
+# fake plays every rank in one process, one after another, and each rank builds every group,
+# so the cost grows with the square of the world: 1,024 ranks take ~10 s; 4,096 took 162 s of
+# CPU and 3.6 GB. Past 2,048 a layout is better studied with `groups` (the same groups, at once).
+FAKE_MAX_WORLD = 2048
 # A forked gloo rank that has joined a group holds 4 threads and ~5 MB of private memory (it
 # shares the parent's torch); a training rank holds its model and optimizer on top. The limits:
 RANKS_PER_CORE = 32      # 16 ranks initialise in ~3 s on 2 cores; 64 per core would take minutes
@@ -73,7 +74,7 @@ def check_world_limit(world: int, backend: str) -> None:
     if backend == "groups":
         limit, why = GROUPS_MAX_WORLD, "beyond it the tables take minutes and gigabytes to print"
     elif backend == "fake":
-        limit, why = FAKE_MAX_WORLD, "one process plays the ranks in turn, ~10 ms each"
+        limit, why = FAKE_MAX_WORLD, "one process plays every rank, and the cost grows as world squared"
     elif backend == "gloo":
         limit, why = gloo_world_limit()
     else:
