@@ -25,8 +25,9 @@ from minitron.cli.common import UserError
 # (170 MB), 10^8 ate gigabytes. 16,384 is above the largest published Megatron runs.
 GROUPS_MAX_WORLD = 16384
 # fake plays every rank in one process, one after another, and each rank builds every group,
-# so the cost grows with the square of the world: 1,024 ranks take ~10 s; 4,096 took 162 s of
-# CPU and 3.6 GB. Past 2,048 a layout is better studied with `groups` (the same groups, at once).
+# so the cost grows with the square of the world. Measured (CPU time, peak memory): 1,024
+# ranks ~10 s; 2,048 ranks 48 s, 1.2 GB; 4,096 ranks 162 s, 3.6 GB. Past 2,048 a layout is
+# better studied with `groups`, which shows the same groups at once.
 FAKE_MAX_WORLD = 2048
 # A forked gloo rank that has joined a group holds 4 threads and ~5 MB of private memory (it
 # shares the parent's torch); a training rank holds its model and optimizer on top. The limits:

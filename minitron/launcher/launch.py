@@ -20,6 +20,7 @@ Two ways to start a rank:
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import socket
@@ -318,9 +319,12 @@ class _DeathOrder:
                 pass
 
     def wait(self, timeout: float) -> None:
-        import select
         open_fds = [fd for fd, rank in self.fds.items() if rank not in self.seen]
-        ready = select.select(open_fds, [], [], timeout)[0] if open_fds else time.sleep(timeout) or []
+        if open_fds:
+            ready = select.select(open_fds, [], [], timeout)[0]
+        else:
+            ready = []
+            time.sleep(timeout)
         self.tick += 1
         for fd in ready:
             self.seen[self.fds[fd]] = self.tick
