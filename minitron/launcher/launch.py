@@ -346,8 +346,10 @@ def _first_failure(procs: list, cfg: LaunchConfig, errors: Path, deaths: _DeathO
     kinds of evidence. A rank whose program raised wrote the time it raised into ``errors``
     (worker.record_failure): among those, the earliest raised first. A rank that died
     without raising (a signal such as SIGSEGV, or os._exit) wrote nothing — but its peers
-    only fail after it, by raising ("Connection reset by peer"). So a silent death is the
-    culprit when the launcher saw it die no later than the first rank that raised.
+    only fail after it, by raising ("Connection reset by peer"). So a rank killed by a signal
+    is the culprit (the earliest seen, if several): its death may even be seen last, as a
+    core dump holds the process for a while after its sockets have closed. A rank gone by
+    os._exit is the culprit when the launcher saw it die no later than the first that raised.
     """
     deaths = deaths or _DeathOrder(procs)
     deadline = time.monotonic() + settle
@@ -361,10 +363,14 @@ def _first_failure(procs: list, cfg: LaunchConfig, errors: Path, deaths: _DeathO
         stamp = errors / f"rank{rank}"
         if stamp.exists():
             stamped.append((float(stamp.read_text() or "inf"), seen[rank], rank, code))
-        else:  # killed by a signal first, then by the order we saw them die, then rank
-            silent.append((seen[rank], code >= 0, rank, code))
+        else:
+            silent.append((seen[rank], rank, code))
+    signalled = sorted(x for x in silent if x[2] < 0)
+    if signalled:  # peers fail by raising, never by a signal: a signalled rank is the cause
+        _, rank, code = signalled[0]
+        return rank, code
     if silent and (not stamped or min(silent)[0] <= min(s[1] for s in stamped)):
-        _, _, rank, code = min(silent)
+        _, rank, code = min(silent)
         return rank, code
     if stamped:
         _, _, rank, code = min(stamped)
