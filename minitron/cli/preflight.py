@@ -31,7 +31,7 @@ GROUPS_MAX_WORLD = 16384
 FAKE_MAX_WORLD = 2048
 # A forked gloo rank that has joined a group holds 4 threads and ~5 MB of private memory (it
 # shares the parent's torch); a training rank holds its model and optimizer on top. The limits:
-RANKS_PER_CORE = 32      # 16 ranks initialise in ~3 s on 2 cores; 64 per core would take minutes
+RANKS_PER_CORE = 32      # 64 ranks on 2 (busy) cores: initialised in 27 s, 47 s in all; twice that, minutes
 THREADS_PER_RANK = 8     # 4 measured, doubled: data-loader and debugger threads come on top
 MIB_PER_RANK = 64        # what one small rank can be expected to touch, at the least
 # Each preprocess worker holds a tokenizer and a slice of the corpus; beyond a few per core
