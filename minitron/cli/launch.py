@@ -17,6 +17,7 @@ import typer
 from rich import box
 from rich.table import Table
 
+from minitron.cli import preflight
 from minitron.cli.command import expand_aliases
 from minitron.cli.common import (
     DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, DebugOptions, UserError, app, check_world, console,
@@ -141,6 +142,9 @@ def launch(
         target = Target(module=module, argv=args)
     else:
         target = Target(script=args[0], argv=args[1:])
+    if module:
+        preflight.check_module(module)
+    preflight.check_launch(world, backend, master_port, {"--log-dir": log_dir, "--trace": trace_dir})
     env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world, trace_dir))
     # DeepSpeed's launch.py passes --local_rank=N unless told not to; torchrun (--world) does not.
     local_rank_arg = pool is not None and not no_local_rank

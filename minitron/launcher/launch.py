@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import select
 import shutil
 import signal
 import socket
@@ -45,7 +46,7 @@ class RankFailure(RuntimeError):
     def __init__(self, rank: int, exitcode: int, log_path: Path | None):
         self.rank, self.exitcode, self.log_path = rank, exitcode, log_path
         self._kept: list[str] | None = None
-        how = f"was killed by signal {-exitcode}" if exitcode < 0 else f"exited with code {exitcode}"
+        how = f"was killed by {_signal_name(-exitcode)}" if exitcode < 0 else f"exited with code {exitcode}"
         where = f"; its log: {log_path}" if log_path else ""
         super().__init__(f"rank {rank} {how}{where}")
 
@@ -59,6 +60,13 @@ class RankFailure(RuntimeError):
     def keep_log_tail(self, lines: int = 60) -> None:
         """Read the log's end now, for a log that is about to be deleted (a scratch directory)."""
         self._kept = self.log_tail(lines).splitlines()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 @dataclass
@@ -258,16 +266,20 @@ def launch(cfg: LaunchConfig, target: Target, monitor: Callable[[], None] | None
         raise ValueError("a Python function can only run on forked (gloo) ranks")
     if cfg.start_method == "fork":
         _warm_parent(target, cfg.warm)
-    store = StoreKeeper(cfg)  # forked after the warm-up, so it starts warm too; sets master_port
+    errors = Path(tempfile.mkdtemp(prefix="minitron-errors-"))
+    # Forked after the warm-up, so it starts warm too; sets master_port; removes ``errors``
+    # when it ends, even if we were killed with SIGKILL.
+    store = StoreKeeper(cfg, scratch=errors)
     # Our terminal, kept open in every rank under a number the rank can find: a rank whose
     # output goes to a log still has to tell the user "waiting for a debugger on PORT".
     console = os.dup(2)
-    errors = Path(tempfile.mkdtemp(prefix="minitron-errors-"))
     cfg = replace(cfg, env={**cfg.env, CONSOLE_FD_ENV: str(console), ERROR_DIR_ENV: str(errors)})
     procs: list = []
+    deaths = None
     try:
         for rank in range(cfg.world_size):
             procs.append(_start(rank, cfg, target))
+        deaths = _DeathOrder(procs)
         next_tick = time.monotonic()
         while True:
             running = False
@@ -276,7 +288,7 @@ def launch(cfg: LaunchConfig, target: Target, monitor: Callable[[], None] | None
                 if code is None:
                     running = True
                 elif code != 0:
-                    rank, code = _first_failure(procs, cfg, errors)
+                    rank, code = _first_failure(procs, cfg, errors, deaths)
                     _stop_all(procs, cfg.grace_seconds)
                     raise RankFailure(rank, code, log_path(cfg, rank))
             if not running:
@@ -284,36 +296,90 @@ def launch(cfg: LaunchConfig, target: Target, monitor: Callable[[], None] | None
             if monitor is not None and time.monotonic() >= next_tick:
                 monitor()
                 next_tick = time.monotonic() + 0.2
-            time.sleep(0.01)
+            deaths.wait(0.01)  # wakes at once when a rank dies, and notes in which order they do
     except BaseException:
         _stop_all(procs, cfg.grace_seconds)
         raise
     finally:
+        if deaths is not None:
+            deaths.close()
         os.close(console)
         shutil.rmtree(errors, ignore_errors=True)
         store.close()
 
 
-def _first_failure(procs: list, cfg: LaunchConfig, errors: Path, settle: float = 0.3) -> tuple[int, int]:
+class _DeathOrder:
+    """The order in which ranks die, as the launcher sees it.
+
+    A pidfd (Linux 5.3+) becomes readable the moment its process exits, so waiting on all of
+    them wakes us within microseconds of the first death, long before a peer that lost its
+    connection has raised, printed its traceback and exited. Deaths seen in the same wake-up
+    share a number. Without pidfds it falls back to noting deaths at each 10 ms poll.
+    """
+
+    def __init__(self, procs: list):
+        self.procs, self.seen, self.tick, self.fds = procs, {}, 0, {}
+        for rank, p in enumerate(procs):
+            try:
+                self.fds[os.pidfd_open(p.pid)] = rank
+            except (AttributeError, OSError):  # not Linux, or an old kernel
+                pass
+
+    def wait(self, timeout: float) -> None:
+        open_fds = [fd for fd, rank in self.fds.items() if rank not in self.seen]
+        if open_fds:
+            ready = select.select(open_fds, [], [], timeout)[0]
+        else:
+            ready = []
+            time.sleep(timeout)
+        self.tick += 1
+        for fd in ready:
+            self.seen[self.fds[fd]] = self.tick
+        for rank, p in enumerate(self.procs):  # ranks without a pidfd: seen at this poll
+            if rank not in self.seen and p.poll() is not None:
+                self.seen[rank] = self.tick
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+
+
+def _first_failure(procs: list, cfg: LaunchConfig, errors: Path, deaths: _DeathOrder | None = None,
+                   settle: float = 0.3) -> tuple[int, int]:
     """(rank, exit code) of the rank that failed first.
 
     When one rank dies, its peers fail moments later in their next collective with it, and
-    any of them may be the first we notice. So wait a little for the others, then blame the
-    rank whose program raised earliest: each failing rank writes the time it raised into
-    ``errors`` (worker.record_failure). A rank killed by a signal wrote nothing; it is blamed
-    only if no rank wrote a time.
+    any of them may be the first we notice. So wait a little for the others, then weigh two
+    kinds of evidence. A rank whose program raised wrote the time it raised into ``errors``
+    (worker.record_failure): among those, the earliest raised first. A rank that died
+    without raising (a signal such as SIGSEGV, or os._exit) wrote nothing — but its peers
+    only fail after it, by raising ("Connection reset by peer"). So a rank killed by a signal
+    is the culprit (the earliest seen, if several): its death may even be seen last, as a
+    core dump holds the process for a while after its sockets have closed. A rank gone by
+    os._exit is the culprit when the launcher saw it die no later than the first that raised.
     """
+    deaths = deaths or _DeathOrder(procs)
     deadline = time.monotonic() + settle
     while time.monotonic() < deadline and None in [p.poll() for p in procs]:  # poll all: no short cut
-        time.sleep(0.02)
+        deaths.wait(0.02)
+    deaths.wait(0)
     failed = [(rank, p.returncode) for rank, p in enumerate(procs) if p.returncode not in (None, 0)]
-    stamped = []
+    seen = {rank: deaths.seen.get(rank, deaths.tick + 1) for rank, _ in failed}
+    stamped, silent = [], []
     for rank, code in failed:
         stamp = errors / f"rank{rank}"
         if stamp.exists():
-            stamped.append((float(stamp.read_text() or "inf"), rank, code))
-    if stamped:
-        _, rank, code = min(stamped)
+            stamped.append((float(stamp.read_text() or "inf"), seen[rank], rank, code))
+        else:
+            silent.append((seen[rank], rank, code))
+    signalled = sorted(x for x in silent if x[2] < 0)
+    if signalled:  # peers fail by raising, never by a signal: a signalled rank is the cause
+        _, rank, code = signalled[0]
         return rank, code
-    signalled = [(rank, code) for rank, code in failed if code < 0]
-    return (signalled or failed)[0]
+    if silent and (not stamped or min(silent)[0] <= min(s[1] for s in stamped)):
+        _, rank, code = min(silent)
+        return rank, code
+    if stamped:
+        _, _, rank, code = min(stamped)
+        return rank, code
+    return failed[0]
