@@ -119,6 +119,12 @@ CASES = [
                             "--workers", "100000"], None, ["--workers 100000", "per core"]),
     ("preprocess-bad-line", ["preprocess", "--input", "{tmp}/bad.jsonl", "--output-prefix", "{tmp}/out"],
      None, ["bad.jsonl:2"]),
+    ("preprocess-undecodable-vocab", ["preprocess", "--input", "{tmp}/in.jsonl", "--output-prefix", "{tmp}/out",
+                                      "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "{tmp}/bad.json",
+                                      "--merge-file", "{tmp}/in.jsonl"], None, ["--vocab-file", "bad.json", "UTF-8"]),
+    ("launch-pretrain-save-unwritable", ["launch", "--world", "2", "--log-dir", "{tmp}/logs", "-m",
+                                         "minitron.pretrain_gpt", *TINY, "--save", "/proc/minitron-ck"], None,
+     ["--save", "cannot write"]),
     # --load (#11.2, #11.5, #11.6, #11.10)
     ("load-regular-file", ["pretrain", "--world", "2", "--log-dir", "{tmp}/logs", *TINY, "--load", "{file}"],
      None, ["--load", "is a file"]),
