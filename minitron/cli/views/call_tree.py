@@ -110,6 +110,13 @@ def _narrower(pieces: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
     return options
 
 
+def _time_room(times: str, count: int) -> int:
+    """The width a line keeps for its time: room for any time under ten seconds, so that what a
+    line shortens does not change from run to run with the digits of its duration."""
+    widest = f"  {duration(9_999_900)}" + (f", {duration(9_999_900)} each" if count > 1 else "")
+    return max(len(times), len(widest))
+
+
 def _label(group: list[dict], room: int, orphan: bool) -> Text:
     first, count = group[0], len(group)
     total = sum(c["end_us"] - c["start_us"] for c in group)
@@ -121,7 +128,7 @@ def _label(group: list[dict], room: int, orphan: bool) -> Text:
     agreed = [p for i, p in enumerate(each[0]) if all(len(e) == len(each[0]) and e[i] == p for e in each)]
     # Shorten the name first, down to Class.method or function; then the arguments; never the time.
     for pieces in _narrower(agreed):
-        rest = len(times_x) + sum(len(t) for t, _ in pieces) + len(times)
+        rest = len(times_x) + sum(len(t) for t, _ in pieces) + _time_room(times, count)
         name = fitted_name(first["name"], room - rest)
         if len(name) + rest <= room:
             break
@@ -174,7 +181,7 @@ def _new_group_line(rank: int, group: list[dict], room: int) -> Text:
     head = f"new_group ×{len(group)} "
     text = Text(head, style="bold cyan")
     text.append(str(desc), style="magenta")
-    for item in _fit_tokens(tokens, member, room - len(head) - len(str(desc)) - len(times)):
+    for item in _fit_tokens(tokens, member, room - len(head) - len(str(desc)) - _time_room(times, 1)):
         if item == "…":
             text.append(" …", style="dim")
         else:
