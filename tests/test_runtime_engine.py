@@ -216,3 +216,15 @@ def test_warmup_schedules():
     assert lrs[:5] == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])                  # t = 0..4
     assert lrs[12] == pytest.approx(0.1 + 0.4 * (20 - 12) / 16)                  # decaying, t = 12
     assert lrs[20:] == pytest.approx([0.1, 0.1])                                 # at and past the end
+
+
+def test_runtime_package_imports_without_torch():
+    """``minitron ds-config`` resolves a config before torch is loaded; initialize() imports
+    the engine (and torch) only when called."""
+    import subprocess
+    import sys
+    code = ("import sys, minitron.runtime as r; assert callable(r.initialize); "
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
