@@ -97,8 +97,25 @@ def _stages_body(world: int, ckpt_dir: str):
                           "micro": engine.micro_steps, "lr": engine.get_lr()[0]}
         if world == 2:
             out["resume"] = _resume(ckpt_dir)
+            out["refused"] = _refuses_tensor_parallel()
         return out
     return body
+
+
+def _refuses_tensor_parallel() -> str:
+    """The norm sums over the data-parallel group only, so a model-parallel mpu is refused."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from minitron.runtime import initialize
+    mpu = SimpleNamespace(get_tensor_model_parallel_world_size=lambda: 2,
+                          get_pipeline_model_parallel_world_size=lambda: 1,
+                          get_data_parallel_world_size=lambda: 1, get_data_parallel_group=lambda: dist.group.WORLD)
+    try:
+        initialize(model=toy_mlp(0, IN, OUT), config={**CONFIG, "train_batch_size": 4}, mpu=mpu)
+    except ValueError as refusal:
+        return str(refusal)
+    return "accepted"
 
 
 def _resume(ckpt_dir: str) -> dict:
@@ -146,6 +163,7 @@ def test_zero_stages_equal_serial(world, tmp_path):
                 else:
                     assert held[kind] == replicated[kind], (stage, kind, held)
     if world == 2:
+        assert "model-parallel size 2" in results[0]["refused"]
         for stage, found in results[0]["resume"].items():
             assert found["again"] == found["third"], stage   # exactly, not approximately
             assert found["client"] == {"note": stage} and found["steps"] == 3

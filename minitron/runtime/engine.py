@@ -54,6 +54,16 @@ def initialize(args=None, model: torch.nn.Module = None, optimizer=None, model_p
 # --8<-- [end:initialize]
 
 
+def _model_parallel_size(mpu) -> int:
+    """DeepSpeed's mpu interface has get_model_parallel_world_size; Megatron's parallel_state
+    names the tensor and pipeline sizes instead."""
+    if mpu is None:
+        return 1
+    if hasattr(mpu, "get_model_parallel_world_size"):
+        return mpu.get_model_parallel_world_size()
+    return mpu.get_tensor_model_parallel_world_size() * mpu.get_pipeline_model_parallel_world_size()
+
+
 class DeepSpeedEngine(torch.nn.Module):
     def __init__(self, model, optimizer, model_parameters, training_data, lr_scheduler, mpu, collate_fn,
                  config: DeepSpeedConfig):
@@ -62,7 +72,7 @@ class DeepSpeedEngine(torch.nn.Module):
         self.data_parallel_group = mpu.get_data_parallel_group() if mpu is not None else dist.group.WORLD
         self.dp_world_size = dist.get_world_size(group=self.data_parallel_group)
         self.global_rank = dist.get_rank()
-        mp = mpu.get_model_parallel_world_size() if hasattr(mpu, "get_model_parallel_world_size") else 1
+        mp = _model_parallel_size(mpu)
         if mp > 1:
             # The gradient norm here sums over the data-parallel group only; with tensor or
             # pipeline parallelism it would also need the model-parallel group.
