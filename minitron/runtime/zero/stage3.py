@@ -129,7 +129,9 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         wrapped = _GatherBeforeBackward.apply(self, module, *(items[k] for k in slots))
         for k, t in zip(slots, wrapped):
             items[k] = t
-        return items[0] if single else type(output)(items)
+        if single:
+            return items[0]
+        return type(output)(*items) if hasattr(output, "_fields") else type(output)(items)   # namedtuple
 
     # --- gradients ------------------------------------------------------------------------
 
