@@ -54,14 +54,17 @@ def initialize(args=None, model: torch.nn.Module = None, optimizer=None, model_p
 # --8<-- [end:initialize]
 
 
-def _model_parallel_size(mpu) -> int:
-    """DeepSpeed's mpu interface has get_model_parallel_world_size; Megatron's parallel_state
-    names the tensor and pipeline sizes instead."""
+def _model_parallel_group(mpu):
+    """The tensor-parallel group, or None when there is none to span. Megatron's
+    parallel_state names it get_tensor_model_parallel_group; DeepSpeed's mpu interface
+    get_model_parallel_group."""
     if mpu is None:
-        return 1
-    if hasattr(mpu, "get_model_parallel_world_size"):
-        return mpu.get_model_parallel_world_size()
-    return mpu.get_tensor_model_parallel_world_size() * mpu.get_pipeline_model_parallel_world_size()
+        return None
+    if hasattr(mpu, "get_tensor_model_parallel_group"):
+        size, group = mpu.get_tensor_model_parallel_world_size(), mpu.get_tensor_model_parallel_group
+    else:
+        size, group = mpu.get_model_parallel_world_size(), mpu.get_model_parallel_group
+    return group() if size > 1 else None
 
 
 class DeepSpeedEngine(torch.nn.Module):
@@ -72,11 +75,12 @@ class DeepSpeedEngine(torch.nn.Module):
         self.data_parallel_group = mpu.get_data_parallel_group() if mpu is not None else dist.group.WORLD
         self.dp_world_size = dist.get_world_size(group=self.data_parallel_group)
         self.global_rank = dist.get_rank()
-        mp = _model_parallel_size(mpu)
-        if mp > 1:
-            # The gradient norm here sums over the data-parallel group only; with tensor or
-            # pipeline parallelism it would also need the model-parallel group.
-            raise ValueError(f"the engine runs data parallelism only; this mpu has model-parallel size {mp}")
+        pp = mpu.get_pipeline_model_parallel_world_size() if hasattr(
+            mpu, "get_pipeline_model_parallel_world_size") else 1
+        if pp > 1:   # DeepSpeed runs pipelines in a different engine (PipelineEngine), not built here
+            raise ValueError(f"this engine runs data and tensor parallelism; the mpu has pipeline size {pp}")
+        # The clipping norm and the overflow check also span the tensor-parallel group.
+        mp_group = _model_parallel_group(mpu)
         self.global_steps = self.global_samples = self.micro_steps = self.skipped_steps = 0
         if config.fp16_enabled:
             self.module.half()
@@ -88,10 +92,10 @@ class DeepSpeedEngine(torch.nn.Module):
         scaler = CreateLossScaler(dtype, config.loss_scale, config.loss_scale == 0, config.dynamic_loss_scale_args)
         if self.zero_optimization_stage() == 3:
             self.optimizer = DeepSpeedZeroOptimizer_Stage3(self.module, basic, self.data_parallel_group, scaler,
-                                                           config.gradient_clipping)
+                                                           config.gradient_clipping, mp_group)
         else:
             self.optimizer = DeepSpeedZeroOptimizer(basic, self.data_parallel_group, self.zero_optimization_stage(),
-                                                    scaler, config.gradient_clipping)
+                                                    scaler, config.gradient_clipping, mp_group)
         self.basic_optimizer = basic
         self.lr_scheduler = self._configure_lr_scheduler(lr_scheduler)
         self.training_dataloader = None
@@ -189,32 +193,36 @@ class DeepSpeedEngine(torch.nn.Module):
 
     # --- checkpoints ----------------------------------------------------------------------------
 
+    def _mp_rank(self) -> int:
+        group = self.optimizer.model_parallel_group
+        return dist.get_rank(group=group) if group is not None else 0
+
     def _module_state(self) -> dict:
         if self.zero_optimization_stage() == 3:
             return self.optimizer.full_state_dict(self.module)   # a collective: every rank gathers
         return self.module.state_dict()
 
     def save_checkpoint(self, save_dir, tag=None, client_state: dict | None = None, save_latest: bool = True):
-        """DeepSpeed's layout: ``save_dir/tag/mp_rank_00_model_states.pt`` (the module, the
-        schedule, the counters; written by rank 0) and one
-        ``zero_pp_rank_{dp}_mp_rank_00_optim_states.pt`` per data-parallel rank (its partition
+        """DeepSpeed's layout: ``save_dir/tag/mp_rank_{mp:02d}_model_states.pt`` (the module, the
+        schedule, the counters; written by data-parallel rank 0 of each tensor-parallel rank mp)
+        and one ``zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt`` per rank (its partition
         of the optimizer), then ``save_dir/latest`` naming the tag."""
         tag = tag if tag is not None else f"global_step{self.global_steps}"
         path = Path(save_dir) / str(tag)
-        dp_rank = dist.get_rank(group=self.data_parallel_group)
+        dp_rank, mp = dist.get_rank(group=self.data_parallel_group), self._mp_rank()
         module_state = self._module_state()
         if self.global_rank == 0:
             path.mkdir(parents=True, exist_ok=True)
         dist.barrier()
-        if self.global_rank == 0:
+        if dp_rank == 0:
             torch.save({"module": module_state, "lr_scheduler": self.lr_scheduler.state_dict()
                         if self.lr_scheduler is not None else None,
                         "global_steps": self.global_steps, "global_samples": self.global_samples,
                         "skipped_steps": self.skipped_steps, "micro_steps": self.micro_steps,
                         "dp_world_size": self.dp_world_size, "zero_stage": self.zero_optimization_stage(),
-                        **(client_state or {})}, path / "mp_rank_00_model_states.pt")
+                        **(client_state or {})}, path / f"mp_rank_{mp:02d}_model_states.pt")
         torch.save({"optimizer_state_dict": self.optimizer.state_dict()},
-                   path / f"zero_pp_rank_{dp_rank}_mp_rank_00_optim_states.pt")
+                   path / f"zero_pp_rank_{dp_rank}_mp_rank_{mp:02d}_optim_states.pt")
         dist.barrier()
         if save_latest and self.global_rank == 0:
             (Path(save_dir) / "latest").write_text(str(tag))
@@ -227,8 +235,8 @@ class DeepSpeedEngine(torch.nn.Module):
             if not latest.is_file():
                 return None, None
             tag = latest.read_text().strip()
-        path = Path(load_dir) / str(tag)
-        state = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+        path, mp = Path(load_dir) / str(tag), self._mp_rank()
+        state = torch.load(path / f"mp_rank_{mp:02d}_model_states.pt", map_location="cpu", weights_only=False)
         if state["dp_world_size"] != self.dp_world_size:
             raise ValueError(f"{path} was saved by {state['dp_world_size']} data-parallel ranks, this run has "
                              f"{self.dp_world_size}: ZeRO partitions do not carry over; resume with the same size")
@@ -238,8 +246,8 @@ class DeepSpeedEngine(torch.nn.Module):
             else:
                 self.module.load_state_dict(state["module"], strict=load_module_strict)
         dp_rank = dist.get_rank(group=self.data_parallel_group)
-        optim = torch.load(path / f"zero_pp_rank_{dp_rank}_mp_rank_00_optim_states.pt", map_location="cpu",
-                           weights_only=False)
+        optim = torch.load(path / f"zero_pp_rank_{dp_rank}_mp_rank_{mp:02d}_optim_states.pt",
+                           map_location="cpu", weights_only=False)
         self.optimizer.load_state_dict(optim["optimizer_state_dict"])
         if self.lr_scheduler is not None and state["lr_scheduler"] is not None:
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])

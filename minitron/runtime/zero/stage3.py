@@ -51,8 +51,9 @@ class _GatherBeforeBackward(torch.autograd.Function):
 
 class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
     def __init__(self, module: torch.nn.Module, init_optimizer: torch.optim.Optimizer, dp_process_group,
-                 loss_scaler, clip_grad: float = 0.0):
+                 loss_scaler, clip_grad: float = 0.0, model_parallel_group=None):
         self.optimizer = init_optimizer
+        self._init_model_parallel(model_parallel_group)
         self.dp_process_group = dp_process_group
         self.dp_world_size = dist.get_world_size(group=dp_process_group)
         self.stage, self.partition_gradients = 3, True
@@ -83,6 +84,8 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
                 offset += piece.numel()
             master = flat.detach().clone().float().requires_grad_(True)
             self.single_partition_of_fp32_groups.append(master)
+            self.norm_mask.append(torch.cat([self._counted(p).expand(piece.numel())
+                                             for p, piece in zip(params, pieces)] or [torch.zeros(0)]))
             group["params"] = [master]
         for p in self._group_of:
             p.ds_status = AVAILABLE

@@ -52,8 +52,9 @@ def flatten_dense_tensors_aligned(tensors: list, alignment: int) -> torch.Tensor
 
 class DeepSpeedZeroOptimizer:
     def __init__(self, init_optimizer: torch.optim.Optimizer, dp_process_group, stage: int, loss_scaler,
-                 clip_grad: float = 0.0):
+                 clip_grad: float = 0.0, model_parallel_group=None):
         self.optimizer = init_optimizer
+        self._init_model_parallel(model_parallel_group)
         self.dp_process_group = dp_process_group
         self.dp_world_size = dist.get_world_size(group=dp_process_group)
         self.stage = stage
@@ -83,6 +84,21 @@ class DeepSpeedZeroOptimizer:
             master = partitions[self.partition_id].detach().clone().float().requires_grad_(True)
             self.single_partition_of_fp32_groups.append(master)
             group["params"] = [master]   # from here on the torch optimizer sees my partition only
+            counted = torch.cat([self._counted(p).expand(p.numel()) for p in params]
+                                + [torch.zeros(flat.numel() - offset)])
+            self.norm_mask.append(counted.narrow(0, self.partition_id * size, size))
+
+    def _init_model_parallel(self, model_parallel_group) -> None:
+        """With tensor parallelism, each rank's gradient is a slice of some parameters and a
+        copy of the others; the norm counts a slice on every rank, a copy on tensor rank 0 only,
+        and sums over the tensor-parallel group too (DeepSpeed's get_grad_norm_direct)."""
+        self.model_parallel_group = model_parallel_group
+        self.model_parallel_rank = dist.get_rank(group=model_parallel_group) if model_parallel_group else 0
+        self.norm_mask = []   # per group, over my partition: 1.0 where an element counts
+
+    def _counted(self, p: torch.Tensor) -> torch.Tensor:
+        counts = getattr(p, "tensor_model_parallel", False) or self.model_parallel_rank == 0
+        return torch.tensor([1.0 if counts else 0.0], dtype=torch.float64)
 
     # --- gradients ------------------------------------------------------------------------
 
@@ -133,15 +149,19 @@ class DeepSpeedZeroOptimizer:
     def _any_rank(self, flag: bool) -> bool:
         t = torch.tensor([1.0 if flag else 0.0])
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.dp_process_group)
+        if self.model_parallel_group is not None:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.model_parallel_group)
         return bool(t.item())
 
     def scaled_global_norm(self) -> torch.Tensor:
         """The L2 norm of the whole (still loss-scaled) gradient: my partition's squares, summed
         over the ranks that hold the other partitions. Padding is zero and adds nothing."""
-        squares = sum(g.double().pow(2).sum() for g in self.averaged_gradients.values())
+        squares = sum((g.double().pow(2) * self.norm_mask[i]).sum() for i, g in self.averaged_gradients.items())
         total = torch.tensor([float(squares)], dtype=torch.float64)
         if self.partition_count > 1:
             dist.all_reduce(total, group=self.dp_process_group)
+        if self.model_parallel_group is not None:
+            dist.all_reduce(total, group=self.model_parallel_group)
         return total.sqrt()
 
     def unscale_and_clip_grads(self, grads: list, total_norm: torch.Tensor) -> None:
