@@ -164,7 +164,7 @@ def test_zero_stages_equal_serial(world, tmp_path):
                 else:
                     assert held[kind] == replicated[kind], (stage, kind, held)
     if world == 2:
-        assert "pipeline size 2" in results[0]["refused"]
+        assert "pipeline-parallel size 2" in results[0]["refused"]
         for stage, found in results[0]["resume"].items():
             assert found["again"] == found["third"], stage   # exactly, not approximately
             assert found["client"] == {"note": stage} and found["steps"] == 3

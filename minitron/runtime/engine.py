@@ -78,7 +78,8 @@ class DeepSpeedEngine(torch.nn.Module):
         pp = mpu.get_pipeline_model_parallel_world_size() if hasattr(
             mpu, "get_pipeline_model_parallel_world_size") else 1
         if pp > 1:   # DeepSpeed runs pipelines in a different engine (PipelineEngine), not built here
-            raise ValueError(f"this engine runs data and tensor parallelism; the mpu has pipeline size {pp}")
+            raise ValueError(f"the mpu has pipeline-parallel size {pp}, and this engine runs data and tensor "
+                             "parallelism only (DeepSpeed's PipelineEngine is not built): use pipeline size 1")
         # The clipping norm and the overflow check also span the tensor-parallel group.
         mp_group = _model_parallel_group(mpu)
         self.global_steps = self.global_samples = self.micro_steps = self.skipped_steps = 0
