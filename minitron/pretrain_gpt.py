@@ -21,18 +21,19 @@ from minitron.core.datasets import (
     BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig, MockGPTDataset, get_blend_from_list,
 )
 from minitron.core.models.gpt import GPTModel
+from minitron.core.pipeline_parallel.schedules import get_attr_wrapped_model
 from minitron.launcher.worker import rank_session
-from minitron.training.arguments import core_transformer_config_from_args
+from minitron.training.arguments import GPT_ARGS_DEFAULTS, core_transformer_config_from_args
 from minitron.training.global_vars import get_args, get_tokenizer
 from minitron.training.training import pretrain
 from minitron.training.utils import print_rank_0
 
 # Defaults for flags a user did not give: token-id data over a small vocabulary, so a command
-# line can stay about the parallel layout.
-ARGS_DEFAULTS = {"tokenizer_type": "NullTokenizer", "vocab_size": 1024}
+# line can stay about the parallel layout (the values sit in training/arguments.py, where the
+# command line reads them without importing torch).
+ARGS_DEFAULTS = GPT_ARGS_DEFAULTS
 
 
-# --8<-- [start:model_provider]
 def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage=None) -> GPTModel:
     """This rank's GPT: the layers of its pipeline stage, each weight its tensor-parallel slice."""
     args = get_args()
@@ -41,10 +42,8 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
                     pre_process=pre_process, post_process=post_process,
                     share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
                     vp_stage=vp_stage)
-# --8<-- [end:model_provider]
 
 
-# --8<-- [start:forward_step]
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     """Mean per-token loss over the unmasked tokens; the reported value is averaged over
     data-parallel ranks (the gradient needs no such average: DDP does it)."""
@@ -60,10 +59,10 @@ def forward_step(data_iterator, model):
     """One micro-batch: tokens in (first stage), per-token losses out (last stage)."""
     from minitron.training.utils import get_batch
 
-    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator)
+    vp_stage = get_attr_wrapped_model(model, "vp_stage")  # which model chunk, with a virtual pipeline
+    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator, vp_stage=vp_stage)
     output_tensor = model(tokens, position_ids, attention_mask, labels=labels)
     return output_tensor, partial(loss_func, loss_mask)
-# --8<-- [end:forward_step]
 
 
 def is_dataset_built_on_rank() -> bool:
@@ -100,7 +99,6 @@ train_valid_test_datasets_provider.is_distributed = True
 # --8<-- [end:provider]
 
 
-# --8<-- [start:main]
 def main(argv: list[str] | None = None) -> int:
     # minitron's one addition to Megatron's entry: the per-rank session (tracing, debugger),
     # driven by environment variables so it behaves the same under any launcher.
@@ -108,7 +106,6 @@ def main(argv: list[str] | None = None) -> int:
         pretrain(train_valid_test_datasets_provider, model_provider, "encoder_or_decoder", forward_step,
                  args_defaults=ARGS_DEFAULTS, argv=argv)
     return 0
-# --8<-- [end:main]
 
 
 if __name__ == "__main__":

@@ -1,16 +1,25 @@
-"""Benchmark the foundation: how long a traced 16-rank initialization takes, against the cost
-of merely importing torch; the fake backend at large worlds; and @traced with tracing off.
+"""Benchmark the foundation against a bare `import torch`, as ratios measured in one run.
 
-    python scripts/bench_trace.py [--repeat 3]
+    python scripts/bench_trace.py [--repeat 5] [--skip-fake] [--compare OTHER_CHECKOUT]
 
-Prints ratios against the goals: world-16 trace <= 1.5x one `import torch`; fake world 1024
-(tp 8, pp 8) <= 10 s. Wall times are medians of --repeat runs of the full command, so they
-include Python start-up, imports, rendering and writing the trace files.
+Goals (issue 10):
+  minitron trace --tp 2 --pp 4 --world 16                      <= 1.3 x python -c "import torch"
+  minitron trace --world 1024 --tp 8 --pp 8 --backend fake     <= 3   x python -c "import torch"
+and @traced with tracing off costs next to nothing.
+
+Each round runs every command once, in turn, so that a busy machine slows all of them alike;
+the figures are medians over the rounds. Wall times are of the whole command: Python start-up,
+imports, the ranks, writing, loading, checking and rendering the traces. CPU seconds (user +
+system, the command and all its processes) are printed beside them: on a machine shared with
+other work they move much less than wall time does. --compare runs the minitron commands a
+second time in each round with another checkout first on PYTHONPATH (say, the last release).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -21,15 +30,17 @@ from pathlib import Path
 BIN = Path(sys.executable).parent
 
 
-def wall(cmd: list[str], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode:
-            sys.exit(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def run(cmd: list[str], pythonpath: str | None = None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the command and its children) of one run of ``cmd``."""
+    env = dict(os.environ, PYTHONPATH=pythonpath) if pythonpath else None
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode:
+        sys.exit(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def traced_call_overhead(calls: int = 1_000_000) -> tuple[float, float]:
@@ -51,25 +62,50 @@ def traced_call_overhead(calls: int = 1_000_000) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5, help="rounds (default 5)")
+    parser.add_argument("--skip-fake", action="store_true", help="leave out the 1024-rank fake world")
+    parser.add_argument("--compare", metavar="DIR", help="also run the minitron commands from this checkout")
     opts = parser.parse_args()
     minitron = str(BIN / "minitron")
     with tempfile.TemporaryDirectory() as tmp:
-        torch_import = wall([sys.executable, "-c", "import torch"], opts.repeat)
-        trace16 = wall([minitron, "trace", "--tp", "2", "--pp", "4", "--world", "16", "--out", f"{tmp}/t16"],
-                       opts.repeat)
-        fake = {w: wall([minitron, "trace", "--backend", "fake", "--tp", "8", "--pp", "8", "--world", str(w),
-                         "--out", f"{tmp}/f{w}"], 1) for w in (256, 1024)}
-    plain_ns, traced_ns = traced_call_overhead()
+        commands = {
+            "import torch": [sys.executable, "-c", "import torch"],
+            "trace, world 16 (gloo)": [minitron, "trace", "--tp", "2", "--pp", "4", "--world", "16",
+                                       "--out", f"{tmp}/t16"],
+        }
+        goals = {"trace, world 16 (gloo)": 1.3}
+        if not opts.skip_fake:
+            commands["trace, world 1024 (fake)"] = [minitron, "trace", "--backend", "fake", "--tp", "8",
+                                                    "--pp", "8", "--world", "1024", "--out", f"{tmp}/f1024"]
+            goals["trace, world 1024 (fake)"] = 3.0
+        paths = {name: None for name in commands}
+        if opts.compare:
+            for name in list(goals):
+                commands[f"{name} [compare]"] = commands[name]
+                paths[f"{name} [compare]"] = str(Path(opts.compare).resolve())
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
+        for round_ in range(opts.repeat):
+            for name, cmd in commands.items():
+                times[name].append(run(cmd, paths[name]))
+            print(f"round {round_ + 1}/{opts.repeat}: " + ", ".join(
+                f"{name} {times[name][-1][0]:.2f} s" for name in commands), file=sys.stderr)
 
-    print(f"import torch                          {torch_import:6.2f} s")
-    print(f"minitron trace --tp 2 --pp 4 --world 16 {trace16:6.2f} s   "
-          f"ratio {trace16 / torch_import:.2f}x import torch (goal <= 1.5x)")
-    for w, seconds in fake.items():
-        goal = "  (goal <= 10 s)" if w == 1024 else ""
-        print(f"fake backend, world {w:<5} tp 8 pp 8   {seconds:6.2f} s{goal}")
-    print(f"@traced, tracing off: {traced_ns:.0f} ns/call vs {plain_ns:.0f} ns plain "
-          f"(+{traced_ns - plain_ns:.0f} ns)")
+    wall = {name: statistics.median(w for w, _ in t) for name, t in times.items()}
+    cpu = {name: statistics.median(c for _, c in t) for name, t in times.items()}
+    base = "import torch"
+    print(f"{os.cpu_count()} cores; medians of {opts.repeat} rounds; load average now "
+          f"{os.getloadavg()[0]:.1f}")
+    print(f"{'':37s} {'wall':>8s} {'ratio':>7s} {'goal':>6s}   {'CPU':>8s} {'ratio':>7s}")
+    for name in commands:
+        ratio = wall[name] / wall[base]
+        per_round = statistics.median(w / b for (w, _), (b, _) in zip(times[name], times[base]))
+        goal = goals.get(name.removesuffix(" [compare]"))
+        mark = "" if goal is None else ("  ok" if ratio <= goal else "  over")
+        print(f"{name:37s} {wall[name]:7.2f}s {ratio:6.2f}x {'' if goal is None else f'{goal:.1f}x':>6s}   "
+              f"{cpu[name]:7.2f}s {cpu[name] / cpu[base]:6.2f}x{mark}"
+              + ("" if name == base else f"   (median of per-round ratios {per_round:.2f}x)"))
+    plain_ns, traced_ns = traced_call_overhead()
+    print(f"@traced, tracing off: {traced_ns:.0f} ns/call vs {plain_ns:.0f} ns plain (+{traced_ns - plain_ns:.0f} ns)")
 
 
 if __name__ == "__main__":

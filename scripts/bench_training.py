@@ -1,12 +1,24 @@
 """Benchmark training throughput: minitron against a plain PyTorch loop, tracing on against off.
 
-    python scripts/bench_training.py [--iters 12] [--hidden 256] [--layers 4] [--seq 256]
+    python scripts/bench_training.py [--rounds 5] [--iters 12] [--threads N] [--hidden 256] ...
 
 Both sides train the same GPT (pre-LayerNorm blocks, GeLU MLP of 4h, tied input/output
 embedding, learned positions), with AdamW, the same micro-batch and the same number of
-micro-batches per step, in one process on this machine's CPU. The plain loop is written here
-with torch.nn alone; minitron runs as `minitron pretrain --world 1`. Throughput is tokens per
-second over the iterations after the first two (warm-up), median of per-iteration times.
+micro-batches per step, on this machine's CPU, each in a fresh process with the same number of
+threads (OMP_NUM_THREADS and torch.set_num_threads). The plain loop is written here with
+torch.nn alone; minitron runs as `minitron pretrain --world 1`, untraced and traced.
+
+A shared machine is noisy, so the three runs are interleaved (plain, minitron, traced, plain,
+...) for --rounds rounds. Each run's time per iteration is the median over its iterations after
+the first two (warm-up); the figures printed are medians over the rounds, and the ratios are
+taken both of those medians and round by round (each round's runs are close in time).
+
+Page faults weigh on both sides: glibc returns freed heap to the system and faults it in
+again, as often as the order of frees dictates, and in a virtual machine each fault can cost
+far more wall time than CPU time. ``--steady-heap`` turns that off for both sides alike.
+
+On a machine too busy for wall-clock figures, ``--paired`` runs both loops in one process,
+one thread, a minitron step then a plain step, and compares CPU seconds.
 
 Prints: minitron / plain throughput (goal >= 0.95) and traced / untraced iteration time
 (goal <= 1.05).
@@ -16,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -61,6 +74,7 @@ class PlainGPT(torch.nn.Module):
 
 
 def plain_iteration_times(o) -> list[float]:
+    """The plain loop, in this process (run as a child: see ``--plain-child``)."""
     torch.manual_seed(0)
     model = PlainGPT(o.vocab, o.hidden, o.layers, o.heads, o.seq)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
@@ -79,6 +93,33 @@ def plain_iteration_times(o) -> list[float]:
     return times
 
 
+def child_env(o) -> dict:
+    # Both sides get the same thread count: minitron's launcher reads OMP_NUM_THREADS too.
+    env = {**os.environ, "OMP_NUM_THREADS": str(o.threads)}
+    if o.steady_heap:
+        # glibc gives freed heap memory back to the system and pages it in again later; how
+        # often depends on the order of frees, not on the work. These settings (for both
+        # sides) keep the heap, so that only the arithmetic and the Python around it differ.
+        env.update(MALLOC_TRIM_THRESHOLD_=str(1 << 30), MALLOC_MMAP_THRESHOLD_=str(1 << 28))
+    return env
+
+
+def plain_run(o) -> list[float]:
+    """The plain loop as one rank of `minitron launch`: a process started exactly as minitron's
+    rank is (forked, its own session, the same environment and thread count). Linux's autogroup
+    scheduler shares a busy machine's CPUs between sessions, so a loop started any other way
+    gets a different share of the CPU than the rank it is compared with.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [str(BIN / "minitron"), "launch", "--world", "1", "--log-dir", tmp,
+               __file__, "--plain-child", *sys.argv[1:]]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(o), start_new_session=True)
+        log = Path(tmp, "rank0.log").read_text() if Path(tmp, "rank0.log").exists() else ""
+        if done.returncode:
+            sys.exit(f"the plain loop failed:\n{done.stderr[-2000:]}{log[-2000:]}")
+        return json.loads(log.strip().splitlines()[-1])
+
+
 def minitron_iteration_times(o, trace: bool) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [str(BIN / "minitron"), "pretrain", "--world", "1", "--log-dir", f"{tmp}/logs",
@@ -89,20 +130,72 @@ def minitron_iteration_times(o, trace: bool) -> list[float]:
                "--make-vocab-size-divisible-by", "1", "--hidden-dropout", "0", "--attention-dropout", "0"]
         if trace:
             cmd += ["--trace", f"{tmp}/trace"]
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(o), start_new_session=True)
         if done.returncode:
             sys.exit(f"minitron pretrain failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
         records = [json.loads(line) for line in open(f"{tmp}/logs/iterations.jsonl")]
     return [r["elapsed_ms"] / 1000 for r in records]
 
 
-def tokens_per_s(times: list[float], o) -> float:
-    return o.micro * o.microbatches * o.seq / statistics.median(times[2:])
+def seconds_per_iteration(times: list[float]) -> float:
+    return statistics.median(times[2:])   # the first two iterations warm up
+
+
+def paired_cpu_ratio(o) -> None:
+    """One process, one thread: minitron's train_step and a plain step taken in turn, each
+    timed in CPU seconds (time.process_time). Nothing here waits for a CPU, so the ratio holds
+    on a machine too busy for wall-clock figures; both sides share one heap and one cache.
+    """
+    import contextlib
+    import io
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(20000 + os.getpid() % 20000))
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = PlainGPT(o.vocab, o.hidden, o.layers, o.heads, o.seq)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    g = torch.Generator().manual_seed(0)
+
+    def plain_step():
+        opt.zero_grad()
+        for _ in range(o.microbatches):
+            tokens = torch.randint(0, o.vocab, (o.micro, o.seq + 1), generator=g)
+            (model(tokens[:, :-1], tokens[:, 1:]) / o.microbatches).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    from minitron import pretrain_gpt
+    from minitron.training import training
+    minitron_step, pairs = training.train_step, []
+
+    def step(*args, **kwargs):
+        start = time.process_time()
+        result = minitron_step(*args, **kwargs)
+        middle = time.process_time()
+        plain_step()
+        pairs.append((middle - start, time.process_time() - middle))
+        return result
+
+    training.train_step = step
+    argv = ["--num-layers", str(o.layers), "--hidden-size", str(o.hidden), "--num-attention-heads", str(o.heads),
+            "--seq-length", str(o.seq), "--micro-batch-size", str(o.micro),
+            "--global-batch-size", str(o.micro * o.microbatches), "--train-iters", str(o.iters), "--lr", "1e-4",
+            "--mock-data", "--vocab-size", str(o.vocab - 1), "--make-vocab-size-divisible-by", "1",
+            "--hidden-dropout", "0", "--attention-dropout", "0"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        pretrain_gpt.main(argv)
+    pairs = pairs[2:]
+    print(f"paired, 1 thread, CPU seconds per step over {len(pairs)} steps: minitron "
+          f"{statistics.median(m for m, _ in pairs):.3f}, plain {statistics.median(q for _, q in pairs):.3f}")
+    print(f"minitron / plain throughput (CPU time): {statistics.median(q / m for m, q in pairs):.3f} "
+          "(median of pairs)   goal >= 0.95")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of plain, minitron, traced")
     p.add_argument("--iters", type=int, default=12)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=8)
@@ -110,17 +203,42 @@ def main() -> None:
     p.add_argument("--micro", type=int, default=4)
     p.add_argument("--microbatches", type=int, default=2)
     p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--steady-heap", action="store_true",
+                   help="both sides: glibc keeps freed memory (no page faults from heap trimming)")
+    p.add_argument("--paired", action="store_true",
+                   help="instead: both loops in one process, step by step, in CPU time (busy machines)")
+    p.add_argument("--plain-child", action="store_true", help=argparse.SUPPRESS)
     o = p.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    plain = tokens_per_s(plain_iteration_times(o), o)
-    untraced = tokens_per_s(minitron_iteration_times(o, trace=False), o)
-    traced = tokens_per_s(minitron_iteration_times(o, trace=True), o)
+    if o.iters < 3 or o.rounds < 1:
+        sys.exit("bench_training: use --iters 3 or more (two warm up) and --rounds 1 or more")
+    if o.paired:
+        return paired_cpu_ratio(o)
+    if o.plain_child:
+        torch.set_num_threads(o.threads)
+        print(json.dumps(plain_iteration_times(o)))
+        return
+
+    tokens = o.micro * o.microbatches * o.seq
     params = 12 * o.layers * o.hidden ** 2 + (o.vocab + o.seq) * o.hidden
     print(f"GPT ~{params / 1e6:.1f}M params, {o.layers} layers, hidden {o.hidden}, seq {o.seq}, "
-          f"micro {o.micro} x {o.microbatches} micro-batches, CPU threads {torch.get_num_threads()}")
-    print(f"plain PyTorch loop   {plain:9.0f} tokens/s")
-    print(f"minitron pretrain    {untraced:9.0f} tokens/s   ratio {untraced / plain:.3f} (goal >= 0.95)")
-    print(f"minitron, traced     {traced:9.0f} tokens/s   slowdown {untraced / traced:.3f}x (goal <= 1.05)")
+          f"micro {o.micro} x {o.microbatches} micro-batches, {o.threads} CPU threads per run, "
+          f"{o.iters} iterations per run{', steady heap' if o.steady_heap else ''}")
+    print(f"{'round':>5}  {'plain tok/s':>11}  {'minitron':>9}  {'traced':>9}  "
+          f"{'minitron/plain':>14}  {'traced slowdown':>15}")
+    rows = []
+    for r in range(o.rounds):
+        plain = seconds_per_iteration(plain_run(o))
+        untraced = seconds_per_iteration(minitron_iteration_times(o, trace=False))
+        traced = seconds_per_iteration(minitron_iteration_times(o, trace=True))
+        rows.append((plain, untraced, traced))
+        print(f"{r + 1:>5}  {tokens / plain:11.0f}  {tokens / untraced:9.0f}  {tokens / traced:9.0f}  "
+              f"{plain / untraced:14.3f}  {traced / untraced:14.3f}x", flush=True)
+    plain, untraced, traced = (statistics.median(col) for col in zip(*rows))
+    print(f"median {tokens / plain:10.0f}  {tokens / untraced:9.0f}  {tokens / traced:9.0f}")
+    print(f"minitron / plain throughput: {plain / untraced:.3f} (ratio of medians), "
+          f"{statistics.median(p / u for p, u, _ in rows):.3f} (median of rounds)   goal >= 0.95")
+    print(f"traced / untraced time:      {traced / untraced:.3f} (ratio of medians), "
+          f"{statistics.median(t / u for _, u, t in rows):.3f} (median of rounds)   goal <= 1.05")
 
 
 if __name__ == "__main__":

@@ -161,30 +161,23 @@ def cmd_token(work: str) -> None:
 
 
 def cmd_barrier(work: str) -> None:
-    import minitron.core.datasets  # noqa: F401  (imported once, before the ranks fork)
     import minitron.training.data  # noqa: F401
-    from minitron.launcher import LaunchConfig, Target, launch
-    from minitron.trace.export import load_trace
+    from minitron.core import parallel_state as mpu
+    from minitron.core.datasets import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
+    from minitron.launcher import LaunchConfig, run_on_ranks, session_env
+    from minitron.pretrain_gpt import is_dataset_built_on_rank
+    from minitron.cli.views.trace_dir import load_trace
+    from minitron.training.tokenizer import ByteLevelTokenizer
     prefix, trace_dir = build_corpus(work), os.path.join(work, "trace")
 
-    def rank_main():
-        import torch
-        from minitron.core import parallel_state as mpu
-        from minitron.core.datasets import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
-        from minitron.pretrain_gpt import is_dataset_built_on_rank
-        from minitron.training.tokenizer import ByteLevelTokenizer
-        torch.distributed.init_process_group("gloo")
+    def rank_main(rank: int) -> None:
         mpu.initialize_model_parallel(2, 1)
         cfg = GPTDatasetConfig(random_seed=SEED, sequence_length=SEQ, blend=([prefix], None), split="90,10,0",
                                path_to_cache=os.path.join(work, "cache"), tokenizer=ByteLevelTokenizer())
         BlendedMegatronDatasetBuilder(GPTDataset, [NUM_SAMPLES, 4, 0], is_dataset_built_on_rank, cfg).build()
         mpu.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
-        return 0
 
-    from pathlib import Path
-    launch(LaunchConfig(world_size=4, log_dir=Path(work) / "logs",
-                        env={"MINITRON_TRACE_DIR": trace_dir}), Target(function=rank_main))
+    run_on_ranks(rank_main, LaunchConfig(world_size=4, env=session_env(4, trace_dir), warm=()))
     print("tensor parallel 2, pipeline 1: global ranks 0 and 2 are tensor-parallel rank 0;")
     print("_build_indices appears where the indices were computed, not where they were loaded\n")
     for rank, records in sorted(load_trace(trace_dir).items()):

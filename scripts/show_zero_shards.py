@@ -12,7 +12,6 @@ collectives of that step on rank 0.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import os
 import string
@@ -25,7 +24,8 @@ from types import SimpleNamespace
 STEP = "zero1.train_step"
 
 
-def rank_main(dp: int, bucket_size: int | None, out_dir: Path) -> int:
+def rank_main(bucket_size: int | None) -> dict:
+    """On one of the dp ranks: one traced ZeRO-1 step; what this rank's buffer and optimizer hold."""
     import torch
 
     from minitron.core import parallel_state
@@ -34,9 +34,8 @@ def rank_main(dp: int, bucket_size: int | None, out_dir: Path) -> int:
     from minitron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from minitron.trace import traced
 
-    torch.distributed.init_process_group("gloo")
+    parallel_state.initialize_model_parallel(1)
     try:
-        parallel_state.initialize_model_parallel(1)
         torch.manual_seed(0)
         mlp = torch.nn.Sequential(OrderedDict(fc1=torch.nn.Linear(8, 32), norm=torch.nn.LayerNorm(32),
                                               act=torch.nn.GELU(), fc2=torch.nn.Linear(32, 8)))
@@ -64,19 +63,15 @@ def rank_main(dp: int, bucket_size: int | None, out_dir: Path) -> int:
         train_step()
         buffer = model.buffers[0]
         names = {p: n for n, p in mlp.named_parameters()}
-        report = {
+        return {
             "numel": buffer.numel, "numel_unpadded": buffer.numel_unpadded,
             "buckets": buffer.bucket_indices,
             "params": [(names[p], *buffer.param_index_map[p][:2]) for p in reversed(buffer.params)],
             "owned": {names[p]: r for p, r in optimizer.param_range_map.items()},
             "state": sum(s["exp_avg"].numel() + s["exp_avg_sq"].numel() for s in optimizer.state.values()),
         }
-        rank = torch.distributed.get_rank()
-        (out_dir / f"rank{rank}.json").write_text(json.dumps(report))
     finally:
         parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
-    return 0
 
 
 def draw(report: dict, dp: int, width: int = 64) -> list[str]:
@@ -145,22 +140,18 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.dp <= 8 or (args.bucket_size is not None and args.bucket_size < 1):
         parser.error("need 1 <= --dp <= 8 and a positive --bucket-size")
 
-    import torch._dynamo  # noqa: F401  (torch.optim loads it on first use: once here, not per rank)
-
-    from minitron.launcher import LaunchConfig, RankFailure, Target, launch
-    from minitron.trace.export import load_trace
+    from minitron.launcher import LaunchConfig, RankFailure, run_on_ranks, session_env
+    from minitron.cli.views.trace_dir import load_trace
 
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        config = LaunchConfig(world_size=args.dp, log_dir=tmp / "logs",
-                              env={"MINITRON_TRACE_DIR": str(tmp / "trace")})
+        trace_dir = Path(tmp) / "trace"
+        config = LaunchConfig(world_size=args.dp, env=session_env(args.dp, trace_dir))  # warms torch._dynamo
         try:
-            launch(config, Target(function=lambda: rank_main(args.dp, args.bucket_size, tmp)))
+            reports = run_on_ranks(lambda rank: rank_main(args.bucket_size), config)
         except RankFailure as failure:
             print(f"{failure}\n{failure.log_tail()}", file=sys.stderr)
             return 1
-        reports = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(args.dp)]
-        records = load_trace(tmp / "trace")[0]
+        records = load_trace(trace_dir)[0]
 
     first = reports[0]
 

@@ -144,28 +144,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.tp < (1 if args.gpt else 2) or args.hidden % args.tp or (args.sequence_parallel and args.seq % args.tp):
         parser.error("need --tp >= 2 (>= 1 with --gpt) dividing --hidden (and --seq, with --sequence-parallel)")
 
-    from minitron.launcher import LaunchConfig, RankFailure, Target, launch
+    from minitron.core import parallel_state
+    from minitron.launcher import LaunchConfig, RankFailure, run_on_ranks, session_env
 
-    def rank_main() -> int:
-        import torch
-
-        from minitron.core import parallel_state
-        torch.distributed.init_process_group("gloo")
-        try:
-            parallel_state.initialize_model_parallel(args.tp)
-            step = gpt_step if args.gpt else pair_step
-            step(args.seq, args.batch, args.hidden, args.sequence_parallel)
-        finally:
-            parallel_state.destroy_model_parallel()
-            torch.distributed.destroy_process_group()
-        return 0
+    def rank_main(rank: int) -> None:
+        parallel_state.initialize_model_parallel(args.tp)
+        step = gpt_step if args.gpt else pair_step
+        step(args.seq, args.batch, args.hidden, args.sequence_parallel)
 
     with tempfile.TemporaryDirectory() as tmp:
         trace_dir = Path(tmp) / "trace"
-        config = LaunchConfig(world_size=args.tp, log_dir=Path(tmp) / "logs",
-                              env={"MINITRON_TRACE_DIR": str(trace_dir)})
+        config = LaunchConfig(world_size=args.tp, env=session_env(args.tp, trace_dir), warm=())
         try:
-            launch(config, Target(function=rank_main))
+            run_on_ranks(rank_main, config)
         except RankFailure as failure:
             print(f"{failure}\n{failure.log_tail()}", file=sys.stderr)
             return 1

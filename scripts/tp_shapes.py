@@ -12,11 +12,8 @@ weights of one layer with their real sizes.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import tempfile
-from pathlib import Path
 
 
 def rank_shapes(args) -> list[dict]:
@@ -126,32 +123,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.tp < 1 or args.num_attention_heads % args.tp or args.hidden_size % args.num_attention_heads:
         parser.error("need --tp dividing --num-attention-heads, which must divide --hidden-size")
 
+    from minitron.core import parallel_state
+    from minitron.launcher import LaunchConfig, RankFailure, run_on_ranks
     from minitron.training.tokenizer import _vocab_size_with_padding
-    from minitron.launcher import LaunchConfig, RankFailure, Target, launch
 
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
+    def rank_main(rank: int) -> list[dict]:
+        parallel_state.initialize_model_parallel(args.tp)
+        return rank_shapes(args)
 
-        def rank_main() -> int:
-            import torch
-
-            from minitron.core import parallel_state
-            torch.distributed.init_process_group("gloo")
-            try:
-                parallel_state.initialize_model_parallel(args.tp)
-                rank = torch.distributed.get_rank()
-                (out / f"rank{rank}.json").write_text(json.dumps(rank_shapes(args)))
-            finally:
-                parallel_state.destroy_model_parallel()
-                torch.distributed.destroy_process_group()
-            return 0
-
-        try:
-            launch(LaunchConfig(world_size=args.tp, log_dir=out / "logs"), Target(function=rank_main))
-        except RankFailure as failure:
-            print(f"{failure}\n{failure.log_tail()}", file=sys.stderr)
-            return 1
-        per_rank = [json.loads((out / f"rank{r}.json").read_text()) for r in range(args.tp)]
+    try:
+        per_rank = run_on_ranks(rank_main, LaunchConfig(world_size=args.tp, warm=()))
+    except RankFailure as failure:
+        print(f"{failure}\n{failure.log_tail()}", file=sys.stderr)
+        return 1
 
     vocab = _vocab_size_with_padding(args.vocab_size, args.make_vocab_size_divisible_by, args.tp)
     ffn = args.ffn_hidden_size or 4 * args.hidden_size

@@ -9,7 +9,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 # The launcher forks ranks from this process. A forked child cannot use a thread pool its
 # parent started (the pool's threads do not survive fork), so the pytest process must never
 # start torch's intra-op pool: tests that compute in-process run single-threaded. Each forked
-# rank then sizes its own pool (launch.py sets it from OMP_NUM_THREADS).
+# rank then sizes its own pool (launch.py sets it from OMP_NUM_THREADS). What the ranks import
+# (torch._dynamo among it) the launcher warms in this process before its first fork.
 torch.set_num_threads(1)
-# torch.optim imports torch._dynamo on first use (3.5 s); import it once here, not per rank.
-import torch._dynamo  # noqa: E402,F401

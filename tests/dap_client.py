@@ -81,7 +81,6 @@ class DapClient:
                 self.closed = True
                 self.cond.notify_all()
 
-    # --8<-- [start:send]
     def send(self, command: str, **arguments) -> int:
         """Send a request; return its seq, to wait for the response later."""
         self.seq += 1
@@ -89,7 +88,6 @@ class DapClient:
                            "arguments": arguments}).encode("utf-8")
         self.sock.sendall(b"Content-Length: %d\r\n\r\n" % len(body) + body)
         return self.seq
-    # --8<-- [end:send]
 
     # -- waiting ------------------------------------------------------------------------------
     def _wait(self, pick, what: str, timeout: float) -> dict:

@@ -70,7 +70,7 @@ def test_groups_vp_shows_which_chunks_each_stage_holds():
     assert proc.returncode == 0, proc.stderr
     assert "stage 0: chunks 0, 4" in proc.stdout and "stage 3: chunks 3, 7" in proc.stdout
     line = one_line_error(run("groups", "--world", "4", "--vp", "2"))
-    assert "--pp 2 or more" in line
+    assert "needs pipeline-model-parallel size > 1" in line
 
 
 @pytest.mark.parametrize("argv", [

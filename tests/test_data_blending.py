@@ -73,14 +73,16 @@ def test_builder_blends_two_corpora_by_weight(tmp_path):
     assert [d.num_samples for d in train.datasets] == [61, 141]
 
 
-def test_a_split_nobody_asks_for_is_not_built(tmp_path):
+def test_a_split_nobody_asks_for_is_empty(tmp_path):
     from types import SimpleNamespace
     from minitron.training.datasets.data_samplers import build_pretraining_data_loader
     a, b = corpus(tmp_path / "a", 1), corpus(tmp_path / "b", 2)
     cfg = GPTDatasetConfig(random_seed=3, sequence_length=8, blend=([a, b], [1, 1]), split="80,20,0",
                            tokenizer=NullTokenizer(100), path_to_cache=str(tmp_path / "cache"))
     train, valid, test = BlendedMegatronDatasetBuilder(GPTDataset, [10, 0, 0], lambda: True, cfg).build()
-    assert len(train) == 10 and valid is None and test is None     # --eval-iters 0: no validation blend
+    # --eval-iters 0 asks for no validation sample: an empty blend (as in Megatron), no loader;
+    # the test split has no share of the documents ("80,20,0"): no dataset at all.
+    assert len(train) == 10 and len(valid) == 0 and test is None
     args = SimpleNamespace(micro_batch_size=2, dataloader_type="single", num_workers=0)
     assert build_pretraining_data_loader(valid, 0, args, 0, 1) is None
     batch = next(iter(build_pretraining_data_loader(train, 4, args, 0, 1)))

@@ -50,7 +50,7 @@ def test_round_trip_and_partial_reads(tmp_path):
     assert ds.get(2, offset=3).tolist() == [12, 13]
     # Bulk appends (what preprocessing uses) write exactly the same files.
     bulk = IndexedDatasetBuilder(str(tmp_path / "b.bin"), dtype=np.int32)
-    bulk.add_documents(np.concatenate(DOCS), [len(d) for d in DOCS])
+    bulk.add_flat_documents(np.concatenate(DOCS), [len(d) for d in DOCS])
     bulk.finalize(str(tmp_path / "b.idx"))
     for ext in ("bin", "idx"):
         assert (tmp_path / f"b.{ext}").read_bytes() == (tmp_path / f"d.{ext}").read_bytes()

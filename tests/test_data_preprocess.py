@@ -25,8 +25,9 @@ def jsonl(path, records):
 def test_byte_level_documents_and_eod(tmp_path):
     src = jsonl(tmp_path / "in.jsonl", [{"text": t} for t in TEXTS] + ["\n"])
     result = run_preprocess(src, str(tmp_path / "out"), "ByteLevelTokenizer", append_eod=True, progress=False)
-    assert result.documents == 3 and result.empty == 1          # the empty text is left out
+    assert result.documents == 4 and result.empty == 1          # the empty text stays a document...
     ds = IndexedDataset(result.output_prefixes["text"])
+    assert len(ds) == 3 and ds.document_indices.tolist() == [0, 1, 2, 2, 3]  # ...with no sequence
     assert ds.dtype == np.uint16                                 # 257 ids fit in 16 bits
     for doc, text in zip(ds, [t for t in TEXTS if t]):
         assert doc[-1] == 256                                    # eod after every document

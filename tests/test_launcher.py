@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from _rank_probe import leftovers, probe, start_time, state
-from minitron.launcher import LaunchConfig, RankFailure, Target, free_port, launch
+from minitron.launcher import LaunchConfig, RankFailure, Target, free_port, launch, run_on_ranks, session_env
+from minitron.launcher.fake import play_ranks
+from minitron.trace import TRACE_DIR_ENV
 
 HERE = Path(__file__).parent
 PROBE = str(HERE / "_rank_probe.py")
@@ -51,7 +53,8 @@ def out(tmp_path):
 
 def test_forked_ranks_get_torchruns_environment(out):
     before = dict(os.environ)
-    launch(LaunchConfig(world_size=4, log_dir=out / "logs", env={"PROBE_EXTRA": "yes"}),
+    # warm=(): importing torch._dynamo (the default warm-up) sets a variable of its own here.
+    launch(LaunchConfig(world_size=4, log_dir=out / "logs", env={"PROBE_EXTRA": "yes"}, warm=()),
            Target(function=lambda: probe(out)))
     infos = ranks_info(out, 4)
     check_env(infos, 4)
@@ -141,3 +144,89 @@ def test_ctrl_c_in_the_parent_stops_every_rank(out):
     # The parent is gone, so any rank still here would be an orphan (or an unreaped zombie).
     assert leftovers(out, 4) == []
     assert not list(out.glob("finished*"))
+
+
+# --- the harness: a Python function on every rank, its results back ------------------------
+
+def test_run_on_ranks_brings_back_each_ranks_result_in_rank_order():
+    import torch.distributed as dist
+
+    results = run_on_ranks(lambda rank: (rank, dist.get_rank(), dist.get_world_size(), os.getpid()),
+                           LaunchConfig(world_size=3, warm=()))
+    assert [r[:3] for r in results] == [(0, 0, 3), (1, 1, 3), (2, 2, 3)]   # inside the world
+    assert len({r[3] for r in results} | {os.getpid()}) == 4                # one process each
+
+
+def _fail_on_rank_one(rank: int) -> None:
+    print(f"rank {rank} before the failure")
+    assert rank != 1, "rank one refuses"
+
+
+def test_a_failing_rank_keeps_its_log_tail_after_the_scratch_directory_is_gone():
+    with pytest.raises(RankFailure) as caught:
+        run_on_ranks(_fail_on_rank_one, LaunchConfig(world_size=2, warm=()))
+    assert caught.value.rank == 1 and not caught.value.log_path.exists()
+    assert "AssertionError: rank one refuses" in caught.value.log_tail()
+
+
+def test_session_env_turns_on_tracing_and_the_debugger_and_rejects_a_bad_request(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert session_env(4) == {}
+    env = session_env(4, trace_dir="t", debug_ranks="1-2", debug_port_base=7000)
+    assert env[TRACE_DIR_ENV] == str(tmp_path / "t")          # absolute: ranks may chdir
+    assert env["MINITRON_DEBUG_RANKS"] == "1,2" and env["MINITRON_DEBUG_PORT_BASE"] == "7000"
+    with pytest.raises(ValueError, match="not in this world of 4"):
+        session_env(4, debug_ranks="4")
+
+
+# --- the fake backend's rules, which live in the launcher, not in the tracer ----------------
+
+def test_a_fake_world_answers_non_members_unrecorded_and_makes_every_group_fake(tmp_path):
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    torchs_own = dist.new_group
+    kept = {}
+
+    def rank_main():
+        rank = int(os.environ["RANK"])
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=4)
+        try:
+            pairs = [dist.new_group([0, 1], group_desc="PAIR"), dist.new_group([2, 3], group_desc="PAIR")]
+            twin = dist.new_group([0, 1, 2, 3], backend="gloo", group_desc="TWIN")  # no gloo in a fake world
+            kept[rank] = ([dist.get_process_group_ranks(g) if g is not dist.GroupMember.NON_GROUP_MEMBER
+                           else None for g in pairs], dist.get_process_group_ranks(twin))
+        finally:
+            dist.destroy_process_group()
+
+    play_ranks(4, rank_main, tmp_path, processes=1)  # here, so that `kept` is filled in this process
+    assert dist.new_group is torchs_own                                     # rules gone afterwards
+    assert kept[0] == ([[0, 1], None], [0, 1, 2, 3]) and kept[3] == ([None, [2, 3]], [0, 1, 2, 3])
+    for rank in range(4):
+        records = [json.loads(line) for line in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines()]
+        groups = [r["args"] for r in records if r["name"] == "torch.distributed.new_group"]
+        assert [g["ranks"] for g in groups] == [[0, 1] if rank < 2 else [2, 3], [0, 1, 2, 3]]
+        assert groups[1]["backend"] == "gloo" and all(g["member"] for g in groups)  # what was asked
+
+
+def test_a_fake_world_played_by_two_processes_leaves_the_same_traces(tmp_path):
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def rank_main():
+        dist.init_process_group("fake", store=FakeStore(), rank=int(os.environ["RANK"]), world_size=4)
+        try:
+            for ranks in ([0, 1], [2, 3], [0, 2], [1, 3]):
+                dist.new_group(ranks, group_desc="PAIR")
+        finally:
+            dist.destroy_process_group()
+
+    def calls(where):
+        return [[{k: v for k, v in json.loads(line).items() if k not in ("pid", "start_us", "end_us")}
+                 for line in (where / f"rank{r}.jsonl").read_text().splitlines()] for r in range(4)]
+
+    play_ranks(4, rank_main, tmp_path / "one", processes=1)
+    play_ranks(4, rank_main, tmp_path / "two", processes=2)
+    assert calls(tmp_path / "one") == calls(tmp_path / "two")
+    pids = {json.loads((tmp_path / "two" / f"rank{r}.jsonl").read_text().splitlines()[0])["pid"] for r in range(4)}
+    assert len(pids) == 2 and os.getpid() not in pids

@@ -251,3 +251,47 @@ def test_layout_returns_fresh_lists():
     again = layout(8, tp=2, pp=2)
     assert again["tp"][0] == [0, 1]
     assert again["dp"] == reference_layout(8, 2, 2)["dp"]
+
+
+# One table of groups, one home for the size rules. ---------------------------------------
+def test_the_group_table_walks_megatrons_new_group_sequence():
+    """all_groups (what initialize_model_parallel creates, gloo twins aside) is, call for call,
+    Megatron's creation sequence as tests/megatron_reference.py recomputes it."""
+    from megatron_reference import creation_sequence
+    from minitron.core.rank_generator import all_groups, generators
+
+    for world, tp, pp, cp, ep, order in LAYOUTS:
+        walked = []
+        for kind, groups in all_groups(*generators(world, tp, pp, cp, ep, order)):
+            for ranks in groups:
+                walked.append((kind.desc, list(ranks)))
+                if kind.gloo:
+                    walked.append((kind.desc + "_GLOO", list(ranks)))
+        assert walked == creation_sequence(world, tp, pp, cp, ep, order), (world, tp, pp, cp, ep, order)
+
+
+def test_layout_keys_and_descriptions_come_from_the_table():
+    from megatron_reference import DESC
+    from minitron.core.rank_generator import DESC_TO_KEY, GROUP_KINDS, LAYOUT_KEYS
+
+    assert set(LAYOUT_KEYS) == set(KINDS)  # what `minitron groups --json` prints
+    assert DESC_TO_KEY == {desc: key for key, desc in DESC.items()}
+    assert [k.key for k in GROUP_KINDS if k.gloo] == ["dp-cp", "dp", "expt-dp"]
+
+
+def test_validate_parallel_sizes_derives_the_sizes_and_is_the_one_check():
+    from minitron.core.rank_generator import validate_parallel_sizes
+
+    assert validate_parallel_sizes(16, tp=2, pp=4) == {"dp": 2, "expert_tp": 2, "expert_dp": 2}
+    assert validate_parallel_sizes(16, tp=2, pp=2, ep=4, expert_tp=1) == {"dp": 4, "expert_tp": 1, "expert_dp": 2}
+    assert validate_parallel_sizes(8, pp=2, vp=3)["dp"] == 4
+    for kwargs, words in [
+        (dict(world_size=8, vp=2), ["virtual", "pipeline-model-parallel", "1"]),  # vp needs pp > 1
+        (dict(world_size=8, pp=2, vp=0), ["virtual", "0"]),
+        (dict(world_size=8, tp=2, expert_tp=0), ["expert-tensor-parallel", "0"]),
+        (dict(world_size=12, tp=2, pp=4), ["12", "divisible", "2 x 4 x 1 = 8"]),
+    ]:
+        with pytest.raises(ValueError) as info:
+            validate_parallel_sizes(**kwargs)
+        message = str(info.value)
+        assert "\n" not in message and all(w in message for w in words), message

@@ -70,17 +70,24 @@ def snapshot(rank: int, vp: int | None = None) -> dict:
     dist.all_reduce(value, group=ps.get_tensor_model_parallel_group())
     s["tp_allreduce"] = int(value.item())
     if vp is not None:
-        # Walk the model chunks as the interleaved schedule does.
+        # Ask about each model chunk by name (vp_stage), as the interleaved schedule does.
         s["virtual"] = []
         for chunk in range(vp):
-            ps.set_virtual_pipeline_model_parallel_rank(chunk)
-            s["virtual"].append((ps.get_virtual_pipeline_model_parallel_rank(),
-                                 ps.is_pipeline_first_stage(ignore_virtual=False),
-                                 ps.is_pipeline_last_stage(ignore_virtual=False),
-                                 ps.is_rank_in_embedding_group(ignore_virtual=False),
-                                 ps.is_pipeline_first_stage(ignore_virtual=True),
-                                 ps.is_pipeline_last_stage(ignore_virtual=True)))
-        ps.set_virtual_pipeline_model_parallel_rank(0)
+            s["virtual"].append((chunk,
+                                 ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=chunk),
+                                 ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=chunk),
+                                 ps.is_rank_in_embedding_group(ignore_virtual=False, vp_stage=chunk),
+                                 ps.is_pipeline_first_stage(vp_stage=chunk),  # default: ignore_virtual
+                                 ps.is_pipeline_last_stage(vp_stage=chunk)))
+        # Current Megatron's defaults: ignore_virtual=True, so no argument asks about the rank.
+        s["defaults"] = (ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage(), ps.is_rank_in_embedding_group())
+        s["no_vp_stage"] = []
+        for ask in (ps.is_pipeline_first_stage, ps.is_pipeline_last_stage, ps.is_rank_in_embedding_group):
+            try:
+                ask(ignore_virtual=False)
+                s["no_vp_stage"].append("accepted")
+            except ValueError as exc:
+                s["no_vp_stage"].append("vp_stage" in str(exc))
     return s
 
 
@@ -201,3 +208,21 @@ def test_pp4_vp2_first_and_last_stage_follow_the_virtual_rank(pp4_vp2):
     assert [s["pp_prev"] for s in pp4_vp2[0::2]] == [6, 0, 2, 4]
     assert [row[1] for row in pp4_vp2[0]["virtual"]] == [True, False]
     assert [row[2] for row in pp4_vp2[6]["virtual"]] == [False, True]
+
+
+def test_stage_predicates_default_to_ignore_virtual_and_need_vp_stage(pp4_vp2):
+    """#12.8: as current Megatron (after core_v0.12), is_pipeline_first_stage /
+    is_pipeline_last_stage / is_rank_in_embedding_group default to ignore_virtual=True, i.e.
+    answer for the pipeline rank whatever chunk is running; asking about one chunk
+    (ignore_virtual=False) needs vp_stage, and without it is refused with a clear error."""
+    lay = reference_layout(8, 1, 4)
+    for rank, snap in enumerate(pp4_vp2):
+        pipe = group_of(lay["pp"], rank)
+        in_embd = group_of(lay["embd"], rank) is not None
+        assert snap["defaults"] == (rank == pipe[0], rank == pipe[-1], in_embd), rank
+        # A rank outside the embedding group is outside it on every chunk: no chunk to ask about.
+        assert snap["no_vp_stage"] == [True, True, True if in_embd else "accepted"], rank
+    # Rank 0 (first stage) and rank 6 (last stage) hold the word embedding on different chunks.
+    assert [row[3] for row in pp4_vp2[0]["virtual"]] == [True, False]
+    assert [row[3] for row in pp4_vp2[6]["virtual"]] == [False, True]
+    assert pp4_vp2[0]["defaults"] == (True, False, True) and pp4_vp2[6]["defaults"] == (False, True, True)

@@ -28,7 +28,7 @@ def batches(n):
 
 
 class ToyStage(torch.nn.Module):
-    def __init__(self, layer_ids, pre_process, post_process):
+    def __init__(self, layer_ids, pre_process, post_process, vp_stage=None):
         super().__init__()
         self.config = SimpleNamespace(hidden_size=HIDDEN, sequence_parallel=False, grad_scale_func=None,
                                       no_sync_func=None, finalize_model_grads_func=None,
@@ -36,6 +36,7 @@ class ToyStage(torch.nn.Module):
         self.layer_ids = list(layer_ids)
         self.layers = torch.nn.ModuleList(make_layer(i) for i in self.layer_ids)
         self.pre_process, self.post_process = pre_process, post_process
+        self.vp_stage = vp_stage
         self.input_tensor = None
 
     def set_input_tensor(self, tensor):
@@ -55,8 +56,11 @@ def loss_func(y, output):
 
 def forward_step(data_iterator, model):
     from minitron.core import parallel_state as mpu
-    # Like GPT's get_batch: only the stages that use data read it (first: x, last: y).
-    x, y = next(data_iterator) if (mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage()) else (None, None)
+    # Like GPT's get_batch: only the stages that use data read it (first: x, last: y). With a
+    # virtual pipeline, "stage" means this model chunk: vp_stage names it.
+    ask = dict(ignore_virtual=model.vp_stage is None, vp_stage=model.vp_stage)
+    x, y = next(data_iterator) if (mpu.is_pipeline_first_stage(**ask) or mpu.is_pipeline_last_stage(**ask)) \
+        else (None, None)
     return model(x), partial(loss_func, y)
 
 
@@ -73,18 +77,18 @@ def serial_reference():
 def pipeline_body(pp, vp, forward_only=False):
     def body(rank):
         from minitron.core import parallel_state as mpu
-        from minitron.core.pipeline_parallel.schedules import get_forward_backward_func
+        from minitron.core.pipeline_parallel import get_forward_backward_func
 
         stage = mpu.get_pipeline_model_parallel_rank()
         chunks = vp or 1
         per_chunk = LAYERS // (pp * chunks)
         model = []
         for c in range(chunks):
-            mpu.set_virtual_pipeline_model_parallel_rank(c)
+            vp_stage = c if vp else None
             first = c * pp * per_chunk + stage * per_chunk  # Megatron's layer offset with a virtual pipeline
-            model.append(ToyStage(range(first, first + per_chunk), mpu.is_pipeline_first_stage(),
-                                  mpu.is_pipeline_last_stage()))
-        mpu.set_virtual_pipeline_model_parallel_rank(0)
+            model.append(ToyStage(range(first, first + per_chunk),
+                                  mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+                                  mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage), vp_stage))
         losses = get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iter(batches(MICROBATCHES)),
             model=model if vp else model[0], num_microbatches=MICROBATCHES, seq_length=SEQ,

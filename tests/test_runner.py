@@ -103,3 +103,18 @@ def test_launch_dry_run_and_a_local_include(tmp_path):
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert sorted(run.stdout.split("\n")[:2]) == ["0 2 2", "1 2 2"]
+
+
+def test_deepspeed_style_launch_passes_local_rank_unless_told_not_to(tmp_path):
+    script = tmp_path / "args.py"
+    script.write_text("import os, sys; print(os.environ['RANK'], os.environ['CROSS_SIZE'], *sys.argv[1:])\n")
+
+    def lines(*flags):
+        proc = subprocess.run([MINITRON, "launch", *flags, "--backend", "gloo", str(script), "x"],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        return sorted(proc.stdout.splitlines())
+
+    assert lines("--include", "localhost:0,1") == ["0 1 --local_rank=0 x", "1 1 --local_rank=1 x"]
+    assert lines("--include", "localhost:0,1", "--no_local_rank") == ["0 1 x", "1 1 x"]
+    assert lines("--world", "2") == ["0 1 x", "1 1 x"]  # torchrun's way: no argument added

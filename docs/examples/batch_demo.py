@@ -56,7 +56,7 @@ def rampup(start: int = 16, increment: int = 16, samples: int = 1000,
 
     print(f"--rampup-batch-size {start} {increment} {samples}  --global-batch-size {global_batch}  "
           f"--micro-batch-size {micro}  (data-parallel size {dp})\n")
-    calc = RampupBatchsizeNumMicroBatchesCalculator(global_batch, micro, dp, start, increment, samples)
+    calc = RampupBatchsizeNumMicroBatchesCalculator(global_batch, micro, dp, False, 0, start, increment, samples)
     # Run the bookkeeping of train() with no model: one row per stretch of equal batch size.
     stretches = []                       # [first iteration, last iteration, first consumed, last consumed, batch, micro-batches]
     consumed, iteration = 0, 0

@@ -7,15 +7,17 @@ written by hand, as srun or mpirun would set them on the second process of the s
 and prints what minitron concludes.
 """
 
-from minitron.comm.comm import discover_world_info
+import textwrap
+
+from minitron.comm.comm import DiscoveryError, discover_world_info, with_master_addr
 
 ENVIRONMENTS = {
     "torchrun / minitron launch": {
         "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
         "MASTER_ADDR": "node0", "MASTER_PORT": "29500"},
     "srun (Slurm)": {
-        "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
-        "SLURM_NTASKS_PER_NODE": "4(x2)", "SLURM_JOB_NODELIST": "gpu[03-04]"},
+        "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+        "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_JOB_NODELIST": "rack[1-2]-node[01-04]"},
     "mpirun (Open MPI)": {
         "OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8",
         "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "MASTER_ADDR": "node0"},
@@ -23,10 +25,19 @@ ENVIRONMENTS = {
         "PMI_RANK": "5", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "4",
         "MASTER_ADDR": "node0"},
     "plain python": {},
+    "mpirun, no MASTER_ADDR": {
+        "OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"},
 }
 
 if __name__ == "__main__":
     for launcher, env in ENVIRONMENTS.items():
         w = discover_world_info(env)
+        try:
+            where, error = f"rendezvous {with_master_addr(w).master_addr}:{w.master_port}", None
+        except DiscoveryError as err:  # mpi4py could broadcast it; without, one line
+            where, error = "rendezvous unknown", err
         print(f"{launcher:28} rank {w.rank} of {w.world_size}, local {w.local_rank} of "
-              f"{w.local_world_size}, rendezvous {w.master_addr}:{w.master_port}  ({w.source})")
+              f"{w.local_world_size}, {where}  ({w.source})")
+        if error:
+            print(textwrap.fill(str(error), 100, initial_indent=" " * 29, subsequent_indent=" " * 29))

@@ -19,11 +19,9 @@ from pathlib import Path
 CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-# --8<-- [start:show]
 def show() -> int:
     print(" ".join(f"{name}={os.environ.get(name, '(unset)')}" for name in CONTRACT))
     return 0
-# --8<-- [end:show]
 
 
 def under_minitron(world: int) -> None:

@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from minitron.accelerator.cpu_accelerator import CPU_Accelerator
 from minitron.accelerator.cuda_accelerator import CUDA_Accelerator
 
 _ACCELERATOR = None
 
 
-# --8<-- [start:get-accelerator]
 def get_accelerator():
     global _ACCELERATOR
     if _ACCELERATOR is None:
         name = os.environ.get("MINITRON_ACCELERATOR")
         if name is None:
-            import torch
             # device_count() asks the driver without creating a CUDA context, so it is safe
             # in a parent that forks ranks later.
             name = "cuda" if torch.cuda.device_count() > 0 else "cpu"
@@ -33,7 +33,6 @@ def get_accelerator():
         else:
             raise ValueError(f"MINITRON_ACCELERATOR={name!r}: use 'cuda' or 'cpu'")
     return _ACCELERATOR
-# --8<-- [end:get-accelerator]
 
 
 def set_accelerator(accelerator) -> None:

@@ -12,7 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 import typer
 
 # Each module registers its commands on the app; this order is the order `--help` lists them.
-from minitron.cli import trace, tools, launch, train, deepspeed  # noqa: F401,I001
+from minitron.cli import trace, view, tools, launch, train, deepspeed  # noqa: F401,I001
 from minitron.cli.command import MinitronCommand, UsageError
 from minitron.cli.common import UserError, app
 

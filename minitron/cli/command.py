@@ -58,7 +58,7 @@ def suggest(name: str, known: set) -> str:
     if not close and name.lstrip("-"):
         # A prefix is a strong hint too: --tensor-model → --tensor-model-parallel-size.
         close = sorted(k for k in known if k.startswith(name))[:3]
-    return f"; did you mean {' or '.join(close)}?" if close else f"; see `minitron {{cmd}} --help`"
+    return f"; did you mean {' or '.join(close)}?" if close else "; see `minitron {cmd} --help`"
 
 
 class MinitronCommand(TyperCommand):

@@ -45,15 +45,18 @@ def check_backend(backend: str, world: int) -> None:
 
 
 def validate_pretrain(argv: List[str], world: int):
-    """Run parse_args + validate_args here, as rank 0 of ``world`` would, without any process."""
-    from minitron.pretrain_gpt import ARGS_DEFAULTS
-    from minitron.training.arguments import ArgumentError, parse_args, validate_args
+    """Parse and validate ``argv`` here, as rank 0 of ``world`` will, before any process exists.
+
+    This process is not a rank, so it does not ask the environment who it is (parse_args
+    would); it states the world it is about to start. Nothing on this path imports torch."""
+    # Only the commands that start ranks validate Megatron's flags; the others skip the import.
+    from minitron.training.arguments import GPT_ARGS_DEFAULTS, build_parser, validate_args
 
     try:
-        args = parse_args(argv=argv)
-        args.world_size, args.rank = world, 0
-        return validate_args(args, ARGS_DEFAULTS)
-    except (ArgumentError, ValueError) as exc:
+        args = build_parser().parse_args(argv)
+        args.world_size, args.rank, args.local_rank = world, 0, 0
+        return validate_args(args, GPT_ARGS_DEFAULTS)
+    except ValueError as exc:  # ArgumentError is one; a dataset check may raise a plain one
         raise UserError(str(exc)) from None
 
 
@@ -64,19 +67,31 @@ class DebugOptions:
     def __init__(self, ranks: Optional[str], port_base: int, host: str, wait_timeout: float):
         self.ranks, self.port_base, self.host, self.wait_timeout = ranks, port_base, host, wait_timeout
 
-    def env(self, world: int) -> dict:
-        if not self.ranks:
-            return {}
-        from minitron.launcher import debug
+    def env(self, world: int, trace_dir=None) -> dict:
+        """Every rank's session variables: these options, and tracing into ``trace_dir``."""
+        from minitron.launcher import session_env
         try:
-            env = debug.debug_env(self.ranks, world, self.port_base, self.host, self.wait_timeout)
+            env = session_env(world, trace_dir, self.ranks, self.port_base, self.host, self.wait_timeout)
         except ValueError as exc:
             raise UserError(str(exc)) from None
-        if self.host not in ("127.0.0.1", "localhost", "::1"):
+        if self.ranks and self.host not in ("127.0.0.1", "localhost", "::1"):
             Console(stderr=True).print(
                 f"[yellow]warning: debugger ports listen on {self.host}: anyone who can reach them "
                 f"can run code in the ranks[/yellow]")
         return env
+
+
+# The layout options, the same on every command that takes a layout: Megatron's long flag and
+# the short alias name one option (pretrain, which passes Megatron's flags through, expands the
+# aliases instead: cli/command.py).
+TP = typer.Option(1, "--tp", "--tensor-model-parallel-size", help="tensor-parallel size")
+PP = typer.Option(1, "--pp", "--pipeline-model-parallel-size", help="pipeline-parallel size (stages)")
+CP = typer.Option(1, "--cp", "--context-parallel-size", help="context-parallel size")
+EP = typer.Option(1, "--ep", "--expert-model-parallel-size", help="expert-parallel size")
+
+
+def vp_option(help: str):
+    return typer.Option(None, "--vp", "--virtual-pipeline-model-parallel-size", help=help)
 
 
 # The same four options on every command that starts ranks.

@@ -52,8 +52,8 @@ def show_dry_run(world_info, master_addr: str, master_port: int, program: list, 
     command = " \\\n    ".join(node_command(world_info, master_addr, master_port, program, flags))
     console.print(f"  {command}", soft_wrap=True, markup=False, highlight=False)
     world = sum(len(slots) for slots in world_info.values())
-    table = Table(title=f"each rank's environment as launch.py sets it (WORLD_SIZE={world}, "
-                        f"CROSS_SIZE={len(world_info)})", title_justify="left", box=box.SIMPLE_HEAD)
+    console.print(f"each rank's environment as launch.py sets it (WORLD_SIZE={world}, CROSS_SIZE={len(world_info)}):")
+    table = Table(box=box.SIMPLE_HEAD)
     keys = ("RANK", "LOCAL_RANK", "CROSS_RANK", "LOCAL_SIZE", "CUDA_VISIBLE_DEVICES")
     table.add_column("host")
     for key in keys:
@@ -81,6 +81,10 @@ def launch(
     exclude: str = typer.Option("", "--exclude", "-e", help="hosts/slots to leave out, same format"),
     num_nodes: int = typer.Option(-1, "--num_nodes", help="use the first N hosts of the pool"),
     num_gpus: int = typer.Option(-1, "--num_gpus", "--num_accelerators", help="use slots 0..N-1 of every host"),
+    no_local_rank: bool = typer.Option(False, "--no_local_rank", help="with DeepSpeed's options: do not pass "
+                                       "--local_rank=N to the script (DeepSpeed passes it; torchrun does not)"),
+    world_info: Optional[str] = typer.Option(None, "--world_info", help="launch.py's view: the base64 world info "
+                                             "the runner passes (instead of a hostfile)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the resource pool, world_info, the per-node "
                                                          "commands and each rank's environment; start nothing"),
     debug: Optional[str] = DEBUG, debug_port_base: int = DEBUG_PORT_BASE, debug_host: str = DEBUG_HOST,
@@ -89,15 +93,23 @@ def launch(
     """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) on WORLD ranks, as torchrun would."""
     from minitron.launcher import LaunchConfig, Target
     from minitron.launcher import launch as run
-    from minitron.launcher.runner import node_rank_env
-    from minitron.trace import TRACE_DIR_ENV
 
     args = list(ctx.args)
     if not module and not args:
         raise UserError("nothing to run: give a script path or -m MODULE")
     if not module and not dry_run and not Path(args[0]).is_file():
         raise UserError(f"no such script: {args[0]}")
-    pool = resources(hostfile, include, exclude, num_nodes, num_gpus, world)
+    if world_info is not None:
+        from minitron.launcher.runner import ResourceError, decode_world_info
+        if hostfile or include or exclude or num_nodes >= 0 or num_gpus >= 0:
+            raise UserError("--world_info already says which hosts and slots: drop --hostfile/--include/--exclude/"
+                            "--num_nodes/--num_gpus")
+        try:
+            pool = decode_world_info(world_info)
+        except ResourceError as exc:
+            raise UserError(str(exc)) from None
+    else:
+        pool = resources(hostfile, include, exclude, num_nodes, num_gpus, world)
     if pool is None and world is None:
         raise UserError("how many ranks? give --world N, or DeepSpeed's --hostfile/--include/--num_gpus")
     program = (["--module", module] if module else []) + args
@@ -106,7 +118,7 @@ def launch(
             from collections import OrderedDict
             pool = OrderedDict(localhost=list(range(world)))
         show_dry_run(pool, "127.0.0.1" if list(pool) == ["localhost"] else list(pool)[0],
-                     master_port or 29500, program, [])
+                     master_port or 29500, program, ["--no_local_rank"] if no_local_rank else [])
         return
     env = {}
     if pool is not None:
@@ -118,9 +130,6 @@ def launch(
         if world is not None and world != size:
             raise UserError(f"--world {world} disagrees with the {size} slots the resource options select")
         world = size
-        # What launch.py adds to torchrun's variables: the node's place and size, the device list.
-        extra = node_rank_env(pool, 0, "127.0.0.1", 0)[0]
-        env.update({k: extra[k] for k in ("CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE")})
     check_world(world)
     backend = rank_backend(backend, world, "--backend fake plays ranks inside one process: use it with `minitron trace`")
     if pool is not None and backend == "nccl":
@@ -132,7 +141,8 @@ def launch(
         target = Target(module=module, argv=args)
     else:
         target = Target(script=args[0], argv=args[1:])
-    if trace_dir:
-        env[TRACE_DIR_ENV] = str(trace_dir.resolve())
-    env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world))
-    run(LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env), target)
+    env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world, trace_dir))
+    # DeepSpeed's launch.py passes --local_rank=N unless told not to; torchrun (--world) does not.
+    local_rank_arg = pool is not None and not no_local_rank
+    run(LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env,
+                     local_rank_arg=local_rank_arg), target)

@@ -9,36 +9,26 @@ from typing import Optional
 import typer
 
 from minitron.cli.common import (
-    DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, ORDERS, DebugOptions, UserError, app, rank_backend,
-    check_order, check_world, console, validate_pretrain,
+    CP, DEBUG_HOST, DEBUG_PORT_BASE, EP, ORDERS, PP, TP, UserError, app, check_order, check_world, console, vp_option,
 )
-from minitron.cli.command import expand_aliases
-from minitron.core.rank_generator import DEFAULT_ORDER, LAYOUT_KEYS, layout
+from minitron.core.rank_generator import DEFAULT_ORDER, LAYOUT_KEYS, layout, validate_parallel_sizes
 
 @app.command()
 def groups(
     world: int = typer.Option(..., "--world", "-w", help="number of ranks"),
-    tp: int = typer.Option(1, "--tp", "--tensor-model-parallel-size", help="tensor-parallel size"),
-    pp: int = typer.Option(1, "--pp", "--pipeline-model-parallel-size", help="pipeline-parallel size (stages)"),
-    cp: int = typer.Option(1, "--cp", "--context-parallel-size", help="context-parallel size"),
-    ep: int = typer.Option(1, "--ep", "--expert-model-parallel-size", help="expert-parallel size"),
-    vp: Optional[int] = typer.Option(None, "--vp", "--virtual-pipeline-model-parallel-size",
-                                     help="model chunks per pipeline stage (interleaved schedule); "
-                                          "changes no group, shows which chunks each stage holds"),
+    tp: int = TP, pp: int = PP, cp: int = CP, ep: int = EP,
+    vp: Optional[int] = vp_option("model chunks per pipeline stage (interleaved schedule); changes no "
+                                  "group, shows which chunks each stage holds"),
     order: str = typer.Option(DEFAULT_ORDER, "--order", help=f"rank order: {ORDERS[0]} or {ORDERS[1]}"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object: group kind -> rank lists"),
 ):
     """Compute Megatron's process groups for a layout, without starting any process."""
-    from minitron.trace.layout_view import render_layout
+    from minitron.cli.views.layout import render_layout
 
     check_world(world)
     check_order(order)
-    for flag, value in (("--tp", tp), ("--pp", pp), ("--cp", cp), ("--ep", ep), ("--vp", vp or 1)):
-        if value < 1:
-            raise UserError(f"{flag} must be at least 1, got {value}")
-    if vp and pp < 2:
-        raise UserError(f"--vp {vp} needs pipeline stages to interleave: give --pp 2 or more")
-    try:
+    try:  # the sizes' one home: validate_parallel_sizes (vp too, which changes no group)
+        validate_parallel_sizes(world, tp, pp, cp, ep, vp=vp, order=order)
         groups_ = layout(world, tp, pp, cp, ep, order)
     except ValueError as exc:
         raise UserError(str(exc)) from None

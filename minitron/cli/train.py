@@ -13,7 +13,6 @@ from minitron.cli.common import (
     DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, DebugOptions, UserError, app, rank_backend,
     check_world, console, validate_pretrain,
 )
-from minitron.cli.trace import TRAINING_WARM
 
 @app.command(context_settings=EXTRA)
 def pretrain(
@@ -28,22 +27,27 @@ def pretrain(
 ):
     """Train a GPT on WORLD ranks. Every other flag is Megatron's, passed to each rank
     (--tensor-model-parallel-size, --num-layers, --train-iters, --lr, --mock-data, ...)."""
-    from minitron.launcher import LaunchConfig, Target
-    from minitron.launcher import launch as run
-    from minitron.trace import TRACE_DIR_ENV
-    from minitron.training.progress import PretrainProgress
-    from minitron.training.utils import CONSOLE_ENV
-
+    fake = "--backend fake moves no data, so it cannot train: use gloo or nccl"
     check_world(world)
-    backend = rank_backend(backend, world, "--backend fake moves no data, so it cannot train: use gloo or nccl")
     argv = list(ctx.args)
-    if "--distributed-backend" not in argv:
-        argv += ["--distributed-backend", backend]
+    if backend is not None:  # given: check it now, and every rank uses it
+        rank_backend(backend, world, fake)
+        if "--distributed-backend" not in argv:
+            argv += ["--distributed-backend", backend]
     if "--log-jsonl" not in argv:  # the progress display reads it, so there is always one
         argv += ["--log-jsonl", str((log_dir / "iterations.jsonl").resolve())]
+    # Every refusal happens here, before torch is imported: validate_args asks the accelerator
+    # for the default backend only once the flags have passed.
     args = validate_pretrain(argv, world)
     if not args.train_iters:
-        raise UserError("--train-iters N is required (N >= 1); `minitron trace` shows initialization alone")
+        raise UserError("--train-iters N or --train-samples N is required; `minitron trace` shows "
+                        "initialization alone")
+    backend = rank_backend(args.distributed_backend, world, fake)
+
+    from minitron.launcher import LaunchConfig, Target
+    from minitron.launcher import launch as run
+    from minitron.training.progress import PretrainProgress
+    from minitron.training.utils import CONSOLE_ENV
     log_jsonl = Path(args.log_jsonl)
     # The ranks append the lines Megatron prints for the console here; we show them as they come.
     console_jsonl = (log_dir / "console.jsonl").resolve()
@@ -51,11 +55,8 @@ def pretrain(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
     env = {CONSOLE_ENV: str(console_jsonl)}
-    if trace_dir:
-        env[TRACE_DIR_ENV] = str(trace_dir.resolve())
-    env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world))
-    cfg = LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env,
-                       warm=TRAINING_WARM)
+    env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world, trace_dir))
+    cfg = LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env)
     started = time.perf_counter()
     with PretrainProgress(log_jsonl, console_jsonl, args.train_iters, console) as progress:
         run(cfg, Target(module="minitron.pretrain_gpt", argv=argv), monitor=progress.poll)
@@ -72,6 +73,7 @@ def preprocess(
     vocab_file: Optional[str] = typer.Option(None, "--vocab-file", help="GPT2BPETokenizer: vocab.json"),
     merge_file: Optional[str] = typer.Option(None, "--merge-file", help="GPT2BPETokenizer: merges.txt"),
     tokenizer_model: Optional[str] = typer.Option(None, "--tokenizer-model", help="HuggingFaceTokenizer: tokenizer.json"),
+    vocab_size: Optional[int] = typer.Option(None, "--vocab-size", help="NullTokenizer: ids run 0..N-1; N is the end-of-document id"),
     json_keys: List[str] = typer.Option(["text"], "--json-keys", help="the field(s) holding the text"),
     append_eod: bool = typer.Option(False, "--append-eod", help="end every document with the EOD token"),
     workers: int = typer.Option(1, "--workers", help="tokenizing processes"),
@@ -83,7 +85,8 @@ def preprocess(
     try:
         result = run_preprocess(str(input), output_prefix, tokenizer_type=tokenizer_type, vocab_file=vocab_file,
                                 merge_file=merge_file, json_keys=json_keys, append_eod=append_eod,
-                                workers=workers, skip_bad_lines=skip_bad_lines, tokenizer_model=tokenizer_model)
+                                workers=workers, skip_bad_lines=skip_bad_lines, tokenizer_model=tokenizer_model,
+                                vocab_size=vocab_size)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     console.print(f"{result.documents} documents, {result.tokens} tokens, {result.input_bytes / 2**20:.1f} MB "

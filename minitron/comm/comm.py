@@ -17,11 +17,12 @@ init_distributed's decision list, in order:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import torch
 
+from minitron.accelerator import get_accelerator
 from minitron.comm.torch import TorchBackend
 from minitron.trace import traced
 
@@ -37,7 +38,7 @@ class WorldInfo:
     world_size: int
     local_rank: int
     local_world_size: int
-    master_addr: str
+    master_addr: str | None  # None: not known from the environment (see with_master_addr)
     master_port: int
     source: str  # which launcher's variables these came from
 
@@ -49,7 +50,10 @@ def _first(env, *names, default=None):
     return default
 
 
-# --8<-- [start:discover-world-info]
+class DiscoveryError(RuntimeError):
+    """The environment does not say enough to start the ranks; the message says what to set."""
+
+
 def discover_world_info(env=None) -> WorldInfo:
     """Who am I and how many are we? Read torchrun's variables, else Slurm's, else MPI's.
 
@@ -60,36 +64,114 @@ def discover_world_info(env=None) -> WorldInfo:
     env = os.environ if env is None else env
     if "RANK" in env and "WORLD_SIZE" in env:
         source, rank, world = "torchrun", env["RANK"], env["WORLD_SIZE"]
-        local = env.get("LOCAL_RANK", rank)
+        local = env.get("LOCAL_RANK", "0")  # Megatron's default when LOCAL_RANK is missing
         local_world = env.get("LOCAL_WORLD_SIZE", world)
     elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         source, rank, world = "slurm", env["SLURM_PROCID"], env["SLURM_NTASKS"]
         local = env.get("SLURM_LOCALID", "0")
-        local_world = env.get("SLURM_NTASKS_PER_NODE", world).split("(")[0]
+        local_world = slurm_tasks_on_node(env) or world
     elif "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
         source = "mpi"
         rank = _first(env, "OMPI_COMM_WORLD_RANK", "PMI_RANK")
         world = _first(env, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", default="1")
         local = _first(env, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", default="0")
-        local_world = _first(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", default=world)
+        local_world = _first(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
     else:
         source, rank, world, local, local_world = "single process", "0", "1", "0", "1"
-    addr = env.get("MASTER_ADDR") or _slurm_first_host(env) or "127.0.0.1"
+    addr = env.get("MASTER_ADDR") or _slurm_first_host(env)
+    if not addr and local_world is not None and int(local_world) == int(world):
+        addr = "127.0.0.1"  # every rank is on this node
+    # Otherwise rank 0's address is unknown here (None): with_master_addr settles it.
     port = int(env.get("MASTER_PORT", DEFAULT_PORT))
+    local_world = world if local_world is None else local_world
     return WorldInfo(int(rank), int(world), int(local), int(local_world), addr, port, source)
-# --8<-- [end:discover-world-info]
+
+
+def expand_hostlist(nodes: str) -> list[str]:
+    """Slurm's compressed host list, expanded as ``scontrol show hostnames`` does:
+    'gpu[03-05,09],login' -> gpu03 gpu04 gpu05 gpu09 login; 'rack[1-2]-node[01-02]' ->
+    rack1-node01 rack1-node02 rack2-node01 rack2-node02 (the first bracket varies slowest)."""
+    hosts, entry, depth = [], "", 0
+    for ch in nodes + ",":
+        if ch == "," and depth == 0:
+            if entry:
+                hosts.extend(_expand_host(entry))
+            entry = ""
+            continue
+        depth += (ch == "[") - (ch == "]")
+        entry += ch
+    return hosts
+
+
+def _expand_host(pattern: str) -> list[str]:
+    if "[" not in pattern:
+        return [pattern]
+    prefix, rest = pattern.split("[", 1)
+    inside, suffix = rest.split("]", 1)
+    names = []
+    for part in inside.split(","):
+        first, _, last = part.partition("-")
+        width = len(first)  # "01-04" keeps its zero padding
+        for number in range(int(first), int(last or first) + 1):
+            names.extend(prefix + str(number).zfill(width) + tail for tail in _expand_host(suffix))
+    return names
+
+
+def slurm_tasks_on_node(env) -> str | None:
+    """Tasks on this node: SLURM_TASKS_PER_NODE ('2(x3),1': 2 on each of the first three nodes,
+    1 on the fourth), else SLURM_NTASKS_PER_NODE, read at this node's index SLURM_NODEID."""
+    spec = env.get("SLURM_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE")
+    if not spec:
+        return None
+    counts = []
+    for part in spec.split(","):
+        count, _, repeat = part.partition("(x")
+        counts += [count] * int(repeat.rstrip(")") or 1)
+    return counts[min(int(env.get("SLURM_NODEID", "0")), len(counts) - 1)]
 
 
 def _slurm_first_host(env) -> str | None:
-    """The first host of a Slurm node list: 'gpu[03-05,09]' -> 'gpu03'."""
+    """The first host of the Slurm job's node list, where rank 0 runs."""
     nodes = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if not nodes:
+    return expand_hostlist(nodes)[0] if nodes else None
+
+
+# --8<-- [start:with-master-addr]
+def with_master_addr(info: WorldInfo) -> WorldInfo:
+    """``info``, with rank 0's address found if discovery could not read it.
+
+    Ranks on several nodes need rank 0's real address, never 127.0.0.1. Under MPI, DeepSpeed's
+    mpi_discovery broadcasts it with mpi4py; so do we when mpi4py is there. Else: one line.
+    """
+    if info.master_addr:
+        return info
+    addr = _mpi_broadcast_rank0_address() if info.source == "mpi" else None
+    if addr:
+        return replace(info, master_addr=addr)
+    raise DiscoveryError(
+        f"{info.world_size} {info.source} ranks on several nodes and no MASTER_ADDR: export "
+        "MASTER_ADDR=<rank 0's host> (or install mpi4py to broadcast it, as DeepSpeed does)")
+# --8<-- [end:with-master-addr]
+
+
+def _mpi_broadcast_rank0_address() -> str | None:
+    """Rank 0's first IP address (``hostname -I``, else its resolved name), broadcast to all;
+    None without mpi4py, which is optional here as in DeepSpeed (only MPI jobs across nodes that
+    set no MASTER_ADDR need it)."""
+    import socket
+    import subprocess
+
+    try:
+        from mpi4py import MPI
+    except ImportError:
         return None
-    head = nodes.split(",")[0]
-    if "[" in head:
-        prefix, rest = head.split("[", 1)
-        return prefix + rest.split("-")[0].rstrip("]")
-    return head
+    addr = None
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        try:
+            addr = subprocess.check_output(["hostname", "-I"]).decode().split()[0]
+        except (OSError, subprocess.CalledProcessError, IndexError):
+            addr = socket.gethostbyname(socket.gethostname())
+    return MPI.COMM_WORLD.bcast(addr, root=0)
 
 
 def export_world_info(info: WorldInfo) -> None:
@@ -101,7 +183,6 @@ def export_world_info(info: WorldInfo) -> None:
     })
 
 
-# --8<-- [start:init-distributed]
 @traced
 def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool = True,
                      timeout: timedelta = timedelta(minutes=30), init_method: str | None = None,
@@ -118,13 +199,11 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
             raise RuntimeError("dist_init_required=False but torch.distributed is not initialised")
         return cdb
     if auto_mpi_discovery and not all(v in os.environ for v in TORCHRUN_VARS):
-        export_world_info(discover_world_info())
+        export_world_info(with_master_addr(discover_world_info()))
     if dist_backend is None:
-        from minitron.accelerator import get_accelerator
         dist_backend = get_accelerator().communication_backend_name()
     cdb = TorchBackend(dist_backend, timeout, init_method, rank, world_size)
     return cdb
-# --8<-- [end:init-distributed]
 
 
 def is_initialized() -> bool:

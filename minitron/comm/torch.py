@@ -34,7 +34,8 @@ class TorchBackend:
                   "rank": rank, "world_size": world_size}
         if backend == "fake":
             # torch's fake process group: a world of any size in one process; collectives
-            # return at once and move no data. Importing the module registers the backend.
+            # return at once and move no data. Importing the module registers the backend
+            # (only here: it is torch's test machinery, which no real run should load).
             from torch.testing._internal.distributed.fake_pg import FakeStore
             kwargs["store"] = FakeStore()
             kwargs.pop("init_method")
@@ -50,10 +51,8 @@ class TorchBackend:
     def get_world_size(self, group=None) -> int:
         return torch.distributed.get_world_size(group)
 
-    # --8<-- [start:forwarding]
     def all_reduce(self, tensor, op=torch.distributed.ReduceOp.SUM, group=None, async_op=False):
         return torch.distributed.all_reduce(tensor, op=op, group=group, async_op=async_op)
-    # --8<-- [end:forwarding]
 
     def broadcast(self, tensor, src, group=None, async_op=False):
         return torch.distributed.broadcast(tensor, src=src, group=group, async_op=async_op)

@@ -12,6 +12,10 @@ which is why this number, not just the batch size, is a first-class quantity in 
 Ramp-up (``--rampup-batch-size START INCREMENT SAMPLES``) grows the global batch from START in
 steps of INCREMENT, spread evenly over the first SAMPLES training samples: small batches early,
 when gradients are large and noisy, then the full batch.
+
+The API is Megatron Core's (core_v0.17, the last release with ramp-up; later releases replace
+it with step schedules), down to the exception: an inconsistent batch raises AssertionError, as
+Megatron's asserts do, so Megatron's own unit tests of this module run against this one.
 """
 
 from __future__ import annotations
@@ -19,15 +23,26 @@ from __future__ import annotations
 _GLOBAL_NUM_MICROBATCHES_CALCULATOR: "NumMicroBatchesCalculator | None" = None
 
 
-class NumMicroBatchesCalculator:
-    """Shared state: the current global batch and how many micro-batches it takes."""
+def _check(condition: bool, message: str) -> None:
+    # Megatron writes `assert`; raising the same type keeps its callers' and tests' contract,
+    # and unlike `assert` it still checks under `python -O`.
+    if not condition:
+        raise AssertionError(message)
 
-    def __init__(self, global_batch_size: int, micro_batch_size: int, data_parallel_size: int):
+
+class NumMicroBatchesCalculator:
+    """Shared state: the global batch asked for, the one actually run, and its micro-batches."""
+
+    def __init__(self, global_batch_size: int, micro_batch_size: int, data_parallel_size: int,
+                 decrease_batch_size_if_needed: bool, rank: int):
         self.global_batch_size = global_batch_size
         self.micro_batch_size = micro_batch_size
         self.data_parallel_size = data_parallel_size
+        self.decrease_batch_size_if_needed = decrease_batch_size_if_needed
+        self.rank = rank
         self.micro_batch_times_data_parallel_size = micro_batch_size * data_parallel_size
         self.current_global_batch_size = global_batch_size
+        self.current_running_global_batch_size = global_batch_size
         self.num_micro_batches = 0
 
     def get(self) -> int:
@@ -36,77 +51,116 @@ class NumMicroBatchesCalculator:
     def get_current_global_batch_size(self) -> int:
         return self.current_global_batch_size
 
-    def update(self, consumed_samples: int, consistency_check: bool = True) -> None:
+    def get_micro_batch_size(self) -> int:
+        return self.micro_batch_size
+
+    def get_current_running_global_batch_size(self) -> int:
+        """The batch actually run: the current one, or with --decrease-batch-size-if-needed
+        the largest multiple of micro batch x dp below it."""
+        return self.current_running_global_batch_size
+
+    def update(self, consumed_samples: int, consistency_check: bool = True, verbose: bool = False) -> None:
         raise NotImplementedError
 
-    # --8<-- [start:set-from-current]
     def _set_from_current(self, consistency_check: bool) -> None:
         per_step = self.micro_batch_times_data_parallel_size
-        if consistency_check and self.current_global_batch_size % per_step:
-            raise ValueError(
-                f"global batch size {self.current_global_batch_size} is not divisible by "
-                f"micro batch size {self.micro_batch_size} x data-parallel size {self.data_parallel_size}"
-            )
-        self.num_micro_batches = self.current_global_batch_size // per_step
-    # --8<-- [end:set-from-current]
+        batch = self.current_global_batch_size
+        if self.decrease_batch_size_if_needed:
+            batch -= batch % per_step  # run what divides; the batch asked for comes back if dp changes
+        elif consistency_check:
+            _check(batch % per_step == 0,
+                   f"global batch size {batch} is not divisible by micro batch size "
+                   f"{self.micro_batch_size} x data-parallel size {self.data_parallel_size}")
+        self.current_running_global_batch_size = batch
+        self.num_micro_batches = batch // per_step
 
 
-# --8<-- [start:constant-calculator]
 class ConstantNumMicroBatchesCalculator(NumMicroBatchesCalculator):
     """The usual case: the same number of micro-batches every iteration."""
 
-    def __init__(self, global_batch_size: int, micro_batch_size: int, data_parallel_size: int):
-        super().__init__(global_batch_size, micro_batch_size, data_parallel_size)
+    def __init__(self, global_batch_size: int, micro_batch_size: int, data_parallel_size: int,
+                 decrease_batch_size_if_needed: bool, rank: int):
+        super().__init__(global_batch_size, micro_batch_size, data_parallel_size,
+                         decrease_batch_size_if_needed, rank)
         self._set_from_current(consistency_check=True)
-        if self.num_micro_batches < 1:
-            raise ValueError(f"number of micro-batches must be at least 1, got {self.num_micro_batches}")
+        _check(self.num_micro_batches >= 1,
+               f"number of micro-batches must be at least 1, got {self.num_micro_batches}")
 
-    def update(self, consumed_samples: int, consistency_check: bool = True) -> None:
+    def update(self, consumed_samples: int, consistency_check: bool = True, verbose: bool = False) -> None:
         pass  # constant: nothing changes with progress
-# --8<-- [end:constant-calculator]
 
 
-# --8<-- [start:rampup-calculator]
 class RampupBatchsizeNumMicroBatchesCalculator(NumMicroBatchesCalculator):
     """Global batch grows START -> global in INCREMENT steps over the first SAMPLES samples."""
 
     def __init__(self, global_batch_size: int, micro_batch_size: int, data_parallel_size: int,
-                 start_global_batch_size: int, batch_size_increment: int, ramup_samples: int):
-        super().__init__(global_batch_size, micro_batch_size, data_parallel_size)
+                 decrease_batch_size_if_needed: bool, rank: int, start_global_batch_size: int,
+                 batch_size_increment: int, ramup_samples: int):  # sic: Megatron's spelling
+        super().__init__(global_batch_size, micro_batch_size, data_parallel_size,
+                         decrease_batch_size_if_needed, rank)
+        _check(start_global_batch_size > 0 and batch_size_increment > 0 and ramup_samples >= 0,
+               "ramp-up needs START > 0, INCREMENT > 0 and SAMPLES >= 0")
+        climb = global_batch_size - start_global_batch_size
+        _check(climb >= 0 and climb % batch_size_increment == 0,
+               f"the ramp cannot climb from {start_global_batch_size} to {global_batch_size} "
+               f"in steps of {batch_size_increment}")
         self.start_global_batch_size = start_global_batch_size
         self.batch_size_increment = batch_size_increment
         self.ramup_samples = ramup_samples
-        num_increments = (global_batch_size - start_global_batch_size) // batch_size_increment
-        # validate_args guarantees num_increments >= 1, so this division is safe.
-        self.rampup_samples_per_increment = ramup_samples / num_increments
+        # Each increment lasts this many samples (a float, as in Megatron: where the steps fall
+        # is part of the schedule a reader compares).
+        self.rampup_samples_per_increment = ramup_samples / (climb // batch_size_increment)
         self.update(0, consistency_check=False)
 
-    def update(self, consumed_samples: int, consistency_check: bool = True) -> None:
+    def update(self, consumed_samples: int, consistency_check: bool = True, verbose: bool = False) -> None:
         if consumed_samples > self.ramup_samples:
             self.current_global_batch_size = self.global_batch_size
         else:
             steps = int(consumed_samples / self.rampup_samples_per_increment)
             self.current_global_batch_size = self.start_global_batch_size + steps * self.batch_size_increment
         self._set_from_current(consistency_check)
-# --8<-- [end:rampup-calculator]
+
+
+def _build_num_microbatches_calculator(rank: int, rampup_batch_size: list[int] | None, global_batch_size: int,
+                                       micro_batch_size: int, data_parallel_size: int,
+                                       decrease_batch_size_if_needed: bool = False) -> NumMicroBatchesCalculator:
+    """A calculator for these sizes, not installed anywhere (validate_args walks a ramp with one)."""
+    if rampup_batch_size is None:
+        return ConstantNumMicroBatchesCalculator(global_batch_size, micro_batch_size, data_parallel_size,
+                                                 decrease_batch_size_if_needed, rank)
+    _check(len(rampup_batch_size) == 3, "--rampup-batch-size takes START INCREMENT SAMPLES")
+    start, increment, samples = (int(v) for v in rampup_batch_size)
+    return RampupBatchsizeNumMicroBatchesCalculator(global_batch_size, micro_batch_size, data_parallel_size,
+                                                    decrease_batch_size_if_needed, rank, start, increment, samples)
 
 
 def init_num_microbatches_calculator(rank: int, rampup_batch_size: list[int] | None, global_batch_size: int,
-                                     micro_batch_size: int, data_parallel_size: int) -> None:
-    """Build the process-wide calculator (set_global_variables calls this once per run)."""
+                                     micro_batch_size: int, data_parallel_size: int,
+                                     decrease_batch_size_if_needed: bool = False) -> None:
+    """Install the process-wide calculator (set_global_variables, once per run)."""
     global _GLOBAL_NUM_MICROBATCHES_CALCULATOR
-    if rampup_batch_size is None:
-        calc = ConstantNumMicroBatchesCalculator(global_batch_size, micro_batch_size, data_parallel_size)
-    else:
-        start, increment, samples = (int(v) for v in rampup_batch_size)
-        calc = RampupBatchsizeNumMicroBatchesCalculator(
-            global_batch_size, micro_batch_size, data_parallel_size, start, increment, samples)
-    _GLOBAL_NUM_MICROBATCHES_CALCULATOR = calc
+    _check(_GLOBAL_NUM_MICROBATCHES_CALCULATOR is None, "num microbatches calculator is already initialized")
+    _GLOBAL_NUM_MICROBATCHES_CALCULATOR = _build_num_microbatches_calculator(
+        rank, rampup_batch_size, global_batch_size, micro_batch_size, data_parallel_size,
+        decrease_batch_size_if_needed)
+
+
+def reconfigure_num_microbatches_calculator(rank: int, rampup_batch_size: list[int] | None, global_batch_size: int,
+                                            micro_batch_size: int, data_parallel_size: int,
+                                            decrease_batch_size_if_needed: bool = False) -> None:
+    """Replace the installed calculator (Megatron's tools use it to change sizes mid-process)."""
+    global _GLOBAL_NUM_MICROBATCHES_CALCULATOR
+    _GLOBAL_NUM_MICROBATCHES_CALCULATOR = _build_num_microbatches_calculator(
+        rank, rampup_batch_size, global_batch_size, micro_batch_size, data_parallel_size,
+        decrease_batch_size_if_needed)
 
 
 def destroy_num_microbatches_calculator() -> None:
     global _GLOBAL_NUM_MICROBATCHES_CALCULATOR
     _GLOBAL_NUM_MICROBATCHES_CALCULATOR = None
+
+
+unset_num_microbatches_calculator = destroy_num_microbatches_calculator  # Megatron has both names
 
 
 def get_num_microbatches() -> int:
@@ -117,10 +171,14 @@ def get_current_global_batch_size() -> int:
     return _GLOBAL_NUM_MICROBATCHES_CALCULATOR.get_current_global_batch_size()
 
 
+def get_current_running_global_batch_size() -> int:
+    return _GLOBAL_NUM_MICROBATCHES_CALCULATOR.get_current_running_global_batch_size()
+
+
 def get_micro_batch_size() -> int:
-    return _GLOBAL_NUM_MICROBATCHES_CALCULATOR.micro_batch_size
+    return _GLOBAL_NUM_MICROBATCHES_CALCULATOR.get_micro_batch_size()
 
 
-def update_num_microbatches(consumed_samples: int, consistency_check: bool = True) -> None:
+def update_num_microbatches(consumed_samples: int, consistency_check: bool = True, verbose: bool = False) -> None:
     """Called once per iteration by train(): moves the ramp-up along."""
-    _GLOBAL_NUM_MICROBATCHES_CALCULATOR.update(consumed_samples, consistency_check)
+    _GLOBAL_NUM_MICROBATCHES_CALCULATOR.update(consumed_samples, consistency_check, verbose)

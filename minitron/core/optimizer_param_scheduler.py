@@ -69,7 +69,6 @@ class OptimizerParamScheduler:
         coeff = ratio if self.wd_incr_style == "linear" else 0.5 * (math.cos(math.pi * (1 - ratio)) + 1.0)
         return self.start_wd + coeff * (self.end_wd - self.start_wd)
 
-    # --8<-- [start:get-lr]
     def get_lr(self, param_group: dict | None = None) -> float:
         group = param_group or {}
         max_lr = group.get("max_lr", self.max_lr)
@@ -90,7 +89,6 @@ class OptimizerParamScheduler:
         else:  # cosine: half a cosine period, from 1 at the end of warm-up to 0 at decay end
             coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0)
         return min_lr + coeff * (max_lr - min_lr)
-    # --8<-- [end:get-lr]
 
     @traced(args=lambda self, increment: {"increment": increment, "num_steps": self.num_steps + increment})
     def step(self, increment: int) -> None:

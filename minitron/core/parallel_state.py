@@ -15,9 +15,7 @@ from datetime import timedelta
 
 import torch
 
-from minitron.core.rank_generator import (
-    DEFAULT_ORDER, default_embedding_ranks, default_position_embedding_ranks, generators,
-)
+from minitron.core.rank_generator import DEFAULT_ORDER, all_groups, generators, validate_parallel_sizes
 from minitron.trace import traced
 
 # One module-level slot per group kind: the group this rank belongs to, and its global ranks.
@@ -31,31 +29,15 @@ _VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE = None
 _RANK = None  # this process's global rank, read once: it is asked thousands of times below
 
 
-# --8<-- [start:create-group]
 def create_group(ranks, timeout=None, backend=None, group_desc=None):
     """new_group with Megatron's description; every rank calls it for every group."""
     return torch.distributed.new_group(ranks, timeout=timeout, backend=backend, group_desc=group_desc)
-# --8<-- [end:create-group]
 
 
-def _keep(key: str, ranks: list[int], group) -> None:
-    """Remember ``group`` as this rank's ``key`` group if this rank is one of ``ranks``."""
-    if _RANK in ranks:
-        _GROUP[key] = group
-        _GLOBAL_RANKS[key] = list(ranks)
-
-
-# --8<-- [start:build]
-def _build(key: str, all_ranks, desc: str, timeout, gloo: bool = False) -> None:
-    """Create every group of one kind (plus a gloo twin, as Megatron does for dp groups)."""
-    for ranks in all_ranks:
-        _keep(key, ranks, create_group(ranks, timeout=timeout, group_desc=desc))
-        if gloo:
-            # CPU-side collectives (checkpoint metadata, the distributed optimizer's state
-            # gathering) run on a gloo group even when the main groups are NCCL.
-            twin = create_group(ranks, timeout=timeout, backend="gloo", group_desc=desc + "_GLOO")
-            _keep(key + "-gloo", ranks, twin)
-# --8<-- [end:build]
+def _keep(key: str, ranks, group) -> None:
+    """Remember ``group`` as this rank's ``key`` group (this rank is one of ``ranks``)."""
+    _GROUP[key] = group
+    _GLOBAL_RANKS[key] = list(ranks)
 
 
 @traced
@@ -79,55 +61,32 @@ def initialize_model_parallel(
     assert torch.distributed.is_initialized(), "call torch.distributed.init_process_group first"
     if _GROUP:
         raise RuntimeError("model parallel groups are already initialized; destroy them first")
-    global _RANK
+    global _RANK, _VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK, _VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE
     _RANK = torch.distributed.get_rank()
+    tp, pp, vp = tensor_model_parallel_size, pipeline_model_parallel_size, virtual_pipeline_model_parallel_size
     world_size = torch.distributed.get_world_size()
-    dense, expert = generators(
-        world_size, tp=tensor_model_parallel_size, pp=pipeline_model_parallel_size,
-        cp=context_parallel_size, ep=expert_model_parallel_size, order=order,
-        expert_tp=expert_tensor_parallel_size,
-    )
-    if virtual_pipeline_model_parallel_size is not None:
-        if pipeline_model_parallel_size < 2:
-            raise RuntimeError("a virtual pipeline (interleaved schedule) needs pipeline-model-parallel size > 1")
-        global _VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK, _VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE
+    validate_parallel_sizes(world_size, tp, pp, context_parallel_size, expert_model_parallel_size,
+                            expert_tensor_parallel_size, vp, order)
+    dense, expert = generators(world_size, tp, pp, context_parallel_size, expert_model_parallel_size,
+                               order, expert_tensor_parallel_size)
+    if vp is not None:
         _VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK = 0
-        _VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE = virtual_pipeline_model_parallel_size
+        _VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE = vp
     timeout = timedelta(minutes=distributed_timeout_minutes)
 
-    # --8<-- [start:group-order]
-    # Data parallel with context parallel first: Megatron makes it before all others because
-    # only the first NCCL communicator created may use SHARP in-network reductions.
-    _build("dp-cp", dense.get_ranks("dp-cp"), "DATA_PARALLEL_GROUP_WITH_CP", timeout, gloo=True)
-    _build("dp", dense.get_ranks("dp"), "DATA_PARALLEL_GROUP", timeout, gloo=True)
-    _build("cp", dense.get_ranks("cp"), "CONTEXT_PARALLEL_GROUP", timeout)
-    _build("tp-pp", dense.get_ranks("tp-pp"), "MODEL_PARALLEL_GROUP", timeout)
-    _build("tp", dense.get_ranks("tp"), "TENSOR_MODEL_PARALLEL_GROUP", timeout)
-
-    # Pipeline groups, each followed by its embedding groups: the first and last stage share
-    # the word embedding (tied input/output weights) and must all-reduce its gradient.
-    for ranks in dense.get_ranks("pp"):
-        _keep("pp", ranks, create_group(ranks, timeout=timeout, group_desc="PIPELINE_MODEL_PARALLEL_GROUP"))
-        embd = default_embedding_ranks(ranks)
-        _keep("embd", embd, create_group(embd, timeout=timeout, group_desc="EMBEDDING_GROUP"))
-        pos = default_position_embedding_ranks(ranks)
-        _keep("pos-embd", pos, create_group(pos, timeout=timeout, group_desc="POSITION_EMBEDDING_GROUP"))
-
-    _build("tp-dp-cp", dense.get_ranks("tp-dp-cp"), "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP", timeout)
-    _build("tp-dp", dense.get_ranks("tp-dp"), "TENSOR_AND_DATA_PARALLEL_GROUP", timeout)
-    _build("tp-cp", dense.get_ranks("tp-cp"), "TENSOR_AND_CONTEXT_PARALLEL_GROUP", timeout)
-
-    # Expert (MoE) groups come from the second generator, which slices the same world as
-    # expert_tp x ep x expert_dp x pp.
-    _build("ep", expert.get_ranks("ep"), "EXPERT_MODEL_PARALLEL_GROUP", timeout)
-    _build("expt-tp", expert.get_ranks("tp"), "EXPERT_TENSOR_PARALLEL_GROUP", timeout)
-    _build("tp-ep", expert.get_ranks("tp-ep"), "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", timeout)
-    _build("tp-ep-pp", expert.get_ranks("tp-ep-pp"), "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP", timeout)
-    _build("expt-dp", expert.get_ranks("dp"), "EXPERT_DATA_PARALLEL_GROUP", timeout, gloo=True)
-    # With one distributed-optimizer instance, the instance spans the whole world.
-    everyone = sum(expert.get_ranks("tp-ep-pp"), ())
-    _build("intra-dist-opt", [everyone], "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP", timeout)
-    # --8<-- [end:group-order]
+    # GROUP_KINDS (rank_generator.py) lists the kinds in Megatron's order; all_groups walks it.
+    for kind, groups in all_groups(dense, expert):
+        key, desc, gloo = kind.key, kind.desc, kind.gloo
+        for ranks in groups:
+            group = create_group(ranks, timeout=timeout, group_desc=desc)
+            if _RANK in ranks:
+                _keep(key, ranks, group)
+            if gloo:
+                # CPU-side collectives (checkpoint metadata, the distributed optimizer's state
+                # gathering) run on a gloo group even when the main groups are NCCL.
+                twin = create_group(ranks, timeout=timeout, backend="gloo", group_desc=desc + "_GLOO")
+                if _RANK in ranks:
+                    _keep(key + "-gloo", ranks, twin)
 
 
 def is_initialized() -> bool:
@@ -294,23 +253,40 @@ def get_virtual_pipeline_model_parallel_world_size():
     return _VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE
 
 
-def is_pipeline_first_stage(ignore_virtual: bool = False) -> bool:
-    """First stage: pipeline rank 0 and, with a virtual pipeline, model chunk 0."""
+# Which stage am I? ------------------------------------------------------------------------
+# With a virtual pipeline a rank holds several model chunks, and "first stage" can mean the
+# first pipeline rank (ignore_virtual=True) or its chunk 0 only (ignore_virtual=False, and
+# then the caller names its chunk: vp_stage). Megatron defaulted to ignore_virtual=False and
+# read a global "current chunk" until core_v0.12; it now defaults to True and takes vp_stage,
+# so a caller that means one chunk says which. We follow the current form.
+def _check_vp_stage(vp_stage) -> None:
+    if vp_stage is None:
+        raise ValueError("with a virtual pipeline, ignore_virtual=False needs vp_stage (the model "
+                         "chunk asked about); pass vp_stage=..., or ignore_virtual=True for the rank")
+
+
+def is_pipeline_first_stage(ignore_virtual: bool = True, vp_stage: int | None = None) -> bool:
+    """First stage: pipeline rank 0 and, unless ignore_virtual, model chunk 0."""
     if not ignore_virtual and _VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE is not None:
-        if _VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK != 0:
+        _check_vp_stage(vp_stage)
+        if vp_stage != 0:
             return False
     return get_pipeline_model_parallel_rank() == 0
 
 
-def is_pipeline_last_stage(ignore_virtual: bool = False) -> bool:
+def is_pipeline_last_stage(ignore_virtual: bool = True, vp_stage: int | None = None) -> bool:
+    """Last stage: the last pipeline rank and, unless ignore_virtual, its last model chunk."""
     vp = _VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE
-    if not ignore_virtual and vp is not None and _VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK != vp - 1:
-        return False
+    if not ignore_virtual and vp is not None:
+        _check_vp_stage(vp_stage)
+        if vp_stage != vp - 1:
+            return False
     return get_pipeline_model_parallel_rank() == get_pipeline_model_parallel_world_size() - 1
 
 
-def is_rank_in_embedding_group(ignore_virtual: bool = False) -> bool:
-    """Does this rank hold a copy of the word embedding (first or last stage)?"""
+def is_rank_in_embedding_group(ignore_virtual: bool = True, vp_stage: int | None = None) -> bool:
+    """Does this rank (or, unless ignore_virtual, its chunk vp_stage) hold a copy of the word
+    embedding: the input embedding of the first stage or the output layer of the last?"""
     rank = torch.distributed.get_rank()
     ranks = _GLOBAL_RANKS.get("embd", [])
     if ignore_virtual:
@@ -318,9 +294,9 @@ def is_rank_in_embedding_group(ignore_virtual: bool = False) -> bool:
     if rank not in ranks:
         return False
     if rank == ranks[0]:
-        return is_pipeline_first_stage()
+        return is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
     if rank == ranks[-1]:
-        return is_pipeline_last_stage()
+        return is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
     return True
 
 

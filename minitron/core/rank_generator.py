@@ -13,45 +13,71 @@ parallel dimensions, fastest-varying first. With the default order ``tp-cp-ep-dp
 A group "along" some dimensions is the set of ranks that agree on every *other* digit.
 So tensor-parallel peers are neighbours (they share the fastest digit's block, which is why
 Megatron wants them inside one machine), and pipeline stages are the farthest apart.
+
+Two things are written here once, for everyone: GROUP_KINDS, the table of group kinds that
+initialize_model_parallel, `minitron groups` and the trace checks all read; and
+validate_parallel_sizes, the rules a layout must obey, which the command line,
+validate_args and initialize_model_parallel all call.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
 
 DIMENSIONS = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 # Megatron's --use-tp-pp-dp-mapping switches to this order: pipeline stages become neighbours.
 TP_PP_DP_ORDER = "tp-cp-ep-pp-dp"
 
-# The groups `minitron groups --json` prints, in the order initialize_model_parallel makes them.
-LAYOUT_KEYS = (
-    "tp", "pp", "dp", "cp", "dp-cp", "tp-pp", "tp-cp", "tp-dp", "tp-dp-cp",
-    "embd", "pos-embd", "ep", "expt-tp", "expt-dp", "tp-ep",
+
+class GroupKind(NamedTuple):
+    """One kind of process group, as initialize_model_parallel makes it."""
+
+    key: str      # our short name: the `groups --json` key and parallel_state's slot
+    source: str   # "dense" or "expert": which generator draws it; "stage": cut from each
+                  # pipeline group (the embeddings); "joined": every group of `token` in one
+    token: str    # what the generator is asked for (expert "tp" is the expert tensor group)
+    desc: str     # Megatron's group_desc, which new_group records and traces show
+    gloo: bool = False    # Megatron adds a gloo twin (same ranks, desc + "_GLOO")
+    shown: bool = True    # printed by `minitron groups`
+
+
+# Every kind of group, once, in the order Megatron's initialize_model_parallel creates them.
+# This one table drives the real groups (parallel_state.py), `minitron groups` and the
+# description -> key map the trace checks use.
+GROUP_KINDS = (
+    # Data parallel with context parallel first: only the first NCCL communicator created may
+    # use SHARP in-network reductions, and this is the one whose all-reduce carries gradients.
+    GroupKind("dp-cp", "dense", "dp-cp", "DATA_PARALLEL_GROUP_WITH_CP", gloo=True),
+    GroupKind("dp", "dense", "dp", "DATA_PARALLEL_GROUP", gloo=True),
+    GroupKind("cp", "dense", "cp", "CONTEXT_PARALLEL_GROUP"),
+    GroupKind("tp-pp", "dense", "tp-pp", "MODEL_PARALLEL_GROUP"),
+    GroupKind("tp", "dense", "tp", "TENSOR_MODEL_PARALLEL_GROUP"),
+    GroupKind("pp", "dense", "pp", "PIPELINE_MODEL_PARALLEL_GROUP"),
+    # Made right after each pipeline group, from its ranks: the first and last stage share the
+    # word embedding (tied input/output weights), the first alone adds position embeddings.
+    GroupKind("embd", "stage", "embd", "EMBEDDING_GROUP"),
+    GroupKind("pos-embd", "stage", "pos-embd", "POSITION_EMBEDDING_GROUP"),
+    GroupKind("tp-dp-cp", "dense", "tp-dp-cp", "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP"),
+    GroupKind("tp-dp", "dense", "tp-dp", "TENSOR_AND_DATA_PARALLEL_GROUP"),
+    GroupKind("tp-cp", "dense", "tp-cp", "TENSOR_AND_CONTEXT_PARALLEL_GROUP"),
+    # Expert (MoE) groups: the second generator slices the same world as
+    # expert_tp x ep x expert_dp x pp.
+    GroupKind("ep", "expert", "ep", "EXPERT_MODEL_PARALLEL_GROUP"),
+    GroupKind("expt-tp", "expert", "tp", "EXPERT_TENSOR_PARALLEL_GROUP"),
+    GroupKind("tp-ep", "expert", "tp-ep", "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP"),
+    GroupKind("tp-ep-pp", "expert", "tp-ep-pp", "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP", shown=False),
+    GroupKind("expt-dp", "expert", "dp", "EXPERT_DATA_PARALLEL_GROUP", gloo=True),
+    # With one distributed-optimizer instance, the instance is every tp-ep-pp group joined.
+    GroupKind("intra-dist-opt", "joined", "tp-ep-pp", "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
+              shown=False),
 )
 
-# new_group's group_desc (Megatron's names) -> our short key. Two groups Megatron also makes
-# are not in LAYOUT_KEYS: the expert tensor+model+pipeline group and the distributed-optimizer
-# instance group; they get keys too so traces can be checked against them.
-DESC_TO_KEY = {
-    "DATA_PARALLEL_GROUP_WITH_CP": "dp-cp",
-    "DATA_PARALLEL_GROUP": "dp",
-    "CONTEXT_PARALLEL_GROUP": "cp",
-    "MODEL_PARALLEL_GROUP": "tp-pp",
-    "TENSOR_MODEL_PARALLEL_GROUP": "tp",
-    "PIPELINE_MODEL_PARALLEL_GROUP": "pp",
-    "EMBEDDING_GROUP": "embd",
-    "POSITION_EMBEDDING_GROUP": "pos-embd",
-    "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP": "tp-dp-cp",
-    "TENSOR_AND_DATA_PARALLEL_GROUP": "tp-dp",
-    "TENSOR_AND_CONTEXT_PARALLEL_GROUP": "tp-cp",
-    "EXPERT_MODEL_PARALLEL_GROUP": "ep",
-    "EXPERT_TENSOR_PARALLEL_GROUP": "expt-tp",
-    "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP": "tp-ep",
-    "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP": "tp-ep-pp",
-    "EXPERT_DATA_PARALLEL_GROUP": "expt-dp",
-    "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP": "intra-dist-opt",
-}
+# The groups `minitron groups --json` prints, in creation order.
+LAYOUT_KEYS = tuple(kind.key for kind in GROUP_KINDS if kind.shown)
+# new_group's group_desc (Megatron's names) -> our short key, for reading traces.
+DESC_TO_KEY = {kind.desc: kind.key for kind in GROUP_KINDS}
 
 
 def parse_order(order: str) -> tuple[str, ...]:
@@ -67,7 +93,6 @@ def parse_order(order: str) -> tuple[str, ...]:
     return tokens + tuple(d for d in DIMENSIONS if d not in tokens)
 
 
-# --8<-- [start:orthogonal-groups]
 @lru_cache(maxsize=None)
 def orthogonal_groups(sizes: tuple[int, ...], mask: tuple[bool, ...]) -> tuple[tuple[int, ...], ...]:
     """All groups that vary the masked digits and fix the others.
@@ -95,26 +120,16 @@ def orthogonal_groups(sizes: tuple[int, ...], mask: tuple[bool, ...]) -> tuple[t
     inside = [(n, st) for n, st, m in zip(sizes, strides, mask) if m]
     outside = [(n, st) for n, st, m in zip(sizes, strides, mask) if not m]
     return tuple(tuple(base + off for off in offsets(inside)) for base in offsets(outside))
-# --8<-- [end:orthogonal-groups]
 
 
-# --8<-- [start:rank-generator]
 class RankGenerator:
-    """Groups for one set of sizes, named by tokens such as 'tp', 'dp-cp' or 'tp-ep'."""
+    """Groups for one set of sizes, named by tokens such as 'tp', 'dp-cp' or 'tp-ep'.
+
+    It takes sizes as given: validate_parallel_sizes, below, is where they are checked.
+    """
 
     def __init__(self, tp: int, ep: int, dp: int, pp: int, cp: int, order: str, rank_offset: int = 0):
-        if ep != 1 and cp != 1:
-            # Megatron's rule: context parallelism lives in the dense generator, expert
-            # parallelism in the expert one; no single generator carries both.
-            raise ValueError("one RankGenerator cannot have both ep > 1 and cp > 1")
         self.size = {"tp": tp, "cp": cp, "ep": ep, "dp": dp, "pp": pp}
-        for name, size in self.size.items():
-            if size < 1:
-                raise ValueError(f"{name} size must be at least 1, got {size}")
-        named = set(order.lower().split("-"))
-        missing = [d for d in DIMENSIONS if d not in named and self.size[d] > 1]
-        if missing:  # Megatron's rule: a dimension of size > 1 must have a place in the order
-            raise ValueError(f"order {order!r} leaves out {', '.join(missing)}, whose size is not 1")
         self.order = parse_order(order)
         self.rank_offset = rank_offset
         self.world_size = tp * cp * ep * dp * pp
@@ -130,22 +145,79 @@ class RankGenerator:
         if self.rank_offset:
             return [tuple(r + self.rank_offset for r in g) for g in groups]
         return list(groups)
-# --8<-- [end:rank-generator]
 
 
-# --8<-- [start:embedding-ranks]
-def default_embedding_ranks(pp_ranks: list[int]) -> list[int]:
+def default_embedding_ranks(pp_ranks) -> tuple[int, ...]:
     """The word embedding lives on the first stage (input) and the last (tied output layer)."""
-    return [pp_ranks[0]] if len(pp_ranks) == 1 else [pp_ranks[0], pp_ranks[-1]]
+    return (pp_ranks[0],) if len(pp_ranks) == 1 else (pp_ranks[0], pp_ranks[-1])
 
 
-def default_position_embedding_ranks(pp_ranks: list[int]) -> list[int]:
+def default_position_embedding_ranks(pp_ranks) -> tuple[int, ...]:
     """Position embeddings are only added at the input, so only the first stage holds them."""
-    return [pp_ranks[0]]
-# --8<-- [end:embedding-ranks]
+    return (pp_ranks[0],)
 
 
-# --8<-- [start:generators]
+STAGE_RANKS = {"embd": default_embedding_ranks, "pos-embd": default_position_embedding_ranks}
+
+
+def validate_parallel_sizes(world_size: int, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
+                            expert_tp: int | None = None, vp: int | None = None,
+                            order: str = DEFAULT_ORDER) -> dict[str, int]:
+    """Check that the parallel sizes tile the world as Megatron requires; return the derived
+    sizes {'dp': ..., 'expert_tp': ..., 'expert_dp': ...}.
+
+    The one place these rules live: `minitron groups`, `minitron trace`, validate_args and
+    initialize_model_parallel all ask it, before any process or group exists. Raises
+    ValueError with one line that says what is wrong and what would fix it.
+    """
+    expert_tp = tp if expert_tp is None else expert_tp
+    if world_size < 1:
+        raise ValueError(f"world size must be at least 1, got {world_size}")
+    for name, size in (("tensor-model-parallel", tp), ("pipeline-model-parallel", pp),
+                       ("context-parallel", cp), ("expert-model-parallel", ep),
+                       ("expert-tensor-parallel", expert_tp)):
+        if size < 1:
+            raise ValueError(f"{name} size must be at least 1, got {size}")
+    model = tp * pp * cp
+    if world_size % model:
+        raise ValueError(
+            f"world size {world_size} is not divisible by tensor x pipeline x context parallel "
+            f"= {tp} x {pp} x {cp} = {model}; choose sizes whose product divides {world_size}")
+    expert_model = expert_tp * ep * pp
+    if world_size % expert_model:
+        raise ValueError(
+            f"world size {world_size} is not divisible by expert tensor x expert model x pipeline "
+            f"parallel = {expert_tp} x {ep} x {pp} = {expert_model}; choose sizes whose product "
+            f"divides {world_size}")
+    if vp is not None and vp < 1:
+        raise ValueError(f"virtual-pipeline-model-parallel size must be at least 1, got {vp}")
+    if vp is not None and pp < 2:
+        raise ValueError(f"a virtual pipeline (interleaved schedule) needs pipeline-model-parallel "
+                         f"size > 1, got {pp}")
+    sizes = {"dp": world_size // model, "expert_tp": expert_tp, "expert_dp": world_size // expert_model}
+    _validate_order(order, tp, pp, cp, ep, sizes)
+    return sizes
+
+
+def _validate_order(order: str, tp: int, pp: int, cp: int, ep: int, sizes: dict[str, int]) -> None:
+    """Megatron's rules for the order string, checked on both generators' sizes."""
+    tokens = parse_order(order)  # raises on unknown or repeated tokens
+    named = order.lower().split("-")
+    dense = {"tp": tp, "cp": cp, "ep": 1, "dp": sizes["dp"], "pp": pp}
+    expert = {"tp": sizes["expert_tp"], "cp": 1, "ep": ep, "dp": sizes["expert_dp"], "pp": pp}
+    missing = [d for d in DIMENSIONS if d not in named and max(dense[d], expert[d]) > 1]
+    if missing:  # left out, a dimension would silently become the slowest digit
+        raise ValueError(f"order {order!r} leaves out {', '.join(missing)}, whose size is not 1")
+    if tokens[-1] != "pp" and pp > 1 and sizes["dp"] != sizes["expert_dp"]:
+        raise ValueError(
+            f"with order {order} (pp not last) the dense and expert data-parallel sizes must "
+            f"match, but they are {sizes['dp']} and {sizes['expert_dp']}")
+    pp_mask = tuple(d == "pp" for d in tokens)
+    if orthogonal_groups(tuple(dense[d] for d in tokens), pp_mask) != \
+            orthogonal_groups(tuple(expert[d] for d in tokens), pp_mask):
+        raise ValueError(f"with order {order} the dense and expert layouts disagree on the pipeline groups")
+
+
 def generators(world_size: int, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
                order: str = DEFAULT_ORDER, expert_tp: int | None = None):
     """The dense ("decoder") and expert generators initialize_model_parallel uses.
@@ -154,54 +226,40 @@ def generators(world_size: int, tp: int = 1, pp: int = 1, cp: int = 1, ep: int =
     expert_tp x ep, and whatever is left over is the expert data-parallel size.
     Raises ValueError when the sizes do not tile the world.
     """
-    if world_size < 1:
-        raise ValueError(f"world size must be at least 1, got {world_size}")
-    for name, size in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("expert tp", expert_tp or 1)):
-        if size < 1:
-            raise ValueError(f"{name} size must be at least 1, got {size}")
-    model = tp * pp * cp
-    if world_size % model:
-        raise ValueError(
-            f"world size {world_size} is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {model}"
-        )
-    expert_tp = tp if expert_tp is None else expert_tp
-    expert_model = expert_tp * ep * pp
-    if world_size % expert_model:
-        raise ValueError(
-            f"world size {world_size} is not divisible by expert_tp*ep*pp = "
-            f"{expert_tp}*{ep}*{pp} = {expert_model}; choose --expert-model-parallel-size "
-            f"dividing {world_size // (expert_tp * pp)}"
-        )
-    dp = world_size // model
-    expert_dp = world_size // expert_model
-    dense = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order=order)
-    expert = RankGenerator(tp=expert_tp, ep=ep, dp=expert_dp, pp=pp, cp=1, order=order)
-    if not (dense.order[-1] == "pp" or pp == 1 or expert_dp == dp):
-        raise ValueError(
-            f"with order {order} (pp not last) the dense and expert data-parallel sizes must "
-            f"match, but they are {dp} and {expert_dp}"
-        )
-    if dense.get_ranks("pp") != expert.get_ranks("pp"):
-        raise ValueError("dense and expert layouts disagree on the pipeline groups for this order")
+    sizes = validate_parallel_sizes(world_size, tp, pp, cp, ep, expert_tp, order=order)
+    dense = RankGenerator(tp=tp, ep=1, dp=sizes["dp"], pp=pp, cp=cp, order=order)
+    expert = RankGenerator(tp=sizes["expert_tp"], ep=ep, dp=sizes["expert_dp"], pp=pp, cp=1, order=order)
     return dense, expert
-# --8<-- [end:generators]
+
+
+def all_groups(dense: RankGenerator, expert: RankGenerator):
+    """Yield (kind, groups) in the order Megatron creates them: GROUP_KINDS' order, each kind's
+    groups in one run, except that each pipeline group is followed at once by the embedding
+    groups cut from it. (Runs, not single groups, so that the caller's inner loop stays tight:
+    at world 1024 a rank walks ~3400 groups.)"""
+    cut_from_stage = [kind for kind in GROUP_KINDS if kind.source == "stage"]
+    for kind in GROUP_KINDS:
+        if kind.source == "stage":
+            continue  # made with their pipeline group, just below
+        generator = expert if kind.source in ("expert", "joined") else dense
+        groups = generator.get_ranks(kind.token)
+        if kind.source == "joined":
+            groups = [sum(groups, ())]
+        if kind.key != "pp":
+            yield kind, groups
+            continue
+        for ranks in groups:
+            yield kind, (ranks,)
+            for stage_kind in cut_from_stage:
+                yield stage_kind, (STAGE_RANKS[stage_kind.key](ranks),)
 
 
 def layout(world_size: int, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
            order: str = DEFAULT_ORDER, expert_tp: int | None = None) -> dict[str, list[list[int]]]:
     """Every group kind -> its list of rank lists, computed without any process."""
-    dense, expert = generators(world_size, tp, pp, cp, ep, order, expert_tp)
-    pp_groups = dense.get_ranks("pp")
-    tokens = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "dp-cp": "dp-cp", "tp-pp": "tp-pp",
-              "tp-cp": "tp-cp", "tp-dp": "tp-dp", "tp-dp-cp": "tp-dp-cp"}
-    expert_tokens = {"ep": "ep", "expt-tp": "tp", "expt-dp": "dp", "tp-ep": "tp-ep", "tp-ep-pp": "tp-ep-pp"}
-    groups = {key: dense.get_ranks(token) for key, token in tokens.items()}
-    groups["embd"] = [default_embedding_ranks(g) for g in pp_groups]
-    groups["pos-embd"] = [default_position_embedding_ranks(g) for g in pp_groups]
-    groups.update({key: expert.get_ranks(token) for key, token in expert_tokens.items()})
-    groups["intra-dist-opt"] = [sum(groups["tp-ep-pp"], ())]  # one distributed-optimizer instance
-    # The caller's to keep: plain lists, as JSON and comparisons expect.
-    groups = {key: [list(g) for g in rank_lists] for key, rank_lists in groups.items()}
+    groups: dict[str, list[list[int]]] = {kind.key: [] for kind in GROUP_KINDS}
+    for kind, rank_lists in all_groups(*generators(world_size, tp, pp, cp, ep, order, expert_tp)):
+        groups[kind.key].extend(list(ranks) for ranks in rank_lists)  # the caller's: fresh lists
     return groups
 
 

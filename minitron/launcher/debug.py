@@ -144,7 +144,6 @@ def _check_port(rank: int, host: str, port: int) -> None:
                  f"check --debug-host ({HOST_ENV})")
 
 
-# --8<-- [start:wait]
 def wait_for_debugger_if_asked(rank: int) -> None:
     """If this rank is in MINITRON_DEBUG_RANKS: listen, say where, and wait for a client.
 
@@ -205,7 +204,6 @@ def wait_for_debugger_if_asked(rank: int) -> None:
     if not debugpy.is_client_connected():
         fail(f"rank {rank}: no debugger attached within {wait_timeout:g} s on {host}:{port}; "
              f"attach sooner, raise --debug-wait-timeout ({WAIT_TIMEOUT_ENV}) or drop --debug")
-# --8<-- [end:wait]
 
 
 def _cancel_wait(debugpy) -> None:

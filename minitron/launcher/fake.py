@@ -1,4 +1,4 @@
-"""The fake backend: one process plays every rank of a large world, one after another.
+"""The fake backend: a few processes play every rank of a large world, one after another.
 
 torch ships a "fake" process group for exactly this: init_process_group accepts any rank and
 world size, and every collective returns at once without moving data. So the real
@@ -6,57 +6,148 @@ initialisation code runs for rank 0, then for rank 1, ... each time building the
 that rank would build. What you learn is the layout and the call structure at a scale no
 laptop could run; what you do not get is communication — every collective is a no-op.
 
-Cost: each rank calls new_group for every group of the world (about 3 x world of them), so a
-1024-rank world makes ~3.5 million calls in total. For a rank outside a group torch creates
-nothing; the trace hook returns torch's "not a member" answer directly for those, without
-recording them (see torch_hooks.FAKE_RANK).
+The rules of a fake world live here, in the launcher that plays it, not in the tracer (which
+only records, fake world or not). There are two, both about ``new_group``:
+
+* Every group is a fake group. Megatron asks for gloo twins of some groups (``backend="gloo"``);
+  in a fake world there is nothing to connect, so the backend is dropped. The trace still shows
+  what the program asked for: this rule sits beneath the tracer's wrapper.
+* A rank outside a group gets torch's "not a member" answer at once. Each rank calls new_group
+  for every group of the world (about 3 x world of them: ~3.5 million calls at world 1024,
+  tp 8, pp 8), and torch would create nothing for a non-member anyway. This rule sits above
+  the tracer, so those calls cost one membership test and leave no record: a rank's trace
+  holds the ~20 groups it is in, not the 3,400 it is not.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import time
+import traceback
+from contextlib import contextmanager
+from typing import Callable, Iterable
 
-from minitron.trace import torch_hooks
+import torch.distributed as dist
+
+from minitron.launcher.worker import rank_session
+from minitron.trace import TRACE_DIR_ENV
+
+_RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", TRACE_DIR_ENV)
 
 
-def play_ranks(world_size: int, argv: list[str], trace_dir: str | None, ranks=None) -> float:
-    """Run pretrain_gpt for each rank in ``ranks`` (default: all) on the fake backend.
+# --8<-- [start:rules]
+@contextmanager
+def _only_fake_groups():
+    """Rule 1, for the whole play: new_group ignores the backend it is asked for."""
+    original = dist.new_group
 
-    Returns the seconds spent. Each rank leaves no state behind for the next one.
-    """
-    from minitron import comm
-    from minitron.core import parallel_state
-    from minitron.launcher.worker import rank_session
-    from minitron.pretrain_gpt import ARGS_DEFAULTS
-    from minitron.training.global_vars import unset_global_variables
-    from minitron.training.training import pretrain
+    def new_group(ranks=None, timeout=None, backend=None, *args, **kwargs):
+        return original(ranks, timeout, None, *args, **kwargs)
 
-    saved_env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                                                "MINITRON_TRACE_DIR")}
-    torch_hooks.install()  # the fake-world rules live in the new_group hook, traced or not
-    start = time.perf_counter()
+    dist.new_group = new_group
     try:
-        for rank in (range(world_size) if ranks is None else ranks):
-            os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                              LOCAL_WORLD_SIZE=str(world_size))
-            if trace_dir:
-                os.environ["MINITRON_TRACE_DIR"] = str(trace_dir)
-            torch_hooks.FAKE_RANK = rank
-            with rank_session():
-                try:
-                    pretrain(None, None, "encoder_or_decoder", None, args_defaults=ARGS_DEFAULTS,
-                             argv=argv + ["--distributed-backend", "fake"])
-                finally:
-                    parallel_state.destroy_model_parallel()
-                    comm.destroy_process_group()  # cdb's torch world, and with it every subgroup
-                    unset_global_variables()
+        yield
     finally:
-        torch_hooks.FAKE_RANK = None
-        torch_hooks.uninstall()
+        dist.new_group = original
+
+
+@contextmanager
+def _non_members_answered(rank: int):
+    """Rule 2, while ``rank`` is played: a group without it is answered before anyone sees it."""
+    inner = dist.new_group  # the tracer's wrapper when tracing, else rule 1
+    non_member = dist.GroupMember.NON_GROUP_MEMBER
+
+    def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
+                  use_local_synchronization=False, group_desc=None, **kwargs):
+        if ranks is not None and rank not in ranks:
+            return non_member
+        return inner(ranks, timeout, backend, pg_options, use_local_synchronization, group_desc, **kwargs)
+
+    dist.new_group = new_group
+    try:
+        yield
+    finally:
+        dist.new_group = inner
+# --8<-- [end:rules]
+
+
+# --8<-- [start:play-ranks]
+def play_ranks(world_size: int, rank_main: Callable[[], object], trace_dir: str | os.PathLike | None = None,
+               ranks: Iterable[int] | None = None, processes: int | None = None) -> float:
+    """Call ``rank_main()`` as each rank in ``ranks`` (default: all) of a fake world in turn.
+
+    Each rank sees torchrun's variables (RANK, WORLD_SIZE, ...) and runs in a rank session,
+    traced into ``trace_dir`` if given. ``rank_main`` must leave no state behind for the next
+    rank (destroy the process group and whatever globals it set). ``processes`` (default: one
+    per core) forked copies of this process share the ranks out; 1 plays them all here.
+    Returns the seconds spent.
+    """
+    ranks = list(range(world_size) if ranks is None else ranks)
+    processes = min(processes or os.cpu_count() or 1, len(ranks))
+    start = time.perf_counter()
+    if processes <= 1:
+        _play(world_size, rank_main, trace_dir, ranks)
+    else:
+        _play_in_processes(world_size, rank_main, trace_dir, ranks, processes)
+    return time.perf_counter() - start
+
+
+def _play(world_size: int, rank_main: Callable[[], object], trace_dir, ranks: list[int]) -> None:
+    saved_env = {k: os.environ.get(k) for k in _RANK_VARS}
+    try:
+        with _only_fake_groups():
+            for rank in ranks:
+                os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                                  LOCAL_WORLD_SIZE=str(world_size))
+                if trace_dir:
+                    os.environ[TRACE_DIR_ENV] = str(trace_dir)
+                with rank_session(), _non_members_answered(rank):
+                    rank_main()
+    finally:
         for key, value in saved_env.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    return time.perf_counter() - start
+# --8<-- [end:play-ranks]
+
+
+def _play_in_processes(world_size: int, rank_main, trace_dir, ranks: list[int], processes: int) -> None:
+    """Deal the ranks out to forked copies of this process, one per core.
+
+    In a fake world the ranks never talk to each other, so they can be played in any order
+    and in any process; each rank's trace file is still written by the process that played
+    it. A copy that fails has printed its traceback; the others are stopped, and we raise.
+    """
+    pids = []
+    try:
+        for i in range(processes):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+                    _play(world_size, rank_main, trace_dir, ranks[i::processes])
+                    code = 0
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(code)
+            pids.append(pid)
+        failed = 0
+        for pid in list(pids):
+            failed += os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0
+            pids.remove(pid)
+    finally:
+        for pid in pids:  # still running: we were interrupted
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    if failed:
+        raise RuntimeError(f"{failed} of the {processes} processes playing the fake world failed "
+                           f"(traceback above)")

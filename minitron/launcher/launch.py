@@ -19,6 +19,7 @@ Two ways to start a rank:
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import signal
@@ -28,13 +29,14 @@ import sys
 import tempfile
 import time
 import traceback
+import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from minitron.launcher.debug import CONSOLE_FD_ENV
 from minitron.launcher.rendezvous import StoreKeeper, die_with_parent
-from minitron.launcher.worker import ERROR_DIR_ENV
+from minitron.launcher.worker import ERROR_DIR_ENV, Target, run_target
 
 
 class RankFailure(RuntimeError):
@@ -42,29 +44,21 @@ class RankFailure(RuntimeError):
 
     def __init__(self, rank: int, exitcode: int, log_path: Path | None):
         self.rank, self.exitcode, self.log_path = rank, exitcode, log_path
+        self._kept: list[str] | None = None
         how = f"was killed by signal {-exitcode}" if exitcode < 0 else f"exited with code {exitcode}"
         where = f"; its log: {log_path}" if log_path else ""
         super().__init__(f"rank {rank} {how}{where}")
 
     def log_tail(self, lines: int = 15) -> str:
+        if self._kept is not None:
+            return "\n".join(self._kept[-lines:])
         if not self.log_path or not self.log_path.exists():
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
-
-@dataclass
-class Target:
-    """What each rank runs: a module (``-m``), a script path, or (fork only) a Python callable."""
-
-    module: str | None = None
-    script: str | None = None
-    argv: list[str] = field(default_factory=list)
-    function: Callable[[], object] | None = None
-
-    def command(self) -> list[str]:
-        if self.module:
-            return [sys.executable, "-u", "-m", "minitron.launcher.worker", "-m", self.module, *self.argv]
-        return [sys.executable, "-u", "-m", "minitron.launcher.worker", self.script, *self.argv]
+    def keep_log_tail(self, lines: int = 60) -> None:
+        """Read the log's end now, for a log that is about to be deleted (a scratch directory)."""
+        self._kept = self.log_tail(lines).splitlines()
 
 
 @dataclass
@@ -73,10 +67,18 @@ class LaunchConfig:
     backend: str = "gloo"            # gloo -> fork, nccl -> spawn
     master_addr: str = "127.0.0.1"
     master_port: int | None = None   # None: pick a free one
+    # Pass ``--local_rank=N`` to each rank's program, before its own arguments, as DeepSpeed's
+    # launch.py does unless --no_local_rank. Off by default: torchrun passes only LOCAL_RANK.
+    local_rank_arg: bool = False
+    run_id: str = field(default_factory=lambda: str(uuid.uuid4()))  # torchrun's rendezvous id
     log_dir: Path | None = None      # per-rank logs; None: ranks share our terminal
     env: dict[str, str] = field(default_factory=dict)
     grace_seconds: float = 3.0       # SIGTERM, then this long, then SIGKILL
-    warm: tuple[str, ...] = ()       # more modules the forked ranks will need (imported once, here)
+    # Modules the forked ranks will need, imported once here (see _warm_parent). torch.optim
+    # imports torch._dynamo when a rank builds its first optimizer: 1.8 s of CPU in every rank
+    # unless the parent has it. A job that builds none (`minitron trace` without --steps)
+    # passes warm=() and saves the parent that time.
+    warm: tuple[str, ...] = ("torch._dynamo",)
 
     @property
     def start_method(self) -> str:
@@ -89,13 +91,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-# --8<-- [start:rank-env]
 def rank_env(rank: int, cfg: LaunchConfig) -> dict[str, str]:
-    """The variables torchrun would set for this rank (one node: local rank == rank)."""
+    """The variables torchrun and DeepSpeed's launch.py set for this rank (one node, so the
+    local rank is the rank, and this node is node 0 of 1)."""
     env = {
         "RANK": str(rank), "LOCAL_RANK": str(rank),
         "WORLD_SIZE": str(cfg.world_size), "LOCAL_WORLD_SIZE": str(cfg.world_size),
         "GROUP_RANK": "0", "MASTER_ADDR": cfg.master_addr, "MASTER_PORT": str(cfg.master_port),
+        # torchrun's: GROUP_* count nodes (agents); every worker has the one role "default";
+        # a job that is never restarted has restart count 0 of at most 0 (--max-restarts).
+        "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(cfg.world_size),
+        "ROLE_NAME": "default", "TORCHELASTIC_RUN_ID": cfg.run_id,
+        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+        # DeepSpeed's launch.py names the same facts its own way: node rank, nodes, ranks here.
+        "CROSS_RANK": "0", "CROSS_SIZE": "1", "LOCAL_SIZE": str(cfg.world_size),
         # The rendezvous store lives in the launcher (see _host_store): ranks connect as clients.
         "TORCHELASTIC_USE_AGENT_STORE": "True",
     }
@@ -109,7 +118,6 @@ def rank_env(rank: int, cfg: LaunchConfig) -> dict[str, str]:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.world_size))
     env.update(cfg.env)
     return env
-# --8<-- [end:rank-env]
 
 
 def log_path(cfg: LaunchConfig, rank: int) -> Path | None:
@@ -130,7 +138,6 @@ class _ForkedRank:
         return self.returncode
 
 
-# --8<-- [start:forked-child]
 def _run_forked_child(rank: int, cfg: LaunchConfig, target: Target) -> None:
     """Body of a forked rank. Never returns: the child must not run the parent's code on."""
     code = 1
@@ -152,9 +159,8 @@ def _run_forked_child(rank: int, cfg: LaunchConfig, target: Target) -> None:
         # prints and tracebacks must go to the real descriptors, i.e. its log or our terminal.
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
-        import torch
+        import torch  # already loaded by _warm_parent: a lookup, which keeps this module torch-free
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-        from minitron.launcher.worker import run_target
         code = run_target(target)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -165,11 +171,19 @@ def _run_forked_child(rank: int, cfg: LaunchConfig, target: Target) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-# --8<-- [end:forked-child]
 
 
-# --8<-- [start:start]
+def rank_target(rank: int, cfg: LaunchConfig, target: Target) -> Target:
+    """``target`` with DeepSpeed's ``--local_rank=N`` first among its arguments, if asked for."""
+    if not cfg.local_rank_arg:
+        return target
+    if target.function is not None:
+        raise ValueError("--local_rank=N is a command-line argument: it cannot be passed to a Python function")
+    return replace(target, argv=[f"--local_rank={rank}", *target.argv])
+
+
 def _start(rank: int, cfg: LaunchConfig, target: Target):
+    target = rank_target(rank, cfg, target)
     if cfg.start_method == "fork":
         sys.stdout.flush()
         sys.stderr.flush()
@@ -183,10 +197,8 @@ def _start(rank: int, cfg: LaunchConfig, target: Target):
     console = [int(env[CONSOLE_FD_ENV])] if CONSOLE_FD_ENV in env else []
     return subprocess.Popen(target.command(), env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
                             start_new_session=True, pass_fds=console)
-# --8<-- [end:start]
 
 
-# --8<-- [start:stop-all]
 def _stop_all(procs: list, grace: float) -> None:
     """SIGTERM every rank's process group, wait up to ``grace`` s, then SIGKILL.
 
@@ -215,28 +227,24 @@ def _stop_all(procs: list, grace: float) -> None:
     for p in procs:
         while p.poll() is None:
             time.sleep(0.01)
-# --8<-- [end:stop-all]
 
 
-# --8<-- [start:warm-parent]
 def _warm_parent(target: Target, warm: tuple[str, ...] = ()) -> None:
     """Import what every rank needs once, here, so forked ranks inherit it.
 
     Measured on 2 cores: 16 forked ranks that each import torch take 13.6 s; forked from a
     parent that already has it, 1.2 s. Importing runs no torch op, so no thread pool starts.
+    The imports are here, not at the top: the CLI imports this module to validate its input,
+    and must not pay for torch before it knows the input is good.
     """
-    import importlib
-
     import numpy.random  # noqa: F401  (numpy loads it lazily: 15 ms per rank otherwise)
     import torch.distributed  # noqa: F401
     if target.module and target.module.startswith("minitron."):
         importlib.import_module(target.module)
     for module in warm:
         importlib.import_module(module)
-# --8<-- [end:warm-parent]
 
 
-# --8<-- [start:launch]
 def launch(cfg: LaunchConfig, target: Target, monitor: Callable[[], None] | None = None) -> None:
     """Run ``target`` on every rank; return when all exit 0, else raise RankFailure.
 
@@ -284,7 +292,6 @@ def launch(cfg: LaunchConfig, target: Target, monitor: Callable[[], None] | None
         os.close(console)
         shutil.rmtree(errors, ignore_errors=True)
         store.close()
-# --8<-- [end:launch]
 
 
 def _first_failure(procs: list, cfg: LaunchConfig, errors: Path, settle: float = 0.3) -> tuple[int, int]:

@@ -8,6 +8,7 @@ the workers so with ``TORCHELASTIC_USE_AGENT_STORE=True``; minitron's launcher d
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 
@@ -16,7 +17,6 @@ def die_with_parent() -> None:
     """Ask Linux to SIGTERM this rank if the launcher dies (killed, crashed): otherwise ranks
     blocked in a collective would wait out the distributed timeout, orphaned. No-op elsewhere."""
     try:
-        import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -26,7 +26,6 @@ def die_with_parent() -> None:
         pass
 
 
-# --8<-- [start:keeper]
 class StoreKeeper:
     """Serve the ranks' rendezvous TCPStore from a process of the launcher's, as torchrun's
     agent does, instead of from rank 0.
@@ -49,7 +48,7 @@ class StoreKeeper:
                 die_with_parent()
                 os.close(port_r)
                 os.close(self._stop_w)
-                import torch.distributed
+                import torch.distributed  # loaded in the launcher by now; this module stays torch-free
                 store = torch.distributed.TCPStore(cfg.master_addr, cfg.master_port or 0, cfg.world_size,
                                                    is_master=True, wait_for_workers=False)
                 os.write(port_w, str(store.port).encode())
@@ -73,4 +72,3 @@ class StoreKeeper:
     def close(self) -> None:
         os.close(self._stop_w)
         os.waitpid(self.pid, 0)
-# --8<-- [end:keeper]

@@ -25,7 +25,6 @@ COMPOUND_NAME = "minitron: all ranks"
 CHECKOUT = Path(minitron.__file__).resolve().parent.parent
 
 
-# --8<-- [start:attach-config]
 def attach_configuration(rank: int, port: int, host: str) -> dict:
     """What VS Code needs to attach to one rank's debugpy adapter."""
     return {
@@ -38,7 +37,6 @@ def attach_configuration(rank: int, port: int, host: str) -> dict:
         "pathMappings": [{"localRoot": str(CHECKOUT), "remoteRoot": str(CHECKOUT)}],
         "justMyCode": False,           # step into minitron and torch.distributed, not only "your" code
     }
-# --8<-- [end:attach-config]
 
 
 def strip_jsonc(text: str) -> tuple[str, bool]:

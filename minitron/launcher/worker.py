@@ -14,12 +14,43 @@ import sys
 import time
 import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
 from minitron import trace
 from minitron.launcher import debug
 
 
 ERROR_DIR_ENV = "MINITRON_ERROR_DIR"
+
+
+@dataclass
+class Target:
+    """What each rank runs: a module (``-m``), a script path, or (fork only) a Python callable."""
+
+    module: str | None = None
+    script: str | None = None
+    argv: list[str] = field(default_factory=list)
+    function: Callable[[], object] | None = None
+
+    def command(self) -> list[str]:
+        """The command line of a spawned rank: this module, told what to run."""
+        what = ["-m", self.module] if self.module else [self.script]
+        return [sys.executable, "-u", "-m", "minitron.launcher.worker", *what, *self.argv]
+
+
+# --8<-- [start:session-env]
+def session_env(world_size: int, trace_dir: str | os.PathLike | None = None, debug_ranks: str | None = None,
+                debug_port_base: int = debug.DEFAULT_PORT_BASE, debug_host: str = debug.DEFAULT_HOST,
+                debug_wait_timeout: float = debug.DEFAULT_WAIT_TIMEOUT) -> dict[str, str]:
+    """The variables that switch on ``rank_session``'s features: tracing into ``trace_dir``,
+    a debugger for ``debug_ranks``. Built once, in the launcher; ValueError on a bad request."""
+    env = {trace.TRACE_DIR_ENV: str(Path(trace_dir).resolve())} if trace_dir else {}
+    if debug_ranks:
+        env.update(debug.debug_env(debug_ranks, world_size, debug_port_base, debug_host, debug_wait_timeout))
+    return env
+# --8<-- [end:session-env]
 
 
 def record_failure() -> None:
@@ -37,7 +68,6 @@ def env_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-# --8<-- [start:rank-session]
 @contextmanager
 def rank_session():
     """Start tracing if MINITRON_TRACE_DIR is set, wait for a debugger if this rank is in
@@ -55,7 +85,6 @@ def rank_session():
     finally:
         if owner:
             trace.stop()
-# --8<-- [end:rank-session]
 
 
 # --8<-- [start:run-target]
@@ -95,8 +124,6 @@ def _run(target) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from minitron.launcher.launch import Target
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "-m":
         target = Target(module=argv[1], argv=argv[2:])

@@ -122,16 +122,23 @@ SCHEDULERS = {"WarmupLR": ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
                                 "total_num_steps")}
 
 
+def _typed_section(params: dict, key: str, kinds: dict) -> tuple[Optional[str], dict]:
+    """``{"type": ..., "params": {...}}`` sections: the type (one minitron runs) and its params."""
+    section = _section(params, key)
+    if not section:
+        return None, {}
+    check_keys(section, ("type", "params"), {}, key)
+    kind = section.get("type")
+    if kind not in kinds:
+        raise DeepSpeedConfigError(f"{key}.type {json_value(kind)}: minitron runs {' or '.join(kinds)}")
+    return kind, _section(section, "params")
+
+
 def parse_optimizer(params: dict) -> tuple[Optional[str], Optional[dict]]:
     """Adam or AdamW with their params; None when the program passes its own optimizer."""
-    section = _section(params, "optimizer")
-    if not section:
+    kind, opt = _typed_section(params, "optimizer", OPTIMIZERS)
+    if kind is None:
         return None, None
-    check_keys(section, ("type", "params"), {}, "optimizer")
-    kind = section.get("type")
-    if kind not in OPTIMIZERS:
-        raise DeepSpeedConfigError(f"optimizer.type {json_value(kind)}: minitron runs {' or '.join(OPTIMIZERS)}")
-    opt = _section(section, "params")
     check_keys(opt, OPTIMIZERS[kind] + ("adam_w_mode",), {"torch_adam": False}, "optimizer.params")
     out = {"lr": number(opt, "lr", 1e-3, "optimizer.params", low=0),
            "eps": number(opt, "eps", 1e-8, "optimizer.params", low=0),
@@ -147,14 +154,9 @@ def parse_optimizer(params: dict) -> tuple[Optional[str], Optional[dict]]:
 
 
 def parse_scheduler(params: dict) -> tuple[Optional[str], Optional[dict]]:
-    section = _section(params, "scheduler")
-    if not section:
+    kind, sched = _typed_section(params, "scheduler", SCHEDULERS)
+    if kind is None:
         return None, None
-    check_keys(section, ("type", "params"), {}, "scheduler")
-    kind = section.get("type")
-    if kind not in SCHEDULERS:
-        raise DeepSpeedConfigError(f"scheduler.type {json_value(kind)}: minitron runs {' or '.join(SCHEDULERS)}")
-    sched = _section(section, "params")
     where = "scheduler.params"
     check_keys(sched, SCHEDULERS[kind], {}, where)
     out = {"warmup_min_lr": number(sched, "warmup_min_lr", 0.0, where, low=0),

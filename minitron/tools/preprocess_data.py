@@ -43,7 +43,7 @@ class PreprocessResult:
     input_bytes: int
     seconds: float
     skipped: list[tuple[int, str]] = field(default_factory=list)  # (line number, reason)
-    empty: int = 0
+    empty: int = 0  # documents with no token: kept, with no sequence (see _encode_batch)
 
     @property
     def mb_per_s(self) -> float:
@@ -59,7 +59,6 @@ def _init_worker(spec: dict) -> None:
     _WORKER["spec"] = spec
 
 
-# --8<-- [start:encode]
 def _encode_batch(batch: tuple[int, bytes]):
     """Tokenize a block of whole lines -> per key (tokens, lengths), bad lines, sizes.
 
@@ -71,7 +70,7 @@ def _encode_batch(batch: tuple[int, bytes]):
     fast_bytes = hasattr(tokenizer, "tokenize_bytes")  # ByteLevelTokenizer: the UTF-8 bytes are the ids
     first_lineno, blob = batch
     out = {key: ([], []) for key in keys}
-    bad, empty = [], 0
+    bad, empty = [], 0  # empty: documents (line x key) with no token
     for lineno, line in enumerate(blob.split(b"\n"), start=first_lineno):
         if not line.strip():
             continue  # blank lines (a trailing newline, say) are not documents
@@ -98,16 +97,15 @@ def _encode_batch(batch: tuple[int, bytes]):
         except ValueError as err:  # e.g. NullTokenizer given words instead of ids
             bad.append((lineno, str(err)))
             continue
-        if all(len(d) == 0 for d in docs):
-            empty += 1  # nothing to learn from; keep it out of the dataset
-            continue
+        # An empty text stays a document with no sequence (Megatron's preprocessing does the
+        # same), so line n of the input is still document n of every key's index.
+        empty += sum(len(d) == 0 for d in docs)
         for key, ids in zip(keys, docs):
             out[key][0].append(ids)
             out[key][1].append(len(ids))
     arrays = {key: (np.concatenate(t) if t else np.zeros(0, dtype), np.asarray(n, dtype=np.int64))
               for key, (t, n) in out.items()}
     return arrays, bad, empty, len(blob)
-# --8<-- [end:encode]
 
 
 def _batches(path: str):
@@ -188,12 +186,12 @@ def run_preprocess(input: str, output_prefix: str, tokenizer_type: str = "ByteLe
                 result.input_bytes += nbytes
                 for key, (tokens, lengths) in arrays.items():
                     # One sequence per document: Megatron splits sentences only for BERT.
-                    builders[key].add_documents(tokens, lengths)
+                    builders[key].add_flat_documents(tokens, lengths)
                 result.documents += len(arrays[json_keys[0]][1])
                 result.tokens += int(sum(len(t) for t, _ in arrays.values()))
                 bar.update(task, advance=nbytes, docs=result.documents)
-        if result.documents == 0:
-            raise ValueError(f"--input {input}: no documents to write (every line was blank, empty or skipped)")
+        if result.tokens == 0:
+            raise ValueError(f"--input {input}: no tokens to write (every line was blank, empty or skipped)")
         for key in json_keys:
             builders[key].finalize(tmp[key][1])
         for key, prefix in prefixes.items():
@@ -268,7 +266,7 @@ def summary(r: PreprocessResult) -> str:
         shown = ", ".join(f"line {n} ({why})" for n, why in r.skipped[:3])
         lines.append(f"skipped {len(r.skipped)} bad line(s): {shown}{' ...' if len(r.skipped) > 3 else ''}")
     if r.empty:
-        lines.append(f"left out {r.empty} empty document(s)")
+        lines.append(f"{r.empty} empty document(s) kept as documents with no sequence, as Megatron does")
     return "\n".join(lines)
 
 

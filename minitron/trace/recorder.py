@@ -91,25 +91,20 @@ def active() -> Recorder | None:
 
 
 def start(out_dir: str | os.PathLike, rank: int) -> Recorder:
-    """Begin recording this process as ``rank``; wraps torch.distributed's entry points too."""
+    """Begin recording this process's ``@traced`` steps as ``rank`` (``minitron.trace.start``
+    also wraps torch.distributed's entry points)."""
     global _ACTIVE
-    from minitron.trace import torch_hooks
-
     stop()
     _ACTIVE = Recorder(out_dir, rank)
-    torch_hooks.install()
     return _ACTIVE
 
 
 def stop() -> None:
-    """Flush and stop recording; torch.distributed gets its own functions back."""
+    """Flush and stop recording."""
     global _ACTIVE
-    from minitron.trace import torch_hooks
-
     if _ACTIVE is not None:
         _ACTIVE.close()
         _ACTIVE = None
-    torch_hooks.uninstall()
 
 
 def _bound_args(signature: inspect.Signature, args, kwargs) -> dict:

@@ -27,11 +27,8 @@ COLLECTIVES = (
 )
 SETUP = ("init_process_group", "new_group", "destroy_process_group")
 
-_ORIGINAL: dict[str, object] = {}
-
-# The rank launcher/fake.py is playing, or None outside a fake world. There one process plays
-# every rank in turn, and each rank creates every group of the world (thousands at world 1024).
-FAKE_RANK: int | None = None
+_ORIGINAL: dict[str, object] = {}                 # name -> torch's function, while installed
+_MADE: dict[str, tuple[object, object]] = {}     # name -> (the function wrapped, its wrapper)
 
 
 def describe_group(group) -> dict:
@@ -99,14 +96,7 @@ def _wrap_new_group(original):
     def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
                   use_local_synchronization=False, group_desc=None, **kwargs):
         recorder = _rec._ACTIVE
-        real_backend = backend
-        if FAKE_RANK is not None:
-            if ranks is not None and FAKE_RANK not in ranks:
-                # torch would create nothing for a non-member; answering directly (and not
-                # recording it) keeps a 1024-rank fake world to seconds and ~50 records a rank.
-                return dist.GroupMember.NON_GROUP_MEMBER
-            real_backend = None  # a fake world has only fake groups, Megatron's gloo twins too
-        call = lambda: original(ranks, timeout, real_backend, pg_options, use_local_synchronization,
+        call = lambda: original(ranks, timeout, backend, pg_options, use_local_synchronization,
                                 group_desc, **kwargs)
         if recorder is None:
             return call()
@@ -152,6 +142,13 @@ def install() -> None:
         if original is None:
             continue
         _ORIGINAL[name] = original
+        setattr(dist, name, _wrapper(name, original))
+
+
+def _wrapper(name: str, original):
+    """The wrapper of ``original``, made once: a fake world starts tracing a thousand times."""
+    made = _MADE.get(name)
+    if made is None or made[0] is not original:
         if name == "new_group":
             wrapped = _wrap_new_group(original)
         elif name == "init_process_group":
@@ -160,7 +157,8 @@ def install() -> None:
             wrapped = _wrap_plain(name, original)
         else:
             wrapped = _wrap_collective(name, original)
-        setattr(dist, name, wrapped)
+        made = _MADE[name] = (original, wrapped)
+    return made[1]
 
 
 def uninstall() -> None:

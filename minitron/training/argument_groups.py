@@ -1,111 +1,232 @@
-"""Megatron's flags, one argument group per concern, as Megatron's arguments.py lays them out.
+"""Megatron's flags, one argument group per concern, under the names of Megatron's arguments.py.
 
 Kept apart from parse_args/validate_args so the vocabulary (what can be said) and the
-arithmetic (what must hold between the values) each read in one sitting.
+arithmetic (what must hold between the values) each read in one sitting. This is the ground
+floor of the arguments: training/arguments.py and training/datasets/arguments.py both build
+on it, and it imports neither, so there is no cycle; nothing it imports needs torch.
 """
 
 from __future__ import annotations
 
+import argparse
+
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER
-from minitron.training.datasets.arguments import add_data_args
+from minitron.training.tokenizer.tokenizer import TOKENIZER_TYPES
+
+
+class ArgumentError(ValueError):
+    """A bad or inconsistent argument; the message is one line a user can act on."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would print usage and exit(2); we want one clear line
+        raise ArgumentError(message)
+
+
+# Each number's sensible range is stated once, with its flag: argparse applies these types to
+# what the user typed, so `--exit-interval -1` or `--lr nan` is refused while parsing, in one
+# line ("argument --lr: must be a finite number, got nan"), whichever code reads it later.
+def _int(low: int, high: int | None = None):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f"at least {low}" if high is None else f"between {low} and {high}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+    return parse
+
+
+def _float(low: float, high: float | None = None, *, above: bool = False, below: bool = False):
+    """A finite number >= low (> low with ``above``) and <= high (< high with ``below``)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        too_low = value <= low if above else value < low
+        too_high = high is not None and (value >= high if below else value > high)
+        if too_low or too_high:
+            lo = f"{'>' if above else '>='} {low:g}"
+            hi = "" if high is None else f" and {'<' if below else '<='} {high:g}"
+            raise argparse.ArgumentTypeError(f"must be {lo}{hi}, got {value:g}")
+        return value
+    return parse
+
+
+POSITIVE, COUNT = _int(1), _int(0)  # a size or an interval (>= 1); a count that may be zero
+PROBABILITY = _float(0.0, 1.0, below=True)
 
 
 def _add_network_size_args(parser):
     g = parser.add_argument_group("network size")
-    g.add_argument("--num-layers", type=int, default=None)
-    g.add_argument("--hidden-size", type=int, default=None)
-    g.add_argument("--ffn-hidden-size", type=int, default=None, help="default: 4 x hidden size")
-    g.add_argument("--num-attention-heads", type=int, default=None)
-    g.add_argument("--kv-channels", type=int, default=None, help="default: hidden / heads")
-    g.add_argument("--seq-length", type=int, default=None)
-    g.add_argument("--max-position-embeddings", type=int, default=None, help="default: seq length")
-    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
-    g.add_argument("--layernorm-epsilon", type=float, default=1e-5)
-    g.add_argument("--hidden-dropout", type=float, default=0.1)
-    g.add_argument("--attention-dropout", type=float, default=0.1)
-    g.add_argument("--init-method-std", type=float, default=0.02)
+    g.add_argument("--num-layers", type=POSITIVE, default=None)
+    g.add_argument("--hidden-size", type=POSITIVE, default=None)
+    g.add_argument("--ffn-hidden-size", type=POSITIVE, default=None, help="default: 4 x hidden size")
+    g.add_argument("--num-attention-heads", type=POSITIVE, default=None)
+    g.add_argument("--kv-channels", type=POSITIVE, default=None, help="default: hidden / heads")
+    g.add_argument("--max-position-embeddings", type=POSITIVE, default=None, help="default: seq length")
+    g.add_argument("--make-vocab-size-divisible-by", type=POSITIVE, default=128)
+    g.add_argument("--layernorm-epsilon", type=_float(0.0, above=True), default=1e-5)
+    g.add_argument("--init-method-std", type=_float(0.0), default=0.02)
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+
+
+def _add_regularization_args(parser):
+    g = parser.add_argument_group("regularization")
+    g.add_argument("--attention-dropout", type=PROBABILITY, default=0.1)
+    g.add_argument("--hidden-dropout", type=PROBABILITY, default=0.1)
+    g.add_argument("--weight-decay", type=_float(0.0), default=0.01)
+    g.add_argument("--clip-grad", type=_float(0.0), default=1.0, help="0: no clipping")
+    g.add_argument("--adam-beta1", type=PROBABILITY, default=0.9)
+    g.add_argument("--adam-beta2", type=PROBABILITY, default=0.999)
+    g.add_argument("--adam-eps", type=_float(0.0, above=True), default=1e-8)
+    g.add_argument("--sgd-momentum", type=PROBABILITY, default=0.9)
 
 
 def _add_training_args(parser):
     g = parser.add_argument_group("training")
-    g.add_argument("--micro-batch-size", type=int, default=None)
-    g.add_argument("--global-batch-size", type=int, default=None,
+    g.add_argument("--micro-batch-size", type=POSITIVE, default=None)
+    g.add_argument("--global-batch-size", type=POSITIVE, default=None,
                    help="default: micro batch size x data-parallel size")
-    g.add_argument("--rampup-batch-size", nargs="*", default=None,
-                   metavar="START INCREMENT SAMPLES")
-    g.add_argument("--train-iters", type=int, default=None)
-    g.add_argument("--exit-interval", type=int, default=None,
+    g.add_argument("--rampup-batch-size", nargs=3, type=COUNT, default=None, metavar=("START", "INCREMENT", "SAMPLES"),
+                   help="grow the global batch over the first SAMPLES samples (needs --train-samples)")
+    g.add_argument("--train-iters", type=COUNT, default=None, help="iterations to train (or --train-samples)")
+    g.add_argument("--train-samples", type=POSITIVE, default=None,
+                   help="samples to train; the iterations follow from the batch (and its ramp-up)")
+    g.add_argument("--exit-interval", type=POSITIVE, default=None,
                    help="stop after an iteration divisible by N (saving first, with --save)")
-    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
+    g.add_argument("--dataloader-type", default=None, choices=["single", "cyclic", "external"],
+                   help="single: one pass in dataset order (default); cyclic: reshuffle every epoch")
+    # Megatron lists this one among its vision flags; it steers the cyclic sampler.
+    g.add_argument("--no-data-sharding", dest="data_sharding", action="store_false",
+                   help="cyclic loader: one global shuffle instead of one bucket per dp rank")
+
+
+def _add_initialization_args(parser):
+    g = parser.add_argument_group("initialization")
+    g.add_argument("--seed", type=_int(0, 2**31 - 1), default=1234)
     g.add_argument("--data-parallel-random-init", action="store_true")
+
+
+def _add_learning_rate_args(parser):
+    g = parser.add_argument_group("learning rate")
+    g.add_argument("--lr", type=_float(0.0), default=None)
+    g.add_argument("--min-lr", type=_float(0.0), default=0.0)
+    g.add_argument("--lr-decay-style", default="linear", choices=["constant", "linear", "cosine", "inverse-square-root"])
+    g.add_argument("--lr-decay-iters", type=POSITIVE, default=None, help="default: --train-iters")
+    g.add_argument("--lr-warmup-iters", type=COUNT, default=0)
+    g.add_argument("--lr-warmup-fraction", type=_float(0.0, 1.0), default=None)
+
+
+def _add_mixed_precision_args(parser):
+    g = parser.add_argument_group("mixed precision")
     g.add_argument("--fp16", action="store_true")
     g.add_argument("--bf16", action="store_true")
+    g.add_argument("--loss-scale", type=_float(0.0, above=True), default=None, help="static loss scale; default: dynamic")
+    g.add_argument("--initial-loss-scale", type=_float(0.0, above=True), default=2.0 ** 32)
+    g.add_argument("--min-loss-scale", type=_float(0.0, above=True), default=1.0)
+    g.add_argument("--loss-scale-window", type=POSITIVE, default=1000)
+    g.add_argument("--hysteresis", type=POSITIVE, default=2)
+    g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true")
 
 
 def _add_distributed_args(parser):
     g = parser.add_argument_group("distributed")
-    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
-    g.add_argument("--virtual-pipeline-model-parallel-size", type=int, default=None)
-    g.add_argument("--context-parallel-size", type=int, default=1)
-    g.add_argument("--expert-model-parallel-size", type=int, default=1)
-    g.add_argument("--expert-tensor-parallel-size", type=int, default=None, help="default: tp size")
+    g.add_argument("--tensor-model-parallel-size", type=POSITIVE, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=POSITIVE, default=1)
+    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=POSITIVE, default=None)
+    # Megatron's current name first; older Megatron scripts use the second spelling.
+    g.add_argument("--num-virtual-stages-per-pipeline-rank", "--virtual-pipeline-model-parallel-size",
+                   dest="virtual_pipeline_model_parallel_size", type=POSITIVE, default=None,
+                   help="model chunks per pipeline rank (the interleaved schedule)")
+    g.add_argument("--context-parallel-size", type=POSITIVE, default=1)
+    g.add_argument("--expert-model-parallel-size", type=POSITIVE, default=1)
+    g.add_argument("--expert-tensor-parallel-size", type=POSITIVE, default=None, help="default: tp size")
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--use-tp-pp-dp-mapping", action="store_true",
                    help=f"rank order {TP_PP_DP_ORDER} instead of {DEFAULT_ORDER}")
     g.add_argument("--distributed-backend", default=None, choices=["nccl", "gloo", "fake"],
                    help="default: nccl with GPUs, gloo without")
-    g.add_argument("--distributed-timeout-minutes", type=int, default=10)
+    g.add_argument("--distributed-timeout-minutes", type=POSITIVE, default=10)
     g.add_argument("--use-distributed-optimizer", action="store_true")
-    g.add_argument("--local-rank", type=int, default=None)
+    g.add_argument("--local-rank", type=COUNT, default=None)
 
 
-def _add_learning_rate_args(parser):
-    g = parser.add_argument_group("learning rate and optimizer")
-    g.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
-    g.add_argument("--lr", type=float, default=None)
-    g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument("--lr-decay-style", default="linear", choices=["constant", "linear", "cosine", "inverse-square-root"])
-    g.add_argument("--lr-decay-iters", type=int, default=None, help="default: --train-iters")
-    g.add_argument("--lr-warmup-iters", type=int, default=0)
-    g.add_argument("--lr-warmup-fraction", type=float, default=None)
-    g.add_argument("--weight-decay", type=float, default=0.01)
-    g.add_argument("--clip-grad", type=float, default=1.0)
-    g.add_argument("--adam-beta1", type=float, default=0.9)
-    g.add_argument("--adam-beta2", type=float, default=0.999)
-    g.add_argument("--adam-eps", type=float, default=1e-8)
-    g.add_argument("--sgd-momentum", type=float, default=0.9)
+def _add_moe_args(parser):
+    g = parser.add_argument_group("moe")
+    g.add_argument("--num-experts", type=COUNT, default=None,
+                   help="experts per MoE layer; --expert-model-parallel-size spreads them")
 
 
-def _add_mixed_precision_args(parser):
-    g = parser.add_argument_group("mixed precision")
-    g.add_argument("--loss-scale", type=float, default=None, help="static loss scale; default: dynamic")
-    g.add_argument("--initial-loss-scale", type=float, default=2.0 ** 32)
-    g.add_argument("--min-loss-scale", type=float, default=1.0)
-    g.add_argument("--loss-scale-window", type=int, default=1000)
-    g.add_argument("--hysteresis", type=int, default=2)
-    g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true")
+def _add_validation_args(parser):
+    g = parser.add_argument_group("validation")
+    g.add_argument("--eval-iters", type=COUNT, default=100, help="batches per evaluation (0: none)")
+    g.add_argument("--eval-interval", type=POSITIVE, default=None,
+                   help="evaluate every N iterations (default: never during training)")
 
 
 def _add_logging_args(parser):
-    g = parser.add_argument_group("logging and evaluation")
-    g.add_argument("--log-interval", type=int, default=1)
+    g = parser.add_argument_group("logging")
+    g.add_argument("--log-interval", type=POSITIVE, default=1)
     g.add_argument("--log-jsonl", default=None, metavar="PATH",
                    help="one JSON object per iteration, written by the rank that owns the loss")
-    g.add_argument("--eval-interval", type=int, default=None)
-    g.add_argument("--eval-iters", type=int, default=0)
     g.add_argument("--timing-log-level", type=int, default=0, choices=[0, 1, 2])
 
 
 def _add_checkpointing_args(parser):
     g = parser.add_argument_group("checkpointing")
     g.add_argument("--save", default=None, metavar="DIR", help="save checkpoints into DIR")
-    g.add_argument("--save-interval", type=int, default=None, help="save every N iterations (and at the end)")
+    g.add_argument("--save-interval", type=POSITIVE, default=None, help="save every N iterations (and at the end)")
     g.add_argument("--load", default=None, metavar="DIR", help="resume from the latest checkpoint in DIR")
 
 
-ARGUMENT_GROUPS = (_add_network_size_args, _add_training_args, _add_learning_rate_args,
-                   _add_mixed_precision_args, _add_distributed_args, add_data_args, _add_logging_args,
-                   _add_checkpointing_args)
+def _add_tokenizer_args(parser):
+    g = parser.add_argument_group("tokenizer")
+    g.add_argument("--tokenizer-type", default=None, choices=list(TOKENIZER_TYPES))
+    g.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: vocab.json")
+    g.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: merges.txt")
+    g.add_argument("--tokenizer-model", default=None, help="HuggingFaceTokenizer: tokenizer.json")
+    g.add_argument("--vocab-size", type=POSITIVE, default=None, help="NullTokenizer: vocabulary size")
+
+
+def _add_data_args(parser):
+    g = parser.add_argument_group("data and dataloader")
+    g.add_argument("--data-path", nargs="*", default=None,
+                   help="PREFIX [PREFIX ...] or WEIGHT PREFIX [WEIGHT PREFIX ...] of .bin/.idx pairs")
+    g.add_argument("--split", default=None,
+                   help="train,valid,test proportions of every dataset, e.g. 969,30,1 (the default)")
+    g.add_argument("--data-cache-path", default=None,
+                   help="directory for the index .npy caches (default: beside each dataset)")
+    g.add_argument("--mock-data", action="store_true", help="synthetic tokens instead of --data-path")
+    g.add_argument("--seq-length", type=POSITIVE, default=None)
+    g.add_argument("--num-workers", type=COUNT, default=0,
+                   help="DataLoader worker processes per rank (Megatron: 2; 0 suits CPU ranks)")
+    g.add_argument("--reset-position-ids", action="store_true",
+                   help="restart position ids after each end-of-document token")
+    g.add_argument("--reset-attention-mask", action="store_true",
+                   help="no attention across end-of-document tokens")
+    g.add_argument("--eod-mask-loss", action="store_true", help="no loss on predicting end-of-document")
+    g.add_argument("--no-create-attention-mask-in-dataloader", dest="create_attention_mask_in_dataloader",
+                   action="store_false", help="let the attention kernel build the causal mask")
+
+
+ARGUMENT_GROUPS = (_add_network_size_args, _add_regularization_args, _add_training_args,
+                   _add_initialization_args, _add_learning_rate_args, _add_checkpointing_args,
+                   _add_mixed_precision_args, _add_distributed_args, _add_validation_args,
+                   _add_data_args, _add_tokenizer_args, _add_moe_args, _add_logging_args)
+
+
+def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:
+    parser = _Parser(prog="pretrain_gpt", description="minitron arguments (Megatron's names)",
+                     allow_abbrev=False)
+    for add in ARGUMENT_GROUPS:
+        add(parser)
+    if extra_args_provider is not None:
+        parser = extra_args_provider(parser)
+    return parser

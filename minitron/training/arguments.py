@@ -1,46 +1,38 @@
 """Megatron's command line: parse_args, then validate_args derives what follows from it.
 
 Flag names are Megatron's own (``--tensor-model-parallel-size``, ``--micro-batch-size``, ...),
-so a launch script written for Megatron reads the same here. Like Megatron, the rank and world
-size come from the environment (RANK / WORLD_SIZE, as torchrun sets them), not from flags.
+so a launch script written for Megatron reads the same here; they are declared in
+argument_groups.py. Like Megatron, the rank and world size come from the environment
+(RANK / WORLD_SIZE, as torchrun sets them), not from flags.
 
 validate_args is where the 3-D layout and the batch arithmetic are checked *before* any
 process group exists: every inconsistent combination is reported as one line saying what is
-wrong and what would fix it (``ArgumentError``).
+wrong and what would fix it (``ArgumentError``). Nothing on that path imports torch, so the
+command line answers a bad layout in a fraction of a torch import.
 """
 
 from __future__ import annotations
 
-import argparse
-
-from minitron.comm.comm import discover_world_info
-from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER
-from minitron.training.argument_groups import ARGUMENT_GROUPS
+from minitron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
+from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate_parallel_sizes
+from minitron.training.argument_groups import ArgumentError, build_parser
 from minitron.training.datasets.arguments import validate_data_args
 
+__all__ = ["ArgumentError", "GPT_ARGS_DEFAULTS", "build_parser", "parse_args", "validate_args",
+           "core_transformer_config_from_args"]
 
-class ArgumentError(ValueError):
-    """A bad or inconsistent argument; the message is one line a user can act on."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse would print usage and exit(2); we want one clear line
-        raise ArgumentError(message)
-
-
-def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:
-    parser = _Parser(prog="pretrain_gpt", description="minitron arguments (Megatron's names)",
-                     allow_abbrev=False)
-    for add in ARGUMENT_GROUPS:
-        add(parser)
-    if extra_args_provider is not None:
-        parser = extra_args_provider(parser)
-    return parser
+# The args_defaults pretrain_gpt.py passes to pretrain(): token ids over a small vocabulary, so
+# a command line can stay about the parallel layout. They live here, not in pretrain_gpt.py,
+# because the command line validates with them before it imports torch (pretrain_gpt does).
+GPT_ARGS_DEFAULTS = {"tokenizer_type": "NullTokenizer", "vocab_size": 1024}
 
 
-# --8<-- [start:parse-args]
 def parse_args(extra_args_provider=None, ignore_unknown_args=False, argv=None):
     """Parse Megatron's flags; rank and world size come from the environment as in Megatron."""
+    # comm imports torch, and only a rank needs to know who it is: the command line validates
+    # for the world it is about to start (cli/common.validate_pretrain) without calling this.
+    from minitron.comm.comm import discover_world_info
+
     parser = build_parser(extra_args_provider)
     if ignore_unknown_args:
         args, _ = parser.parse_known_args(argv)
@@ -52,7 +44,6 @@ def parse_args(extra_args_provider=None, ignore_unknown_args=False, argv=None):
     if args.local_rank is None:
         args.local_rank = world.local_rank
     return args
-# --8<-- [end:parse-args]
 
 
 def _require(condition: bool, message: str) -> None:
@@ -60,20 +51,18 @@ def _require(condition: bool, message: str) -> None:
         raise ArgumentError(message)
 
 
-# --8<-- [start:validate-args]
 def validate_args(args, defaults: dict | None = None):
-    """Fill in what the flags imply and reject what cannot work. Returns args."""
+    """Fill in what the flags imply and reject what cannot work. Returns args.
+
+    Each number's own range was checked while parsing (argument_groups); what is left here
+    is what must hold *between* flags."""
     for key, value in (defaults or {}).items():
         if getattr(args, key, None) is None:  # a flag given on the command line wins
             setattr(args, key, value)
 
-    for name in ("world_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
-                 "context_parallel_size", "expert_model_parallel_size"):
-        _require(getattr(args, name) >= 1, f"{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    _require(args.world_size >= 1, f"the world size must be at least 1, got {args.world_size}")
     for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size"):
-        value = getattr(args, name)
-        _require(value is not None, f"--{name.replace('_', '-')} is required")
-        _require(value >= 1, f"--{name.replace('_', '-')} must be at least 1, got {value}")
+        _require(getattr(args, name) is not None, f"--{name.replace('_', '-')} is required")
 
     _validate_layout(args)
     _validate_model_shape(args)
@@ -84,64 +73,61 @@ def validate_args(args, defaults: dict | None = None):
     args.params_dtype = "float16" if args.fp16 else "bfloat16" if args.bf16 else "float32"
 
     if args.distributed_backend is None:
+        # The accelerator asks torch whether a GPU is there: a rank's question, asked after
+        # every refusal above (the command line passes the backend it chose).
         from minitron.accelerator import get_accelerator
         args.distributed_backend = get_accelerator().communication_backend_name()
     if args.distributed_backend == "nccl":
-        import torch
-        count = torch.cuda.device_count()
-        _require(count > 0, "--distributed-backend nccl needs CUDA GPUs and none is visible; "
-                 "use --distributed-backend gloo on CPU")
-    _require(args.distributed_timeout_minutes >= 1, "--distributed-timeout-minutes must be at least 1")
+        import torch  # only nccl needs to count GPUs; gloo and fake runs never pay for it here
+        _require(torch.cuda.device_count() > 0, "--distributed-backend nccl needs CUDA GPUs and none "
+                 "is visible; use --distributed-backend gloo on CPU")
     validate_data_args(args)
     return args
-# --8<-- [end:validate-args]
 
 
-# --8<-- [start:validate-layout]
 def _validate_layout(args):
     tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
-    model = tp * pp * cp
-    _require(args.world_size % model == 0,
-             f"world size {args.world_size} is not divisible by tensor x pipeline x context parallel "
-             f"= {tp} x {pp} x {cp} = {model}; choose sizes whose product divides {args.world_size}")
-    args.data_parallel_size = args.world_size // model
     args.order = TP_PP_DP_ORDER if args.use_tp_pp_dp_mapping else DEFAULT_ORDER
-
     ep = args.expert_model_parallel_size
-    if args.expert_tensor_parallel_size is None:
-        args.expert_tensor_parallel_size = tp
-    etp = args.expert_tensor_parallel_size
-    _require(etp >= 1, f"--expert-tensor-parallel-size must be at least 1, got {etp}")
-    expert_slice = args.world_size // (etp * pp) if args.world_size % (etp * pp) == 0 else None
-    _require(expert_slice is not None and expert_slice % ep == 0,
-             f"--expert-model-parallel-size {ep} must divide the expert data-parallel size "
-             f"world / (expert tp x pp) = {args.world_size} / ({etp} x {pp})")
-    args.expert_data_parallel_size = expert_slice // ep
-    if args.use_tp_pp_dp_mapping and pp > 1:
-        _require(args.expert_data_parallel_size == args.data_parallel_size,
-                 "with --use-tp-pp-dp-mapping the expert and dense data-parallel sizes must match")
-    if tp == 1:
-        args.sequence_parallel = False  # as Megatron: nothing to split the sequence across
+    if args.num_experts == 0:
+        args.num_experts = None  # as Megatron: zero experts is a dense model
+    if ep > 1:  # Megatron's condition: expert parallelism splits experts, so there must be some
+        _require(args.num_experts is not None,
+                 f"--expert-model-parallel-size {ep} spreads experts over ranks, but there are none: "
+                 f"add --num-experts N (a multiple of {ep})")
+        _require(args.num_experts % ep == 0,
+                 f"--num-experts {args.num_experts} is not a multiple of --expert-model-parallel-size {ep}")
 
     # Virtual pipeline (interleaved schedule): several model chunks per pipeline rank.
     _require(args.num_layers % pp == 0,
              f"--num-layers {args.num_layers} is not divisible by --pipeline-model-parallel-size {pp}")
-    per_stage = args.num_layers // pp
     if args.num_layers_per_virtual_pipeline_stage is not None:
-        n = args.num_layers_per_virtual_pipeline_stage
-        _require(n >= 1 and per_stage % n == 0,
-                 f"the {per_stage} layers of each pipeline stage are not divisible by "
+        n, per_stage = args.num_layers_per_virtual_pipeline_stage, args.num_layers // pp
+        _require(args.virtual_pipeline_model_parallel_size is None,
+                 "give --num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank, "
+                 "not both")
+        _require(per_stage % n == 0, f"the {per_stage} layers of each pipeline stage are not divisible by "
                  f"--num-layers-per-virtual-pipeline-stage {n}")
         args.virtual_pipeline_model_parallel_size = per_stage // n
-    if args.virtual_pipeline_model_parallel_size is not None:
-        vp = args.virtual_pipeline_model_parallel_size
-        _require(pp > 1, "a virtual pipeline (interleaved schedule) needs --pipeline-model-parallel-size > 1")
-        _require(vp >= 1 and args.num_layers % (pp * vp) == 0,
+    vp = args.virtual_pipeline_model_parallel_size
+
+    # How the sizes tile the world: the rules' one home, shared with `minitron groups` and
+    # initialize_model_parallel.
+    try:
+        sizes = validate_parallel_sizes(args.world_size, tp, pp, cp, ep, args.expert_tensor_parallel_size, vp,
+                                        args.order)
+    except ValueError as exc:
+        raise ArgumentError(str(exc)) from None
+    args.data_parallel_size = sizes["dp"]
+    args.expert_tensor_parallel_size, args.expert_data_parallel_size = sizes["expert_tp"], sizes["expert_dp"]
+    if tp == 1:
+        args.sequence_parallel = False  # as Megatron: nothing to split the sequence across
+    if vp is not None:
+        _require(args.num_layers % (pp * vp) == 0,
                  f"--num-layers {args.num_layers} is not divisible by pipeline x virtual pipeline "
                  f"= {pp} x {vp} = {pp * vp}")
         if vp == 1:
             args.virtual_pipeline_model_parallel_size = None  # one chunk per rank: no interleaving
-# --8<-- [end:validate-layout]
 
 
 def _validate_model_shape(args):
@@ -169,42 +155,97 @@ def _validate_model_shape(args):
                  f"--seq-length {args.seq_length} must be divisible by {tp}")
 
 
-# --8<-- [start:validate-batch]
 def _validate_batch(args):
     micro, dp = args.micro_batch_size, args.data_parallel_size
     per_step = micro * dp
     if args.global_batch_size is None:
         args.global_batch_size = per_step
-    _require(args.global_batch_size >= 1, f"--global-batch-size must be at least 1, got {args.global_batch_size}")
     if args.rampup_batch_size is None:
         _require(args.global_batch_size % per_step == 0,
                  f"--global-batch-size {args.global_batch_size} is not a multiple of micro batch x "
                  f"data-parallel size = {micro} x {dp} = {per_step}")
         return
-    _require(len(args.rampup_batch_size) == 3,
-             "--rampup-batch-size takes three numbers: START INCREMENT SAMPLES")
-    try:
-        start, increment, samples = (int(v) for v in args.rampup_batch_size)
-    except ValueError:
-        raise ArgumentError("--rampup-batch-size takes three integers: START INCREMENT SAMPLES") from None
-    args.rampup_batch_size = [start, increment, samples]
-    _require(start >= 1 and increment >= 1 and samples >= 0,
-             "--rampup-batch-size needs START >= 1, INCREMENT >= 1 and SAMPLES >= 0")
+    start, increment, samples = args.rampup_batch_size
+    # Megatron divides by SAMPLES and by the number of steps: zero of either is a crash there.
+    _require(start >= 1 and increment >= 1 and samples >= 1,
+             "--rampup-batch-size needs START >= 1, INCREMENT >= 1 and SAMPLES >= 1")
     _require(args.global_batch_size > start and (args.global_batch_size - start) % increment == 0,
              f"--rampup-batch-size must climb from {start} to --global-batch-size "
              f"{args.global_batch_size} in whole steps of {increment}")
-    _require(start % per_step == 0 and increment % per_step == 0,
-             f"ramp-up batch sizes must stay multiples of micro batch x data-parallel size = {per_step}; "
-             f"START {start} and INCREMENT {increment} are not")
-# --8<-- [end:validate-batch]
+    steps = (args.global_batch_size - start) // increment
+    _require(steps <= _MAX_RAMP_STEPS, f"--rampup-batch-size climbs in {steps} steps; minitron walks the "
+             f"ramp before launch and takes at most {_MAX_RAMP_STEPS}: use a larger INCREMENT")
+    # Megatron checks each batch of the ramp when training reaches it; we walk the ramp the way
+    # train() will (the same calculator, the same consumed samples), so a batch that would not
+    # split into micro-batches fails now, and sizes the ramp skips over are no obstacle.
+    limit = min(samples, args.train_samples) if args.train_samples else samples
+    reached = [batch for batch, _ in _rampup_stretches(args, limit)[0]] + [args.global_batch_size]
+    for batch in reached:
+        _require(batch % per_step == 0,
+                 f"the ramp-up reaches a global batch of {batch}, not a multiple of micro batch x "
+                 f"data-parallel size = {micro} x {dp} = {per_step}; choose the sizes so every batch of the ramp is")
 
+
+_MAX_RAMP_STEPS = 100_000  # Megatron's own examples climb in about a hundred
+
+
+def _rampup_stretches(args, limit: int) -> tuple[list[tuple[int, int]], int]:
+    """[(global batch, iterations)] while the consumed samples at an iteration's start stay
+    <= limit, and the samples consumed then: train()'s ramp-up without a model."""
+    calc = RampupBatchsizeNumMicroBatchesCalculator(
+        args.global_batch_size, args.micro_batch_size, args.data_parallel_size, False, args.rank,
+        *args.rampup_batch_size)
+
+    def batch_at(consumed: int) -> int:
+        calc.update(consumed, consistency_check=False)
+        return calc.get_current_global_batch_size()
+
+    stretches, consumed = [], 0
+    while consumed <= limit:
+        batch = batch_at(consumed)
+        # The batch only grows with consumed samples, so the end of a stretch of equal batches
+        # is found by bisection: n iterations of `batch` each, until it changes or passes limit.
+        lo, hi = 1, (limit - consumed) // batch + 1
+        while lo < hi:
+            n = (lo + hi) // 2
+            lo, hi = (lo, n) if batch_at(consumed + n * batch) != batch else (n + 1, hi)
+        stretches.append((batch, lo))
+        consumed += lo * batch
+    return stretches, consumed
+
+
+def _train_iters_from_samples(args) -> int:
+    """Megatron's update_train_iters: the iterations that consume --train-samples (a last,
+    partial global batch is dropped)."""
+    if args.rampup_batch_size is None:
+        return args.train_samples // args.global_batch_size
+    stretches, consumed = _rampup_stretches(args, min(args.rampup_batch_size[2], args.train_samples))
+    iterations = sum(n for _, n in stretches)
+    return iterations + max(args.train_samples - consumed, 0) // args.global_batch_size
 
 
 def _validate_training(args):
+    if args.train_iters and args.train_samples:
+        raise ArgumentError("give --train-iters or --train-samples, not both")
+    if args.train_iters:
+        _require(args.rampup_batch_size is None,
+                 "--rampup-batch-size counts samples: train with --train-samples N instead of --train-iters "
+                 "(Megatron: expected no batch-size rampup for iteration-based training)")
+    if args.train_samples:
+        _require(args.lr_decay_iters is None and args.lr_warmup_iters == 0,
+                 "--train-samples counts samples: the learning rate then decays over them; drop "
+                 "--lr-decay-iters and --lr-warmup-iters (--lr-warmup-fraction works)")
+        args.train_iters = _train_iters_from_samples(args)
+        _require(args.train_iters >= 1, f"--train-samples {args.train_samples} is less than one global "
+                 f"batch ({args.global_batch_size})")
     if not args.train_iters:
-        return
-    _require(args.train_iters >= 1, f"--train-iters must be at least 1, got {args.train_iters}")
-    _require(args.lr is not None and args.lr >= 0, "--lr is required for training (e.g. --lr 1e-3)")
+        return  # initialization only (what `minitron trace` runs)
+    # The expert groups exist (initialize_model_parallel builds them), the expert layers do not
+    # yet: training would silently run a dense model.
+    _require(args.num_experts is None, f"--num-experts {args.num_experts}: minitron has no mixture-of-experts "
+             "layers yet, so this would train a dense model; drop it (`minitron trace --ep N` shows the expert groups)")
+    _require(args.lr is not None, "--lr is required for training (e.g. --lr 1e-3)")
+    _require(args.min_lr <= args.lr, f"--min-lr {args.min_lr:g} is above --lr {args.lr:g}")
     _require(args.lr_warmup_fraction is None or args.lr_warmup_iters == 0,
              "give --lr-warmup-fraction or --lr-warmup-iters, not both")
     vp = args.virtual_pipeline_model_parallel_size
@@ -216,12 +257,11 @@ def _validate_training(args):
                  f"{args.global_batch_size} / (micro {args.micro_batch_size} x dp {args.data_parallel_size})) "
                  f"to be a multiple of --pipeline-model-parallel-size {pp}")
     if args.eval_interval is not None:
-        _require(args.eval_interval >= 1 and args.eval_iters >= 1,
-                 "--eval-interval needs --eval-iters N >= 1 (and an interval >= 1)")
+        _require(args.eval_iters >= 1, f"--eval-interval {args.eval_interval} needs --eval-iters N >= 1")
     if args.save_interval is not None:
-        _require(args.save is not None and args.save_interval >= 1,
-                 "--save-interval N needs --save DIR (and N >= 1)")
+        _require(args.save is not None, "--save-interval N needs --save DIR")
     if args.load is not None:
+        # checkpointing imports torch; a --load is read only once everything else has passed.
         from minitron.training.checkpointing import CheckpointError, check_resumable
         try:
             check_resumable(args)
@@ -232,6 +272,8 @@ def _validate_training(args):
 def core_transformer_config_from_args(args):
     """The model's TransformerConfig, read off the validated args (Megatron's helper of the
     same name): the command line describes the model once, the layers read the config."""
+    # Called in ranks only, where torch is loaded anyway; at module level it would make every
+    # validation on the command line pay for a torch import.
     import torch
 
     from minitron.core.transformer.transformer_config import TransformerConfig

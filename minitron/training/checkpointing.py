@@ -112,7 +112,6 @@ def _args_snapshot(args) -> dict:
             if isinstance(v, keep) or (isinstance(v, list) and all(isinstance(x, keep) for x in v))}
 
 
-# --8<-- [start:save]
 @traced(args=lambda iteration, *a, **k: {"iteration": iteration})
 def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> None:
     args = get_args()
@@ -147,7 +146,6 @@ def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> No
     torch.distributed.barrier()
     from minitron.training.utils import print_rank_0
     print_rank_0(f"> saved checkpoint at iteration {iteration} to {args.save}")
-# --8<-- [end:save]
 
 
 @traced

@@ -35,16 +35,15 @@ def cyclic_iter(iterable):
 def get_train_valid_test_num_samples(args=None) -> tuple[int, int, int]:
     """How many samples each split must provide for the whole run.
 
-    train: every iteration consumes one global batch. valid: eval_iters batches at every
-    evaluation (one every eval_interval iterations, plus one at the end). test: one evaluation.
+    train: --train-samples, or one global batch per iteration. valid: eval_iters batches at
+    every evaluation (one every eval_interval iterations, plus Megatron's one at the end).
+    test: one evaluation.
     """
     args = args or get_args()
-    train_samples = getattr(args, "train_samples", None) or args.train_iters * args.global_batch_size
-    eval_iters = getattr(args, "eval_iters", 0) or 0
-    eval_interval = getattr(args, "eval_interval", None) or max(args.train_iters, 1)
-    evaluations = args.train_iters // eval_interval + 1
-    return (train_samples, evaluations * eval_iters * args.global_batch_size,
-            eval_iters * args.global_batch_size)
+    train_samples = args.train_samples or args.train_iters * args.global_batch_size
+    evaluations = (args.train_iters // args.eval_interval if args.eval_interval else 0) + 1
+    return (train_samples, evaluations * args.eval_iters * args.global_batch_size,
+            args.eval_iters * args.global_batch_size)
 
 
 @traced
@@ -55,27 +54,24 @@ def build_train_valid_test_datasets(build_train_valid_test_datasets_provider):
     return build_train_valid_test_datasets_provider(num_samples)
 
 
-# --8<-- [start:loaders]
 @traced
 def build_train_valid_test_data_loaders(build_train_valid_test_datasets_provider):
     args = get_args()
     train_dataloader = valid_dataloader = test_dataloader = None
     print_rank_0("> building train, validation, and test datasets ...")
-    if getattr(args, "iteration", 0) > 0 and getattr(args, "consumed_train_samples", 0) == 0:
-        # A checkpoint from a fixed-batch run may not record samples: derive them.
-        args.consumed_train_samples = args.iteration * args.global_batch_size
 
     # A distributed-aware provider (GPT's) must run on every rank: it holds barriers.
     is_distributed = getattr(build_train_valid_test_datasets_provider, "is_distributed", False)
     if is_distributed or mpu.get_tensor_model_parallel_rank() == 0:
         train_ds, valid_ds, test_ds = build_train_valid_test_datasets(build_train_valid_test_datasets_provider)
-        train_dataloader = build_pretraining_data_loader(train_ds, getattr(args, "consumed_train_samples", 0))
-        valid_dataloader = build_pretraining_data_loader(valid_ds, getattr(args, "consumed_valid_samples", 0))
+        train_dataloader = build_pretraining_data_loader(train_ds, args.consumed_train_samples)
+        # Validation starts from its first sample on every run: minitron's checkpoints do not
+        # record Megatron's consumed_valid_samples.
+        valid_dataloader = build_pretraining_data_loader(valid_ds, 0)
         test_dataloader = build_pretraining_data_loader(test_ds, 0)
-        eval_iters = getattr(args, "eval_iters", 0) or 0
         flags = [train_dataloader is not None and args.train_iters > 0,
-                 valid_dataloader is not None and eval_iters > 0,
-                 test_dataloader is not None and eval_iters > 0]
+                 valid_dataloader is not None and args.eval_iters > 0,
+                 test_dataloader is not None and args.eval_iters > 0]
     else:
         flags = [False, False, False]
     # Rank 0 always has the loaders; everyone learns from it whether to train, validate, test.
@@ -83,7 +79,6 @@ def build_train_valid_test_data_loaders(build_train_valid_test_datasets_provider
     torch.distributed.broadcast(flags, 0)
     args.do_train, args.do_valid, args.do_test = (bool(f) for f in flags.tolist())
     return train_dataloader, valid_dataloader, test_dataloader
-# --8<-- [end:loaders]
 
 
 @traced

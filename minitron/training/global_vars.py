@@ -37,7 +37,6 @@ def get_tensorboard_writer():
     return _GLOBAL_TENSORBOARD_WRITER
 
 
-# --8<-- [start:set-global-variables]
 @traced
 def set_global_variables(args, build_tokenizer: bool = True):
     global _GLOBAL_ARGS, _GLOBAL_TOKENIZER, _GLOBAL_TIMERS
@@ -48,8 +47,7 @@ def set_global_variables(args, build_tokenizer: bool = True):
     )
     if build_tokenizer and args.tokenizer_type is not None:
         _GLOBAL_TOKENIZER = _build_tokenizer(args)
-    _GLOBAL_TIMERS = Timers(log_level=getattr(args, "timing_log_level", 0))
-# --8<-- [end:set-global-variables]
+    _GLOBAL_TIMERS = Timers(log_level=args.timing_log_level)
 
 
 def unset_global_variables():

@@ -28,7 +28,6 @@ from minitron.training.global_vars import get_args, set_global_variables
 from minitron.training.utils import print_rank_0
 
 
-# --8<-- [start:initialize-megatron]
 @traced
 def initialize_megatron(extra_args_provider=None, args_defaults=None, ignore_unknown_args=False,
                         argv=None):
@@ -37,10 +36,8 @@ def initialize_megatron(extra_args_provider=None, args_defaults=None, ignore_unk
     validate_args(args, args_defaults or {})
     set_global_variables(args)
     finish_mpu_init()
-# --8<-- [end:initialize-megatron]
 
 
-# --8<-- [start:finish_mpu_init]
 @traced
 def finish_mpu_init():
     """Megatron nests this inside initialize_megatron (so --lazy-mpu-init can defer it);
@@ -51,10 +48,8 @@ def finish_mpu_init():
                  f"pipeline {args.pipeline_model_parallel_size}, context {args.context_parallel_size}, "
                  f"data {args.data_parallel_size}")
     _set_random_seed(args.seed, args.data_parallel_random_init)
-# --8<-- [end:finish_mpu_init]
 
 
-# --8<-- [start:initialize_distributed]
 @traced
 def _initialize_distributed():
     """Join the world, then carve it into Megatron's groups."""
@@ -88,10 +83,8 @@ def _initialize_distributed():
             distributed_timeout_minutes=args.distributed_timeout_minutes,
             order=args.order,
         )
-# --8<-- [end:initialize_distributed]
 
 
-# --8<-- [start:set-random-seed]
 @traced
 def _set_random_seed(seed_: int, data_parallel_random_init: bool = False):
     """Different pipeline stages get different seeds (they hold different layers); data-parallel
@@ -107,4 +100,3 @@ def _set_random_seed(seed_: int, data_parallel_random_init: bool = False):
     # The second stream: dropout inside tensor-parallel regions must differ across tp ranks
     # (each holds different activations), while dropout on replicated activations must agree.
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
-# --8<-- [end:set-random-seed]

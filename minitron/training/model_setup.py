@@ -26,13 +26,10 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
     vp = mpu.get_virtual_pipeline_model_parallel_world_size()
     model = []
     for chunk in range(vp or 1):
-        if vp is not None:
-            mpu.set_virtual_pipeline_model_parallel_rank(chunk)
-        model.append(model_provider_func(pre_process=mpu.is_pipeline_first_stage(),
-                                         post_process=mpu.is_pipeline_last_stage(),
-                                         vp_stage=chunk if vp is not None else None))
-    if vp is not None:
-        mpu.set_virtual_pipeline_model_parallel_rank(0)
+        vp_stage = chunk if vp is not None else None
+        model.append(model_provider_func(pre_process=mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+                                         post_process=mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+                                         vp_stage=vp_stage))
     print_parameter_count(model)
     if not wrap_with_ddp:
         return model
@@ -55,8 +52,10 @@ def get_optimizer_param_scheduler(optimizer):
     from minitron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     args = get_args()
-    decay_iters = args.lr_decay_iters or args.train_iters
-    decay_steps = decay_iters * args.global_batch_size
+    # --train-samples (sample-based training) decays over those samples; validate_args refused
+    # --lr-decay-iters and --lr-warmup-iters beside it, as Megatron does.
+    train_steps = args.train_samples or args.train_iters * args.global_batch_size
+    decay_steps = train_steps if args.train_samples else (args.lr_decay_iters or args.train_iters) * args.global_batch_size
     if args.lr_warmup_fraction is not None:
         warmup_steps = int(args.lr_warmup_fraction * decay_steps)
     else:
@@ -65,7 +64,7 @@ def get_optimizer_param_scheduler(optimizer):
         optimizer, init_lr=0.0 if warmup_steps else args.lr, max_lr=args.lr, min_lr=args.min_lr,
         lr_warmup_steps=warmup_steps, lr_decay_steps=decay_steps, lr_decay_style=args.lr_decay_style,
         start_wd=args.weight_decay, end_wd=args.weight_decay,
-        wd_incr_steps=args.train_iters * args.global_batch_size, wd_incr_style="constant")
+        wd_incr_steps=train_steps, wd_incr_style="constant")
 
 
 @traced

@@ -16,7 +16,7 @@ import torch
 
 from minitron.core import parallel_state as mpu
 from minitron.core.num_microbatches_calculator import get_num_microbatches, update_num_microbatches
-from minitron.core.pipeline_parallel.schedules import get_forward_backward_func
+from minitron.core.pipeline_parallel import get_forward_backward_func
 from minitron.trace import traced
 from minitron.training.global_vars import get_args, get_timers, get_tokenizer
 from minitron.training.checkpointing import save_checkpoint
@@ -26,7 +26,6 @@ from minitron.training.training_log import IterationLog, print_vocab_padding
 from minitron.training.utils import print_rank_0, print_rank_last
 
 
-# --8<-- [start:pretrain]
 @traced
 def pretrain(train_valid_test_dataset_provider, model_provider, model_type, forward_step_func,
              extra_args_provider=None, args_defaults=None, argv=None):
@@ -46,10 +45,8 @@ def pretrain(train_valid_test_dataset_provider, model_provider, model_type, forw
     from minitron.training.data import build_train_valid_test_data_iterators
     train_iter, valid_iter, _ = build_train_valid_test_data_iterators(train_valid_test_dataset_provider)
     train(forward_step_func, model, optimizer, opt_param_scheduler, train_iter, valid_iter)
-# --8<-- [end:pretrain]
 
 
-# --8<-- [start:train_step]
 @traced(args=lambda *a, **k: {"iteration": get_args().curr_iteration})
 def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler):
     """One iteration: all micro-batches forward and backward, gradients reduced, one step."""
@@ -74,7 +71,6 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
         for key in losses_reduced[0]:
             loss[key] = torch.stack([d[key] for d in losses_reduced]).float().mean().item()
     return loss, skipped_iter, grad_norm, num_zeros_in_grad
-# --8<-- [end:train_step]
 
 
 @traced
@@ -104,7 +100,7 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_data_i
                       timers("interval-time").elapsed())
         # args.do_valid, not "have I a validation iterator": only tensor-parallel rank 0 reads
         # data, yet every rank must run the evaluation's collectives together.
-        if args.eval_interval and getattr(args, "do_valid", False) and iteration % args.eval_interval == 0:
+        if args.eval_interval and args.do_valid and iteration % args.eval_interval == 0:
             evaluate_and_print_results(f"iteration {iteration}", forward_step_func, valid_data_iterator, model)
         saved = bool(args.save and args.save_interval and iteration % args.save_interval == 0)
         if saved:

@@ -16,7 +16,6 @@ import json
 import math
 import time
 
-import torch
 
 from minitron.core import parallel_state as mpu
 from minitron.core.num_microbatches_calculator import get_num_microbatches

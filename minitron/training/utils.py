@@ -70,8 +70,16 @@ _FIRST = {torch.int64: ["tokens", "position_ids"]}
 _LAST = {torch.int64: ["labels"], torch.float32: ["loss_mask"]}
 
 
-def _keys_for_this_stage(create_attention_mask: bool) -> dict:
-    first, last = mpu.is_pipeline_first_stage(), mpu.is_pipeline_last_stage()
+def _first_and_last_stage(vp_stage: int | None = None) -> tuple[bool, bool]:
+    """(first stage?, last stage?) for model chunk ``vp_stage``, or for the whole rank when it is
+    None, as Megatron's is_first_or_last_pipeline_stage asks them."""
+    ignore_virtual = vp_stage is None
+    return (mpu.is_pipeline_first_stage(ignore_virtual=ignore_virtual, vp_stage=vp_stage),
+            mpu.is_pipeline_last_stage(ignore_virtual=ignore_virtual, vp_stage=vp_stage))
+
+
+def _keys_for_this_stage(create_attention_mask: bool, vp_stage: int | None = None) -> dict:
+    first, last = _first_and_last_stage(vp_stage)
     wanted: dict = {}
     for needed, groups in ((first, _FIRST), (last, _LAST)):
         if needed:
@@ -82,15 +90,14 @@ def _keys_for_this_stage(create_attention_mask: bool) -> dict:
     return wanted
 
 
-# --8<-- [start:get-batch-tp]
-@traced(args=lambda data_iterator, create_attention_mask=True: {
+@traced(args=lambda data_iterator, create_attention_mask=True, vp_stage=None: {
     "reads": data_iterator is not None, "tp_rank": mpu.get_tensor_model_parallel_rank()})
-def get_batch_on_this_tp_rank(data_iterator, create_attention_mask: bool = True) -> dict:
+def get_batch_on_this_tp_rank(data_iterator, create_attention_mask: bool = True, vp_stage: int | None = None) -> dict:
     """{tokens, labels, loss_mask, attention_mask, position_ids}; the ones this stage does not
     need are None. TP rank 0 reads from ``data_iterator``; the others may pass None."""
     batch = dict.fromkeys(["tokens", "labels", "loss_mask", "attention_mask", "position_ids"])
     data = next(data_iterator) if mpu.get_tensor_model_parallel_rank() == 0 else None
-    wanted = _keys_for_this_stage(create_attention_mask)
+    wanted = _keys_for_this_stage(create_attention_mask, vp_stage)
     if data is not None:
         missing = [k for keys in wanted.values() for k in keys if k not in data]
         if missing:  # the receivers expect it: failing here beats a hang in the broadcast
@@ -100,7 +107,6 @@ def get_batch_on_this_tp_rank(data_iterator, create_attention_mask: bool = True)
         received = broadcast_data(keys, None if data is None else {k: data[k].to(dtype) for k in keys}, dtype)
         batch.update(received)
     return batch
-# --8<-- [end:get-batch-tp]
 
 
 def get_batch_on_this_cp_rank(batch: dict, cp_rank: int | None = None, cp_size: int | None = None) -> dict:
@@ -127,18 +133,17 @@ def get_batch_on_this_cp_rank(batch: dict, cp_rank: int | None = None, cp_size: 
     return out
 
 
-# --8<-- [start:get-batch]
-def get_batch(data_iterator, create_attention_mask: bool | None = None):
-    """(tokens, labels, loss_mask, attention_mask, position_ids) for GPT's forward_step."""
-    if not (mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage()):
+def get_batch(data_iterator, create_attention_mask: bool | None = None, vp_stage: int | None = None):
+    """(tokens, labels, loss_mask, attention_mask, position_ids) for GPT's forward_step, for
+    model chunk ``vp_stage`` (None: the whole rank; needed with a virtual pipeline)."""
+    if not any(_first_and_last_stage(vp_stage)):
         return None, None, None, None, None  # a middle stage reads no data at all
     if create_attention_mask is None:
         create_attention_mask = _args_flag("create_attention_mask_in_dataloader", True)
-    batch = get_batch_on_this_tp_rank(data_iterator, create_attention_mask)
+    batch = get_batch_on_this_tp_rank(data_iterator, create_attention_mask, vp_stage)
     batch = get_batch_on_this_cp_rank(batch)
     return (batch["tokens"], batch["labels"], batch["loss_mask"], batch["attention_mask"],
             batch["position_ids"])
-# --8<-- [end:get-batch]
 
 
 def _args_flag(name: str, default):

@@ -24,6 +24,8 @@ class BlendedDataset(torch.utils.data.Dataset):
     def __init__(self, datasets, weights, size: int | None, config):
         if len(datasets) != len(weights):
             raise ValueError("BlendedDataset: one weight per dataset")
+        if not all(w > 0 for w in weights):
+            raise ValueError(f"BlendedDataset: every weight must be positive, got {list(weights)}")
         self.datasets = datasets
         self.weights = normalize(weights)
         self.size = size

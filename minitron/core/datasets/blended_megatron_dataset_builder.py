@@ -38,8 +38,11 @@ class BlendedMegatronDatasetBuilder:
             return self._build_megatron_dataset_splits(None, self.config.split_matrix, self.sizes)
         prefixes, weights = self.config.blend
         split = self.config.split_matrix
-        if len(prefixes) == 1:  # one dataset, whatever its weight: no blending needed
+        if len(prefixes) == 1 and weights is None:  # one dataset, no weight: nothing to blend
             return self._build_megatron_dataset_splits(prefixes[0], split, self.sizes)
+        # One dataset *with* a weight (``--data-path 1.0 A``) is blended all the same, as in
+        # Megatron: its GPTDataset is built with the surplus, so it holds a few more samples
+        # (and, past its first epoch, a different shuffle) than the unweighted ``A`` would.
 
         if weights is None:
             # No weights: each dataset contributes one epoch, the blend weighs them by size.
@@ -55,8 +58,8 @@ class BlendedMegatronDatasetBuilder:
 
         blended = [None] * len(Split)
         for i in range(len(Split)):
-            if split[i] is None or (weights is not None and self.sizes[i] == 0):
-                continue  # no such split, or no sample of it is asked for
+            if split[i] is None:
+                continue  # no such split (a weighted split of 0 samples is an empty blend)
             if weights is not None:
                 weights_i = weights
                 size_i = sum(per_dataset[i] for per_dataset in target)
@@ -116,7 +119,6 @@ class BlendedMegatronDatasetBuilder:
                 low_level_dataset, dataset_path, indices, sizes[i], index_split, self.config))
         return datasets
 
-    # --8<-- [start:build-generic]
     @staticmethod
     @traced(args=lambda cls, is_built_on_rank, synchronize_ranks, *args: {
         "cls": cls.__name__, "built_here": is_built_on_rank()})
@@ -143,7 +145,6 @@ class BlendedMegatronDatasetBuilder:
         if rank != 0 and is_built_on_rank():
             dataset = cls(*args)
         return dataset
-    # --8<-- [end:build-generic]
 
 
 def _get_size_per_split_per_dataset(weights, target_size_per_split, surplus: float = 0.0):

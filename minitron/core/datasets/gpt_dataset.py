@@ -109,7 +109,6 @@ class GPTDataset(MegatronDataset):
         # Copies of the mutable ones: the caller zeroes padding in loss_mask.
         return attention_mask, loss_mask.clone(), position_ids.clone()
 
-    # --8<-- [start:query]
     def _query_document_sample_shuffle_indices(self, idx: int) -> tuple[np.ndarray, np.ndarray]:
         """Tokens of sample ``idx`` (seq_length + extra of them) and the documents they came from."""
         idx = self.shuffle_index[idx]
@@ -129,7 +128,6 @@ class GPTDataset(MegatronDataset):
         if have < need:  # only a partial last validation sample can be short
             parts.append(np.full(need - have, self._pad_token_id, dtype=np.int64))
         return np.concatenate(parts).astype(np.int64), np.array(document_ids, dtype=np.int64)
-    # --8<-- [end:query]
 
     @traced(args=lambda self: {"split": self.index_split.name, "num_samples": self.num_samples})
     def _build_document_sample_shuffle_indices(self):
@@ -146,7 +144,6 @@ class GPTDataset(MegatronDataset):
                         f"({'built' if self.built_anew_on_cache_miss else 'loaded from cache'})")
         return arrays["document_index"], arrays["sample_index"], arrays["shuffle_index"]
 
-    # --8<-- [start:build-indices]
     @traced(args=lambda self: {"split": self.index_split.name})
     def _build_indices(self) -> dict[str, np.ndarray]:
         seq_length = self.config.sequence_length
@@ -178,7 +175,6 @@ class GPTDataset(MegatronDataset):
         shuffle_index = _build_shuffle_index(first, num_samples, rng)
         return {"document_index": document_index, "sample_index": sample_index,
                 "shuffle_index": shuffle_index}
-    # --8<-- [end:build-indices]
 
 
 def _get_num_epochs(tokens_per_epoch: int, num_samples: int | None, seq_length: int, extra: int) -> int:

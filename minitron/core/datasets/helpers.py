@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 
 
-# --8<-- [start:sample-idx]
 def build_sample_idx(sizes: np.ndarray, document_index: np.ndarray, seq_length: int,
                      num_epochs: int, tokens_per_epoch: int,
                      drop_last_partial_sequence: bool = True,
@@ -51,10 +50,8 @@ def build_sample_idx(sizes: np.ndarray, document_index: np.ndarray, seq_length: 
     offset[past] = doc_lengths[-1] - extra
     dtype = np.int32 if max(len(document_index), int(doc_lengths.max(initial=0))) < 2**31 - 1 else np.int64
     return np.stack([doc, offset], axis=1).astype(dtype)
-# --8<-- [end:sample-idx]
 
 
-# --8<-- [start:blending]
 def build_blending_indices(weights, size: int) -> tuple[np.ndarray, np.ndarray]:
     """(dataset_index, dataset_sample_index), each of length ``size``.
 
@@ -78,7 +75,6 @@ def build_blending_indices(weights, size: int) -> tuple[np.ndarray, np.ndarray]:
         dataset_sample_index[t] = counts[best]
         counts[best] += 1
     return dataset_index, dataset_sample_index
-# --8<-- [end:blending]
 
 
 def build_exhaustive_blending_indices(sizes) -> tuple[np.ndarray, np.ndarray]:

@@ -177,8 +177,22 @@ class IndexedDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return self.index.sequence_count
 
-    def __getitem__(self, idx: int) -> np.ndarray:
-        return self.get(idx)
+    def __getitem__(self, idx):
+        """``ds[i]``: sequence i. ``ds[a:b]``: a list of sequences a..b-1, read in one slice of
+        the .bin (they lie back to back). As in Megatron, only step-1 slices are allowed."""
+        if isinstance(idx, (int, np.integer)):
+            return self.get(idx)
+        if isinstance(idx, slice):
+            start, stop, step = idx.indices(len(self))
+            if step != 1:
+                raise ValueError(f"IndexedDataset slices must be contiguous (step 1), got step {step}")
+            lengths = self.index.sequence_lengths[start:stop]
+            # Megatron's edge cases, kept: an empty slice inside the dataset gives [one empty
+            # array], one starting at len(ds) raises IndexError (there is no pointer there).
+            first = int(self.index.sequence_pointers[start]) // self.index.dtype.itemsize
+            tokens = self._bin[first:first + int(lengths.sum())]
+            return np.split(tokens, np.cumsum(lengths)[:-1])
+        raise TypeError(f"IndexedDataset index must be an int or a slice, not {type(idx).__name__}")
 
     def get(self, idx: int, offset: int = 0, length: int | None = None) -> np.ndarray:
         """Tokens [offset, offset + length) of sequence ``idx`` (to its end if length is None)."""
@@ -207,11 +221,16 @@ class IndexedDataset(torch.utils.data.Dataset):
 class IndexedDatasetBuilder:
     """Append documents to a .bin as they come; ``finalize`` writes the .idx from what was seen.
 
-    Only the lengths are kept in memory (4 bytes per sequence), never the tokens.
+    Only the lengths are kept in memory (4 bytes per sequence), never the tokens. The methods
+    are Megatron's, with its signatures; ``add_flat_documents`` is ours (preprocess's fast path).
     """
 
-    def __init__(self, bin_path: str, dtype=np.int32):
+    def __init__(self, bin_path: str, dtype=np.int32, multimodal: bool = False):
+        if multimodal:
+            raise ValueError("IndexedDatasetBuilder(multimodal=True): minitron writes GPT (text-only) "
+                             "indices, without Megatron's per-sequence modes")
         self.dtype = np.dtype(dtype)
+        self.multimodal = False
         self.data_file = open(bin_path, "wb")
         self.sequence_lengths: list[int] = []
         self.document_indices: list[int] = [0]
@@ -225,19 +244,42 @@ class IndexedDatasetBuilder:
     def end_document(self) -> None:
         self.document_indices.append(len(self.sequence_lengths))
 
-    def add_document(self, tokens, lengths) -> None:
-        """A document whose tokens are ``lengths`` sequences back to back."""
+    def add_document(self, tokens, lengths, modes=None) -> None:
+        """A document whose tokens are ``lengths`` sequences back to back.
+
+        ``lengths`` may be empty: a document with no sequence (an empty text). It still ends a
+        document, so document d of the input stays document d of the index, as in Megatron.
+        ``modes`` is accepted for Megatron's signature and unused, as in its text-only builder.
+        """
         array = np.asarray(tokens, dtype=self.dtype)
         self.data_file.write(array.tobytes(order="C"))
         self.sequence_lengths.extend(int(n) for n in lengths)
         self.end_document()
 
-    def add_documents(self, tokens, lengths) -> None:
-        """Many one-sequence documents at once: ``tokens`` is them back to back."""
+    def add_documents(self, documents, modes=None, eod_token: int | None = None,
+                      chunk_size: int = 1_000_000) -> None:
+        """Many documents, each one sequence: ``documents`` is a list of token arrays (Megatron
+        takes an awkward jagged array; anything that slices and iterates as arrays will do).
+        With ``eod_token``, every document gets it appended. ``modes`` is unused (text only)."""
+        for start in range(0, len(documents), chunk_size):
+            arrays = [np.asarray(d, dtype=self.dtype).reshape(-1) for d in documents[start:start + chunk_size]]
+            if eod_token is not None:
+                arrays = [np.append(a, np.array(eod_token, dtype=self.dtype)) for a in arrays]
+            for array in arrays:
+                self.data_file.write(array.tobytes(order="C"))
+            first = len(self.sequence_lengths)
+            self.sequence_lengths.extend(a.size for a in arrays)
+            self.document_indices.extend(range(first + 1, first + len(arrays) + 1))
+
+    def add_flat_documents(self, tokens, lengths) -> None:
+        """Many documents whose tokens come back to back in one flat array, ``lengths[d]``
+        tokens each. A document of length 0 gets no sequence at all, as Megatron's
+        preprocessing writes an empty text: add_document([], [])."""
         self.data_file.write(np.asarray(tokens, dtype=self.dtype).tobytes(order="C"))
+        lengths = np.asarray(lengths, dtype=np.int64)
         first = len(self.sequence_lengths)
-        self.sequence_lengths.extend(int(n) for n in lengths)
-        self.document_indices.extend(range(first + 1, len(self.sequence_lengths) + 1))
+        self.sequence_lengths.extend(lengths[lengths > 0].tolist())
+        self.document_indices.extend((first + np.cumsum(lengths > 0)).tolist())
 
     def finalize(self, idx_path: str) -> None:
         self.data_file.close()

@@ -47,8 +47,10 @@ def get_blend_from_list(blend: list[str] | None):
     if bad:
         raise ValueError(f"--data-path expects WEIGHT PREFIX pairs; {bad[0]!r} is out of place")
     weights = [float(w) for w in weights]
-    if any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise ValueError(f"--data-path weights {weights} must be non-negative and not all zero")
+    if any(not w > 0 for w in weights):
+        # Megatron's BlendedDataset refuses a weight of 0 too (it asserts every weight > 0).
+        raise ValueError(f"--data-path weights {weights} must all be positive; "
+                         "leave a dataset out rather than give it weight 0")
     return [p.strip() for p in prefixes], weights
 
 
@@ -70,7 +72,6 @@ def log_single_rank(message: str) -> None:
         print(message, flush=True)
 
 
-# --8<-- [start:cache]
 def build_or_load_indices(path_to_cache: str | None, base: str, description: str,
                           names: tuple[str, ...], build):
     """Return ``({name: array}, built_here)`` for the index arrays called ``names``.
@@ -105,4 +106,3 @@ def build_or_load_indices(path_to_cache: str | None, base: str, description: str
             f"{path_to_cache}: rank 0 builds them before the barrier; is --data-cache-path a "
             "directory every rank sees (shared, not node-local)?")
     return {name: np.load(path, mmap_mode="r") for name, path in paths.items()}, False
-# --8<-- [end:cache]

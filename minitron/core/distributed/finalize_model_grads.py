@@ -35,7 +35,6 @@ def _grad_of(param: torch.Tensor) -> torch.Tensor | None:
     return param.main_grad if hasattr(param, "main_grad") else param.grad
 
 
-# --8<-- [start:embedding]
 def _allreduce_word_embedding_grads(model, config) -> None:
     """Sum the tied embedding's gradient over the first and last pipeline stage."""
     if parallel_state.get_pipeline_model_parallel_world_size() == 1:
@@ -53,10 +52,8 @@ def _allreduce_word_embedding_grads(model, config) -> None:
     grad = None if weight is None else _grad_of(weight)
     if grad is not None:
         torch.distributed.all_reduce(grad, group=parallel_state.get_embedding_group())
-# --8<-- [end:embedding]
 
 
-# --8<-- [start:layernorm]
 def _allreduce_layernorm_grads(model, config) -> None:
     """Sequence parallelism: sum the partial gradients of replicated parameters over TP."""
     if parallel_state.get_tensor_model_parallel_world_size() == 1 or not getattr(config, "sequence_parallel", False):
@@ -71,10 +68,8 @@ def _allreduce_layernorm_grads(model, config) -> None:
     torch.distributed.all_reduce(flat, group=parallel_state.get_tensor_model_parallel_group())
     for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
         grad.copy_(synced)
-# --8<-- [end:layernorm]
 
 
-# --8<-- [start:finalize]
 @traced(args=lambda model, num_tokens=None: {"chunks": len(model), "per_token": num_tokens is not None})
 def finalize_model_grads(model, num_tokens: torch.Tensor | None = None) -> None:
     """Finish every gradient reduction of this step; ``model`` is the list of model chunks.
@@ -98,4 +93,3 @@ def finalize_model_grads(model, num_tokens: torch.Tensor | None = None) -> None:
         if num_tokens.item() > 0:
             for chunk in model:
                 chunk.scale_gradients(1.0 / num_tokens.item())
-# --8<-- [end:finalize]

@@ -57,7 +57,6 @@ class _ParamAndGradBucket:
         self.bucket_id = bucket_id
 
 
-# --8<-- [start:bucket-group]
 class _ParamAndGradBucketGroup:
     """Launches the collective(s) of its buckets, once every gradient in them is ready.
 
@@ -150,7 +149,6 @@ class _ParamAndGradBucketGroup:
         for bucket in self.buckets:
             mine = shard_buffer(bucket.param_data, self.data_parallel_world_size)[self.data_parallel_rank]
             torch.distributed.all_gather_into_tensor(bucket.param_data, mine, group=self.data_parallel_group)
-# --8<-- [end:bucket-group]
 
 
 class _ParamAndGradBuffer:
@@ -200,7 +198,6 @@ class _ParamAndGradBuffer:
             self.buckets.append(bucket)
             self.param_to_bucket.update({p: bucket for p in members})
 
-    # --8<-- [start:layout]
     def _lay_out(self, bucket_size: int | None) -> int:
         """Give each parameter its [start, end) and close buckets; return the padded total size."""
         dist_opt = self.ddp_config.use_distributed_optimizer
@@ -232,7 +229,6 @@ class _ParamAndGradBuffer:
         if in_bucket:
             close_bucket(next_free)
         return bucket_start
-    # --8<-- [end:layout]
 
     def _get(self, shape: torch.Size, start: int, flat: torch.Tensor) -> torch.Tensor:
         return flat[start:start + shape.numel()].view(shape)

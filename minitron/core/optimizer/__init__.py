@@ -30,7 +30,6 @@ __all__ = ["get_megatron_optimizer", "OptimizerConfig", "MegatronOptimizer", "FP
            "ConstantGradScaler", "DynamicGradScaler"]
 
 
-# --8<-- [start:param-groups]
 def _get_param_groups(model_chunks, no_weight_decay_cond=None, scale_lr_cond=None,
                       lr_mult: float = 1.0) -> list[dict]:
     """Split parameters by (wd_mult, lr_mult): biases and 1-D parameters get no weight decay.
@@ -54,7 +53,6 @@ def _get_param_groups(model_chunks, no_weight_decay_cond=None, scale_lr_cond=Non
     # Sorted keys: every rank builds its groups in the same order (checkpoints rely on it).
     return [{"params": params, "wd_mult": wd_mult, "lr_mult": mult}
             for (wd_mult, mult), params in sorted(groups.items(), reverse=True)]
-# --8<-- [end:param-groups]
 
 
 def _make_torch_optimizer(config: OptimizerConfig, param_groups) -> torch.optim.Optimizer:

@@ -44,7 +44,6 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         self.param_range_map = self._build_model_param_range_map()
         self._replace_params_by_shards()
 
-    # --8<-- [start:ranges]
     def _build_model_param_range_map(self) -> dict:
         """param -> (start, end): the part of param.view(-1) inside this rank's shards."""
         ranges = {}
@@ -59,7 +58,6 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
                     if lo < hi:
                         ranges[param] = (lo - start, hi - start)
         return ranges
-    # --8<-- [end:ranges]
 
     def _replace_params_by_shards(self) -> None:
         """Give torch's optimizer the fp32 main shards instead of the whole model params."""
@@ -107,7 +105,6 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         return [shard.grad for shard in self.shard_fp32_from_float16_params + self.shard_fp32_params
                 if shard.grad is not None]
 
-    # --8<-- [start:copies]
     def _copy_model_grads_to_main_grads(self) -> None:
         """My shard of the reduce-scattered main_grad becomes my main shard's .grad (in fp32)."""
         for model_param, shard_main in self._all_pairs():
@@ -119,7 +116,6 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         for model_param, shard_main in zip(self.model_float16_params, self.shard_fp32_from_float16_params):
             start, end = self.param_range_map[model_param]
             model_param.detach().view(-1)[start:end].copy_(shard_main)
-    # --8<-- [end:copies]
 
     def _copy_model_params_to_main_params(self) -> None:
         for model_param, shard_main in zip(self.model_float16_params, self.shard_fp32_from_float16_params):

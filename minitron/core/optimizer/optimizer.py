@@ -118,7 +118,6 @@ class MegatronOptimizer(ABC):
     @abstractmethod
     def load_state_dict(self, state_dict: dict) -> None: ...
 
-    # --8<-- [start:step]
     @torch.no_grad()
     @traced(args=lambda self: {"optimizer": type(self).__name__})
     def step(self):
@@ -130,7 +129,6 @@ class MegatronOptimizer(ABC):
         num_zeros_in_grad = self.count_zeros() if self.config.log_num_zeros_in_grad else None
         update_successful = self.step_with_ready_grads()
         return update_successful, grad_norm, num_zeros_in_grad
-    # --8<-- [end:step]
 
 
 class FP32Optimizer(MegatronOptimizer):
@@ -179,7 +177,6 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
     def get_loss_scale(self) -> torch.Tensor:
         return self.grad_scaler.scale if self.grad_scaler is not None else torch.ones(1)
 
-    # --8<-- [start:unscale]
     def _unscale_main_grads_and_check_for_nan(self) -> bool:
         main_grads = self._collect_main_grad_data_for_unscaling()
         device = reduction_device(main_grads, self.get_grad_stats_parallel_group())
@@ -193,7 +190,6 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
         torch.distributed.all_reduce(found_inf, op=torch.distributed.ReduceOp.MAX,
                                      group=self.get_grad_stats_parallel_group())
         return found_inf.item() > 0
-    # --8<-- [end:unscale]
 
     @torch.no_grad()
     def prepare_grads(self) -> bool:

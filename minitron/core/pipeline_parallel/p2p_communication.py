@@ -16,7 +16,6 @@ import torch
 from minitron.core import parallel_state as mpu
 
 
-# --8<-- [start:ops]
 def _ops(tensor_send_next, tensor_send_prev, tensor_recv_prev, tensor_recv_next):
     """The P2P ops in an order both neighbours agree on.
 
@@ -39,7 +38,6 @@ def _ops(tensor_send_next, tensor_send_prev, tensor_recv_prev, tensor_recv_next)
     else:
         ordered = (recv_prev, send_next, recv_next, send_prev)
     return [op for op in ordered if op]
-# --8<-- [end:ops]
 
 
 def _communicate(*, tensor_send_next, tensor_send_prev, recv_prev: bool, recv_next: bool,

@@ -3,6 +3,11 @@
     forward_backward_no_pipelining                    pp = 1: forward, backward, repeat
     forward_backward_pipelining_without_interleaving  1F1B: warm-up, steady state, cool-down
     forward_backward_pipelining_with_interleaving     1F1B over several model chunks per rank
+                                                      (schedules_interleaved.py)
+
+get_forward_backward_func, which picks one for the layout, lives in the package's __init__.py
+(``from minitron.core.pipeline_parallel import get_forward_backward_func``, Megatron's import):
+it needs all three, and the interleaved one builds on the steps defined here.
 
 All three return the last stage's per-micro-batch loss dicts and leave the gradients of the
 whole global batch in the model, reduced across data-parallel ranks
@@ -21,25 +26,16 @@ from minitron.core.pipeline_parallel import p2p_communication as p2p
 from minitron.trace import traced
 
 
-# --8<-- [start:get-forward-backward-func]
-def get_forward_backward_func():
-    """The schedule this layout needs (Megatron picks it the same way)."""
-    if mpu.get_pipeline_model_parallel_world_size() > 1:
-        if mpu.get_virtual_pipeline_model_parallel_world_size() is not None:
-            from minitron.core.pipeline_parallel.schedules_interleaved import (
-                forward_backward_pipelining_with_interleaving,
-            )
-            return forward_backward_pipelining_with_interleaving
-        return forward_backward_pipelining_without_interleaving
-    return forward_backward_no_pipelining
-# --8<-- [end:get-forward-backward-func]
+def get_attr_wrapped_model(model, attr: str):
+    """``model.attr``, looking through the wrappers (DDP, Float16Module) that do not carry it."""
+    while not hasattr(model, attr) and hasattr(model, "module"):
+        model = model.module
+    return getattr(model, attr)
 
 
 def get_model_config(model):
-    """The model's TransformerConfig, looking through wrappers (DDP, Float16Module)."""
-    while not hasattr(model, "config") and hasattr(model, "module"):
-        model = model.module
-    return model.config
+    """The model's TransformerConfig, looking through wrappers."""
+    return get_attr_wrapped_model(model, "config")
 
 
 def _unwrap(model):
@@ -56,7 +52,6 @@ def get_tensor_shape(config, seq_length: int, micro_batch_size: int):
     return (seq, micro_batch_size, config.hidden_size)
 
 
-# --8<-- [start:deallocate]
 def deallocate_output_tensor(out, deallocate_pipeline_outputs: bool = True):
     """Free a sent activation's storage but keep its autograd graph.
 
@@ -76,7 +71,6 @@ def custom_backward(output, grad_output):
     Variable._execution_engine.run_backward(
         tensors=(output,), grad_tensors=(grad_output,), keep_graph=False, create_graph=False,
         inputs=tuple(), allow_unreachable=True, accumulate_grad=True)
-# --8<-- [end:deallocate]
 
 
 def _step_args(*args, current_microbatch=None, vp_stage=None, **kwargs):
@@ -91,7 +85,7 @@ def forward_step(forward_step_func, data_iterator, model, num_microbatches, inpu
     """Run the user's forward step on one micro-batch; on the last stage, turn output into loss."""
     _unwrap(model).set_input_tensor(input_tensor)  # non-first stages start from the received activation
     output_tensor, loss_func = forward_step_func(data_iterator, model)
-    if mpu.is_pipeline_last_stage():
+    if mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage):  # this chunk computes the loss
         loss, loss_reduced = loss_func(output_tensor)
         # Each micro-batch's loss is divided here, so the gradients summed over micro-batches
         # are those of the mean loss over the global batch.
@@ -124,7 +118,6 @@ def _finalize(config, model_chunks, forward_only: bool):
         config.finalize_model_grads_func(model_chunks)
 
 
-# --8<-- [start:no-pipelining]
 @traced(args=lambda **kw: {"num_microbatches": kw.get("num_microbatches"), "forward_only": kw.get("forward_only", False)})
 def forward_backward_no_pipelining(*, forward_step_func, data_iterator, model, num_microbatches,
                                    seq_length, micro_batch_size, forward_only=False, **_):
@@ -151,10 +144,8 @@ def forward_backward_no_pipelining(*, forward_step_func, data_iterator, model, n
     one(num_microbatches - 1)
     _finalize(config, [model], forward_only)
     return losses
-# --8<-- [end:no-pipelining]
 
 
-# --8<-- [start:one-f-one-b]
 @traced(args=lambda **kw: {"num_microbatches": kw.get("num_microbatches"), "forward_only": kw.get("forward_only", False)})
 def forward_backward_pipelining_without_interleaving(*, forward_step_func, data_iterator, model,
                                                      num_microbatches, seq_length, micro_batch_size,
@@ -230,4 +221,3 @@ def forward_backward_pipelining_without_interleaving(*, forward_step_func, data_
             p2p.send_backward(input_grad, config)
     _finalize(config, [model], forward_only)
     return losses
-# --8<-- [end:one-f-one-b]

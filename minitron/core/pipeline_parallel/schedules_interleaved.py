@@ -6,19 +6,208 @@ contiguous block of layers: with 4 ranks and 16 layers in chunks of 2, rank 0 ho
 ranks v times. The stages are v times shorter, so the pipeline fills and drains v times
 faster: the bubble shrinks by a factor v, paid for with v times more point-to-point traffic.
 
-Megatron keeps this in schedules.py; it has a file of its own here because its bookkeeping
-(which chunk a step belongs to, who sends to whom) is long and reads best alone.
+Megatron keeps this in schedules.py, as one function with its helpers nested inside. Here it
+has a file of its own, and the helpers, under Megatron's names, are the methods of one run
+of the schedule: the bookkeeping (which chunk a step belongs to, who sends to whom) reads
+best in pieces a reader can hold one at a time.
+
+Megatron's vocabulary, used throughout: ``microbatch_id`` counts the global batch's
+micro-batches (0 .. num_microbatches-1); ``model_chunk_id`` the chunks (0 .. v-1); a
+``virtual_microbatch_id`` counts (micro-batch, chunk) pairs, the steps of the schedule
+(0 .. num_microbatches * v - 1).
 """
 
 from __future__ import annotations
 
 from minitron.core import parallel_state as mpu
 from minitron.core.pipeline_parallel import p2p_communication as p2p
-from minitron.trace import traced
 from minitron.core.pipeline_parallel.schedules import (
-    _finalize, _no_sync, backward_step, deallocate_output_tensor, forward_step, get_model_config,
-    get_tensor_shape,
+    backward_step, deallocate_output_tensor, forward_step, get_model_config, get_tensor_shape,
 )
+from minitron.trace import traced
+
+
+class _InterleavedSchedule:
+    """One call of the interleaved schedule: its sizes, its queues, its steps."""
+
+    def __init__(self, forward_step_func, data_iterator, model, num_microbatches: int, seq_length: int,
+                 micro_batch_size: int, forward_only: bool):
+        self.forward_step_func, self.model, self.forward_only = forward_step_func, model, forward_only
+        self.num_microbatches = num_microbatches
+        self.num_model_chunks = len(model)
+        self.pp = mpu.get_pipeline_model_parallel_world_size()
+        self.pp_rank = mpu.get_pipeline_model_parallel_rank()
+        if num_microbatches % self.pp:
+            raise RuntimeError(f"the interleaved schedule needs the number of micro-batches ({num_microbatches}) "
+                               f"to be a multiple of the pipeline size ({self.pp})")
+        self.config = get_model_config(model[0])
+        if not isinstance(data_iterator, list):
+            data_iterator = [data_iterator] * self.num_model_chunks  # get_batch decides per chunk whether to read
+        self.data_iterator = data_iterator
+        self.tensor_shape = get_tensor_shape(self.config, seq_length, micro_batch_size)
+        self.dealloc = getattr(self.config, "deallocate_pipeline_outputs", True)
+        self.total_num_microbatches = num_microbatches * self.num_model_chunks
+        # Per chunk, the activations received (inputs), produced (outputs) and the gradients
+        # received for those outputs, each waiting for its backward in arrival order.
+        self.input_tensors = [[] for _ in model]
+        self.output_tensors = [[] for _ in model]
+        self.output_tensor_grads = [[] for _ in model]
+        self.forward_data_store = []
+        self.no_sync_context = None
+        self._count_warmup()
+
+    def _count_warmup(self) -> None:
+        """How many forwards run before the first backward: enough that the first backward finds
+        its gradient waiting. A later stage needs fewer (2 per stage, as Megatron counts)."""
+        total = self.total_num_microbatches
+        self.are_all_microbatches_in_warmup = False
+        if self.forward_only:
+            self.num_warmup_microbatches = total
+        elif self.num_microbatches == self.pp:
+            self.num_warmup_microbatches, self.are_all_microbatches_in_warmup = total, True
+        else:
+            warmup = (self.pp - self.pp_rank - 1) * 2 + (self.num_model_chunks - 1) * self.pp
+            self.num_warmup_microbatches = min(warmup, total)
+        self.num_microbatches_remaining = total - self.num_warmup_microbatches
+
+    # Where a step belongs. ---------------------------------------------------------------
+    def get_model_chunk_id(self, virtual_microbatch_id: int, forward: bool) -> int:
+        """Micro-batches go through a chunk in groups of pp; backward visits the chunks in reverse."""
+        group = (virtual_microbatch_id % (self.pp * self.num_model_chunks)) // self.pp
+        return group if forward else self.num_model_chunks - group - 1
+
+    def get_microbatch_id_in_model_chunk(self, virtual_microbatch_id: int) -> int:
+        group_size = self.pp * self.num_model_chunks
+        return (virtual_microbatch_id // group_size) * self.pp + virtual_microbatch_id % self.pp
+
+    def is_first_stage(self, model_chunk_id: int) -> bool:
+        return mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=model_chunk_id)
+
+    def is_last_stage(self, model_chunk_id: int) -> bool:
+        return mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=model_chunk_id)
+
+    def recv_tensor_from_previous_stage(self, virtual_microbatch_id: int, forward: bool):
+        """(will a tensor arrive after this step?, the chunk it is for).
+
+        The tensor comes from the previous rank in the ring (forward) or the next (backward).
+        Usually it feeds this rank's next step. But the leading stage (the first rank going
+        forward, the last going backward) runs pp - 1 steps ahead of the stage at the other end
+        of the ring, which sends it; so what arrives belongs to the chunk after the one that
+        stage is working on, found by looking pp - 1 steps back.
+        """
+        leading = mpu.is_pipeline_first_stage() if forward else mpu.is_pipeline_last_stage()
+        if not leading:
+            return True, self.get_model_chunk_id(virtual_microbatch_id + 1, forward)
+        if virtual_microbatch_id < self.pp - 1:  # the other end has not produced anything yet
+            return False, self.get_model_chunk_id(virtual_microbatch_id + 1, forward)
+        sender_chunk = self.get_model_chunk_id(virtual_microbatch_id - (self.pp - 1), forward)
+        last_chunk = self.num_model_chunks - 1 if forward else 0
+        # The last chunk of the ring's end produces the loss (forward) or the first-layer
+        # gradient (backward): nothing travels on from it.
+        return sender_chunk != last_chunk, sender_chunk + 1 if forward else sender_chunk - 1
+
+    # Gradient reduction across data-parallel ranks. ------------------------------------------
+    def disable_grad_sync(self) -> None:
+        """Let micro-batch gradients accumulate locally (DDP's no_sync over every chunk)."""
+        if self.no_sync_context is None and self.config.no_sync_func is not None:
+            self.no_sync_context = self.config.no_sync_func()
+            self.no_sync_context.__enter__()
+
+    def enable_grad_sync(self) -> None:
+        """The next backward reduces the gradients. Megatron enables it before each chunk's last
+        micro-batch, so each chunk's reduction can overlap the other chunks' compute; our
+        no_sync covers all chunks at once, so it is enabled once, before the very last backward."""
+        if self.no_sync_context is not None:
+            self.no_sync_context.__exit__(None, None, None)
+            self.no_sync_context = None
+
+    # One forward, one backward. --------------------------------------------------------------
+    def forward_step_helper(self, virtual_microbatch_id: int):
+        """Forward one micro-batch through its chunk; return the output to send on."""
+        chunk = self.get_model_chunk_id(virtual_microbatch_id, forward=True)
+        inputs = self.input_tensors[chunk]
+        if self.is_first_stage(chunk) and len(inputs) == len(self.output_tensors[chunk]):
+            inputs.append(None)  # chunk 0 of the first rank reads data: it receives no input
+        output_tensor = forward_step(
+            self.forward_step_func, self.data_iterator[chunk], self.model[chunk], self.num_microbatches,
+            inputs[-1], self.forward_data_store, self.config,
+            current_microbatch=self.get_microbatch_id_in_model_chunk(virtual_microbatch_id), vp_stage=chunk)
+        self.output_tensors[chunk].append(output_tensor)
+        return output_tensor
+
+    def backward_step_helper(self, virtual_microbatch_id: int):
+        """Backward the oldest waiting micro-batch of its chunk; return the gradient to send back."""
+        chunk = self.get_model_chunk_id(virtual_microbatch_id, forward=False)
+        if virtual_microbatch_id == self.total_num_microbatches - 1:
+            self.enable_grad_sync()
+        if self.is_last_stage(chunk) and not self.output_tensor_grads[chunk]:
+            self.output_tensor_grads[chunk].append(None)  # the loss chunk starts from the loss itself
+        return backward_step(
+            self.input_tensors[chunk].pop(0), self.output_tensors[chunk].pop(0),
+            self.output_tensor_grads[chunk].pop(0), self.config,
+            current_microbatch=self.get_microbatch_id_in_model_chunk(virtual_microbatch_id), vp_stage=chunk)
+
+    # The three phases. -----------------------------------------------------------------------
+    def run_warmup(self) -> None:
+        """Forwards only, each followed by the exchange that brings the next input."""
+        shape, config = self.tensor_shape, self.config
+        self.input_tensors[0].append(p2p.recv_forward(shape, config))
+        for k in range(self.num_warmup_microbatches):
+            chunk = self.get_model_chunk_id(k, forward=True)
+            output_tensor = self.forward_step_helper(k)
+            recv_prev, next_chunk = self.recv_tensor_from_previous_stage(k, forward=True)
+            if k == self.total_num_microbatches - 1:
+                recv_prev = False
+            if self.is_last_stage(chunk):
+                output_tensor = None  # the loss chunk sends nothing on
+            last_warmup = k == self.num_warmup_microbatches - 1
+            if last_warmup and not self.forward_only and not self.are_all_microbatches_in_warmup:
+                # The first gradient is due with the last warm-up exchange: ask for it too.
+                recv_next = not mpu.is_pipeline_last_stage()
+                input_tensor, output_tensor_grad = p2p.send_forward_backward_recv_forward_backward(
+                    output_tensor, None, recv_prev, recv_next, shape, config)
+                if recv_next:
+                    self.output_tensor_grads[self.num_model_chunks - 1].append(output_tensor_grad)
+            else:
+                input_tensor = p2p.send_forward_recv_forward(output_tensor, recv_prev, shape, config)
+            if recv_prev:
+                self.input_tensors[next_chunk].append(input_tensor)
+            deallocate_output_tensor(output_tensor, self.dealloc)
+
+    def run_steady_state(self) -> None:
+        """One forward and one backward per step, their sends and receives in one exchange."""
+        for i in range(self.num_microbatches_remaining):
+            forward_k, backward_k = i + self.num_warmup_microbatches, i
+            output_tensor = self.forward_step_helper(forward_k)
+            input_tensor_grad = self.backward_step_helper(backward_k)
+            if self.is_last_stage(self.get_model_chunk_id(forward_k, forward=True)):
+                output_tensor = None
+            if self.is_first_stage(self.get_model_chunk_id(backward_k, forward=False)):
+                input_tensor_grad = None
+            recv_prev, next_forward_chunk = self.recv_tensor_from_previous_stage(forward_k, forward=True)
+            recv_next, next_backward_chunk = self.recv_tensor_from_previous_stage(backward_k, forward=False)
+            if i == self.num_microbatches_remaining - 1:
+                recv_prev = False  # no forward is left to feed
+            input_tensor, output_tensor_grad = p2p.send_forward_backward_recv_forward_backward(
+                output_tensor, input_tensor_grad, recv_prev, recv_next, self.tensor_shape, self.config)
+            deallocate_output_tensor(output_tensor, self.dealloc)
+            if recv_prev:
+                self.input_tensors[next_forward_chunk].append(input_tensor)
+            if recv_next:
+                self.output_tensor_grads[next_backward_chunk].append(output_tensor_grad)
+
+    def run_cooldown(self) -> None:
+        """The backwards the warm-up still owes, each followed by the exchange for the next."""
+        shape, config = self.tensor_shape, self.config
+        if self.are_all_microbatches_in_warmup:
+            self.output_tensor_grads[self.num_model_chunks - 1].append(p2p.recv_backward(shape, config))
+        for k in range(self.num_microbatches_remaining, self.total_num_microbatches):
+            input_tensor_grad = self.backward_step_helper(k)
+            recv_next, next_chunk = self.recv_tensor_from_previous_stage(k, forward=False)
+            if k == self.total_num_microbatches - 1:
+                recv_next = False
+            self.output_tensor_grads[next_chunk].append(
+                p2p.send_backward_recv_backward(input_tensor_grad, recv_next, shape, config))
 
 
 @traced(args=lambda **kw: {"num_microbatches": kw.get("num_microbatches"), "forward_only": kw.get("forward_only", False),
@@ -26,132 +215,17 @@ from minitron.core.pipeline_parallel.schedules import (
 def forward_backward_pipelining_with_interleaving(*, forward_step_func, data_iterator, model,
                                                   num_microbatches, seq_length, micro_batch_size,
                                                   forward_only=False, **_):
-    chunks = len(model)
-    pp, rank = mpu.get_pipeline_model_parallel_world_size(), mpu.get_pipeline_model_parallel_rank()
-    if num_microbatches % pp:
-        raise RuntimeError(f"the interleaved schedule needs the number of micro-batches ({num_microbatches}) "
-                           f"to be a multiple of the pipeline size ({pp})")
-    config = get_model_config(model[0])
-    if not isinstance(data_iterator, list):
-        data_iterator = [data_iterator] * chunks  # get_batch decides per chunk whether to read
-    shape = get_tensor_shape(config, seq_length, micro_batch_size)
-    dealloc = getattr(config, "deallocate_pipeline_outputs", True)
-    total = num_microbatches * chunks  # one "virtual micro-batch" per (micro-batch, chunk)
-
-    # Warm-up: enough forwards that the first backward finds its gradient waiting.
-    all_warmup = False
-    if forward_only:
-        num_warmup = total
-    elif num_microbatches == pp:
-        num_warmup, all_warmup = total, True
-    else:
-        num_warmup = min((pp - rank - 1) * 2 + (chunks - 1) * pp, total)
-    num_remaining = total - num_warmup
-
-    def chunk_of(k: int, forward: bool) -> int:
-        """Virtual micro-batch k runs on chunk: micro-batches go in groups of pp per chunk;
-        backward visits the chunks in reverse."""
-        c = (k % (pp * chunks)) // pp
-        return c if forward else chunks - c - 1
-
-    def microbatch_of(k: int) -> int:
-        return (k // (pp * chunks)) * pp + k % pp
-
-    input_tensors = [[] for _ in range(chunks)]
-    output_tensors = [[] for _ in range(chunks)]
-    output_grads = [[] for _ in range(chunks)]
-    losses = []
-    no_sync = _no_sync(config)
+    """Interleaved 1F1B over the model chunks in ``model`` (a list, one per virtual stage):
+    warm-up, steady state, cool-down, as in 1F1B, with every step on one chunk."""
+    schedule = _InterleavedSchedule(forward_step_func, data_iterator, model, num_microbatches, seq_length,
+                                    micro_batch_size, forward_only)
     if not forward_only:
-        no_sync.__enter__()
-
-    def forward_k(k: int):
-        c = chunk_of(k, True)
-        mpu.set_virtual_pipeline_model_parallel_rank(c)
-        if mpu.is_pipeline_first_stage() and len(input_tensors[c]) == len(output_tensors[c]):
-            input_tensors[c].append(None)  # first chunk of the first stage reads data, no input
-        input_tensor = input_tensors[c][-1]
-        output = forward_step(forward_step_func, data_iterator[c], model[c], num_microbatches, input_tensor,
-                              losses, config, current_microbatch=microbatch_of(k), vp_stage=c)
-        output_tensors[c].append(output)
-        return output
-
-    def backward_k(k: int):
-        c = chunk_of(k, False)
-        mpu.set_virtual_pipeline_model_parallel_rank(c)
-        if k == total - 1 and not forward_only:
-            no_sync.__exit__(None, None, None)  # last backward: let the gradient reduction run
-        if mpu.is_pipeline_last_stage() and not output_grads[c]:
-            output_grads[c].append(None)  # the loss chunk starts backward from the loss itself
-        return backward_step(input_tensors[c].pop(0), output_tensors[c].pop(0), output_grads[c].pop(0),
-                             config, current_microbatch=microbatch_of(k), vp_stage=c)
-
-    mpu.set_virtual_pipeline_model_parallel_rank(0)
-    input_tensors[0].append(p2p.recv_forward(shape, config))
-    for k in range(num_warmup):
-        output = forward_k(k)
-        next_c = chunk_of(k + 1, True)
-        recv_prev = not (mpu.is_pipeline_first_stage(ignore_virtual=True) and next_c == 0) and k != total - 1
-        if mpu.is_pipeline_last_stage():
-            output = None  # the loss chunk sends nothing on
-        if k == num_warmup - 1 and not forward_only and not all_warmup:
-            recv_next = not mpu.is_pipeline_last_stage(ignore_virtual=True)
-            input_tensor, output_grad = p2p.send_forward_backward_recv_forward_backward(
-                output, None, recv_prev, recv_next, shape, config)
-            if recv_next:
-                output_grads[chunks - 1].append(output_grad)
-        else:
-            input_tensor = p2p.send_forward_recv_forward(output, recv_prev, shape, config)
-        if recv_prev:
-            input_tensors[next_c].append(input_tensor)
-        deallocate_output_tensor(output, dealloc)
-
-    for i in range(num_remaining):
-        fk, bk = i + num_warmup, i
-        output = forward_k(fk)
-        input_grad = backward_k(bk)
-        mpu.set_virtual_pipeline_model_parallel_rank(chunk_of(fk, True))
-        if mpu.is_pipeline_last_stage():
-            output = None
-        mpu.set_virtual_pipeline_model_parallel_rank(chunk_of(bk, False))
-        if mpu.is_pipeline_first_stage():
-            input_grad = None
-        # Who sends to me next? The first stage runs pp - 1 steps ahead of the last one, so
-        # its next forward chunk is found by looking that far back (and symmetrically below).
-        recv_prev = True
-        if mpu.is_pipeline_first_stage(ignore_virtual=True):
-            next_fc = chunk_of(fk - (pp - 1), True)
-            recv_prev = next_fc != chunks - 1
-            next_fc += 1
-        else:
-            next_fc = chunk_of(fk + 1, True)
-        recv_next = True
-        if mpu.is_pipeline_last_stage(ignore_virtual=True):
-            next_bc = chunk_of(bk - (pp - 1), False)
-            recv_next = next_bc != 0
-            next_bc -= 1
-        else:
-            next_bc = chunk_of(bk + 1, False)
-        if i == num_remaining - 1:
-            recv_prev = False
-        input_tensor, output_grad = p2p.send_forward_backward_recv_forward_backward(
-            output, input_grad, recv_prev, recv_next, shape, config)
-        deallocate_output_tensor(output, dealloc)
-        if recv_prev:
-            input_tensors[next_fc].append(input_tensor)
-        if recv_next:
-            output_grads[next_bc].append(output_grad)
-
+        schedule.disable_grad_sync()
+    schedule.run_warmup()
+    schedule.run_steady_state()
     if not forward_only:
-        if all_warmup:
-            output_grads[chunks - 1].append(p2p.recv_backward(shape, config))
-        for k in range(num_remaining, total):
-            input_grad = backward_k(k)
-            next_bc = chunk_of(k + 1, False)
-            recv_next = not (mpu.is_pipeline_last_stage(ignore_virtual=True) and next_bc == chunks - 1)
-            if k == total - 1:
-                recv_next = False
-            output_grads[next_bc].append(p2p.send_backward_recv_backward(input_grad, recv_next, shape, config))
-    mpu.set_virtual_pipeline_model_parallel_rank(0)
-    _finalize(config, model, forward_only)
-    return losses
+        schedule.run_cooldown()
+    schedule.enable_grad_sync()  # a no-op unless something left it disabled
+    if not forward_only and schedule.config.finalize_model_grads_func is not None:
+        schedule.config.finalize_model_grads_func(model)
+    return schedule.forward_data_store

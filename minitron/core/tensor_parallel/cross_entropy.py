@@ -42,7 +42,11 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
         logits_max = logits.max(dim=-1).values
         _all_reduce(logits_max, torch.distributed.ReduceOp.MAX, group)
-        shifted = logits - logits_max.unsqueeze(-1)  # a new tensor: the caller's logits stay
+        # One new [s, b, V/p] buffer, the caller's logits stay as they were. It holds the
+        # shifted logits, then (in place) their exps, then the softmax that backward needs:
+        # the largest activation of the model is allocated once, not three times (Megatron
+        # works in place too; it overwrites the caller's logits, minitron does not).
+        shifted = logits - logits_max.unsqueeze(-1)
 
         partition_vocab_size = logits.size(-1)
         start, end = VocabUtility.vocab_range_from_per_partition_vocab_size(
@@ -52,13 +56,14 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         predicted_logits = shifted.gather(-1, masked_target.unsqueeze(-1)).squeeze(-1)
         predicted_logits = predicted_logits.masked_fill(target_mask, 0.0)
         _all_reduce(predicted_logits, torch.distributed.ReduceOp.SUM, group)
+        sum_shifted = shifted.sum(dim=-1) if label_smoothing > 0 else None  # before exp_ below
 
-        exp_logits = shifted.exp()
+        exp_logits = shifted.exp_()
         sum_exp_logits = exp_logits.sum(dim=-1)
         _all_reduce(sum_exp_logits, torch.distributed.ReduceOp.SUM, group)
 
         loss = torch.log(sum_exp_logits) - predicted_logits
-        softmax = exp_logits / sum_exp_logits.unsqueeze(-1)
+        softmax = exp_logits.div_(sum_exp_logits.unsqueeze(-1))
 # --8<-- [end:forward]
 
 # --8<-- [start:label_smoothing]
@@ -71,7 +76,6 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
             # over the local slice only (its issue #737), which makes the loss differ across
             # TP ranks. mean_j log p_j = mean_j (z_j - m) - log(sum exp): one more all-reduce,
             # of shifted logits rather than log(softmax), so an underflowed p_j cannot give -inf.
-            sum_shifted = shifted.sum(dim=-1)
             _all_reduce(sum_shifted, torch.distributed.ReduceOp.SUM, group)
             mean_log_probs = sum_shifted / vocab_size - torch.log(sum_exp_logits)
             loss = (1.0 - smoothing) * loss - smoothing * mean_log_probs
@@ -82,18 +86,22 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return loss
 # --8<-- [end:label_smoothing]
 
-# --8<-- [start:backward]
     @staticmethod
     def backward(ctx, grad_output):
         softmax, target_mask, masked_target = ctx.saved_tensors
         # dL/dz = softmax - (1 - smoothing) * onehot(target) - smoothing / K. Only the rank
         # that owns the target subtracts the one-hot part; the others' mask is 0 there.
+        # Written into the saved softmax, which nothing reads after this (as Megatron does):
+        # no second [s, b, V/p] buffer. The price: this graph cannot be run backward twice.
+        if ctx.smoothing is None:
+            raise RuntimeError("vocab_parallel_cross_entropy's backward ran twice (retain_graph?): "
+                               "its saved softmax became the first gradient")
         owns_target = (~target_mask).to(softmax.dtype).unsqueeze(-1)
-        grad = softmax.scatter_add(-1, masked_target.unsqueeze(-1), -(1.0 - ctx.smoothing) * owns_target)
+        grad = softmax.scatter_add_(-1, masked_target.unsqueeze(-1), -(1.0 - ctx.smoothing) * owns_target)
         if ctx.smoothing > 0:
-            grad = grad - ctx.smoothing / ctx.vocab_size
-        return grad * grad_output.unsqueeze(-1), None, None
-# --8<-- [end:backward]
+            grad.sub_(ctx.smoothing / ctx.vocab_size)
+        ctx.smoothing = None
+        return grad.mul_(grad_output.unsqueeze(-1)), None, None
 
 
 @traced(args=lambda vocab_parallel_logits, target, label_smoothing=0.0: {

@@ -33,7 +33,6 @@ def _broadcast_sizes(keys, data, group, src: int):
             for k, key in enumerate(keys)}
 
 
-# --8<-- [start:broadcast-data]
 @traced(args=lambda keys, data, datatype: {"keys": list(keys), "dtype": str(datatype)})
 def broadcast_data(keys, data, datatype):
     """Send ``data[key]`` for each key from TP rank 0 to its group; return the dict on every rank.
@@ -59,4 +58,3 @@ def broadcast_data(keys, data, datatype):
         output[key] = flat.narrow(0, offset, numels[key]).view(shapes[key])
         offset += numels[key]
     return output
-# --8<-- [end:broadcast-data]

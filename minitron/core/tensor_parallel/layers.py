@@ -49,7 +49,6 @@ def param_is_not_tensor_parallel_duplicate(param: torch.Tensor) -> bool:
         parallel_state.get_tensor_model_parallel_rank() == 0)
 
 
-# --8<-- [start:init_cpu]
 def _initialize_affine_weight_cpu(weight: torch.Tensor, output_size: int, input_size: int,
                                   per_partition_size: int, partition_dim: int,
                                   init_method: Callable, stride: int = 1) -> torch.Tensor:
@@ -69,7 +68,6 @@ def _initialize_affine_weight_cpu(weight: torch.Tensor, output_size: int, input_
     with torch.no_grad():
         weight.copy_(torch.cat(pieces[rank::world_size], dim=partition_dim))
     return master_weight
-# --8<-- [end:init_cpu]
 
 
 def _layer_args(self, input_, weight=None, runtime_gather_output=None):
@@ -78,7 +76,6 @@ def _layer_args(self, input_, weight=None, runtime_gather_output=None):
     return {"input": short_value(input_), "weight": short_value(w)}
 
 
-# --8<-- [start:embedding]
 class VocabParallelEmbedding(torch.nn.Module):
     """An embedding table split by vocabulary rows: rank r owns ids [start, end).
 
@@ -118,7 +115,6 @@ class VocabParallelEmbedding(torch.nn.Module):
         # (Megatron can instead reduce-scatter here, straight into sequence-parallel pieces,
         # when no position embedding is added afterwards; minitron always adds one.)
         return reduce_from_tensor_model_parallel_region(self._lookup_local_slice(input_))
-# --8<-- [end:embedding]
 
 
 def _zero_bias(size: int, config) -> Parameter:
@@ -126,7 +122,6 @@ def _zero_bias(size: int, config) -> Parameter:
     return Parameter(torch.zeros(size, dtype=config.params_dtype))
 
 
-# --8<-- [start:column]
 class ColumnParallelLinear(torch.nn.Module):
     """Y = X A + b with A split by output columns; rank i holds A_i: [out/p, in] and b_i.
 
@@ -181,10 +176,8 @@ class ColumnParallelLinear(torch.nn.Module):
         gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
         output = gather_from_tensor_model_parallel_region(output_parallel) if gather else output_parallel
         return output, (self.bias if self.skip_bias_add else None)
-# --8<-- [end:column]
 
 
-# --8<-- [start:row]
 class RowParallelLinear(torch.nn.Module):
     """Y = X A + b with A split by input rows; rank i holds A_i: [out, in/p] and all of b.
 
@@ -230,4 +223,3 @@ class RowParallelLinear(torch.nn.Module):
         if self.skip_bias_add:
             return output, self.bias
         return (output + self.bias if self.bias is not None else output), None
-# --8<-- [end:row]

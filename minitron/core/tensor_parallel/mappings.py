@@ -45,7 +45,6 @@ def _tp_group(group):
 
 
 # --- the raw collectives (no autograd) ------------------------------------------------------
-# --8<-- [start:reduce]
 def _reduce(input_: torch.Tensor, group) -> torch.Tensor:
     """Sum ``input_`` over the group; every rank gets the total."""
     if group.size() == 1:
@@ -55,7 +54,6 @@ def _reduce(input_: torch.Tensor, group) -> torch.Tensor:
     output = input_.clone(memory_format=torch.contiguous_format)
     torch.distributed.all_reduce(output, group=group)
     return output
-# --8<-- [end:reduce]
 
 
 def _split_along_last_dim(input_: torch.Tensor, group) -> torch.Tensor:
@@ -115,7 +113,6 @@ def _grad_args(ctx, grad_output):
 
 
 # --- the autograd functions ---------------------------------------------------------------
-# --8<-- [start:f_and_g]
 class _CopyToModelParallelRegion(torch.autograd.Function):
     """f: forward passes the replicated input through; backward sums the gradients.
 
@@ -148,7 +145,6 @@ class _ReduceFromModelParallelRegion(torch.autograd.Function):
     @traced(args=_grad_args)
     def backward(ctx, grad_output):
         return grad_output, None
-# --8<-- [end:f_and_g]
 
 
 class _ScatterToModelParallelRegion(torch.autograd.Function):
@@ -179,7 +175,6 @@ class _GatherFromModelParallelRegion(torch.autograd.Function):
         return _split_along_last_dim(grad_output, ctx.group), None
 
 
-# --8<-- [start:sequence_parallel]
 class _ScatterToSequenceParallelRegion(torch.autograd.Function):
     """Keep my part of the sequence; backward gathers the sequence's gradient back together."""
 
@@ -234,7 +229,6 @@ class _ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
     @traced(args=_grad_args)
     def backward(ctx, grad_output):
         return _gather_along_first_dim(grad_output, ctx.group), None
-# --8<-- [end:sequence_parallel]
 
 
 # --- the public names the layers call -----------------------------------------------------

@@ -59,7 +59,6 @@ def _device_manual_seed(seed: int) -> None:
         torch.cuda.manual_seed(seed)
 
 
-# --8<-- [start:tracker]
 class CudaRNGStatesTracker:
     """Named generator states; ``fork(name)`` borrows one for a block and saves its progress.
 
@@ -114,7 +113,6 @@ class CudaRNGStatesTracker:
             self.states_[name] = _get_device_rng_state()  # remember how far this stream got
             _set_device_rng_state(original)
             self._current = outer
-# --8<-- [end:tracker]
 
 
 _CUDA_RNG_STATE_TRACKER = CudaRNGStatesTracker()
@@ -132,7 +130,6 @@ def get_data_parallel_rng_tracker_name() -> str:
     return _DATA_PARALLEL_RNG_TRACKER_NAME
 
 
-# --8<-- [start:seed]
 def model_parallel_cuda_manual_seed(seed: int, tp_rank: int | None = None,
                                     ep_rank: int | None = None, etp_rank: int | None = None) -> None:
     """Seed the default stream and the tracked ones. Call after initialize_model_parallel.
@@ -155,4 +152,3 @@ def model_parallel_cuda_manual_seed(seed: int, tp_rank: int | None = None,
     tracker.add(_DATA_PARALLEL_RNG_TRACKER_NAME, seed)
     tracker.add(_MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + tp_rank)
     tracker.add(_EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 1024 + 100 * ep_rank + etp_rank)
-# --8<-- [end:seed]

@@ -29,7 +29,15 @@ from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
 
-# --8<-- [start:core_attention]
+def is_causal_mask(attention_mask: torch.Tensor) -> bool:
+    """True if the mask ([b or 1, 1, s, s], True = hidden) hides exactly each query's future."""
+    s = attention_mask.size(-1)
+    if attention_mask.dim() != 4 or attention_mask.size(-2) != s:
+        return False
+    causal = torch.ones(s, s, dtype=torch.bool, device=attention_mask.device).triu_(1)
+    return torch.equal(attention_mask, causal.expand_as(attention_mask))
+
+
 class DotProductAttention(MegatronModule):
     """softmax(q k^T / sqrt(d), causal) v for this rank's heads. Inputs [s, b, heads, d]."""
 
@@ -73,10 +81,8 @@ class DotProductAttention(MegatronModule):
             with get_cuda_rng_tracker().fork():
                 probs = self.attention_dropout(probs)
         return torch.matmul(probs, v)
-# --8<-- [end:core_attention]
 
 
-# --8<-- [start:self_attention]
 class SelfAttention(MegatronModule):
     """linear_qkv (column-parallel) -> core attention on my heads -> linear_proj (row-parallel)."""
 
@@ -109,4 +115,3 @@ class SelfAttention(MegatronModule):
         query, key, value = self.get_query_key_value_tensors(hidden_states)
         context = self.core_attention(query, key, value, attention_mask)
         return self.linear_proj(context)
-# --8<-- [end:self_attention]

@@ -12,7 +12,6 @@ from minitron.core.transformer.module import MegatronModule
 from minitron.trace import traced
 
 
-# --8<-- [start:mlp]
 class MLP(MegatronModule):
     def __init__(self, config):
         super().__init__(config)
@@ -34,4 +33,3 @@ class MLP(MegatronModule):
             intermediate = intermediate + bias                   # Megatron fuses bias + GeLU
         intermediate = self.activation_func(intermediate)
         return self.linear_fc2(intermediate)
-# --8<-- [end:mlp]

@@ -34,7 +34,6 @@ def bias_dropout_add(x_with_bias, residual, prob: float, training: bool):
     return residual + F.dropout(x, p=prob, training=training)
 
 
-# --8<-- [start:layer]
 class TransformerLayer(MegatronModule):
     def __init__(self, config, layer_number: int = 1):
         super().__init__(config)
@@ -55,4 +54,3 @@ class TransformerLayer(MegatronModule):
         residual = hidden_states
         mlp_out = self.mlp(self.pre_mlp_layernorm(hidden_states))
         return bias_dropout_add(mlp_out, residual, p, training)
-# --8<-- [end:layer]

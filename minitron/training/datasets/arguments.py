@@ -1,8 +1,7 @@
-"""The data and tokenizer flags (Megatron's names), and the checks that can run before launch.
+"""The data and tokenizer checks that can run before launch (the flags are in argument_groups).
 
-training/arguments.py calls ``add_data_args(parser)`` while building the parser and
-``validate_data_args(args)`` from validate_args. Everything checked here is checked on the
-command line's machine, before a single rank starts: a missing .idx is one line, not 16
+validate_args calls ``validate_data_args(args)`` last. Everything checked here is checked on
+the command line's machine, before a single rank starts: a missing .idx is one line, not 16
 tracebacks from 16 ranks.
 """
 
@@ -10,46 +9,11 @@ from __future__ import annotations
 
 import os
 
-from minitron.core.datasets.blended_megatron_dataset_config import parse_and_normalize_split
-from minitron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetError
-from minitron.core.datasets.utils import get_blend_from_list
-from minitron.training.tokenizer import TOKENIZER_TYPES
-
-
-def add_data_args(parser):
-    g = parser.add_argument_group("data and tokenizer")
-    g.add_argument("--data-path", nargs="*", default=None,
-                   help="PREFIX [PREFIX ...] or WEIGHT PREFIX [WEIGHT PREFIX ...] of .bin/.idx pairs")
-    g.add_argument("--split", default=None,
-                   help="train,valid,test proportions of every dataset, e.g. 969,30,1 (the default)")
-    g.add_argument("--data-cache-path", default=None,
-                   help="directory for the index .npy caches (default: beside each dataset)")
-    g.add_argument("--mock-data", action="store_true", help="synthetic tokens instead of --data-path")
-    g.add_argument("--dataloader-type", default=None, choices=["single", "cyclic", "external"],
-                   help="single: one pass in dataset order (default); cyclic: reshuffle every epoch")
-    g.add_argument("--num-workers", type=int, default=0,
-                   help="DataLoader worker processes per rank (Megatron: 2; 0 suits CPU ranks)")
-    g.add_argument("--no-data-sharding", dest="data_sharding", action="store_false",
-                   help="cyclic loader: one global shuffle instead of one bucket per dp rank")
-    g.add_argument("--tokenizer-type", default=None, choices=list(TOKENIZER_TYPES))
-    g.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: vocab.json")
-    g.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: merges.txt")
-    g.add_argument("--tokenizer-model", default=None, help="HuggingFaceTokenizer: tokenizer.json")
-    g.add_argument("--vocab-size", type=int, default=None, help="NullTokenizer: vocabulary size")
-    g.add_argument("--reset-position-ids", action="store_true",
-                   help="restart position ids after each end-of-document token")
-    g.add_argument("--reset-attention-mask", action="store_true",
-                   help="no attention across end-of-document tokens")
-    g.add_argument("--eod-mask-loss", action="store_true", help="no loss on predicting end-of-document")
-    g.add_argument("--no-create-attention-mask-in-dataloader", dest="create_attention_mask_in_dataloader",
-                   action="store_false", help="let the attention kernel build the causal mask")
-    return parser
+from minitron.training.argument_groups import ArgumentError
 
 
 def validate_data_args(args) -> None:
     """Fill the defaults that depend on other flags; reject what cannot work (ArgumentError)."""
-    from minitron.training.arguments import ArgumentError
-
     if args.dataloader_type is None:
         args.dataloader_type = "single"
     if args.num_workers < 0:
@@ -58,36 +22,57 @@ def validate_data_args(args) -> None:
         raise ArgumentError("--data-path needs at least one PREFIX")
     if args.data_path and args.mock_data:
         raise ArgumentError("--data-path and --mock-data exclude each other: choose one")
+    # Megatron takes "no blend" to mean mock data and then fails in every rank when the
+    # dataset class (GPTDataset) cannot play mock; we say so once, here.
+    if (args.train_iters or args.train_samples) and not args.data_path and not args.mock_data:
+        raise ArgumentError("training needs data: give --data-path PREFIX (made by `minitron preprocess`) "
+                            "or --mock-data")
     if args.data_path:
         if args.split is None:
             args.split = "969, 30, 1"  # Megatron's default
-        try:
-            prefixes, _ = get_blend_from_list(args.data_path)
-            parse_and_normalize_split(args.split)
-        except ValueError as err:
-            raise ArgumentError(str(err)) from None
-        for prefix in prefixes:
-            if prefix.endswith((".bin", ".idx")):
-                raise ArgumentError(f"--data-path {prefix}: give the prefix, without .bin/.idx")
-            try:
-                IndexedDataset(prefix)  # opens and checks both files; maps, reads nothing
-            except IndexedDatasetError as err:
-                raise ArgumentError(str(err)) from None
+        _check_data_path(args.data_path, args.split)
     elif args.split is not None:
-        try:
-            parse_and_normalize_split(args.split)
-        except ValueError as err:
-            raise ArgumentError(str(err)) from None
+        _check_split(args.split)
     if args.data_cache_path is not None and os.path.exists(args.data_cache_path) \
             and not os.path.isdir(args.data_cache_path):
         raise ArgumentError(f"--data-cache-path {args.data_cache_path} is a file, not a directory")
-    _validate_tokenizer(args, ArgumentError)
+    _validate_tokenizer(args)
 
 
-def _validate_tokenizer(args, ArgumentError) -> None:
+def _check_split(split: str) -> None:
+    # The dataset modules import numpy and torch; only a --split or --data-path needs them,
+    # so a refused layout never pays for them.
+    from minitron.core.datasets.blended_megatron_dataset_config import parse_and_normalize_split
+
+    try:
+        parse_and_normalize_split(split)
+    except ValueError as err:
+        raise ArgumentError(str(err)) from None
+
+
+def _check_data_path(data_path: list[str], split: str) -> None:
+    # As in _check_split: numpy and torch only when there are files to look at.
+    from minitron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetError
+    from minitron.core.datasets.utils import get_blend_from_list
+
+    try:
+        prefixes, _ = get_blend_from_list(data_path)
+    except ValueError as err:
+        raise ArgumentError(str(err)) from None
+    _check_split(split)
+    for prefix in prefixes:
+        if prefix.endswith((".bin", ".idx")):
+            raise ArgumentError(f"--data-path {prefix}: give the prefix, without .bin/.idx")
+        try:
+            IndexedDataset(prefix)  # opens and checks both files; maps, reads nothing
+        except IndexedDatasetError as err:
+            raise ArgumentError(str(err)) from None
+
+
+def _validate_tokenizer(args) -> None:
     kind = args.tokenizer_type
     if kind == "NullTokenizer" and (args.vocab_size is None or args.vocab_size < 1):
-        raise ArgumentError("--tokenizer-type NullTokenizer needs --vocab-size N")
+        raise ArgumentError("--tokenizer-type NullTokenizer needs --vocab-size N (N >= 1)")
     if kind == "GPT2BPETokenizer":
         for flag, path in (("--vocab-file", args.vocab_file), ("--merge-file", args.merge_file)):
             if not path:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-from minitron.core.datasets.utils import Split
 
 
 class MegatronPretrainingSampler:
@@ -47,7 +46,6 @@ class MegatronPretrainingSampler:
         start = self.data_parallel_rank * self.micro_batch_size
         return start, start + self.micro_batch_size
 
-    # --8<-- [start:sequential-iter]
     def __iter__(self):
         batch = []
         for idx in range(self.consumed_samples, self.total_samples):  # resume: skip what was used
@@ -59,7 +57,6 @@ class MegatronPretrainingSampler:
         if batch and not self.drop_last:
             start, end = self.get_start_end_idx()
             yield batch[start:end]
-    # --8<-- [end:sequential-iter]
 
 
 class MegatronPretrainingRandomSampler:
@@ -92,7 +89,6 @@ class MegatronPretrainingRandomSampler:
     def __len__(self):
         return self.total_samples
 
-    # --8<-- [start:random-iter]
     def __iter__(self):
         usable = self.total_samples - self.last_batch_size  # whole rounds only
         self.epoch = self.consumed_samples // usable
@@ -106,9 +102,12 @@ class MegatronPretrainingRandomSampler:
             order = torch.randperm(bucket_size, generator=g).tolist()
             idx_range = [bucket_start + x for x in order[in_epoch // self.data_parallel_size:]]
         else:
-            # Megatron permutes (total // m) * m indices here, which can leave dp ranks with
-            # different numbers of batches; we permute the whole rounds only, so they agree.
-            order = torch.randperm(usable, generator=g).tolist()[in_epoch:]
+            # One permutation of every whole micro batch's worth of samples, (total // m) * m,
+            # dealt out round-robin: as Megatron does. That is more than the whole rounds the
+            # epoch counts (``usable``), so some dp ranks may get one batch more than others
+            # near an epoch's end; each rank's loader then simply starts its next epoch later.
+            order = torch.randperm(self.total_samples // self.micro_batch_size * self.micro_batch_size,
+                                   generator=g).tolist()[in_epoch:]
             idx_range = order[self.data_parallel_rank::self.data_parallel_size]
         batch = []
         for idx in idx_range:
@@ -117,7 +116,6 @@ class MegatronPretrainingRandomSampler:
                 self.consumed_samples += self.micro_batch_times_data_parallel_size
                 yield batch
                 batch = []
-    # --8<-- [end:random-iter]
 
 
 def build_pretraining_data_loader(dataset, consumed_samples, args=None, data_parallel_rank=None,
@@ -137,9 +135,6 @@ def build_pretraining_data_loader(dataset, consumed_samples, args=None, data_par
         data_parallel_rank = mpu.get_data_parallel_rank()
         data_parallel_size = mpu.get_data_parallel_world_size()
     dataloader_type = getattr(args, "dataloader_type", None) or "single"
-    split = getattr(dataset, "index_split", None)
-    if split == Split.valid and getattr(args, "full_validation", False):
-        consumed_samples = 0
     if dataloader_type == "single":
         batch_sampler = MegatronPretrainingSampler(
             len(dataset), consumed_samples, args.micro_batch_size, data_parallel_rank, data_parallel_size)

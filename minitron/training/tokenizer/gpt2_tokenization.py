@@ -18,13 +18,51 @@ import json
 import re
 from functools import lru_cache
 
-try:  # the `regex` module knows Unicode classes (\p{L}); plain `re` gets a close equivalent
-    import regex as _regex
-    _PATTERN = _regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
-except ImportError:
-    # [^\W\d_] is "a letter" (a word character that is not a digit or underscore); numerals
-    # outside 0-9 (like "½") count as letters here, the one place we differ from GPT-2.
-    _PATTERN = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+""")
+# GPT-2's pre-tokenizer, as OpenAI's encoder.py and Megatron's gpt2_tokenization.py write it for
+# the `regex` module, which knows Unicode classes: \p{L} letters, \p{N} numbers (any script).
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+@lru_cache(maxsize=1)
+def _pattern():
+    try:
+        import regex
+        return regex.compile(GPT2_PATTERN)
+    except ImportError:
+        return re.compile(_stdlib_pattern())
+
+
+@lru_cache(maxsize=1)
+def _stdlib_pattern() -> str:
+    r"""GPT2_PATTERN for the standard `re`, which has no \p{...}: spell the classes out.
+
+    Letters and numbers become explicit character ranges built from unicodedata (categories
+    L* and N*; "x²" is then "x" + "²", as GPT-2 cuts it). And `re`'s \s also matches the
+    four separators \x1c-\x1f, which `regex` does not count as space, so they are taken out.
+    The one difference left: characters newer than Python's Unicode database are neither.
+    """
+    import unicodedata
+
+    def ranges(prefix: str) -> str:
+        spans, start, prev = [], None, None
+        for cp in range(0x40000):  # Unicode places every letter and number in planes 0-3
+            if unicodedata.category(chr(cp))[0] == prefix:
+                if start is None:
+                    start = cp
+                prev = cp
+            elif start is not None:
+                spans.append((start, prev))
+                start = None
+        if start is not None:
+            spans.append((start, prev))
+        return "".join(re.escape(chr(a)) + ("-" + re.escape(chr(b)) if b > a else "") for a, b in spans)
+
+    letters, numbers = ranges("L"), ranges("N")
+    space, not_space = r"[^\S\x1c-\x1f]", r"(?:\S|[\x1c-\x1f])"
+    other = rf"(?:[^\s{letters}{numbers}]|[\x1c-\x1f])"
+    return (rf"""'s|'t|'re|'ve|'m|'ll|'d| ?[{letters}]+| ?[{numbers}]+| ?{other}+"""
+            rf"""|{space}+(?!{not_space})|{space}+""")
+
 
 ENDOFTEXT = "<|endoftext|>"
 
@@ -49,7 +87,7 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 def pretokenize(text: str) -> list[str]:
-    return _PATTERN.findall(text)
+    return _pattern().findall(text)
 
 
 def get_pairs(word: tuple[str, ...]) -> set[tuple[str, str]]:
@@ -95,7 +133,6 @@ class GPT2Tokenizer:
                              "symbols; it is not a byte-level BPE vocabulary")
         self._cache: dict[str, list[int]] = {}
 
-    # --8<-- [start:bpe]
     def bpe(self, token: str) -> tuple[str, ...]:
         """Merge the symbols of one pre-token, best-ranked pair first, until none applies."""
         word = tuple(token)
@@ -105,7 +142,6 @@ class GPT2Tokenizer:
                 break
             word = tuple(merge_pair(word, *pair))
         return word
-    # --8<-- [end:bpe]
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []

@@ -140,7 +140,6 @@ def make_tokenizer(tokenizer_type: str, vocab_file=None, merge_file=None, tokeni
     raise ValueError(f"--tokenizer-type {tokenizer_type} is not available; choose one of {', '.join(TOKENIZER_TYPES)}")
 
 
-# --8<-- [start:vocab_padding]
 def _vocab_size_with_padding(orig_vocab_size: int, make_vocab_size_divisible_by: int,
                              tensor_model_parallel_size: int) -> int:
     """Round the vocabulary up to a multiple of ``make_vocab_size_divisible_by x tp``.
@@ -155,7 +154,6 @@ def _vocab_size_with_padding(orig_vocab_size: int, make_vocab_size_divisible_by:
                          "--tensor-model-parallel-size must all be positive")
     multiple = make_vocab_size_divisible_by * tensor_model_parallel_size
     return -(-orig_vocab_size // multiple) * multiple
-# --8<-- [end:vocab_padding]
 
 
 def build_tokenizer(args):

@@ -38,6 +38,7 @@ class GPTModel(LanguageModule):
                              "(training.tokenizer._vocab_size_with_padding)")
         self.vocab_size, self.max_sequence_length = vocab_size, max_sequence_length
         self.pre_process, self.post_process = pre_process, post_process
+        self.vp_stage = vp_stage  # which model chunk this is (None without a virtual pipeline)
         self.parallel_output = parallel_output
         self.share_embeddings_and_output_weights = share_embeddings_and_output_weights
 
@@ -65,7 +66,6 @@ class GPTModel(LanguageModule):
             input_tensor = input_tensor[0]
         self.decoder.set_input_tensor(input_tensor)
 
-    # --8<-- [start:forward]
     @traced(args=lambda self, input_ids, position_ids, attention_mask=None, decoder_input=None,
             labels=None: {"input_ids": short_value(input_ids), "labels": short_value(labels),
                           "pre_process": self.pre_process, "post_process": self.post_process})
@@ -91,4 +91,3 @@ class GPTModel(LanguageModule):
         # gathered logits would be counted p times.
         logits, _ = self.output_layer(hidden_states, weight=weight, runtime_gather_output=False)
         return self.compute_language_model_loss(labels, logits)
-    # --8<-- [end:forward]

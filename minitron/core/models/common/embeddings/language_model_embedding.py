@@ -21,7 +21,6 @@ from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
 
-# --8<-- [start:embedding]
 class LanguageModelEmbedding(MegatronModule):
     def __init__(self, config, vocab_size: int, max_sequence_length: int,
                  position_embedding_type: str = "learned_absolute"):
@@ -52,4 +51,3 @@ class LanguageModelEmbedding(MegatronModule):
                 return self.embedding_dropout(embeddings)
         # Replicated on every TP rank: the default stream gives every rank the same mask.
         return self.embedding_dropout(embeddings)
-# --8<-- [end:embedding]

@@ -33,7 +33,6 @@ class LanguageModule(MegatronModule):
             return self.output_layer.weight
         return None
 
-    # --8<-- [start:tie]
     def setup_embeddings_and_output_layer(self) -> None:
         if self.pre_process:
             self.embedding.word_embeddings.weight.is_embedding_or_output_parameter = True
@@ -51,7 +50,6 @@ class LanguageModule(MegatronModule):
             weight.data.fill_(0)
             weight.shared = True
             weight.shared_embedding = True
-        if parallel_state.is_rank_in_embedding_group():
+        if parallel_state.is_rank_in_embedding_group(ignore_virtual=False, vp_stage=self.vp_stage):
             torch.distributed.all_reduce(self.shared_embedding_or_output_weight().data,
                                          group=parallel_state.get_embedding_group())
-    # --8<-- [end:tie]

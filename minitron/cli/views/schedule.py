@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from minitron.cli.views.trace_dir import layout_args, world_size_of
 from minitron.core.rank_generator import rank_coordinates
-from minitron.trace.export import layout_args, world_size_of
 
 FORWARD = "minitron.core.pipeline_parallel.schedules.forward_step"
 BACKWARD = "minitron.core.pipeline_parallel.schedules.backward_step"

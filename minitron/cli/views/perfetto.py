@@ -1,53 +1,17 @@
-"""Read a trace directory back, and write it as Chrome trace-event JSON (opens in Perfetto).
+"""A trace directory as one Chrome trace-event JSON file, ``trace.json`` (opens in Perfetto).
 
-A trace directory holds ``rank{R}.jsonl`` per rank. Perfetto (https://ui.perfetto.dev) and
-chrome://tracing read the trace-event format: one "X" (complete) event per call with a start
-and a duration, grouped into rows by ``pid``. We use the rank as pid, so each rank is one row,
+Perfetto (https://ui.perfetto.dev) and chrome://tracing read the trace-event format: one "X"
+(complete) event per call with a start and a duration, grouped into rows by ``pid``. We use the rank as pid, so each rank is one row,
 named after its place in the layout: ``rank 5 (tp 1, pp 1, dp 0)``.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
+from minitron.cli.views.trace_dir import layout_args, load_trace, world_size_of
 from minitron.core.rank_generator import rank_coordinates
-
-INIT_MP = "minitron.core.parallel_state.initialize_model_parallel"
-
-
-def load_trace(trace_dir: str | Path) -> dict[int, list[dict]]:
-    """rank -> its records, ordered by start time (parents before children)."""
-    runs = {}
-    for path in Path(trace_dir).glob("rank*.jsonl"):
-        match = re.fullmatch(r"rank(\d+)\.jsonl", path.name)
-        if not match:
-            continue
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        records.sort(key=lambda r: (r["start_us"], r["id"]))
-        runs[int(match.group(1))] = records
-    return dict(sorted(runs.items()))
-
-
-def layout_args(records: list[dict]) -> dict | None:
-    """The sizes initialize_model_parallel was called with, read from its own trace record."""
-    for r in records:
-        if r["name"] == INIT_MP:
-            a = r["args"]
-            return {"tp": a.get("tensor_model_parallel_size", 1), "pp": a.get("pipeline_model_parallel_size", 1),
-                    "cp": a.get("context_parallel_size", 1), "ep": a.get("expert_model_parallel_size", 1),
-                    "order": a.get("order", "tp-cp-ep-dp-pp")}
-    return None
-
-
-def world_size_of(runs: dict[int, list[dict]]) -> int:
-    for records in runs.values():
-        for r in records:
-            if r["name"] == "torch.distributed.init_process_group" and "world_size" in r["args"]:
-                if r["args"]["world_size"] not in (None, -1):
-                    return r["args"]["world_size"]
-    return len(runs)
 
 
 def rank_label(rank: int, world_size: int, sizes: dict | None) -> str:

@@ -1,0 +1,88 @@
+"""`minitron view DIR`: read any trace directory back and show it.
+
+The ranks write the same files however they were started — `minitron trace`, `launch --trace
+DIR`, `pretrain --trace DIR`, or torchrun with MINITRON_TRACE_DIR=DIR set — so one command reads
+them all: one rank's call tree, the groups, the checks, the pipeline schedule when an iteration
+was traced, and a fresh `trace.json` for Perfetto. Nothing is started, and nothing is imported
+that the views do not need: torch stays out of this process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from minitron.cli.common import UserError, app, console
+
+
+@app.command()
+def view(
+    trace_dir: Path = typer.Argument(..., metavar="DIR", help="a trace directory (rank*.jsonl files)"),
+    rank: int = typer.Option(0, "--rank", help="whose call tree to print"),
+    focus: Optional[str] = typer.Option(None, "--focus", help="show only the calls named NAME (a function name "
+                                                              "or pattern: train_step, '*forward*') and what ran inside"),
+    depth: Optional[int] = typer.Option(None, "--depth", help="call-tree depth (default: all; 7 when the trace "
+                                                              "holds training iterations, unless --focus)"),
+    show: str = typer.Option("", "--show", help="comma list of views: tree, groups, checks, schedule "
+                                               "(default: all that apply)"),
+    iteration: Optional[int] = typer.Option(None, "--iteration", help="the iteration the schedule shows "
+                                                                      "(default: the last one traced)"),
+):
+    """Show any trace directory (trace, launch, pretrain, torchrun) and write its trace.json.
+
+    Under torchrun, set MINITRON_TRACE_DIR=DIR for the ranks, then `minitron view DIR`.
+    """
+    from minitron.cli.views.call_tree import FocusError
+    from minitron.cli.views.perfetto import write_chrome_trace
+    from minitron.cli.views.show import VIEWS, default_depth, parse_views, show_views
+    from minitron.cli.views.trace_dir import TraceError, backend_of, iterations, rank_files, read_trace
+    from minitron.cli.views.words import plural, rank_ranges
+
+    if not trace_dir.is_dir():
+        raise UserError(f"{trace_dir} {'is not a directory' if trace_dir.exists() else 'does not exist'}; "
+                        f"give the directory the ranks traced into")
+    if not rank_files(trace_dir):
+        raise UserError(f"{trace_dir} holds no rank*.jsonl files: nothing was traced there (record one with "
+                        f"`minitron trace --out DIR`, `--trace DIR`, or MINITRON_TRACE_DIR=DIR under torchrun)")
+    if depth is not None and depth < 1:
+        raise UserError(f"--depth must be 1 or more, got {depth}")
+    try:
+        views = parse_views(show)
+        runs, cut = read_trace(trace_dir)
+    except (ValueError, TraceError) as exc:
+        raise UserError(str(exc)) from None
+    if rank not in runs:
+        raise UserError(f"--rank {rank}: {trace_dir} holds the files of ranks {rank_ranges(list(runs))}")
+    done = iterations(runs)
+    if views is None:
+        views = set(VIEWS) if done else set(VIEWS) - {"schedule"}
+    elif "schedule" in views and not done:
+        raise UserError(f"--show schedule: {trace_dir} holds no training iteration (trace one with --steps 1, "
+                        f"or pretrain --trace)")
+    if iteration is not None and iteration not in done:
+        raise UserError(f"--iteration {iteration}: the trace holds iterations {rank_ranges(done) if done else 'none'}")
+
+    fake = backend_of(runs) == "fake"
+    try:
+        chrome = write_chrome_trace(trace_dir, runs, "fake backend: collectives did not communicate" if fake else None)
+    except OSError as exc:
+        raise UserError(f"cannot write {trace_dir / 'trace.json'}: {exc.strerror}") from None
+    try:
+        checks = show_views(console, runs, views, rank, focus=focus,
+                            depth=depth if depth is not None else default_depth(runs, focus),
+                            iteration=iteration, chrome=chrome)
+    except FocusError as exc:
+        raise UserError(str(exc)) from None
+    if cut:
+        console.print(f"[yellow]the last line of {plural(len(cut), 'rank')} {rank_ranges(cut)} was cut short "
+                      f"(stopped mid-write) and is skipped[/yellow]")
+    pids = len({recs[0]["pid"] for recs in runs.values() if recs})
+    backend = backend_of(runs) or "backend not recorded"
+    console.print(f"{plural(len(runs), 'rank')} ({backend}, {plural(pids, 'process', 'processes')}) "
+                  f"→ {chrome} (open in https://ui.perfetto.dev)")
+    if fake:
+        console.print("[yellow]fake backend: one process played every rank; collectives moved no data[/yellow]")
+    if any(c.ok is False for c in checks):
+        raise typer.Exit(1)

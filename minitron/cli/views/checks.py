@@ -1,0 +1,150 @@
+"""Cross-rank checks on a trace: did every rank do what Megatron requires?
+
+1. The chain: every rank went pretrain -> initialize_megatron -> _initialize_distributed ->
+   init_process_group, and initialize_model_parallel -> new_group.
+2. The same groups in the same order: new_group is collective over the whole world, so a rank
+   that creates groups in another order pairs its calls with the wrong peers (a mismatch or a
+   hang). We compare each rank's sequence of (ranks, description) with the first rank's.
+3. The groups are Megatron's: each rank kept the groups the layout arithmetic predicts, and
+   every group of the layout was created by its members.
+
+A check the trace cannot decide is reported as not run, never as passed: a script traced with
+`launch --trace` may never call pretrain, and under the fake backend each played rank records
+only the groups it belongs to, so there is no common sequence to compare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.text import Text
+
+from minitron.cli.views.trace_dir import backend_of, layout_args, world_size_of
+from minitron.cli.views.words import plural, rank_ranges
+from minitron.core.rank_generator import DESC_TO_KEY, layout
+
+CHAIN = (
+    "minitron.training.training.pretrain",
+    "minitron.training.initialize.initialize_megatron",
+    "minitron.training.initialize._initialize_distributed",
+    "minitron.comm.comm.init_distributed",
+    "torch.distributed.init_process_group",
+)
+NEW_GROUP = "torch.distributed.new_group"
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool | None  # None: the trace cannot decide it, so it did not run
+    detail: str
+
+
+def ancestors(records: list[dict], record: dict) -> list[str]:
+    """Names from the root down to ``record``'s parent."""
+    by_id = {r["id"]: r for r in records}
+    names, parent = [], record["parent"]
+    while parent is not None and parent in by_id:
+        names.append(by_id[parent]["name"])
+        parent = by_id[parent]["parent"]
+    return names[::-1]
+
+
+def has_chain(records: list[dict]) -> bool:
+    """Does init_process_group sit under the whole chain, and a new_group under initialize_model_parallel?"""
+    init = next((r for r in records if r["name"] == CHAIN[-1]), None)
+    group = next((r for r in records if r["name"] == NEW_GROUP), None)
+    if init is None or group is None:
+        return False
+    above = ancestors(records, init)
+    return all(step in above for step in CHAIN[:-1]) and \
+        "minitron.core.parallel_state.initialize_model_parallel" in ancestors(records, group)
+
+
+def group_calls(records: list[dict]) -> list[tuple]:
+    return [(tuple(r["args"]["ranks"]), r["args"]["group_desc"], r["args"].get("backend"))
+            for r in records if r["name"] == NEW_GROUP]
+
+
+def check_trace(runs: dict[int, list[dict]], fake: bool | None = None) -> list[Check]:
+    """The three checks; ``fake`` defaults to what the trace's init_process_group says."""
+    fake = backend_of(runs) == "fake" if fake is None else fake
+    return [_chain(runs), _same_sequence(runs, fake), _layout(runs)]
+
+
+def _chain(runs: dict[int, list[dict]]) -> Check:
+    name = "call chain on every rank"
+    if not any(r["name"] == CHAIN[0] for records in runs.values() for r in records):
+        return Check(name, None, "no rank called pretrain: this trace is of another program")
+    missing = [r for r, recs in runs.items() if not has_chain(recs)]
+    return Check(name, not missing,
+                 f"{plural(len(runs), 'rank')}: pretrain → … → init_process_group; "
+                 f"initialize_model_parallel → new_group" if not missing else
+                 f"chain incomplete on {plural(len(missing), 'rank')} {rank_ranges(missing)}")
+
+
+def _same_sequence(runs: dict[int, list[dict]], fake: bool) -> Check:
+    name = "same groups, same order"
+    if fake:
+        return Check(name, None, "fake backend: each played rank records only the groups it belongs to")
+    sequences = {rank: group_calls(recs) for rank, recs in runs.items()}
+    if not any(sequences.values()):
+        return Check(name, None, "no rank called new_group")
+    first_rank = min(sequences)
+    reference = sequences[first_rank]
+    bad = [(rank, _first_difference(reference, seq)) for rank, seq in sequences.items() if seq != reference]
+    return Check(name, not bad,
+                 f"{plural(len(runs), 'rank')} × {plural(len(reference), 'new_group call')}, identical"
+                 if not bad else f"rank {bad[0][0]} differs from rank {first_rank} at call {bad[0][1]}")
+
+
+def _layout(runs: dict[int, list[dict]]) -> Check:
+    name = "groups match the layout"
+    sizes = layout_args(next(iter(runs.values())))
+    if sizes is None:
+        return Check(name, None, "no initialize_model_parallel call on the first rank: no layout to compare")
+    world = world_size_of(runs)
+    expected = layout(world, sizes["tp"], sizes["pp"], sizes["cp"], sizes["ep"], sizes["order"])
+    sequences = {rank: group_calls(recs) for rank, recs in runs.items()}
+    created = {(DESC_TO_KEY.get(desc), ranks) for seq in sequences.values() for ranks, desc, _ in seq}
+    # Only groups with a member in this directory can have been seen created (a node's ranks
+    # may keep their trace files apart from another node's).
+    absent = [(k, g) for k, groups in expected.items() for g in groups
+              if (k, tuple(g)) not in created and set(g) & set(runs)]
+    owner = {key: {r: tuple(g) for g in groups for r in g} for key, groups in expected.items()}
+    wrong = []
+    for rank, seq in sequences.items():
+        kept = {DESC_TO_KEY.get(desc): ranks for ranks, desc, _ in seq if rank in ranks}
+        wrong += [(rank, key, kept.get(key)) for key in expected if kept.get(key) != owner[key].get(rank)]
+    if absent:
+        return Check(name, False, f"missing {absent[:3]}")
+    if wrong:
+        rank, key, kept = wrong[0]
+        return Check(name, False, f"rank {rank} joined no {key!r} group" if kept is None else
+                     f"rank {rank} kept a wrong {key!r} group {rank_ranges(list(kept))}")
+    if len(runs) < world:
+        return Check(name, True, f"files of {len(runs)} of the {world} ranks: every group with a member "
+                                 f"among them was created; each of them kept its own")
+    total = sum(len(g) for g in expected.values())
+    return Check(name, True, f"all {total} groups of {len(expected)} kinds created; every rank kept its own")
+
+
+def _first_difference(a: list, b: list) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def check_lines(checks: list[Check]) -> list[Text]:
+    """✓ passed, ✗ failed, – not run (with the reason it could not run)."""
+    lines = []
+    for c in checks:
+        if c.ok is None:
+            lines.append(Text(f"– {c.name}: not run ({c.detail})", style="dim"))
+            continue
+        mark, style = ("✓", "green") if c.ok else ("✗", "bold red")
+        line = Text(f"{mark} {c.name}: ", style=style)
+        line.append(c.detail)
+        lines.append(line)
+    return lines

@@ -1,0 +1,42 @@
+"""The groups every rank joined, one row per rank: the executed new_group calls, not the
+arithmetic (that is `minitron groups`), so a rank that kept a wrong group shows it here."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from minitron.cli.views.checks import group_calls
+from minitron.cli.views.trace_dir import layout_args, world_size_of
+from minitron.cli.views.words import rank_ranges
+from minitron.core.rank_generator import DESC_TO_KEY, rank_coordinates
+
+TABLE_KEYS = ("tp", "cp", "dp", "pp", "embd", "ep")
+
+
+def group_table(runs: dict[int, list[dict]]) -> Table:
+    """One row per rank: its pid, its coordinates (when the trace has the layout), and the ranks
+    of each group it is in."""
+    world = world_size_of(runs)
+    sizes = layout_args(next(iter(runs.values())))
+    if sizes:
+        keys = [k for k in TABLE_KEYS if k in ("tp", "pp", "dp", "embd") or sizes.get(k, 1) > 1]
+    else:  # a program of its own: a column per group description it used, in first-seen order
+        keys = list(dict.fromkeys(DESC_TO_KEY.get(desc, desc) for records in runs.values()
+                                  for _, desc, _ in group_calls(records)))
+    table = Table(title="groups each rank joined (its executed new_group calls)", title_style="bold")
+    dims = [d for d in ("tp", "cp", "dp", "pp") if d != "cp" or sizes["cp"] > 1] if sizes else []
+    table.add_column("rank", justify="right", no_wrap=True)
+    table.add_column("pid", justify="right", no_wrap=True)
+    if dims:
+        table.add_column(" ".join(dims), justify="center", no_wrap=True)  # the rank's coordinates
+    for key in keys:
+        table.add_column(f"{key} group", no_wrap=True)
+    for rank, records in runs.items():
+        pid = str(records[0]["pid"]) if records else "?"
+        joined = {DESC_TO_KEY.get(desc, desc): list(ranks) for ranks, desc, _ in group_calls(records) if rank in ranks}
+        coords = []
+        if dims:
+            c = rank_coordinates(rank, world, sizes["tp"], sizes["pp"], sizes["cp"], sizes["order"])
+            coords = ["  ".join(str(c[d]) for d in dims)]
+        table.add_row(str(rank), pid, *coords, *[rank_ranges(joined.get(key, "-")) for key in keys])
+    return table
