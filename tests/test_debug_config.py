@@ -126,7 +126,7 @@ def test_a_fresh_launch_json(tmp_path):
         assert config["pathMappings"] == [{"localRoot": str(CHECKOUT), "remoteRoot": str(CHECKOUT)}]
     assert (CHECKOUT / "minitron" / "core" / "parallel_state.py").is_file()  # the right root
     assert data["compounds"] == [{"name": COMPOUND_NAME, "configurations": [
-        "minitron rank 0", "minitron rank 1", "minitron rank 2"]}]
+        "minitron rank 0", "minitron rank 1", "minitron rank 2"], "presentation": {"group": "minitron"}}]
 
 
 USER_FILE = """{
@@ -159,15 +159,42 @@ def test_merging_keeps_the_users_entries_and_replaces_ours(tmp_path):
     user = data["configurations"][0]
     assert user["name"] == "Python: current file"
     assert user["args"] == ["--url", "http://example.com/a,]"]  # strings survive comma cleanup
-    assert [c["name"] for c in ours(data)] == ["minitron rank 0", "minitron rank 1"]  # old rank 7 gone
+    # "minitron rank 7" has our name but not our mark: the user wrote it, so it stays.
+    assert [c["name"] for c in data["configurations"]] == [
+        "Python: current file", "minitron rank 7", "minitron rank 0", "minitron rank 1"]
     assert [c["name"] for c in data["compounds"]] == ["mine", COMPOUND_NAME]
     assert (tmp_path / "launch.json.bak").read_text() == USER_FILE  # the comments live on there
 
+    first = path.read_text()
     write_launch_json(path, 1, 7000, "127.0.0.1")  # run again: still one set of ours, no duplicates
     again = json.loads(path.read_text())
-    assert [(c["name"], c["connect"]["port"]) for c in ours(again)] == [("minitron rank 0", 7000)]
-    assert again["configurations"][0] == user
+    assert [(c["name"], c["connect"]["port"]) for c in again["configurations"][1:]] == [
+        ("minitron rank 7", 1), ("minitron rank 0", 7000)]
+    assert again["configurations"][:2] == data["configurations"][:2]
+    # Every backup is kept: the first still holds the comments, the second the first merge.
     assert (tmp_path / "launch.json.bak").read_text() == USER_FILE
+    assert (tmp_path / "launch.json.bak.1").read_text() == first
+    write_launch_json(path, 1, 7000, "127.0.0.1")  # nothing changes: no new backup
+    assert not (tmp_path / "launch.json.bak.2").exists()
+
+
+def test_only_marked_entries_are_ours(tmp_path):
+    path = tmp_path / "launch.json"
+    mine = {"name": "minitron rank 0 (patched)", "type": "debugpy", "request": "attach",
+            "connect": {"host": "127.0.0.1", "port": 9}, "pathMappings": [], "justMyCode": True}
+    path.write_text(json.dumps({"version": "0.2.0", "configurations": [mine]}))
+    write_launch_json(path, 2, 5678, "127.0.0.1")
+    write_launch_json(path, 3, 5678, "127.0.0.1")
+    data = json.loads(path.read_text())
+    assert data["configurations"][0] == mine
+    assert [c["name"] for c in data["configurations"][1:]] == [f"minitron rank {r}" for r in range(3)]
+    # One of the user's with exactly our name: refused, the file untouched.
+    clash = {"version": "0.2.0", "configurations": [{"name": "minitron rank 1", "type": "debugpy",
+                                                      "request": "attach", "port": 9}]}
+    path.write_text(json.dumps(clash))
+    with pytest.raises(ValueError, match="minitron did not write"):
+        write_launch_json(path, 2, 5678, "127.0.0.1")
+    assert json.loads(path.read_text()) == clash
 
 
 @pytest.mark.parametrize("text, words", [

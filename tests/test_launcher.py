@@ -103,7 +103,7 @@ def test_rank_killed_by_a_signal_reports_a_negative_exit_code(out):
         launch(LaunchConfig(world_size=4, log_dir=out / "logs"),
                Target(function=lambda: probe(out, "kill", culprit=1)))
     assert info.value.rank == 1 and info.value.exitcode == -signal.SIGKILL
-    assert "signal 9" in str(info.value)
+    assert "SIGKILL" in str(info.value)
     assert not list(out.glob("finished*"))
 
 

@@ -17,6 +17,7 @@ import typer
 from rich import box
 from rich.table import Table
 
+from minitron.cli import preflight
 from minitron.cli.command import expand_aliases
 from minitron.cli.common import (
     DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, DebugOptions, UserError, app, check_world, console,
@@ -134,13 +135,20 @@ def launch(
     backend = rank_backend(backend, world, "--backend fake plays ranks inside one process: use it with `minitron trace`")
     if pool is not None and backend == "nccl":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, pool[list(pool)[0]]))
+    places = {}  # where the ranks will write, beyond the logs and the trace
     if module:
         if module == "minitron.pretrain_gpt":  # Megatron's flags: the short layout aliases too
             args = expand_aliases(args)
-            validate_pretrain(args, world)
+            megatron = validate_pretrain(args, world)
+            places["--save"] = megatron.save  # a run must not train for an hour, then fail to save
+            if megatron.log_jsonl:
+                preflight.check_output_file(megatron.log_jsonl, "--log-jsonl")
         target = Target(module=module, argv=args)
     else:
         target = Target(script=args[0], argv=args[1:])
+    if module:
+        preflight.check_module(module)
+    preflight.check_launch(world, backend, master_port, {"--log-dir": log_dir, "--trace": trace_dir, **places})
     env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world, trace_dir))
     # DeepSpeed's launch.py passes --local_rank=N unless told not to; torchrun (--world) does not.
     local_rank_arg = pool is not None and not no_local_rank

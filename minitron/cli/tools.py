@@ -11,6 +11,7 @@ import typer
 from minitron.cli.common import (
     CP, DEBUG_HOST, DEBUG_PORT_BASE, EP, ORDERS, PP, TP, UserError, app, check_order, check_world, console, vp_option,
 )
+from minitron.cli import preflight
 from minitron.core.rank_generator import DEFAULT_ORDER, LAYOUT_KEYS, layout, validate_parallel_sizes
 
 @app.command()
@@ -27,6 +28,7 @@ def groups(
 
     check_world(world)
     check_order(order)
+    preflight.check_world_limit(world, "groups")
     try:  # the sizes' one home: validate_parallel_sizes (vp too, which changes no group)
         validate_parallel_sizes(world, tp, pp, cp, ep, vp=vp, order=order)
         groups_ = layout(world, tp, pp, cp, ep, order)
@@ -62,6 +64,7 @@ def vscode(
     from minitron.launcher import vscode as vscode_config
 
     check_world(world)
+    preflight.check_output_file(path, "--path")
     try:
         written = vscode_config.write_launch_json(path, world, debug_port_base, debug_host)
     except ValueError as exc:

@@ -13,6 +13,7 @@ from minitron.cli.common import (
     CP, EP, PP, TP, vp_option, DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, ORDERS, DebugOptions, UserError, app, check_backend,
     check_order, check_world, console, validate_pretrain,
 )
+from minitron.cli import preflight
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER
 
 def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: str, backend: Optional[str],
@@ -135,6 +136,7 @@ def trace(
         raise UserError("--steps needs real communication: the fake backend moves no data; use gloo")
     if debug and backend == "fake":
         raise UserError("--debug needs real rank processes; use --backend gloo")
+    preflight.check_launch(world, backend, master_port, {"--out": out, "--log-dir": log_dir})
 
     out.mkdir(parents=True, exist_ok=True)
     for stale in list(out.glob("rank*.jsonl")) + [out / "trace.json"]:

@@ -13,6 +13,7 @@ from minitron.cli.common import (
     DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, DebugOptions, UserError, app, rank_backend,
     check_world, console, validate_pretrain,
 )
+from minitron.cli import preflight
 
 @app.command(context_settings=EXTRA)
 def pretrain(
@@ -43,6 +44,8 @@ def pretrain(
         raise UserError("--train-iters N or --train-samples N is required; `minitron trace` shows "
                         "initialization alone")
     backend = rank_backend(args.distributed_backend, world, fake)
+    preflight.check_launch(world, backend, master_port, {"--log-dir": log_dir, "--trace": trace_dir, "--save": args.save})
+    preflight.check_output_file(args.log_jsonl, "--log-jsonl")
 
     from minitron.launcher import LaunchConfig, Target
     from minitron.launcher import launch as run
@@ -81,6 +84,8 @@ def preprocess(
 ):
     """Tokenize a JSONL corpus into Megatron's indexed-dataset files (.bin + .idx)."""
     from minitron.tools.preprocess_data import run_preprocess
+
+    preflight.check_workers(workers)
 
     try:
         result = run_preprocess(str(input), output_prefix, tokenizer_type=tokenizer_type, vocab_file=vocab_file,

@@ -19,7 +19,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from minitron.launcher.launch import LaunchConfig, RankFailure, launch
+from minitron.launcher.failures import RankFailure
+from minitron.launcher.launch import LaunchConfig, launch
 from minitron.launcher.worker import Target
 
 T = TypeVar("T")

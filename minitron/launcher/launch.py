@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import select
 import shutil
 import signal
 import socket
@@ -35,30 +36,9 @@ from pathlib import Path
 from typing import Callable
 
 from minitron.launcher.debug import CONSOLE_FD_ENV
+from minitron.launcher.failures import DeathOrder, RankFailure, first_failure
 from minitron.launcher.rendezvous import StoreKeeper, die_with_parent
 from minitron.launcher.worker import ERROR_DIR_ENV, Target, run_target
-
-
-class RankFailure(RuntimeError):
-    """A rank exited non-zero; carries which one and where its output went."""
-
-    def __init__(self, rank: int, exitcode: int, log_path: Path | None):
-        self.rank, self.exitcode, self.log_path = rank, exitcode, log_path
-        self._kept: list[str] | None = None
-        how = f"was killed by signal {-exitcode}" if exitcode < 0 else f"exited with code {exitcode}"
-        where = f"; its log: {log_path}" if log_path else ""
-        super().__init__(f"rank {rank} {how}{where}")
-
-    def log_tail(self, lines: int = 15) -> str:
-        if self._kept is not None:
-            return "\n".join(self._kept[-lines:])
-        if not self.log_path or not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def keep_log_tail(self, lines: int = 60) -> None:
-        """Read the log's end now, for a log that is about to be deleted (a scratch directory)."""
-        self._kept = self.log_tail(lines).splitlines()
 
 
 @dataclass
@@ -258,16 +238,20 @@ def launch(cfg: LaunchConfig, target: Target, monitor: Callable[[], None] | None
         raise ValueError("a Python function can only run on forked (gloo) ranks")
     if cfg.start_method == "fork":
         _warm_parent(target, cfg.warm)
-    store = StoreKeeper(cfg)  # forked after the warm-up, so it starts warm too; sets master_port
+    errors = Path(tempfile.mkdtemp(prefix="minitron-errors-"))
+    # Forked after the warm-up, so it starts warm too; sets master_port; removes ``errors``
+    # when it ends, even if we were killed with SIGKILL.
+    store = StoreKeeper(cfg, scratch=errors)
     # Our terminal, kept open in every rank under a number the rank can find: a rank whose
     # output goes to a log still has to tell the user "waiting for a debugger on PORT".
     console = os.dup(2)
-    errors = Path(tempfile.mkdtemp(prefix="minitron-errors-"))
     cfg = replace(cfg, env={**cfg.env, CONSOLE_FD_ENV: str(console), ERROR_DIR_ENV: str(errors)})
     procs: list = []
+    deaths = None
     try:
         for rank in range(cfg.world_size):
             procs.append(_start(rank, cfg, target))
+        deaths = DeathOrder(procs)
         next_tick = time.monotonic()
         while True:
             running = False
@@ -276,7 +260,7 @@ def launch(cfg: LaunchConfig, target: Target, monitor: Callable[[], None] | None
                 if code is None:
                     running = True
                 elif code != 0:
-                    rank, code = _first_failure(procs, cfg, errors)
+                    rank, code = first_failure(procs, errors, deaths)
                     _stop_all(procs, cfg.grace_seconds)
                     raise RankFailure(rank, code, log_path(cfg, rank))
             if not running:
@@ -284,36 +268,13 @@ def launch(cfg: LaunchConfig, target: Target, monitor: Callable[[], None] | None
             if monitor is not None and time.monotonic() >= next_tick:
                 monitor()
                 next_tick = time.monotonic() + 0.2
-            time.sleep(0.01)
+            deaths.wait(0.01)  # wakes at once when a rank dies, and notes in which order they do
     except BaseException:
         _stop_all(procs, cfg.grace_seconds)
         raise
     finally:
+        if deaths is not None:
+            deaths.close()
         os.close(console)
         shutil.rmtree(errors, ignore_errors=True)
         store.close()
-
-
-def _first_failure(procs: list, cfg: LaunchConfig, errors: Path, settle: float = 0.3) -> tuple[int, int]:
-    """(rank, exit code) of the rank that failed first.
-
-    When one rank dies, its peers fail moments later in their next collective with it, and
-    any of them may be the first we notice. So wait a little for the others, then blame the
-    rank whose program raised earliest: each failing rank writes the time it raised into
-    ``errors`` (worker.record_failure). A rank killed by a signal wrote nothing; it is blamed
-    only if no rank wrote a time.
-    """
-    deadline = time.monotonic() + settle
-    while time.monotonic() < deadline and None in [p.poll() for p in procs]:  # poll all: no short cut
-        time.sleep(0.02)
-    failed = [(rank, p.returncode) for rank, p in enumerate(procs) if p.returncode not in (None, 0)]
-    stamped = []
-    for rank, code in failed:
-        stamp = errors / f"rank{rank}"
-        if stamp.exists():
-            stamped.append((float(stamp.read_text() or "inf"), rank, code))
-    if stamped:
-        _, rank, code = min(stamped)
-        return rank, code
-    signalled = [(rank, code) for rank, code in failed if code < 0]
-    return (signalled or failed)[0]

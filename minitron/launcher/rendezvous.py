@@ -4,13 +4,32 @@
 MASTER_ADDR:MASTER_PORT, where they exchange addresses before opening connections to each
 other (and again for every new group). torchrun's agent serves that store itself and tells
 the workers so with ``TORCHELASTIC_USE_AGENT_STORE=True``; minitron's launcher does the same.
+
+Anyone who can reach that store can join the job or overwrite its keys, so it listens on
+MASTER_ADDR only (loopback by default). torch's TCPStore server binds every interface
+whatever host it is given (its libuv backend listens on ``::``, IPv4 and IPv6); the supported
+way to choose is ``master_listen_fd``: bind a socket ourselves and hand the store its fd.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
+import socket
+import sys
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (0: any free port), not yet listening: the store listens."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
 
 
 def die_with_parent() -> None:
@@ -37,7 +56,10 @@ class StoreKeeper:
     thread that would release it, and the child waits on it forever.
     """
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, scratch=None):
+        if cfg.master_addr not in LOOPBACK:
+            print(f"minitron: warning: the rendezvous listens on {cfg.master_addr}: anyone who can reach "
+                  f"it can join or disturb this job", file=sys.stderr)
         port_r, port_w = os.pipe()
         self._stop_r, self._stop_w = os.pipe()
         self.pid = os.fork()
@@ -48,16 +70,24 @@ class StoreKeeper:
                 die_with_parent()
                 os.close(port_r)
                 os.close(self._stop_w)
+                # The launcher killed outright takes us down with SIGTERM: still clean up.
+                signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
                 import torch.distributed  # loaded in the launcher by now; this module stays torch-free
-                store = torch.distributed.TCPStore(cfg.master_addr, cfg.master_port or 0, cfg.world_size,
-                                                   is_master=True, wait_for_workers=False)
+                sock = bound_socket(cfg.master_addr, cfg.master_port or 0)
+                store = torch.distributed.TCPStore(cfg.master_addr, sock.getsockname()[1], cfg.world_size,
+                                                   is_master=True, wait_for_workers=False,
+                                                   master_listen_fd=sock.fileno())
                 os.write(port_w, str(store.port).encode())
                 os.close(port_w)
+                port_w = None
                 os.read(self._stop_r, 1)  # until the launcher closes its end (or dies)
                 code = 0
             except BaseException as exc:
-                os.write(port_w, f"error {exc}".encode())
+                if port_w is not None:
+                    os.write(port_w, f"error {exc}".encode())
             finally:
+                if scratch is not None:  # the run's scratch folder outlives a SIGKILLed launcher otherwise
+                    shutil.rmtree(scratch, ignore_errors=True)
                 os._exit(code)
         os.close(port_w)
         os.close(self._stop_r)

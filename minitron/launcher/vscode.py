@@ -2,11 +2,14 @@
 
 The file belongs to the user as much as to us, so the merge is careful:
 
-* ours are recognised by name (``minitron rank N`` and ``minitron: all ranks``) and only those
-  are replaced; every other configuration and compound stays as it was, in order;
+* ours carry a mark, ``"presentation": {"group": "minitron"}`` (a field VS Code itself reads:
+  it groups them in the Run and Debug list), and only marked entries are ever replaced. A name
+  is not a mark: a user's "minitron rank 0 (patched)" is the user's. Every other configuration
+  and compound stays as it was, in order; one of the user's that has our exact name is an error;
 * VS Code reads launch.json as JSONC (JSON with ``//`` and ``/* */`` comments and trailing
-  commas), so we read it the same way; rewriting it drops the comments, so a file that had any
-  is first copied to ``launch.json.bak``;
+  commas), so we read it the same way; rewriting it drops comments and layout, so before any
+  change the file is copied to a backup that no later run overwrites (``launch.json.bak``,
+  then ``launch.json.bak.1``, ``.bak.2``, ...);
 * a file we cannot read is left alone, with an error that says where it broke.
 """
 
@@ -21,6 +24,7 @@ import minitron
 
 NAME_PREFIX = "minitron rank "
 COMPOUND_NAME = "minitron: all ranks"
+MARK = {"group": "minitron"}  # under "presentation": what tells our entries from the user's
 # The checkout the ranks run from: minitron's package folder's parent.
 CHECKOUT = Path(minitron.__file__).resolve().parent.parent
 
@@ -36,6 +40,7 @@ def attach_configuration(rank: int, port: int, host: str) -> dict:
         # both sides. On another node, remoteRoot would be that node's checkout.
         "pathMappings": [{"localRoot": str(CHECKOUT), "remoteRoot": str(CHECKOUT)}],
         "justMyCode": False,           # step into minitron and torch.distributed, not only "your" code
+        "presentation": {**MARK, "order": rank},  # our mark; VS Code lists them together, in rank order
     }
 
 
@@ -84,7 +89,11 @@ def read_launch_json(path: Path) -> tuple[dict, bool]:
         return {"version": "0.2.0", "configurations": []}, False
     if path.is_dir():
         raise ValueError(f"{path} is a directory; give --path a launch.json file")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: byte {exc.start} is not UTF-8 text; it was left untouched: fix it, "
+                         f"or write elsewhere with --path") from None
     if not text.strip():
         return {"version": "0.2.0", "configurations": []}, False
     cleaned, had_comment = strip_jsonc(text)
@@ -102,9 +111,30 @@ def read_launch_json(path: Path) -> tuple[dict, bool]:
     return data, had_comment
 
 
+# What an earlier minitron wrote before it marked its entries: exactly these keys, our names.
+_UNMARKED_KEYS = {"name", "type", "request", "connect", "pathMappings", "justMyCode"}
+
+
 def _ours(entry) -> bool:
-    name = entry.get("name", "") if isinstance(entry, dict) else ""
-    return name.startswith(NAME_PREFIX) or name == COMPOUND_NAME
+    if not isinstance(entry, dict):
+        return False
+    presentation = entry.get("presentation")
+    if isinstance(presentation, dict) and presentation.get("group") == MARK["group"]:
+        return True
+    name = entry.get("name", "")
+    legacy_rank = (set(entry) == _UNMARKED_KEYS and name.startswith(NAME_PREFIX)
+                   and name[len(NAME_PREFIX):].isdigit() and entry.get("request") == "attach")
+    legacy_compound = set(entry) == {"name", "configurations"} and name == COMPOUND_NAME
+    return legacy_rank or legacy_compound
+
+
+def _backup_path(path: Path) -> Path:
+    """The first free name of launch.json.bak, .bak.1, .bak.2, ...: no backup is overwritten."""
+    candidate, n = path.with_name(path.name + ".bak"), 0
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}.bak.{n}")
+    return candidate
 
 
 # --8<-- [start:write]
@@ -116,18 +146,27 @@ def write_launch_json(path, world: int, port_base: int, host: str = "127.0.0.1")
     if not 1 <= port_base <= 65535 - (world - 1):
         raise ValueError(f"--debug-port-base {port_base}: ranks 0..{world - 1} need ports "
                          f"{port_base}..{port_base + world - 1}, which must lie within 1..65535")
-    data, had_comment = read_launch_json(path)
+    data, _ = read_launch_json(path)
     ours = [attach_configuration(r, port_base + r, host) for r in range(world)]
     data.setdefault("version", "0.2.0")
-    data["configurations"] = [c for c in data.get("configurations", []) if not _ours(c)] + ours
-    compound = {"name": COMPOUND_NAME, "configurations": [c["name"] for c in ours]}
-    data["compounds"] = [c for c in data.get("compounds", []) if not _ours(c)] + [compound]
+    theirs = [c for c in data.get("configurations", []) if not _ours(c)]
+    compound = {"name": COMPOUND_NAME, "configurations": [c["name"] for c in ours],
+                "presentation": dict(MARK)}
+    their_compounds = [c for c in data.get("compounds", []) if not _ours(c)]
+    taken = {c.get("name") for c in theirs + their_compounds if isinstance(c, dict)}
+    clash = sorted(taken & {c["name"] for c in ours + [compound]})
+    if clash:
+        raise ValueError(f"{path} already has {clash[0]!r}, which minitron did not write; it was left "
+                         f"untouched: rename yours, or write elsewhere with --path")
+    data["configurations"] = theirs + ours
+    data["compounds"] = their_compounds + [compound]
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    if had_comment:
-        shutil.copyfile(path, path.with_name(path.name + ".bak"))  # the comments live on there
+    text = json.dumps(data, indent=4) + "\n"
+    if path.exists() and path.read_bytes().strip() and path.read_bytes() != text.encode("utf-8"):
+        shutil.copyfile(path, _backup_path(path))  # comments and layout live on there
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=4) + "\n", encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)  # all or nothing: an interrupted write never leaves half a file
     return path
 # --8<-- [end:write]

@@ -132,9 +132,16 @@ def _progress(enabled: bool, total: int):
     from rich.console import Console
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn, TransferSpeedColumn)
-    return Progress(TextColumn("[bold]tokenizing"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                    TextColumn("{task.fields[docs]:>9,} docs"), TimeElapsedColumn(), TimeRemainingColumn(),
-                    console=Console(stderr=True), disable=not enabled, transient=False)
+
+    class Bar(Progress):
+        def __exit__(self, exc_type, *rest):
+            if exc_type is not None:  # refused or interrupted: the one-line error stands alone
+                self.live.transient = True
+            return super().__exit__(exc_type, *rest)
+
+    return Bar(TextColumn("[bold]tokenizing"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+               TextColumn("{task.fields[docs]:>9,} docs"), TimeElapsedColumn(), TimeRemainingColumn(),
+               console=Console(stderr=True), disable=not enabled, transient=False)
 
 
 # --8<-- [start:run-preprocess]
@@ -173,7 +180,15 @@ def run_preprocess(input: str, output_prefix: str, tokenizer_type: str = "ByteLe
             results = map(_encode_batch, _batches(input))
         else:
             import multiprocessing
-            pool = multiprocessing.Pool(workers, initializer=_init_worker, initargs=(spec,))
+            import signal
+            # Ctrl-C reaches the whole foreground process group. Workers that take it die
+            # mid-task, and the pool then waits forever for their results: so they ignore it
+            # (inherited from the fork), and this process stops them with terminate() below.
+            default = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                pool = multiprocessing.Pool(workers, initializer=_init_worker, initargs=(spec,))
+            finally:
+                signal.signal(signal.SIGINT, default)
             results = _ordered(pool, _batches(input), in_flight=2 * workers)
         with _progress(progress, os.path.getsize(input)) as bar:
             task = bar.add_task("tokenizing", total=os.path.getsize(input), docs=0)

@@ -155,7 +155,8 @@ def _add_distributed_args(parser):
                    help="default: nccl with GPUs, gloo without")
     g.add_argument("--distributed-timeout-minutes", type=POSITIVE, default=10)
     g.add_argument("--use-distributed-optimizer", action="store_true")
-    g.add_argument("--local-rank", type=COUNT, default=None)
+    # DeepSpeed's launch.py passes --local_rank=N (underscore), torch.distributed.launch did too.
+    g.add_argument("--local-rank", "--local_rank", type=COUNT, default=None)
 
 
 def _add_moe_args(parser):

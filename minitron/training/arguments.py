@@ -261,8 +261,8 @@ def _validate_training(args):
     if args.save_interval is not None:
         _require(args.save is not None, "--save-interval N needs --save DIR")
     if args.load is not None:
-        # checkpointing imports torch; a --load is read only once everything else has passed.
-        from minitron.training.checkpointing import CheckpointError, check_resumable
+        # torch-free: a --load is checked here, before any rank starts
+        from minitron.training.checkpoint_files import CheckpointError, check_resumable  # torch-free
         try:
             check_resumable(args)
         except CheckpointError as exc:

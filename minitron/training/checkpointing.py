@@ -3,7 +3,7 @@
 Layout on disk (Megatron's names)::
 
     SAVE/latest_checkpointed_iteration.txt   "40" — written last, by rank 0, atomically
-    SAVE/iter_0000040/metadata.json           the layout and model shape, readable without torch
+    SAVE/iter_0000040/metadata.json           layout, model shape, each file's size and sha256
     SAVE/iter_0000040/mp_rank_01_002/         tensor rank 1, pipeline rank 2 (no _PPP when pp = 1)
         model_optim_rng.pt                    model, optimizer, scheduler, RNG, progress
         distrib_optim_dp001.pt                with --use-distributed-optimizer: DP rank 1's shard
@@ -15,8 +15,10 @@ shard and say so). Each file is written under a temporary name and renamed; the 
 only after every rank finished, so a save interrupted half-way leaves the previous
 checkpoint intact and still the latest.
 
-Loading uses ``torch.load(weights_only=True)``: a checkpoint is data, and unpickling arbitrary
-objects from a file would run arbitrary code. So everything saved is tensors, numbers,
+Before any rank starts, the launching process checks the whole checkpoint against this run
+and against its checksums (checkpoint_files.py, torch-free). Loading then uses
+``torch.load(weights_only=True)``: a checkpoint is data, and unpickling arbitrary objects
+from a file would run arbitrary code. So everything saved is tensors, numbers,
 strings and containers of them.
 """
 
@@ -33,57 +35,11 @@ import torch
 from minitron.core import parallel_state as mpu
 from minitron.core.tensor_parallel import get_cuda_rng_tracker
 from minitron.trace import traced
+from minitron.training.checkpoint_files import (  # noqa: F401 -- the torch-free half, re-exported
+    LAYOUT_KEYS, METADATA, TRACKER, CheckpointError, check_resumable, file_digest, iteration_dir,
+    rank_dir, read_latest_iteration, read_metadata, verify_file,
+)
 from minitron.training.global_vars import get_args
-
-TRACKER = "latest_checkpointed_iteration.txt"
-LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "num_layers", "hidden_size",
-               "num_attention_heads", "ffn_hidden_size", "tokenizer_type", "vocab_size",
-               "make_vocab_size_divisible_by", "virtual_pipeline_model_parallel_size", "use_distributed_optimizer")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be resumed here; the message says why and what would fix it."""
-
-
-def iteration_dir(root, iteration: int) -> Path:
-    return Path(root) / f"iter_{iteration:07d}"
-
-
-def rank_dir(root, iteration: int, tp_rank: int, pp_rank: int, pp_size: int) -> Path:
-    name = f"mp_rank_{tp_rank:02d}" if pp_size == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
-    return iteration_dir(root, iteration) / name
-
-
-def read_latest_iteration(root) -> int | None:
-    marker = Path(root) / TRACKER
-    if not marker.exists():
-        return None
-    text = marker.read_text().strip()
-    if not text.isdigit():
-        raise CheckpointError(f"{marker} should hold an iteration number, found {text!r}")
-    return int(text)
-
-
-def check_resumable(args) -> None:
-    """Run before any rank starts (validate_args): does --load fit this run's layout and model?"""
-    iteration = read_latest_iteration(args.load)
-    if iteration is None:
-        return  # Megatron's behaviour: nothing to load yet, start from scratch
-    meta_path = iteration_dir(args.load, iteration) / "metadata.json"
-    if not meta_path.exists():
-        raise CheckpointError(f"--load {args.load}: iteration {iteration} has no metadata.json; "
-                              "the checkpoint is incomplete or not minitron's")
-    saved = json.loads(meta_path.read_text())
-    for key in LAYOUT_KEYS:
-        mine = getattr(args, key, None)
-        if key in saved and saved[key] != mine:
-            raise CheckpointError(
-                f"--load {args.load} (iteration {iteration}) was saved with {key.replace('_', '-')} "
-                f"{saved[key]}, this run has {mine}: resume with the same layout and model")
-    if args.use_distributed_optimizer and saved.get("data_parallel_size") != args.data_parallel_size:
-        raise CheckpointError(f"--load {args.load}: distributed-optimizer shards were saved for "
-                              f"{saved.get('data_parallel_size')} data-parallel ranks, this run has "
-                              f"{args.data_parallel_size}")
 
 
 def _rng_state() -> dict:
@@ -100,9 +56,19 @@ def _set_rng_state(state: dict) -> None:
     get_cuda_rng_tracker().set_states(state["tracker"])
 
 
-def _atomic_save(obj, path: Path) -> None:
+def _atomic_save(obj, path: Path) -> dict:
+    """Write under a temporary name, hash what landed on disk, rename. Returns the file's
+    entry for metadata.json: its size and sha256, keyed by its path inside the iteration."""
     tmp = path.with_name(path.name + ".tmp")
     torch.save(obj, tmp)
+    entry = {f"{path.parent.name}/{path.name}": {"bytes": tmp.stat().st_size, "sha256": file_digest(tmp)}}
+    os.replace(tmp, path)
+    return entry
+
+
+def _atomic_write_text(text: str, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 
@@ -121,6 +87,7 @@ def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> No
     rng_states = [None] * mpu.get_data_parallel_world_size()
     torch.distributed.all_gather_object(rng_states, _rng_state(), group=mpu.get_data_parallel_group())
     dp = mpu.get_data_parallel_rank()
+    written = {}  # this rank's files -> size and sha256, for metadata.json
     if dp == 0 or args.use_distributed_optimizer:
         where.mkdir(parents=True, exist_ok=True)
     if dp == 0:
@@ -131,21 +98,29 @@ def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> No
             state["model" if len(model) == 1 else f"model{i}"] = chunk.state_dict()
         if not args.use_distributed_optimizer:
             state["optimizer"] = optimizer.state_dict()
-        _atomic_save(state, where / "model_optim_rng.pt")
+        written.update(_atomic_save(state, where / "model_optim_rng.pt"))
     if args.use_distributed_optimizer:
-        _atomic_save(optimizer.state_dict(), where / f"distrib_optim_dp{dp:03d}.pt")
-    torch.distributed.barrier()  # every file is in place before the marker moves
+        written.update(_atomic_save(optimizer.state_dict(), where / f"distrib_optim_dp{dp:03d}.pt"))
+    # Every file is in place before the marker moves; rank 0 learns every file's checksum.
+    everyone = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(everyone, written)
     if torch.distributed.get_rank() == 0:
-        meta = {k: getattr(args, k, None) for k in LAYOUT_KEYS}
+        meta = {k: getattr(args, k) for k in LAYOUT_KEYS if hasattr(args, k)}
         meta.update(iteration=iteration, data_parallel_size=args.data_parallel_size,
-                    world_size=args.world_size)
-        (iteration_dir(args.save, iteration) / "metadata.json").write_text(json.dumps(meta, indent=1))
-        marker = Path(args.save) / TRACKER
-        marker.with_name(TRACKER + ".tmp").write_text(str(iteration))
-        os.replace(marker.with_name(TRACKER + ".tmp"), marker)
+                    world_size=args.world_size, files=dict(sorted(kv for w in everyone for kv in w.items())))
+        _atomic_write_text(json.dumps(meta, indent=1), iteration_dir(args.save, iteration) / METADATA)
+        _atomic_write_text(str(iteration), Path(args.save) / TRACKER)
     torch.distributed.barrier()
     from minitron.training.utils import print_rank_0
     print_rank_0(f"> saved checkpoint at iteration {iteration} to {args.save}")
+
+
+def _load_verified(path: Path, meta: dict):
+    verify_file(path, meta)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 -- a file torch cannot read, named in one line
+        raise CheckpointError(f"{path}: torch cannot load it ({exc}); resume from another checkpoint") from None
 
 
 @traced
@@ -159,15 +134,15 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
         return 0
     tp, pp = mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank()
     where = rank_dir(args.load, iteration, tp, pp, mpu.get_pipeline_model_parallel_world_size())
-    path = where / "model_optim_rng.pt"
-    if not path.exists():
-        raise CheckpointError(f"{path} is missing: was the checkpoint saved with this tp/pp layout?")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    # The launcher checked every file before starting us; under torchrun nobody did, so each
+    # rank checks what it reads (sha256 against metadata.json) before torch sees a byte.
+    meta = read_metadata(args.load, iteration)
+    state = _load_verified(where / "model_optim_rng.pt", meta)
     for i, chunk in enumerate(model):
         chunk.load_state_dict(state["model" if len(model) == 1 else f"model{i}"])
     if args.use_distributed_optimizer:
         shard = where / f"distrib_optim_dp{mpu.get_data_parallel_rank():03d}.pt"
-        optimizer.load_state_dict(torch.load(shard, map_location="cpu", weights_only=True))
+        optimizer.load_state_dict(_load_verified(shard, meta))
     else:
         optimizer.load_state_dict(state["optimizer"])
     opt_param_scheduler.load_state_dict(state["opt_param_scheduler"])

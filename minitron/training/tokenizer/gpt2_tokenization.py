@@ -114,11 +114,15 @@ class GPT2Tokenizer:
                 self.encoder: dict[str, int] = json.load(f)
         except (OSError, json.JSONDecodeError) as err:
             raise ValueError(f"--vocab-file {vocab_file}: cannot read a JSON vocabulary ({err})") from None
+        except UnicodeDecodeError as err:
+            raise ValueError(f"--vocab-file {vocab_file}: not UTF-8 text (byte {err.start})") from None
         try:
             with open(merges_file, encoding="utf-8") as f:
                 lines = [line.rstrip("\n") for line in f]
         except OSError as err:
             raise ValueError(f"--merge-file {merges_file}: {err.strerror}") from None
+        except UnicodeDecodeError as err:
+            raise ValueError(f"--merge-file {merges_file}: not UTF-8 text (byte {err.start})") from None
         merges = [tuple(line.split()) for line in lines if line and not line.startswith("#version")]
         bad = next((m for m in merges if len(m) != 2), None)
         if bad is not None:

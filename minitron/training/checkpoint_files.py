@@ -1,0 +1,153 @@
+"""A checkpoint's files, read without torch: the latest-iteration marker, metadata.json, and
+the checksum of every shard.
+
+The launching process runs ``check_resumable`` before any rank starts (validate_args calls
+it), so every way a ``--load`` can be wrong — a file instead of a folder, a damaged marker,
+a different model, a shard cut short or with one flipped byte — is one line naming the file
+or the flag, not a raw torch error from each of 8 ranks. That is why this module imports
+no torch: the check costs milliseconds plus one read of the shards.
+
+Why a checksum: torch.load reads tensor bytes as they are. A flipped bit inside a weight
+loads without complaint and training continues with different numbers. So every file a save
+writes is hashed (sha256) as it is written, and metadata.json, which moves into place last,
+records each file's size and digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+
+TRACKER = "latest_checkpointed_iteration.txt"
+METADATA = "metadata.json"
+# What must match to resume: the layout (each rank reads the files of its own (tp, pp) slice)
+# and every flag that sets a tensor's shape or the optimizer's structure. A key missing from
+# an older checkpoint's metadata is not compared.
+LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "num_layers", "hidden_size",
+               "num_attention_heads", "ffn_hidden_size", "kv_channels", "seq_length",
+               "max_position_embeddings", "untie_embeddings_and_output_weights", "tokenizer_type",
+               "vocab_size", "make_vocab_size_divisible_by", "virtual_pipeline_model_parallel_size",
+               "use_distributed_optimizer", "params_dtype", "num_experts")
+_MISSING = object()
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed here; the message says why and what would fix it."""
+
+
+def iteration_dir(root, iteration: int) -> Path:
+    return Path(root) / f"iter_{iteration:07d}"
+
+
+def rank_dir(root, iteration: int, tp_rank: int, pp_rank: int, pp_size: int) -> Path:
+    name = f"mp_rank_{tp_rank:02d}" if pp_size == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+    return iteration_dir(root, iteration) / name
+
+
+def file_digest(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{path}: byte {exc.start} is not UTF-8 text; the {what} is damaged") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{path} is a directory; it should be the {what}, a file") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path} ({exc.strerror})") from None
+
+
+def read_latest_iteration(root) -> int | None:
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise CheckpointError(f"--load {root} is a file: give the directory a --save wrote (it holds {TRACKER})")
+    marker = root / TRACKER
+    if not marker.exists():
+        return None
+    text = _read_text(marker, "latest-iteration marker").strip()
+    if not text.isdigit():
+        raise CheckpointError(f"{marker} should hold an iteration number, found {text[:40]!r}")
+    return int(text)
+
+
+def read_metadata(root, iteration: int) -> dict:
+    path = iteration_dir(root, iteration) / METADATA
+    if not path.exists():
+        raise CheckpointError(f"--load {root}: iteration {iteration} has no {METADATA}; "
+                              "the checkpoint is incomplete or not minitron's")
+    try:
+        meta = json.loads(_read_text(path, "checkpoint's metadata"))
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}): "
+                              f"it was cut short or damaged") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path} holds a JSON {type(meta).__name__}, not the checkpoint's metadata")
+    return meta
+
+
+def verify_file(path: Path, meta: dict) -> None:
+    """Is ``path`` the file the save wrote? Size and sha256 against metadata.json; a checkpoint
+    from before checksums gets the weaker test that it is a whole torch (zip) file."""
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing: was the checkpoint saved with this tp/pp layout?")
+    rel = path.relative_to(path.parent.parent).as_posix()
+    info = meta.get("files", {}).get(rel)
+    size = path.stat().st_size
+    if info is None:
+        if size == 0 or not zipfile.is_zipfile(path):
+            raise CheckpointError(f"{path} is not a whole torch checkpoint file (empty, cut short or "
+                                  f"damaged): resume from another checkpoint")
+        return
+    if size != info["bytes"]:
+        raise CheckpointError(f"{path} is {size} bytes, the save wrote {info['bytes']}: it was cut short "
+                              f"or changed; resume from another checkpoint")
+    if file_digest(path) != info["sha256"]:
+        raise CheckpointError(f"{path} does not match the sha256 saved with the checkpoint: its bytes "
+                              f"changed since the save; resume from another checkpoint")
+
+
+def expected_files(root, iteration: int, meta: dict) -> list[Path]:
+    if "files" in meta:
+        return [iteration_dir(root, iteration) / rel for rel in sorted(meta["files"])]
+    tp, pp = meta.get("tensor_model_parallel_size", 1), meta.get("pipeline_model_parallel_size", 1)
+    dp = meta.get("data_parallel_size", 1)
+    files = []
+    for t in range(tp):
+        for p in range(pp):
+            where = rank_dir(root, iteration, t, p, pp)
+            files.append(where / "model_optim_rng.pt")
+            if meta.get("use_distributed_optimizer"):
+                files += [where / f"distrib_optim_dp{d:03d}.pt" for d in range(dp)]
+    return files
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def check_resumable(args) -> None:
+    """Run before any rank starts: does --load hold a whole checkpoint that fits this run?"""
+    iteration = read_latest_iteration(args.load)
+    if iteration is None:
+        return  # Megatron's behaviour: nothing to load yet, start from scratch
+    meta = read_metadata(args.load, iteration)
+    differ = [(key, meta[key], getattr(args, key)) for key in LAYOUT_KEYS
+              if key in meta and getattr(args, key, _MISSING) is not _MISSING and meta[key] != getattr(args, key)]
+    if differ:
+        said = "; ".join(f"{_flag(k)} {saved} in the checkpoint, {mine} here" for k, saved, mine in differ)
+        raise CheckpointError(f"--load {args.load} (iteration {iteration}) was saved with another layout or "
+                              f"model: {said}; resume with the checkpoint's values")
+    if args.use_distributed_optimizer and meta.get("data_parallel_size") != args.data_parallel_size:
+        raise CheckpointError(f"--load {args.load}: distributed-optimizer shards were saved for "
+                              f"{meta.get('data_parallel_size')} data-parallel ranks, this run has "
+                              f"{args.data_parallel_size}")
+    for path in expected_files(args.load, iteration, meta):
+        verify_file(path, meta)

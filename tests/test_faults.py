@@ -1,0 +1,105 @@
+"""Faults while running (issue #11): the right rank is blamed, the rendezvous listens on the
+master address only, a killed launcher leaves no scratch folder, Ctrl-C stops preprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from minitron.launcher import LaunchConfig, RankFailure, Target, launch
+
+MINITRON = str(Path(sys.executable).parent / "minitron")
+
+
+def _die_after_barrier(how: str) -> int:
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    dist.barrier()
+    if dist.get_rank() == 2:
+        if how == "segv":
+            import faulthandler
+            faulthandler.disable()  # pytest's handler would print a dump; a real crash need not
+            os.kill(os.getpid(), signal.SIGSEGV)
+        os._exit(3)
+    dist.all_reduce(torch.ones(4))  # the others block here, then lose their peer
+    return 0
+
+
+@pytest.mark.parametrize("how, words", [("segv", "rank 2 was killed by SIGSEGV"), ("exit", "rank 2 exited with code 3")])
+def test_the_rank_that_died_is_blamed_not_a_bystander(how, words, tmp_path):
+    # Before: a bystander whose log said "Connection reset by peer" was named, 11 runs of 11.
+    for run in range(3):
+        with pytest.raises(RankFailure) as failure:
+            launch(LaunchConfig(world_size=4, log_dir=tmp_path / f"logs{run}"),
+                   Target(function=lambda: _die_after_barrier(how)))
+        assert str(failure.value).startswith(words), str(failure.value)
+
+
+def _listening(port: int) -> list[str]:
+    """Local addresses listening on ``port``, read from /proc/net/tcp{,6} (state 0A: LISTEN)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            local, state = row.split()[1], row.split()[3]
+            if state == "0A" and int(local.split(":")[1], 16) == port:
+                found.append(local.split(":")[0])
+    return found
+
+
+def test_the_rendezvous_listens_on_the_master_address_only(tmp_path):
+    def body() -> int:
+        if os.environ["RANK"] == "0":
+            (tmp_path / "listen.json").write_text(json.dumps(_listening(int(os.environ["MASTER_PORT"]))))
+        return 0
+    launch(LaunchConfig(world_size=2), Target(function=body))
+    # 127.0.0.1, little-endian hex; before it was "::" (every interface, IPv4 and IPv6).
+    assert json.loads((tmp_path / "listen.json").read_text()) == ["0100007F"]
+
+
+def _wait_for(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_killed_launcher_leaves_no_scratch_folder(tmp_path):
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    script = tmp_path / "sleep.py"
+    script.write_text(f"import os, time\nopen(r'{tmp_path}/up' + os.environ['RANK'], 'w')\ntime.sleep(60)\n")
+    proc = subprocess.Popen([MINITRON, "launch", "--world", "2", "--log-dir", str(tmp_path / "logs"), str(script)],
+                            env={**os.environ, "TMPDIR": str(scratch)})
+    _wait_for(lambda: (tmp_path / "up0").exists() and (tmp_path / "up1").exists())
+    assert any(p.name.startswith("minitron-errors-") for p in scratch.iterdir())  # it was there
+    proc.kill()
+    proc.wait()
+    _wait_for(lambda: not list(scratch.iterdir()), timeout=10)
+
+
+def test_ctrl_c_stops_preprocess_workers_and_cleans_up(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    line = json.dumps({"text": "the same words again and again " * 20}) + "\n"
+    corpus.write_text(line * 150_000)  # ~100 MB: seconds of work for two workers
+    out = tmp_path / "out"
+    proc = subprocess.Popen([MINITRON, "preprocess", "--input", str(corpus), "--output-prefix", str(out),
+                             "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    _wait_for(lambda: any(".bin.tmp" in p.name for p in tmp_path.iterdir()) or proc.poll() is not None)
+    time.sleep(0.5)  # the workers are tokenizing now
+    assert proc.poll() is None, "finished before it could be interrupted: make the corpus larger"
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal does: the whole foreground group
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert err.strip().splitlines() == ["minitron: interrupted"], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl"]  # no .bin.tmpPID left
+    left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert left == [], f"workers still alive: {left}"
