@@ -139,7 +139,7 @@ def parse_optimizer(params: dict) -> tuple[Optional[str], Optional[dict]]:
     kind, opt = _typed_section(params, "optimizer", OPTIMIZERS)
     if kind is None:
         return None, None
-    check_keys(opt, OPTIMIZERS[kind], {"torch_adam": False, "adam_w_mode": kind == "AdamW"}, "optimizer.params")
+    check_keys(opt, OPTIMIZERS[kind] + ("adam_w_mode",), {"torch_adam": False}, "optimizer.params")
     out = {"lr": number(opt, "lr", 1e-3, "optimizer.params", low=0),
            "eps": number(opt, "eps", 1e-8, "optimizer.params", low=0),
            "weight_decay": number(opt, "weight_decay", 0.0, "optimizer.params", low=0)}
@@ -148,6 +148,8 @@ def parse_optimizer(params: dict) -> tuple[Optional[str], Optional[dict]]:
             or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
         raise DeepSpeedConfigError(f"optimizer.params.betas must be two numbers in [0, 1), got {json_value(betas)}")
     out["betas"] = [float(b) for b in betas]
+    if "adam_w_mode" in opt:   # DeepSpeed's "Adam" is AdamW unless this is false; "AdamW" always is
+        out["adam_w_mode"] = flag(opt, "adam_w_mode", True, "optimizer.params")
     return kind, out
 
 

@@ -1,0 +1,259 @@
+"""``deepspeed.initialize`` and the ``DeepSpeedEngine`` it returns (``deepspeed/__init__.py``,
+``deepspeed/runtime/engine.py``), small.
+
+The engine wraps the model and takes over the three calls of a training loop:
+
+    loss = engine(batch)      the module's forward (at ZeRO-3, with parameters gathered per module)
+    engine.backward(loss)     loss / gradient_accumulation_steps, times the fp16 loss scale, then
+                              backward and the stage's gradient reduction
+    engine.step()             counts a micro-step; only at an accumulation boundary (every
+                              gradient_accumulation_steps-th call) does it step the optimizer and
+                              the learning-rate schedule
+
+so a loop calls all three once per micro-batch and never asks whether this one is the last of
+its step. The ZeRO optimizer (``zero/``) does the partitioning; the engine only picks it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from minitron.runtime.config import DeepSpeedConfig
+from minitron.runtime.loss_scaler import CreateLossScaler
+from minitron.runtime.lr_schedules import SCHEDULERS
+from minitron.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+
+# --8<-- [start:initialize]
+def initialize(args=None, model: torch.nn.Module = None, optimizer=None, model_parameters=None,
+               training_data=None, lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None,
+               config=None, config_params=None):
+    """Returns ``(engine, optimizer, training_dataloader, lr_scheduler)``, as DeepSpeed does.
+
+    ``optimizer``/``lr_scheduler`` may be objects or callables (DeepSpeed accepts both); when
+    absent they come from the config. ``training_dataloader`` is None unless ``training_data``
+    (a Dataset) is given. ``mpu`` is a model-parallel unit such as Megatron's parallel_state.
+    """
+    if model is None:
+        raise ValueError("initialize() needs a model")
+    from minitron.comm import init_distributed   # as deepspeed.init_distributed: from env, if not yet
+    init_distributed(dist_init_required=dist_init_required)
+    config = config if config is not None else config_params
+    if config is None and getattr(args, "deepspeed_config", None) is not None:
+        config = args.deepspeed_config
+    if config is None:
+        raise ValueError("initialize() needs a ds_config: pass config= (a dict or a JSON path) "
+                         "or args.deepspeed_config")
+    engine = DeepSpeedEngine(model, optimizer, model_parameters, training_data, lr_scheduler, mpu, collate_fn,
+                             DeepSpeedConfig(config, mpu))
+    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+# --8<-- [end:initialize]
+
+
+def _model_parallel_group(mpu):
+    """The tensor-parallel group, or None when there is none to span. Megatron's
+    parallel_state names it get_tensor_model_parallel_group; DeepSpeed's mpu interface
+    get_model_parallel_group."""
+    if mpu is None:
+        return None
+    if hasattr(mpu, "get_tensor_model_parallel_group"):
+        size, group = mpu.get_tensor_model_parallel_world_size(), mpu.get_tensor_model_parallel_group
+    else:
+        size, group = mpu.get_model_parallel_world_size(), mpu.get_model_parallel_group
+    return group() if size > 1 else None
+
+
+class DeepSpeedEngine(torch.nn.Module):
+    def __init__(self, model, optimizer, model_parameters, training_data, lr_scheduler, mpu, collate_fn,
+                 config: DeepSpeedConfig):
+        super().__init__()
+        self.module, self.mpu, self._config = model, mpu, config
+        self.data_parallel_group = mpu.get_data_parallel_group() if mpu is not None else dist.group.WORLD
+        self.dp_world_size = dist.get_world_size(group=self.data_parallel_group)
+        self.global_rank = dist.get_rank()
+        pp = mpu.get_pipeline_model_parallel_world_size() if hasattr(
+            mpu, "get_pipeline_model_parallel_world_size") else 1
+        if pp > 1:   # DeepSpeed runs pipelines in a different engine (PipelineEngine), not built here
+            raise ValueError(f"the mpu has pipeline-parallel size {pp}, and this engine runs data and tensor "
+                             "parallelism only (DeepSpeed's PipelineEngine is not built): use pipeline size 1")
+        # The clipping norm and the overflow check also span the tensor-parallel group.
+        mp_group = _model_parallel_group(mpu)
+        self.global_steps = self.global_samples = self.micro_steps = self.skipped_steps = 0
+        if config.fp16_enabled:
+            self.module.half()
+        elif config.bfloat16_enabled:
+            self.module.to(torch.bfloat16)
+        self._broadcast_model()
+        basic = self._configure_basic_optimizer(optimizer, model_parameters)
+        dtype = torch.half if config.fp16_enabled else torch.bfloat16 if config.bfloat16_enabled else torch.float
+        scaler = CreateLossScaler(dtype, config.loss_scale, config.loss_scale == 0, config.dynamic_loss_scale_args)
+        if self.zero_optimization_stage() == 3:
+            self.optimizer = DeepSpeedZeroOptimizer_Stage3(self.module, basic, self.data_parallel_group, scaler,
+                                                           config.gradient_clipping, mp_group)
+        else:
+            self.optimizer = DeepSpeedZeroOptimizer(basic, self.data_parallel_group, self.zero_optimization_stage(),
+                                                    scaler, config.gradient_clipping, mp_group)
+        self.basic_optimizer = basic
+        self.lr_scheduler = self._configure_lr_scheduler(lr_scheduler)
+        self.training_dataloader = None
+        if training_data is not None:
+            sampler = torch.utils.data.DistributedSampler(training_data, num_replicas=self.dp_world_size,
+                                                          rank=dist.get_rank(group=self.data_parallel_group))
+            self.training_dataloader = torch.utils.data.DataLoader(
+                training_data, batch_size=self.train_micro_batch_size_per_gpu(), sampler=sampler,
+                collate_fn=collate_fn)
+
+    # --- set-up ------------------------------------------------------------------------------
+
+    def _broadcast_model(self) -> None:
+        """Every data-parallel replica starts from the first one's weights and buffers."""
+        src = dist.get_global_rank(self.data_parallel_group, 0)
+        for tensor in list(self.module.parameters()) + list(self.module.buffers()):
+            dist.broadcast(tensor.data, src, group=self.data_parallel_group)
+
+    def _configure_basic_optimizer(self, optimizer, model_parameters) -> torch.optim.Optimizer:
+        params = list(model_parameters) if model_parameters is not None else list(self.module.parameters())
+        if isinstance(optimizer, torch.optim.Optimizer):
+            return optimizer
+        if callable(optimizer):
+            return optimizer(params)
+        if self._config.optimizer_name is None:
+            raise ValueError("no optimizer: pass optimizer= to initialize() or give the ds_config an optimizer")
+        kwargs = dict(self._config.optimizer_params)
+        # DeepSpeed's "Adam" is AdamW (decoupled weight decay) unless adam_w_mode is false.
+        adam_w = kwargs.pop("adam_w_mode", True) or self._config.optimizer_name == "AdamW"
+        return (torch.optim.AdamW if adam_w else torch.optim.Adam)(params, **kwargs)
+
+    def _configure_lr_scheduler(self, client_scheduler):
+        if client_scheduler is not None:
+            return client_scheduler(self.optimizer) if callable(client_scheduler) and not hasattr(
+                client_scheduler, "step") else client_scheduler
+        if self._config.scheduler_name is None:
+            return None
+        return SCHEDULERS[self._config.scheduler_name](self.optimizer, **self._config.scheduler_params)
+
+    # --- the config, by DeepSpeed's accessor names ----------------------------------------------
+
+    def train_batch_size(self) -> int:
+        return self._config.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self._config.train_micro_batch_size_per_gpu
+
+    def gradient_accumulation_steps(self) -> int:
+        return self._config.gradient_accumulation_steps
+
+    def zero_optimization_stage(self) -> int:
+        return self._config.zero_optimization_stage
+
+    def get_lr(self) -> list:
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    # --- the loop: forward, backward, step ----------------------------------------------------
+
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """True for the micro-batch whose step() updates the weights: the last of each
+        gradient_accumulation_steps."""
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    # --8<-- [start:backward-step]
+    def backward(self, loss: torch.Tensor) -> torch.Tensor:
+        # Each micro-batch's loss is a mean over its samples; dividing by the number of
+        # micro-batches makes the accumulated gradient the mean over the whole step's batch.
+        if self.gradient_accumulation_steps() > 1:
+            loss = loss.float() / self.gradient_accumulation_steps()
+        self.optimizer.backward(loss)    # times the loss scale (1 unless fp16), then backward
+        self.optimizer.reduce_gradients(self.is_gradient_accumulation_boundary())
+        return loss
+
+    def step(self) -> None:
+        if self.is_gradient_accumulation_boundary():
+            self._take_model_step()
+        self.micro_steps += 1
+
+    def _take_model_step(self) -> None:
+        self.optimizer.step()             # skips itself on an fp16 overflow
+        if self.optimizer.overflow:
+            self.skipped_steps += 1       # ...and then the schedule does not advance either
+        elif self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self.global_steps += 1
+        self.global_samples += self.train_batch_size()
+    # --8<-- [end:backward-step]
+
+    def bytes_held(self) -> dict:
+        """Parameter, gradient and optimizer-state bytes held by this rank (see zero/)."""
+        return self.optimizer.bytes_held()
+
+    # --- checkpoints ----------------------------------------------------------------------------
+
+    def _mp_rank(self) -> int:
+        group = self.optimizer.model_parallel_group
+        return dist.get_rank(group=group) if group is not None else 0
+
+    def _module_state(self) -> dict:
+        if self.zero_optimization_stage() == 3:
+            return self.optimizer.full_state_dict(self.module)   # a collective: every rank gathers
+        return self.module.state_dict()
+
+    def save_checkpoint(self, save_dir, tag=None, client_state: dict | None = None, save_latest: bool = True):
+        """DeepSpeed's layout: ``save_dir/tag/mp_rank_{mp:02d}_model_states.pt`` (the module, the
+        schedule, the counters; written by data-parallel rank 0 of each tensor-parallel rank mp)
+        and one ``zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt`` per rank (its partition
+        of the optimizer), then ``save_dir/latest`` naming the tag."""
+        tag = tag if tag is not None else f"global_step{self.global_steps}"
+        path = Path(save_dir) / str(tag)
+        dp_rank, mp = dist.get_rank(group=self.data_parallel_group), self._mp_rank()
+        module_state = self._module_state()
+        if self.global_rank == 0:
+            path.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        if dp_rank == 0:
+            torch.save({"module": module_state, "lr_scheduler": self.lr_scheduler.state_dict()
+                        if self.lr_scheduler is not None else None,
+                        "global_steps": self.global_steps, "global_samples": self.global_samples,
+                        "skipped_steps": self.skipped_steps, "micro_steps": self.micro_steps,
+                        "dp_world_size": self.dp_world_size, "zero_stage": self.zero_optimization_stage(),
+                        **(client_state or {})}, path / f"mp_rank_{mp:02d}_model_states.pt")
+        torch.save({"optimizer_state_dict": self.optimizer.state_dict()},
+                   path / f"zero_pp_rank_{dp_rank}_mp_rank_{mp:02d}_optim_states.pt")
+        dist.barrier()
+        if save_latest and self.global_rank == 0:
+            (Path(save_dir) / "latest").write_text(str(tag))
+        return True
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True):
+        """Returns ``(load_path, client_state)``; ``(None, None)`` when there is nothing to load."""
+        if tag is None:
+            latest = Path(load_dir) / "latest"
+            if not latest.is_file():
+                return None, None
+            tag = latest.read_text().strip()
+        path, mp = Path(load_dir) / str(tag), self._mp_rank()
+        state = torch.load(path / f"mp_rank_{mp:02d}_model_states.pt", map_location="cpu", weights_only=False)
+        if state["dp_world_size"] != self.dp_world_size:
+            raise ValueError(f"{path} was saved by {state['dp_world_size']} data-parallel ranks, this run has "
+                             f"{self.dp_world_size}: ZeRO partitions do not carry over; resume with the same size")
+        with torch.no_grad():
+            if self.zero_optimization_stage() == 3:
+                self.optimizer.load_full_state_dict(self.module, state["module"])
+            else:
+                self.module.load_state_dict(state["module"], strict=load_module_strict)
+        dp_rank = dist.get_rank(group=self.data_parallel_group)
+        optim = torch.load(path / f"zero_pp_rank_{dp_rank}_mp_rank_{mp:02d}_optim_states.pt",
+                           map_location="cpu", weights_only=False)
+        self.optimizer.load_state_dict(optim["optimizer_state_dict"])
+        if self.lr_scheduler is not None and state["lr_scheduler"] is not None:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        for key in ("global_steps", "global_samples", "skipped_steps", "micro_steps"):
+            setattr(self, key, state[key])
+        known = {"module", "lr_scheduler", "global_steps", "global_samples", "skipped_steps", "micro_steps",
+                 "dp_world_size", "zero_stage"}
+        return str(path), {k: v for k, v in state.items() if k not in known}

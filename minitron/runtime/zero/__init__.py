@@ -1,0 +1,2 @@
+"""ZeRO: stages 0-2 in stage_1_and_2.py (flat buffers cut into data-parallel partitions),
+stage 3 in stage3.py (each parameter cut, gathered per module)."""

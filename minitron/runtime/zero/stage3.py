@@ -1,0 +1,193 @@
+"""ZeRO stage 3: parameters partitioned too (DeepSpeed's ``zero/stage3.py`` and
+``partition_parameters.py``, in small).
+
+Each parameter is cut on its own, as DeepSpeed's ``_partition_param`` cuts it: padded to a multiple
+of dp, split into dp equal pieces, rank r keeping piece r (``param.ds_tensor``). The full tensor
+exists only while a module needs it:
+
+    forward    pre-hook  gather the module's own parameters (all-gather of the pieces)
+               post-hook release them (param.data becomes an empty tensor), and wrap the
+                         module's outputs in a function whose *backward* gathers them again
+    backward   that function runs before the module's backward nodes (it sits after them in
+               the forward graph) and gathers; each parameter's post-accumulate-grad hook
+               then reduce-scatters its gradient into the owner's piece and releases it
+
+So a rank holds P/dp parameters, P/dp gradients and P/dp optimizer states between steps, plus,
+at any moment, the full parameters of the modules being run. Releasing means dropping the
+parameter's reference to the gathered buffer; an autograd node that saved a *view* of a weight
+(torch's linear saves ``weight.t()``) keeps that buffer alive until backward frees it, which is
+why DeepSpeed swaps ``F.linear`` for its own autograd function that saves the parameter itself.
+minitron leaves torch's linear alone: the numbers are the same, the peak is higher.
+
+The optimizer side is stage 2's: the fp32 master is my pieces, end to end; the step is the
+same, except that the updated pieces are *not* all-gathered (the next forward gathers them).
+A parameter used outside its own module's forward (DeepSpeed's "external parameters") is not
+handled here; the engine's models do not need it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+AVAILABLE, NOT_AVAILABLE = "AVAILABLE", "NOT_AVAILABLE"   # DeepSpeed's ZeroParamStatus
+
+
+class _GatherBeforeBackward(torch.autograd.Function):
+    """Identity in forward; in backward, gathers the module's parameters first."""
+
+    @staticmethod
+    def forward(ctx, optimizer, module, *outputs):
+        ctx.optimizer, ctx.module = optimizer, module
+        return tuple(t.view_as(t) for t in outputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.optimizer.gather(list(ctx.module.parameters(recurse=False)))
+        return (None, None, *grads)
+
+
+class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
+    def __init__(self, module: torch.nn.Module, init_optimizer: torch.optim.Optimizer, dp_process_group,
+                 loss_scaler, clip_grad: float = 0.0, model_parallel_group=None):
+        self.optimizer = init_optimizer
+        self._init_model_parallel(model_parallel_group)
+        self.dp_process_group = dp_process_group
+        self.dp_world_size = dist.get_world_size(group=dp_process_group)
+        self.stage, self.partition_gradients = 3, True
+        self.partition_count = self.dp_world_size
+        self.partition_id = dist.get_rank(group=dp_process_group)
+        self.loss_scaler, self.clip_grad = loss_scaler, clip_grad
+        self.overflow, self._global_grad_norm = False, None
+        self.fp16_groups, self.fp16_partitioned_groups_flat, self.single_partition_of_fp32_groups = [], [], []
+        self.averaged_gradients: dict = {}
+        self._group_of: dict = {}   # param -> (group index, offset of its piece in my flat partition)
+        dp, r = self.dp_world_size, self.partition_id
+        for i, group in enumerate(init_optimizer.param_groups):
+            params = [p for p in group["params"] if p.requires_grad]
+            self.fp16_groups.append(params)
+            pieces = []
+            for p in params:
+                p.ds_numel, p.ds_shape = p.numel(), p.shape
+                piece = -(-p.numel() // dp)            # ceil: the last rank's piece holds the padding
+                padded = torch.zeros(piece * dp, dtype=p.dtype)
+                padded[:p.numel()].copy_(p.detach().reshape(-1))
+                pieces.append(padded[r * piece:(r + 1) * piece])
+            flat = torch.cat(pieces) if pieces else torch.zeros(0)
+            self.fp16_partitioned_groups_flat.append(flat)
+            offset = 0
+            for p, piece in zip(params, pieces):
+                p.ds_tensor = flat[offset:offset + piece.numel()]   # my piece, a view into my flat
+                self._group_of[p] = (i, offset)
+                offset += piece.numel()
+            master = flat.detach().clone().float().requires_grad_(True)
+            self.single_partition_of_fp32_groups.append(master)
+            self.norm_mask.append(torch.cat([self._counted(p).expand(piece.numel())
+                                             for p, piece in zip(params, pieces)] or [torch.zeros(0)]))
+            group["params"] = [master]
+        for p in self._group_of:
+            p.ds_status = AVAILABLE
+            p.register_post_accumulate_grad_hook(self._reduce_partition_and_release)
+        self.release(list(self._group_of))
+        self._hooks = []
+        for m in module.modules():
+            if any(p in self._group_of for p in m.parameters(recurse=False)):
+                self._hooks += [m.register_forward_pre_hook(self._pre_forward),
+                                m.register_forward_hook(self._post_forward)]
+
+    # --- gather and release ---------------------------------------------------------------
+
+    @torch.no_grad()
+    def gather(self, params: list) -> None:
+        for p in params:
+            if p not in self._group_of or p.ds_status == AVAILABLE:
+                continue
+            full = torch.empty(p.ds_tensor.numel() * self.dp_world_size, dtype=p.ds_tensor.dtype)
+            dist.all_gather_into_tensor(full, p.ds_tensor, group=self.dp_process_group)
+            p.data = full[:p.ds_numel].view(p.ds_shape)
+            p.ds_status = AVAILABLE
+
+    def release(self, params: list) -> None:
+        for p in params:
+            if p in self._group_of:
+                p.data = torch.empty(0, dtype=p.ds_tensor.dtype)
+                p.ds_status = NOT_AVAILABLE
+
+    def _pre_forward(self, module, inputs):
+        self.gather(list(module.parameters(recurse=False)))
+
+    def _post_forward(self, module, inputs, output):
+        self.release(list(module.parameters(recurse=False)))
+        if not torch.is_grad_enabled():
+            return output
+        single = torch.is_tensor(output)
+        items = [output] if single else list(output) if isinstance(output, (tuple, list)) else None
+        if items is None:
+            return output
+        slots = [k for k, t in enumerate(items) if torch.is_tensor(t) and t.requires_grad]
+        if not slots:
+            return output
+        wrapped = _GatherBeforeBackward.apply(self, module, *(items[k] for k in slots))
+        for k, t in zip(slots, wrapped):
+            items[k] = t
+        if single:
+            return items[0]
+        return type(output)(*items) if hasattr(output, "_fields") else type(output)(items)   # namedtuple
+
+    # --- gradients ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _reduce_partition_and_release(self, p: torch.Tensor) -> None:
+        """p's gradient is complete for this micro-batch: sum it over the ranks, keep my piece
+        (averaged), accumulate it into my gradient partition, drop the full gradient and p."""
+        i, offset = self._group_of[p]
+        piece = p.ds_tensor.numel()
+        padded = torch.zeros(piece * self.dp_world_size, dtype=p.grad.dtype)
+        padded[:p.ds_numel].copy_(p.grad.reshape(-1))
+        mine = torch.empty(piece, dtype=p.grad.dtype)
+        dist.reduce_scatter_tensor(mine, padded, group=self.dp_process_group)
+        if i not in self.averaged_gradients:
+            self.averaged_gradients[i] = torch.zeros_like(self.fp16_partitioned_groups_flat[i])
+        self.averaged_gradients[i][offset:offset + piece].add_(mine.div_(self.dp_world_size))
+        p.grad = None
+        self.release([p])
+
+    def reduce_gradients(self, is_gradient_accumulation_boundary: bool) -> None:
+        pass   # done parameter by parameter, in backward, by the hooks above
+
+    # --- the step's last move, bytes, full parameters ---------------------------------------
+
+    def _publish(self, i: int) -> None:
+        # My pieces take the update; nobody gathers now: the next forward does, module by module.
+        self.fp16_partitioned_groups_flat[i].copy_(self.single_partition_of_fp32_groups[i])
+
+    def zero_grad(self) -> None:
+        self.averaged_gradients = {}
+
+    def bytes_held(self) -> dict:
+        gathered = sum(p.numel() * p.element_size() for p in self._group_of)   # 0 between steps
+        params = gathered + sum(f.numel() * f.element_size() for f in self.fp16_partitioned_groups_flat)
+        grads = sum(g.numel() * g.element_size() for g in self.averaged_gradients.values())
+        return {"params": params, "grads": grads, "optimizer_states": self._optimizer_state_bytes()}
+
+    def full_state_dict(self, module: torch.nn.Module) -> dict:
+        """The whole model's state dict, gathered (a collective: every rank must call it)."""
+        params = list(self._group_of)
+        self.gather(params)
+        state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        self.release(params)
+        return state
+
+    def load_full_state_dict(self, module: torch.nn.Module, state: dict) -> None:
+        """Take my pieces of a full state dict (parameters) and the buffers as they are."""
+        names = {p: n for n, p in module.named_parameters()}
+        buffers = {n for n, _ in module.named_buffers()}
+        module.load_state_dict({n: v for n, v in state.items() if n in buffers}, strict=False)
+        with torch.no_grad():
+            for p in self._group_of:
+                piece = p.ds_tensor.numel()
+                padded = torch.zeros(piece * self.dp_world_size, dtype=p.ds_tensor.dtype)
+                padded[:p.ds_numel].copy_(state[names[p]].reshape(-1))
+                p.ds_tensor.copy_(padded[self.partition_id * piece:(self.partition_id + 1) * piece])

@@ -1,0 +1,256 @@
+"""ZeRO stages 0, 1 and 2: DeepSpeed's ``DeepSpeedZeroOptimizer`` (``zero/stage_1_and_2.py``).
+
+The layout, per param group, as DeepSpeed builds it:
+
+    bit16_groups_flat[i]   every parameter of the group, copied end to end into one flat buffer,
+                           padded to a multiple of 2 × dp (DeepSpeed's nccl_start_alignment_factor
+                           is 2 elements = 4 bytes of fp16); the model's parameters become views
+                           into it, so one collective moves them all
+    parallel_partitioned_bit16_groups[i]
+                           that buffer cut into dp equal, contiguous partitions: rank r owns
+                           partition r
+    single_partition_of_fp32_groups[i]
+                           an fp32 copy of *my* partition: the master weights. The wrapped torch
+                           optimizer sees only these, so its Adam moments are my partition's too.
+
+What each stage keeps per rank (P = parameter elements):
+
+    stage 0   parameters P, gradients P, optimizer states P   (gradients all-reduced)
+    stage 1   parameters P, gradients P, optimizer states P/dp
+    stage 2   parameters P, gradients P/dp, optimizer states P/dp
+
+Stage 0 runs through the same code with one partition, the whole buffer: this is DeepSpeed's
+fp16 path at stage 0 (FP16_Optimizer also keeps one flat fp32 master); in fp32 DeepSpeed hands
+the module's own tensors to torch instead, which computes the same numbers.
+
+A step: check every partition for Inf/NaN (an overflow skips the step on all ranks), compute the
+global gradient norm (each rank's partition, squares summed over the data-parallel group), unscale
+and clip in one multiply, let the torch optimizer update my fp32 partition, copy it into my bit16
+partition, and all-gather the partitions so every rank has the whole model again.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from minitron.runtime.loss_scaler import has_inf_or_nan
+
+NCCL_START_ALIGNMENT_FACTOR = 2  # elements: 4 bytes of fp16, so every partition starts aligned
+
+
+def flatten_dense_tensors_aligned(tensors: list, alignment: int) -> torch.Tensor:
+    """The tensors end to end, zero-padded so the length is a multiple of ``alignment``."""
+    numel = sum(t.numel() for t in tensors)
+    flat = torch.zeros(-(-numel // alignment) * alignment, dtype=tensors[0].dtype)
+    offset = 0
+    for t in tensors:
+        flat[offset:offset + t.numel()].copy_(t.detach().reshape(-1))
+        offset += t.numel()
+    return flat
+
+
+class DeepSpeedZeroOptimizer:
+    def __init__(self, init_optimizer: torch.optim.Optimizer, dp_process_group, stage: int, loss_scaler,
+                 clip_grad: float = 0.0, model_parallel_group=None):
+        self.optimizer = init_optimizer
+        self._init_model_parallel(model_parallel_group)
+        self.dp_process_group = dp_process_group
+        self.dp_world_size = dist.get_world_size(group=dp_process_group)
+        self.stage = stage
+        self.partition_gradients = stage >= 2
+        # Stage 0: one partition, the whole buffer, every rank keeps it all (see the margin above).
+        self.partition_count = self.dp_world_size if stage >= 1 else 1
+        self.partition_id = dist.get_rank(group=dp_process_group) if stage >= 1 else 0
+        self.loss_scaler = loss_scaler
+        self.clip_grad = clip_grad
+        self.overflow = False
+        self._global_grad_norm = None
+        self.bit16_groups, self.bit16_groups_flat = [], []
+        self.parallel_partitioned_bit16_groups, self.single_partition_of_fp32_groups = [], []
+        self.averaged_gradients: dict = {}   # group -> my partition's reduced gradient
+        for group in init_optimizer.param_groups:
+            params = [p for p in group["params"] if p.requires_grad]
+            self.bit16_groups.append(params)
+            flat = flatten_dense_tensors_aligned(params, NCCL_START_ALIGNMENT_FACTOR * self.dp_world_size)
+            self.bit16_groups_flat.append(flat)
+            offset = 0
+            for p in params:   # the model's parameters now live inside the flat buffer
+                p.data = flat[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+            size = flat.numel() // self.partition_count
+            partitions = [flat.narrow(0, k * size, size) for k in range(self.partition_count)]
+            self.parallel_partitioned_bit16_groups.append(partitions)
+            master = partitions[self.partition_id].detach().clone().float().requires_grad_(True)
+            self.single_partition_of_fp32_groups.append(master)
+            group["params"] = [master]   # from here on the torch optimizer sees my partition only
+            counted = torch.cat([self._counted(p).expand(p.numel()) for p in params]
+                                + [torch.zeros(flat.numel() - offset)])
+            self.norm_mask.append(counted.narrow(0, self.partition_id * size, size))
+
+    def _init_model_parallel(self, model_parallel_group) -> None:
+        """With tensor parallelism, each rank's gradient is a slice of some parameters and a
+        copy of the others; the norm counts a slice on every rank, a copy on tensor rank 0 only,
+        and sums over the tensor-parallel group too (DeepSpeed's get_grad_norm_direct)."""
+        self.model_parallel_group = model_parallel_group
+        self.model_parallel_rank = dist.get_rank(group=model_parallel_group) if model_parallel_group else 0
+        self.norm_mask = []   # per group, over my partition: 1.0 where an element counts
+
+    def _counted(self, p: torch.Tensor) -> torch.Tensor:
+        counts = getattr(p, "tensor_model_parallel", False) or self.model_parallel_rank == 0
+        return torch.tensor([1.0 if counts else 0.0], dtype=torch.float64)
+
+    # --- gradients ------------------------------------------------------------------------
+
+    @property
+    def loss_scale(self) -> float:
+        return self.loss_scaler.loss_scale
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss.float() * self.loss_scale).backward()
+
+    def _flat_grad(self, i: int) -> torch.Tensor:
+        flat = torch.zeros_like(self.bit16_groups_flat[i])
+        offset = 0
+        for p in self.bit16_groups[i]:
+            if p.grad is not None:
+                flat[offset:offset + p.numel()].copy_(p.grad.reshape(-1))
+            offset += p.numel()
+        return flat
+
+    def reduce_gradients(self, is_gradient_accumulation_boundary: bool) -> None:
+        """Called after every backward. Stages 0 and 1 let gradients accumulate in ``p.grad`` and
+        reduce once, at the boundary; stage 2 reduce-scatters every micro-batch, each rank adds
+        its partition into ``averaged_gradients`` and drops the rest, so the full gradient lives
+        only until the reduction. (DeepSpeed reduces bucket by bucket as gradients become ready
+        in backward, overlapping communication with compute; here it is one collective after
+        backward, which computes the same sums.)"""
+        if not (self.partition_gradients or is_gradient_accumulation_boundary):
+            return
+        for i in range(len(self.bit16_groups)):
+            flat = self._flat_grad(i)
+            if self.stage == 0:
+                dist.all_reduce(flat, group=self.dp_process_group)
+                mine = flat
+            else:
+                mine = torch.empty(flat.numel() // self.partition_count, dtype=flat.dtype)
+                dist.reduce_scatter_tensor(mine, flat, group=self.dp_process_group)
+            mine.div_(self.dp_world_size)   # the sum over ranks -> the mean over the global batch
+            if self.partition_gradients and i in self.averaged_gradients:
+                self.averaged_gradients[i].add_(mine)
+            else:
+                self.averaged_gradients[i] = mine
+            if self.partition_gradients:
+                for p in self.bit16_groups[i]:
+                    p.grad = None
+
+    # --- the step --------------------------------------------------------------------------
+
+    def _any_rank(self, flag: bool) -> bool:
+        t = torch.tensor([1.0 if flag else 0.0])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.dp_process_group)
+        if self.model_parallel_group is not None:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.model_parallel_group)
+        return bool(t.item())
+
+    def scaled_global_norm(self) -> torch.Tensor:
+        """The L2 norm of the whole (still loss-scaled) gradient: my partition's squares, summed
+        over the ranks that hold the other partitions. Padding is zero and adds nothing."""
+        squares = sum((g.double().pow(2) * self.norm_mask[i]).sum() for i, g in self.averaged_gradients.items())
+        total = torch.tensor([float(squares)], dtype=torch.float64)
+        if self.partition_count > 1:
+            dist.all_reduce(total, group=self.dp_process_group)
+        if self.model_parallel_group is not None:
+            dist.all_reduce(total, group=self.model_parallel_group)
+        return total.sqrt()
+
+    def unscale_and_clip_grads(self, grads: list, total_norm: torch.Tensor) -> None:
+        # One multiply does both: divide by the loss scale, and by the clip factor when the
+        # unscaled norm exceeds gradient_clipping (DeepSpeed adds 1e-6 against a zero norm).
+        combined_scale = self.loss_scale
+        if self.clip_grad > 0.0:
+            clip = max(float((total_norm / self.loss_scale + 1e-6) / self.clip_grad), 1.0)
+            combined_scale = clip * self.loss_scale
+        for g in grads:
+            g.mul_(1.0 / combined_scale)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        partitions = [self.averaged_gradients.get(i) for i in range(len(self.single_partition_of_fp32_groups))]
+        local_overflow = any(g is not None and has_inf_or_nan(g) for g in partitions)
+        self.overflow = self._any_rank(local_overflow)   # one rank's Inf skips the step everywhere
+        prev_scale = self.loss_scale
+        self.loss_scaler.update_scale(self.overflow)
+        if self.overflow:
+            self.zero_grad()
+            return
+        scaled_norm = self.scaled_global_norm()
+        self._global_grad_norm = float(scaled_norm / prev_scale)
+        for i, master in enumerate(self.single_partition_of_fp32_groups):
+            grad = partitions[i].float() if partitions[i] is not None else torch.zeros_like(master)
+            self.unscale_and_clip_grads([grad], scaled_norm)
+            master.grad = grad
+        self.optimizer.step()
+        for i, master in enumerate(self.single_partition_of_fp32_groups):
+            master.grad = None
+            self._publish(i)
+        self.zero_grad()
+
+    def _publish(self, i: int) -> None:
+        """My updated fp32 partition -> my bit16 partition -> everyone's flat buffer."""
+        self.parallel_partitioned_bit16_groups[i][self.partition_id].copy_(self.single_partition_of_fp32_groups[i])
+        if self.partition_count > 1:
+            dist.all_gather_into_tensor(self.bit16_groups_flat[i],
+                                        self.parallel_partitioned_bit16_groups[i][self.partition_id],
+                                        group=self.dp_process_group)
+
+    def zero_grad(self) -> None:
+        self.averaged_gradients = {}
+        for params in self.bit16_groups:
+            for p in params:
+                p.grad = None
+
+    # --- what a rank holds, and checkpoints -------------------------------------------------
+
+    @property
+    def param_groups(self) -> list:
+        return self.optimizer.param_groups
+
+    def bytes_held(self) -> dict:
+        """Bytes this rank holds: parameters (the flat buffers, padding included), gradients
+        between micro-batches, optimizer states (fp32 master + the moments)."""
+        params = sum(f.numel() * f.element_size() for f in self.bit16_groups_flat)
+        if self.partition_gradients:
+            grads = sum(g.numel() * g.element_size() for g in self.averaged_gradients.values())
+        else:
+            grads = sum(p.grad.numel() * p.grad.element_size()
+                        for ps in self.bit16_groups for p in ps if p.grad is not None)
+        return {"params": params, "grads": grads, "optimizer_states": self._optimizer_state_bytes()}
+
+    def _optimizer_state_bytes(self) -> int:
+        total = 0
+        for master in self.single_partition_of_fp32_groups:
+            total += master.numel() * master.element_size()
+            for value in self.optimizer.state.get(master, {}).values():
+                if torch.is_tensor(value) and value.numel() == master.numel():   # moments, not 'step'
+                    total += value.numel() * value.element_size()
+        return total
+
+    def state_dict(self) -> dict:
+        return {"zero_stage": self.stage, "partition_count": self.partition_count,
+                "loss_scaler": self.loss_scaler.state_dict(),
+                "base_optimizer_state": self.optimizer.state_dict(),
+                "single_partition_of_fp32_groups": [m.detach().clone() for m in self.single_partition_of_fp32_groups]}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        if state["partition_count"] != self.partition_count or state["zero_stage"] != self.stage:
+            raise ValueError(f"this checkpoint was saved at ZeRO stage {state['zero_stage']} with "
+                             f"{state['partition_count']} partitions; this run has stage {self.stage} with "
+                             f"{self.partition_count}: resume with the same stage and data-parallel size")
+        self.optimizer.load_state_dict(state["base_optimizer_state"])
+        self.loss_scaler.load_state_dict(state["loss_scaler"])
+        for i, (master, saved) in enumerate(zip(self.single_partition_of_fp32_groups,
+                                                state["single_partition_of_fp32_groups"])):
+            master.copy_(saved)
+            self._publish(i)   # the fp32 masters are the truth; bit16 follows from them
