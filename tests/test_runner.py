@@ -116,5 +116,5 @@ def test_deepspeed_style_launch_passes_local_rank_unless_told_not_to(tmp_path):
         return sorted(proc.stdout.splitlines())
 
     assert lines("--include", "localhost:0,1") == ["0 1 --local_rank=0 x", "1 1 --local_rank=1 x"]
+    # --no_local_rank, and torchrun's way (--world), add nothing: tests/test_cli_flags.py runs the latter.
     assert lines("--include", "localhost:0,1", "--no_local_rank") == ["0 1 x", "1 1 x"]
-    assert lines("--world", "2") == ["0 1 x", "1 1 x"]  # torchrun's way: no argument added

@@ -48,16 +48,25 @@ def validate_pretrain(argv: List[str], world: int):
     """Parse and validate ``argv`` here, as rank 0 of ``world`` will, before any process exists.
 
     This process is not a rank, so it does not ask the environment who it is (parse_args
-    would); it states the world it is about to start. Nothing on this path imports torch."""
+    would); it states the world it is about to start. Nothing on this path imports torch: a
+    backend the flags leave open stays None here (validate_args would ask the accelerator,
+    i.e. torch), and the command decides it with default_backend() once its own cheap checks
+    have passed. The ranks, asking the same accelerator, decide the same way."""
     # Only the commands that start ranks validate Megatron's flags; the others skip the import.
     from minitron.training.arguments import GPT_ARGS_DEFAULTS, build_parser, validate_args
 
     try:
         args = build_parser().parse_args(argv)
         args.world_size, args.rank, args.local_rank = world, 0, 0
-        return validate_args(args, GPT_ARGS_DEFAULTS)
+        open_backend = args.distributed_backend is None
+        if open_backend:
+            args.distributed_backend = "gloo"  # a stand-in: only nccl is checked further (GPU count)
+        args = validate_args(args, GPT_ARGS_DEFAULTS)
     except ValueError as exc:  # ArgumentError is one; a dataset check may raise a plain one
         raise UserError(str(exc)) from None
+    if open_backend:
+        args.distributed_backend = None
+    return args
 
 
 class DebugOptions:

@@ -24,7 +24,7 @@ from minitron.cli.common import UserError
 # Measured on the 2-core machine: 16,384 ranks print in 0.9 s of CPU (70 MB), 65,536 in 6.2 s
 # (170 MB), 10^8 ate gigabytes. 16,384 is above the largest published Megatron runs.
 GROUPS_MAX_WORLD = 16384
-# fake plays every rank in one process, one after another, and each rank builds every group,
+# fake plays the ranks one after another (a worker per core), and each rank builds every group,
 # so the cost grows with the square of the world. Measured (CPU time, peak memory): 1,024
 # ranks ~10 s; 2,048 ranks 48 s, 1.2 GB; 4,096 ranks 162 s, 3.6 GB. Past 2,048 a layout is
 # better studied with `groups`, which shows the same groups at once.
@@ -75,7 +75,7 @@ def check_world_limit(world: int, backend: str) -> None:
     if backend == "groups":
         limit, why = GROUPS_MAX_WORLD, "beyond it the tables take minutes and gigabytes to print"
     elif backend == "fake":
-        limit, why = FAKE_MAX_WORLD, "one process plays every rank, and the cost grows as world squared"
+        limit, why = FAKE_MAX_WORLD, "each rank builds every group, so the cost grows as world squared"
     elif backend == "gloo":
         limit, why = gloo_world_limit()
     else:

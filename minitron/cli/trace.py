@@ -11,7 +11,7 @@ import typer
 
 from minitron.cli.common import (
     CP, EP, PP, TP, vp_option, DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, ORDERS, DebugOptions, UserError, app, check_backend,
-    check_order, check_world, console, validate_pretrain,
+    check_order, check_world, console, default_backend, validate_pretrain,
 )
 from minitron.cli import preflight
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER
@@ -118,10 +118,17 @@ def trace(
         raise UserError(f"--depth must be 1 or more, got {depth}")
     views = _views(show, steps)
     argv = pretrain_argv(tp, pp, cp, ep, vp, order, backend, training_argv(world, tp, pp, cp, steps) + ctx.args)
-    # Every refusal happens before torch is imported: validate_args asks the accelerator for the
-    # default backend only once the flags have passed, and the ranks will decide the same way.
+    # Every refusal happens before torch is imported; the default backend (the accelerator
+    # asks torch for a GPU) is decided last, as the ranks will decide it.
     backend = validate_pretrain(argv, world).distributed_backend
-    check_backend(backend, world)
+    if steps and backend == "fake":
+        raise UserError("--steps needs real communication: the fake backend moves no data; use gloo")
+    if debug and backend == "fake":
+        raise UserError("--debug needs real rank processes; use --backend gloo")
+    preflight.check_launch(world, backend or "gloo", master_port, {"--out": out, "--log-dir": log_dir})
+    if backend is None:
+        backend = default_backend()
+        check_backend(backend, world)
 
     from minitron.cli.views.call_tree import FocusError
     from minitron.cli.views.perfetto import write_chrome_trace
@@ -132,11 +139,6 @@ def trace(
     from minitron.launcher.fake import play_ranks
 
     rank_env = DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world, out)
-    if steps and backend == "fake":
-        raise UserError("--steps needs real communication: the fake backend moves no data; use gloo")
-    if debug and backend == "fake":
-        raise UserError("--debug needs real rank processes; use --backend gloo")
-    preflight.check_launch(world, backend, master_port, {"--out": out, "--log-dir": log_dir})
 
     out.mkdir(parents=True, exist_ok=True)
     for stale in list(out.glob("rank*.jsonl")) + [out / "trace.json"]:

@@ -43,9 +43,10 @@ def pretrain(
     if not args.train_iters:
         raise UserError("--train-iters N or --train-samples N is required; `minitron trace` shows "
                         "initialization alone")
-    backend = rank_backend(args.distributed_backend, world, fake)
-    preflight.check_launch(world, backend, master_port, {"--log-dir": log_dir, "--trace": trace_dir, "--save": args.save})
+    preflight.check_launch(world, args.distributed_backend or "gloo", master_port,
+                           {"--log-dir": log_dir, "--trace": trace_dir, "--save": args.save})
     preflight.check_output_file(args.log_jsonl, "--log-jsonl")
+    backend = rank_backend(args.distributed_backend, world, fake)  # None: the accelerator's default
 
     from minitron.launcher import LaunchConfig, Target
     from minitron.launcher import launch as run
