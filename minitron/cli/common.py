@@ -35,7 +35,7 @@ def default_backend() -> str:
 
 def check_backend(backend: str, world: int) -> None:
     if backend not in ("gloo", "nccl", "fake"):
-        raise UserError(f"--backend {backend!r}: use gloo (CPU), nccl (GPU) or fake (one process)")
+        raise UserError(f"--backend {backend!r}: use gloo (CPU), nccl (GPU) or fake (ranks played in turn, no communication)")
     if backend == "nccl":
         import torch
         gpus = torch.cuda.device_count()

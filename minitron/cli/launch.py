@@ -132,7 +132,7 @@ def launch(
             raise UserError(f"--world {world} disagrees with the {size} slots the resource options select")
         world = size
     check_world(world)
-    backend = rank_backend(backend, world, "--backend fake plays ranks inside one process: use it with `minitron trace`")
+    backend = rank_backend(backend, world, "--backend fake plays ranks without processes of their own: use it with `minitron trace`")
     if pool is not None and backend == "nccl":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, pool[list(pool)[0]]))
     places = {}  # where the ranks will write, beyond the logs and the trace

@@ -83,6 +83,6 @@ def view(
     console.print(f"{plural(len(runs), 'rank')} ({backend}, {plural(pids, 'process', 'processes')}) "
                   f"→ {chrome} (open in https://ui.perfetto.dev)")
     if fake:
-        console.print("[yellow]fake backend: one process played every rank; collectives moved no data[/yellow]")
+        console.print("[yellow]fake backend: ranks played in turn, no process of their own; collectives moved no data[/yellow]")
     if any(c.ok is False for c in checks):
         raise typer.Exit(1)
