@@ -152,5 +152,8 @@ def launch(
     env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world, trace_dir))
     # DeepSpeed's launch.py passes --local_rank=N unless told not to; torchrun (--world) does not.
     local_rank_arg = pool is not None and not no_local_rank
+    # torch.optim's torch._dynamo is worth importing once before the fork only for a program known
+    # to build an optimizer (2-3 s); any other script imports what it needs, as under torchrun.
+    warm = LaunchConfig.warm if module == "minitron.pretrain_gpt" else ()
     run(LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env,
-                     local_rank_arg=local_rank_arg), target)
+                     local_rank_arg=local_rank_arg, warm=warm), target)
