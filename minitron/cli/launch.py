@@ -132,9 +132,6 @@ def launch(
             raise UserError(f"--world {world} disagrees with the {size} slots the resource options select")
         world = size
     check_world(world)
-    backend = rank_backend(backend, world, "--backend fake plays ranks without processes of their own: use it with `minitron trace`")
-    if pool is not None and backend == "nccl":
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, pool[list(pool)[0]]))
     places = {}  # where the ranks will write, beyond the logs and the trace
     if module:
         if module == "minitron.pretrain_gpt":  # Megatron's flags: the short layout aliases too
@@ -148,7 +145,12 @@ def launch(
         target = Target(script=args[0], argv=args[1:])
     if module:
         preflight.check_module(module)
-    preflight.check_launch(world, backend, master_port, {"--log-dir": log_dir, "--trace": trace_dir, **places})
+    preflight.check_launch(world, backend or "gloo", master_port, {"--log-dir": log_dir, "--trace": trace_dir, **places})
+    # Last, as it may ask torch whether a GPU is there: every refusal above stays instant.
+    backend = rank_backend(backend, world, "--backend fake plays ranks without processes of their own: use it "
+                                           "with `minitron trace`")
+    if pool is not None and backend == "nccl":
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, pool[list(pool)[0]]))
     env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world, trace_dir))
     # DeepSpeed's launch.py passes --local_rank=N unless told not to; torchrun (--world) does not.
     local_rank_arg = pool is not None and not no_local_rank

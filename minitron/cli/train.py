@@ -84,9 +84,8 @@ def preprocess(
     skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="count and report bad lines instead of failing"),
 ):
     """Tokenize a JSONL corpus into Megatron's indexed-dataset files (.bin + .idx)."""
-    from minitron.tools.preprocess_data import run_preprocess
-
     preflight.check_workers(workers)
+    from minitron.tools.preprocess_data import run_preprocess
 
     try:
         result = run_preprocess(str(input), output_prefix, tokenizer_type=tokenizer_type, vocab_file=vocab_file,

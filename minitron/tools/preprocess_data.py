@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from minitron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 from minitron.training.tokenizer import TOKENIZER_TYPES, make_tokenizer
 
 _BATCH_BYTES = 1 << 20  # lines per task: about 1 MB, enough to make the pickling overhead small
@@ -161,6 +160,9 @@ def run_preprocess(input: str, output_prefix: str, tokenizer_type: str = "ByteLe
     tok_args = dict(tokenizer_type=tokenizer_type, vocab_file=vocab_file, merge_file=merge_file,
                     tokenizer_model=tokenizer_model, vocab_size=vocab_size)
     tokenizer = make_tokenizer(**tok_args)  # fail here, once, before any worker starts
+    # The dataset module imports torch (its reader is a torch Dataset): 2 s that a refused
+    # --input, --workers or tokenizer file must not pay, so it comes after those checks.
+    from minitron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
     dtype = np.dtype(DType.optimal_dtype(tokenizer.vocab_size))
     spec = {"tokenizer": tok_args, "json_keys": json_keys, "append_eod": append_eod, "dtype": dtype}
 
