@@ -35,11 +35,11 @@ def _groups(model) -> list:
     return [{"params": matrices}, {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
 
 
-def _serial_losses() -> list:
-    """One process, the whole batch at once, torch's AdamW (DeepSpeed's "Adam" is AdamW)."""
-    model = toy_mlp(0, IN, OUT)
-    opt = torch.optim.AdamW(_groups(model), lr=0.02, weight_decay=0.01)
-    sched = WarmupLR(opt, **SCHED)
+def _serial_run(model, params, scheduled: bool) -> tuple[list, list]:
+    """One process, the whole batch at once, torch's AdamW (DeepSpeed's "Adam" is AdamW):
+    each step's loss and its gradient norm before clipping."""
+    opt = torch.optim.AdamW(params, lr=0.02, weight_decay=0.01)
+    sched = WarmupLR(opt, **SCHED) if scheduled else None
     losses, norms = [], []
     for step in range(STEPS):
         x, y = _data(step)
@@ -48,9 +48,15 @@ def _serial_losses() -> list:
         norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05).item())
         opt.step()
         opt.zero_grad()
-        sched.step()
+        if sched is not None:
+            sched.step()
         losses.append(loss.item())
     return losses, norms
+
+
+def _serial_losses() -> tuple[list, list]:
+    model = toy_mlp(0, IN, OUT)
+    return _serial_run(model, _groups(model), scheduled=True)
 
 
 def _train(engine, steps, first_step=0):
@@ -219,16 +225,7 @@ def _tp_body(rank):
 
 def test_zero_stages_with_tensor_parallelism_equal_serial():
     model = _serial_tp_reference()
-    opt = torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01)
-    serial, serial_norms = [], []
-    for step in range(STEPS):
-        x, y = _data(step)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        serial_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05).item())
-        opt.step()
-        opt.zero_grad()
-        serial.append(loss.item())
+    serial, serial_norms = _serial_run(model, model.parameters(), scheduled=False)
     for rank, out in enumerate(run_ranks(_tp_body, world_size=4, tp=2)):
         for stage, got in out.items():
             assert got["losses"] == pytest.approx(serial, abs=1e-5), (stage, rank)
