@@ -10,7 +10,7 @@ from rich.table import Table
 
 from minitron.cli.common import UserError, app, console
 
-TRIAD_RULE = "train_batch_size = train_micro_batch_size_per_gpu × gradient_accumulation_steps × data-parallel size"
+TRIAD_RULE = "train_batch_size = micro batch per GPU × accumulation steps × data-parallel size"
 
 
 @app.command("ds-config")
@@ -39,8 +39,8 @@ def ds_config(
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
         table.add_row(key, str(resolved[key]), "given" if given.get(key) is not None else "derived")
     console.print(table)
-    console.print(f"[dim]{TRIAD_RULE}:[/dim] {config.train_batch_size} = {config.train_micro_batch_size_per_gpu} × "
-                  f"{config.gradient_accumulation_steps} × {config.world_size}")
+    console.print(f"{TRIAD_RULE}\n{'':<14}{config.train_batch_size:>2} = {config.train_micro_batch_size_per_gpu} × "
+                  f"{config.gradient_accumulation_steps} × {config.world_size}", highlight=False)
     precision = "fp16" if config.fp16_enabled else "bf16" if config.bfloat16_enabled else "fp32"
     scale = ("dynamic loss scale from 2^{:g}".format(__import__("math").log2(config.initial_dynamic_scale))
              if config.fp16_enabled and config.loss_scale == 0 else f"loss scale {config.loss_scale:g}")

@@ -66,34 +66,37 @@ def load_config(config: Union[str, Path, dict]) -> dict:
     return data
 
 
-def resolve_batch_triad(train_batch: Optional[int], micro_batch: Optional[int], grad_acc: Optional[int],
-                        world_size: int) -> tuple[int, int, int]:
-    """DeepSpeed's _set_batch_related_parameters followed by _batch_assertion."""
-    if train_batch is not None and micro_batch is not None and grad_acc is not None:
+def resolve_batch_triad(train_batch: Optional[int], micro_batch: Optional[int],
+                        grad_acc: Optional[int], world_size: int) -> tuple[int, int, int]:
+    """DeepSpeed's _set_batch_related_parameters, then its _batch_assertion."""
+    given = (train_batch is not None, micro_batch is not None, grad_acc is not None)
+    if given == (True, True, True):
         pass
-    elif train_batch is not None and micro_batch is not None:
-        if micro_batch == 0:  # DeepSpeed divides by it here and dies of a ZeroDivisionError
+    elif given[:2] == (True, True):
+        if micro_batch == 0:  # DeepSpeed divides by it here: a ZeroDivisionError
             _not_positive("train_micro_batch_size_per_gpu", 0, world_size)
         grad_acc = train_batch // micro_batch // world_size
-    elif train_batch is not None and grad_acc is not None:
+    elif given[0] and given[2]:
         if grad_acc == 0:  # likewise
             _not_positive("gradient_accumulation_steps", 0, world_size)
         micro_batch = train_batch // world_size // grad_acc
-    elif micro_batch is not None and grad_acc is not None:
+    elif given[1:] == (True, True):
         train_batch = micro_batch * grad_acc * world_size
-    elif train_batch is not None:
+    elif given[0]:
         grad_acc, micro_batch = 1, train_batch // world_size
-    elif micro_batch is not None:
+    elif given[1]:
         grad_acc, train_batch = 1, micro_batch * world_size
     else:
-        raise DeepSpeedConfigError("Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided")
+        raise DeepSpeedConfigError(
+            "Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided")
     for name, value in zip(TRIAD, (train_batch, micro_batch, grad_acc)):
         if value <= 0:
             _not_positive(name, value, world_size)
     if train_batch != micro_batch * grad_acc * world_size:
         raise DeepSpeedConfigError(
-            "Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
-            f"gradient_acc_step * world_size {train_batch} != {micro_batch} * {grad_acc} * {world_size}")
+            "Check batch related parameters. train_batch_size is not equal to "
+            "micro_batch_per_gpu * gradient_acc_step * world_size "
+            f"{train_batch} != {micro_batch} * {grad_acc} * {world_size}")
     return train_batch, micro_batch, grad_acc
 
 
