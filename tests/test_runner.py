@@ -92,7 +92,10 @@ def test_launch_dry_run_and_a_local_include(tmp_path):
                          capture_output=True, text=True)
     assert dry.returncode == 0, dry.stderr
     command = " ".join(dry.stdout.replace("\\\n", " ").split())  # the command is printed over lines
-    assert "pdsh -S -f 1024 -w worker-0,worker-1 python -u -m deepspeed.launcher.launch --world_info=" in command
+    assert "pdsh -S -f 1024 -w worker-0,worker-1 python -u -m deepspeed.launcher.launch --world_info=$WORLD_INFO" \
+        in command
+    info = encode_world_info(OrderedDict([("worker-0", [0, 1]), ("worker-1", [0, 1, 2, 3])]))
+    assert f"\n  {info}\n" in dry.stdout
     assert "--node_rank=%n --master_addr=worker-0 --master_port=29500 train.py --lr 1" in command
     refused = subprocess.run([MINITRON, "launch", "--hostfile", str(hosts), "docs/examples/launch_demo.py"],
                              capture_output=True, text=True, cwd=Path(__file__).parent.parent)

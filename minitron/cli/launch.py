@@ -48,9 +48,11 @@ def show_dry_run(world_info, master_addr: str, master_port: int, program: list, 
     from minitron.launcher.runner import encode_world_info, node_command, node_rank_env
 
     console.print(f"active resources: {json.dumps(world_info)}")
-    console.print(f"world_info (base64): {encode_world_info(world_info)}", soft_wrap=True)
+    encoded = encode_world_info(world_info)
+    console.print(f"world_info, base64 (WORLD_INFO below):\n  {encoded}", soft_wrap=True, highlight=False)
     console.print("runner would run:")
-    command = " \\\n    ".join(node_command(world_info, master_addr, master_port, program, flags))
+    pieces = node_command(world_info, master_addr, master_port, program, flags)
+    command = " \\\n    ".join(piece.replace(encoded, "$WORLD_INFO") for piece in pieces)
     console.print(f"  {command}", soft_wrap=True, markup=False, highlight=False)
     world = sum(len(slots) for slots in world_info.values())
     console.print(f"each rank's environment as launch.py sets it (WORLD_SIZE={world}, CROSS_SIZE={len(world_info)}):")
@@ -63,8 +65,8 @@ def show_dry_run(world_info, master_addr: str, master_port: int, program: list, 
         for env in node_rank_env(world_info, node_rank, master_addr, master_port):
             table.add_row(host, *(env[k] for k in keys))
     console.print(table)
-    console.print("devices: CUDA_VISIBLE_DEVICES. LOCAL_RANK is launch.py's RANK % LOCAL_SIZE, which is the "
-                  "process's index on its host only when the hosts before it have as many slots.")
+    console.print("devices: CUDA_VISIBLE_DEVICES. LOCAL_RANK is launch.py's RANK % LOCAL_SIZE:\n"
+                  "the process's index on its host only if the hosts before it have as many slots.")
 
 
 @app.command(context_settings=EXTRA)
