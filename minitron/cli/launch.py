@@ -10,6 +10,7 @@ without starting anything.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -38,7 +39,6 @@ def resources(hostfile, include, exclude, num_nodes, num_gpus, world):
     try:
         # Without a hostfile the pool is this machine; DeepSpeed counts its GPUs, minitron takes
         # --world (or one slot per core) as the number of slots it offers.
-        import os
         return active_resources(hostfile, world or os.cpu_count() or 1, include, exclude, num_nodes, num_gpus)
     except ResourceError as exc:
         raise UserError(str(exc)) from None

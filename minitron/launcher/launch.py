@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import select
 import shutil
 import signal
 import socket
