@@ -41,7 +41,8 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     return GPTModel(config, vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
                     pre_process=pre_process, post_process=post_process,
                     share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-                    vp_stage=vp_stage)
+                    position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
+                    rotary_base=args.rotary_base, vp_stage=vp_stage)
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):

@@ -74,6 +74,16 @@ def _add_network_size_args(parser):
     g.add_argument("--layernorm-epsilon", type=_float(0.0, above=True), default=1e-5)
     g.add_argument("--init-method-std", type=_float(0.0), default=0.02)
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    # The modern GPT options (LLaMA-style models are rope + swiglu + RMSNorm + GQA + untied).
+    g.add_argument("--position-embedding-type", default="learned_absolute", choices=["learned_absolute", "rope"])
+    g.add_argument("--rotary-percent", type=_float(0.0, 1.0, above=True), default=1.0,
+                   help="rope: the share of each head's channels that rotate")
+    g.add_argument("--rotary-base", type=POSITIVE, default=10000, help="rope: the base of the angles")
+    g.add_argument("--swiglu", action="store_true", help="gated MLP, silu(x W_gate) * (x W_up)")
+    g.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
+    g.add_argument("--group-query-attention", action="store_true",
+                   help="heads share keys and values in --num-query-groups groups")
+    g.add_argument("--num-query-groups", type=POSITIVE, default=None)
 
 
 def _add_regularization_args(parser):
@@ -106,6 +116,14 @@ def _add_training_args(parser):
     # Megatron lists this one among its vision flags; it steers the cyclic sampler.
     g.add_argument("--no-data-sharding", dest="data_sharding", action="store_false",
                    help="cyclic loader: one global shuffle instead of one bucket per dp rank")
+    # Activation recomputation: keep fewer activations, compute them again in backward.
+    g.add_argument("--recompute-activations", action="store_true",
+                   help="shorthand for --recompute-granularity selective")
+    g.add_argument("--recompute-granularity", default=None, choices=["full", "selective"],
+                   help="full: whole layers (with --recompute-method); selective: core attention only")
+    g.add_argument("--recompute-method", default=None, choices=["uniform", "block"],
+                   help="uniform: every chunk of N layers; block: the first N layers of each stage")
+    g.add_argument("--recompute-num-layers", type=POSITIVE, default=None, metavar="N")
 
 
 def _add_initialization_args(parser):

@@ -65,6 +65,7 @@ def validate_args(args, defaults: dict | None = None):
         _require(getattr(args, name) is not None, f"--{name.replace('_', '-')} is required")
 
     _validate_layout(args)
+    _validate_modern_options(args)
     _validate_model_shape(args)
     _validate_batch(args)
     _validate_training(args)
@@ -128,6 +129,45 @@ def _validate_layout(args):
                  f"= {pp} x {vp} = {pp * vp}")
         if vp == 1:
             args.virtual_pipeline_model_parallel_size = None  # one chunk per rank: no interleaving
+
+
+# --- the modern GPT options and activation recomputation (issue 14.3 / 14.4) ---------------
+def _validate_modern_options(args):
+    tp, heads = args.tensor_model_parallel_size, args.num_attention_heads
+    if args.swiglu and args.ffn_hidden_size is None:
+        # Megatron's default: two fc1 matrices instead of one, so 2/3 of 4h keeps the MLP's
+        # parameter count near the GeLU MLP's; rounded down to a multiple of 64.
+        args.ffn_hidden_size = int((4 * args.hidden_size * 2 / 3) / 64) * 64
+        _require(args.ffn_hidden_size > 0, f"--swiglu sizes the MLP as 8h/3 rounded down to a multiple of 64, "
+                 f"which is 0 for --hidden-size {args.hidden_size}: give --ffn-hidden-size")
+    if args.group_query_attention:
+        groups = args.num_query_groups
+        _require(groups is not None, "--group-query-attention needs --num-query-groups G (heads per key/value)")
+        _require(heads % groups == 0, f"--num-attention-heads {heads} is not divisible by --num-query-groups "
+                 f"{groups}: each group is the same number of query heads")
+        _require(groups % tp == 0, f"--num-query-groups {groups} is not divisible by "
+                 f"--tensor-model-parallel-size {tp}: each tensor-parallel rank computes whole query groups")
+    else:
+        _require(args.num_query_groups is None, "--num-query-groups needs --group-query-attention")
+    if args.position_embedding_type == "rope" and args.hidden_size % heads == 0:
+        d = args.kv_channels or args.hidden_size // heads
+        rot = d if args.rotary_percent >= 1.0 else int(d * args.rotary_percent)
+        _require(rot >= 2 and rot % 2 == 0, f"rope rotates channel pairs: --rotary-percent {args.rotary_percent:g} "
+                 f"of {d} channels per head is {rot}, which must be even and at least 2")
+    if args.recompute_activations:
+        args.recompute_granularity = "selective"     # Megatron's shorthand
+    granularity, method, n = args.recompute_granularity, args.recompute_method, args.recompute_num_layers
+    if granularity is None:
+        _require(method is None and n is None,
+                 "--recompute-method and --recompute-num-layers need --recompute-granularity full")
+    elif granularity == "selective":
+        _require(method is None and n is None, "--recompute-granularity selective recomputes core attention in "
+                 "every layer: drop --recompute-method and --recompute-num-layers")
+    else:
+        per_stage = args.num_layers // args.pipeline_model_parallel_size
+        _require(method is not None, "--recompute-granularity full needs --recompute-method uniform or block")
+        _require(n is not None and n <= per_stage, f"--recompute-granularity full needs --recompute-num-layers "
+                 f"N between 1 and the {per_stage} layers of a pipeline stage")
 
 
 def _validate_model_shape(args):
@@ -290,4 +330,10 @@ def core_transformer_config_from_args(args):
         attention_dropout=args.attention_dropout, layernorm_epsilon=args.layernorm_epsilon,
         init_method_std=args.init_method_std, init_seed=args.seed,
         pipeline_dtype=dtype,
+        # the modern GPT options and activation recomputation
+        normalization=args.normalization, gated_linear_unit=args.swiglu,
+        activation_func=torch.nn.functional.silu if args.swiglu else torch.nn.functional.gelu,
+        num_query_groups=args.num_query_groups if args.group_query_attention else None,
+        recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
+        recompute_num_layers=args.recompute_num_layers,
     )

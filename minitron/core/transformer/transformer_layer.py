@@ -43,12 +43,13 @@ class TransformerLayer(MegatronModule):
         self.pre_mlp_layernorm = WrappedTorchNorm(config, config.hidden_size)
         self.mlp = MLP(config)
 
-    @traced(args=lambda self, hidden_states, attention_mask=None: {
+    @traced(args=lambda self, hidden_states, attention_mask=None, rotary_pos_emb=None: {
         "layer_number": self.layer_number, "hidden_states": short_value(hidden_states)})
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, rotary_pos_emb=None) -> torch.Tensor:
         p, training = self.config.hidden_dropout, self.training
         residual = hidden_states
-        attention_out = self.self_attention(self.input_layernorm(hidden_states), attention_mask)
+        attention_out = self.self_attention(self.input_layernorm(hidden_states), attention_mask,
+                                            rotary_pos_emb=rotary_pos_emb)
         hidden_states = bias_dropout_add(attention_out, residual, p, training)
 
         residual = hidden_states
