@@ -9,7 +9,7 @@ import torch
 from distributed import run_ranks
 from minitron.core import parallel_state as ps
 from minitron.core.transformer.context_parallel import (
-    DIAGONAL, FULL, chunk_ids, context_parallel_attention, count_blocks, ring_plan,
+    DIAGONAL, FULL, chunk_ids, attn_forward_func_with_cp, count_blocks, ring_plan,
 )
 from minitron.training.utils import get_batch_on_this_cp_rank
 from test_training_equivalence import run
@@ -52,7 +52,7 @@ def _ring_vs_serial(rank: int, dropout: bool = False) -> float:
     def mine(t):
         return get_batch_on_this_cp_rank({"x": t.transpose(1, 2)})["x"].transpose(1, 2)
     local = [mine(t).clone().requires_grad_() for t in (q, k, v)]
-    ring = context_parallel_attention(*local, scale)
+    ring = attn_forward_func_with_cp(*local, scale)
     ring.backward(mine(grad))
     errors = [(ring - mine(out)).abs().max()]
     errors += [(a.grad - mine(f.grad)).abs().max() for a, f in zip(local, full)]
@@ -86,7 +86,7 @@ def _directional_derivatives_with_dropout(rank: int) -> tuple[float, float]:
         return get_batch_on_this_cp_rank({"x": t.transpose(1, 2)})["x"].transpose(1, 2)
 
     def loss(inputs):
-        out = context_parallel_attention(*(mine(t) for t in inputs), 0.7, dropout_p=0.3, fork_rng=_same_masks)
+        out = attn_forward_func_with_cp(*(mine(t) for t in inputs), 0.7, dropout_p=0.3, fork_rng=_same_masks)
         local = (out * mine(cotangent)).sum()
         total = local.detach().clone()
         torch.distributed.all_reduce(total)

@@ -25,7 +25,7 @@ from minitron.core import parallel_state
 from minitron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from minitron.core.tensor_parallel.random import get_cuda_rng_tracker
 from minitron.core.tensor_parallel.utils import divide
-from minitron.core.transformer.context_parallel import context_parallel_attention
+from minitron.core.transformer.context_parallel import attn_forward_func_with_cp
 from minitron.core.transformer.module import MegatronModule
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
@@ -82,7 +82,7 @@ class DotProductAttention(MegatronModule):
         dropout_p = self.attention_dropout.p if self.training else 0.0
         # The same RNG stream the unsplit attention draws its dropout from (see _unfused).
         fork = contextlib.nullcontext if self.config.sequence_parallel else get_cuda_rng_tracker().fork
-        return context_parallel_attention(q, k, v, self.softmax_scale, dropout_p, fork_rng=fork)
+        return attn_forward_func_with_cp(q, k, v, self.softmax_scale, dropout_p, fork_rng=fork)
 
     def _unfused(self, q, k, v, attention_mask):
         scores = torch.matmul(q, k.transpose(-2, -1)) * self.softmax_scale  # [b, n, s, s]

@@ -2,7 +2,8 @@
 
 Megatron hands this job to Transformer Engine's context-parallel attention; with
 ``--cp-comm-type p2p`` (the default) TE passes key/value blocks around the context-parallel
-group in a ring. This file is that ring, in plain torch, on any backend.
+group in a ring. This file is that ring, in plain torch, on any backend, under TE's names:
+attn_forward_func_with_cp (the entry) and AttnFuncWithCPAndKVP2P (its autograd Function).
 
 The layout (training/utils.py, get_batch_on_this_cp_rank): the sequence is cut into 2 x cp
 chunks and cp rank r holds chunks r and 2cp-1-r, its queries, keys and values alike. Causal
@@ -120,7 +121,7 @@ def _merge(out, lse, block_out, block_lse):
 # --8<-- [end:merge]
 
 
-class _RingAttention(torch.autograd.Function):
+class AttnFuncWithCPAndKVP2P(torch.autograd.Function):
     """softmax(q k^T * scale, causal) v over the whole sequence; q, k, v hold this rank's two
     chunks, [b, n, 2c, d]. Computes in fp32 (or fp64, given fp64) and returns q's dtype."""
 
@@ -160,45 +161,52 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, lse, *masks = ctx.saved_tensors
-        scale, p, plan = ctx.scale, ctx.dropout_p, ctx.plan
-        work = out.dtype
-        qs, dos = q.to(work).chunk(2, dim=2), grad_out.to(work).chunk(2, dim=2)
-        lses = lse.chunk(2, dim=2)
-        # sum_j dP_ij P_ij over ALL keys of a row equals dO_i . O_i: the one cross-block term.
-        deltas = (grad_out.to(work) * out).sum(-1).chunk(2, dim=2)
-        dqs = [torch.zeros_like(qs[0]), torch.zeros_like(qs[1])]
-        kv = torch.stack([k.to(work), v.to(work)])
-        dkv = torch.zeros_like(kv)  # the gradient of the keys/values in hand; it travels with them
-        masks = list(masks)
-        for step, (_, pairs) in enumerate(plan):
-            if step < len(plan) - 1:
-                next_kv, requests = _ring_exchange(kv, ctx.group, ctx.ranks, ctx.cp_rank)
-            ks, vs = kv[0].chunk(2, dim=2), kv[1].chunk(2, dim=2)
-            dks, dvs = dkv[0].chunk(2, dim=2), dkv[1].chunk(2, dim=2)  # views: add_ lands in dkv
-            for qi, ki, kind in pairs:
-                if kind == SKIPPED:
-                    continue
-                probs = torch.exp(_scores(qs[qi], ks[ki], kind, scale) - lses[qi].unsqueeze(-1))
-                dprobs = torch.matmul(dos[qi], vs[ki].transpose(-2, -1))
-                if p > 0:
-                    keep = masks.pop(0) / (1 - p)
-                    dvs[ki].add_(torch.matmul((probs * keep).transpose(-2, -1), dos[qi]))
-                    dprobs = dprobs * keep
-                else:
-                    dvs[ki].add_(torch.matmul(probs.transpose(-2, -1), dos[qi]))
-                dscores = probs * (dprobs - deltas[qi].unsqueeze(-1)) * scale
-                dqs[qi] += torch.matmul(dscores, ks[ki])
-                dks[ki].add_(torch.matmul(dscores.transpose(-2, -1), qs[qi]))
-            # This step's key/value gradient moves on with the keys/values it belongs to; the
-            # last hop brings every rank the finished gradient of its own keys and values.
-            dkv, dkv_requests = _ring_exchange(dkv, ctx.group, ctx.ranks, ctx.cp_rank)
-            _wait(dkv_requests)
-            if step < len(plan) - 1:
-                _wait(requests)
-                kv = next_kv
-        dq = torch.cat(dqs, dim=2).to(q.dtype)
-        return dq, dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None, None, None
+        return _ring_backward(ctx, grad_out)
+
+
+@traced(name="minitron.core.transformer.context_parallel.AttnFuncWithCPAndKVP2P.backward",
+        args=lambda ctx, grad_out: {"cp_rank": ctx.cp_rank, "blocks": count_blocks(ctx.plan)})
+def _ring_backward(ctx, grad_out):
+    """The ring once more, now carrying the key/value gradient too (see the module docstring)."""
+    q, k, v, out, lse, *masks = ctx.saved_tensors
+    scale, p, plan = ctx.scale, ctx.dropout_p, ctx.plan
+    work = out.dtype
+    qs, dos = q.to(work).chunk(2, dim=2), grad_out.to(work).chunk(2, dim=2)
+    lses = lse.chunk(2, dim=2)
+    # sum_j dP_ij P_ij over ALL keys of a row equals dO_i . O_i: the one cross-block term.
+    deltas = (grad_out.to(work) * out).sum(-1).chunk(2, dim=2)
+    dqs = [torch.zeros_like(qs[0]), torch.zeros_like(qs[1])]
+    kv = torch.stack([k.to(work), v.to(work)])
+    dkv = torch.zeros_like(kv)  # the gradient of the keys/values in hand; it travels with them
+    masks = list(masks)
+    for step, (_, pairs) in enumerate(plan):
+        if step < len(plan) - 1:
+            next_kv, requests = _ring_exchange(kv, ctx.group, ctx.ranks, ctx.cp_rank)
+        ks, vs = kv[0].chunk(2, dim=2), kv[1].chunk(2, dim=2)
+        dks, dvs = dkv[0].chunk(2, dim=2), dkv[1].chunk(2, dim=2)  # views: add_ lands in dkv
+        for qi, ki, kind in pairs:
+            if kind == SKIPPED:
+                continue
+            probs = torch.exp(_scores(qs[qi], ks[ki], kind, scale) - lses[qi].unsqueeze(-1))
+            dprobs = torch.matmul(dos[qi], vs[ki].transpose(-2, -1))
+            if p > 0:
+                keep = masks.pop(0) / (1 - p)
+                dvs[ki].add_(torch.matmul((probs * keep).transpose(-2, -1), dos[qi]))
+                dprobs = dprobs * keep
+            else:
+                dvs[ki].add_(torch.matmul(probs.transpose(-2, -1), dos[qi]))
+            dscores = probs * (dprobs - deltas[qi].unsqueeze(-1)) * scale
+            dqs[qi] += torch.matmul(dscores, ks[ki])
+            dks[ki].add_(torch.matmul(dscores.transpose(-2, -1), qs[qi]))
+        # This step's key/value gradient moves on with the keys/values it belongs to; the
+        # last hop brings every rank the finished gradient of its own keys and values.
+        dkv, dkv_requests = _ring_exchange(dkv, ctx.group, ctx.ranks, ctx.cp_rank)
+        _wait(dkv_requests)
+        if step < len(plan) - 1:
+            _wait(requests)
+            kv = next_kv
+    dq = torch.cat(dqs, dim=2).to(q.dtype)
+    return dq, dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None, None, None
 
 
 def _plan_args(query, key, value, softmax_scale, dropout_p=0.0, layout="balanced", fork_rng=None):
@@ -208,7 +216,7 @@ def _plan_args(query, key, value, softmax_scale, dropout_p=0.0, layout="balanced
 
 
 @traced(args=_plan_args)
-def context_parallel_attention(query, key, value, softmax_scale: float, dropout_p: float = 0.0,
+def attn_forward_func_with_cp(query, key, value, softmax_scale: float, dropout_p: float = 0.0,
                                layout: str = "balanced", fork_rng=None) -> torch.Tensor:
     """Causal attention of this cp rank's queries over the whole sequence's keys and values.
 
@@ -222,7 +230,7 @@ def context_parallel_attention(query, key, value, softmax_scale: float, dropout_
     cp_rank = parallel_state.get_context_parallel_rank()
     plan = ring_plan(cp_rank, len(ranks), layout)
     fork_rng = fork_rng or get_cuda_rng_tracker().fork
-    return _RingAttention.apply(query, key, value, softmax_scale, dropout_p, plan, group, ranks, cp_rank,
+    return AttnFuncWithCPAndKVP2P.apply(query, key, value, softmax_scale, dropout_p, plan, group, ranks, cp_rank,
                                 fork_rng)
 
 
