@@ -18,8 +18,8 @@ while it already passes them on to rank r+1 and receives those of rank r-t-1 for
 After cp steps every rank has seen every key. Each step gives a partial softmax over a slice of
 the keys; they merge exactly through each query row's log-sum-exp (``_merge``).
 
-The balance: with the contiguous split (rank r holds chunks 2r and 2r+1) the last rank computes
-cp times what the first one does; pairing an early chunk with a late one gives every rank the
+The balance: with the contiguous split (rank r holds chunks 2r and 2r+1) the last rank does
+2cp - 1 times the work of the first; pairing an early chunk with a late one gives every rank the
 same count, 2cp - 1 full blocks and 2 diagonal ones (``ring_plan``, ``count_blocks``).
 
 Backward runs the ring again: the keys/values travel once more, and with them the gradient of
@@ -126,7 +126,7 @@ class AttnFuncWithCPAndKVP2P(torch.autograd.Function):
     chunks, [b, n, 2c, d]. Computes in fp32 (or fp64, given fp64) and returns q's dtype."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, dropout_p, plan, group, ranks, cp_rank, fork_rng):
+    def forward(ctx, q, k, v, scale, dropout_p, plan, group, ranks, cp_rank, fork_rng, stats):
         dtype, work = q.dtype, torch.promote_types(q.dtype, torch.float32)
         qs = q.to(work).chunk(2, dim=2)
         kv = torch.stack([k.to(work), v.to(work)])  # one message per hop: keys and values together
@@ -136,6 +136,8 @@ class AttnFuncWithCPAndKVP2P(torch.autograd.Function):
                 next_kv, requests = _ring_exchange(kv, group, ranks, cp_rank)
             ks, vs = kv[0].chunk(2, dim=2), kv[1].chunk(2, dim=2)
             for qi, ki, kind in pairs:
+                if stats is not None:  # what this rank really did, block by block
+                    stats[kind] = stats.get(kind, 0) + 1
                 if kind == SKIPPED:
                     continue
                 scores = _scores(qs[qi], ks[ki], kind, scale)
@@ -206,10 +208,10 @@ def _ring_backward(ctx, grad_out):
             _wait(requests)
             kv = next_kv
     dq = torch.cat(dqs, dim=2).to(q.dtype)
-    return dq, dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None, None, None
+    return dq, dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None, None, None, None
 
 
-def _plan_args(query, key, value, softmax_scale, dropout_p=0.0, layout="balanced", fork_rng=None):
+def _plan_args(query, key, value, softmax_scale, dropout_p=0.0, layout="balanced", fork_rng=None, stats=None):
     cp_rank, cp_size = parallel_state.get_context_parallel_rank(), parallel_state.get_context_parallel_world_size()
     return {"cp_rank": cp_rank, "chunks": list(chunk_ids(cp_rank, cp_size, layout)),
             "blocks": count_blocks(ring_plan(cp_rank, cp_size, layout))}
@@ -217,13 +219,14 @@ def _plan_args(query, key, value, softmax_scale, dropout_p=0.0, layout="balanced
 
 @traced(args=_plan_args)
 def attn_forward_func_with_cp(query, key, value, softmax_scale: float, dropout_p: float = 0.0,
-                               layout: str = "balanced", fork_rng=None) -> torch.Tensor:
+                               layout: str = "balanced", fork_rng=None, stats: dict | None = None) -> torch.Tensor:
     """Causal attention of this cp rank's queries over the whole sequence's keys and values.
 
     query, key, value: [b, n, 2c, d], this rank's two chunks in ``chunk_ids`` order (the keys
     and values with as many heads as the queries). Returns [b, n, 2c, d] in query's dtype.
     ``fork_rng``: the context under which dropout draws its masks (default: the model-parallel
-    RNG tracker's, as the unsplit attention does).
+    RNG tracker's, as the unsplit attention does). ``stats``: a dict the forward fills with the
+    number of blocks it computed or skipped, by kind.
     """
     group = parallel_state.get_context_parallel_group()
     ranks = torch.distributed.get_process_group_ranks(group)
@@ -231,7 +234,7 @@ def attn_forward_func_with_cp(query, key, value, softmax_scale: float, dropout_p
     plan = ring_plan(cp_rank, len(ranks), layout)
     fork_rng = fork_rng or get_cuda_rng_tracker().fork
     return AttnFuncWithCPAndKVP2P.apply(query, key, value, softmax_scale, dropout_p, plan, group, ranks, cp_rank,
-                                fork_rng)
+                                        fork_rng, stats)
 
 
 def get_pos_emb_on_this_cp_rank(pos_emb: torch.Tensor, seq_dim: int) -> torch.Tensor:
