@@ -3,6 +3,7 @@
     python docs/examples/cp_demo.py layout    # which tokens each cp rank holds (get_batch_on_this_cp_rank)
     python docs/examples/cp_demo.py ring      # the ring's steps on each rank, and its answer against plain attention
     python docs/examples/cp_demo.py balance   # blocks computed per rank: the balanced split against the contiguous one
+    python docs/examples/cp_demo.py messages DIR   # the ring's messages in a `minitron trace --steps 1` directory
 
 `ring` and `balance` start 4 forked gloo ranks with Megatron's groups (cp = 4) and call the
 attention every GPT layer calls, attn_forward_func_with_cp; the counts are what its forward
@@ -92,5 +93,27 @@ def balance() -> None:
         print(f"{name:<11} busiest rank / mean: {max(works) / (sum(works) / len(works)):.2f}")
 
 
+def messages(trace_dir: str) -> None:
+    """Every batch_isend_irecv on the context-parallel group, by rank and by the step that
+    posted it (the ring's forward or its backward), with each op's peer and shape."""
+    import json
+    from collections import Counter
+    from pathlib import Path
+
+    for path in sorted(Path(trace_dir).glob("rank*.jsonl")):
+        records = [json.loads(line) for line in path.open()]
+        names = {r["id"]: r["name"].rsplit(".", 2)[-2:] for r in records}
+        seen = Counter()
+        for r in records:
+            if r["name"].endswith("batch_isend_irecv") and r["args"].get("group") == "CONTEXT_PARALLEL_GROUP":
+                caller = ".".join(n for n in names[r["parent"]] if n != "context_parallel")
+                ops = ", ".join(f"{o['op']} {'to' if o['op'] == 'isend' else 'from'} rank {o['peer']} {o['shape']}"
+                                for o in r["args"]["ops"])
+                seen[(caller, ops)] += 1
+        print(f"rank {records[0]['rank']}:")
+        for (caller, ops), count in seen.items():
+            print(f"  {count:>2} x in {caller}: {ops}")
+
+
 if __name__ == "__main__":
-    {"layout": layout, "ring": ring, "balance": balance}[sys.argv[1]]()
+    {"layout": layout, "ring": ring, "balance": balance, "messages": messages}[sys.argv[1]](*sys.argv[2:])

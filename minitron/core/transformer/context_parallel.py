@@ -53,7 +53,6 @@ def block_kind(query_chunk: int, key_chunk: int) -> str:
     return DIAGONAL if key_chunk == query_chunk else SKIPPED
 
 
-# --8<-- [start:ring_plan]
 def ring_plan(cp_rank: int, cp_size: int, layout: str = "balanced") -> list[tuple[int, list]]:
     """The ring, step by step, from one rank's point of view.
 
@@ -68,7 +67,6 @@ def ring_plan(cp_rank: int, cp_size: int, layout: str = "balanced") -> list[tupl
         pairs = [(qi, ki, block_kind(qc, kc)) for qi, qc in enumerate(mine) for ki, kc in enumerate(theirs)]
         plan.append((source, pairs))
     return plan
-# --8<-- [end:ring_plan]
 
 
 def count_blocks(plan) -> dict:
@@ -105,7 +103,6 @@ def _scores(q, k, kind: str, scale: float) -> torch.Tensor:
     return scores
 
 
-# --8<-- [start:merge]
 def _merge(out, lse, block_out, block_lse):
     """Fold one block's partial result into the running one.
 
@@ -118,7 +115,6 @@ def _merge(out, lse, block_out, block_lse):
     new_lse = torch.logaddexp(lse, block_lse)
     out = out * torch.exp(lse - new_lse).unsqueeze(-1) + block_out * torch.exp(block_lse - new_lse).unsqueeze(-1)
     return out, new_lse
-# --8<-- [end:merge]
 
 
 class AttnFuncWithCPAndKVP2P(torch.autograd.Function):
