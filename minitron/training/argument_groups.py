@@ -164,6 +164,9 @@ def _add_distributed_args(parser):
                    dest="virtual_pipeline_model_parallel_size", type=POSITIVE, default=None,
                    help="model chunks per pipeline rank (the interleaved schedule)")
     g.add_argument("--context-parallel-size", type=POSITIVE, default=1)
+    # Megatron's other kinds (a2a, allgather, a2a+p2p) are not built: the ring is the one taught.
+    g.add_argument("--cp-comm-type", default="p2p", choices=["p2p"],
+                   help="how context-parallel attention exchanges keys/values: p2p, a ring")
     g.add_argument("--expert-model-parallel-size", type=POSITIVE, default=1)
     g.add_argument("--expert-tensor-parallel-size", type=POSITIVE, default=None, help="default: tp size")
     g.add_argument("--sequence-parallel", action="store_true")

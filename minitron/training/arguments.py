@@ -69,6 +69,7 @@ def validate_args(args, defaults: dict | None = None):
     _validate_model_shape(args)
     _validate_batch(args)
     _validate_training(args)
+    _validate_context_parallel(args)
 
     _require(not (args.fp16 and args.bf16), "--fp16 and --bf16 exclude each other: choose one")
     args.params_dtype = "float16" if args.fp16 else "bfloat16" if args.bf16 else "float32"
@@ -193,6 +194,29 @@ def _validate_model_shape(args):
         _require(args.seq_length % tp == 0,
                  f"--sequence-parallel splits the sequence across tensor-parallel ranks: "
                  f"--seq-length {args.seq_length} must be divisible by {tp}")
+
+
+# --- context parallelism (helper cp) ------------------------------------------------------------
+def _validate_context_parallel(args):
+    cp = args.context_parallel_size
+    if cp == 1:
+        return
+    _require(args.seq_length % (2 * cp) == 0,
+             f"--seq-length {args.seq_length} must be a multiple of 2 x --context-parallel-size = {2 * cp}: "
+             f"each sequence is cut into 2 x cp equal chunks")
+    tp = args.tensor_model_parallel_size
+    if args.sequence_parallel:
+        _require((args.seq_length // cp) % tp == 0,
+                 f"--sequence-parallel splits each context-parallel rank's {args.seq_length // cp} tokens "
+                 f"across {tp} tensor-parallel ranks: make --seq-length a multiple of cp x tp = {cp * tp}")
+    # Rotary tables cover positions 0..s/cp-1 unless cut as the tokens are (context_parallel.py's
+    # get_pos_emb_on_this_cp_rank); refuse rather than train on wrong positions.
+    _require(getattr(args, "position_embedding_type", "learned_absolute") != "rope",
+             "--position-embedding-type rope is not wired for --context-parallel-size > 1 yet: "
+             "use learned_absolute positions with context parallelism")
+    _require(not getattr(args, "reset_attention_mask", False),
+             "--reset-attention-mask masks documents inside a sequence; context-parallel attention "
+             "here is plain causal: drop one of --reset-attention-mask and --context-parallel-size")
 
 
 def _validate_batch(args):

@@ -15,6 +15,7 @@ rank complete heads with their own q, k and v.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -26,6 +27,7 @@ from minitron.core.models.common.embeddings.rotary_pos_embedding import apply_ro
 from minitron.core.tensor_parallel.random import checkpoint as tensor_parallel_checkpoint
 from minitron.core.tensor_parallel.random import get_cuda_rng_tracker
 from minitron.core.tensor_parallel.utils import divide
+from minitron.core.transformer.context_parallel import attn_forward_func_with_cp
 from minitron.core.transformer.module import MegatronModule
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
@@ -53,7 +55,12 @@ class DotProductAttention(MegatronModule):
     def forward(self, query, key, value, attention_mask=None):
         # [s, b, n, d] -> [b, n, s, d]: batch and heads in front, as the matmuls want.
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        if self.training and self.attention_dropout.p > 0:
+        if k.size(1) != q.size(1):
+            # Grouped-query attention: each key/value head serves n_q / n_kv query heads.
+            k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
+        if parallel_state.get_context_parallel_world_size() > 1:
+            context = self._context_parallel(q, k, v)
+        elif self.training and self.attention_dropout.p > 0:
             context = self._unfused(q, k, v, attention_mask)
         else:
             # torch's fused kernel, where it gives the same numbers: without dropout it matches
@@ -66,6 +73,18 @@ class DotProductAttention(MegatronModule):
                 is_causal=attention_mask is None, scale=self.softmax_scale)
         b, n, s, d = context.shape
         return context.permute(2, 0, 1, 3).reshape(s, b, n * d)  # [s, b, h/p]
+
+    def _context_parallel(self, q, k, v):
+        """This rank holds two chunks of the sequence; the others' keys come round the ring.
+
+        The mask is not consulted: the ring knows where each chunk sits in the sequence and hides
+        the future block by block (context_parallel.py). validate_args refuses the one dataloader
+        mask that is not plain causal, --reset-attention-mask, when context parallelism is on.
+        """
+        dropout_p = self.attention_dropout.p if self.training else 0.0
+        # The same RNG stream the unsplit attention draws its dropout from (see _unfused).
+        fork = contextlib.nullcontext if self.config.sequence_parallel else get_cuda_rng_tracker().fork
+        return attn_forward_func_with_cp(q, k, v, self.softmax_scale, dropout_p, fork_rng=fork)
 
     def _unfused(self, q, k, v, attention_mask):
         scores = torch.matmul(q, k.transpose(-2, -1)) * self.softmax_scale  # [b, n, s, s]
