@@ -66,6 +66,7 @@ def validate_args(args, defaults: dict | None = None):
 
     _validate_layout(args)
     _validate_model_shape(args)
+    _validate_moe(args)
     _validate_batch(args)
     _validate_training(args)
 
@@ -155,6 +156,27 @@ def _validate_model_shape(args):
                  f"--seq-length {args.seq_length} must be divisible by {tp}")
 
 
+# --8<-- [start:validate-moe]
+def _validate_moe(args):
+    """Mixture of experts (Megatron's rules; --num-experts 0 was turned into None above)."""
+    if args.num_experts is None:
+        return
+    e, k = args.num_experts, args.moe_router_topk
+    _require(k <= e, f"--moe-router-topk {k} is more than --num-experts {e}: a token cannot go to more "
+             "experts than there are")
+    tp = args.tensor_model_parallel_size
+    _require(tp == 1 or args.sequence_parallel,
+             f"MoE with --tensor-model-parallel-size {tp} needs --sequence-parallel (Megatron's rule: the "
+             "dispatcher sends each tensor-parallel rank's own part of the sequence)")
+    if args.moe_ffn_hidden_size is None:
+        args.moe_ffn_hidden_size = args.ffn_hidden_size
+    etp = args.expert_tensor_parallel_size
+    _require(args.moe_ffn_hidden_size % etp == 0,
+             f"the experts' ffn size {args.moe_ffn_hidden_size} (--moe-ffn-hidden-size, default "
+             f"--ffn-hidden-size) is not divisible by --expert-tensor-parallel-size {etp}")
+# --8<-- [end:validate-moe]
+
+
 def _validate_batch(args):
     micro, dp = args.micro_batch_size, args.data_parallel_size
     per_step = micro * dp
@@ -240,10 +262,6 @@ def _validate_training(args):
                  f"batch ({args.global_batch_size})")
     if not args.train_iters:
         return  # initialization only (what `minitron trace` runs)
-    # The expert groups exist (initialize_model_parallel builds them), the expert layers do not
-    # yet: training would silently run a dense model.
-    _require(args.num_experts is None, f"--num-experts {args.num_experts}: minitron has no mixture-of-experts "
-             "layers yet, so this would train a dense model; drop it (`minitron trace --ep N` shows the expert groups)")
     _require(args.lr is not None, "--lr is required for training (e.g. --lr 1e-3)")
     _require(args.min_lr <= args.lr, f"--min-lr {args.min_lr:g} is above --lr {args.lr:g}")
     _require(args.lr_warmup_fraction is None or args.lr_warmup_iters == 0,
@@ -290,4 +308,10 @@ def core_transformer_config_from_args(args):
         attention_dropout=args.attention_dropout, layernorm_epsilon=args.layernorm_epsilon,
         init_method_std=args.init_method_std, init_seed=args.seed,
         pipeline_dtype=dtype,
+        # mixture of experts
+        num_moe_experts=args.num_experts, moe_router_topk=args.moe_router_topk,
+        moe_aux_loss_coeff=args.moe_aux_loss_coeff, moe_layer_freq=args.moe_layer_freq,
+        moe_ffn_hidden_size=args.moe_ffn_hidden_size,
+        expert_model_parallel_size=args.expert_model_parallel_size,
+        expert_tensor_parallel_size=args.expert_tensor_parallel_size,
     )

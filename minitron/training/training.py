@@ -70,7 +70,15 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
     if mpu.is_pipeline_last_stage(ignore_virtual=True):
         for key in losses_reduced[0]:
             loss[key] = torch.stack([d[key] for d in losses_reduced]).float().mean().item()
+    if args.num_experts is not None and args.moe_aux_loss_coeff > 0:   # MoE: every rank joins
+        from minitron.core.transformer.moe.moe_utils import track_moe_metrics
+        moe = track_moe_metrics(1.0 / get_num_microbatches(), _num_moe_layers(args), args.num_layers)
+        loss.update(moe if mpu.is_pipeline_last_stage(ignore_virtual=True) else {})
     return loss, skipped_iter, grad_norm, num_zeros_in_grad
+
+
+def _num_moe_layers(args) -> int:
+    return len(range(0, args.num_layers, args.moe_layer_freq))
 
 
 @traced
