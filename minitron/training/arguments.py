@@ -165,7 +165,8 @@ def _validate_moe(args):
     _require(k <= e, f"--moe-router-topk {k} is more than --num-experts {e}: a token cannot go to more "
              "experts than there are")
     tp = args.tensor_model_parallel_size
-    _require(tp == 1 or args.sequence_parallel,
+    # Only a run that builds the model needs this (`minitron trace --tp 2 --ep 2` initializes only).
+    _require(tp == 1 or args.sequence_parallel or not args.train_iters,
              f"MoE with --tensor-model-parallel-size {tp} needs --sequence-parallel (Megatron's rule: the "
              "dispatcher sends each tensor-parallel rank's own part of the sequence)")
     if args.moe_ffn_hidden_size is None:

@@ -42,6 +42,7 @@ class _AllToAll(torch.autograd.Function):
         return output
 
     @staticmethod
+    @traced(args=lambda ctx, grad_output: {"grad_output": short_value(grad_output)})
     def backward(ctx, grad_output):
         return None, _AllToAll.apply(ctx.group, grad_output, ctx.input_split_sizes, ctx.output_split_sizes), None, None
 
