@@ -184,6 +184,13 @@ def _add_moe_args(parser):
     g = parser.add_argument_group("moe")
     g.add_argument("--num-experts", type=COUNT, default=None,
                    help="experts per MoE layer; --expert-model-parallel-size spreads them")
+    g.add_argument("--moe-router-topk", type=POSITIVE, default=2, help="experts each token is sent to")
+    g.add_argument("--moe-aux-loss-coeff", type=_float(0.0), default=0.0,
+                   help="weight of the load-balancing loss (Megatron suggests 1e-2; 0: none)")
+    g.add_argument("--moe-layer-freq", type=POSITIVE, default=1,
+                   help="every N-th layer is an MoE layer (the first one always)")
+    g.add_argument("--moe-ffn-hidden-size", type=POSITIVE, default=None, help="an expert's ffn size; "
+                   "default: --ffn-hidden-size")
 
 
 def _add_validation_args(parser):

@@ -67,6 +67,7 @@ def validate_args(args, defaults: dict | None = None):
     _validate_layout(args)
     _validate_modern_options(args)
     _validate_model_shape(args)
+    _validate_moe(args)
     _validate_batch(args)
     _validate_training(args)
     _validate_context_parallel(args)
@@ -217,6 +218,26 @@ def _validate_context_parallel(args):
     _require(not getattr(args, "reset_attention_mask", False),
              "--reset-attention-mask masks documents inside a sequence; context-parallel attention "
              "here is plain causal: drop one of --reset-attention-mask and --context-parallel-size")
+# --8<-- [start:validate-moe]
+def _validate_moe(args):
+    """Mixture of experts (Megatron's rules; --num-experts 0 was turned into None above)."""
+    if args.num_experts is None:
+        return
+    e, k = args.num_experts, args.moe_router_topk
+    _require(k <= e, f"--moe-router-topk {k} is more than --num-experts {e}: a token cannot go to more "
+             "experts than there are")
+    tp = args.tensor_model_parallel_size
+    # Only a run that builds the model needs this (`minitron trace --tp 2 --ep 2` initializes only).
+    _require(tp == 1 or args.sequence_parallel or not args.train_iters,
+             f"MoE with --tensor-model-parallel-size {tp} needs --sequence-parallel (Megatron's rule: the "
+             "dispatcher sends each tensor-parallel rank's own part of the sequence)")
+    if args.moe_ffn_hidden_size is None:
+        args.moe_ffn_hidden_size = args.ffn_hidden_size
+    etp = args.expert_tensor_parallel_size
+    _require(args.moe_ffn_hidden_size % etp == 0,
+             f"the experts' ffn size {args.moe_ffn_hidden_size} (--moe-ffn-hidden-size, default "
+             f"--ffn-hidden-size) is not divisible by --expert-tensor-parallel-size {etp}")
+# --8<-- [end:validate-moe]
 
 
 def _validate_batch(args):
@@ -304,10 +325,6 @@ def _validate_training(args):
                  f"batch ({args.global_batch_size})")
     if not args.train_iters:
         return  # initialization only (what `minitron trace` runs)
-    # The expert groups exist (initialize_model_parallel builds them), the expert layers do not
-    # yet: training would silently run a dense model.
-    _require(args.num_experts is None, f"--num-experts {args.num_experts}: minitron has no mixture-of-experts "
-             "layers yet, so this would train a dense model; drop it (`minitron trace --ep N` shows the expert groups)")
     _require(args.lr is not None, "--lr is required for training (e.g. --lr 1e-3)")
     _require(args.min_lr <= args.lr, f"--min-lr {args.min_lr:g} is above --lr {args.lr:g}")
     _require(args.lr_warmup_fraction is None or args.lr_warmup_iters == 0,
@@ -360,4 +377,10 @@ def core_transformer_config_from_args(args):
         num_query_groups=args.num_query_groups if args.group_query_attention else None,
         recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
         recompute_num_layers=args.recompute_num_layers,
+        # mixture of experts
+        num_moe_experts=args.num_experts, moe_router_topk=args.moe_router_topk,
+        moe_aux_loss_coeff=args.moe_aux_loss_coeff, moe_layer_freq=args.moe_layer_freq,
+        moe_ffn_hidden_size=args.moe_ffn_hidden_size,
+        expert_model_parallel_size=args.expert_model_parallel_size,
+        expert_tensor_parallel_size=args.expert_tensor_parallel_size,
     )

@@ -88,6 +88,15 @@ class TransformerConfig(ModelParallelConfig):
     distribute_saved_activations: bool = False  # Megatron's; not available in minitron
 # --8<-- [end:config]
 
+    # Mixture of experts (moe/): None experts is a dense model. Megatron's field names.
+    num_moe_experts: int | None = None
+    moe_router_topk: int = 2                 # experts each token is sent to
+    moe_aux_loss_coeff: float = 0.0          # weight of the load-balancing loss (0: not computed)
+    moe_layer_freq: int = 1                  # every N-th layer (0-based i % N == 0) is an MoE layer
+    moe_ffn_hidden_size: int | None = None   # an expert's ffn size; None: ffn_hidden_size
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None  # None: tensor_model_parallel_size
+
     def __post_init__(self):
         for name in ("num_layers", "hidden_size", "num_attention_heads", "tensor_model_parallel_size",
                      "pipeline_model_parallel_size"):
