@@ -10,7 +10,8 @@ cut is: rank i of p computes heads [i*n/p, (i+1)*n/p) from start to finish.
 
 The qkv weight's output rows are ordered head by head, [q_0 k_0 v_0 | q_1 k_1 v_1 | ...],
 not [all q | all k | all v]. That order is what makes a plain contiguous column split hand each
-rank complete heads with their own q, k and v.
+rank complete heads with their own q, k and v. (With grouped-query attention the unit is a
+group of heads sharing one k and v, [q.. k v] per group; see SelfAttention.)
 """
 
 from __future__ import annotations
