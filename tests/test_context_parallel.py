@@ -2,6 +2,7 @@
 and training with --context-parallel-size equals the serial run, iteration by iteration."""
 
 import contextlib
+import re
 
 import pytest
 import torch
@@ -31,6 +32,22 @@ def test_get_batch_on_this_cp_rank_keeps_chunks_r_and_2cp_minus_1_minus_r():
     assert got["labels"] is None
     assert torch.equal(got["attention_mask"], mask[:, :, 4:12, :])  # this rank's query rows only
     assert chunk_ids(1, 2) == (1, 2)
+
+
+@pytest.mark.parametrize("world, flags, words", [
+    (2, "--seq-length 6", "multiple of 2 x --context-parallel-size = 4"),
+    (8, "--seq-length 20 --tensor-model-parallel-size 4 --num-attention-heads 4 --sequence-parallel",
+     "make --seq-length a multiple of cp x tp = 8"),
+    (2, "--reset-attention-mask", "drop one of --reset-attention-mask and --context-parallel-size"),
+])
+def test_validate_args_refuses_what_the_ring_cannot_do(world, flags, words):
+    from test_arguments import validated
+    from minitron.training.arguments import ArgumentError
+
+    flags = ["--context-parallel-size", "2", "--seq-length", "8", "--micro-batch-size", "1", *flags.split()]
+    with pytest.raises(ArgumentError, match=re.escape(words)):
+        validated(world, *flags)
+    validated(world // 2 * 2, "--context-parallel-size", "2", "--seq-length", "8", "--micro-batch-size", "1")
 
 
 def _ring_vs_serial(rank: int, dropout: bool = False) -> float:
