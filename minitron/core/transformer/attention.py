@@ -44,7 +44,10 @@ def is_causal_mask(attention_mask: torch.Tensor) -> bool:
 
 
 class DotProductAttention(MegatronModule):
-    """softmax(q k^T / sqrt(d), causal) v for this rank's heads. Inputs [s, b, heads, d]."""
+    """softmax(q k^T / sqrt(d), causal) v for this rank's heads. Inputs [s, b, heads, d].
+
+    With context parallelism ``s`` is this rank's two chunks of the sequence, and the keys of
+    the other chunks come round the context-parallel ring (context_parallel.py)."""
 
     def __init__(self, config, layer_number: int):
         super().__init__(config)
