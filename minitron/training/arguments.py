@@ -156,7 +156,6 @@ def _validate_model_shape(args):
                  f"--seq-length {args.seq_length} must be divisible by {tp}")
 
 
-# --8<-- [start:validate-moe]
 def _validate_moe(args):
     """Mixture of experts (Megatron's rules; --num-experts 0 was turned into None above)."""
     if args.num_experts is None:
@@ -175,7 +174,6 @@ def _validate_moe(args):
     _require(args.moe_ffn_hidden_size % etp == 0,
              f"the experts' ffn size {args.moe_ffn_hidden_size} (--moe-ffn-hidden-size, default "
              f"--ffn-hidden-size) is not divisible by --expert-tensor-parallel-size {etp}")
-# --8<-- [end:validate-moe]
 
 
 def _validate_batch(args):
