@@ -171,6 +171,9 @@ def _validate_moe(args):
     if args.moe_ffn_hidden_size is None:
         args.moe_ffn_hidden_size = args.ffn_hidden_size
     etp = args.expert_tensor_parallel_size
+    _require(etp == tp or not (args.save or args.load),
+             f"--save/--load keep one file per (tensor, pipeline, expert) rank, which holds whole "
+             f"expert slices only when --expert-tensor-parallel-size {etp} equals --tensor-model-parallel-size {tp}")
     _require(args.moe_ffn_hidden_size % etp == 0,
              f"the experts' ffn size {args.moe_ffn_hidden_size} (--moe-ffn-hidden-size, default "
              f"--ffn-hidden-size) is not divisible by --expert-tensor-parallel-size {etp}")
