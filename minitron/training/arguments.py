@@ -212,13 +212,14 @@ def _validate_context_parallel(args):
                  f"across {tp} tensor-parallel ranks: make --seq-length a multiple of cp x tp = {cp * tp}")
     # Rotary tables cover positions 0..s/cp-1 unless cut as the tokens are (context_parallel.py's
     # get_pos_emb_on_this_cp_rank); refuse rather than train on wrong positions.
-    _require(getattr(args, "position_embedding_type", "learned_absolute") != "rope",
+    _require(args.position_embedding_type != "rope",
              "--position-embedding-type rope is not wired for --context-parallel-size > 1 yet: "
              "use learned_absolute positions with context parallelism")
-    _require(not getattr(args, "reset_attention_mask", False),
+    _require(not args.reset_attention_mask,
              "--reset-attention-mask masks documents inside a sequence; context-parallel attention "
              "here is plain causal: drop one of --reset-attention-mask and --context-parallel-size")
-# --8<-- [start:validate-moe]
+
+
 def _validate_moe(args):
     """Mixture of experts (Megatron's rules; --num-experts 0 was turned into None above)."""
     if args.num_experts is None:
@@ -234,10 +235,12 @@ def _validate_moe(args):
     if args.moe_ffn_hidden_size is None:
         args.moe_ffn_hidden_size = args.ffn_hidden_size
     etp = args.expert_tensor_parallel_size
+    _require(etp == tp or not (args.save or args.load),
+             f"--save/--load keep one file per (tensor, pipeline, expert) rank, which holds whole "
+             f"expert slices only when --expert-tensor-parallel-size {etp} equals --tensor-model-parallel-size {tp}")
     _require(args.moe_ffn_hidden_size % etp == 0,
              f"the experts' ffn size {args.moe_ffn_hidden_size} (--moe-ffn-hidden-size, default "
              f"--ffn-hidden-size) is not divisible by --expert-tensor-parallel-size {etp}")
-# --8<-- [end:validate-moe]
 
 
 def _validate_batch(args):
