@@ -106,6 +106,9 @@ class DeepSpeedZeroOptimizer:
     def loss_scale(self) -> float:
         return self.loss_scaler.loss_scale
 
+    def get_loss_scale(self) -> float:
+        return float(self.loss_scale)
+
     def backward(self, loss: torch.Tensor) -> None:
         (loss.float() * self.loss_scale).backward()
 
