@@ -16,13 +16,13 @@ import pytest
 
 from minitron.launcher import LaunchConfig, RankFailure, Target, launch
 
-ITERS = 3
+ITERS = 2
 MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
-         "--micro-batch-size", "1", "--global-batch-size", "8", "--train-iters", str(ITERS), "--lr", "1e-3",
+         "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", str(ITERS), "--lr", "1e-3",
          "--mock-data", "--vocab-size", "1023", "--hidden-dropout", "0", "--attention-dropout", "0",
          "--seed", "7", "--distributed-backend", "gloo"]
 # Megatron's --clip-grad (1.0 by default) is not read on the engine's path: the config clips.
-DS_CONFIG = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0}
+DS_CONFIG = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0}
 
 
 def write_config(path: Path, stage: int, **extra) -> Path:
@@ -83,7 +83,7 @@ def refusal(tmp_path, world: int, *flags) -> str:
 def test_triad_disagreement_is_refused_with_both_numbers(tmp_path):
     config = write_config(tmp_path / "ds.json", 1)
     line = refusal(tmp_path, 2, "--global-batch-size", "16", "--deepspeed", "--deepspeed-config", str(config))
-    assert "train_batch_size is 8 but --global-batch-size is 16" in line and "data-parallel size 2" in line
+    assert "train_batch_size is 4 but --global-batch-size is 16" in line and "data-parallel size 2" in line
 
 
 def test_refusals_before_any_rank(tmp_path):
@@ -93,7 +93,7 @@ def test_refusals_before_any_rank(tmp_path):
     z1 = str(write_config(tmp_path / "z1.json", 1))
     z1_fp16 = str(write_config(tmp_path / "z1fp16.json", 1, fp16={"enabled": True}))
     only_train = tmp_path / "train.json"
-    only_train.write_text(json.dumps({"train_batch_size": 8}))   # at dp 4: micro 2, one step
+    only_train.write_text(json.dumps({"train_batch_size": 8}))   # at dp 4: micro 2
     opt = str(write_config(tmp_path / "opt.json", 1, optimizer={"type": "Adam", "params": {"lr": 1e-3}}))
     cases = [   # (world, flags, words the line must hold)
         (4, ["--pipeline-model-parallel-size", "2", "--deepspeed", "--deepspeed-config", z1], "PipelineEngine"),
