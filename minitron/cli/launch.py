@@ -48,10 +48,11 @@ def resources(hostfile, include, exclude, num_nodes, num_gpus, world):
         raise UserError(str(exc)) from None
 
 
-def cores_to_share(bind_cores_to_rank: bool, listed: Optional[str]) -> Optional[list]:
+def cores_to_share(bind_cores_to_rank: bool, listed: Optional[str], dry_run: bool) -> Optional[list]:
     """The cores --bind_cores_to_rank splits among a host's ranks: --bind_core_list, else every
     core this process may run on. (DeepSpeed takes cores 0..N-1 for N physical cores; in a
-    container or under taskset some of those are not ours, and pinning to them fails.)"""
+    container or under taskset some of those are not ours, and pinning to them fails.) A dry
+    run may name any cores: it describes hosts, not this process."""
     from minitron.launcher.runner import ResourceError, parse_range_list
 
     if listed is not None and not bind_cores_to_rank:
@@ -65,7 +66,7 @@ def cores_to_share(bind_cores_to_rank: bool, listed: Optional[str]) -> Optional[
         cores = parse_range_list(listed)
     except ResourceError as exc:
         raise UserError(str(exc)) from None
-    foreign = [c for c in cores if c not in allowed]
+    foreign = [] if dry_run else [c for c in cores if c not in allowed]
     if foreign:
         raise UserError(f"--bind_core_list {listed}: this process may not run on core(s) "
                         f"{', '.join(map(str, foreign))} (it may use {', '.join(map(str, allowed))})")
@@ -218,7 +219,7 @@ def launch(
     check_no_python(no_python, module, args, backend, trace_dir, debug)
     if not module and not no_python and not dry_run and not Path(args[0]).is_file():
         raise UserError(f"no such script: {args[0]}")
-    cores = cores_to_share(bind_cores_to_rank, bind_core_list)
+    cores = cores_to_share(bind_cores_to_rank, bind_core_list, dry_run)
     if world_info is not None:
         from minitron.launcher.runner import ResourceError, decode_world_info
         if hostfile or include or exclude or num_nodes >= 0 or num_gpus >= 0:

@@ -169,12 +169,12 @@ def node_command(world_info: dict, master_addr: str, master_port: int, program: 
     directly on one host; on several, one pdsh line that starts it on every host with ``%n``
     (pdsh's index of the host) as --node_rank."""
     launch = shlex.join(["python", "-u", "-m", "deepspeed.launcher.launch"])
-    where = shlex.join([f"--master_addr={master_addr}", f"--master_port={master_port}", *launch_flags])
+    where = shlex.join([f"--master_addr={master_addr}", f"--master_port={master_port}"])
     pieces = [launch, shlex.quote(f"--world_info={encode_world_info(world_info)}")]
     if len(world_info) > 1:
         pieces = [shlex.join(["pdsh", "-S", "-f", "1024", "-w", ",".join(world_info)])] + pieces
         where = "--node_rank=%n " + where
-    return pieces + [where, shlex.join(program)]
+    return pieces + [where] + ([shlex.join(launch_flags)] if launch_flags else []) + [shlex.join(program)]
 
 
 # --- launch.py's options for each process: --bind_cores_to_rank, --save_pid, --no_python -------
