@@ -97,7 +97,8 @@ class DeepSpeedEngine(torch.nn.Module):
                                                            config.gradient_clipping, mp_group)
         else:
             self.optimizer = DeepSpeedZeroOptimizer(basic, self.data_parallel_group, self.zero_optimization_stage(),
-                                                    scaler, config.gradient_clipping, mp_group)
+                                                    scaler, config.gradient_clipping, mp_group,
+                                                    config.zero_config.reduce_bucket_size)
         self.basic_optimizer = basic
         self.lr_scheduler = self._configure_lr_scheduler(lr_scheduler)
         self.training_dataloader = None
