@@ -17,7 +17,7 @@ import pytest
 from minitron.launcher import LaunchConfig, RankFailure, Target, launch
 
 ITERS = 2
-MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+MODEL = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
          "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", str(ITERS), "--lr", "1e-3",
          "--mock-data", "--vocab-size", "1023", "--hidden-dropout", "0", "--attention-dropout", "0",
          "--seed", "7", "--distributed-backend", "gloo"]
@@ -98,7 +98,7 @@ def test_refusals_before_any_rank(tmp_path):
     only_train.write_text(json.dumps({"train_batch_size": 8}))   # at dp 4: micro 2
     opt = str(write_config(tmp_path / "opt.json", 1, optimizer={"type": "Adam", "params": {"lr": 1e-3}}))
     cases = [   # (world, flags, words the line must hold)
-        (4, ["--pipeline-model-parallel-size", "2", "--deepspeed", "--deepspeed-config", z1], "PipelineEngine"),
+        (4, ["--num-layers", "2", "--pipeline-model-parallel-size", "2", "--deepspeed", "--deepspeed-config", z1], "PipelineEngine"),
         (2, ["--micro-batch-size", "2", "--deepspeed", "--deepspeed-config", z1],
          "train_micro_batch_size_per_gpu is 1 but --micro-batch-size is 2"),
         (4, ["--deepspeed", "--deepspeed-config", str(only_train)], "train_micro_batch_size_per_gpu is 2 but --micro-batch-size is 1"),
