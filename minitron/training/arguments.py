@@ -75,6 +75,10 @@ def validate_args(args, defaults: dict | None = None):
     _require(not (args.fp16 and args.bf16), "--fp16 and --bf16 exclude each other: choose one")
     args.params_dtype = "float16" if args.fp16 else "bfloat16" if args.bf16 else "float32"
 
+    # --deepspeed (Megatron-DeepSpeed's path): the ds_config must agree with the flags above.
+    from minitron.training.deepspeed_arguments import validate_deepspeed_args
+    validate_deepspeed_args(args)
+
     if args.distributed_backend is None:
         # The accelerator asks torch whether a GPU is there: a rank's question, asked after
         # every refusal above (the command line passes the backend it chose).
