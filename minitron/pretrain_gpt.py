@@ -36,7 +36,8 @@ ARGS_DEFAULTS = GPT_ARGS_DEFAULTS
 
 
 # The trace records where this chunk sits, and that the chunk learns it from its arguments: the
-# process-wide "current virtual rank" older Megatron set before each call stays unset.
+# process-wide "current virtual rank" that older Megatron advanced before each call is never
+# advanced here (it stays at 0 with a virtual pipeline, None without one).
 @traced(args=lambda pre_process=True, post_process=True, vp_stage=None: {
     "pre_process": pre_process, "post_process": post_process, "vp_stage": vp_stage,
     "global_virtual_rank": mpu.get_virtual_pipeline_model_parallel_rank()})

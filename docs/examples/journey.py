@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
+
+WIDTH = 84  # the pages' content column
 
 # --- reading a trace ----------------------------------------------------------------------
 def load(trace_dir, rank: int) -> list[dict]:
@@ -85,7 +89,10 @@ def chain(trace_dir, rank: int = 0) -> None:
         if name == "new_group":
             print("  " * depth(record) + "new_group × …  (chapter 6)")
             break
-        print("  " * depth(record) + f"{display(record['name'])}  {_args_text(record['args'])}".rstrip())
+        indent = "  " * depth(record)
+        text = f"{display(record['name'])}  {_args_text(record['args'])}".rstrip()
+        print(textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "    ",
+                            break_on_hyphens=False))
 
 
 def providers(trace_dir) -> None:
@@ -112,9 +119,18 @@ def microbatches(trace_dir) -> None:
               f"GBS/(MBS·DP) = {gbs}/({mbs}·{dp}) = {gbs // (mbs * dp)}")
 
 
-def order(trace_dir) -> None:
-    for i, kind in enumerate(group_kinds_in_order(load(trace_dir, 0)), 1):
-        print(f"{i:2}. {kind}")
+def order(trace_dir, first: int = 6) -> None:
+    """The first kinds of group in the order rank 0 created them, with the one it kept."""
+    records = load(trace_dir, 0)
+    kept = {}
+    for record in records:
+        args = record["args"]
+        if short(record["name"]) == "new_group" and 0 in args.get("ranks", []):
+            kept.setdefault(args["group_desc"], args["ranks"])
+    kinds = group_kinds_in_order(records)
+    for i, kind in enumerate(kinds[:first], 1):
+        print(f"{i:2}. {kind:34} rank 0 kept {kept.get(kind)}")
+    print(f"    ... {len(kinds) - first} kinds more")
 
 
 # --- tp-cp: who holds the tokens of one micro-batch -----------------------------------------
@@ -227,17 +243,23 @@ def store() -> None:
 
 
 # --- fork versus fresh interpreters ----------------------------------------------------------
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def timing(n: int) -> None:
-    """Wall time until N ranks have torch: N fresh interpreters importing it at once, against one
-    import in a parent and N forks of it. Then the cost of torch._dynamo, which torch's optimizers
-    import on first use."""
-    started = time.perf_counter()
+    """What it costs to give N ranks torch: N fresh interpreters importing it at once, against
+    one import in a parent and N forks of it; then torch._dynamo, which torch's optimizers import
+    on first use. CPU seconds, summed over the processes, do not depend on how busy the machine
+    is; wall seconds do, and are shown too."""
+    cpu, started = _children_cpu(), time.perf_counter()
     procs = [subprocess.Popen([sys.executable, "-c", "import torch"]) for _ in range(n)]
     if any(p.wait() for p in procs):
         raise SystemExit("a fresh interpreter failed to import torch")
-    fresh = time.perf_counter() - started
+    fresh_wall, fresh_cpu = time.perf_counter() - started, _children_cpu() - cpu
 
-    started = time.perf_counter()
+    own, cpu, started = time.process_time(), _children_cpu(), time.perf_counter()
     import torch  # noqa: F401  (the parent's one import)
     children = []
     for _ in range(n):
@@ -247,14 +269,15 @@ def timing(n: int) -> None:
         children.append(pid)
     if any(os.waitpid(pid, 0)[1] for pid in children):
         raise SystemExit("a forked child had no torch")
-    forked = time.perf_counter() - started
+    forked_wall = time.perf_counter() - started
+    forked_cpu = time.process_time() - own + _children_cpu() - cpu
 
-    cpu = time.process_time()
+    own = time.process_time()
     import torch._dynamo  # noqa: F401
-    dynamo = time.process_time() - cpu
-    print(f"{n} fresh interpreters, each importing torch: {fresh:5.1f} s")
-    print(f"1 import in the parent, then {n} forks:      {forked:5.1f} s   ({fresh / forked:.0f}x less)")
-    print(f"import torch._dynamo, once:               {dynamo:5.1f} s of CPU")
+    dynamo = time.process_time() - own
+    print(f"{n} fresh interpreters, each importing torch: {fresh_cpu:5.1f} s of CPU, {fresh_wall:5.1f} s wall")
+    print(f"1 import in the parent, then {n} forks:      {forked_cpu:5.1f} s of CPU, {forked_wall:5.1f} s wall")
+    print(f"import torch._dynamo once, after torch:     {dynamo:5.1f} s of CPU")
 
 
 if __name__ == "__main__":
