@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 
@@ -248,35 +247,38 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+# One fresh interpreter: import torch, fork N children that check they have it, then time
+# torch._dynamo's import. A child process of its own, so that nothing this script (or whatever
+# runs it) has imported already can make the import look free.
+_FORK_SIDE = """
+import os, sys, time
+import torch
+pids = [os.fork() or os._exit(0 if "torch" in sys.modules else 1) for _ in range(int(sys.argv[1]))]
+if any(os.waitpid(pid, 0)[1] for pid in pids):
+    sys.exit("a forked child had no torch")
+cpu = time.process_time()
+import torch._dynamo
+print(time.process_time() - cpu)
+"""
+
+
 def timing(n: int) -> None:
     """What it costs to give N ranks torch: N fresh interpreters importing it at once, against
     one import in a parent and N forks of it; then torch._dynamo, which torch's optimizers import
-    on first use. CPU seconds, summed over the processes, do not depend on how busy the machine
-    is; wall seconds do, and are shown too."""
-    cpu, started = _children_cpu(), time.perf_counter()
+    on first use. CPU seconds, summed over the processes: unlike wall seconds, they hardly
+    depend on how busy the machine is."""
+    cpu = _children_cpu()
     procs = [subprocess.Popen([sys.executable, "-c", "import torch"]) for _ in range(n)]
     if any(p.wait() for p in procs):
         raise SystemExit("a fresh interpreter failed to import torch")
-    fresh_wall, fresh_cpu = time.perf_counter() - started, _children_cpu() - cpu
+    fresh_cpu = _children_cpu() - cpu
 
-    own, cpu, started = time.process_time(), _children_cpu(), time.perf_counter()
-    import torch  # noqa: F401  (the parent's one import)
-    children = []
-    for _ in range(n):
-        pid = os.fork()
-        if pid == 0:
-            os._exit(0 if "torch" in sys.modules else 1)
-        children.append(pid)
-    if any(os.waitpid(pid, 0)[1] for pid in children):
-        raise SystemExit("a forked child had no torch")
-    forked_wall = time.perf_counter() - started
-    forked_cpu = time.process_time() - own + _children_cpu() - cpu
-
-    own = time.process_time()
-    import torch._dynamo  # noqa: F401
-    dynamo = time.process_time() - own
-    print(f"{n} fresh interpreters, each importing torch: {fresh_cpu:5.1f} s of CPU, {fresh_wall:5.1f} s wall")
-    print(f"1 import in the parent, then {n} forks:      {forked_cpu:5.1f} s of CPU, {forked_wall:5.1f} s wall")
+    cpu = _children_cpu()
+    done = subprocess.run([sys.executable, "-c", _FORK_SIDE, str(n)], capture_output=True, text=True, check=True)
+    dynamo = float(done.stdout)
+    forked_cpu = _children_cpu() - cpu - dynamo
+    print(f"{n} fresh interpreters, each importing torch: {fresh_cpu:5.1f} s of CPU")
+    print(f"1 interpreter importing it, then {n} forks:   {forked_cpu:5.1f} s of CPU")
     print(f"import torch._dynamo once, after torch:     {dynamo:5.1f} s of CPU")
 
 
