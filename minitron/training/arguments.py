@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from minitron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate_parallel_sizes
+from minitron.trace import traced
 from minitron.training.argument_groups import ArgumentError, build_parser
 from minitron.training.datasets.arguments import validate_data_args
 
@@ -27,6 +28,7 @@ __all__ = ["ArgumentError", "GPT_ARGS_DEFAULTS", "build_parser", "parse_args", "
 GPT_ARGS_DEFAULTS = {"tokenizer_type": "NullTokenizer", "vocab_size": 1024}
 
 
+@traced(args=lambda *a, **k: {})  # journey: the traced chain shows parsing (its argv is not worth a line)
 def parse_args(extra_args_provider=None, ignore_unknown_args=False, argv=None):
     """Parse Megatron's flags; rank and world size come from the environment as in Megatron."""
     # comm imports torch, and only a rank needs to know who it is: the command line validates
@@ -51,6 +53,7 @@ def _require(condition: bool, message: str) -> None:
         raise ArgumentError(message)
 
 
+@traced(args=lambda args, *a, **k: {"world_size": args.world_size})  # journey: the traced chain
 def validate_args(args, defaults: dict | None = None):
     """Fill in what the flags imply and reject what cannot work. Returns args.
 
