@@ -136,11 +136,21 @@ def _dispatch_round_trip(rank):
             "grad": torch.allclose(hidden.grad, torch.ones_like(hidden))}
 
 
-def test_all_to_all_dispatcher_round_trip():
-    for result in run_ranks(_dispatch_round_trip, world_size=2, ep=2):
+def test_all_to_all_dispatcher_round_trip(tmp_path):
+    results = run_ranks(_dispatch_round_trip, world_size=2, ep=2, trace_dir=str(tmp_path))
+    for result in results:
         assert result["home"] and result["grad"]
         assert result["per_expert"] == result["expected"]   # my experts got every token routed to them
         assert result["rows"] == sum(result["expected"])
+    # The trace shows the exchanges on the expert-parallel group, with what left and what arrived:
+    # dispatch, combine, and the combine's and the dispatch's gradients in backward.
+    for rank, result in enumerate(results):
+        records = [json.loads(line) for line in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines()]
+        calls = [r["args"] for r in records if r["name"] == "torch.distributed.all_to_all_single"]
+        assert len(calls) == 4 and all(c["group"] == "EXPERT_MODEL_PARALLEL_GROUP" for c in calls)
+        dispatch, combine = calls[0], calls[1]
+        assert dispatch["input_shape"] == [10, 4] and dispatch["shape"] == [result["rows"], 4]  # 5 tokens x top-2
+        assert combine["output_split_sizes"] == dispatch["input_split_sizes"]   # every row comes home
 
 
 def test_switch_load_balancing_loss_by_hand():

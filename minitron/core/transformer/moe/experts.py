@@ -5,12 +5,11 @@ group holds experts [j*E/ep, (j+1)*E/ep); with expert tensor parallelism each of
 like a tensor-parallel MLP: fc1 by output columns, fc2 by input rows, so fc2 yields a partial
 sum that the dispatcher's reduce-scatter completes (no collective inside the expert).
 
-(Megatron's GroupedMLP runs all local experts in one grouped GEMM; SequentialMLP, this one, is
-its plain loop, which reads better and computes the same.)
+(Megatron has both: GroupedMLP runs all local experts in one grouped GEMM, SequentialMLP loops
+over them. The loop reads better and computes the same.)
 
-Why no biases: the dispatcher weighs and sums the outputs of k experts per token, and a bias on
-a tensor-parallel slice would be added once per slice. Megatron's dispatchers refuse expert
-biases for the same reason.
+Why no biases: fc2's output on an expert-tensor-parallel slice is a partial sum, and a bias added
+there would be added once per slice. Megatron's MoE layer refuses an expert bias as well.
 
 Expert parameters carry ``allreduce = False`` (Megatron's mark). DDP reads it: their gradients
 are averaged over the expert-data-parallel group, the ranks holding the *same* experts, not
