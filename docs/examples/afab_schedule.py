@@ -9,8 +9,8 @@ drawn exactly like the real schedules'.
 
     python docs/examples/afab_schedule.py OUT_DIR [--pp 4]
 
-traces one iteration of the same tiny GPT that `minitron trace --world P --pp P --steps 1` runs
-into OUT_DIR and prints the executed order.
+traces two iterations of the same tiny GPT that `minitron trace --world P --pp P --steps 2` runs
+into OUT_DIR and prints the executed order of the second (the first pays one-time costs).
 """
 
 from __future__ import annotations
@@ -66,16 +66,16 @@ def main() -> None:
 
     # The ranks are forked from this process, so they inherit the schedule set here.
     training.get_forward_backward_func = lambda: forward_backward_all_forward_all_backward
-    argv = pretrain_argv(1, opts.pp, 1, 1, None, "tp-cp-ep-dp-pp", "gloo", training_argv(opts.pp, 1, opts.pp, 1, 1))
+    argv = pretrain_argv(1, opts.pp, 1, 1, None, "tp-cp-ep-dp-pp", "gloo", training_argv(opts.pp, 1, opts.pp, 1, 2))
     opts.out.mkdir(parents=True, exist_ok=True)
     for stale in opts.out.glob("rank*.jsonl"):
         stale.unlink()
     cfg = LaunchConfig(world_size=opts.pp, backend="gloo", log_dir=opts.out / "logs",
                        env=session_env(opts.pp, opts.out))
     launch(cfg, Target(module="minitron.pretrain_gpt", argv=argv))
-    print("all forwards, then all backwards (tensor rank 0, data rank 0; executed order):")
+    print("all forwards, then all backwards: iteration 1, tensor rank 0, data rank 0")
     console = Console()
-    console.print(render_slots(pipeline_steps(load_trace(opts.out), iteration=0), width=console.width))
+    console.print(render_slots(pipeline_steps(load_trace(opts.out), iteration=1), width=console.width))
 
 
 if __name__ == "__main__":

@@ -69,6 +69,12 @@ FENCE_OPEN = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})")
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 TIMEOUT_S = 180
 WIDTH = 80  # characters: the content column of a page (see the module docstring)
+# Output wider than WIDTH (a script's table, a log line) is set in a smaller font, just small
+# enough for its longest line: class fit-N makes N characters fill the column (the sizes are in
+# docs/stylesheets/output.css). Beyond the last, the text would be too small to read, so a line
+# that long (a one-line error message, a long list) is folded at spaces to WIDTH, as
+# `fold -s -w 80` would, its continuation indented under the line's own first word.
+FIT = (88, 96, 104, 112)
 CHECKOUT_SHOWN_AS = "/path/to/minitron"
 
 # command -> its output, as a Future: set once the command has run, waited on by anyone else.
@@ -292,9 +298,29 @@ def fenced(text: str, indent: str) -> list[str]:
     # A fence longer than any run of backticks in the output cannot be closed by it.
     longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
     fence = "`" * max(3, longest + 1)
-    body = text.split("\n") if text else ["(no output)"]
-    return ([f"{indent}{fence}{{.text .no-copy}}"] + [f"{indent}{line}" if line else "" for line in body]
+    body = [part for line in text.split("\n") for part in fold(line)] if text else ["(no output)"]
+    return ([f"{indent}{fence}{{.text .no-copy{fit_class(body)}}}"] + [f"{indent}{line}" if line else "" for line in body]
             + [indent + fence])
+
+
+def fit_class(lines: list[str]) -> str:
+    """" .fit-N" for output wider than the column (see FIT), "" for output that fits."""
+    longest = max(map(len, lines))
+    return "" if longest <= WIDTH else f" .fit-{next(n for n in FIT if longest <= n)}"
+
+
+def fold(line: str) -> list[str]:
+    """A line longer than FIT[-1] as lines of at most WIDTH, broken at spaces where it can be."""
+    if len(line) <= FIT[-1]:
+        return [line]
+    indent = " " * min(len(line) - len(line.lstrip(" ")) + 2, WIDTH // 2)
+    out, rest = [], line
+    while len(rest) > WIDTH:
+        cut = rest.rfind(" ", len(indent) + 1 if out else 1, WIDTH + 1)
+        cut = cut if cut > 0 else WIDTH
+        out.append(rest[:cut].rstrip())
+        rest = indent + rest[cut:].lstrip(" ")
+    return out + [rest]
 
 
 def figure(text: str, indent: str, page: str, command: str) -> list[str]:

@@ -127,7 +127,7 @@ def render_slots(stages: dict[int, list[dict]], width: int = 80) -> Text:
     out = Text()
     for band in range(0, total, per_band):
         last_band = band + per_band >= total
-        if band:
+        if per_band < total:
             out.append(f"        slots {band}..{min(total, band + per_band) - 1}:\n", style="dim")
         for stage, row in placed.items():
             cells = {slot: step for slot, step in row}

@@ -15,9 +15,9 @@ from __future__ import annotations
 from minitron.cli.views import svg
 from minitron.cli.views.layout import group_letter
 
-CELL_W, CELL_H, GAP = 30, 22, 3
+CELL_W, CELL_H, GAP = 28, 22, 3
 LABEL_W = 30          # the "pp0" column
-PANEL_GAP = 18
+PANEL_GAP = 14
 MAX_WIDTH = 660       # the page's content column, in px
 MAX_RANKS_DRAWN = 64
 NOT_IN_GROUP = "none"
