@@ -132,6 +132,9 @@ def _label(group: list[dict], room: int, orphan: bool) -> Text:
         name = fitted_name(first["name"], room - rest)
         if len(name) + rest <= room:
             break
+    else:  # even the bare function name is too long this deep: it gives way, not the time
+        actual = len(times_x) + sum(len(t) for t, _ in pieces) + len(times)
+        name = name[:max(room - actual - 1, 8)] + "…" if len(name) + actual > room else name
     text = Text(name, style="bold cyan" if first["name"].startswith("torch.") else "bold")
     text.append(times_x, style="bold")
     for piece, style in pieces:
