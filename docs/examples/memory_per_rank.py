@@ -2,7 +2,7 @@
 
     python docs/examples/memory_per_rank.py OUT_DIR [Megatron flags...]
 
-runs `minitron pretrain` with the flags given (a few training iterations, so that Adam's state
+runs `minitron pretrain` with the flags given (at least one iteration, so that Adam's state
 exists) and, on every rank, measures what its model and optimizer hold once training is done:
 
 * parameters: the model's own tensors, in their training dtype (bf16 with --bf16);
