@@ -154,7 +154,7 @@ def test_a_training_trace_shows_its_schedule():
     text = console.export_text()
     assert "pipeline schedule of iteration 0" in text
     # stage 0 waits for each gradient from stage 1: the bubble (p - 1) / (m + p - 1) = 1 / 3
-    assert "stage 0 F0 F1 ·  B0 ·  B1  bubble  33%" in text and "stage 1 ·  F0 B0 F1 B1 ·   bubble  33%" in text
+    assert "stage 0 F0 F1 ·  B0 ·  B1   33%" in text and "stage 1 ·  F0 B0 F1 B1 ·    33%" in text
 
 
 def minitron(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
