@@ -98,7 +98,9 @@ def providers(trace_dir) -> None:
     for rank in ranks_in(trace_dir):
         for record in load(trace_dir, rank):
             if short(record["name"]) == "model_provider":
-                print(f"rank {rank}: model_provider({_args_text(record['args'])})")
+                a = record["args"]
+                print(f"rank {rank}: pre_process={a['pre_process']!s:5}  post_process={a['post_process']!s:5}  "
+                      f"vp_stage={a['vp_stage']}   the global says {a['global_virtual_rank']}")
 
 
 def microbatches(trace_dir) -> None:
@@ -176,8 +178,8 @@ def tp_cp_lines(world: int = 8, tp: int = 2, cp: int = 2) -> list[str]:
             continue
         shown.add(tuple(members))
         union = sorted(p for part in held for p in part)
-        lines.append(f"tp-cp group {members} (data-parallel rank {dp_rank}): the ranks hold positions "
-                     + "  ".join(",".join(map(str, part)) for part in held)
+        lines.append(f"tp-cp group {members} (data-parallel rank {dp_rank}): token positions held\n  "
+                     + "   ".join(f"rank {r}: {','.join(map(str, part))}" for r, part in zip(members, held))
                      + f"\n  together: {len(union)} positions, each once: "
                      + ("the whole 16-token sequence" if union == list(range(16)) else f"{union}"))
     return lines
@@ -237,7 +239,8 @@ def store() -> None:
             print(f"  the store's host: rank {pids[host]} (pid {host})")
         else:
             whose = "the launcher" if host_parent == launcher else f"pid {host_parent}"
-            print(f"  the store's host: pid {host}, not a rank: a child of {whose} (pid {launcher}), its store keeper")
+            print(f"  the store's host: pid {host}, not a rank: the store keeper, a child of {whose}")
+            print(f"  (the launcher: pid {launcher})")
         print()
 
 
