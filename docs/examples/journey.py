@@ -1,22 +1,23 @@
 """The notes' journey, executed: what the walkthrough's chapters 1, 4 and 6 run at build time.
 
-    python docs/examples/journey.py chain DIR [RANK]   # the traced chain from the script's entry
-    python docs/examples/journey.py providers DIR      # each rank's model_provider calls
-    python docs/examples/journey.py microbatches DIR   # forward passes per rank in one iteration
-    python docs/examples/journey.py order DIR          # the kinds of group, in creation order
-    python docs/examples/journey.py tp-cp              # who holds one micro-batch's tokens
-    python docs/examples/journey.py store              # which process hosts the rendezvous store
-    python docs/examples/journey.py timing N           # N ranks: fresh interpreters vs forks
+    python docs/examples/journey.py chain          # the traced chain from the script's entry
+    python docs/examples/journey.py get_model      # model_provider's arguments, the parameter report
+    python docs/examples/journey.py microbatches   # forward passes per rank in one iteration
+    python docs/examples/journey.py order          # the kinds of group, in creation order
+    python docs/examples/journey.py tp-cp          # who holds one micro-batch's tokens
+    python docs/examples/journey.py store          # which process hosts the rendezvous store
+    python docs/examples/journey.py timing N       # N ranks: fresh interpreters vs forks
 
-DIR is a trace directory (rank*.jsonl) written by `minitron trace`, `minitron launch --trace` or
-`minitron pretrain --trace`. Every number printed comes from that run or from this one.
+The first four run pretrain_gpt (see RUNS) and read its trace; `chain DIR [RANK]`, `providers
+DIR`, `microbatches DIR` and `order DIR` read a trace directory written by `minitron trace`,
+`minitron launch --trace` or `minitron pretrain --trace` instead.
+Every number printed comes from a run made when the command runs.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -70,6 +71,33 @@ def group_kinds_in_order(records: list[dict]) -> list[str]:
     return kinds
 
 
+# --- runs of pretrain_gpt, traced --------------------------------------------------------
+# Each mode below starts its own run: pretrain_gpt on forked gloo ranks, traced, with its
+# logs kept, as `minitron launch --world W --trace DIR --log-dir LOGS -m minitron.pretrain_gpt
+# -- FLAGS` would start it. In-process, so a build that already has torch loaded pays no
+# second import for it.
+TINY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+        "--micro-batch-size", "1"]
+TRAIN = ["--train-iters", "1", "--mock-data", "--lr", "1e-3", "--eval-iters", "0"]
+RUNS = {  # mode: (world, flags)
+    "chain": (4, ["--tensor-model-parallel-size", "2", *TINY]),
+    "get_model": (4, ["--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2",
+                      *TINY, "--global-batch-size", "4", "--bf16", *TRAIN]),
+    "microbatches": (4, [*TINY[:-2], "--micro-batch-size", "2", "--global-batch-size", "16", *TRAIN]),
+    "order": (8, ["--tensor-model-parallel-size", "2", "--context-parallel-size", "2", *TINY]),
+}
+
+
+def run_pretrain(world: int, flags: list[str], out) -> tuple[Path, dict[int, str]]:
+    """Run pretrain_gpt on ``world`` ranks, traced into OUT/trace; (trace dir, {rank: log})."""
+    from minitron.launcher import LaunchConfig, Target, launch, session_env
+
+    out = Path(out)
+    cfg = LaunchConfig(world_size=world, env=session_env(world, out / "trace"), log_dir=out / "logs")
+    launch(cfg, Target(module="minitron.pretrain_gpt", argv=flags))
+    return out / "trace", {r: (out / "logs" / f"rank{r}.log").read_text() for r in range(world)}
+
+
 def _args_text(args: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in args.items() if not isinstance(v, str) or v not in
                     ("Namespace", "dict", "function", "timedelta", "list"))
@@ -94,11 +122,21 @@ def chain(trace_dir, rank: int = 0) -> None:
                             break_on_hyphens=False))
 
 
+def get_model(trace_dir, logs: dict[int, str]) -> None:
+    """Each rank's model_provider calls, then the parameter report its log holds."""
+    providers(trace_dir)
+    print()
+    print("\n".join(sorted(line for log in logs.values() for line in log.splitlines()
+                           if "number of parameters" in line)))
+
+
 def providers(trace_dir) -> None:
     for rank in ranks_in(trace_dir):
         for record in load(trace_dir, rank):
             if short(record["name"]) == "model_provider":
-                print(f"rank {rank}: model_provider({_args_text(record['args'])})")
+                a = record["args"]
+                print(f"rank {rank}: pre_process={a['pre_process']!s:5}  post_process={a['post_process']!s:5}  "
+                      f"vp_stage={a['vp_stage']}   the global says {a['global_virtual_rank']}")
 
 
 def microbatches(trace_dir) -> None:
@@ -176,8 +214,8 @@ def tp_cp_lines(world: int = 8, tp: int = 2, cp: int = 2) -> list[str]:
             continue
         shown.add(tuple(members))
         union = sorted(p for part in held for p in part)
-        lines.append(f"tp-cp group {members} (data-parallel rank {dp_rank}): the ranks hold positions "
-                     + "  ".join(",".join(map(str, part)) for part in held)
+        lines.append(f"tp-cp group {members} (data-parallel rank {dp_rank}): token positions held\n  "
+                     + "   ".join(f"rank {r}: {','.join(map(str, part))}" for r, part in zip(members, held))
                      + f"\n  together: {len(union)} positions, each once: "
                      + ("the whole 16-token sequence" if union == list(range(16)) else f"{union}"))
     return lines
@@ -237,57 +275,56 @@ def store() -> None:
             print(f"  the store's host: rank {pids[host]} (pid {host})")
         else:
             whose = "the launcher" if host_parent == launcher else f"pid {host_parent}"
-            print(f"  the store's host: pid {host}, not a rank: a child of {whose} (pid {launcher}), its store keeper")
+            print(f"  the store's host: pid {host}, not a rank: the store keeper, a child of {whose}")
+            print(f"  (the launcher: pid {launcher})")
         print()
 
 
 # --- fork versus fresh interpreters ----------------------------------------------------------
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-# One fresh interpreter: import torch, fork N children that check they have it, then time
-# torch._dynamo's import. A child process of its own, so that nothing this script (or whatever
-# runs it) has imported already can make the import look free.
-_FORK_SIDE = """
-import os, sys, time
+# One fresh interpreter: import torch, fork N children that check they have it, then import
+# torch._dynamo. A process of its own, so that nothing this script (or whatever runs it) has
+# imported already can make an import look free. It prints its three CPU costs.
+_FRESH = """
+import os, resource, sys, time
+cpu = time.process_time()
 import torch
+imported = time.process_time()
 pids = [os.fork() or os._exit(0 if "torch" in sys.modules else 1) for _ in range(int(sys.argv[1]))]
 if any(os.waitpid(pid, 0)[1] for pid in pids):
     sys.exit("a forked child had no torch")
-cpu = time.process_time()
+forks = resource.getrusage(resource.RUSAGE_CHILDREN)
+after_forks = time.process_time()
 import torch._dynamo
-print(time.process_time() - cpu)
+print(imported - cpu, after_forks - imported + forks.ru_utime + forks.ru_stime, time.process_time() - after_forks)
 """
 
 
 def timing(n: int) -> None:
-    """What it costs to give N ranks torch: N fresh interpreters importing it at once, against
-    one import in a parent and N forks of it; then torch._dynamo, which torch's optimizers import
-    on first use. CPU seconds, summed over the processes: unlike wall seconds, they hardly
-    depend on how busy the machine is."""
-    cpu = _children_cpu()
-    procs = [subprocess.Popen([sys.executable, "-c", "import torch"]) for _ in range(n)]
-    if any(p.wait() for p in procs):
-        raise SystemExit("a fresh interpreter failed to import torch")
-    fresh_cpu = _children_cpu() - cpu
-
-    cpu = _children_cpu()
-    done = subprocess.run([sys.executable, "-c", _FORK_SIDE, str(n)], capture_output=True, text=True, check=True)
-    dynamo = float(done.stdout)
-    forked_cpu = _children_cpu() - cpu - dynamo
-    print(f"{n} fresh interpreters, each importing torch: {fresh_cpu:5.1f} s of CPU")
-    print(f"1 interpreter importing it, then {n} forks:   {forked_cpu:5.1f} s of CPU")
-    print(f"import torch._dynamo once, after torch:     {dynamo:5.1f} s of CPU")
+    """What it costs to give N ranks torch, in CPU seconds (unlike wall seconds, they hardly
+    depend on how busy the machine is): a fresh interpreter's import, paid once per rank when
+    every rank is a fresh interpreter, against one import and N forks; then torch._dynamo, which
+    torch's optimizers import on first use."""
+    done = subprocess.run([sys.executable, "-c", _FRESH, str(n)], capture_output=True, text=True, check=True)
+    imported, forks, dynamo = map(float, done.stdout.split())
+    print(f"import torch, in a fresh interpreter:       {imported:5.2f} s of CPU")
+    print(f"{n} ranks, each a fresh interpreter:         {n * imported:5.2f} s  ({n} x the import)")
+    print(f"{n} ranks forked after one import:           {imported + forks:5.2f} s  (+{forks:.2f} s for the forks)")
+    print(f"import torch._dynamo, once, after torch:    {dynamo:5.2f} s of CPU")
 
 
 if __name__ == "__main__":
     mode, *rest = sys.argv[1:] or ["help"]
-    if mode == "chain":
+    if mode == "chain" and rest:
         chain(rest[0], int(rest[1]) if len(rest) > 1 else 0)
-    elif mode in ("providers", "microbatches", "order"):
-        globals()[mode](rest[0])
+    elif mode in ("providers", "microbatches", "order") and rest:
+        globals()[mode](rest[0])  # a trace directory written elsewhere
+    elif mode in RUNS:
+        with tempfile.TemporaryDirectory() as tmp:
+            trace_dir, logs = run_pretrain(*RUNS[mode], tmp)
+            if mode == "get_model":
+                get_model(trace_dir, logs)
+            else:
+                globals()[mode](trace_dir)
     elif mode == "tp-cp":
         print("\n".join(tp_cp_lines()))
     elif mode == "store":

@@ -26,12 +26,13 @@ def show() -> int:
 
 
 # What DeepSpeed's launch.py sets for each rank, beyond the contract, and the argument it adds.
-DEEPSPEED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "MASTER_ADDR")
+DEEPSPEED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE")
 
 
 def show_deepspeed() -> int:
-    print(" ".join(f"{name}={os.environ.get(name, '(unset)')}" for name in DEEPSPEED) + "  argv: " +
-          " ".join(sys.argv[1:]))
+    rank = os.environ.get("RANK", "?")
+    print(f"rank {rank}  env: " + " ".join(f"{name}={os.environ.get(name, '(unset)')}" for name in DEEPSPEED))
+    print(f"rank {rank} argv: " + " ".join(sys.argv[1:]))
     return 0
 
 
