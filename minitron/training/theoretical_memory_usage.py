@@ -207,8 +207,10 @@ def weight_and_optimizer_bytes(args, pp_rank: int, dp_rank: int) -> tuple[int, d
                     "optimizer": owned * (4 * moments + main_copy)}
 
 
-def _dropout_mask(p: float, numel: int) -> int:
-    return numel if p > 0 else 0   # one byte per element (a bool mask); none when p is 0
+def mask_bytes(args) -> int:
+    """Bytes per element of a dropout mask: CUDA's dropout keeps a bool mask; torch's CPU
+    dropout keeps its scaled mask in the activation's own dtype. No backend named: a GPU."""
+    return DTYPE_BYTES[args.params_dtype] if args.distributed_backend in ("gloo", "fake") else 1
 
 
 def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
@@ -217,7 +219,7 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
     Term by term what this code saves (Megatron's paper counts the same places for its
     kernels): each layernorm its input, each linear its input, the attention its q k v and
     either its probabilities (with attention dropout: the unfused path) or its output and
-    log-sum-exp (torch's fused kernel), GeLU its input, each dropout a one-byte mask. Without
+    log-sum-exp (torch's fused kernel), GeLU its input, each dropout its mask. Without
     sequence parallelism the linears' input is the layernorm's output; with it, the gathered
     whole sequence (minitron's linears keep it; Megatron re-gathers it in backward)."""
     e = DTYPE_BYTES[args.params_dtype]
@@ -228,24 +230,25 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
     groups = (_flag(args, "num_query_groups") or args.num_attention_heads) // t
     ffn = args.ffn_hidden_size // t
     pre, post = chunk_ends(args, pp_rank, chunk)
-    hd, ad = args.hidden_dropout, args.attention_dropout
+    hd, ad, m = args.hidden_dropout, args.attention_dropout, mask_bytes(args)
+    drop = (local * b * h * m) if hd > 0 else 0              # one hidden-dropout mask
     norm = local * b * h * e + 2 * local * b * 4             # input, mean and 1/std
     layer = 2 * norm + 2 * s * b * h * e                     # two norms, qkv and fc1 inputs
     layer += s * b * (q + 2 * args.kv_channels * groups) * e  # q, k, v (one tensor)
     if ad > 0:   # unfused: causal mask, fp32 softmax, dropout mask, dropped probabilities
-        layer += s * s + heads * b * s * s * (4 + 1 + e)
+        layer += s * s + heads * b * s * s * (4 + m + e)
     else:        # fused kernel: its output and log-sum-exp
         layer += s * b * q * e + heads * b * s * 4
     layer += s * b * q * e                                   # linear_proj input (context)
     layer += 2 * s * b * ffn * e                             # GeLU input, fc2 input
-    layer += 2 * _dropout_mask(hd, local * b * h)
+    layer += 2 * drop
     total = len(chunk_layers(args, pp_rank, chunk)) * layer
     if pre:
         keys = 2 + (1 if post else 0)                        # tokens, position ids (labels)
         total += keys * b * args.seq_length * 8              # the broadcast int64 buffer
         if t > 1:
             total += b * args.seq_length * (8 + 1)           # local ids, out-of-range mask
-        total += _dropout_mask(hd, local * b * h)
+        total += drop
     if post:
         vocab = args.padded_vocab_size // t
         total += norm + s * b * h * e                        # final norm, output layer input
