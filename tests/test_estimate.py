@@ -13,6 +13,7 @@ backward in every micro-batch (saved-tensor hooks). Then, on every rank:
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -276,3 +277,15 @@ def test_bad_input_is_one_line(capsys, monkeypatch, argv, words):
     code, out, err = minitron(capsys, monkeypatch, "estimate", *argv)
     assert code == 2, out + err
     assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_chapter_figure_is_what_the_estimator_draws():
+    """Chapter 17's plot is regenerated from the estimator and must match the committed file
+    (rewrite it with `python docs/examples/layout_cost.py svg walkthrough/figures/17-memory-per-rank.svg`)."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("layout_cost", root / "docs/examples/layout_cost.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (root / "walkthrough/figures/17-memory-per-rank.svg").read_text() == module.memory_svg()

@@ -25,6 +25,7 @@ them is estimated without those terms until they are written.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -173,14 +174,21 @@ def buffer_layout(params: list[Param], dp: int, dist_opt: bool) -> tuple[list[tu
     return buckets, where
 
 
-def owned_numel(params: list[Param], dp: int, dp_rank: int) -> int:
-    """Elements of real parameters inside this data-parallel rank's shards (its optimizer state)."""
-    buckets, where = buffer_layout(params, dp, True)
+def owned_numel(layout: tuple[list, dict], dp: int, dp_rank: int) -> int:
+    """Elements of real parameters inside this data-parallel rank's shards (its optimizer
+    state), from buffer_layout's answer: padding is nobody's."""
+    buckets, where = layout
+    spans = sorted(where.values())
+    starts = [a for a, _ in spans]
     owned = 0
     for start, end in buckets:
         size = (end - start) // dp
         lo, hi = start + dp_rank * size, start + (dp_rank + 1) * size
-        owned += sum(max(0, min(e, hi) - max(s, lo)) for s, e in where.values())
+        i = max(bisect.bisect_right(starts, lo) - 1, 0)   # spans are disjoint and sorted
+        while i < len(spans) and spans[i][0] < hi:
+            a, b = spans[i]
+            owned += max(0, min(b, hi) - max(a, lo))
+            i += 1
     return owned
 
 
@@ -189,18 +197,22 @@ def chunks_of(args) -> range:
     return range(args.virtual_pipeline_model_parallel_size or 1)
 
 
-def weight_and_optimizer_bytes(args, pp_rank: int, dp_rank: int) -> tuple[int, dict]:
-    """(parameters on the rank, {"params", "grads", "optimizer"} bytes)."""
+def stage_buffers(args, pp_rank: int) -> list[tuple[list[Param], tuple]]:
+    """Each model chunk of a pipeline stage: its parameters and its buffer layout."""
+    dp = args.data_parallel_size * args.context_parallel_size
+    return [(plist, buffer_layout(plist, dp, args.use_distributed_optimizer))
+            for plist in (model_params(args, pp_rank, chunk) for chunk in chunks_of(args))]
+
+
+def weight_and_optimizer_bytes(args, stage: list, dp_rank: int) -> tuple[int, dict]:
+    """(parameters on the rank, {"params", "grads", "optimizer"} bytes); ``stage`` is
+    stage_buffers' answer for the rank's pipeline stage."""
     e = DTYPE_BYTES[args.params_dtype]
     grad_e = 4 if args.accumulate_allreduce_grads_in_fp32 else e
     dp, dist_opt = args.data_parallel_size * args.context_parallel_size, args.use_distributed_optimizer
-    params = buffered = owned = 0
-    for chunk in chunks_of(args):
-        plist = model_params(args, pp_rank, chunk)
-        params += sum(p.numel for p in plist)
-        buckets, _ = buffer_layout(plist, dp, dist_opt)
-        buffered += buckets[-1][1] if buckets else 0
-        owned += owned_numel(plist, dp, dp_rank) if dist_opt else sum(p.numel for p in plist)
+    params = sum(p.numel for plist, _ in stage for p in plist)
+    buffered = sum(layout[0][-1][1] for _, layout in stage if layout[0])
+    owned = sum(owned_numel(layout, dp, dp_rank) for _, layout in stage) if dist_opt else params
     moments = 2 if args.optimizer == "adam" else (1 if args.sgd_momentum else 0)
     main_copy = 4 if e != 4 else 0   # a 16-bit model is stepped through fp32 main params
     return params, {"params": (buffered if dist_opt else params) * e, "grads": buffered * grad_e,
@@ -280,106 +292,6 @@ def activation_bytes(args, pp_rank: int) -> int:
     return sum(unit_activation_bytes(args, pp_rank, c) for c in in_flight_chunks(args, pp_rank, num_microbatches(args)))
 
 
-# --- communication ----------------------------------------------------------------------------
-class _Tally(dict):
-    """group key -> [bytes, calls]."""
-
-    def add(self, key: str, nbytes: int, calls: int = 1) -> None:
-        if calls:
-            entry = self.setdefault(key, [0, 0])
-            entry[0] += nbytes * calls
-            entry[1] += calls
-
-
-def _batch_broadcasts(args, first: bool, last: bool, tally: _Tally, times: int) -> None:
-    """get_batch_on_this_tp_rank: per dtype, one broadcast of the shapes (5 int64 per key),
-    one of the flattened tensors, over the tensor-parallel group (even a group of one)."""
-    b, s = args.micro_batch_size, args.seq_length
-    int64 = (2 if first else 0) + (1 if last else 0)
-    groups = [(int64, b * s * 8)] if int64 else []
-    if last:
-        groups.append((1, b * s * 4))                        # loss mask, float32
-    if (first or last) and args.create_attention_mask_in_dataloader:
-        groups.append((1, b * s * s))                        # attention mask, bool
-    for keys, per_key in groups:
-        tally.add("tp", 5 * keys * 8, times)
-        tally.add("tp", keys * per_key, times)
-
-
-def _tp_traffic(args, pre: bool, post: bool, layers: int, tally: _Tally, times: int) -> None:
-    """The tensor-parallel mappings of one forward and backward of a chunk (a group of one
-    skips them all)."""
-    t = args.tensor_model_parallel_size
-    if t == 1:
-        return
-    e, b, h = DTYPE_BYTES[args.params_dtype], args.micro_batch_size, args.hidden_size
-    s = args.seq_length // args.context_parallel_size
-    whole = s * b * h * e
-    if args.sequence_parallel:
-        # Each column-parallel input: all-gather forward (hands its s/t rows), reduce-scatter
-        # backward (hands the whole); each row-parallel output: the reverse.
-        tally.add("tp", whole // t, times * (2 * layers + (1 if post else 0)))   # gathers in forward
-        tally.add("tp", whole, times * (2 * layers + (1 if post else 0)))        # their backward
-        tally.add("tp", whole, times * 2 * layers)                               # reduce-scatters
-        tally.add("tp", whole // t, times * (2 * layers + (1 if pre else 0)))    # their backward
-    else:
-        tally.add("tp", whole, times * 4 * layers)        # proj, fc2 forward; qkv, fc1 backward
-        tally.add("tp", whole, times * (1 if post else 0))   # output layer input, backward
-    if pre:
-        tally.add("tp", whole, times)                     # the embedding's all-reduce
-    if post:
-        tally.add("tp", s * b * 4, times * 3)             # cross entropy: max, target logit, sum exp
-
-
-def comm_bytes(args, pp_rank: int) -> _Tally:
-    """Every collective and send of one train_step on a rank of pipeline stage ``pp_rank``."""
-    tally = _Tally()
-    m, pp = num_microbatches(args), args.pipeline_model_parallel_size
-    e, b, h = DTYPE_BYTES[args.params_dtype], args.micro_batch_size, args.hidden_size
-    t, s = args.tensor_model_parallel_size, args.seq_length // args.context_parallel_size
-    grad_e = 4 if args.accumulate_allreduce_grads_in_fp32 else e
-    dist_opt = args.use_distributed_optimizer
-    dp = args.data_parallel_size * args.context_parallel_size
-    p2p = (s // t if args.sequence_parallel and t > 1 else s) * b * h * e
-    chunks = list(chunks_of(args))
-    for chunk in chunks:
-        pre, post = chunk_ends(args, pp_rank, chunk)
-        _batch_broadcasts(args, pre, post, tally, m)
-        _tp_traffic(args, pre, post, len(chunk_layers(args, pp_rank, chunk)), tally, m)
-        if post:
-            tally.add("dp", 4, m)                              # loss_func's reported loss
-        if pp > 1:
-            tally.add("pp", p2p, m * (0 if post else 1))       # activation forward
-            tally.add("pp", p2p, m * (0 if pre else 1))        # its gradient backward
-    # finalize_model_grads: the data-parallel reduction of every bucket of every chunk, ...
-    sp_grads = 0
-    for chunk in chunks:
-        plist = model_params(args, pp_rank, chunk)
-        buckets, _ = buffer_layout(plist, dp, dist_opt)
-        for start, end in buckets:
-            tally.add("dp-cp", (end - start) * grad_e)         # all-reduce or reduce-scatter
-        sp_grads += sum(p.numel for p in plist if p.sequence_parallel)
-    if sp_grads:                                               # ... the sequence-parallel norms ...
-        tally.add("tp", sp_grads * grad_e)
-    tied = not args.untie_embeddings_and_output_weights
-    if pp > 1 and tied and pp_rank in (0, pp - 1):             # ... and the tied embedding
-        tally.add("embd", args.padded_vocab_size // t * h * grad_e)
-    # optimizer.step: the overflow check (with a loss scaler), the gradient norm (clipping),
-    # and with the distributed optimizer the all-gather of the updated shards.
-    stats = "intra-dist-opt" if dist_opt else "tp-pp"
-    mixed = dist_opt or args.fp16 or args.bf16              # FP32Optimizer has no scaler
-    if mixed and (args.fp16 or args.loss_scale is not None):
-        tally.add(stats, 4)
-    if args.clip_grad > 0:
-        tally.add(stats, 4)
-    if dist_opt:
-        for chunk in chunks:
-            buckets, _ = buffer_layout(model_params(args, pp_rank, chunk), dp, True)
-            for start, end in buckets:
-                tally.add("dp-cp", (end - start) // dp * e)
-    return tally
-
-
 # --- every rank -------------------------------------------------------------------------------
 def role_of(args, rank: int) -> tuple[int, int]:
     """(pipeline rank, data-parallel rank): all a rank's costs depend on (the second only
@@ -391,16 +303,22 @@ def role_of(args, rank: int) -> tuple[int, int]:
 
 
 def estimate(args) -> list[RankCost]:
-    """One RankCost per rank of ``args.world_size`` (validated pretrain args); ranks of one
-    role share the work."""
+    """One RankCost per rank of ``args.world_size`` (validated pretrain args). A pipeline stage
+    is worked out once, a role (stage, optimizer shard) once, whatever the world size."""
+    from minitron.training.theoretical_comm import comm_bytes
+
+    stages: dict[int, tuple] = {}
     roles: dict[tuple, RankCost] = {}
     out = []
     for rank in range(args.world_size):
         role = role_of(args, rank)
+        if role[0] not in stages:
+            stage = stage_buffers(args, role[0])
+            stages[role[0]] = stage, activation_bytes(args, role[0]), comm_bytes(args, role[0], stage)
         if role not in roles:
-            params, memory = weight_and_optimizer_bytes(args, *role)
-            memory["activations"] = activation_bytes(args, role[0])
-            tally = comm_bytes(args, role[0])
+            stage, activations, tally = stages[role[0]]
+            params, memory = weight_and_optimizer_bytes(args, stage, role[1])
+            memory["activations"] = activations
             roles[role] = RankCost(rank, role, params, memory, {k: v[0] for k, v in tally.items()},
                                    {k: v[1] for k, v in tally.items()})
         cost = roles[role]

@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 
 from rich.table import Table
 
-from minitron.cli.views.trace_dir import INIT_MP, TRAIN_STEP, layout_args, world_size_of
+from minitron.cli.views.trace_dir import TRAIN_STEP, layout_args, world_size_of
 from minitron.core.rank_generator import DESC_TO_KEY
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4,
