@@ -29,7 +29,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from minitron.core.rank_generator import rank_coordinates
+from minitron.core.rank_generator import RankGenerator
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "bool": 1}
 _PARAM_START_ALIGN, _BUCKET_END_ALIGN = 64, 128   # param_and_grad_buffer's padding, elements
@@ -296,10 +296,21 @@ def activation_bytes(args, pp_rank: int) -> int:
 def role_of(args, rank: int) -> tuple[int, int]:
     """(pipeline rank, data-parallel rank): all a rank's costs depend on (the second only
     through its optimizer shard, so it is 0 without the distributed optimizer)."""
-    c = rank_coordinates(rank, args.world_size, args.tensor_model_parallel_size,
-                         args.pipeline_model_parallel_size, args.context_parallel_size, args.order)
-    dp_rank = c["dp"] * args.context_parallel_size + c["cp"]   # its place in the dp-cp group
-    return c["pp"], dp_rank if args.use_distributed_optimizer else 0
+    return _roles(args)(rank)
+
+
+def _roles(args):
+    """rank -> role, reading the rank's digits in the layout's mixed radix (rank_generator)."""
+    tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
+    dense = RankGenerator(tp=tp, ep=1, dp=args.world_size // (tp * pp * cp), pp=pp, cp=cp, order=args.order)
+
+    def role(rank: int) -> tuple[int, int]:
+        digits = {}
+        for d in dense.order:
+            digits[d], rank = rank % dense.size[d], rank // dense.size[d]
+        dp_rank = digits["dp"] * cp + digits["cp"]   # its place in the dp-cp group
+        return digits["pp"], dp_rank if args.use_distributed_optimizer else 0
+    return role
 
 
 def estimate(args) -> list[RankCost]:
@@ -309,9 +320,9 @@ def estimate(args) -> list[RankCost]:
 
     stages: dict[int, tuple] = {}
     roles: dict[tuple, RankCost] = {}
-    out = []
+    out, role_of_rank = [], _roles(args)
     for rank in range(args.world_size):
-        role = role_of(args, rank)
+        role = role_of_rank(rank)
         if role[0] not in stages:
             stage = stage_buffers(args, role[0])
             stages[role[0]] = stage, activation_bytes(args, role[0]), comm_bytes(args, role[0], stage)
