@@ -87,8 +87,8 @@ def render(args, costs, total: int) -> None:
     big = max(costs, key=lambda c: (sum(c.memory.values()), -c.rank))
     exact = f" ({total:,})" if count(total) != f"{total:,}" else ""
     console.print(f"model: {count(total)}{exact} parameters, the tied embedding once; {args.params_dtype}")
-    console.print(f"largest rank: {big.rank} (stage {big.role[0]}) needs {human(sum(big.memory.values()))}: "
-                  + ", ".join(f"{k} {human(big.memory[k])}" for k in MEMORY), highlight=False)
+    console.print(f"largest rank: {big.rank} (stage {big.role[0]}) needs {human(sum(big.memory.values()))}", highlight=False)
+    console.print("  " + ", ".join(f"{k} {human(big.memory[k])}" for k in MEMORY), highlight=False)
 
 
 @app.command(context_settings=EXTRA)
