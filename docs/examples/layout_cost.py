@@ -47,16 +47,16 @@ def megatron(args) -> tuple[float, float]:
 def table() -> None:
     print(f"GPT-3 175B ({tmu.total_params(costs(8, 8, 1536, False)[0]):,} parameters here), {WORLD} ranks, bf16,"
           " micro-batch 1, global batch 1536")
-    print(f"{'layout':<22} {'':>9} {'weights+grads+optimizer':>24} {'activations':>12} {'total':>10}")
+    print(f"{'layout':<27} {'':>9} {'weights+grads+optimizer':>24} {'activations':>12} {'total':>10}")
     for tp, pp, batch, dist_opt in LAYOUTS:
         args, out = costs(tp, pp, batch, dist_opt)
         first = out[0].memory
         ours_w = first["params"] + first["grads"] + first["optimizer"]
         theirs_w, theirs_a = megatron(args)
         name = f"tp {tp} x pp {pp} x dp {args.data_parallel_size}" + (" ZeRO-1" if dist_opt else "")
-        print(f"{name:<22} {'minitron':>9} {human(ours_w):>24} {human(first['activations']):>12} "
+        print(f"{name:<27} {'minitron':>9} {human(ours_w):>24} {human(first['activations']):>12} "
               f"{human(ours_w + first['activations']):>10}")
-        print(f"{'':<22} {'Megatron':>9} {human(theirs_w):>24} {human(theirs_a):>12} {human(theirs_w + theirs_a):>10}")
+        print(f"{'':<27} {'Megatron':>9} {human(theirs_w):>24} {human(theirs_a):>12} {human(theirs_w + theirs_a):>10}")
 
 
 TPS, PPS = (1, 2, 4, 8), (1, 2, 4, 8, 16, 32)
