@@ -41,18 +41,25 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     return GPTModel(config, vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
                     pre_process=pre_process, post_process=post_process,
                     share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-                    vp_stage=vp_stage)
+                    position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
+                    rotary_base=args.rotary_base, vp_stage=vp_stage)
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
-    """Mean per-token loss over the unmasked tokens; the reported value is averaged over
-    data-parallel ranks (the gradient needs no such average: DDP does it)."""
+    """(sum of this micro-batch's unmasked per-token losses, their count, report), as Megatron's.
+
+    Nothing is averaged here. The schedule divides the sum by the count (and by the number of
+    micro-batches) before backward; train_step adds up the reported [sum, count] pairs of every
+    micro-batch and every data-parallel and context-parallel rank, and divides once. With context
+    parallelism each rank holds only its chunks of the sequence, so its own sum and count are
+    partial: only that global division gives the serial run's mean.
+    """
     losses = output_tensor.float().view(-1)
     mask = loss_mask.view(-1).float()
-    loss = torch.sum(losses * mask) / mask.sum()
-    reported = loss.detach().clone()
-    torch.distributed.all_reduce(reported, group=mpu.get_data_parallel_group())
-    return loss, {"lm loss": reported / mpu.get_data_parallel_world_size()}
+    loss = torch.sum(losses * mask)
+    num_tokens = mask.sum().clone().detach().to(torch.int)
+    report = {"lm loss": torch.cat([loss.clone().detach().view(1), num_tokens.view(1).float()])}
+    return loss, num_tokens, report
 
 
 def forward_step(data_iterator, model):

@@ -30,7 +30,7 @@ def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: 
     if backend:
         argv += ["--distributed-backend", backend]
     if ep > 1:  # expert groups need experts to split; an initialization-only run builds no model
-        argv += ["--num-experts", str(ep)]
+        argv += ["--num-experts", str(ep)] + (["--sequence-parallel"] if tp > 1 else [])  # MoE + tp: SP
     if vp:
         argv += ["--virtual-pipeline-model-parallel-size", str(vp)]
     if order == TP_PP_DP_ORDER:

@@ -29,7 +29,10 @@ LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "nu
                "num_attention_heads", "ffn_hidden_size", "kv_channels", "seq_length",
                "max_position_embeddings", "untie_embeddings_and_output_weights", "tokenizer_type",
                "vocab_size", "make_vocab_size_divisible_by", "virtual_pipeline_model_parallel_size",
-               "use_distributed_optimizer", "params_dtype", "num_experts")
+               "use_distributed_optimizer", "params_dtype", "num_experts",
+               # the modern GPT options: each changes a tensor's shape or what it means
+               "position_embedding_type", "swiglu", "normalization", "group_query_attention",
+               "num_query_groups")
 _MISSING = object()
 
 

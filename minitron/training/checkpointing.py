@@ -84,9 +84,12 @@ def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> No
     tp, pp = mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank()
     where = rank_dir(args.save, iteration, tp, pp, mpu.get_pipeline_model_parallel_world_size())
     # RNG states may differ across data-parallel ranks (--data-parallel-random-init): keep all.
-    rng_states = [None] * mpu.get_data_parallel_world_size()
-    torch.distributed.all_gather_object(rng_states, _rng_state(), group=mpu.get_data_parallel_group())
-    dp = mpu.get_data_parallel_rank()
+    # Context-parallel ranks count as data-parallel here: they hold the same weights, and the
+    # distributed optimizer shards over both (one file each, one writer of the model).
+    rng_states = [None] * mpu.get_data_parallel_world_size(with_context_parallel=True)
+    torch.distributed.all_gather_object(rng_states, _rng_state(),
+                                        group=mpu.get_data_parallel_group(with_context_parallel=True))
+    dp = mpu.get_data_parallel_rank(with_context_parallel=True)
     written = {}  # this rank's files -> size and sha256, for metadata.json
     if dp == 0 or args.use_distributed_optimizer:
         where.mkdir(parents=True, exist_ok=True)
@@ -141,12 +144,12 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
     for i, chunk in enumerate(model):
         chunk.load_state_dict(state["model" if len(model) == 1 else f"model{i}"])
     if args.use_distributed_optimizer:
-        shard = where / f"distrib_optim_dp{mpu.get_data_parallel_rank():03d}.pt"
+        shard = where / f"distrib_optim_dp{mpu.get_data_parallel_rank(with_context_parallel=True):03d}.pt"
         optimizer.load_state_dict(_load_verified(shard, meta))
     else:
         optimizer.load_state_dict(state["optimizer"])
     opt_param_scheduler.load_state_dict(state["opt_param_scheduler"])
-    _set_rng_state(state["rng_state"][mpu.get_data_parallel_rank()])
+    _set_rng_state(state["rng_state"][mpu.get_data_parallel_rank(with_context_parallel=True)])
     args.consumed_train_samples = state["consumed_train_samples"]
     from minitron.training.utils import print_rank_0
     print_rank_0(f"> loaded checkpoint from {args.load} at iteration {iteration}")
