@@ -262,7 +262,7 @@ def test_json_is_instant_and_torch_free():
     rank = out["ranks"][1023]
     assert set(rank) == {"rank", "params", "memory_bytes", "comm_bytes"} and rank["rank"] == 1023
     assert set(rank["memory_bytes"]) == {"params", "grads", "optimizer", "activations"}
-    assert {"tp", "pp", "dp-cp", "embd", "dp"} <= set(rank["comm_bytes"])
+    assert {"tp", "pp", "dp-cp", "embd"} <= set(rank["comm_bytes"])
 
 
 @pytest.mark.parametrize("argv,words", [

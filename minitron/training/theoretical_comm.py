@@ -3,8 +3,8 @@
 What train_step does, call by call, without running it: per micro-batch, the batch broadcast
 over the tensor-parallel group (get_batch_on_this_tp_rank), the tensor-parallel mappings of
 every layer forward and backward (tensor_parallel/mappings.py), the cross entropy's three
-all-reduces, the reported loss's all-reduce, and the activations and gradients sent to the
-neighbouring stages; once per step, the data-parallel reduction of every gradient bucket, the
+all-reduces, and the activations and gradients sent to the neighbouring stages; once per step,
+the reported loss (train_step's reduce_losses), the data-parallel reduction of every gradient bucket, the
 sequence-parallel norms, the tied embedding, the optimizer's statistics and, with the
 distributed optimizer, the all-gather of the updated shards. "Bytes handed" is the tensor a
 rank passes to the collective (its own shard for a gather); point to point, the bytes sent.
@@ -86,8 +86,6 @@ def comm_bytes(args, pp_rank: int, stage: list | None = None) -> _Tally:
         pre, post = chunk_ends(args, pp_rank, chunk)
         _batch_broadcasts(args, pre, post, tally, m)
         _tp_traffic(args, pre, post, len(chunk_layers(args, pp_rank, chunk)), tally, m)
-        if post:
-            tally.add("dp", 4, m)                              # loss_func's reported loss
         if pp > 1:
             tally.add("pp", p2p, m * (0 if post else 1))       # activation forward
             tally.add("pp", p2p, m * (0 if pre else 1))        # its gradient backward
@@ -114,4 +112,6 @@ def comm_bytes(args, pp_rank: int, stage: list | None = None) -> _Tally:
         for _, (buckets, _) in stage:
             for start, end in buckets:
                 tally.add("dp-cp", (end - start) // dp * e)
+    if pp_rank == pp - 1:   # train_step's loss: [sum, tokens] of the step, summed over dp x cp
+        tally.add("dp-cp", 8)
     return tally
