@@ -117,6 +117,10 @@ LAYOUTS = {
     "tp2-pp2": (4, ["--tp", "2", "--pp", "2", "--global-batch-size", "4"]),
     "tp2-sp-bf16": (2, ["--tp", "2", "--sequence-parallel", "--bf16", "--accumulate-allreduce-grads-in-fp32",
                         "--hidden-dropout", "0", "--attention-dropout", "0"]),
+    "tp2-modern-recompute": (2, ["--tp", "2", "--swiglu", "--normalization", "RMSNorm", "--group-query-attention",
+                                 "--num-query-groups", "2", "--position-embedding-type", "rope",
+                                 "--untie-embeddings-and-output-weights", "--recompute-granularity", "full",
+                                 "--recompute-method", "block", "--recompute-num-layers", "1"]),
     "pp2-vp2-dp2-distopt-fp16": (4, ["--pp", "2", "--vp", "2", "--use-distributed-optimizer", "--global-batch-size",
                                      "8", "--fp16", "--loss-scale", "1"]),
 }

@@ -63,10 +63,23 @@ def _tp_traffic(args, pre: bool, post: bool, layers: int, tally: _Tally, times: 
     else:
         tally.add("tp", whole, times * 4 * layers)        # proj, fc2 forward; qkv, fc1 backward
         tally.add("tp", whole, times * (1 if post else 0))   # output layer input, backward
+    again = recomputed_layers(args, layers)                # full recomputation: their forward again
+    if args.sequence_parallel:
+        tally.add("tp", whole // t, times * 2 * again)
+        tally.add("tp", whole, times * 2 * again)
+    else:
+        tally.add("tp", whole, times * 2 * again)
     if pre:
         tally.add("tp", whole, times)                     # the embedding's all-reduce
     if post:
         tally.add("tp", s * b * 4, times * 3)             # cross entropy: max, target logit, sum exp
+
+
+def recomputed_layers(args, layers: int) -> int:
+    """Layers of a chunk whose forward runs again in backward (--recompute-granularity full)."""
+    if getattr(args, "recompute_granularity", None) != "full":
+        return 0
+    return layers if args.recompute_method == "uniform" else min(args.recompute_num_layers, layers)
 
 
 def comm_bytes(args, pp_rank: int, stage: list | None = None) -> _Tally:

@@ -63,13 +63,20 @@ def _flag(args, name, default=None):
     return getattr(args, name, default)
 
 
+def query_groups(args) -> int:
+    """Key/value heads: --num-query-groups with --group-query-attention, else one per head."""
+    if _flag(args, "group_query_attention", False) and _flag(args, "num_query_groups"):
+        return args.num_query_groups
+    return args.num_attention_heads
+
+
 def layer_params(args, layer: int) -> list[Param]:
     """One transformer layer's parameters on a tensor-parallel rank, in registration order."""
     t, h = args.tensor_model_parallel_size, args.hidden_size
     bias = not _flag(args, "disable_bias_linear", False)
     sp = bool(args.sequence_parallel) and t > 1
     norm_bias = _flag(args, "normalization", "LayerNorm") != "RMSNorm"
-    heads, groups = args.num_attention_heads, _flag(args, "num_query_groups") or args.num_attention_heads
+    heads, groups = args.num_attention_heads, query_groups(args)
     q = args.kv_channels * heads                       # query projection width
     qkv = (q + 2 * args.kv_channels * groups) // t     # q, k and v of this rank's heads
     ffn = args.ffn_hidden_size * (2 if _flag(args, "swiglu", False) else 1) // t
@@ -239,22 +246,42 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
     s = args.seq_length // args.context_parallel_size        # cp: each rank its share of s
     local = s // t if (args.sequence_parallel and t > 1) else s   # the replicated regions' rows
     heads, q = args.num_attention_heads // t, args.kv_channels * args.num_attention_heads // t
-    groups = (_flag(args, "num_query_groups") or args.num_attention_heads) // t
+    groups = query_groups(args) // t
     ffn = args.ffn_hidden_size // t
     pre, post = chunk_ends(args, pp_rank, chunk)
     hd, ad, m = args.hidden_dropout, args.attention_dropout, mask_bytes(args)
     drop = (local * b * h * m) if hd > 0 else 0              # one hidden-dropout mask
-    norm = local * b * h * e + 2 * local * b * 4             # input, mean and 1/std
+    if _flag(args, "normalization", "LayerNorm") == "RMSNorm":   # torch's composite RMSNorm:
+        norm = 2 * local * b * h * e + local * b * 4         # input, x/rms, 1/rms
+    else:
+        norm = local * b * h * e + 2 * local * b * 4         # input, mean and 1/std
     layer = 2 * norm + 2 * s * b * h * e                     # two norms, qkv and fc1 inputs
     layer += s * b * (q + 2 * args.kv_channels * groups) * e  # q, k, v (one tensor)
+    if _flag(args, "position_embedding_type") == "rope":     # rotated q and k, cos and sin twice
+        rotated = int(args.kv_channels * args.rotary_percent)
+        layer += s * b * (q + args.kv_channels * groups) * e + 4 * s * rotated * 4
     if ad > 0:   # unfused: causal mask, fp32 softmax, dropout mask, dropped probabilities
-        layer += s * s + heads * b * s * s * (4 + m + e)
+        core = s * s + heads * b * s * s * (4 + m + e)
     else:        # fused kernel: its output and log-sum-exp
-        layer += s * b * q * e + heads * b * s * 4
-    layer += s * b * q * e                                   # linear_proj input (context)
-    layer += 2 * s * b * ffn * e                             # GeLU input, fc2 input
+        core = s * b * q * e + heads * b * s * 4
+    layer += core + s * b * q * e                            # + linear_proj's input (context)
+    if _flag(args, "swiglu", False):   # fc1's [gate | up], silu(gate), their product (fc2's input)
+        layer += 4 * s * b * ffn * e
+    else:                              # GeLU's input, fc2's input
+        layer += 2 * s * b * ffn * e
     layer += 2 * drop
-    total = len(chunk_layers(args, pp_rank, chunk)) * layer
+    granularity = _flag(args, "recompute_granularity")
+    if granularity == "selective":     # core attention recomputed: only its q, k, v stay
+        layer -= core
+    layers = len(chunk_layers(args, pp_rank, chunk))
+    total = layers * layer
+    if granularity == "full":          # a checkpointed run of layers keeps only its input
+        n = args.recompute_num_layers
+        kept = local * b * h * e
+        if args.recompute_method == "uniform":
+            total = -(-layers // n) * kept
+        else:                          # block: the first n layers of the stage, one by one
+            total = min(n, layers) * kept + max(layers - n, 0) * layer
     if pre:
         keys = 2 + (1 if post else 0)                        # tokens, position ids (labels)
         total += keys * b * args.seq_length * 8              # the broadcast int64 buffer
