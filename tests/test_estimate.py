@@ -8,6 +8,8 @@ backward in every micro-batch (saved-tensor hooks). Then, on every rank:
 * parameters, gradient and optimizer bytes equal the estimate exactly;
 * the activations held at the schedule's peak (read from the trace's order of forward and
   backward steps) are within 10% of the estimate.
+The layouts between them cover tp, pp, vp, dp, cp, sequence parallelism, the distributed
+optimizer, fp16 / bf16, the modern options and recomputation.
 """
 
 from __future__ import annotations
@@ -115,12 +117,13 @@ def peak_activations(records, units) -> int:
 
 LAYOUTS = {
     "tp2-pp2": (4, ["--tp", "2", "--pp", "2", "--global-batch-size", "4"]),
-    "tp2-sp-bf16": (2, ["--tp", "2", "--sequence-parallel", "--bf16", "--accumulate-allreduce-grads-in-fp32",
-                        "--hidden-dropout", "0", "--attention-dropout", "0"]),
     "tp2-modern-recompute": (2, ["--tp", "2", "--swiglu", "--normalization", "RMSNorm", "--group-query-attention",
                                  "--num-query-groups", "2", "--position-embedding-type", "rope",
                                  "--untie-embeddings-and-output-weights", "--recompute-granularity", "full",
                                  "--recompute-method", "block", "--recompute-num-layers", "1"]),
+    "cp2-tp2-sp-bf16": (4, ["--cp", "2", "--tp", "2", "--sequence-parallel", "--group-query-attention",
+                            "--num-query-groups", "2", "--bf16", "--accumulate-allreduce-grads-in-fp32",
+                            "--hidden-dropout", "0"]),
     "pp2-vp2-dp2-distopt-fp16": (4, ["--pp", "2", "--vp", "2", "--use-distributed-optimizer", "--global-batch-size",
                                      "8", "--fp16", "--loss-scale", "1"]),
 }

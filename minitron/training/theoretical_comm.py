@@ -75,6 +75,20 @@ def _tp_traffic(args, pre: bool, post: bool, layers: int, tally: _Tally, times: 
         tally.add("tp", s * b * 4, times * 3)             # cross entropy: max, target logit, sum exp
 
 
+def _cp_ring(args, layers: int, again: int, tally: _Tally, times: int) -> None:
+    """Context parallelism's ring (context_parallel.py), per layer: forward passes this rank's
+    keys and values on cp - 1 times; backward passes them on cp - 1 times more and their
+    gradient cp times. One message: [2, b, heads/t, s/cp, d] in fp32, keys repeated per head."""
+    cp = args.context_parallel_size
+    if cp == 1:
+        return
+    kv = 2 * args.micro_batch_size * args.num_attention_heads // args.tensor_model_parallel_size \
+        * (args.seq_length // cp) * args.kv_channels * 4
+    selective = getattr(args, "recompute_granularity", None) == "selective"
+    forwards = layers * (2 if selective else 1) + again      # recomputed attention rings again
+    tally.add("cp", kv, times * (forwards * (cp - 1) + layers * (2 * cp - 1)))
+
+
 def recomputed_layers(args, layers: int) -> int:
     """Layers of a chunk whose forward runs again in backward (--recompute-granularity full)."""
     if getattr(args, "recompute_granularity", None) != "full":
@@ -98,7 +112,9 @@ def comm_bytes(args, pp_rank: int, stage: list | None = None) -> _Tally:
     for chunk in chunks:
         pre, post = chunk_ends(args, pp_rank, chunk)
         _batch_broadcasts(args, pre, post, tally, m)
-        _tp_traffic(args, pre, post, len(chunk_layers(args, pp_rank, chunk)), tally, m)
+        layers = len(chunk_layers(args, pp_rank, chunk))
+        _tp_traffic(args, pre, post, layers, tally, m)
+        _cp_ring(args, layers, recomputed_layers(args, layers), tally, m)
         if pp > 1:
             tally.add("pp", p2p, m * (0 if post else 1))       # activation forward
             tally.add("pp", p2p, m * (0 if pre else 1))        # its gradient backward

@@ -260,10 +260,16 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
     if _flag(args, "position_embedding_type") == "rope":     # rotated q and k, cos and sin twice
         rotated = int(args.kv_channels * args.rotary_percent)
         layer += s * b * (q + args.kv_channels * groups) * e + 4 * s * rotated * 4
-    if ad > 0:   # unfused: causal mask, fp32 softmax, dropout mask, dropped probabilities
+    cp = args.context_parallel_size
+    if cp > 1:   # the ring (context_parallel.py): fp32 output and log-sum-exp, fp32 masks by block
+        core = s * b * q * 4 + heads * b * s * 4
+        core += (2 * cp + 1) * b * heads * (s // 2) ** 2 * 4 if ad > 0 else 0
+    elif ad > 0:  # unfused: causal mask, fp32 softmax, dropout mask, dropped probabilities
         core = s * s + heads * b * s * s * (4 + m + e)
-    else:        # fused kernel: its output and log-sum-exp
+    else:         # fused kernel: its output and log-sum-exp
         core = s * b * q * e + heads * b * s * 4
+    if groups * t != args.num_attention_heads:   # GQA: keys and values repeated per query head
+        core += 2 * s * b * q * e
     layer += core + s * b * q * e                            # + linear_proj's input (context)
     if _flag(args, "swiglu", False):   # fc1's [gate | up], silu(gate), their product (fc2's input)
         layer += 4 * s * b * ffn * e
