@@ -279,6 +279,7 @@ def test_json_is_instant_and_torch_free():
     (["--world", "2", "--num-layer", "4"], "no such option --num-layer"),
     (["--check", "/nonexistent-dir"], "holds no rank*.jsonl"),
     (["--check", "/tmp", "--world", "2"], "drop the other flags"),
+    (["--world", "4", "--ep", "2", "--num-experts", "4", *MODEL[:-4]], "does not count mixture-of-experts"),
 ])
 def test_bad_input_is_one_line(capsys, monkeypatch, argv, words):
     code, out, err = minitron(capsys, monkeypatch, "estimate", *argv)

@@ -38,10 +38,18 @@ def count(n: int) -> str:
     return f"{n:,}"
 
 
+def refuse_moe(args) -> None:
+    """Expert layers are not in the arithmetic yet: their all-to-all sizes follow the routing."""
+    if getattr(args, "num_experts", None):
+        raise UserError(f"--num-experts {args.num_experts}: minitron estimate does not count mixture-of-experts "
+                        "layers yet (their all-to-all follows the routing); estimate the dense model without it")
+
+
 def _args_for(argv: list[str], world: int):
     from minitron.training.tokenizer import build_tokenizer
 
     args = validate_pretrain(argv, world)
+    refuse_moe(args)
     try:
         build_tokenizer(args)   # sets padded_vocab_size, as the ranks will
     except (ValueError, OSError) as exc:
@@ -137,6 +145,7 @@ def check_trace(trace_dir: Path, as_json: bool) -> None:
         raise UserError(f"{trace_dir} does not record the run's arguments (traced before minitron kept them, "
                         "or initialization only): trace `minitron pretrain --train-iters 1 --trace DIR` again")
     args = argparse.Namespace(**recorded)
+    refuse_moe(args)
     if not any(r["name"].endswith(".train_step") for records in runs.values() for r in records):
         raise UserError(f"{trace_dir} holds no train_step: trace a training run (pretrain --train-iters 1 --trace DIR)")
     if getattr(args, "padded_vocab_size", None) is None:

@@ -19,8 +19,10 @@ tensor, so that it can be checked exactly against a traced run (`minitron estima
   `minitron groups --json`), with the bytes of the tensor handed to it; point-to-point, the
   bytes sent (comm_bytes below).
 
-Context and expert parallelism add their terms where the marked lines say; a layout that uses
-them is estimated without those terms until they are written.
+Covered: tp, pp (1F1B and interleaved), dp, cp (the ring), sequence parallelism, the
+distributed optimizer, fp32/bf16/fp16, the modern options (rope, swiglu, RMSNorm, GQA, untied
+embeddings) and recomputation. Not yet: mixture-of-experts layers (`minitron estimate` refuses
+--num-experts), whose all-to-all sizes depend on the routing.
 """
 
 from __future__ import annotations
