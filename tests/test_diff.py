@@ -52,6 +52,7 @@ def test_bytes_of_a_call():
     ops = [{"op": "isend", "shape": [2, 3], "dtype": "bfloat16"}, {"op": "irecv", "shape": [9], "dtype": "float32"}]
     assert call_bytes({"args": {"ops": ops}}) == 12                         # sends only
     assert call_bytes({"args": {"ops": [{"op": "isend", "shape": [5]}]}}, "float16") == 10  # older traces
+    assert call_bytes({"args": {"shape": [7, 4], "input_shape": [3, 4], "dtype": "float32"}}) == 48  # all-to-all
 
 
 def test_summaries_count_what_the_records_say(tmp_path):

@@ -53,7 +53,7 @@ def call_bytes(record: dict, pipeline_dtype: str = "float32") -> int:
     if "ops" in args:
         return sum(numel(op["shape"]) * DTYPE_BYTES[op.get("dtype", pipeline_dtype)]
                    for op in args["ops"] if op["op"] == "isend")
-    shape = args.get("shape")
+    shape = args.get("input_shape", args.get("shape"))   # all_to_all_single: what leaves
     if not isinstance(shape, list) or (shape and isinstance(shape[0], list)):
         return 0   # barrier; a list of tensors (not used on minitron's paths)
     return numel(shape) * DTYPE_BYTES.get(args.get("dtype", "float32"), 4)
