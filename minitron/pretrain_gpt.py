@@ -23,6 +23,7 @@ from minitron.core.datasets import (
 from minitron.core.models.gpt import GPTModel
 from minitron.core.pipeline_parallel.schedules import get_attr_wrapped_model
 from minitron.launcher.worker import rank_session
+from minitron.trace import traced
 from minitron.training.arguments import GPT_ARGS_DEFAULTS, core_transformer_config_from_args
 from minitron.training.global_vars import get_args, get_tokenizer
 from minitron.training.training import pretrain
@@ -34,6 +35,12 @@ from minitron.training.utils import print_rank_0
 ARGS_DEFAULTS = GPT_ARGS_DEFAULTS
 
 
+# The trace records where this chunk sits, and that the chunk learns it from its arguments: the
+# process-wide "current virtual rank" that older Megatron advanced before each call is never
+# advanced here (it stays at 0 with a virtual pipeline, None without one).
+@traced(args=lambda pre_process=True, post_process=True, vp_stage=None: {
+    "pre_process": pre_process, "post_process": post_process, "vp_stage": vp_stage,
+    "global_virtual_rank": mpu.get_virtual_pipeline_model_parallel_rank()})
 def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage=None) -> GPTModel:
     """This rank's GPT: the layers of its pipeline stage, each weight its tensor-parallel slice."""
     args = get_args()
@@ -106,12 +113,21 @@ train_valid_test_datasets_provider.is_distributed = True
 # --8<-- [end:provider]
 
 
+@traced(name="minitron.pretrain_gpt.__main__")
+def run_main(argv: list[str] | None = None) -> None:
+    """What Megatron's ``if __name__ == "__main__":`` block does: hand the three pieces to
+    pretrain(). A block cannot be traced, so here it is a function, recorded under the block's
+    name: the first step of every rank's trace is the place where every rank starts."""
+    pretrain(train_valid_test_datasets_provider, model_provider, "encoder_or_decoder", forward_step,
+             args_defaults=ARGS_DEFAULTS, argv=argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     # minitron's one addition to Megatron's entry: the per-rank session (tracing, debugger),
-    # driven by environment variables so it behaves the same under any launcher.
+    # driven by environment variables so it behaves the same under any launcher. It opens
+    # before the traced entry, since it is what starts the recorder.
     with rank_session():
-        pretrain(train_valid_test_datasets_provider, model_provider, "encoder_or_decoder", forward_step,
-                 args_defaults=ARGS_DEFAULTS, argv=argv)
+        run_main(argv)
     return 0
 
 

@@ -2,6 +2,7 @@
 and training with --context-parallel-size equals the serial run, iteration by iteration."""
 
 import contextlib
+import re
 
 import pytest
 import torch
@@ -31,6 +32,22 @@ def test_get_batch_on_this_cp_rank_keeps_chunks_r_and_2cp_minus_1_minus_r():
     assert got["labels"] is None
     assert torch.equal(got["attention_mask"], mask[:, :, 4:12, :])  # this rank's query rows only
     assert chunk_ids(1, 2) == (1, 2)
+
+
+@pytest.mark.parametrize("world, flags, words", [
+    (2, "--seq-length 6", "multiple of 2 x --context-parallel-size = 4"),
+    (8, "--seq-length 20 --tensor-model-parallel-size 4 --num-attention-heads 4 --sequence-parallel",
+     "make --seq-length a multiple of cp x tp = 8"),
+    (2, "--reset-attention-mask", "drop one of --reset-attention-mask and --context-parallel-size"),
+])
+def test_validate_args_refuses_what_the_ring_cannot_do(world, flags, words):
+    from test_arguments import validated
+    from minitron.training.arguments import ArgumentError
+
+    flags = ["--context-parallel-size", "2", "--seq-length", "8", "--micro-batch-size", "1", *flags.split()]
+    with pytest.raises(ArgumentError, match=re.escape(words)):
+        validated(world, *flags)
+    validated(world // 2 * 2, "--context-parallel-size", "2", "--seq-length", "8", "--micro-batch-size", "1")
 
 
 def _ring_vs_serial(rank: int, dropout: bool = False) -> float:
@@ -109,8 +126,8 @@ def test_ring_attention_backward_with_dropout_matches_finite_differences():
 
 
 # --- training: every cp layout's per-iteration loss equals the serial run's -----------------------
-# test_training_equivalence's model and launcher, smaller: 2 layers, 4 micro-batches a step.
-SMALL = ["--num-layers", "2", "--global-batch-size", "4", "--train-iters", "3"]
+# test_training_equivalence's model and launcher, smaller: 2 layers, 2 iterations of 2 samples.
+SMALL = ["--num-layers", "2", "--global-batch-size", "2", "--train-iters", "2"]
 CP_LAYOUTS = {
     "cp2": (2, []),
     "cp2-tp2": (4, ["--tensor-model-parallel-size", "2"]),
@@ -128,6 +145,6 @@ def serial_small(tmp_path_factory):
 def test_context_parallel_training_matches_serial(tmp_path, serial_small, name):
     world, flags = CP_LAYOUTS[name]
     losses = run(tmp_path, name, world, *SMALL, "--context-parallel-size", "2", *flags)
-    assert len(losses) == 3
+    assert len(losses) == 2
     assert losses == pytest.approx(serial_small, rel=1e-5, abs=0), f"{name}: {losses} vs serial {serial_small}"
     assert losses[-1] != losses[0]  # the weights really changed between iterations

@@ -9,6 +9,7 @@ and the dispatcher's pieces do what the chapter says.
 2. permute / unpermute: rows grouped by expert, and back.
 3. the all-to-all dispatcher on 2 ranks with identity experts: every token comes home whole.
 4. the switch loss against a hand computation, and the autoscaler's gradient.
+5. a checkpoint of the dp4-ep2 run, one directory per expert-parallel rank, resumes exactly.
 """
 
 import json
@@ -34,6 +35,8 @@ def run(tmp_path, name, world, *flags):
     out = tmp_path / name
     out.mkdir()
     argv = MODEL + ["--log-jsonl", str(out / "iterations.jsonl"), *flags]
+    if "--save-interval" in flags:
+        argv += ["--save", str(tmp_path / "checkpoints")]
     try:
         launch(LaunchConfig(world_size=world, log_dir=out / "logs"), Target(module="minitron.pretrain_gpt", argv=argv))
     except RankFailure as failure:
@@ -51,20 +54,41 @@ EP = ["--expert-model-parallel-size", "2"]
 LAYOUTS = {   # name: (world, flags)
     "ep2": (2, EP),
     "ep2-tp2": (4, EP + ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),   # expert tp 2 too
-    "dp4-ep2-distopt": (4, EP + ["--use-distributed-optimizer"]),
+    "dp4-ep2-distopt": (4, EP + ["--use-distributed-optimizer", "--save-interval", "2"]),   # saves (below)
     "ep2-pp2": (4, EP + ["--pipeline-model-parallel-size", "2"]),
 }
 
 
+_DONE = {}   # layout name -> (its tmp_path, its lm losses), for the checkpoint test below
+
+
+def layout_run(tmp_path, name):
+    if name not in _DONE:
+        world, flags = LAYOUTS[name]
+        _DONE[name] = tmp_path, run(tmp_path, name, world, *flags)
+    return _DONE[name][1]
+
+
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_moe_layout_matches_serial(tmp_path, serial, name):
-    world, flags = LAYOUTS[name]
-    losses, balance = run(tmp_path, name, world, *flags)
+    losses, balance = layout_run(tmp_path, name)
     serial_losses, serial_balance = serial
     assert losses == pytest.approx(serial_losses, abs=1e-5), f"{name}: {losses} vs serial {serial_losses}"
     assert balance == pytest.approx(serial_balance, abs=1e-5), f"{name}: {balance} vs serial {serial_balance}"
     assert losses[-1] != losses[0] and balance[-1] != balance[0]   # the weights and the routing moved
     assert all(b >= 1.0 - 1e-6 for b in balance)   # E * sum f_i P_i is 1 when perfectly balanced, else more
+
+
+def test_moe_checkpoint_resumes_where_it_stopped(tmp_path_factory):
+    """Each expert-parallel rank's experts get a directory of their own (mp_rank_TT_EEE): resuming
+    the dp4-ep2 run from its iteration-2 checkpoint repeats its third iteration."""
+    losses, _ = layout_run(tmp_path_factory.mktemp("resume"), "dp4-ep2-distopt")
+    tmp_path, world = _DONE["dp4-ep2-distopt"][0], LAYOUTS["dp4-ep2-distopt"][0]
+    ck = tmp_path / "checkpoints"
+    assert sorted(p.name for p in (ck / "iter_0000002").glob("mp_rank_*")) == ["mp_rank_00_000", "mp_rank_00_001"]
+    (ck / "latest_checkpointed_iteration.txt").write_text("2")   # resume from the middle
+    resumed, _ = run(tmp_path, "resumed", world, *EP, "--use-distributed-optimizer", "--load", str(ck))
+    assert resumed == pytest.approx(losses[2:], abs=1e-6)
 
 
 def test_permute_groups_rows_by_expert_and_unpermute_brings_them_back():

@@ -49,27 +49,31 @@ def _run(tp: int, sp: bool, recompute: dict) -> dict:
             "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
 
 
-def _compare(tp: int, sp: bool):
+def _compare(tp: int, sps: tuple[bool, ...]):
     def body(rank):
         torch.set_num_threads(1)
-        plain = _run(tp, sp, {})
-        diffs = {}
-        for name, recompute in VARIANTS.items():
-            other = _run(tp, sp, recompute)
-            diffs[name] = [n for n in plain["grads"] if not torch.equal(plain["grads"][n], other["grads"][n])]
-            if not all(torch.equal(a, b) for a, b in zip(plain["losses"], other["losses"])):
-                diffs[name].append("loss")
-            if not torch.equal(plain["after"], other["after"]):
-                diffs[name].append("rng after")
-        return {"diffs": diffs, "dropout_on": not torch.equal(plain["losses"][1], plain["no_dropout"])}
+        results = {}
+        for sp in sps:
+            plain = _run(tp, sp, {})
+            diffs = {}
+            for name, recompute in VARIANTS.items():
+                other = _run(tp, sp, recompute)
+                diffs[name] = [n for n in plain["grads"] if not torch.equal(plain["grads"][n], other["grads"][n])]
+                if not all(torch.equal(a, b) for a, b in zip(plain["losses"], other["losses"])):
+                    diffs[name].append("loss")
+                if not torch.equal(plain["after"], other["after"]):
+                    diffs[name].append("rng after")
+            results[sp] = {"diffs": diffs, "dropout_on": not torch.equal(plain["losses"][1], plain["no_dropout"])}
+        return results
     return run_ranks(body, world_size=tp, tp=tp)
 
 
-@pytest.mark.parametrize("tp,sp", [(1, False), (2, False), (2, True)])
-def test_recomputed_run_equals_plain_run_bit_for_bit(tp, sp):
-    for rank, result in enumerate(_compare(tp, sp)):
-        assert result["dropout_on"]
-        assert result["diffs"] == {name: [] for name in VARIANTS}, f"rank {rank}: {result['diffs']}"
+@pytest.mark.parametrize("tp,sps", [(1, (False,)), (2, (False, True))], ids=["tp1", "tp2-and-tp2-sp"])
+def test_recomputed_run_equals_plain_run_bit_for_bit(tp, sps):
+    for rank, per_sp in enumerate(_compare(tp, sps)):
+        for sp, result in per_sp.items():
+            assert result["dropout_on"]
+            assert result["diffs"] == {name: [] for name in VARIANTS}, f"rank {rank} sp={sp}: {result['diffs']}"
 
 
 def test_checkpoint_replays_the_dropout_masks_of_the_first_forward():

@@ -95,7 +95,9 @@ def _stages_body(world: int, ckpt_dir: str):
             model = toy_mlp(rank, IN, OUT)
             engine, optimizer, loader, sched = initialize(
                 model=model, model_parameters=_groups(model), mpu=parallel_state if stage == 2 else None,
-                config={**CONFIG, "zero_optimization": {"stage": stage}})
+                # Small buckets: stage 2 reduces several in backward, some parameters straddling
+                # two ranks' partitions (the others ignore the size).
+                config={**CONFIG, "zero_optimization": {"stage": stage, "reduce_bucket_size": 100}})
             assert [g["weight_decay"] for g in optimizer.param_groups] == [0.01, 0.0]
             assert loader is None and optimizer is engine.optimizer and sched is engine.lr_scheduler
             losses, norms, grad_bytes = _train(engine, STEPS)

@@ -4,6 +4,7 @@
     python docs/examples/cp_demo.py ring      # the ring's steps on each rank, and its answer against plain attention
     python docs/examples/cp_demo.py balance   # blocks computed per rank: the balanced split against the contiguous one
     python docs/examples/cp_demo.py messages DIR   # the ring's messages in a `minitron trace --steps 1` directory
+    python docs/examples/cp_demo.py losses DIR...  # per-iteration lm loss of `minitron pretrain` runs, side by side
 
 `ring` and `balance` start 4 forked gloo ranks with Megatron's groups (cp = 4) and call the
 attention every GPT layer calls, attn_forward_func_with_cp; the counts are what its forward
@@ -115,5 +116,18 @@ def messages(trace_dir: str) -> None:
             print(f"  {count:>2} x in {caller}: {ops}")
 
 
+def losses(*log_dirs: str) -> None:
+    """The lm loss of each iteration, from each run's iterations.jsonl; the last column is the
+    largest difference from the first run, relative to it."""
+    import json
+    from pathlib import Path
+
+    runs = [[json.loads(line)["lm_loss"] for line in (Path(d) / "iterations.jsonl").open()] for d in log_dirs]
+    print("iteration  " + "  ".join(f"{Path(d).name:>22}" for d in log_dirs) + "  largest rel. difference")
+    for i, values in enumerate(zip(*runs), start=1):
+        worst = max(abs(v - values[0]) / abs(values[0]) for v in values[1:])
+        print(f"{i:>9}  " + "  ".join(f"{v:>22.9f}" for v in values) + f"  {worst:.1e}")
+
+
 if __name__ == "__main__":
-    {"layout": layout, "ring": ring, "balance": balance, "messages": messages}[sys.argv[1]](*sys.argv[2:])
+    {"layout": layout, "ring": ring, "balance": balance, "messages": messages, "losses": losses}[sys.argv[1]](*sys.argv[2:])

@@ -66,12 +66,11 @@ def play_pretrain_rank(argv: List[str]) -> None:
     """One rank of a fake world: pretrain's initialization, then nothing left for the next rank."""
     from minitron import comm
     from minitron.core import parallel_state
-    from minitron.pretrain_gpt import ARGS_DEFAULTS
+    from minitron.pretrain_gpt import run_main
     from minitron.training.global_vars import unset_global_variables
-    from minitron.training.training import pretrain
 
     try:
-        pretrain(None, None, "encoder_or_decoder", None, args_defaults=ARGS_DEFAULTS, argv=argv)
+        run_main(argv)  # the script's entry, as a real rank runs it (no iterations: no model)
     finally:
         parallel_state.destroy_model_parallel()
         comm.destroy_process_group()  # cdb's torch world, and with it every subgroup

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shlex
+import sys
 from collections import OrderedDict
 from pathlib import Path
 
@@ -167,9 +169,65 @@ def node_command(world_info: dict, master_addr: str, master_port: int, program: 
     directly on one host; on several, one pdsh line that starts it on every host with ``%n``
     (pdsh's index of the host) as --node_rank."""
     launch = shlex.join(["python", "-u", "-m", "deepspeed.launcher.launch"])
-    where = shlex.join([f"--master_addr={master_addr}", f"--master_port={master_port}", *launch_flags])
+    where = shlex.join([f"--master_addr={master_addr}", f"--master_port={master_port}"])
     pieces = [launch, shlex.quote(f"--world_info={encode_world_info(world_info)}")]
     if len(world_info) > 1:
         pieces = [shlex.join(["pdsh", "-S", "-f", "1024", "-w", ",".join(world_info)])] + pieces
         where = "--node_rank=%n " + where
-    return pieces + [where, shlex.join(program)]
+    return pieces + [where] + ([shlex.join(launch_flags)] if launch_flags else []) + [shlex.join(program)]
+
+
+# --- launch.py's options for each process: --bind_cores_to_rank, --save_pid, --no_python -------
+
+BIND_CORE_LIST_ENV = "MINITRON_BIND_CORE_LIST"  # the launcher's core list; each rank takes its share
+PID_FILE_BASEPATH = "/tmp"                        # DeepSpeed's launch.py: /tmp/<runner pid>.deepspeed
+
+
+def parse_range_list(text: str) -> list[int]:
+    """``--bind_core_list 1,3-5,7`` -> ``[1, 3, 4, 5, 7]``. DeepSpeed's rule: each piece a number
+    or LOW-HIGH, the pieces ascending and not overlapping."""
+    cores: list[int] = []
+    for piece in text.split(","):
+        low, dash, high = piece.partition("-")
+        try:
+            first, last = int(low), int(high if dash else low)
+        except ValueError:
+            raise ResourceError(f"--bind_core_list {text}: {piece!r} is not a core number or a range "
+                                "LOW-HIGH (e.g. 0-3,8)") from None
+        if first > last or first < 0 or (cores and first <= cores[-1]):
+            raise ResourceError(f"--bind_core_list {text}: the ranges must be ascending and not overlap "
+                                f"({piece!r})")
+        cores.extend(range(first, last + 1))
+    return cores
+
+
+def cores_for_rank(core_list: list[int], num_local_procs: int, local_rank: int) -> list[int]:
+    """DeepSpeed's split (``get_numactl_cmd``): every local rank gets len // n consecutive cores
+    of the list, in local-rank order; what does not divide stays idle."""
+    per_rank = len(core_list) // num_local_procs
+    if per_rank < 1:
+        raise ResourceError(f"--bind_cores_to_rank: {len(core_list)} cores for {num_local_procs} ranks on "
+                            "this host; each rank needs one at least: start fewer ranks")
+    return list(core_list[per_rank * local_rank:per_rank * (local_rank + 1)])
+
+
+def bind_cores_from_env() -> list[int] | None:
+    """In a rank: pin this process to its share of the launcher's core list (None when the
+    launcher was not asked to). DeepSpeed starts the rank under ``numactl -C CORES`` (and sets
+    OMP_NUM_THREADS to their number); sched_setaffinity is the system call numactl makes,
+    without the package. Threads the rank starts later (torch's pool) inherit the mask."""
+    listed = os.environ.get(BIND_CORE_LIST_ENV)
+    if not listed:
+        return None
+    cores = cores_for_rank(parse_range_list(listed), int(os.environ["LOCAL_SIZE"]), int(os.environ["LOCAL_RANK"]))
+    os.sched_setaffinity(0, cores)
+    return cores
+
+
+def exec_program(program: list[str], local_rank_arg: bool) -> None:
+    """``--no_python``: this forked rank *becomes* the program (exec), keeping the environment
+    the launcher gave it; launch.py's ``--local_rank=N`` comes first among its arguments, as there."""
+    argv = [program[0], *([f"--local_rank={os.environ['LOCAL_RANK']}"] if local_rank_arg else []), *program[1:]]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvp(argv[0], argv)

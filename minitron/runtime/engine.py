@@ -83,6 +83,7 @@ class DeepSpeedEngine(torch.nn.Module):
         # The clipping norm and the overflow check also span the tensor-parallel group.
         mp_group = _model_parallel_group(mpu)
         self.global_steps = self.global_samples = self.micro_steps = self.skipped_steps = 0
+        self._is_gradient_accumulation_boundary, self._step_applied = None, False
         if config.fp16_enabled:
             self.module.half()
         elif config.bfloat16_enabled:
@@ -96,7 +97,8 @@ class DeepSpeedEngine(torch.nn.Module):
                                                            config.gradient_clipping, mp_group)
         else:
             self.optimizer = DeepSpeedZeroOptimizer(basic, self.data_parallel_group, self.zero_optimization_stage(),
-                                                    scaler, config.gradient_clipping, mp_group)
+                                                    scaler, config.gradient_clipping, mp_group,
+                                                    config.zero_config.reduce_bucket_size)
         self.basic_optimizer = basic
         self.lr_scheduler = self._configure_lr_scheduler(lr_scheduler)
         self.training_dataloader = None
@@ -160,8 +162,16 @@ class DeepSpeedEngine(torch.nn.Module):
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """True for the micro-batch whose step() updates the weights: the last of each
-        gradient_accumulation_steps."""
+        gradient_accumulation_steps, unless the caller said otherwise (below)."""
+        if self._is_gradient_accumulation_boundary is not None:
+            return self._is_gradient_accumulation_boundary
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary) -> None:
+        """Take over the counting: a loop that runs its own micro-batches (Megatron-DeepSpeed's
+        schedules) says False before each but the last, True before the last, and calls step()
+        once per global batch. None goes back to counting micro-steps."""
+        self._is_gradient_accumulation_boundary = is_boundary
 
     # --8<-- [start:backward-step]
     def backward(self, loss: torch.Tensor) -> torch.Tensor:
@@ -173,20 +183,32 @@ class DeepSpeedEngine(torch.nn.Module):
         self.optimizer.reduce_gradients(self.is_gradient_accumulation_boundary())
         return loss
 
-    def step(self) -> None:
+    def step(self, lr_kwargs: dict | None = None) -> None:
+        """``lr_kwargs`` go to the schedule's step(): Megatron's OptimizerParamScheduler counts
+        samples and is told how many (``{"increment": global batch}``)."""
+        self._step_applied = False
         if self.is_gradient_accumulation_boundary():
-            self._take_model_step()
+            self._take_model_step(lr_kwargs)
         self.micro_steps += 1
 
-    def _take_model_step(self) -> None:
+    def _take_model_step(self, lr_kwargs: dict | None = None) -> None:
         self.optimizer.step()             # skips itself on an fp16 overflow
+        self._step_applied = not self.optimizer.overflow
         if self.optimizer.overflow:
             self.skipped_steps += 1       # ...and then the schedule does not advance either
         elif self.lr_scheduler is not None:
-            self.lr_scheduler.step()
+            self.lr_scheduler.step(**(lr_kwargs or {}))
         self.global_steps += 1
         self.global_samples += self.train_batch_size()
     # --8<-- [end:backward-step]
+
+    def was_step_applied(self) -> bool:
+        """Did the last step() update the weights? False between boundaries and on an overflow."""
+        return self._step_applied
+
+    def get_global_grad_norm(self):
+        """The gradient norm of the last applied step, before clipping (None before the first)."""
+        return self.optimizer._global_grad_norm
 
     def bytes_held(self) -> dict:
         """Parameter, gradient and optimizer-state bytes held by this rank (see zero/)."""

@@ -193,6 +193,16 @@ def _add_moe_args(parser):
                    "default: --ffn-hidden-size")
 
 
+def _add_deepspeed_args(parser):
+    # DeepSpeed's add_config_arguments spells them with underscores; Megatron-DeepSpeed's
+    # scripts pass `--deepspeed --deepspeed_config ds.json`. Both spellings are taken.
+    g = parser.add_argument_group("deepspeed")
+    g.add_argument("--deepspeed", action="store_true",
+                   help="train through minitron.runtime's engine (DeepSpeed's initialize, ZeRO 0-3)")
+    g.add_argument("--deepspeed-config", "--deepspeed_config", dest="deepspeed_config", default=None,
+                   metavar="JSON", help="the ds_config; its batch triad must agree with the batch flags")
+
+
 def _add_validation_args(parser):
     g = parser.add_argument_group("validation")
     g.add_argument("--eval-iters", type=COUNT, default=100, help="batches per evaluation (0: none)")
@@ -248,7 +258,8 @@ def _add_data_args(parser):
 ARGUMENT_GROUPS = (_add_network_size_args, _add_regularization_args, _add_training_args,
                    _add_initialization_args, _add_learning_rate_args, _add_checkpointing_args,
                    _add_mixed_precision_args, _add_distributed_args, _add_validation_args,
-                   _add_data_args, _add_tokenizer_args, _add_moe_args, _add_logging_args)
+                   _add_data_args, _add_tokenizer_args, _add_moe_args, _add_logging_args,
+                   _add_deepspeed_args)
 
 
 def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from minitron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate_parallel_sizes
+from minitron.trace import traced
 from minitron.training.argument_groups import ArgumentError, build_parser
 from minitron.training.datasets.arguments import validate_data_args
 
@@ -27,6 +28,7 @@ __all__ = ["ArgumentError", "GPT_ARGS_DEFAULTS", "build_parser", "parse_args", "
 GPT_ARGS_DEFAULTS = {"tokenizer_type": "NullTokenizer", "vocab_size": 1024}
 
 
+@traced(args=lambda *a, **k: {})  # journey: the traced chain shows parsing (its argv is not worth a line)
 def parse_args(extra_args_provider=None, ignore_unknown_args=False, argv=None):
     """Parse Megatron's flags; rank and world size come from the environment as in Megatron."""
     # comm imports torch, and only a rank needs to know who it is: the command line validates
@@ -51,6 +53,7 @@ def _require(condition: bool, message: str) -> None:
         raise ArgumentError(message)
 
 
+@traced(args=lambda args, *a, **k: {"world_size": args.world_size})  # journey: the traced chain
 def validate_args(args, defaults: dict | None = None):
     """Fill in what the flags imply and reject what cannot work. Returns args.
 
@@ -74,6 +77,10 @@ def validate_args(args, defaults: dict | None = None):
 
     _require(not (args.fp16 and args.bf16), "--fp16 and --bf16 exclude each other: choose one")
     args.params_dtype = "float16" if args.fp16 else "bfloat16" if args.bf16 else "float32"
+
+    # --deepspeed (Megatron-DeepSpeed's path): the ds_config must agree with the flags above.
+    from minitron.training.deepspeed_arguments import validate_deepspeed_args
+    validate_deepspeed_args(args)
 
     if args.distributed_backend is None:
         # The accelerator asks torch whether a GPU is there: a rank's question, asked after
@@ -212,13 +219,14 @@ def _validate_context_parallel(args):
                  f"across {tp} tensor-parallel ranks: make --seq-length a multiple of cp x tp = {cp * tp}")
     # Rotary tables cover positions 0..s/cp-1 unless cut as the tokens are (context_parallel.py's
     # get_pos_emb_on_this_cp_rank); refuse rather than train on wrong positions.
-    _require(getattr(args, "position_embedding_type", "learned_absolute") != "rope",
+    _require(args.position_embedding_type != "rope",
              "--position-embedding-type rope is not wired for --context-parallel-size > 1 yet: "
              "use learned_absolute positions with context parallelism")
-    _require(not getattr(args, "reset_attention_mask", False),
+    _require(not args.reset_attention_mask,
              "--reset-attention-mask masks documents inside a sequence; context-parallel attention "
              "here is plain causal: drop one of --reset-attention-mask and --context-parallel-size")
-# --8<-- [start:validate-moe]
+
+
 def _validate_moe(args):
     """Mixture of experts (Megatron's rules; --num-experts 0 was turned into None above)."""
     if args.num_experts is None:
@@ -234,10 +242,12 @@ def _validate_moe(args):
     if args.moe_ffn_hidden_size is None:
         args.moe_ffn_hidden_size = args.ffn_hidden_size
     etp = args.expert_tensor_parallel_size
+    _require(etp == tp or not (args.save or args.load),
+             f"--save/--load keep one file per (tensor, pipeline, expert) rank, which holds whole "
+             f"expert slices only when --expert-tensor-parallel-size {etp} equals --tensor-model-parallel-size {tp}")
     _require(args.moe_ffn_hidden_size % etp == 0,
              f"the experts' ffn size {args.moe_ffn_hidden_size} (--moe-ffn-hidden-size, default "
              f"--ffn-hidden-size) is not divisible by --expert-tensor-parallel-size {etp}")
-# --8<-- [end:validate-moe]
 
 
 def _validate_batch(args):

@@ -42,7 +42,10 @@ def pretrain(train_valid_test_dataset_provider, model_provider, model_type, forw
     # Megatron prints this while building the tokenizer; here it waits until a model is built
     # from the padded size, where a reader comparing layouts needs to see it.
     print_vocab_padding(args, get_tokenizer())
-    model, optimizer, opt_param_scheduler = setup_model_and_optimizer(model_provider, model_type)
+    setup = setup_model_and_optimizer
+    if args.deepspeed:  # Megatron-DeepSpeed's path: the engine wraps model and optimizer
+        from minitron.training.deepspeed_training import setup_model_and_optimizer as setup
+    model, optimizer, opt_param_scheduler = setup(model_provider, model_type)
     from minitron.training.data import build_train_valid_test_data_iterators
     train_iter, valid_iter, _ = build_train_valid_test_data_iterators(train_valid_test_dataset_provider)
     train(forward_step_func, model, optimizer, opt_param_scheduler, train_iter, valid_iter)
@@ -52,6 +55,9 @@ def pretrain(train_valid_test_dataset_provider, model_provider, model_type, forw
 def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler):
     """One iteration: all micro-batches forward and backward, gradients reduced, one step."""
     args = get_args()
+    if args.deepspeed:  # the engine's loop: minitron/training/deepspeed_training.py
+        from minitron.training.deepspeed_training import train_step as deepspeed_train_step
+        return deepspeed_train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler)
     for chunk in model:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()

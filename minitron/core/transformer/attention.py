@@ -10,7 +10,8 @@ cut is: rank i of p computes heads [i*n/p, (i+1)*n/p) from start to finish.
 
 The qkv weight's output rows are ordered head by head, [q_0 k_0 v_0 | q_1 k_1 v_1 | ...],
 not [all q | all k | all v]. That order is what makes a plain contiguous column split hand each
-rank complete heads with their own q, k and v.
+rank complete heads with their own q, k and v. (With grouped-query attention the unit is a
+group of heads sharing one k and v, [q.. k v] per group; see SelfAttention.)
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ def is_causal_mask(attention_mask: torch.Tensor) -> bool:
 
 
 class DotProductAttention(MegatronModule):
-    """softmax(q k^T / sqrt(d), causal) v for this rank's heads. Inputs [s, b, heads, d]."""
+    """softmax(q k^T / sqrt(d), causal) v for this rank's heads. Inputs [s, b, heads, d].
+
+    With context parallelism ``s`` is this rank's two chunks of the sequence, and the keys of
+    the other chunks come round the context-parallel ring (context_parallel.py)."""
 
     def __init__(self, config, layer_number: int):
         super().__init__(config)

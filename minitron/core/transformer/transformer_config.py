@@ -144,6 +144,9 @@ class TransformerConfig(ModelParallelConfig):
         if self.num_query_groups % tp:
             raise ValueError(f"num_query_groups {self.num_query_groups} is not divisible by "
                              f"tensor_model_parallel_size {tp}: each TP rank must own whole query groups")
+        if self.distribute_saved_activations:
+            raise ValueError("distribute_saved_activations (Megatron's split of checkpointed inputs "
+                             "across TP ranks) is not available in minitron")
         granularity, method, n = self.recompute_granularity, self.recompute_method, self.recompute_num_layers
         if granularity is None:
             return

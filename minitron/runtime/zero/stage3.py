@@ -21,8 +21,11 @@ minitron leaves torch's linear alone: the numbers are the same, the peak is high
 
 The optimizer side is stage 2's: the fp32 master is my pieces, end to end; the step is the
 same, except that the updated pieces are *not* all-gathered (the next forward gathers them).
-A parameter used outside its own module's forward (DeepSpeed's "external parameters") is not
-handled here; the engine's models do not need it.
+A parameter used by a module that does not own it — the GPT's output layer reading the
+embedding's matrix when the two are tied — must be registered with that module
+(``register_external_parameter``, DeepSpeed's name): its hooks then gather and release it too.
+Unregistered, the module would find an empty tensor; DeepSpeed detects some of these cases by
+itself, minitron only the registered ones.
 """
 
 from __future__ import annotations
@@ -35,6 +38,20 @@ from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 AVAILABLE, NOT_AVAILABLE = "AVAILABLE", "NOT_AVAILABLE"   # DeepSpeed's ZeroParamStatus
 
 
+def register_external_parameter(module: torch.nn.Module, parameter: torch.nn.Parameter) -> None:
+    """``deepspeed.zero.register_external_parameter``: ``module`` uses ``parameter``, owned
+    elsewhere, in its forward. Call it before ``initialize()``; stage 3 then gathers the
+    parameter for ``module``'s forward and backward as it gathers the module's own."""
+    external = module.__dict__.setdefault("ds_external_parameters", [])
+    if not any(p is parameter for p in external):
+        external.append(parameter)
+
+
+def _params_of(module: torch.nn.Module) -> list:
+    """What a module's forward needs gathered: its own parameters and the registered ones."""
+    return list(module.parameters(recurse=False)) + list(getattr(module, "ds_external_parameters", []))
+
+
 class _GatherBeforeBackward(torch.autograd.Function):
     """Identity in forward; in backward, gathers the module's parameters first."""
 
@@ -45,7 +62,7 @@ class _GatherBeforeBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        ctx.optimizer.gather(list(ctx.module.parameters(recurse=False)))
+        ctx.optimizer.gather(_params_of(ctx.module))
         return (None, None, *grads)
 
 
@@ -93,7 +110,7 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         self.release(list(self._group_of))
         self._hooks = []
         for m in module.modules():
-            if any(p in self._group_of for p in m.parameters(recurse=False)):
+            if any(p in self._group_of for p in _params_of(m)):
                 self._hooks += [m.register_forward_pre_hook(self._pre_forward),
                                 m.register_forward_hook(self._post_forward)]
 
@@ -116,22 +133,31 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
                 p.ds_status = NOT_AVAILABLE
 
     def _pre_forward(self, module, inputs):
-        self.gather(list(module.parameters(recurse=False)))
+        self.gather(_params_of(module))
 
     def _post_forward(self, module, inputs, output):
-        self.release(list(module.parameters(recurse=False)))
-        if not torch.is_grad_enabled():
-            return output
+        # Wrap first, release second: a module may hand back one of its own parameters (a
+        # linear with skip_bias_add returns its bias, added by the caller); the wrapper's view
+        # of it keeps the gathered values that the caller still adds.
+        output = self._wrap_outputs(module, output)
+        self.release(_params_of(module))
+        return output
+
+    def _wrap_outputs(self, module, output):
         single = torch.is_tensor(output)
         items = [output] if single else list(output) if isinstance(output, (tuple, list)) else None
         if items is None:
             return output
-        slots = [k for k, t in enumerate(items) if torch.is_tensor(t) and t.requires_grad]
-        if not slots:
-            return output
-        wrapped = _GatherBeforeBackward.apply(self, module, *(items[k] for k in slots))
-        for k, t in zip(slots, wrapped):
-            items[k] = t
+        if torch.is_grad_enabled():
+            slots = [k for k, t in enumerate(items) if torch.is_tensor(t) and t.requires_grad]
+            if not slots:
+                return output
+            wrapped = _GatherBeforeBackward.apply(self, module, *(items[k] for k in slots))
+            for k, t in zip(slots, wrapped):
+                items[k] = t
+        else:   # no backward to prepare for; a returned parameter still needs its values kept
+            own = _params_of(module)
+            items = [t.view_as(t) if any(t is p for p in own) else t for t in items]
         if single:
             return items[0]
         return type(output)(*items) if hasattr(output, "_fields") else type(output)(items)   # namedtuple

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from minitron.runtime.loss_scaler import has_inf_or_nan
+from minitron.runtime.zero.buckets import GradientBuckets
 
 NCCL_START_ALIGNMENT_FACTOR = 2  # elements: 4 bytes of fp16, so every partition starts aligned
 
@@ -52,7 +53,7 @@ def flatten_dense_tensors_aligned(tensors: list, alignment: int) -> torch.Tensor
 
 class DeepSpeedZeroOptimizer:
     def __init__(self, init_optimizer: torch.optim.Optimizer, dp_process_group, stage: int, loss_scaler,
-                 clip_grad: float = 0.0, model_parallel_group=None):
+                 clip_grad: float = 0.0, model_parallel_group=None, reduce_bucket_size: int = 500_000_000):
         self.optimizer = init_optimizer
         self._init_model_parallel(model_parallel_group)
         self.dp_process_group = dp_process_group
@@ -87,6 +88,8 @@ class DeepSpeedZeroOptimizer:
             counted = torch.cat([self._counted(p).expand(p.numel()) for p in params]
                                 + [torch.zeros(flat.numel() - offset)])
             self.norm_mask.append(counted.narrow(0, self.partition_id * size, size))
+        # Stage 2 reduces in backward, bucket by bucket (buckets.py); stages 0 and 1 at the boundary.
+        self.buckets = GradientBuckets(self, reduce_bucket_size) if self.partition_gradients else None
 
     def _init_model_parallel(self, model_parallel_group) -> None:
         """With tensor parallelism, each rank's gradient is a slice of some parameters and a
@@ -106,6 +109,9 @@ class DeepSpeedZeroOptimizer:
     def loss_scale(self) -> float:
         return self.loss_scaler.loss_scale
 
+    def get_loss_scale(self) -> float:
+        return float(self.loss_scale)
+
     def backward(self, loss: torch.Tensor) -> None:
         (loss.float() * self.loss_scale).backward()
 
@@ -120,12 +126,13 @@ class DeepSpeedZeroOptimizer:
 
     def reduce_gradients(self, is_gradient_accumulation_boundary: bool) -> None:
         """Called after every backward. Stages 0 and 1 let gradients accumulate in ``p.grad`` and
-        reduce once, at the boundary; stage 2 reduce-scatters every micro-batch, each rank adds
-        its partition into ``averaged_gradients`` and drops the rest, so the full gradient lives
-        only until the reduction. (DeepSpeed reduces bucket by bucket as gradients become ready
-        in backward, overlapping communication with compute; here it is one collective after
-        backward, which computes the same sums.)"""
-        if not (self.partition_gradients or is_gradient_accumulation_boundary):
+        reduce once, at the boundary: an all-reduce (stage 0) or a reduce-scatter into each
+        rank's partition (stage 1). Stage 2 has reduced all but its last bucket during backward;
+        the last one goes now, so the full gradient never outlives its micro-batch."""
+        if self.partition_gradients:
+            self.buckets.reduce()
+            return
+        if not is_gradient_accumulation_boundary:
             return
         for i in range(len(self.bit16_groups)):
             flat = self._flat_grad(i)
@@ -135,14 +142,7 @@ class DeepSpeedZeroOptimizer:
             else:
                 mine = torch.empty(flat.numel() // self.partition_count, dtype=flat.dtype)
                 dist.reduce_scatter_tensor(mine, flat, group=self.dp_process_group)
-            mine.div_(self.dp_world_size)   # the sum over ranks -> the mean over the global batch
-            if self.partition_gradients and i in self.averaged_gradients:
-                self.averaged_gradients[i].add_(mine)
-            else:
-                self.averaged_gradients[i] = mine
-            if self.partition_gradients:
-                for p in self.bit16_groups[i]:
-                    p.grad = None
+            self.averaged_gradients[i] = mine.div_(self.dp_world_size)   # sum over ranks -> mean
 
     # --- the step --------------------------------------------------------------------------
 

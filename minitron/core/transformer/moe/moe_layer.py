@@ -37,7 +37,6 @@ class MoELayer(MegatronModule):
                                                            config)
         self.experts = SequentialMLP(self.num_local_experts, config, layer_number, self.local_expert_indices)
 
-    # --8<-- [start:forward]
     @traced(args=lambda self, hidden_states: {"layer_number": self.layer_number,
                                               "hidden_states": short_value(hidden_states),
                                               "local_experts": self.local_expert_indices})
@@ -48,4 +47,3 @@ class MoELayer(MegatronModule):
         expert_output, mlp_bias = self.experts(dispatched_input, tokens_per_expert)
         output = self.token_dispatcher.token_unpermutation(expert_output)
         return output, mlp_bias
-    # --8<-- [end:forward]

@@ -28,7 +28,6 @@ import torch
 from minitron.core import parallel_state
 
 
-# --8<-- [start:permute]
 def permute(tokens: torch.Tensor, routing_map: torch.Tensor):
     """[T, h] tokens, [T, E] boolean routing map -> (rows grouped by expert, their source rows).
 
@@ -51,10 +50,8 @@ def unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor, probs
     weighted = permuted_tokens * weights.unsqueeze(-1).to(permuted_tokens.dtype)
     output = torch.zeros(restore_shape, dtype=permuted_tokens.dtype, device=permuted_tokens.device)
     return output.index_add(0, sorted_indices, weighted)
-# --8<-- [end:permute]
 
 
-# --8<-- [start:aux-loss]
 def switch_load_balancing_loss_func(probs: torch.Tensor, tokens_per_expert: torch.Tensor,
                                     total_num_tokens: int, topk: int, num_experts: int,
                                     moe_aux_loss_coeff: float) -> torch.Tensor:
@@ -98,7 +95,6 @@ class MoEAuxLossAutoScaler(torch.autograd.Function):
     @staticmethod
     def set_loss_scale(scale: torch.Tensor) -> None:
         MoEAuxLossAutoScaler.main_loss_backward_scale = scale.detach().reshape(())
-# --8<-- [end:aux-loss]
 
 
 # The tracker: name -> one value per layer of the whole model, summed over this step's micro-batches.

@@ -47,7 +47,6 @@ class TopKRouter(MegatronModule):
         """[s, b, h] -> logits [s*b, E]."""
         return F.linear(input.reshape(-1, input.shape[-1]), self.weight)
 
-    # --8<-- [start:routing]
     def routing(self, logits: torch.Tensor):
         """logits [T, E] -> (probs [T, E], zero off the chosen experts; routing_map [T, E] bool)."""
         top_logits, top_indices = torch.topk(logits, k=self.topk, dim=1)
@@ -57,9 +56,7 @@ class TopKRouter(MegatronModule):
         if self.training and torch.is_grad_enabled() and self.config.moe_aux_loss_coeff > 0:
             probs = self.apply_load_balancing_loss(logits, routing_map, probs)
         return probs, routing_map
-    # --8<-- [end:routing]
 
-    # --8<-- [start:apply-aux]
     def apply_load_balancing_loss(self, logits, routing_map, probs):
         """Compute the switch loss over the micro-batch's tokens and hang it on ``probs``.
 
@@ -79,7 +76,6 @@ class TopKRouter(MegatronModule):
         save_to_aux_losses_tracker("load_balancing_loss", aux_loss / coeff, self.layer_number,
                                    self.config.num_layers)
         return MoEAuxLossAutoScaler.apply(probs, aux_loss)
-    # --8<-- [end:apply-aux]
 
     @traced(args=lambda self, input: {"input": short_value(input), "experts": self.num_experts,
                                       "topk": self.topk})

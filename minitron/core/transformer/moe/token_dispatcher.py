@@ -25,7 +25,6 @@ from minitron.trace.recorder import short_value
 
 
 # --- uneven collectives with their gradients -----------------------------------------------
-# --8<-- [start:all-to-all]
 class _AllToAll(torch.autograd.Function):
     """Rank r sends input rows [sum(input_splits[:j]), +input_splits[j]) to rank j and receives
     output_splits[j] rows from it. Backward sends the gradients back the way they came: the
@@ -50,7 +49,6 @@ class _AllToAll(torch.autograd.Function):
 def all_to_all(group, input, output_split_sizes, input_split_sizes):
     """Megatron's tensor_parallel.all_to_all: the variable-size exchange the dispatcher makes."""
     return _AllToAll.apply(group, input, output_split_sizes, input_split_sizes)
-# --8<-- [end:all-to-all]
 
 
 def _gather_uneven(input, group, sizes):
@@ -124,7 +122,6 @@ class MoEAlltoAllTokenDispatcher:
         self.sort_input_by_local_experts = chunks.reshape(-1, num_local_experts).T.ravel().tolist()
         self.restore_output_by_local_experts = chunks.reshape(num_local_experts, -1).T.ravel().tolist()
 
-    # --8<-- [start:preprocess]
     def preprocess(self, routing_map: torch.Tensor) -> torch.Tensor:
         """Work out every block size of the exchange; return the tokens each local expert gets."""
         num_local_tokens_per_expert = routing_map.sum(dim=0).long()        # [E], from my tokens
@@ -144,9 +141,7 @@ class MoEAlltoAllTokenDispatcher:
         self.output_splits_tp = per_local_expert.sum(dim=(1, 2)).tolist()
         self.num_global_tokens_per_local_expert = per_local_expert.reshape(-1, self.num_local_experts)
         return per_local_expert.sum(dim=(0, 1))
-    # --8<-- [end:preprocess]
 
-    # --8<-- [start:token-permutation]
     @traced(args=lambda self, hidden_states, probs, routing_map: {
         "hidden_states": short_value(hidden_states), "ep": self.ep_size, "expert_tp": self.tp_size})
     def token_permutation(self, hidden_states, probs, routing_map):
@@ -180,4 +175,3 @@ class MoEAlltoAllTokenDispatcher:
         output = unpermute(permuted, self.reversed_local_input_permutation_mapping, self.probs,
                            self.routing_map, restore_shape=(self.routing_map.shape[0], self.hidden_shape[-1]))
         return output.view(self.hidden_shape)
-    # --8<-- [end:token-permutation]

@@ -1,5 +1,8 @@
 """Token ids -> the first hidden states: word embedding + learned position embedding.
 
+(With ``--position-embedding-type rope`` there is no position table: position enters inside
+attention instead, see rotary_pos_embedding.py.)
+
     input_ids [b, s] --VocabParallelEmbedding--> [b, s, h]   (vocabulary split, all-reduced)
     position_ids [b, s] --Embedding-------------> [b, s, h]   (small: replicated on every rank)
     sum, transpose to [s, b, h], dropout

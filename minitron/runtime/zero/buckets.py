@@ -1,0 +1,78 @@
+"""ZeRO-2's gradient buckets: DeepSpeed's "independent partition gradient" (ipg) bucket, small.
+
+At stage 2 no rank keeps a whole gradient, so gradients are reduced while backward still runs,
+in the order autograd finishes them (the last layer first). Each parameter's hook fires once
+its gradient for this micro-batch is complete and puts it in the bucket; when the next one
+would take the bucket past ``reduce_bucket_size`` elements, the bucket is reduced and its
+gradients dropped. The last, partial bucket is reduced after backward (the engine's
+``reduce_gradients``). The bucket bounds the full-size gradients alive at any moment, and in
+DeepSpeed (with overlap_comm) its reduction runs while backward computes the next bucket.
+
+Reducing a bucket: every element of it belongs to one rank's partition of the flat buffer
+(stage_1_and_2.py). For each owner in turn, the pieces it owns are put end to end and summed
+onto it with one ``reduce``; the owner adds the sum, divided by dp, into its partition's
+gradient. DeepSpeed reduces each (owner, offset) run of the bucket on its own; one call per
+owner moves the same bytes in fewer, larger messages. Every rank runs the same backward, so the
+buckets and the calls come in the same order everywhere, as collectives must.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+class GradientBuckets:
+    def __init__(self, optimizer, reduce_bucket_size: int):
+        self.opt, self.bucket_size = optimizer, reduce_bucket_size
+        self.params: list = []
+        self.elements = 0
+        self.where: dict = {}   # param -> (group index, its offset in the group's flat buffer)
+        for i, params in enumerate(optimizer.bit16_groups):
+            offset = 0
+            for p in params:
+                self.where[p] = (i, offset)
+                offset += p.numel()
+                p.register_post_accumulate_grad_hook(self.grad_ready)
+
+    def grad_ready(self, p: torch.Tensor) -> None:
+        if self.params and self.elements + p.numel() > self.bucket_size:
+            self.reduce()
+        self.params.append(p)
+        self.elements += p.numel()
+
+    @torch.no_grad()
+    def reduce(self) -> None:
+        """Sum the bucket onto the partitions' owners; drop its gradients."""
+        if not self.params:
+            return
+        opt = self.opt
+        group = opt.dp_process_group
+        bucket = torch.cat([p.grad.reshape(-1) for p in self.params])
+        owned: dict = {}   # owner -> [(group index, offset in the owner's partition, offset in bucket, n)]
+        at = 0
+        for p in self.params:
+            i, start = self.where[p]
+            size = opt.bit16_groups_flat[i].numel() // opt.partition_count
+            first, end = start, start + p.numel()
+            while first < end:   # a parameter may straddle two partitions
+                owner = first // size
+                n = min(end, (owner + 1) * size) - first
+                owned.setdefault(owner, []).append((i, first - owner * size, at + first - start, n))
+                first += n
+            at += p.numel()
+        for owner in sorted(owned):
+            pieces = owned[owner]
+            summed = torch.cat([bucket[b:b + n] for _, _, b, n in pieces])
+            dist.reduce(summed, dst=dist.get_global_rank(group, owner), group=group)
+            if owner == opt.partition_id:
+                summed.div_(opt.dp_world_size)   # the sum over ranks -> the mean over the batch
+                k = 0
+                for i, offset, _, n in pieces:
+                    size = opt.bit16_groups_flat[i].numel() // opt.partition_count
+                    mine = opt.averaged_gradients.setdefault(i, torch.zeros(size, dtype=summed.dtype))
+                    mine[offset:offset + n].add_(summed[k:k + n])
+                    k += n
+        for p in self.params:
+            p.grad = None
+        self.params, self.elements = [], 0

@@ -1,0 +1,97 @@
+"""``--deepspeed --deepspeed-config ds.json``: what must hold between the ds_config and Megatron's
+flags, checked in validate_args, before any rank starts (torch-free, like the rest of it).
+
+Megatron-DeepSpeed hands one model, one optimizer and one schedule to ``deepspeed.initialize``
+and then lets two descriptions of the same run coexist: Megatron's flags and the ds_config.
+Where both speak of the same number they must say the same thing, or the run is not the one
+either describes:
+
+    batch      the config's triad, resolved at this run's data-parallel size, against
+               --micro-batch-size / --global-batch-size (DeepSpeed derives the accumulation
+               steps from it; Megatron derives the number of micro-batches from its flags)
+    precision  fp16 / bf16 in the config against --fp16 / --bf16 (Megatron builds the
+               weights in that type before the engine sees them)
+    optimizer  Megatron's flags build it and its schedule, as in Megatron-DeepSpeed, where
+               the client's optimizer wins and the config's "optimizer"/"scheduler" are
+               silently dropped; here such a section is refused rather than dropped
+
+and the layouts the engine does not run are refused by name. What the config alone decides:
+the ZeRO stage, gradient_clipping (Megatron's --clip-grad is not read on this path, as in
+Megatron-DeepSpeed), the fp16 loss-scale settings.
+"""
+
+from __future__ import annotations
+
+from minitron.training.argument_groups import ArgumentError
+
+
+def _refuse_layout(args) -> None:
+    """The engine runs tensor and data parallelism; everything else has a reason to stop."""
+    pp = args.pipeline_model_parallel_size
+    refusals = [
+        (pp > 1, f"--pipeline-model-parallel-size {pp} with --deepspeed: DeepSpeed runs pipelines in its "
+                 "PipelineEngine, which minitron does not build; use pipeline size 1 or drop --deepspeed"),
+        (args.context_parallel_size > 1, f"--context-parallel-size {args.context_parallel_size} with --deepspeed: "
+                                         "the engine reduces gradients over the data-parallel group only; drop one"),
+        (args.sequence_parallel, "--sequence-parallel with --deepspeed: its layernorm gradients need a "
+                                 "tensor-parallel all-reduce the engine does not do; drop one"),
+        (args.use_distributed_optimizer, "--use-distributed-optimizer with --deepspeed: ZeRO partitions the "
+                                         "optimizer there (zero_optimization.stage >= 1); drop the flag"),
+        (args.expert_model_parallel_size > 1 or args.num_experts,
+         "--num-experts / --expert-model-parallel-size with --deepspeed: the engine has no expert groups; drop one"),
+        (args.rampup_batch_size is not None, "--rampup-batch-size with --deepspeed: the ds_config's "
+                                             "train_batch_size is fixed; drop the ramp-up"),
+        (args.save is not None or args.load is not None,
+         "--save/--load with --deepspeed: the engine's checkpoints (engine.save_checkpoint) are not "
+         "wired into pretrain; drop them"),
+    ]
+    for refused, message in refusals:
+        if refused:
+            raise ArgumentError(message)
+
+
+def validate_deepspeed_args(args):
+    """Refuse a --deepspeed run whose ds_config and flags disagree; returns the resolved config."""
+    if not args.deepspeed:
+        if args.deepspeed_config is not None:
+            raise ArgumentError(f"--deepspeed-config {args.deepspeed_config} is read only with --deepspeed: "
+                                "add --deepspeed, or drop the config")
+        return None
+    if args.deepspeed_config is None:
+        raise ArgumentError("--deepspeed needs --deepspeed-config ds.json (the ds_config: batch triad, "
+                            "zero_optimization, precision)")
+    _refuse_layout(args)
+    from minitron.runtime import DeepSpeedConfig, DeepSpeedConfigError  # torch-free
+
+    path, dp = args.deepspeed_config, args.data_parallel_size
+    try:
+        config = DeepSpeedConfig(path, world_size=dp)
+    except DeepSpeedConfigError as exc:
+        text = str(exc)
+        prefix = "--deepspeed-config " if text.startswith(str(path)) else f"--deepspeed-config {path}: "
+        raise ArgumentError(prefix + text) from None
+    for section in ("optimizer", "scheduler"):
+        if config.as_dict()[section]["type"] is not None:
+            raise ArgumentError(f"--deepspeed-config {path} has a section {section!r}: with pretrain, Megatron's "
+                                "flags (--lr, --weight-decay, --lr-decay-style, ...) build the optimizer and its "
+                                "schedule, as in Megatron-DeepSpeed; drop the section")
+    _check_triad(args, config, path, dp)
+    for key, flag, enabled in (("fp16", "--fp16", config.fp16_enabled), ("bf16", "--bf16", config.bfloat16_enabled)):
+        if enabled != bool(getattr(args, key)):
+            said = "enables" if enabled else "does not enable"
+            raise ArgumentError(f"--deepspeed-config {path} {said} {key} but {flag} is "
+                                f"{'not ' if enabled else ''}given: make them agree")
+    return config
+
+
+def _check_triad(args, config, path, dp: int) -> None:
+    """The two batch sizes both sides name; the accumulation steps then agree by arithmetic
+    (the config's triad was checked whole: train = micro x steps x dp)."""
+    pairs = (("train_micro_batch_size_per_gpu", config.train_micro_batch_size_per_gpu,
+              "--micro-batch-size", args.micro_batch_size),
+             ("train_batch_size", config.train_batch_size, "--global-batch-size", args.global_batch_size))
+    for key, theirs, flag, ours in pairs:
+        if theirs != ours:
+            raise ArgumentError(
+                f"--deepspeed-config {path}: {key} is {theirs} but {flag} is {ours} (at data-parallel size "
+                f"{dp}): make them equal, e.g. {key}: {ours} in the ds_config")

@@ -1,0 +1,101 @@
+"""``pretrain --deepspeed``: Megatron-DeepSpeed's path through pretrain(), where DeepSpeed's engine
+(minitron.runtime) takes the places of DDP and of Megatron's optimizer wrapper.
+
+What changes against Megatron's own path (training.py, model_setup.py):
+
+    setup_model_and_optimizer   the model is built bare (no DDP, no Float16Module); the torch
+                                optimizer over Megatron's param groups and Megatron's schedule
+                                are built as usual and handed to ``initialize(...)`` with
+                                ``mpu=parallel_state``, so the engine reduces over the
+                                data-parallel group and measures norms over the tensor group
+    train_step                  each micro-batch: forward, then ``engine.backward(loss)``, which
+                                divides by the accumulation steps itself (Megatron's schedule
+                                divides by the number of micro-batches; here it must not, or
+                                the loss would be divided twice); then one ``engine.step()``
+                                per global batch, the boundary set by hand, as
+                                Megatron-DeepSpeed's schedules do
+
+What does not change: the model, the data, forward_step and its loss_func, the log line.
+The two counts agree because validate_args refused any ds_config whose triad differs from
+--micro-batch-size / --global-batch-size (deepspeed_arguments.py): gradient_accumulation_steps
+is the number of micro-batches.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minitron.core import parallel_state as mpu
+from minitron.core.num_microbatches_calculator import get_num_microbatches
+from minitron.trace import traced
+from minitron.training.global_vars import get_args
+from minitron.training.model_setup import get_model, get_optimizer_param_scheduler
+
+
+def _register_tied_weight(model) -> None:
+    """With embedding and output tied on one stage, the output layer reads a matrix the
+    embedding owns; ZeRO-3 must gather it for the output layer too (see zero/stage3.py)."""
+    from minitron.runtime.zero import register_external_parameter
+
+    if getattr(model, "share_embeddings_and_output_weights", False) and model.pre_process and model.post_process:
+        register_external_parameter(model.output_layer, model.shared_embedding_or_output_weight())
+
+
+# --8<-- [start:setup]
+@traced
+def setup_model_and_optimizer(model_provider_func, model_type):
+    from minitron.core.optimizer import OptimizerConfig, _get_param_groups, _make_torch_optimizer
+    from minitron.runtime import initialize
+
+    args = get_args()
+    model = get_model(model_provider_func, model_type, wrap_with_ddp=False)
+    config = OptimizerConfig(optimizer=args.optimizer, lr=args.lr, min_lr=args.min_lr,
+                             weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
+                             adam_beta2=args.adam_beta2, adam_eps=args.adam_eps, sgd_momentum=args.sgd_momentum)
+    # The bare torch optimizer (Megatron-DeepSpeed's get_megatron_optimizer returns it unwrapped
+    # under --deepspeed): the engine wraps it in ZeRO's optimizer instead of Megatron's.
+    optimizer = _make_torch_optimizer(config, _get_param_groups(model))
+    opt_param_scheduler = get_optimizer_param_scheduler(optimizer)
+    _register_tied_weight(model[0])
+    engine, optimizer, _, opt_param_scheduler = initialize(
+        model=model[0], optimizer=optimizer, args=args, lr_scheduler=opt_param_scheduler, mpu=mpu,
+        config=args.deepspeed_config)
+    if engine.gradient_accumulation_steps() != get_num_microbatches():   # validate_args made sure
+        raise RuntimeError(f"the ds_config accumulates {engine.gradient_accumulation_steps()} micro-batches, "
+                           f"Megatron's batch flags make {get_num_microbatches()}")
+    args.iteration = 0
+    args.consumed_train_samples = 0
+    return [engine], optimizer, opt_param_scheduler
+# --8<-- [end:setup]
+
+
+# --8<-- [start:train-step]
+@traced(args=lambda *a, **k: {"iteration": get_args().curr_iteration})
+def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler):
+    """One iteration through the engine: every micro-batch forward and engine.backward, then
+    one engine.step() that applies the update (or skips it on an fp16 overflow)."""
+    args = get_args()
+    engine = model[0]
+    num_microbatches = get_num_microbatches()
+    losses_reduced = []
+    for i in range(num_microbatches):
+        # Only the last backward is a boundary: ZeRO 0/1 reduce there, ZeRO 2/3 every time.
+        engine.set_gradient_accumulation_boundary(i == num_microbatches - 1)
+        losses_reduced.append(forward_backward_step(forward_step_func, data_iterator, engine, i))
+    increment = num_microbatches * args.micro_batch_size * args.data_parallel_size
+    engine.step(lr_kwargs={"increment": increment})   # the schedule counts samples, as Megatron's
+    applied = engine.was_step_applied()
+    loss = {key: torch.stack([d[key] for d in losses_reduced]).float().mean().item() for key in losses_reduced[0]}
+    return loss, int(not applied), engine.get_global_grad_norm() if applied else None, None
+# --8<-- [end:train-step]
+
+
+@traced(args=lambda forward_step_func, data_iterator, engine, i: {"microbatch": i})
+def forward_backward_step(forward_step_func, data_iterator, engine, i: int) -> dict:
+    """One micro-batch: the model's forward through the engine (ZeRO-3 gathers each module's
+    weights here), the loss, and engine.backward (scaled, divided by the accumulation steps,
+    gradients reduced as the stage says)."""
+    output_tensor, loss_func = forward_step_func(data_iterator, engine)
+    loss, reduced = loss_func(output_tensor)
+    engine.backward(loss)
+    return reduced
