@@ -39,7 +39,11 @@ def count(n: int) -> str:
 
 
 def refuse_moe(args) -> None:
-    """Expert layers are not in the arithmetic yet: their all-to-all sizes follow the routing."""
+    """Expert layers are not in the arithmetic yet: their all-to-all sizes follow the routing;
+    nor is DeepSpeed's engine, whose ZeRO stages hold and send other things."""
+    if getattr(args, "deepspeed", False):
+        raise UserError("--deepspeed: minitron estimate counts Megatron's path (DDP, the distributed "
+                        "optimizer), not DeepSpeed's ZeRO stages yet; drop --deepspeed to estimate that")
     if getattr(args, "num_experts", None):
         raise UserError(f"--num-experts {args.num_experts}: minitron estimate does not count mixture-of-experts "
                         "layers yet (their all-to-all follows the routing); estimate the dense model without it")
