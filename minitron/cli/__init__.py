@@ -13,11 +13,13 @@ import typer
 
 # Each module registers its commands on the app; this order is the order `--help` lists them.
 from minitron.cli import trace, view, tools, launch, train, deepspeed  # noqa: F401,I001
+from minitron.cli import estimate, diff  # noqa: F401,I001  (estimate's: after pretrain in --help)
 from minitron.cli.command import MinitronCommand, UsageError
 from minitron.cli.common import UserError, app
 
 # What each command passes on that is not its own flag (see MinitronCommand).
 FORWARDS = {"trace": "megatron", "pretrain": "megatron", "launch": "script"}
+FORWARDS["estimate"] = "megatron"   # estimate takes pretrain's flags
 
 
 def _prepare_commands() -> None:

@@ -72,7 +72,7 @@ class MinitronCommand(TyperCommand):
     forwards: str | None = None
 
     def parse_args(self, ctx, args: List[str]) -> List[str]:
-        if self.forwards == "megatron" and self.name == "pretrain":
+        if self.forwards == "megatron" and self.name in ("pretrain", "estimate"):
             args = expand_aliases(args)
         self._check_flags(args)
         return super().parse_args(ctx, args)

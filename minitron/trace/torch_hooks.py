@@ -51,7 +51,8 @@ def _collective_args(name: str, args: tuple, kwargs: dict) -> dict:
     if name == "batch_isend_irecv":
         ops = args[0] if args else kwargs.get("p2p_op_list", [])
         record["ops"] = [
-            {"op": op.op.__name__, "peer": op.peer, "shape": list(op.tensor.shape)} for op in ops
+            {"op": op.op.__name__, "peer": op.peer, "shape": list(op.tensor.shape),
+             "dtype": str(op.tensor.dtype).replace("torch.", "")} for op in ops
         ]
         group = ops[0].group if ops else None
     else:

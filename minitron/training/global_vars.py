@@ -37,7 +37,14 @@ def get_tensorboard_writer():
     return _GLOBAL_TENSORBOARD_WRITER
 
 
-@traced
+def _recorded_args(args, build_tokenizer: bool = True) -> dict:
+    """The trace keeps the validated arguments (`minitron estimate --check` and `diff` read them)."""
+    plain = (int, float, str, bool, type(None))
+    return {"args": {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in vars(args).items()
+                     if isinstance(v, plain) or isinstance(v, (list, tuple)) and all(isinstance(x, plain) for x in v)}}
+
+
+@traced(args=_recorded_args)
 def set_global_variables(args, build_tokenizer: bool = True):
     """Megatron's order: args, the micro-batch calculator, the tokenizer, then the rest."""
     global _GLOBAL_ARGS, _GLOBAL_TIMERS

@@ -1,0 +1,41 @@
+"""`minitron diff DIR_A DIR_B`: two traced runs side by side (the view: cli/views/diff.py).
+
+Nothing is started and torch is not imported: the two directories are read as `minitron view`
+reads one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from minitron.cli.common import UserError, app, console
+
+
+def _read(trace_dir: Path):
+    from minitron.cli.views.trace_dir import TraceError, rank_files, read_trace
+
+    if not trace_dir.is_dir() or not rank_files(trace_dir):
+        raise UserError(f"{trace_dir} holds no rank*.jsonl files: record a run with `minitron pretrain --trace DIR` "
+                        f"or `minitron trace --out DIR`")
+    try:
+        return read_trace(trace_dir)[0]
+    except TraceError as exc:
+        raise UserError(str(exc)) from None
+
+
+@app.command()
+def diff(
+    dir_a: Path = typer.Argument(..., metavar="DIR_A", help="a trace directory"),
+    dir_b: Path = typer.Argument(..., metavar="DIR_B", help="another trace directory"),
+):
+    """Two traced runs side by side: groups, collectives per group kind, time per phase, and
+    the calls only one of them makes."""
+    from minitron.cli.views.diff import diff_tables, layout_line, summarize
+
+    a, b = summarize(_read(dir_a)), summarize(_read(dir_b))
+    console.print(f"A = {dir_a}: {layout_line(a)}", highlight=False)
+    console.print(f"B = {dir_b}: {layout_line(b)}", highlight=False)
+    for part in diff_tables(a, b, "A", "B"):
+        console.print(part)

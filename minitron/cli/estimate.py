@@ -1,0 +1,224 @@
+"""`minitron estimate`: what pretrain's flags will cost each rank, before anything runs; and
+`--check DIR`: the same prediction beside what a traced run really sent.
+
+The flags are pretrain's, parsed and validated by the same code (cli/common.validate_pretrain),
+so a layout estimate refuses is one pretrain would refuse, in the same words. The arithmetic
+is minitron/training/theoretical_memory_usage.py; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from minitron.cli.common import EXTRA, UserError, app, check_world, console, validate_pretrain
+
+MEMORY = ("params", "grads", "optimizer", "activations")
+
+
+def human(n: float) -> str:
+    """Bytes in binary units, three significant figures: 1.50 GiB, 512 B."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            value = n / size
+            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
+    return f"{int(n)} B"
+
+
+def count(n: int) -> str:
+    """Parameters: 175.0B, 1.61M, 84,160."""
+    for unit, size in (("B", 10**9), ("M", 10**6)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}" if n >= 10 * size else f"{n / size:.2f}{unit}"
+    return f"{n:,}"
+
+
+def refuse_moe(args) -> None:
+    """Expert layers are not in the arithmetic yet: their all-to-all sizes follow the routing;
+    nor is DeepSpeed's engine, whose ZeRO stages hold and send other things."""
+    if getattr(args, "deepspeed", False):
+        raise UserError("--deepspeed: minitron estimate counts Megatron's path (DDP, the distributed "
+                        "optimizer), not DeepSpeed's ZeRO stages yet; drop --deepspeed to estimate that")
+    if getattr(args, "num_experts", None):
+        raise UserError(f"--num-experts {args.num_experts}: minitron estimate does not count mixture-of-experts "
+                        "layers yet (their all-to-all follows the routing); estimate the dense model without it")
+
+
+def _args_for(argv: list[str], world: int):
+    from minitron.training.tokenizer import build_tokenizer
+
+    args = validate_pretrain(argv, world)
+    refuse_moe(args)
+    try:
+        build_tokenizer(args)   # sets padded_vocab_size, as the ranks will
+    except (ValueError, OSError) as exc:
+        raise UserError(str(exc)) from None
+    return args
+
+
+def _rows(costs) -> list[tuple[list[int], object]]:
+    """Ranks of equal cost together, in rank order of their first member."""
+    groups: dict[tuple, tuple[list[int], object]] = {}
+    for c in costs:
+        key = (c.params, tuple(c.memory.items()), tuple(c.comm.items()))
+        groups.setdefault(key, ([], c))[0].append(c.rank)
+    return list(groups.values())
+
+
+def render(args, costs, total: int) -> None:
+    from minitron.cli.views.words import plural, rank_ranges
+
+    rows = _rows(costs)
+    memory = Table(title=f"memory per rank: {plural(args.world_size, 'rank')}, tp {args.tensor_model_parallel_size}"
+                         f" × pp {args.pipeline_model_parallel_size} × dp {args.data_parallel_size}", title_style="bold")
+    for name in ("ranks", "pp", "params", "weights", "grads", "optim.", "activ.", "total"):
+        memory.add_column(name, justify="left" if name == "ranks" else "right", no_wrap=True)
+    for ranks, c in rows:
+        memory.add_row(rank_ranges(ranks), str(c.role[0]), count(c.params),
+                       *[human(c.memory[k]) for k in MEMORY], human(sum(c.memory.values())))
+    sums = {k: sum(c.memory[k] for c in costs) for k in MEMORY}
+    memory.add_row("all", "", count(sum(c.params for c in costs)), *[human(sums[k]) for k in MEMORY],
+                   human(sum(sums.values())), style="bold")
+    console.print(memory)
+
+    keys = list(dict.fromkeys(k for c in costs for k in c.comm))
+    comm = Table(title="bytes handed to collectives and sent point-to-point, one train_step", title_style="bold")
+    comm.add_column("ranks", no_wrap=True)
+    for key in keys:
+        comm.add_column(key, justify="right", no_wrap=True)
+    for ranks, c in rows:
+        comm.add_row(rank_ranges(ranks), *[human(c.comm.get(k, 0)) for k in keys])
+    comm.add_row("all", *[human(sum(c.comm.get(k, 0) for c in costs)) for k in keys], style="bold")
+    console.print(comm)
+
+    big = max(costs, key=lambda c: (sum(c.memory.values()), -c.rank))
+    exact = f" ({total:,})" if count(total) != f"{total:,}" else ""
+    console.print(f"model: {count(total)}{exact} parameters, the tied embedding once; {args.params_dtype}")
+    console.print(f"largest rank: {big.rank} (stage {big.role[0]}) needs {human(sum(big.memory.values()))}", highlight=False)
+    console.print("  " + ", ".join(f"{k} {human(big.memory[k])}" for k in MEMORY), highlight=False)
+
+
+@app.command(context_settings=EXTRA)
+def estimate(
+    ctx: typer.Context,
+    world: Optional[int] = typer.Option(None, "--world", "-w", help="number of ranks"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object, every rank expanded"),
+    check: Optional[Path] = typer.Option(None, "--check", metavar="DIR",
+                                         help="set the estimate beside what a traced run (pretrain --trace DIR) sent"),
+):
+    """Predict each rank's parameters, memory and communication for pretrain's flags, starting
+    nothing. Every other flag is pretrain's (--tp, --pp, --num-layers, --seq-length, ...)."""
+    from minitron.training.theoretical_memory_usage import estimate as work_out, total_params
+
+    if check is not None:
+        if ctx.args or world is not None:
+            raise UserError("--check DIR reads the run's flags and world from its trace; drop the other flags")
+        return check_trace(check, as_json)
+    if world is None:
+        raise UserError("--world W is required: the number of ranks to estimate for")
+    check_world(world)
+    args = _args_for(list(ctx.args), world)
+    costs = work_out(args)
+    if as_json:
+        print(json.dumps({"total_params": total_params(args), "ranks": [c.as_json() for c in costs]}))
+        return
+    render(args, costs, total_params(args))
+
+
+def check_trace(trace_dir: Path, as_json: bool) -> None:
+    """Prediction against execution, rank by rank: the gradient buffer (DDP records its size)
+    and the bytes of every group kind inside train_step."""
+    from minitron.cli.views.diff import comm_by_key, recorded_args
+    from minitron.cli.views.trace_dir import TraceError, rank_files, read_trace
+    from minitron.cli.views.words import rank_ranges
+    from minitron.training.theoretical_memory_usage import estimate as work_out
+
+    if not trace_dir.is_dir() or not rank_files(trace_dir):
+        raise UserError(f"{trace_dir} holds no rank*.jsonl files: trace a run with `minitron pretrain --trace DIR`")
+    try:
+        runs = read_trace(trace_dir)[0]
+    except TraceError as exc:
+        raise UserError(str(exc)) from None
+    recorded = recorded_args(runs)
+    if recorded is None:
+        raise UserError(f"{trace_dir} does not record the run's arguments (traced before minitron kept them, "
+                        "or initialization only): trace `minitron pretrain --train-iters 1 --trace DIR` again")
+    args = argparse.Namespace(**recorded)
+    refuse_moe(args)
+    if not any(r["name"].endswith(".train_step") for records in runs.values() for r in records):
+        raise UserError(f"{trace_dir} holds no train_step: trace a training run (pretrain --train-iters 1 --trace DIR)")
+    if getattr(args, "padded_vocab_size", None) is None:
+        from minitron.training.tokenizer import build_tokenizer
+        build_tokenizer(args)
+    costs = {c.rank: c for c in work_out(args)}
+    report, bad = [], []
+    for rank, records in runs.items():
+        traced = {k: v[0] for k, v in comm_by_key(records, args.params_dtype).items()}
+        buffer = _traced_buffer(records)
+        c = costs[rank]
+        ok = traced == c.comm and buffer in (None, _grad_elements(args, c))
+        report.append((rank, c, traced, buffer, ok))
+        if not ok:
+            bad.append(rank)
+    if as_json:
+        print(json.dumps({"ranks": [{"rank": r, "predicted": c.comm, "traced": t, "match": ok}
+                                    for r, c, t, _, ok in report]}))
+    else:
+        keys = list(dict.fromkeys([k for _, c, t, _, _ in report for k in (*c.comm, *t)]))
+        table = Table(title=f"predicted vs traced, one train_step: {trace_dir}", title_style="bold")
+        table.add_column("rank", justify="right", no_wrap=True)
+        table.add_column("grad buffer", justify="right", no_wrap=True)
+        for key in keys:
+            table.add_column(key, justify="right", no_wrap=True)
+        for rank, c, traced, buffer, ok in report:
+            grads = _grad_elements(args, c)
+            cells = [_cell(grads, buffer, str)] + [_cell(c.comm.get(k, 0), traced.get(k, 0), human) for k in keys]
+            table.add_row(str(rank), *cells)
+        console.print(table)
+        if bad:
+            skipped = _skipped_step(runs)
+            console.print(f"[red]{len(bad)} of {len(report)} ranks differ from the estimate: {rank_ranges(bad)}[/red]"
+                          + (" (the fp16 step was skipped for overflow: no norm, no all-gather)" if skipped else ""))
+        else:
+            console.print(f"all {len(report)} ranks sent exactly the predicted bytes to every group kind")
+    if bad:
+        raise typer.Exit(1)
+
+
+def _cell(predicted, traced, fmt) -> str:
+    if traced is None:
+        return fmt(predicted)
+    if predicted == traced:
+        return fmt(predicted)
+    return f"[red]{fmt(predicted)} ≠ {fmt(traced)}[/red]"
+
+
+def _grad_elements(args, cost) -> int:
+    e = 4 if args.accumulate_allreduce_grads_in_fp32 else {"float32": 4}.get(args.params_dtype, 2)
+    return cost.memory["grads"] // e
+
+
+def _traced_buffer(records) -> Optional[int]:
+    """Elements of the rank's gradient buffers, as DDP's finish_grad_sync records them."""
+    sizes = [r["args"].get("numel") for r in records
+             if r["name"].endswith("DistributedDataParallel.finish_grad_sync")]
+    if not sizes or not all(isinstance(n, int) for n in sizes):
+        return None
+    # One record per model chunk and iteration: the first iteration's chunks.
+    from minitron.cli.views.diff import inside
+    from minitron.cli.views.trace_dir import TRAIN_STEP
+    first = next((r for r in records if r["name"] == TRAIN_STEP), None)
+    if first is None:
+        return None
+    return sum(r["args"]["numel"] for r in inside(records, TRAIN_STEP)
+               if r["name"].endswith("DistributedDataParallel.finish_grad_sync")
+               and first["start_us"] <= r["start_us"] <= first["end_us"])
+
+
+def _skipped_step(runs) -> bool:
+    return not any(r["name"].endswith("get_grad_norm_fp32") for records in runs.values() for r in records)

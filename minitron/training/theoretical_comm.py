@@ -1,0 +1,146 @@
+"""The bytes each rank hands to communication in one training iteration, by group kind.
+
+What train_step does, call by call, without running it: per micro-batch, the batch broadcast
+over the tensor-parallel group (get_batch_on_this_tp_rank), the tensor-parallel mappings of
+every layer forward and backward (tensor_parallel/mappings.py), the cross entropy's three
+all-reduces, and the activations and gradients sent to the neighbouring stages; once per step,
+the reported loss (train_step's reduce_losses), the data-parallel reduction of every gradient bucket, the
+sequence-parallel norms, the tied embedding, the optimizer's statistics and, with the
+distributed optimizer, the all-gather of the updated shards. "Bytes handed" is the tensor a
+rank passes to the collective (its own shard for a gather); point to point, the bytes sent.
+Keys are `minitron groups --json`'s. Context parallelism adds its ring (key cp) and expert
+parallelism its all-to-alls (key ep) here, beside the calls they change.
+"""
+
+from __future__ import annotations
+
+from minitron.training.theoretical_memory_usage import (
+    DTYPE_BYTES, chunk_ends, chunk_layers, chunks_of, num_microbatches, stage_buffers,
+)
+
+
+class _Tally(dict):
+    """group key -> [bytes, calls]."""
+
+    def add(self, key: str, nbytes: int, calls: int = 1) -> None:
+        if calls:
+            entry = self.setdefault(key, [0, 0])
+            entry[0] += nbytes * calls
+            entry[1] += calls
+
+
+def _batch_broadcasts(args, first: bool, last: bool, tally: _Tally, times: int) -> None:
+    """get_batch_on_this_tp_rank: per dtype, one broadcast of the shapes (5 int64 per key),
+    one of the flattened tensors, over the tensor-parallel group (even a group of one)."""
+    b, s = args.micro_batch_size, args.seq_length
+    int64 = (2 if first else 0) + (1 if last else 0)
+    groups = [(int64, b * s * 8)] if int64 else []
+    if last:
+        groups.append((1, b * s * 4))                        # loss mask, float32
+    if (first or last) and args.create_attention_mask_in_dataloader:
+        groups.append((1, b * s * s))                        # attention mask, bool
+    for keys, per_key in groups:
+        tally.add("tp", 5 * keys * 8, times)
+        tally.add("tp", keys * per_key, times)
+
+
+def _tp_traffic(args, pre: bool, post: bool, layers: int, tally: _Tally, times: int) -> None:
+    """The tensor-parallel mappings of one forward and backward of a chunk (a group of one
+    skips them all)."""
+    t = args.tensor_model_parallel_size
+    if t == 1:
+        return
+    e, b, h = DTYPE_BYTES[args.params_dtype], args.micro_batch_size, args.hidden_size
+    s = args.seq_length // args.context_parallel_size
+    whole = s * b * h * e
+    if args.sequence_parallel:
+        # Each column-parallel input: all-gather forward (hands its s/t rows), reduce-scatter
+        # backward (hands the whole); each row-parallel output: the reverse.
+        tally.add("tp", whole // t, times * (2 * layers + (1 if post else 0)))   # gathers in forward
+        tally.add("tp", whole, times * (2 * layers + (1 if post else 0)))        # their backward
+        tally.add("tp", whole, times * 2 * layers)                               # reduce-scatters
+        tally.add("tp", whole // t, times * (2 * layers + (1 if pre else 0)))    # their backward
+    else:
+        tally.add("tp", whole, times * 4 * layers)        # proj, fc2 forward; qkv, fc1 backward
+        tally.add("tp", whole, times * (1 if post else 0))   # output layer input, backward
+    again = recomputed_layers(args, layers)                # full recomputation: their forward again
+    if args.sequence_parallel:
+        tally.add("tp", whole // t, times * 2 * again)
+        tally.add("tp", whole, times * 2 * again)
+    else:
+        tally.add("tp", whole, times * 2 * again)
+    if pre:
+        tally.add("tp", whole, times)                     # the embedding's all-reduce
+    if post:
+        tally.add("tp", s * b * 4, times * 3)             # cross entropy: max, target logit, sum exp
+
+
+def _cp_ring(args, layers: int, again: int, tally: _Tally, times: int) -> None:
+    """Context parallelism's ring (context_parallel.py), per layer: forward passes this rank's
+    keys and values on cp - 1 times; backward passes them on cp - 1 times more and their
+    gradient cp times. One message: [2, b, heads/t, s/cp, d] in fp32, keys repeated per head."""
+    cp = args.context_parallel_size
+    if cp == 1:
+        return
+    kv = 2 * args.micro_batch_size * args.num_attention_heads // args.tensor_model_parallel_size \
+        * (args.seq_length // cp) * args.kv_channels * 4
+    selective = getattr(args, "recompute_granularity", None) == "selective"
+    forwards = layers * (2 if selective else 1) + again      # recomputed attention rings again
+    tally.add("cp", kv, times * (forwards * (cp - 1) + layers * (2 * cp - 1)))
+
+
+def recomputed_layers(args, layers: int) -> int:
+    """Layers of a chunk whose forward runs again in backward (--recompute-granularity full)."""
+    if getattr(args, "recompute_granularity", None) != "full":
+        return 0
+    return layers if args.recompute_method == "uniform" else min(args.recompute_num_layers, layers)
+
+
+def comm_bytes(args, pp_rank: int, stage: list | None = None) -> _Tally:
+    """Every collective and send of one train_step on a rank of pipeline stage ``pp_rank``
+    (``stage``: stage_buffers' answer, if the caller has it)."""
+    stage = stage_buffers(args, pp_rank) if stage is None else stage
+    tally = _Tally()
+    m, pp = num_microbatches(args), args.pipeline_model_parallel_size
+    e, b, h = DTYPE_BYTES[args.params_dtype], args.micro_batch_size, args.hidden_size
+    t, s = args.tensor_model_parallel_size, args.seq_length // args.context_parallel_size
+    grad_e = 4 if args.accumulate_allreduce_grads_in_fp32 else e
+    dist_opt = args.use_distributed_optimizer
+    dp = args.data_parallel_size * args.context_parallel_size
+    p2p = (s // t if args.sequence_parallel and t > 1 else s) * b * h * e
+    chunks = list(chunks_of(args))
+    for chunk in chunks:
+        pre, post = chunk_ends(args, pp_rank, chunk)
+        _batch_broadcasts(args, pre, post, tally, m)
+        layers = len(chunk_layers(args, pp_rank, chunk))
+        _tp_traffic(args, pre, post, layers, tally, m)
+        _cp_ring(args, layers, recomputed_layers(args, layers), tally, m)
+        if pp > 1:
+            tally.add("pp", p2p, m * (0 if post else 1))       # activation forward
+            tally.add("pp", p2p, m * (0 if pre else 1))        # its gradient backward
+    # finalize_model_grads: the data-parallel reduction of every bucket of every chunk, ...
+    sp_grads = 0
+    for plist, (buckets, _) in stage:
+        for start, end in buckets:
+            tally.add("dp-cp", (end - start) * grad_e)         # all-reduce or reduce-scatter
+        sp_grads += sum(p.numel for p in plist if p.sequence_parallel)
+    if sp_grads:                                               # ... the sequence-parallel norms ...
+        tally.add("tp", sp_grads * grad_e)
+    tied = not args.untie_embeddings_and_output_weights
+    if pp > 1 and tied and pp_rank in (0, pp - 1):             # ... and the tied embedding
+        tally.add("embd", args.padded_vocab_size // t * h * grad_e)
+    # optimizer.step: the overflow check (with a loss scaler), the gradient norm (clipping),
+    # and with the distributed optimizer the all-gather of the updated shards.
+    stats = "intra-dist-opt" if dist_opt else "tp-pp"
+    mixed = dist_opt or args.fp16 or args.bf16              # FP32Optimizer has no scaler
+    if mixed and (args.fp16 or args.loss_scale is not None):
+        tally.add(stats, 4)
+    if args.clip_grad > 0:
+        tally.add(stats, 4)
+    if dist_opt:
+        for _, (buckets, _) in stage:
+            for start, end in buckets:
+                tally.add("dp-cp", (end - start) // dp * e)
+    if pp_rank == pp - 1:   # train_step's loss: [sum, tokens] of the step, summed over dp x cp
+        tally.add("dp-cp", 8)
+    return tally
