@@ -23,6 +23,7 @@ from minitron.core.datasets import (
 from minitron.core.models.gpt import GPTModel
 from minitron.core.pipeline_parallel.schedules import get_attr_wrapped_model
 from minitron.launcher.worker import rank_session
+from minitron.trace import traced
 from minitron.training.arguments import GPT_ARGS_DEFAULTS, core_transformer_config_from_args
 from minitron.training.global_vars import get_args, get_tokenizer
 from minitron.training.training import pretrain
@@ -34,6 +35,12 @@ from minitron.training.utils import print_rank_0
 ARGS_DEFAULTS = GPT_ARGS_DEFAULTS
 
 
+# The trace records where this chunk sits, and that the chunk learns it from its arguments: the
+# process-wide "current virtual rank" that older Megatron advanced before each call is never
+# advanced here (it stays at 0 with a virtual pipeline, None without one).
+@traced(args=lambda pre_process=True, post_process=True, vp_stage=None: {
+    "pre_process": pre_process, "post_process": post_process, "vp_stage": vp_stage,
+    "global_virtual_rank": mpu.get_virtual_pipeline_model_parallel_rank()})
 def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage=None) -> GPTModel:
     """This rank's GPT: the layers of its pipeline stage, each weight its tensor-parallel slice."""
     args = get_args()
@@ -41,18 +48,25 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     return GPTModel(config, vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
                     pre_process=pre_process, post_process=post_process,
                     share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-                    vp_stage=vp_stage)
+                    position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
+                    rotary_base=args.rotary_base, vp_stage=vp_stage)
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
-    """Mean per-token loss over the unmasked tokens; the reported value is averaged over
-    data-parallel ranks (the gradient needs no such average: DDP does it)."""
+    """(sum of this micro-batch's unmasked per-token losses, their count, report), as Megatron's.
+
+    Nothing is averaged here. The schedule divides the sum by the count (and by the number of
+    micro-batches) before backward; train_step adds up the reported [sum, count] pairs of every
+    micro-batch and every data-parallel and context-parallel rank, and divides once. With context
+    parallelism each rank holds only its chunks of the sequence, so its own sum and count are
+    partial: only that global division gives the serial run's mean.
+    """
     losses = output_tensor.float().view(-1)
     mask = loss_mask.view(-1).float()
-    loss = torch.sum(losses * mask) / mask.sum()
-    reported = loss.detach().clone()
-    torch.distributed.all_reduce(reported, group=mpu.get_data_parallel_group())
-    return loss, {"lm loss": reported / mpu.get_data_parallel_world_size()}
+    loss = torch.sum(losses * mask)
+    num_tokens = mask.sum().clone().detach().to(torch.int)
+    report = {"lm loss": torch.cat([loss.clone().detach().view(1), num_tokens.view(1).float()])}
+    return loss, num_tokens, report
 
 
 def forward_step(data_iterator, model):
@@ -99,12 +113,21 @@ train_valid_test_datasets_provider.is_distributed = True
 # --8<-- [end:provider]
 
 
+@traced(name="minitron.pretrain_gpt.__main__")
+def run_main(argv: list[str] | None = None) -> None:
+    """What Megatron's ``if __name__ == "__main__":`` block does: hand the three pieces to
+    pretrain(). A block cannot be traced, so here it is a function, recorded under the block's
+    name: the first step of every rank's trace is the place where every rank starts."""
+    pretrain(train_valid_test_datasets_provider, model_provider, "encoder_or_decoder", forward_step,
+             args_defaults=ARGS_DEFAULTS, argv=argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     # minitron's one addition to Megatron's entry: the per-rank session (tracing, debugger),
-    # driven by environment variables so it behaves the same under any launcher.
+    # driven by environment variables so it behaves the same under any launcher. It opens
+    # before the traced entry, since it is what starts the recorder.
     with rank_session():
-        pretrain(train_valid_test_datasets_provider, model_provider, "encoder_or_decoder", forward_step,
-                 args_defaults=ARGS_DEFAULTS, argv=argv)
+        run_main(argv)
     return 0
 
 

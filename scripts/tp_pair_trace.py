@@ -140,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=8)
     parser.add_argument("--sequence-parallel", action="store_true")
     parser.add_argument("--gpt", action="store_true", help="trace a one-layer GPTModel, not the pair")
+    parser.add_argument("--keep", type=Path, help="trace into this directory and keep it (for "
+                        "python -m minitron.cli.views.svg_shapes)")
     args = parser.parse_args(argv)
     if args.tp < (1 if args.gpt else 2) or args.hidden % args.tp or (args.sequence_parallel and args.seq % args.tp):
         parser.error("need --tp >= 2 (>= 1 with --gpt) dividing --hidden (and --seq, with --sequence-parallel)")
@@ -153,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         step(args.seq, args.batch, args.hidden, args.sequence_parallel)
 
     with tempfile.TemporaryDirectory() as tmp:
-        trace_dir = Path(tmp) / "trace"
+        trace_dir = args.keep or Path(tmp) / "trace"
         config = LaunchConfig(world_size=args.tp, env=session_env(args.tp, trace_dir), warm=())
         try:
             run_on_ranks(rank_main, config)

@@ -38,6 +38,15 @@ CASES = [
     (2, f"{TRAIN} --train-samples 8", "--train-iters or --train-samples, not both"),
     (4, f"{TRAIN} --pipeline-model-parallel-size 2 --num-layers 4 --num-virtual-stages-per-pipeline-rank 2 "
         f"--num-layers-per-virtual-pipeline-stage 1", "not both"),
+    # activation recomputation and the modern GPT options (issue 14)
+    (2, f"{TRAIN} --recompute-granularity full", "needs --recompute-method uniform or block"),
+    (2, f"{TRAIN} --recompute-granularity full --recompute-method block --recompute-num-layers 3",
+     "between 1 and the 2 layers"),
+    (2, f"{TRAIN} --recompute-activations --recompute-method uniform", "drop --recompute-method"),
+    (2, f"{TRAIN} --tensor-model-parallel-size 2 --group-query-attention --num-query-groups 1",
+     "--num-query-groups 1 is not divisible by --tensor-model-parallel-size 2"),
+    (2, f"{TRAIN} --num-query-groups 2", "needs --group-query-attention"),
+    (2, f"{TRAIN} --num-experts 2 --swiglu --ffn-hidden-size 32", "experts are not gated yet"),
 ]
 
 

@@ -7,9 +7,12 @@ broke without waiting for the build, and pin down the build hook's own behaviour
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import os
 import re
+import tempfile
+import xml.etree.ElementTree as ElementTree
 import shlex
 import shutil
 import subprocess
@@ -59,6 +62,49 @@ def test_site_builds_strict(tmp_path):
     # The hook really ran the commands: a help text and a computed group list are in the HTML.
     assert "Usage: minitron trace" in (tmp_path / "site/cli/index.html").read_text()
     assert "<!-- run:" not in (tmp_path / "site/gallery/index.html").read_text()
+    check_built_site(tmp_path / "site")
+
+
+OUTPUT_BLOCK = re.compile(r'<div class="(?P<classes>[^"]*)highlight"><pre>(?P<body>.*?)</pre>', re.S)
+FIGURE = re.compile(r'<figure class="minitron-figure"[^>]*>\s*(?P<svg><svg.*?</svg>)\s*</figure>', re.S)
+PICTURED = {"gallery": 4, "walkthrough/06-process-groups": 2, "walkthrough/09-tensor-parallelism": 1,
+            "walkthrough/10-training-loop": 1, "walkthrough/11-pipeline-schedules": 2,
+            "walkthrough/13-mixed-precision": 1}
+
+
+def build_machine_paths() -> list[str]:
+    """Paths that only mean something on the machine that built the site."""
+    home = os.path.expanduser("~")
+    paths = {str(ROOT), "/tmp/", tempfile.gettempdir().rstrip("/") + "/", "/work/"}
+    return sorted(paths | ({home + "/"} if home not in ("/", "") else set()))
+
+
+def check_built_site(site: Path) -> None:
+    """Every page: no path of the build machine; every executed output fits the content column
+    (at full size, or set smaller by its fit-N class; never wider than the widest class); every
+    picture a well-formed SVG; the chapters that draw pictures have them."""
+    hook = load_hook()
+    paths = build_machine_paths()
+    for page in sorted(site.rglob("*.html")):
+        name = str(page.parent.relative_to(site))
+        text = page.read_text()
+        for path in paths:
+            assert path not in text, f"{name} shows {path!r}, a path of the machine that built it"
+        for block in OUTPUT_BLOCK.finditer(text):
+            if "no-copy" not in block["classes"].split():
+                continue  # a code excerpt or a block written in the page, not an output
+            lines = html.unescape(re.sub(r"<[^>]+>", "", block["body"])).split("\n")
+            longest = max(len(line) for line in lines)
+            fit = re.search(r"\bfit-(\d+)\b", block["classes"])
+            room = int(fit[1]) if fit else hook.WIDTH
+            assert longest <= room <= hook.FIT[-1], \
+                f"{name}: an output line of {longest} characters in a block for {room}: " \
+                f"{next(line for line in lines if len(line) == longest)[:60]!r}"
+        figures = FIGURE.findall(text)
+        for svg in figures:
+            ElementTree.fromstring(svg)
+        if name in PICTURED:
+            assert len(figures) >= PICTURED[name], f"{name} has {len(figures)} pictures, not {PICTURED[name]}"
 
 
 # Fast checks of what the pages refer to. ------------------------------------------------------
@@ -132,7 +178,7 @@ def test_run_line_becomes_its_output_in_a_text_block(tmp_path):
     hook._cache.clear()
     page = "intro\n<!-- run: printf '\\033[31mred\\033[0m and plain\\n' -->\nend"
     out = hook.expand(page, "page.md", tmp_path)
-    assert out == "intro\n```text\nred and plain\n```\nend"
+    assert out == "intro\n```{.text .no-copy}\nred and plain\n```\nend"
 
 
 def test_run_lines_inside_fences_and_admonitions(tmp_path):
@@ -141,7 +187,7 @@ def test_run_lines_inside_fences_and_admonitions(tmp_path):
     page = "```markdown\n<!-- run: false -->\n```\n!!! note\n    <!-- run: echo $COLUMNS $NO_COLOR -->"
     out = hook.expand(page, "page.md", tmp_path)
     assert "<!-- run: false -->" in out                       # shown as syntax, not run
-    assert "    ```text\n    100 1\n    ```" in out            # indented like the comment
+    assert "    ```{.text .no-copy}\n    80 1\n    ```" in out  # indented like the comment
 
 
 def test_failing_command_names_page_and_command(tmp_path):
@@ -168,10 +214,55 @@ def test_identical_commands_run_once_per_build(tmp_path):
     assert counter.read_text() == "x\nx\n"
 
 
-def test_commands_run_from_the_root_with_the_venv_first_on_path(tmp_path):
+def test_commands_run_in_a_scratch_directory_with_the_venv_first_on_path(tmp_path):
     hook = load_hook()
     hook._cache.clear()
-    out = hook.expand("<!-- run: pwd; command -v python -->", "page.md", tmp_path)
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts/hello.sh").write_text("echo hello from $0")
+    try:
+        out = hook.expand("<!-- run: pwd; command -v python; bash scripts/hello.sh; mkdir made; "
+                          "echo $PWD/made; echo " + str(tmp_path) + "/x -->", "page.md", tmp_path)
+        scratch = hook.scratch_dir(tmp_path)
+        assert (scratch / "made").is_dir() and not (tmp_path / "made").exists()  # writes stay out of the root
+    finally:
+        hook.on_post_build(None)
     lines = out.split("\n")
-    assert lines[1] == str(tmp_path)
+    assert lines[1] == "."                                  # the scratch directory, shown relative
     assert Path(lines[2]).parent == BIN
+    assert lines[3] == "hello from scripts/hello.sh"        # the root's files are there
+    assert lines[4] == "made" and lines[5] == "x"           # no path of this machine is shown
+    assert not scratch.exists()                             # and the scratch is gone with the build
+
+
+def test_figure_line_becomes_the_svg_it_printed(tmp_path):
+    from mkdocs.exceptions import PluginError
+    hook = load_hook()
+    hook._cache.clear()
+    good = "printf '<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 1 1\">\\n\\n<rect/></svg>\\n'"
+    try:
+        out = hook.expand(f"<!-- figure: {good} -->", "page.md", tmp_path)
+        assert out.startswith('<figure class="minitron-figure" markdown="0">\n<svg ') and out.endswith("</figure>")
+        assert "\n\n" not in out                               # a blank line would end the HTML block
+        for bad, why in (("echo '<svg><rect></svg>'", "well-formed"), ("echo '<p>hi</p>'", "not an <svg>")):
+            with pytest.raises(PluginError) as failure:
+                hook.expand(f"<!-- figure: {bad} -->", "walkthrough/99-x.md", tmp_path)
+            assert "walkthrough/99-x.md" in str(failure.value) and why in str(failure.value)
+    finally:
+        hook.on_post_build(None)
+
+
+def test_wide_output_gets_a_smaller_font_and_overlong_lines_fold(tmp_path):
+    hook = load_hook()
+    assert hook.fit_class(["x" * hook.WIDTH]) == ""
+    assert hook.fit_class(["x" * (hook.WIDTH + 1)]) == f" .fit-{hook.FIT[0]}"
+    assert hook.fit_class(["x" * hook.FIT[-1]]) == f" .fit-{hook.FIT[-1]}"
+    long = "  error: " + " ".join(["word"] * 60)
+    folded = hook.fold(long)
+    assert all(len(line) <= hook.WIDTH for line in folded) and len(folded) > 1
+    assert " ".join(part.strip() for part in folded) == long.strip()
+    assert all(line.startswith("    ") for line in folded[1:])  # under the line's first word
+    assert hook.fold("x" * hook.FIT[-1]) == ["x" * hook.FIT[-1]]   # a fitting line is left alone
+    css = (ROOT / "docs/stylesheets/output.css").read_text()
+    for n in hook.FIT:
+        assert f".fit-{n} pre" in css and f"80 / {n})" in css, f"output.css has no size for fit-{n}"
+    assert "stylesheets/output.css" in (ROOT / "mkdocs.yml").read_text()

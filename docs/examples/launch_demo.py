@@ -3,6 +3,7 @@
     python docs/examples/launch_demo.py env 4     # minitron's launcher: 4 forked ranks
     python docs/examples/launch_demo.py fail 4    # rank 2 exits with code 3; the rest are stopped
     torchrun --standalone --nproc-per-node 2 docs/examples/launch_demo.py show
+    minitron launch --include localhost:0,1 docs/examples/launch_demo.py deepspeed --x 1
 
 The same `show` runs under both launchers: a program that reads only these variables cannot
 tell who started it, which is the whole point of the contract.
@@ -21,6 +22,16 @@ CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR
 
 def show() -> int:
     print(" ".join(f"{name}={os.environ.get(name, '(unset)')}" for name in CONTRACT))
+    return 0
+
+
+# What DeepSpeed's launch.py sets for each rank, beyond the contract, and the argument it adds.
+DEEPSPEED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "MASTER_ADDR")
+
+
+def show_deepspeed() -> int:
+    print(" ".join(f"{name}={os.environ.get(name, '(unset)')}" for name in DEEPSPEED) + "  argv: " +
+          " ".join(sys.argv[1:]))
     return 0
 
 
@@ -58,9 +69,12 @@ def one_rank_fails(world: int, bad: int = 2) -> None:
 
 
 if __name__ == "__main__":
-    mode, *rest = sys.argv[1:] or ["show"]
+    # DeepSpeed's launch.py puts --local_rank=N before the program's own arguments.
+    mode, *rest = [a for a in sys.argv[1:] if not a.startswith("--local_rank=")] or ["show"]
     if mode == "show":
         show()
+    elif mode == "deepspeed":
+        show_deepspeed()
     elif mode == "env":
         under_minitron(int(rest[0]) if rest else 4)
     elif mode == "fail":

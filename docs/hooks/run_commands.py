@@ -1,4 +1,5 @@
-"""MkDocs hook: a line ``<!-- run: COMMAND -->`` becomes COMMAND's real output.
+"""MkDocs hook: a line ``<!-- run: COMMAND -->`` becomes COMMAND's real output, and a line
+``<!-- figure: COMMAND -->`` becomes the SVG picture that COMMAND prints.
 
 Why: every group list, call tree or help text on the site must be what the code prints today,
 not what it printed when someone pasted it. So the pages hold the command, and the build runs
@@ -7,11 +8,22 @@ page impossible to publish.
 
 How a command runs:
 
-* from the repository root (the folder of mkdocs.yml), through bash, so ``&&`` and pipes work;
+* through bash, so ``&&`` and pipes work, in the build's *scratch directory*: a fresh folder
+  made for this build (and removed after it) in which every top-level entry of the repository
+  root (the folder of mkdocs.yml) appears as a link. A command reads ``docs/examples/x.py`` or
+  ``scripts/y.py`` as from the root, and writes (``minitron trace --out sched4``) into the
+  scratch folder, never into the checkout; what it prints names its files as a reader's own run
+  would (``sched4/trace.json``), not by a path of the build machine. The scratch folder's path,
+  should an output still print it, is cut to a relative one, and the checkout's path is shown as
+  ``/path/to/minitron``: no page carries a path of the machine that built it;
 * with the directory of the Python running MkDocs (the venv's ``bin``) first on PATH, so
   ``minitron`` is the one installed in this checkout;
-* with ``COLUMNS=100`` and ``NO_COLOR=1``: rich and typer then draw the same tables at the same
-  width on every machine, and any colour codes left are stripped anyway;
+* with ``COLUMNS=80`` (``WIDTH``) and ``NO_COLOR=1``: rich and typer then draw the same tables
+  at the same width on every machine, and that width is the content column's: measured in a
+  browser (chromium, mkdocs-material's default fonts), a code block of the page shows 78 to 82
+  characters at window widths from 1000 to 1920 px. Output that is wider would wrap or hide
+  behind a scroll bar; tests/test_docs.py fails the build's pages if any output line is wider.
+  Any colour codes left are stripped;
 * once per build: a second page asking for the same command gets the first answer;
 * ahead of time, a few at once: as soon as the build knows its pages, every page's commands
   start, ``MINITRON_DOCS_JOBS`` pages at a time (default: the number of CPUs, at least 2).
@@ -20,7 +32,14 @@ How a command runs:
   pages must not write the same path with different commands.
 
 The output goes in a ```text block (indented like the comment, so it works inside admonitions
-and tabs). A run line inside a fenced code block is left alone, so a page can show the syntax.
+and tabs) marked ``.no-copy``: output is read, not pasted into a terminal, so no copy button
+sits on its first line. A run line inside a fenced code block is left alone, so a page can show
+the syntax.
+
+A ``figure`` line runs its command the same way; what the command prints must be one SVG
+document (well-formed XML, checked here), which goes into the page as it is, inside a
+``<figure class="minitron-figure">``: the pictures are drawn by minitron/cli/views/svg*.py from
+the same runs as the text around them, at build time.
 """
 
 from __future__ import annotations
@@ -30,11 +49,13 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import xml.etree.ElementTree as ElementTree
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -42,16 +63,27 @@ from mkdocs.exceptions import PluginError
 
 log = logging.getLogger("mkdocs.hooks.run_commands")
 
-RUN_LINE = re.compile(r"^(?P<indent>[ \t]*)<!--\s*run:\s*(?P<command>.*?)\s*-->[ \t]*$")
+RUN_LINE = re.compile(r"^(?P<indent>[ \t]*)<!--\s*(?P<kind>run|figure):\s*(?P<command>.*?)\s*-->[ \t]*$")
 FENCE_OPEN = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})")
 # CSI sequences (colours, cursor moves) and OSC sequences (hyperlinks, titles).
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 TIMEOUT_S = 180
+WIDTH = 80  # characters: the content column of a page (see the module docstring)
+# Output wider than WIDTH (a script's table, a log line) is set in a smaller font, just small
+# enough for its longest line: class fit-N makes N characters fill the column (the sizes are in
+# docs/stylesheets/output.css). Beyond the last, the text would be too small to read, so a line
+# that long (a one-line error message, a long list) is folded at spaces to WIDTH, as
+# `fold -s -w 80` would, its continuation indented under the line's own first word.
+FIT = (88, 96, 104, 112)
+CHECKOUT_SHOWN_AS = "/path/to/minitron"
 
 # command -> its output, as a Future: set once the command has run, waited on by anyone else.
 _cache: dict[str, Future] = {}
 _cache_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
+# repository root -> this build's scratch directory (see the module docstring).
+_scratch: dict[Path, Path] = {}
+_scratch_lock = threading.Lock()
 
 
 def on_config(config):
@@ -70,6 +102,36 @@ def on_pre_build(config):
     _stop_pool()
     _cache.clear()
     _warm.stop()
+    _remove_scratch()
+
+
+def scratch_dir(root: Path) -> Path:
+    """This build's working directory for commands: fresh, with the root's entries linked in."""
+    root = Path(root).resolve()
+    with _scratch_lock:
+        if root not in _scratch:
+            scratch = Path(tempfile.mkdtemp(prefix="minitron-docs-"))
+            for name in _source_entries(root):
+                (scratch / name).symlink_to(root / name)
+            _scratch[root] = scratch
+        return _scratch[root]
+
+
+def _source_entries(root: Path) -> set[str]:
+    """The root's top-level names that belong to the sources: in a git checkout the ones git
+    tracks, so that an earlier run's `minitron-trace/` or a built `site/` lying in the checkout
+    is not linked in (a command would write into it, or read what it left)."""
+    done = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True)
+    if done.returncode == 0 and done.stdout:
+        return {path.split("/", 1)[0] for path in done.stdout.decode().split("\0") if path}
+    return {entry.name for entry in root.iterdir() if not entry.name.startswith(".") and entry.name != "site"}
+
+
+def _remove_scratch() -> None:
+    with _scratch_lock:
+        for scratch in _scratch.values():
+            shutil.rmtree(scratch, ignore_errors=True)
+        _scratch.clear()
 
 
 def on_files(files, config):
@@ -102,11 +164,13 @@ def _prefetch(commands: list[str], page: str, root: Path) -> None:
 def on_post_build(config):
     _stop_pool()
     _warm.stop()
+    _remove_scratch()
 
 
 def on_build_error(error):
     _stop_pool()  # do not keep running commands for a build that has already failed
     _warm.stop()
+    _remove_scratch()
 
 
 def _stop_pool() -> None:
@@ -120,15 +184,19 @@ def command_env() -> dict[str, str]:
     env = dict(os.environ)
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
-    env.update(COLUMNS="100", NO_COLOR="1", TERM="dumb", PYTHONUNBUFFERED="1")
+    env.update(COLUMNS=str(WIDTH), NO_COLOR="1", TERM="dumb", PYTHONUNBUFFERED="1")
     for var in ("FORCE_COLOR", "CLICOLOR_FORCE", "PY_COLORS"):
         env.pop(var, None)
     return env
 
 
-def clean(text: str) -> str:
-    """Strip colour codes and trailing blanks; keep the layout the command chose."""
-    lines = [line.rstrip() for line in ANSI.sub("", text).replace("\r\n", "\n").split("\n")]
+def clean(text: str, places: dict[str, str] | None = None) -> str:
+    """Strip colour codes and trailing blanks, and show ``places`` (a path of the build machine
+    -> what the page says instead); keep the layout the command chose."""
+    text = ANSI.sub("", text).replace("\r\n", "\n")
+    for path, shown in (places or {}).items():
+        text = text.replace(path, shown)
+    lines = [line.rstrip() for line in text.split("\n")]
     while lines and not lines[0]:
         lines.pop(0)
     while lines and not lines[-1]:
@@ -194,36 +262,80 @@ class _WarmRunner:
 _warm = _WarmRunner()
 
 
+def places(root: Path) -> dict[str, str]:
+    """The build machine's paths an output may print, and how a page shows them (longest first)."""
+    scratch = scratch_dir(root)
+    real = Path(root).resolve()
+    return {f"{scratch}/": "", str(scratch): ".", f"{real}/": "", str(real): CHECKOUT_SHOWN_AS}
+
+
 def execute(command: str, page: str, root: Path) -> str:
     started = time.perf_counter()
+    cwd = scratch_dir(root)
     argv = _warm.module.warm_argv(command, str(Path(sys.executable).parent))
     if argv is not None:  # a plain program call: fork it from the warm interpreter
-        returncode, output = _warm.run(argv, root)
+        returncode, output = _warm.run(argv, cwd)
     else:
         try:
             # stderr joins stdout, as in a terminal; unbuffered Python keeps their order.
-            done = subprocess.run(["bash", "-c", command], cwd=root, env=command_env(),
+            done = subprocess.run(["bash", "-c", command], cwd=cwd, env=command_env(),
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise PluginError(f"{page}: `{command}` did not finish in {TIMEOUT_S} s") from None
         returncode, output = done.returncode, done.stdout.decode("utf-8", errors="replace")
     if returncode != 0:
-        tail = "\n".join(clean(output).splitlines()[-20:])
+        tail = "\n".join(clean(output, places(root)).splitlines()[-20:])
         raise PluginError(
             f"{page}: the command in `<!-- run: {command} -->` exited with code "
             f"{returncode}; fix the command or the code it runs. Its last output:\n{tail}"
         )
     log.debug("ran `%s` for %s in %.2f s", command, page, time.perf_counter() - started)
-    return clean(output)
+    return clean(output, places(root))
 
 
 def fenced(text: str, indent: str) -> list[str]:
     # A fence longer than any run of backticks in the output cannot be closed by it.
     longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
     fence = "`" * max(3, longest + 1)
-    body = text.split("\n") if text else ["(no output)"]
-    return [f"{indent}{fence}text"] + [f"{indent}{line}" if line else "" for line in body] + [indent + fence]
+    body = [part for line in text.split("\n") for part in fold(line)] if text else ["(no output)"]
+    return ([f"{indent}{fence}{{.text .no-copy{fit_class(body)}}}"] + [f"{indent}{line}" if line else "" for line in body]
+            + [indent + fence])
+
+
+def fit_class(lines: list[str]) -> str:
+    """" .fit-N" for output wider than the column (see FIT), "" for output that fits."""
+    longest = max(map(len, lines))
+    return "" if longest <= WIDTH else f" .fit-{next(n for n in FIT if longest <= n)}"
+
+
+def fold(line: str) -> list[str]:
+    """A line longer than FIT[-1] as lines of at most WIDTH, broken at spaces where it can be."""
+    if len(line) <= FIT[-1]:
+        return [line]
+    indent = " " * min(len(line) - len(line.lstrip(" ")) + 2, WIDTH // 2)
+    out, rest = [], line
+    while len(rest) > WIDTH:
+        cut = rest.rfind(" ", len(indent) + 1 if out else 1, WIDTH + 1)
+        cut = cut if cut > 0 else WIDTH
+        out.append(rest[:cut].rstrip())
+        rest = indent + rest[cut:].lstrip(" ")
+    return out + [rest]
+
+
+def figure(text: str, indent: str, page: str, command: str) -> list[str]:
+    """An SVG document as raw HTML in the page: checked to be well-formed, without blank lines
+    (which would end Markdown's raw HTML block)."""
+    svg = re.sub(r"^\s*<\?xml[^>]*\?>\s*", "", text)
+    try:
+        root = ElementTree.fromstring(svg)
+    except ElementTree.ParseError as exc:
+        raise PluginError(f"{page}: `<!-- figure: {command} -->` did not print well-formed SVG ({exc})") from None
+    if root.tag not in ("svg", "{http://www.w3.org/2000/svg}svg"):
+        raise PluginError(f"{page}: `<!-- figure: {command} -->` printed <{root.tag}>, not an <svg> picture")
+    lines = [line for line in svg.split("\n") if line.strip()]
+    return [f'{indent}<figure class="minitron-figure" markdown="0">'] + [indent + line for line in lines] \
+        + [f"{indent}</figure>"]
 
 
 def scan(markdown: str):
@@ -254,7 +366,9 @@ def expand(markdown: str, page: str, root: Path) -> str:
         if match is None:
             out.append(line)
         elif not match["command"]:
-            raise PluginError(f"{page}: an empty `<!-- run: -->` line; give it a command")
+            raise PluginError(f"{page}: an empty `<!-- {match['kind']}: -->` line; give it a command")
+        elif match["kind"] == "figure":
+            out.extend(figure(run(match["command"], page, root), match["indent"], page, match["command"]))
         else:
             out.extend(fenced(run(match["command"], page, root), match["indent"]))
     return "\n".join(out)

@@ -14,24 +14,47 @@ import torch
 
 from minitron.accelerator.cpu_accelerator import CPU_Accelerator
 from minitron.accelerator.cuda_accelerator import CUDA_Accelerator
+from minitron.trace import recorder, traced
 
 _ACCELERATOR = None
+_RECORDED_BY = None  # the trace recorder that has already recorded this process's accelerator
 
 
 def get_accelerator():
-    global _ACCELERATOR
+    """This process's accelerator, chosen on the first call."""
+    if _ACCELERATOR is None or _RECORDED_BY is not recorder.active():
+        return _choose_accelerator()
+    return _ACCELERATOR
+
+
+def _accelerator_name() -> str:
+    if _ACCELERATOR is not None:
+        return _ACCELERATOR.device_name()
+    name = os.environ.get("MINITRON_ACCELERATOR")
+    if name is None:
+        # device_count() asks the driver without creating a CUDA context, so it is safe
+        # in a parent that forks ranks later.
+        name = "cuda" if torch.cuda.device_count() > 0 else "cpu"
+    return name
+
+
+# Traced under DeepSpeed's name, once per traced process: the trace says which accelerator, and
+# whether this call chose it or found it chosen (a forked rank inherits the choice its launcher
+# made while validating the arguments). The later calls, thousands of them (every fork of the
+# dropout RNG asks), take the plain path above and stay out of the trace.
+@traced(name="minitron.accelerator.real_accelerator.get_accelerator",
+        args=lambda: {"accelerator": _accelerator_name(), "chosen_now": _ACCELERATOR is None})
+def _choose_accelerator():
+    global _ACCELERATOR, _RECORDED_BY
     if _ACCELERATOR is None:
-        name = os.environ.get("MINITRON_ACCELERATOR")
-        if name is None:
-            # device_count() asks the driver without creating a CUDA context, so it is safe
-            # in a parent that forks ranks later.
-            name = "cuda" if torch.cuda.device_count() > 0 else "cpu"
+        name = _accelerator_name()
         if name == "cuda":
             _ACCELERATOR = CUDA_Accelerator()
         elif name == "cpu":
             _ACCELERATOR = CPU_Accelerator()
         else:
             raise ValueError(f"MINITRON_ACCELERATOR={name!r}: use 'cuda' or 'cpu'")
+    _RECORDED_BY = recorder.active()
     return _ACCELERATOR
 
 

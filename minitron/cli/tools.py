@@ -22,6 +22,7 @@ def groups(
                                   "group, shows which chunks each stage holds"),
     order: str = typer.Option(DEFAULT_ORDER, "--order", help=f"rank order: {ORDERS[0]} or {ORDERS[1]}"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object: group kind -> rank lists"),
+    as_svg: bool = typer.Option(False, "--svg", help="print the grids as one SVG picture (a panel per kind)"),
 ):
     """Compute Megatron's process groups for a layout, without starting any process."""
     from minitron.cli.views.layout import render_layout
@@ -36,6 +37,14 @@ def groups(
         raise UserError(str(exc)) from None
     if as_json:
         print(json.dumps({k: groups_[k] for k in LAYOUT_KEYS}))
+        return
+    if as_svg:
+        from minitron.cli.views.svg_grid import MAX_RANKS_DRAWN, grid_svg
+        if world > MAX_RANKS_DRAWN:
+            raise UserError(f"--svg draws a cell per rank, at most {MAX_RANKS_DRAWN}; use --json for {world} ranks")
+        dp = world // (tp * pp * cp)
+        sizes = f"tp {tp} × " + (f"cp {cp} × " if cp > 1 else "") + f"dp {dp} × pp {pp}" + (f", ep {ep}" if ep > 1 else "")
+        print(grid_svg(groups_, heading=f"{world} ranks = {sizes}, order {order}"), end="")
         return
     console.print(render_layout(world, groups_, tp, pp, cp, ep, order))
     if vp:

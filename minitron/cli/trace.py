@@ -30,7 +30,7 @@ def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: 
     if backend:
         argv += ["--distributed-backend", backend]
     if ep > 1:  # expert groups need experts to split; an initialization-only run builds no model
-        argv += ["--num-experts", str(ep)]
+        argv += ["--num-experts", str(ep)] + (["--sequence-parallel"] if tp > 1 else [])  # MoE + tp: SP
     if vp:
         argv += ["--virtual-pipeline-model-parallel-size", str(vp)]
     if order == TP_PP_DP_ORDER:
@@ -62,16 +62,38 @@ def training_argv(world: int, tp: int, pp: int, cp: int, steps: int) -> List[str
             "--attention-dropout", "0", "--global-batch-size", str(dp * 2 * pp)]
 
 
+def write_pictures(out: Path, runs: dict) -> List[Path]:
+    """--svg: the executed groups as rank grids, and the last traced iteration's schedule as a
+    timeline (minitron/cli/views/svg_grid.py, svg_timeline.py); what the trace cannot show
+    (more ranks than a grid draws, no iteration) is left out."""
+    from minitron.cli.views.schedule import pipeline_steps
+    from minitron.cli.views.svg_grid import MAX_RANKS_DRAWN, grid_svg, groups_from_trace
+    from minitron.cli.views.svg_timeline import timeline_svg
+    from minitron.cli.views.trace_dir import iterations
+
+    written = []
+    groups = groups_from_trace(runs[min(runs)])
+    if "pp" in groups and len(runs) <= MAX_RANKS_DRAWN:
+        (out / "groups.svg").write_text(grid_svg(groups, heading=f"{len(runs)} ranks: the groups they created"))
+        written.append(out / "groups.svg")
+    done = iterations(runs)
+    stages = pipeline_steps(runs, iteration=done[-1]) if done else {}
+    if any(stages.values()):
+        pp = len(stages)
+        (out / "schedule.svg").write_text(timeline_svg([(f"iteration {done[-1]}, {pp} stages", stages)]))
+        written.append(out / "schedule.svg")
+    return written
+
+
 def play_pretrain_rank(argv: List[str]) -> None:
     """One rank of a fake world: pretrain's initialization, then nothing left for the next rank."""
     from minitron import comm
     from minitron.core import parallel_state
-    from minitron.pretrain_gpt import ARGS_DEFAULTS
+    from minitron.pretrain_gpt import run_main
     from minitron.training.global_vars import unset_global_variables
-    from minitron.training.training import pretrain
 
     try:
-        pretrain(None, None, "encoder_or_decoder", None, args_defaults=ARGS_DEFAULTS, argv=argv)
+        run_main(argv)  # the script's entry, as a real rank runs it (no iterations: no model)
     finally:
         parallel_state.destroy_model_parallel()
         comm.destroy_process_group()  # cdb's torch world, and with it every subgroup
@@ -93,6 +115,8 @@ def trace(
                                                   "(mock data); 0: initialization only"),
     show: str = typer.Option("", "--show", help="comma list of views: tree, groups, checks, schedule "
                                                "(default: all that apply)"),
+    svg: bool = typer.Option(False, "--svg", help="also draw the groups (groups.svg) and, with --steps, the "
+                                                  "schedule (schedule.svg) next to trace.json"),
     depth: Optional[int] = typer.Option(None, "--depth", help="call-tree depth (default: all; 7 with --steps "
                                                                      "unless --focus)"),
     focus: Optional[str] = typer.Option(None, "--focus", help="show only the calls named NAME (a function name "
@@ -156,6 +180,7 @@ def trace(
     runs = load_trace(out)
     note = "fake backend: collectives did not communicate" if backend == "fake" else None
     chrome = write_chrome_trace(out, runs, note)
+    pictures = write_pictures(out, runs) if svg else []
     try:
         checks = show_views(console, runs, views, rank, focus=focus,
                             depth=depth if depth is not None else default_depth(runs, focus),
@@ -165,6 +190,8 @@ def trace(
     pids = len({recs[0]["pid"] for recs in runs.values() if recs})
     console.print(f"{plural(world, 'rank')} ({backend}, {plural(pids, 'process', 'processes')}) in {elapsed:.2f} s "
                   f"→ {out}/rank*.jsonl, {chrome} (open in https://ui.perfetto.dev)")
+    if pictures:
+        console.print("pictures: " + ", ".join(str(p) for p in pictures))
     if backend == "fake":
         console.print("[yellow]fake backend: ranks played in turn, no process of their own; collectives moved no data[/yellow]")
     if any(c.ok is False for c in checks):

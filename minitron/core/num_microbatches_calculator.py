@@ -20,6 +20,8 @@ Megatron's asserts do, so Megatron's own unit tests of this module run against t
 
 from __future__ import annotations
 
+from minitron.trace import traced
+
 _GLOBAL_NUM_MICROBATCHES_CALCULATOR: "NumMicroBatchesCalculator | None" = None
 
 
@@ -121,6 +123,7 @@ class RampupBatchsizeNumMicroBatchesCalculator(NumMicroBatchesCalculator):
         self._set_from_current(consistency_check)
 
 
+@traced
 def _build_num_microbatches_calculator(rank: int, rampup_batch_size: list[int] | None, global_batch_size: int,
                                        micro_batch_size: int, data_parallel_size: int,
                                        decrease_batch_size_if_needed: bool = False) -> NumMicroBatchesCalculator:
@@ -134,6 +137,7 @@ def _build_num_microbatches_calculator(rank: int, rampup_batch_size: list[int] |
                                                     decrease_batch_size_if_needed, rank, start, increment, samples)
 
 
+@traced
 def init_num_microbatches_calculator(rank: int, rampup_batch_size: list[int] | None, global_batch_size: int,
                                      micro_batch_size: int, data_parallel_size: int,
                                      decrease_batch_size_if_needed: bool = False) -> None:

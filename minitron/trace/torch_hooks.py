@@ -58,6 +58,12 @@ def _collective_args(name: str, args: tuple, kwargs: dict) -> dict:
         group = kwargs.get("group")
         if group is None and name not in ("barrier", "batch_isend_irecv"):
             group = _positional_group(name, args)
+    if name == "all_to_all_single":   # shape is what arrives; say what leaves, and the blocks
+        source = kwargs.get("input", args[1] if len(args) > 1 else None)
+        record["input_shape"] = list(source.shape) if hasattr(source, "shape") else None
+        for key in ("output_split_sizes", "input_split_sizes"):
+            if kwargs.get(key) is not None:
+                record[key] = list(kwargs[key])
     if hasattr(tensor, "shape"):
         record["shape"] = list(tensor.shape)
         record["dtype"] = str(tensor.dtype).replace("torch.", "")

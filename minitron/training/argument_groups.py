@@ -74,6 +74,16 @@ def _add_network_size_args(parser):
     g.add_argument("--layernorm-epsilon", type=_float(0.0, above=True), default=1e-5)
     g.add_argument("--init-method-std", type=_float(0.0), default=0.02)
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    # The modern GPT options (LLaMA-style models are rope + swiglu + RMSNorm + GQA + untied).
+    g.add_argument("--position-embedding-type", default="learned_absolute", choices=["learned_absolute", "rope"])
+    g.add_argument("--rotary-percent", type=_float(0.0, 1.0, above=True), default=1.0,
+                   help="rope: the share of each head's channels that rotate")
+    g.add_argument("--rotary-base", type=POSITIVE, default=10000, help="rope: the base of the angles")
+    g.add_argument("--swiglu", action="store_true", help="gated MLP, silu(x W_gate) * (x W_up)")
+    g.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
+    g.add_argument("--group-query-attention", action="store_true",
+                   help="heads share keys and values in --num-query-groups groups")
+    g.add_argument("--num-query-groups", type=POSITIVE, default=None)
 
 
 def _add_regularization_args(parser):
@@ -106,6 +116,14 @@ def _add_training_args(parser):
     # Megatron lists this one among its vision flags; it steers the cyclic sampler.
     g.add_argument("--no-data-sharding", dest="data_sharding", action="store_false",
                    help="cyclic loader: one global shuffle instead of one bucket per dp rank")
+    # Activation recomputation: keep fewer activations, compute them again in backward.
+    g.add_argument("--recompute-activations", action="store_true",
+                   help="shorthand for --recompute-granularity selective")
+    g.add_argument("--recompute-granularity", default=None, choices=["full", "selective"],
+                   help="full: whole layers (with --recompute-method); selective: core attention only")
+    g.add_argument("--recompute-method", default=None, choices=["uniform", "block"],
+                   help="uniform: every chunk of N layers; block: the first N layers of each stage")
+    g.add_argument("--recompute-num-layers", type=POSITIVE, default=None, metavar="N")
 
 
 def _add_initialization_args(parser):
@@ -146,6 +164,9 @@ def _add_distributed_args(parser):
                    dest="virtual_pipeline_model_parallel_size", type=POSITIVE, default=None,
                    help="model chunks per pipeline rank (the interleaved schedule)")
     g.add_argument("--context-parallel-size", type=POSITIVE, default=1)
+    # Megatron's other kinds (a2a, allgather, a2a+p2p) are not built: the ring is the one taught.
+    g.add_argument("--cp-comm-type", default="p2p", choices=["p2p"],
+                   help="how context-parallel attention exchanges keys/values: p2p, a ring")
     g.add_argument("--expert-model-parallel-size", type=POSITIVE, default=1)
     g.add_argument("--expert-tensor-parallel-size", type=POSITIVE, default=None, help="default: tp size")
     g.add_argument("--sequence-parallel", action="store_true")
@@ -163,6 +184,13 @@ def _add_moe_args(parser):
     g = parser.add_argument_group("moe")
     g.add_argument("--num-experts", type=COUNT, default=None,
                    help="experts per MoE layer; --expert-model-parallel-size spreads them")
+    g.add_argument("--moe-router-topk", type=POSITIVE, default=2, help="experts each token is sent to")
+    g.add_argument("--moe-aux-loss-coeff", type=_float(0.0), default=0.0,
+                   help="weight of the load-balancing loss (Megatron suggests 1e-2; 0: none)")
+    g.add_argument("--moe-layer-freq", type=POSITIVE, default=1,
+                   help="every N-th layer is an MoE layer (the first one always)")
+    g.add_argument("--moe-ffn-hidden-size", type=POSITIVE, default=None, help="an expert's ffn size; "
+                   "default: --ffn-hidden-size")
 
 
 def _add_deepspeed_args(parser):

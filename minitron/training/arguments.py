@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from minitron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate_parallel_sizes
+from minitron.trace import traced
 from minitron.training.argument_groups import ArgumentError, build_parser
 from minitron.training.datasets.arguments import validate_data_args
 
@@ -27,6 +28,7 @@ __all__ = ["ArgumentError", "GPT_ARGS_DEFAULTS", "build_parser", "parse_args", "
 GPT_ARGS_DEFAULTS = {"tokenizer_type": "NullTokenizer", "vocab_size": 1024}
 
 
+@traced(args=lambda *a, **k: {})  # journey: the traced chain shows parsing (its argv is not worth a line)
 def parse_args(extra_args_provider=None, ignore_unknown_args=False, argv=None):
     """Parse Megatron's flags; rank and world size come from the environment as in Megatron."""
     # comm imports torch, and only a rank needs to know who it is: the command line validates
@@ -51,6 +53,7 @@ def _require(condition: bool, message: str) -> None:
         raise ArgumentError(message)
 
 
+@traced(args=lambda args, *a, **k: {"world_size": args.world_size})  # journey: the traced chain
 def validate_args(args, defaults: dict | None = None):
     """Fill in what the flags imply and reject what cannot work. Returns args.
 
@@ -65,9 +68,12 @@ def validate_args(args, defaults: dict | None = None):
         _require(getattr(args, name) is not None, f"--{name.replace('_', '-')} is required")
 
     _validate_layout(args)
+    _validate_modern_options(args)
     _validate_model_shape(args)
+    _validate_moe(args)
     _validate_batch(args)
     _validate_training(args)
+    _validate_context_parallel(args)
 
     _require(not (args.fp16 and args.bf16), "--fp16 and --bf16 exclude each other: choose one")
     args.params_dtype = "float16" if args.fp16 else "bfloat16" if args.bf16 else "float32"
@@ -134,6 +140,45 @@ def _validate_layout(args):
             args.virtual_pipeline_model_parallel_size = None  # one chunk per rank: no interleaving
 
 
+# --- the modern GPT options and activation recomputation (issue 14.3 / 14.4) ---------------
+def _validate_modern_options(args):
+    tp, heads = args.tensor_model_parallel_size, args.num_attention_heads
+    if args.swiglu and args.ffn_hidden_size is None:
+        # Megatron's default: two fc1 matrices instead of one, so 2/3 of 4h keeps the MLP's
+        # parameter count near the GeLU MLP's; rounded down to a multiple of 64.
+        args.ffn_hidden_size = int((4 * args.hidden_size * 2 / 3) / 64) * 64
+        _require(args.ffn_hidden_size > 0, f"--swiglu sizes the MLP as 8h/3 rounded down to a multiple of 64, "
+                 f"which is 0 for --hidden-size {args.hidden_size}: give --ffn-hidden-size")
+    if args.group_query_attention:
+        groups = args.num_query_groups
+        _require(groups is not None, "--group-query-attention needs --num-query-groups G (heads per key/value)")
+        _require(heads % groups == 0, f"--num-attention-heads {heads} is not divisible by --num-query-groups "
+                 f"{groups}: each group is the same number of query heads")
+        _require(groups % tp == 0, f"--num-query-groups {groups} is not divisible by "
+                 f"--tensor-model-parallel-size {tp}: each tensor-parallel rank computes whole query groups")
+    else:
+        _require(args.num_query_groups is None, "--num-query-groups needs --group-query-attention")
+    if args.position_embedding_type == "rope" and args.hidden_size % heads == 0:
+        d = args.kv_channels or args.hidden_size // heads
+        rot = d if args.rotary_percent >= 1.0 else int(d * args.rotary_percent)
+        _require(rot >= 2 and rot % 2 == 0, f"rope rotates channel pairs: --rotary-percent {args.rotary_percent:g} "
+                 f"of {d} channels per head is {rot}, which must be even and at least 2")
+    if args.recompute_activations:
+        args.recompute_granularity = "selective"     # Megatron's shorthand
+    granularity, method, n = args.recompute_granularity, args.recompute_method, args.recompute_num_layers
+    if granularity is None:
+        _require(method is None and n is None,
+                 "--recompute-method and --recompute-num-layers need --recompute-granularity full")
+    elif granularity == "selective":
+        _require(method is None and n is None, "--recompute-granularity selective recomputes core attention in "
+                 "every layer: drop --recompute-method and --recompute-num-layers")
+    else:
+        per_stage = args.num_layers // args.pipeline_model_parallel_size
+        _require(method is not None, "--recompute-granularity full needs --recompute-method uniform or block")
+        _require(n is not None and n <= per_stage, f"--recompute-granularity full needs --recompute-num-layers "
+                 f"N between 1 and the {per_stage} layers of a pipeline stage")
+
+
 def _validate_model_shape(args):
     tp = args.tensor_model_parallel_size
     heads = args.num_attention_heads
@@ -157,6 +202,57 @@ def _validate_model_shape(args):
         _require(args.seq_length % tp == 0,
                  f"--sequence-parallel splits the sequence across tensor-parallel ranks: "
                  f"--seq-length {args.seq_length} must be divisible by {tp}")
+
+
+# --- context parallelism (helper cp) ------------------------------------------------------------
+def _validate_context_parallel(args):
+    cp = args.context_parallel_size
+    if cp == 1:
+        return
+    _require(args.seq_length % (2 * cp) == 0,
+             f"--seq-length {args.seq_length} must be a multiple of 2 x --context-parallel-size = {2 * cp}: "
+             f"each sequence is cut into 2 x cp equal chunks")
+    tp = args.tensor_model_parallel_size
+    if args.sequence_parallel:
+        _require((args.seq_length // cp) % tp == 0,
+                 f"--sequence-parallel splits each context-parallel rank's {args.seq_length // cp} tokens "
+                 f"across {tp} tensor-parallel ranks: make --seq-length a multiple of cp x tp = {cp * tp}")
+    # Rotary tables cover positions 0..s/cp-1 unless cut as the tokens are (context_parallel.py's
+    # get_pos_emb_on_this_cp_rank); refuse rather than train on wrong positions.
+    _require(args.position_embedding_type != "rope",
+             "--position-embedding-type rope is not wired for --context-parallel-size > 1 yet: "
+             "use learned_absolute positions with context parallelism")
+    _require(not args.reset_attention_mask,
+             "--reset-attention-mask masks documents inside a sequence; context-parallel attention "
+             "here is plain causal: drop one of --reset-attention-mask and --context-parallel-size")
+
+
+def _validate_moe(args):
+    """Mixture of experts (Megatron's rules; --num-experts 0 was turned into None above)."""
+    if args.num_experts is None:
+        return
+    e, k = args.num_experts, args.moe_router_topk
+    _require(k <= e, f"--moe-router-topk {k} is more than --num-experts {e}: a token cannot go to more "
+             "experts than there are")
+    tp = args.tensor_model_parallel_size
+    # Only a run that builds the model needs this (`minitron trace --tp 2 --ep 2` initializes only).
+    _require(tp == 1 or args.sequence_parallel or not args.train_iters,
+             f"MoE with --tensor-model-parallel-size {tp} needs --sequence-parallel (Megatron's rule: the "
+             "dispatcher sends each tensor-parallel rank's own part of the sequence)")
+    # The experts are plain two-matrix MLPs; a gated (SwiGLU) expert would need fc1's gate and
+    # up halves split per expert-tensor rank as MLP's stride=2 does. Refuse rather than run an
+    # ungated silu under the --swiglu name.
+    _require(not args.swiglu, "--swiglu with --num-experts: minitron's experts are not gated yet; "
+             "drop --swiglu for a mixture-of-experts model")
+    if args.moe_ffn_hidden_size is None:
+        args.moe_ffn_hidden_size = args.ffn_hidden_size
+    etp = args.expert_tensor_parallel_size
+    _require(etp == tp or not (args.save or args.load),
+             f"--save/--load keep one file per (tensor, pipeline, expert) rank, which holds whole "
+             f"expert slices only when --expert-tensor-parallel-size {etp} equals --tensor-model-parallel-size {tp}")
+    _require(args.moe_ffn_hidden_size % etp == 0,
+             f"the experts' ffn size {args.moe_ffn_hidden_size} (--moe-ffn-hidden-size, default "
+             f"--ffn-hidden-size) is not divisible by --expert-tensor-parallel-size {etp}")
 
 
 def _validate_batch(args):
@@ -244,10 +340,6 @@ def _validate_training(args):
                  f"batch ({args.global_batch_size})")
     if not args.train_iters:
         return  # initialization only (what `minitron trace` runs)
-    # The expert groups exist (initialize_model_parallel builds them), the expert layers do not
-    # yet: training would silently run a dense model.
-    _require(args.num_experts is None, f"--num-experts {args.num_experts}: minitron has no mixture-of-experts "
-             "layers yet, so this would train a dense model; drop it (`minitron trace --ep N` shows the expert groups)")
     _require(args.lr is not None, "--lr is required for training (e.g. --lr 1e-3)")
     _require(args.min_lr <= args.lr, f"--min-lr {args.min_lr:g} is above --lr {args.lr:g}")
     _require(args.lr_warmup_fraction is None or args.lr_warmup_iters == 0,
@@ -294,4 +386,16 @@ def core_transformer_config_from_args(args):
         attention_dropout=args.attention_dropout, layernorm_epsilon=args.layernorm_epsilon,
         init_method_std=args.init_method_std, init_seed=args.seed,
         pipeline_dtype=dtype,
+        # the modern GPT options and activation recomputation
+        normalization=args.normalization, gated_linear_unit=args.swiglu,
+        activation_func=torch.nn.functional.silu if args.swiglu else torch.nn.functional.gelu,
+        num_query_groups=args.num_query_groups if args.group_query_attention else None,
+        recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
+        recompute_num_layers=args.recompute_num_layers,
+        # mixture of experts
+        num_moe_experts=args.num_experts, moe_router_topk=args.moe_router_topk,
+        moe_aux_loss_coeff=args.moe_aux_loss_coeff, moe_layer_freq=args.moe_layer_freq,
+        moe_ffn_hidden_size=args.moe_ffn_hidden_size,
+        expert_model_parallel_size=args.expert_model_parallel_size,
+        expert_tensor_parallel_size=args.expert_tensor_parallel_size,
     )

@@ -29,7 +29,11 @@ LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "nu
                "num_attention_heads", "ffn_hidden_size", "kv_channels", "seq_length",
                "max_position_embeddings", "untie_embeddings_and_output_weights", "tokenizer_type",
                "vocab_size", "make_vocab_size_divisible_by", "virtual_pipeline_model_parallel_size",
-               "use_distributed_optimizer", "params_dtype", "num_experts")
+               "use_distributed_optimizer", "params_dtype", "num_experts",
+               "expert_model_parallel_size", "moe_ffn_hidden_size", "moe_layer_freq",
+               # the modern GPT options: each changes a tensor's shape or what it means
+               "position_embedding_type", "swiglu", "normalization", "group_query_attention",
+               "num_query_groups")
 _MISSING = object()
 
 
@@ -41,8 +45,11 @@ def iteration_dir(root, iteration: int) -> Path:
     return Path(root) / f"iter_{iteration:07d}"
 
 
-def rank_dir(root, iteration: int, tp_rank: int, pp_rank: int, pp_size: int) -> Path:
+def rank_dir(root, iteration: int, tp_rank: int, pp_rank: int, pp_size: int, ep_rank: int = 0,
+             ep_size: int = 1) -> Path:
     name = f"mp_rank_{tp_rank:02d}" if pp_size == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+    if ep_size > 1:   # MoE: each expert-parallel rank holds other experts (Megatron's _EEE suffix)
+        name += f"_{ep_rank:03d}"
     return iteration_dir(root, iteration) / name
 
 
@@ -122,7 +129,7 @@ def expected_files(root, iteration: int, meta: dict) -> list[Path]:
     files = []
     for t in range(tp):
         for p in range(pp):
-            where = rank_dir(root, iteration, t, p, pp)
+            where = rank_dir(root, iteration, t, p, pp)   # (a checkpoint from before MoE: no ep)
             files.append(where / "model_optim_rng.pt")
             if meta.get("use_distributed_optimizer"):
                 files += [where / f"distrib_optim_dp{d:03d}.pt" for d in range(dp)]

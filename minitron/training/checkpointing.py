@@ -78,19 +78,31 @@ def _args_snapshot(args) -> dict:
             if isinstance(v, keep) or (isinstance(v, list) and all(isinstance(x, keep) for x in v))}
 
 
+def _rank_dir(root, iteration: int) -> Path:
+    return rank_dir(root, iteration, mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank(),
+                    mpu.get_pipeline_model_parallel_world_size(), mpu.get_expert_model_parallel_rank(),
+                    mpu.get_expert_model_parallel_world_size())
+
+
 @traced(args=lambda iteration, *a, **k: {"iteration": iteration})
 def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> None:
     args = get_args()
-    tp, pp = mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank()
-    where = rank_dir(args.save, iteration, tp, pp, mpu.get_pipeline_model_parallel_world_size())
+    where = _rank_dir(args.save, iteration)
     # RNG states may differ across data-parallel ranks (--data-parallel-random-init): keep all.
-    rng_states = [None] * mpu.get_data_parallel_world_size()
-    torch.distributed.all_gather_object(rng_states, _rng_state(), group=mpu.get_data_parallel_group())
-    dp = mpu.get_data_parallel_rank()
+    # Context-parallel ranks count as data-parallel here: they hold the same weights, and the
+    # distributed optimizer shards over both (one file each, one writer of the model).
+    rng_states = [None] * mpu.get_data_parallel_world_size(with_context_parallel=True)
+    torch.distributed.all_gather_object(rng_states, _rng_state(),
+                                        group=mpu.get_data_parallel_group(with_context_parallel=True))
+    dp = mpu.get_data_parallel_rank(with_context_parallel=True)
+    # MoE: data-parallel ranks hold different experts; the first of each expert-data-parallel
+    # group writes its (tp, pp, ep) slice (validate_args keeps expert tp = tp when saving).
+    writer = dp == 0 if mpu.get_expert_model_parallel_world_size() == 1 else \
+        torch.distributed.get_rank() == mpu.get_global_ranks("expt-dp")[0]
     written = {}  # this rank's files -> size and sha256, for metadata.json
-    if dp == 0 or args.use_distributed_optimizer:
+    if writer or args.use_distributed_optimizer:
         where.mkdir(parents=True, exist_ok=True)
-    if dp == 0:
+    if writer:
         state = {"iteration": iteration, "checkpoint_version": 3.0, "args": _args_snapshot(args),
                  "consumed_train_samples": args.consumed_train_samples,
                  "opt_param_scheduler": opt_param_scheduler.state_dict(), "rng_state": rng_states}
@@ -132,8 +144,7 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
         from minitron.training.utils import print_rank_0
         print_rank_0(f"> no checkpoint in {args.load}: starting from scratch")
         return 0
-    tp, pp = mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank()
-    where = rank_dir(args.load, iteration, tp, pp, mpu.get_pipeline_model_parallel_world_size())
+    where = _rank_dir(args.load, iteration)
     # The launcher checked every file before starting us; under torchrun nobody did, so each
     # rank checks what it reads (sha256 against metadata.json) before torch sees a byte.
     meta = read_metadata(args.load, iteration)
@@ -141,12 +152,12 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
     for i, chunk in enumerate(model):
         chunk.load_state_dict(state["model" if len(model) == 1 else f"model{i}"])
     if args.use_distributed_optimizer:
-        shard = where / f"distrib_optim_dp{mpu.get_data_parallel_rank():03d}.pt"
+        shard = where / f"distrib_optim_dp{mpu.get_data_parallel_rank(with_context_parallel=True):03d}.pt"
         optimizer.load_state_dict(_load_verified(shard, meta))
     else:
         optimizer.load_state_dict(state["optimizer"])
     opt_param_scheduler.load_state_dict(state["opt_param_scheduler"])
-    _set_rng_state(state["rng_state"][mpu.get_data_parallel_rank()])
+    _set_rng_state(state["rng_state"][mpu.get_data_parallel_rank(with_context_parallel=True)])
     args.consumed_train_samples = state["consumed_train_samples"]
     from minitron.training.utils import print_rank_0
     print_rank_0(f"> loaded checkpoint from {args.load} at iteration {iteration}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from minitron.core.num_microbatches_calculator import init_num_microbatches_calculator
 from minitron.core.timers import Timers
 from minitron.trace import traced
-from minitron.training.tokenizer import build_tokenizer as _build_tokenizer
+from minitron.training.tokenizer import build_tokenizer as _make_tokenizer
 
 _GLOBAL_ARGS = None
 _GLOBAL_TOKENIZER = None
@@ -39,15 +39,25 @@ def get_tensorboard_writer():
 
 @traced
 def set_global_variables(args, build_tokenizer: bool = True):
-    global _GLOBAL_ARGS, _GLOBAL_TOKENIZER, _GLOBAL_TIMERS
+    """Megatron's order: args, the micro-batch calculator, the tokenizer, then the rest."""
+    global _GLOBAL_ARGS, _GLOBAL_TIMERS
     _GLOBAL_ARGS = args
     init_num_microbatches_calculator(
         args.rank, args.rampup_batch_size, args.global_batch_size,
         args.micro_batch_size, args.data_parallel_size,
     )
     if build_tokenizer and args.tokenizer_type is not None:
-        _GLOBAL_TOKENIZER = _build_tokenizer(args)
+        _build_tokenizer(args)
     _GLOBAL_TIMERS = Timers(log_level=args.timing_log_level)
+
+
+@traced
+def _build_tokenizer(args):
+    """Build the tokenizer and keep it (it also sets args.padded_vocab_size, which the model's
+    embedding and output layer are sized by)."""
+    global _GLOBAL_TOKENIZER
+    _GLOBAL_TOKENIZER = _make_tokenizer(args)
+    return _GLOBAL_TOKENIZER
 
 
 def unset_global_variables():

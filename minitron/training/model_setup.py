@@ -31,6 +31,12 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
                                          post_process=mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
                                          vp_stage=vp_stage))
     print_parameter_count(model)
+    if args.fp16 or args.bf16:
+        # Megatron's order: count, then cast (Float16Module), then wrap for data parallelism,
+        # so DDP's gradient buffers are made for the 16-bit parameters.
+        from minitron.core.transformer.module import Float16Module
+
+        model = [Float16Module(chunk.config, chunk) for chunk in model]
     if not wrap_with_ddp:
         return model
     from minitron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig

@@ -17,6 +17,7 @@ import torch
 from minitron.core import parallel_state as mpu
 from minitron.core.num_microbatches_calculator import get_num_microbatches, update_num_microbatches
 from minitron.core.pipeline_parallel import get_forward_backward_func
+from minitron.core.transformer.moe.moe_utils import track_moe_metrics
 from minitron.trace import traced
 from minitron.training.global_vars import get_args, get_timers, get_tokenizer
 from minitron.training.checkpointing import save_checkpoint
@@ -74,9 +75,31 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
         skipped_iter = 1  # fp16 overflow: the step was skipped on every rank, the scale backed off
     loss = {}
     if mpu.is_pipeline_last_stage(ignore_virtual=True):
-        for key in losses_reduced[0]:
-            loss[key] = torch.stack([d[key] for d in losses_reduced]).float().mean().item()
+        loss = reduce_losses(losses_reduced)
+    if args.num_experts is not None and args.moe_aux_loss_coeff > 0:   # MoE: every rank joins
+        moe = track_moe_metrics(1.0 / get_num_microbatches(), _num_moe_layers(args), args.num_layers)
+        loss.update(moe if mpu.is_pipeline_last_stage(ignore_virtual=True) else {})
     return loss, skipped_iter, grad_norm, num_zeros_in_grad
+
+
+def _num_moe_layers(args) -> int:
+    return len(range(0, args.num_layers, args.moe_layer_freq))
+
+
+def reduce_losses(losses_reduced) -> dict:
+    """One number per key from the micro-batches' reports: a [sum, count] pair is added up over
+    the micro-batches and the data-parallel-with-context ranks and divided once (Megatron's
+    token-weighted mean); a plain value is averaged over the micro-batches."""
+    loss = {}
+    for key in losses_reduced[0]:
+        values = torch.stack([d[key].view(-1) for d in losses_reduced]).float()
+        if values.size(1) == 2:
+            total = values.sum(dim=0)
+            torch.distributed.all_reduce(total, group=mpu.get_data_parallel_group(with_context_parallel=True))
+            loss[key] = (total[0] / total[1].clamp(min=1)).item()
+        else:
+            loss[key] = values.mean().item()
+    return loss
 
 
 @traced
@@ -126,20 +149,16 @@ def evaluate(forward_step_func, data_iterator, model, eval_iters: int) -> dict:
     args = get_args()
     for chunk in model:
         chunk.eval()
-    totals: dict[str, float] = {}
+    reports = []
     with torch.no_grad():
         for _ in range(eval_iters):
-            losses = get_forward_backward_func()(
+            reports += get_forward_backward_func()(
                 forward_step_func=forward_step_func, data_iterator=data_iterator, model=model,
                 num_microbatches=get_num_microbatches(), seq_length=args.seq_length,
                 micro_batch_size=args.micro_batch_size, forward_only=True)
-            for d in losses:
-                for key, value in d.items():
-                    totals[key] = totals.get(key, 0.0) + float(value)
     for chunk in model:
         chunk.train()
-    count = max(eval_iters * get_num_microbatches(), 1)
-    return {key: value / count for key, value in totals.items()}
+    return reduce_losses(reports) if reports else {}
 
 
 def evaluate_and_print_results(prefix, forward_step_func, data_iterator, model):

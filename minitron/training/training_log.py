@@ -88,6 +88,8 @@ class IterationLog:
             "consumed_samples": args.consumed_train_samples, "elapsed_ms": seconds * 1000.0,
             "tokens_per_s": batch_size * args.seq_length / seconds if seconds > 0 else 0.0,
         }
+        if "load_balancing_loss" in loss:   # MoE (moe/moe_utils.track_moe_metrics)
+            record["load_balancing_loss"] = loss["load_balancing_loss"]
         if self.file:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()

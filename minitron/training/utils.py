@@ -114,20 +114,22 @@ def get_batch_on_this_cp_rank(batch: dict, cp_rank: int | None = None, cp_size: 
 
     The sequence is cut into 2 x cp chunks and rank r keeps chunks r and 2cp-1-r: causal
     attention does more work late in the sequence, so pairing an early chunk with a late one
-    gives every rank the same amount of work.
+    gives every rank the same amount of work (core/transformer/context_parallel.py). Tokens,
+    labels, loss mask and position ids are all cut alike, so each token keeps its own position
+    and target; the [b, 1, s, s] mask keeps this rank's query rows and every key column.
     """
     cp_size = mpu.get_context_parallel_world_size() if cp_size is None else cp_size
     if cp_size == 1:
         return batch
     cp_rank = mpu.get_context_parallel_rank() if cp_rank is None else cp_rank
-    index = torch.tensor([cp_rank, 2 * cp_size - cp_rank - 1])
     out = {}
     for key, value in batch.items():
         if value is None:
             out[key] = None
             continue
-        seq_dim = 2 if key == "attention_mask" else 1  # [b, 1, s, s]: cut the query rows
+        seq_dim = 2 if key == "attention_mask" else 1
         shape = value.shape
+        index = torch.tensor([cp_rank, 2 * cp_size - cp_rank - 1], device=value.device)
         chunked = value.view(*shape[:seq_dim], 2 * cp_size, shape[seq_dim] // (2 * cp_size), *shape[seq_dim + 1:])
         out[key] = chunked.index_select(seq_dim, index).view(*shape[:seq_dim], -1, *shape[seq_dim + 1:])
     return out

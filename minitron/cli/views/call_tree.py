@@ -132,6 +132,9 @@ def _label(group: list[dict], room: int, orphan: bool) -> Text:
         name = fitted_name(first["name"], room - rest)
         if len(name) + rest <= room:
             break
+    else:  # even the bare function name is too long this deep: it gives way, not the time
+        actual = len(times_x) + sum(len(t) for t, _ in pieces) + len(times)
+        name = name[:max(room - actual - 1, 8)] + "…" if len(name) + actual > room else name
     text = Text(name, style="bold cyan" if first["name"].startswith("torch.") else "bold")
     text.append(times_x, style="bold")
     for piece, style in pieces:
@@ -179,9 +182,15 @@ def _new_group_line(rank: int, group: list[dict], room: int) -> Text:
                    if isinstance(c["args"]["ranks"], list) and rank in c["args"]["ranks"]), None)
     times = f"  {duration(sum(c['end_us'] - c['start_us'] for c in group))}"
     head = f"new_group ×{len(group)} "
+    desc = str(desc)
+    # A deep line with a long name (TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP) keeps its time on the
+    # line: the name gives way, down to "TENSOR_…", before the line would wrap.
+    name_room = room - len(head) - _time_room(times, 1) - 2
+    if len(desc) > name_room:
+        desc = desc[:max(name_room - 1, 6)] + "…"
     text = Text(head, style="bold cyan")
-    text.append(str(desc), style="magenta")
-    for item in _fit_tokens(tokens, member, room - len(head) - len(str(desc)) - _time_room(times, 1)):
+    text.append(desc, style="magenta")
+    for item in _fit_tokens(tokens, member, room - len(head) - len(desc) - _time_room(times, 1)):
         if item == "…":
             text.append(" …", style="dim")
         else:

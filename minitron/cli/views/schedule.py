@@ -61,59 +61,88 @@ def _key(step: dict) -> tuple:
     return ("F" if step["name"] == FORWARD else "B", step["args"].get("microbatch"), step["args"].get("chunk"))
 
 
-def assign_slots(stages: dict[int, list[dict]]) -> dict[int, list[tuple[int, dict]]]:
-    """Place every step in the first slot its dependencies allow (see the module docstring)."""
+def step_key(stage: int, step: dict) -> tuple:
+    """(stage, F or B, micro-batch, chunk): a step's name in the dependency graph."""
+    return (stage, *_key(step))
+
+
+def dependency(stage: int, step: dict, pp: int, chunks: int) -> tuple | None:
+    """The step on a neighbouring stage (or chunk) that ``step`` waits for, as a step_key: the
+    forward whose activation it receives, or the backward whose gradient it receives."""
+    kind, mb, chunk = _key(step)
+    c = chunk or 0
+    if kind == "F":  # waits for the same micro-batch one stage (or chunk) earlier
+        return (stage - 1, "F", mb, chunk) if stage > 0 else ((pp - 1, "F", mb, c - 1) if c > 0 else None)
+    if stage < pp - 1:  # waits for the gradient from one stage later
+        return (stage + 1, "B", mb, chunk)
+    # last stage: its own forward, or the next chunk's backward on stage 0
+    return (0, "B", mb, c + 1) if c < chunks - 1 else (stage, "F", mb, chunk)
+
+
+def in_dependency_order(stages: dict[int, list[dict]]):
+    """Yield (stage, step, dependency) so that every step comes after its dependency and after
+    its predecessor on the same stage; ValueError if the steps cannot be ordered so."""
     pp = len(stages)
     chunks = 1 + max((s["args"].get("chunk") or 0) for ss in stages.values() for s in ss)
-    slot_of: dict[tuple, int] = {}  # (stage, kind, micro-batch, chunk) -> slot
-    placed = {stage: [] for stage in stages}
-    queue = sorted(((s["start_us"], stage, s) for stage, ss in stages.items() for s in ss), key=lambda x: x[0])
-    pending = list(queue)
-    while pending:  # dependencies first: repeat until every step found its slot
+    done: set[tuple] = set()
+    pending = sorted(((s["start_us"], stage, s) for stage, ss in stages.items() for s in ss), key=lambda x: x[0])
+    while pending:  # dependencies first: repeat until every step found its place
         progress = False
         for item in list(pending):
             _, stage, step = item
-            kind, mb, chunk = _key(step)
-            c = chunk or 0
-            if kind == "F":  # waits for the same micro-batch one stage (or chunk) earlier
-                dep = (stage - 1, "F", mb, chunk) if stage > 0 else ((pp - 1, "F", mb, c - 1) if c > 0 else None)
-            elif stage < pp - 1:  # waits for the gradient from one stage later
-                dep = (stage + 1, "B", mb, chunk)
-            else:  # last stage: its own forward, or the next chunk's backward on stage 0
-                dep = (0, "B", mb, c + 1) if c < chunks - 1 else (stage, "F", mb, chunk)
-            if dep is not None and dep not in slot_of:
+            dep = dependency(stage, step, pp, chunks)
+            if dep is not None and dep not in done:
                 continue
-            previous = placed[stage][-1][0] if placed[stage] else -1
-            slot = max(previous + 1, slot_of[dep] + 1 if dep is not None else 0)
-            slot_of[(stage, kind, mb, chunk)] = slot
-            placed[stage].append((slot, step))
+            done.add(step_key(stage, step))
             pending.remove(item)
             progress = True
+            yield stage, step, dep
         if not progress:
             raise ValueError("the steps' dependencies form a cycle: is this a complete iteration?")
+
+
+def assign_slots(stages: dict[int, list[dict]]) -> dict[int, list[tuple[int, dict]]]:
+    """Place every step in the first slot its dependencies allow (see the module docstring)."""
+    slot_of: dict[tuple, int] = {}  # step_key -> slot
+    placed = {stage: [] for stage in stages}
+    for stage, step, dep in in_dependency_order(stages):
+        previous = placed[stage][-1][0] if placed[stage] else -1
+        slot = max(previous + 1, slot_of[dep] + 1 if dep is not None else 0)
+        slot_of[step_key(stage, step)] = slot
+        placed[stage].append((slot, step))
     return placed
 
 
-def render_slots(stages: dict[int, list[dict]]) -> Text:
+def render_slots(stages: dict[int, list[dict]], width: int = 80) -> Text:
+    """The slot picture, at most ``width`` columns wide: a schedule too long for one line is cut
+    into bands of slots, each band showing every stage, so no row ever wraps."""
     steps = [s for ss in stages.values() for s in ss]
     if not steps:
         return Text("no forward/backward steps in this trace (run with --steps 1 or more)", style="dim")
     placed = assign_slots(stages)
-    width = max(len(_label(s)) for s in steps) + 1
+    cell = max(len(_label(s)) for s in steps) + 1
     total = 1 + max(slot for row in placed.values() for slot, _ in row)
+    head, tail = "stage 0 ", "  100%"
+    per_band = max(1, min(total, (width - len(head) - len(tail)) // cell))
     out = Text()
-    for stage, row in placed.items():
-        cells = {slot: step for slot, step in row}
-        out.append(f"stage {stage} ", style="bold")
-        for slot in range(total):
-            step = cells.get(slot)
-            if step is None:
-                out.append("·".ljust(width), style="dim")
-            else:
-                out.append(_label(step).ljust(width), style="bold blue" if step["name"] == FORWARD else "bold green")
-        busy = len(row) / total
-        out.append(f" bubble {1 - busy:4.0%}\n", style="yellow")
-    out.append(f"        {total} slots; F = forward, B = backward, · = bubble (stage idle)", style="dim")
+    for band in range(0, total, per_band):
+        last_band = band + per_band >= total
+        if per_band < total:
+            out.append(f"        slots {band}..{min(total, band + per_band) - 1}:\n", style="dim")
+        for stage, row in placed.items():
+            cells = {slot: step for slot, step in row}
+            out.append(f"stage {stage} ", style="bold")
+            for slot in range(band, min(total, band + per_band)):
+                step = cells.get(slot)
+                if step is None:
+                    out.append("·".ljust(cell), style="dim")
+                else:
+                    out.append(_label(step).ljust(cell), style="bold blue" if step["name"] == FORWARD else "bold green")
+            if last_band:
+                out.append(f" {1 - len(row) / total:4.0%}", style="yellow")
+            out.append("\n")
+    out.append(f"        {total} slots; F = forward, B = backward, · = bubble (stage idle);\n"
+               "        at the right: the bubble, each stage's share of idle slots", style="dim")
     return out
 
 

@@ -65,6 +65,6 @@ def _schedule(console: Console, runs: dict[int, list[dict]], iteration: int | No
     console.print(f"[bold]pipeline schedule of iteration {iteration}[/bold] "
                   f"(tensor rank 0, data rank 0; executed order):")
     try:
-        console.print(render_slots(pipeline_steps(runs, iteration=iteration)))
+        console.print(render_slots(pipeline_steps(runs, iteration=iteration), width=console.width))
     except ValueError as exc:  # a stage's file is missing from the directory
         console.print(f"[dim](schedule not drawn: {exc})[/dim]")

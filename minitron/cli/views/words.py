@@ -42,6 +42,8 @@ def name_forms(name: str) -> list[str]:
     parts = name.removeprefix("minitron.").split(".")
     # Keep Class.method together: a reader needs the class to know which forward it is.
     keep = 2 if len(parts) >= 2 and parts[-2].lstrip("_")[:1].isupper() else 1
+    # ...and a script's entry with its script: "__main__" alone names no program.
+    keep = 2 if len(parts) >= 2 and parts[-1] == "__main__" else keep
     return [".".join(parts[i:]) for i in range(len(parts) - keep + 1)]
 
 

@@ -58,29 +58,29 @@ class DistributedDataParallel(MegatronModule):
         else:
             gradient_scaling_factor = 1.0 / dp_size
 
-        params, param_to_name = [], {}
+        # --8<-- [start:expert-buffers]
+        # Dense parameters are replicated on every data-parallel (with context) rank; an expert
+        # (allreduce=False, moe/experts.py) only on the ranks holding the same experts: the
+        # expert-data-parallel group. Each kind gets buffers over its own group. The scale is
+        # 1/dp for both: an expert's gradient summed over its expert-dp copies has seen the
+        # tokens of all dp replicas (the all-to-all brought them), so it too is a sum of dp
+        # replicas' gradients.
+        params, expert_params, param_to_name = [], [], {}
         for name, param in self.module.named_parameters():
             if not param.requires_grad:
                 continue
-            if not getattr(param, "allreduce", True):
-                raise ValueError(f"parameter {name} is expert-parallel (allreduce=False); minitron's "
-                                 "DDP reduces dense parameters only: build the model without MoE")
-            params.append(param)
+            (params if getattr(param, "allreduce", True) else expert_params).append(param)
             param_to_name[param] = name
-        self.params_with_grad = params
-
-        # One buffer per (param dtype, grad dtype): a bf16 model with fp32 gradient reduction
-        # has one buffer of fp32 gradients; mixed dtypes would get one buffer each.
-        by_dtype: dict[tuple, list] = {}
-        for param in params:
-            grad_dtype = torch.float32 if ddp_config.grad_reduce_in_fp32 else param.dtype
-            by_dtype.setdefault((param.dtype, grad_dtype), []).append(param)
-        self.buffers = [
-            _ParamAndGradBuffer(ddp_config, param_dtype, grad_dtype, group_params, self.dp_cp_group,
-                                bucket_size, param_to_name, gradient_scaling_factor)
-            for (param_dtype, grad_dtype), group_params in by_dtype.items()
-        ]
-        self.bucket_groups = partition_buckets(self.buffers)
+        self.params_with_grad = params + expert_params
+        self.buffers = self._make_buffers(params, self.dp_cp_group, bucket_size, param_to_name,
+                                          gradient_scaling_factor)
+        self.expert_parallel_buffers = []
+        if expert_params:
+            self.expt_dp_group = parallel_state.get_expert_data_parallel_group()
+            self.expert_parallel_buffers = self._make_buffers(expert_params, self.expt_dp_group, bucket_size,
+                                                              param_to_name, gradient_scaling_factor)
+        self.bucket_groups = partition_buckets(self.buffers) + partition_buckets(self.expert_parallel_buffers)
+        # --8<-- [end:expert-buffers]
         self.param_to_bucket_group = {p: g for g in self.bucket_groups for p in g.params}
 
         # --8<-- [start:hook]
@@ -90,6 +90,17 @@ class DistributedDataParallel(MegatronModule):
         for param in params:
             param.register_post_accumulate_grad_hook(self._make_backward_post_hook(param))
         # --8<-- [end:hook]
+
+    def _make_buffers(self, params, group, bucket_size, param_to_name, gradient_scaling_factor):
+        """One buffer per (param dtype, grad dtype): a bf16 model with fp32 gradient reduction
+        has one buffer of fp32 gradients; mixed dtypes would get one buffer each."""
+        by_dtype: dict[tuple, list] = {}
+        for param in params:
+            grad_dtype = torch.float32 if self.ddp_config.grad_reduce_in_fp32 else param.dtype
+            by_dtype.setdefault((param.dtype, grad_dtype), []).append(param)
+        return [_ParamAndGradBuffer(self.ddp_config, param_dtype, grad_dtype, group_params, group,
+                                    bucket_size, param_to_name, gradient_scaling_factor)
+                for (param_dtype, grad_dtype), group_params in by_dtype.items()]
 
     def _make_backward_post_hook(self, param: torch.nn.Parameter):
         def hook(_param):
@@ -128,7 +139,7 @@ class DistributedDataParallel(MegatronModule):
             bucket_group.start_grad_sync()
 
     @traced(args=lambda self: {"buckets": len(self.bucket_groups),
-                               "numel": sum(b.numel for b in self.buffers)})
+                               "numel": sum(b.numel for b in self.buffers + self.expert_parallel_buffers)})
     def finish_grad_sync(self) -> None:
         """Make sure every bucket is reduced: run it now, or wait for the one in flight."""
         for param in self.params_with_grad:
@@ -154,12 +165,12 @@ class DistributedDataParallel(MegatronModule):
             bucket_group.start_param_sync()
 
     def scale_gradients(self, scaling_factor: float) -> None:
-        for buffer in self.buffers:
+        for buffer in self.buffers + self.expert_parallel_buffers:
             buffer.scale_gradients(scaling_factor)
 
     def zero_grad_buffer(self) -> None:
         """Zero every gradient buffer and forget which gradients arrived: once per step."""
-        for buffer in self.buffers:
+        for buffer in self.buffers + self.expert_parallel_buffers:
             buffer.reset()
         for bucket_group in self.bucket_groups:
             bucket_group.reset()
@@ -168,8 +179,12 @@ class DistributedDataParallel(MegatronModule):
     def broadcast_params(self) -> None:
         """Copy the DP source rank's weights to every replica, so all start identical."""
         src = parallel_state.get_data_parallel_src_rank(with_context_parallel=True)
+        expert_src = parallel_state.get_global_ranks("expt-dp")[0]
         for param in self.module.parameters():
-            torch.distributed.broadcast(param.data, src=src, group=self.dp_cp_group)
+            if getattr(param, "allreduce", True):
+                torch.distributed.broadcast(param.data, src=src, group=self.dp_cp_group)
+            else:   # an expert: its replicas are the expert-data-parallel group
+                torch.distributed.broadcast(param.data, src=expert_src, group=self.expt_dp_group)
 
     # The checkpoint holds the wrapped module's keys, without a "module." prefix.
     def state_dict(self, *args, **kwargs):

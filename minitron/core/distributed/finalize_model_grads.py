@@ -3,7 +3,8 @@
 The pipeline schedule calls it once, after the last micro-batch's backward
 (``config.finalize_model_grads_func``). Three reductions, over three different groups:
 
-1. data parallel: each model chunk finishes its bucket all-reduces / reduce-scatters;
+1. data parallel: each model chunk finishes its bucket all-reduces / reduce-scatters (MoE
+   experts' buckets run over the expert-data-parallel group, see DistributedDataParallel);
 2. tensor parallel, with sequence parallelism: replicated parameters (layernorm weights and
    biases, row-parallel biases) saw only this rank's part of the sequence, so their gradients
    are partial and are summed over the TP group;

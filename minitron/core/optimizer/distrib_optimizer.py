@@ -36,6 +36,10 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         super().__init__(optimizer, config, grad_scaler)
         self.model_chunks = model_chunks
         self.buffers = [buffer for buffers in per_model_buffers.values() for buffer in buffers]
+        # Experts (MoE) have buffers of their own, sharded over the expert-data-parallel group
+        # (Megatron builds a second DistributedOptimizer for them; one that reads each buffer's
+        # own group does the same work).
+        self.buffers += [buffer for chunk in model_chunks for buffer in getattr(chunk, "expert_parallel_buffers", [])]
         if any(not buffer.ddp_config.use_distributed_optimizer for buffer in self.buffers):
             raise ValueError("the DistributedOptimizer needs DDP built with use_distributed_optimizer=True")
         self.data_parallel_group = data_parallel_group
@@ -48,9 +52,11 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         """param -> (start, end): the part of param.view(-1) inside this rank's shards."""
         ranges = {}
         for buffer in self.buffers:
+            # A buffer is sharded over its own group: dp-cp for dense parameters, expert-dp for experts.
+            rank = torch.distributed.get_rank(group=buffer.data_parallel_group)
             for bucket in buffer.buckets:
-                shard_size = bucket.grad_data.numel() // self.data_parallel_world_size
-                mine_start = bucket.offset + self.data_parallel_rank * shard_size
+                shard_size = bucket.grad_data.numel() // buffer.data_parallel_world_size
+                mine_start = bucket.offset + rank * shard_size
                 mine_end = mine_start + shard_size
                 for param in bucket.params_list:
                     start, end, _ = buffer.param_index_map[param]
@@ -91,6 +97,10 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
     def get_grad_stats_parallel_group(self):
         """Each DP rank holds different gradient entries now: norms and Inf checks span the world."""
         return parallel_state.get_group("intra-dist-opt")
+
+    def get_expert_grad_stats_parallel_group(self):
+        """The world counts the expert shards too, each once: no second reduction."""
+        return None
 
     def _all_pairs(self):
         yield from zip(self.model_float16_params, self.shard_fp32_from_float16_params)

@@ -30,7 +30,8 @@ from minitron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from minitron.trace import traced
 
 _FLOAT16 = (torch.float16, torch.bfloat16)
-_MODEL_PARALLEL_ATTRIBUTES = ("tensor_model_parallel", "partition_dim", "partition_stride", "shared")
+_MODEL_PARALLEL_ATTRIBUTES = ("tensor_model_parallel", "partition_dim", "partition_stride", "shared",
+                              "allreduce")   # allreduce=False: an MoE expert's parameter
 
 
 def copy_model_parallel_attributes(destination: torch.Tensor, source: torch.Tensor) -> None:
@@ -69,9 +70,25 @@ class MegatronOptimizer(ABC):
         """Ranks whose gradients together make one model: the model-parallel (tp x pp) group."""
         return parallel_state.get_model_parallel_group()
 
+    def get_expert_grad_stats_parallel_group(self):
+        """MoE experts are split over expert tp x ep x pp, not tp x pp: that group, when it differs."""
+        if parallel_state.get_global_ranks("tp-ep-pp") == parallel_state.get_global_ranks("tp-pp"):
+            return None
+        return parallel_state.get_group("tp-ep-pp")
+
     def get_grad_norm(self) -> float:
-        return get_grad_norm_fp32(self.get_main_grads_for_grad_norm(),
-                                  grad_stats_parallel_group=self.get_grad_stats_parallel_group())
+        expert_group = self.get_expert_grad_stats_parallel_group()
+        if expert_group is None:
+            return get_grad_norm_fp32(self.get_main_grads_for_grad_norm(),
+                                      grad_stats_parallel_group=self.get_grad_stats_parallel_group())
+        # Dense and expert gradients are summed over different groups; the squares add up.
+        counted = [p for p in self.get_parameters() if p.grad is not None and param_is_not_shared(p)
+                   and param_is_not_tensor_parallel_duplicate(p)]
+        dense = get_grad_norm_fp32([p.grad for p in counted if getattr(p, "allreduce", True)],
+                                   grad_stats_parallel_group=self.get_grad_stats_parallel_group())
+        expert = get_grad_norm_fp32([p.grad for p in counted if not getattr(p, "allreduce", True)],
+                                    grad_stats_parallel_group=expert_group)
+        return (dense ** 2 + expert ** 2) ** 0.5
 
     def clip_grad_norm(self, clip_grad: float) -> float:
         grad_norm = self.get_grad_norm()
@@ -79,7 +96,13 @@ class MegatronOptimizer(ABC):
         return grad_norm
 
     def count_zeros(self) -> float:
-        return count_zeros_fp32(self.get_parameters(), self.get_grad_stats_parallel_group())
+        expert_group = self.get_expert_grad_stats_parallel_group()
+        if expert_group is None:
+            return count_zeros_fp32(self.get_parameters(), self.get_grad_stats_parallel_group())
+        params = self.get_parameters()
+        return (count_zeros_fp32([p for p in params if getattr(p, "allreduce", True)],
+                                 self.get_grad_stats_parallel_group())
+                + count_zeros_fp32([p for p in params if not getattr(p, "allreduce", True)], expert_group))
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The schedules' ``config.grad_scale_func``: multiply the loss before backward."""
@@ -189,6 +212,9 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
         # skipping while its tensor-parallel partner steps would tear the model apart.
         torch.distributed.all_reduce(found_inf, op=torch.distributed.ReduceOp.MAX,
                                      group=self.get_grad_stats_parallel_group())
+        expert_group = self.get_expert_grad_stats_parallel_group()
+        if expert_group is not None:   # MoE: and over the expert layout, which then reaches every rank
+            torch.distributed.all_reduce(found_inf, op=torch.distributed.ReduceOp.MAX, group=expert_group)
         return found_inf.item() > 0
 
     @torch.no_grad()

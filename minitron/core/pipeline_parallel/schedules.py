@@ -86,11 +86,22 @@ def forward_step(forward_step_func, data_iterator, model, num_microbatches, inpu
     _unwrap(model).set_input_tensor(input_tensor)  # non-first stages start from the received activation
     output_tensor, loss_func = forward_step_func(data_iterator, model)
     if mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage):  # this chunk computes the loss
-        loss, loss_reduced = loss_func(output_tensor)
+        outputs = loss_func(output_tensor)
+        if len(outputs) == 3:  # (sum, token count, report): the mean over this micro-batch's tokens
+            loss, num_tokens, loss_reduced = outputs
+            loss = loss / torch.clamp(num_tokens, min=1)
+        else:  # (mean, report), the older form: each cp rank's mean is of 1/cp of the tokens
+            loss, loss_reduced = outputs
+            loss = loss * mpu.get_context_parallel_world_size()
         # Each micro-batch's loss is divided here, so the gradients summed over micro-batches
         # are those of the mean loss over the global batch.
         output_tensor = loss / num_microbatches
         forward_data_store.append(loss_reduced)
+    if getattr(config, "num_moe_experts", None) is not None and config.moe_aux_loss_coeff > 0:
+        # MoE: the load-balancing losses get the main loss's backward scale (moe_utils.py).
+        from minitron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+        scale = config.grad_scale_func(torch.ones(1)) if config.grad_scale_func is not None else torch.ones(1)
+        MoEAuxLossAutoScaler.set_loss_scale(scale / num_microbatches)
     return output_tensor
 
 

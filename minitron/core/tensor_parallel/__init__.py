@@ -17,7 +17,7 @@ from minitron.core.tensor_parallel.mappings import (
     scatter_to_tensor_model_parallel_region,
 )
 from minitron.core.tensor_parallel.random import (
-    CudaRNGStatesTracker, get_cuda_rng_tracker, get_data_parallel_rng_tracker_name,
+    CudaRNGStatesTracker, checkpoint, get_cuda_rng_tracker, get_data_parallel_rng_tracker_name,
     get_expert_parallel_rng_tracker_name, model_parallel_cuda_manual_seed,
 )
 from minitron.core.tensor_parallel.utils import VocabUtility, divide
@@ -30,7 +30,7 @@ __all__ = [
     "scatter_to_sequence_parallel_region", "gather_from_sequence_parallel_region",
     "reduce_scatter_to_sequence_parallel_region",
     "vocab_parallel_cross_entropy", "broadcast_data",
-    "CudaRNGStatesTracker", "get_cuda_rng_tracker", "model_parallel_cuda_manual_seed",
+    "CudaRNGStatesTracker", "checkpoint", "get_cuda_rng_tracker", "model_parallel_cuda_manual_seed",
     "get_data_parallel_rng_tracker_name", "get_expert_parallel_rng_tracker_name",
     "VocabUtility", "divide",
 ]

@@ -45,6 +45,9 @@ def set_tensor_model_parallel_attributes(tensor: torch.Tensor, is_parallel: bool
 
 def param_is_not_tensor_parallel_duplicate(param: torch.Tensor) -> bool:
     """True for a slice, or for a replicated parameter on TP rank 0: count each value once."""
+    if not getattr(param, "tensor_model_parallel", False) and not getattr(param, "allreduce", True):
+        # an MoE expert's weight, whole on its rank: replicated over the *expert* tp group
+        return parallel_state.get_expert_tensor_parallel_group().rank() == 0
     return getattr(param, "tensor_model_parallel", False) or (
         parallel_state.get_tensor_model_parallel_rank() == 0)
 

@@ -152,3 +152,103 @@ def model_parallel_cuda_manual_seed(seed: int, tp_rank: int | None = None,
     tracker.add(_DATA_PARALLEL_RNG_TRACKER_NAME, seed)
     tracker.add(_MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + tp_rank)
     tracker.add(_EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 1024 + 100 * ep_rank + etp_rank)
+
+
+# --- activation recomputation ------------------------------------------------------------
+# Recomputing a piece of the forward in backward gives the same activations only if every
+# dropout inside it draws the same mask as the first time. So the checkpoint photographs every
+# generator a dropout could draw from (the CPU one, the CUDA one, and each tracked stream,
+# with which of them is current) before the first forward, sets them back before the second,
+# and afterwards restores whatever the generators had reached in between: recomputation must
+# not change the random numbers of anything that runs after it.
+def _get_all_rng_states() -> tuple:
+    tracker = get_cuda_rng_tracker()
+    return _get_device_rng_state(), tracker.get_states(), tracker._current
+
+
+def _set_all_rng_states(device_state: tuple, tracker_states: dict, current: str | None) -> None:
+    _set_device_rng_state(device_state)
+    tracker = get_cuda_rng_tracker()
+    tracker.set_states(tracker_states)
+    tracker._current = current
+
+
+@contextlib.contextmanager
+def _fork_rng():
+    """Run a block, then put every generator back where it was before it."""
+    states = _get_all_rng_states()
+    try:
+        yield
+    finally:
+        _set_all_rng_states(*states)
+
+
+def _detach_variable(inputs: tuple) -> tuple:
+    """Fresh leaves with the same values, so the recomputed graph starts at them."""
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            leaf = x.detach()
+            leaf.requires_grad_(x.requires_grad)
+            out.append(leaf)
+        else:
+            out.append(x)
+    return tuple(out)
+
+
+class CheckpointFunction(torch.autograd.Function):
+    """Forward without keeping activations; backward runs the forward again, then its backward.
+
+    The forward runs under no_grad, so the only tensors kept are the inputs (``ctx.save_for_
+    backward``). In backward the inputs become fresh leaves, the generators are set back to
+    their state before the forward, ``run_function`` runs again with autograd on, and the
+    gradients of the outputs flow through that second graph to the leaves, whose .grad is
+    what this Function returns for its inputs. Parameters used inside get their gradients from
+    the inner backward as usual.
+    """
+
+    @staticmethod
+    def forward(ctx, run_function, distribute_saved_activations, *args):
+        if distribute_saved_activations:
+            # Megatron can keep 1/tp of the input per rank and all-gather it back in backward;
+            # minitron keeps the whole input (the flag exists for the call's shape only).
+            raise NotImplementedError("distribute_saved_activations is not available in minitron")
+        ctx.run_function = run_function
+        ctx.rng_states = _get_all_rng_states()
+        with torch.no_grad():
+            outputs = run_function(*args)
+        # save_for_backward takes tensors and None; anything else rides on ctx.
+        ctx.tensor_slots = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        ctx.other_args = [None if isinstance(a, torch.Tensor) else a for a in args]
+        ctx.save_for_backward(*(args[i] for i in ctx.tensor_slots))
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        if not torch.autograd._is_checkpoint_valid():
+            raise RuntimeError("recomputation works with .backward(), not torch.autograd.grad()")
+        args = list(ctx.other_args)
+        for slot, tensor in zip(ctx.tensor_slots, ctx.saved_tensors):
+            args[slot] = tensor
+        with _fork_rng():
+            _set_all_rng_states(*ctx.rng_states)   # the very draws of the first forward
+            inputs = _detach_variable(tuple(args))
+            with torch.enable_grad():
+                outputs = ctx.run_function(*inputs)
+        if isinstance(outputs, torch.Tensor):
+            outputs = (outputs,)
+        pairs = [(o, g) for o, g in zip(outputs, grad_outputs)
+                 if isinstance(o, torch.Tensor) and o.requires_grad]
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        grads = tuple(x.grad if isinstance(x, torch.Tensor) else None for x in inputs)
+        return (None, None) + grads
+
+
+def checkpoint(function, distribute_saved_activations: bool, *args):
+    """``function(*args)``, its activations dropped after forward and recomputed in backward.
+
+    Megatron's ``tensor_parallel.checkpoint``: torch.utils.checkpoint's re-entrant variant,
+    made aware of the model-parallel RNG streams (above). At least one of ``args`` must
+    require grad, or autograd never calls the backward that recomputes.
+    """
+    return CheckpointFunction.apply(function, distribute_saved_activations, *args)

@@ -10,11 +10,13 @@ cut is: rank i of p computes heads [i*n/p, (i+1)*n/p) from start to finish.
 
 The qkv weight's output rows are ordered head by head, [q_0 k_0 v_0 | q_1 k_1 v_1 | ...],
 not [all q | all k | all v]. That order is what makes a plain contiguous column split hand each
-rank complete heads with their own q, k and v.
+rank complete heads with their own q, k and v. (With grouped-query attention the unit is a
+group of heads sharing one k and v, [q.. k v] per group; see SelfAttention.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -22,8 +24,11 @@ import torch.nn.functional as F
 
 from minitron.core import parallel_state
 from minitron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from minitron.core.models.common.embeddings.rotary_pos_embedding import apply_rotary_pos_emb
+from minitron.core.tensor_parallel.random import checkpoint as tensor_parallel_checkpoint
 from minitron.core.tensor_parallel.random import get_cuda_rng_tracker
 from minitron.core.tensor_parallel.utils import divide
+from minitron.core.transformer.context_parallel import attn_forward_func_with_cp
 from minitron.core.transformer.module import MegatronModule
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
@@ -39,7 +44,10 @@ def is_causal_mask(attention_mask: torch.Tensor) -> bool:
 
 
 class DotProductAttention(MegatronModule):
-    """softmax(q k^T / sqrt(d), causal) v for this rank's heads. Inputs [s, b, heads, d]."""
+    """softmax(q k^T / sqrt(d), causal) v for this rank's heads. Inputs [s, b, heads, d].
+
+    With context parallelism ``s`` is this rank's two chunks of the sequence, and the keys of
+    the other chunks come round the context-parallel ring (context_parallel.py)."""
 
     def __init__(self, config, layer_number: int):
         super().__init__(config)
@@ -51,7 +59,12 @@ class DotProductAttention(MegatronModule):
     def forward(self, query, key, value, attention_mask=None):
         # [s, b, n, d] -> [b, n, s, d]: batch and heads in front, as the matmuls want.
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        if self.training and self.attention_dropout.p > 0:
+        if k.size(1) != q.size(1):
+            # Grouped-query attention: each key/value head serves n_q / n_kv query heads.
+            k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
+        if parallel_state.get_context_parallel_world_size() > 1:
+            context = self._context_parallel(q, k, v)
+        elif self.training and self.attention_dropout.p > 0:
             context = self._unfused(q, k, v, attention_mask)
         else:
             # torch's fused kernel, where it gives the same numbers: without dropout it matches
@@ -64,6 +77,18 @@ class DotProductAttention(MegatronModule):
                 is_causal=attention_mask is None, scale=self.softmax_scale)
         b, n, s, d = context.shape
         return context.permute(2, 0, 1, 3).reshape(s, b, n * d)  # [s, b, h/p]
+
+    def _context_parallel(self, q, k, v):
+        """This rank holds two chunks of the sequence; the others' keys come round the ring.
+
+        The mask is not consulted: the ring knows where each chunk sits in the sequence and hides
+        the future block by block (context_parallel.py). validate_args refuses the one dataloader
+        mask that is not plain causal, --reset-attention-mask, when context parallelism is on.
+        """
+        dropout_p = self.attention_dropout.p if self.training else 0.0
+        # The same RNG stream the unsplit attention draws its dropout from (see _unfused).
+        fork = contextlib.nullcontext if self.config.sequence_parallel else get_cuda_rng_tracker().fork
+        return attn_forward_func_with_cp(q, k, v, self.softmax_scale, dropout_p, fork_rng=fork)
 
     def _unfused(self, q, k, v, attention_mask):
         scores = torch.matmul(q, k.transpose(-2, -1)) * self.softmax_scale  # [b, n, s, s]
@@ -84,34 +109,68 @@ class DotProductAttention(MegatronModule):
 
 
 class SelfAttention(MegatronModule):
-    """linear_qkv (column-parallel) -> core attention on my heads -> linear_proj (row-parallel)."""
+    """linear_qkv (column-parallel) -> core attention on my heads -> linear_proj (row-parallel).
+
+    Grouped-query attention (``num_query_groups`` g < heads n): the heads fall into g groups of
+    n/g query heads that share one key and one value head, so linear_qkv makes n query heads
+    but only g key and g value heads. Its output is laid out group by group,
+    [q_1 .. q_{n/g} k v] per group (Megatron's order), and the column split hands each TP rank
+    g/p whole groups: its query heads arrive with the one key and value they read. With g = n
+    this is ordinary multi-head attention, [q k v] per head.
+    """
 
     def __init__(self, config, layer_number: int):
         super().__init__(config)
         tp = parallel_state.get_tensor_model_parallel_world_size()
         self.num_attention_heads_per_partition = divide(config.num_attention_heads, tp, "attention heads")
+        self.num_query_groups_per_partition = divide(config.num_query_groups, tp, "query groups")
         self.hidden_size_per_attention_head = config.kv_channels
-        projection_size = config.kv_channels * config.num_attention_heads
+        query_projection_size = config.kv_channels * config.num_attention_heads
+        kv_projection_size = config.kv_channels * config.num_query_groups
         self.linear_qkv = ColumnParallelLinear(
-            config.hidden_size, 3 * projection_size, config=config, init_method=config.init_method,
-            bias=config.add_bias_linear, gather_output=False)
+            config.hidden_size, query_projection_size + 2 * kv_projection_size, config=config,
+            init_method=config.init_method, bias=config.add_bias_linear, gather_output=False)
         self.core_attention = DotProductAttention(config, layer_number)
+        # Selective recomputation (Megatron's checkpoint_core_attention): the s x s scores,
+        # probabilities and dropout mask are most of a layer's activations at long sequences
+        # and the cheapest to recompute (no weights, a few matmuls), so drop just those.
+        self.checkpoint_core_attention = config.recompute_granularity == "selective"
         self.linear_proj = RowParallelLinear(
-            projection_size, config.hidden_size, config=config,
+            query_projection_size, config.hidden_size, config=config,
             init_method=config.output_layer_init_method, bias=config.add_bias_linear,
             input_is_parallel=True, skip_bias_add=True)
 
     def get_query_key_value_tensors(self, hidden_states):
-        mixed_qkv, _ = self.linear_qkv(hidden_states)            # [s, b, n/p * 3 * d]
+        """[s, b, h] -> query [s, b, n/p, d], key and value [s, b, g/p, d]."""
+        mixed_qkv, _ = self.linear_qkv(hidden_states)            # [s, b, g/p * (n/g + 2) * d]
         s, b = mixed_qkv.shape[:2]
         d = self.hidden_size_per_attention_head
-        mixed_qkv = mixed_qkv.view(s, b, self.num_attention_heads_per_partition, 3 * d)
-        query, key, value = torch.split(mixed_qkv, d, dim=-1)     # each [s, b, n/p, d]
+        heads_per_group = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
+        mixed_qkv = mixed_qkv.view(s, b, self.num_query_groups_per_partition, (heads_per_group + 2) * d)
+        query, key, value = torch.split(mixed_qkv, [heads_per_group * d, d, d], dim=-1)
+        query = query.reshape(s, b, self.num_attention_heads_per_partition, d)
         return query, key, value
 
-    @traced(args=lambda self, hidden_states, attention_mask=None: {"hidden_states": short_value(hidden_states)})
-    def forward(self, hidden_states, attention_mask=None):
+    def _core_attention(self, query, key, value, attention_mask):
+        """Each group's key and value repeated for its n/g query heads, then the attention.
+        (Megatron repeats them inside its core attention; here the core attention is shared
+        with context parallelism and keeps its one signature.)"""
+        heads_per_group = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
+        if heads_per_group > 1:
+            key = key.repeat_interleave(heads_per_group, dim=2)
+            value = value.repeat_interleave(heads_per_group, dim=2)
+        return self.core_attention(query, key, value, attention_mask)
+
+    @traced(args=lambda self, hidden_states, attention_mask=None, rotary_pos_emb=None: {
+        "hidden_states": short_value(hidden_states)})
+    def forward(self, hidden_states, attention_mask=None, rotary_pos_emb=None):
         """[s, b, h] (or [s/p, b, h] with sequence parallelism) -> (output, bias) of the same shape."""
         query, key, value = self.get_query_key_value_tensors(hidden_states)
-        context = self.core_attention(query, key, value, attention_mask)
+        if rotary_pos_emb is not None:                           # --position-embedding-type rope
+            query = apply_rotary_pos_emb(query, rotary_pos_emb)
+            key = apply_rotary_pos_emb(key, rotary_pos_emb)
+        if self.checkpoint_core_attention and self.training:
+            context = tensor_parallel_checkpoint(self._core_attention, False, query, key, value, attention_mask)
+        else:
+            context = self._core_attention(query, key, value, attention_mask)
         return self.linear_proj(context)

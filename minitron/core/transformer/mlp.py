@@ -1,11 +1,21 @@
-"""The MLP: h -> ffn (column-parallel) -> GeLU -> ffn -> h (row-parallel).
+"""The MLP: h -> ffn (column-parallel) -> activation -> ffn -> h (row-parallel).
 
 GeLU is elementwise, so it can run on each rank's slice of the ffn dimension as it stands:
 the column split of fc1 and the row split of fc2 meet with nothing to exchange in between.
 (A layer that mixed the ffn dimension, a layernorm over it say, would not allow this.)
+
+``--swiglu`` (a gated linear unit with SiLU, as in PaLM and LLaMA) makes fc1 twice as wide:
+its output is [gate | up], and the MLP computes silu(gate) * up before fc2. The product pairs
+element j of the gate with element j of up, so a rank must hold *matching* slices of both.
+fc1's weight is therefore split with stride 2: the full [2·ffn, h] matrix is cut into 2p
+pieces and rank r keeps pieces r (its part of the gate) and p + r (its part of up), stacked as
+[gate_r | up_r]. Splitting that in two halves gives the rank exactly its gate and up slices,
+so the gating stays elementwise and fc2 still needs no exchange.
 """
 
 from __future__ import annotations
+
+import torch
 
 from minitron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from minitron.core.transformer.module import MegatronModule
@@ -15,20 +25,30 @@ from minitron.trace import traced
 class MLP(MegatronModule):
     def __init__(self, config):
         super().__init__(config)
+        ffn = config.ffn_hidden_size
+        gated = config.gated_linear_unit
         self.linear_fc1 = ColumnParallelLinear(
-            config.hidden_size, config.ffn_hidden_size, config=config,
+            config.hidden_size, 2 * ffn if gated else ffn, config=config,
             init_method=config.init_method, bias=config.add_bias_linear,
-            gather_output=False, skip_bias_add=True)
-        self.activation_func = config.activation_func
+            gather_output=False, skip_bias_add=True, stride=2 if gated else 1)
+        if gated:
+            act = config.activation_func
+
+            def glu(x):
+                gate, up = torch.chunk(x, 2, dim=-1)   # this rank's [gate_r | up_r]
+                return act(gate) * up
+            self.activation_func = glu
+        else:
+            self.activation_func = config.activation_func
         self.linear_fc2 = RowParallelLinear(
-            config.ffn_hidden_size, config.hidden_size, config=config,
+            ffn, config.hidden_size, config=config,
             init_method=config.output_layer_init_method, bias=config.add_bias_linear,
             input_is_parallel=True, skip_bias_add=True)
 
     @traced
     def forward(self, hidden_states):
         """[s, b, h] -> (output [s, b, h], bias): fc2's bias is left for the residual add."""
-        intermediate, bias = self.linear_fc1(hidden_states)      # [s, b, ffn/p]
+        intermediate, bias = self.linear_fc1(hidden_states)      # [s, b, ffn/p] (x2 if gated)
         if bias is not None:
             intermediate = intermediate + bias                   # Megatron fuses bias + GeLU
         intermediate = self.activation_func(intermediate)

@@ -4,6 +4,10 @@ With pipeline parallelism each stage builds only its share of the layers: stage 
 layers [r*L/p, (r+1)*L/p). A stage other than the first gets its input from the previous stage
 through ``set_input_tensor`` (the pipeline schedule calls it) instead of from the embedding.
 Only the last stage (``post_process``) applies the final layernorm.
+
+With ``--recompute-granularity full`` the block is also where activation recomputation happens:
+``_checkpointed_forward`` runs the layers inside ``tensor_parallel.checkpoint``, which keeps a
+chunk's input and recomputes the rest in backward.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import torch
 
 from minitron.core import parallel_state
 from minitron.core.init_rng import layer_init_rng
+from minitron.core.tensor_parallel.random import checkpoint as tensor_parallel_checkpoint
 from minitron.core.tensor_parallel.random import get_cuda_rng_tracker
 from minitron.core.transformer.attention import is_causal_mask
 from minitron.core.transformer.module import MegatronModule
@@ -62,10 +67,44 @@ class TransformerBlock(MegatronModule):
         """The activations received from the previous pipeline stage, used instead of forward's."""
         self.input_tensor = input_tensor
 
-    @traced(args=lambda self, hidden_states, attention_mask=None: {
+    def _checkpointed_forward(self, hidden_states, attention_mask, rotary_pos_emb):
+        """Full recomputation: run the layers in chunks whose activations are dropped after
+        forward and recomputed in backward; only each chunk's input is kept.
+
+        uniform: chunks of ``recompute_num_layers`` layers, all of them recomputed: memory
+                 falls to one input per chunk, every layer is computed twice.
+        block:   the first ``recompute_num_layers`` layers of this stage recomputed one by
+                 one, the rest run normally: a knob to spend just the memory there is.
+        """
+        def custom(start: int, end: int):
+            def custom_forward(hidden_states, attention_mask, rotary_pos_emb):
+                for layer in self.layers[start:end]:
+                    hidden_states = layer(hidden_states, attention_mask, rotary_pos_emb=rotary_pos_emb)
+                return hidden_states
+            return custom_forward
+
+        n, num_layers = self.config.recompute_num_layers, len(self.layers)
+        if self.config.recompute_method == "uniform":
+            for start in range(0, num_layers, n):
+                hidden_states = tensor_parallel_checkpoint(
+                    custom(start, min(start + n, num_layers)), self.config.distribute_saved_activations,
+                    hidden_states, attention_mask, rotary_pos_emb)
+        elif self.config.recompute_method == "block":
+            for index in range(num_layers):
+                if index < n:
+                    hidden_states = tensor_parallel_checkpoint(
+                        custom(index, index + 1), self.config.distribute_saved_activations,
+                        hidden_states, attention_mask, rotary_pos_emb)
+                else:
+                    hidden_states = custom(index, index + 1)(hidden_states, attention_mask, rotary_pos_emb)
+        else:
+            raise ValueError(f"invalid recompute_method {self.config.recompute_method!r}")
+        return hidden_states
+
+    @traced(args=lambda self, hidden_states, attention_mask=None, rotary_pos_emb=None: {
         "hidden_states": short_value(hidden_states if self.pre_process else self.input_tensor),
         "layers": [layer.layer_number for layer in self.layers]})
-    def forward(self, hidden_states, attention_mask=None):
+    def forward(self, hidden_states, attention_mask=None, rotary_pos_emb=None):
         if not self.pre_process:
             hidden_states = self.input_tensor
         if attention_mask is not None and is_causal_mask(attention_mask):
@@ -78,8 +117,11 @@ class TransformerBlock(MegatronModule):
         # sequence, so every dropout in it must draw differently on each TP rank.
         rng_context = get_cuda_rng_tracker().fork() if self.config.sequence_parallel else nullcontext()
         with rng_context:
-            for layer in self.layers:
-                hidden_states = layer(hidden_states, attention_mask)
+            if self.config.recompute_granularity == "full" and self.training:
+                hidden_states = self._checkpointed_forward(hidden_states, attention_mask, rotary_pos_emb)
+            else:
+                for layer in self.layers:
+                    hidden_states = layer(hidden_states, attention_mask, rotary_pos_emb=rotary_pos_emb)
         if self.final_layernorm is not None:
             hidden_states = self.final_layernorm(hidden_states)
         return hidden_states

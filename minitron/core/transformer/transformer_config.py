@@ -78,7 +78,24 @@ class TransformerConfig(ModelParallelConfig):
     init_method_std: float = 0.02
     init_method: Callable | None = None              # None: N(0, init_method_std^2)
     output_layer_init_method: Callable | None = None  # None: scaled by 1/sqrt(2 * num_layers)
+    # -- the modern GPT options (issue 14.4) and activation recomputation (14.3) --
+    normalization: str = "LayerNorm"        # or "RMSNorm" (--normalization)
+    gated_linear_unit: bool = False         # --swiglu: fc1 makes gate and up, act(gate) * up
+    num_query_groups: int | None = None     # grouped-query attention; None: one per head
+    recompute_granularity: str | None = None  # None, "full" (whole layers) or "selective"
+    recompute_method: str | None = None       # "uniform" or "block" (full granularity)
+    recompute_num_layers: int | None = None   # layers per chunk (uniform) / per stage (block)
+    distribute_saved_activations: bool = False  # Megatron's; not available in minitron
 # --8<-- [end:config]
+
+    # Mixture of experts (moe/): None experts is a dense model. Megatron's field names.
+    num_moe_experts: int | None = None
+    moe_router_topk: int = 2                 # experts each token is sent to
+    moe_aux_loss_coeff: float = 0.0          # weight of the load-balancing loss (0: not computed)
+    moe_layer_freq: int = 1                  # every N-th layer (0-based i % N == 0) is an MoE layer
+    moe_ffn_hidden_size: int | None = None   # an expert's ffn size; None: ffn_hidden_size
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None  # None: tensor_model_parallel_size
 
     def __post_init__(self):
         for name in ("num_layers", "hidden_size", "num_attention_heads", "tensor_model_parallel_size",
@@ -112,3 +129,37 @@ class TransformerConfig(ModelParallelConfig):
             self.init_method = init_method_normal(self.init_method_std)
         if self.output_layer_init_method is None:
             self.output_layer_init_method = scaled_init_method_normal(self.init_method_std, self.num_layers)
+        self._check_modern_options()
+
+    def _check_modern_options(self) -> None:
+        """The rules of Megatron's TransformerConfig for normalization, GQA and recomputation."""
+        if self.normalization not in ("LayerNorm", "RMSNorm"):
+            raise ValueError(f"normalization must be 'LayerNorm' or 'RMSNorm', got {self.normalization!r}")
+        if self.num_query_groups is None:
+            self.num_query_groups = self.num_attention_heads
+        tp = self.tensor_model_parallel_size
+        if self.num_attention_heads % self.num_query_groups:
+            raise ValueError(f"num_attention_heads {self.num_attention_heads} is not divisible by "
+                             f"num_query_groups {self.num_query_groups}: each group shares one key and value")
+        if self.num_query_groups % tp:
+            raise ValueError(f"num_query_groups {self.num_query_groups} is not divisible by "
+                             f"tensor_model_parallel_size {tp}: each TP rank must own whole query groups")
+        if self.distribute_saved_activations:
+            raise ValueError("distribute_saved_activations (Megatron's split of checkpointed inputs "
+                             "across TP ranks) is not available in minitron")
+        granularity, method, n = self.recompute_granularity, self.recompute_method, self.recompute_num_layers
+        if granularity is None:
+            return
+        if granularity not in ("full", "selective"):
+            raise ValueError(f"recompute_granularity must be 'full' or 'selective', got {granularity!r}")
+        if granularity == "selective":
+            if method is not None or n is not None:
+                raise ValueError("selective recomputation recomputes core attention in every layer: "
+                                 "recompute_method and recompute_num_layers must be None")
+            return
+        if method not in ("uniform", "block"):
+            raise ValueError(f"full recomputation needs recompute_method 'uniform' or 'block', got {method!r}")
+        per_stage = self.num_layers // self.pipeline_model_parallel_size
+        if n is None or not 1 <= n <= per_stage:
+            raise ValueError(f"full recomputation needs recompute_num_layers between 1 and the "
+                             f"{per_stage} layers of a pipeline stage, got {n}")

@@ -3,6 +3,8 @@
     x = x + dropout(attention(layernorm(x)) + bias)
     x = x + dropout(mlp(layernorm(x)) + bias)
 
+With experts (moe/), the MLP of an MoE layer is an MoELayer: same input, same output.
+
 Activations are [s, b, h], Megatron's layout: sequence first. With sequence parallelism the
 layer receives and returns [s/p, b, h], this rank's part of the sequence; the layernorms,
 dropouts and residual adds work on that part, and the parallel linears gather and scatter.
@@ -16,6 +18,7 @@ import torch.nn.functional as F
 from minitron.core.transformer.attention import SelfAttention
 from minitron.core.transformer.mlp import MLP
 from minitron.core.transformer.module import MegatronModule
+from minitron.core.transformer.moe.moe_layer import MoELayer
 from minitron.core.transformer.torch_norm import WrappedTorchNorm
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
@@ -34,6 +37,11 @@ def bias_dropout_add(x_with_bias, residual, prob: float, training: bool):
     return residual + F.dropout(x, p=prob, training=training)
 
 
+def is_moe_layer(config, layer_number: int) -> bool:
+    """With experts, layers 1, 1 + f, 1 + 2f, ... (f = moe_layer_freq) get an MoELayer as their MLP."""
+    return config.num_moe_experts is not None and (layer_number - 1) % config.moe_layer_freq == 0
+
+
 class TransformerLayer(MegatronModule):
     def __init__(self, config, layer_number: int = 1):
         super().__init__(config)
@@ -41,14 +49,15 @@ class TransformerLayer(MegatronModule):
         self.input_layernorm = WrappedTorchNorm(config, config.hidden_size)
         self.self_attention = SelfAttention(config, layer_number)
         self.pre_mlp_layernorm = WrappedTorchNorm(config, config.hidden_size)
-        self.mlp = MLP(config)
+        self.mlp = MoELayer(config, layer_number) if is_moe_layer(config, layer_number) else MLP(config)
 
-    @traced(args=lambda self, hidden_states, attention_mask=None: {
+    @traced(args=lambda self, hidden_states, attention_mask=None, rotary_pos_emb=None: {
         "layer_number": self.layer_number, "hidden_states": short_value(hidden_states)})
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, rotary_pos_emb=None) -> torch.Tensor:
         p, training = self.config.hidden_dropout, self.training
         residual = hidden_states
-        attention_out = self.self_attention(self.input_layernorm(hidden_states), attention_mask)
+        attention_out = self.self_attention(self.input_layernorm(hidden_states), attention_mask,
+                                            rotary_pos_emb=rotary_pos_emb)
         hidden_states = bias_dropout_add(attention_out, residual, p, training)
 
         residual = hidden_states

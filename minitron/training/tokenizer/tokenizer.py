@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 
+from minitron.trace import traced
+
 
 class NullTokenizer:
     def __init__(self, vocab_size: int):
@@ -156,6 +158,7 @@ def _vocab_size_with_padding(orig_vocab_size: int, make_vocab_size_divisible_by:
     return -(-orig_vocab_size // multiple) * multiple
 
 
+@traced(args=lambda args: {"tokenizer_type": args.tokenizer_type})
 def build_tokenizer(args):
     """The tokenizer for ``args``; also sets ``args.padded_vocab_size`` (as Megatron does)."""
     tokenizer = make_tokenizer(args.tokenizer_type, getattr(args, "vocab_file", None),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from minitron.core import parallel_state
 from minitron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
+from minitron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from minitron.core.models.common.language_module.language_module import LanguageModule
 from minitron.core.init_rng import layer_init_rng
 from minitron.core.tensor_parallel.layers import ColumnParallelLinear
@@ -27,7 +28,8 @@ class GPTModel(LanguageModule):
     def __init__(self, config, vocab_size: int, max_sequence_length: int,
                  pre_process: bool = True, post_process: bool = True,
                  parallel_output: bool = True, share_embeddings_and_output_weights: bool = False,
-                 position_embedding_type: str = "learned_absolute", vp_stage: int | None = None):
+                 position_embedding_type: str = "learned_absolute", rotary_percent: float = 1.0,
+                 rotary_base: float = 10000, vp_stage: int | None = None):
         super().__init__(config)
         tp = parallel_state.get_tensor_model_parallel_world_size()
         if config.tensor_model_parallel_size != tp:
@@ -46,6 +48,10 @@ class GPTModel(LanguageModule):
             with layer_init_rng(config, 0):
                 self.embedding = LanguageModelEmbedding(config, vocab_size, max_sequence_length,
                                                         position_embedding_type)
+        self.position_embedding_type = position_embedding_type
+        if position_embedding_type == "rope":
+            # No weights: every stage makes its own angles (the layers of every stage need them).
+            self.rotary_pos_emb = RotaryEmbedding(config.kv_channels, rotary_percent, rotary_base)
         self.decoder = TransformerBlock(config, pre_process, post_process, vp_stage)
         if post_process:
             # Column-parallel over the vocabulary: rank r computes logits for its ids only.
@@ -57,6 +63,14 @@ class GPTModel(LanguageModule):
                     skip_weight_param_allocation=pre_process and share_embeddings_and_output_weights)
         self.setup_embeddings_and_output_layer()
 # --8<-- [end:init]
+
+    def _rotary_seq_len(self, decoder_input) -> int:
+        """The whole sequence's length, from the part of it this rank's block receives."""
+        block_input = decoder_input if self.pre_process else self.decoder.input_tensor
+        length = block_input.size(0)
+        if self.config.sequence_parallel:
+            length *= self.config.tensor_model_parallel_size   # [s/tp, b, h] -> s
+        return length * parallel_state.get_context_parallel_world_size()
 
     def set_input_tensor(self, input_tensor) -> None:
         """Hand the previous pipeline stage's activations to the block (schedules call this)."""
@@ -78,7 +92,10 @@ class GPTModel(LanguageModule):
         """
         if decoder_input is None and self.pre_process:
             decoder_input = self.embedding(input_ids, position_ids)
-        hidden_states = self.decoder(decoder_input, attention_mask)
+        rotary_pos_emb = None
+        if self.position_embedding_type == "rope":
+            rotary_pos_emb = self.rotary_pos_emb(self._rotary_seq_len(decoder_input))
+        hidden_states = self.decoder(decoder_input, attention_mask, rotary_pos_emb=rotary_pos_emb)
         if not self.post_process:
             return hidden_states
 

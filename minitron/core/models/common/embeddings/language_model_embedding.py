@@ -1,5 +1,8 @@
 """Token ids -> the first hidden states: word embedding + learned position embedding.
 
+(With ``--position-embedding-type rope`` there is no position table: position enters inside
+attention instead, see rotary_pos_embedding.py.)
+
     input_ids [b, s] --VocabParallelEmbedding--> [b, s, h]   (vocabulary split, all-reduced)
     position_ids [b, s] --Embedding-------------> [b, s, h]   (small: replicated on every rank)
     sum, transpose to [s, b, h], dropout
@@ -25,16 +28,19 @@ class LanguageModelEmbedding(MegatronModule):
     def __init__(self, config, vocab_size: int, max_sequence_length: int,
                  position_embedding_type: str = "learned_absolute"):
         super().__init__(config)
-        if position_embedding_type != "learned_absolute":
+        if position_embedding_type not in ("learned_absolute", "rope"):
             raise ValueError(f"position_embedding_type {position_embedding_type!r} is not available; "
-                             "minitron has 'learned_absolute'")
+                             "minitron has 'learned_absolute' and 'rope'")
         self.vocab_size, self.max_sequence_length = vocab_size, max_sequence_length
         self.word_embeddings = VocabParallelEmbedding(
             vocab_size, config.hidden_size, init_method=config.init_method, config=config)
-        self.position_embeddings = torch.nn.Embedding(max_sequence_length, config.hidden_size,
-                                                      dtype=config.params_dtype)
-        if config.perform_initialization:
-            config.init_method(self.position_embeddings.weight)
+        # With rope, position enters inside attention (RotaryEmbedding), not here.
+        self.add_position_embedding = position_embedding_type == "learned_absolute"
+        if self.add_position_embedding:
+            self.position_embeddings = torch.nn.Embedding(max_sequence_length, config.hidden_size,
+                                                          dtype=config.params_dtype)
+            if config.perform_initialization:
+                config.init_method(self.position_embeddings.weight)
         self.embedding_dropout = torch.nn.Dropout(config.hidden_dropout)
 
     @traced(args=lambda self, input_ids, position_ids: {"input_ids": short_value(input_ids)})
@@ -42,7 +48,9 @@ class LanguageModelEmbedding(MegatronModule):
         if input_ids.size(1) > self.max_sequence_length:
             raise ValueError(f"sequence length {input_ids.size(1)} exceeds max_sequence_length "
                              f"{self.max_sequence_length} (--max-position-embeddings)")
-        embeddings = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+        embeddings = self.word_embeddings(input_ids)
+        if self.add_position_embedding:
+            embeddings = embeddings + self.position_embeddings(position_ids)
         embeddings = embeddings.transpose(0, 1).contiguous()   # [b, s, h] -> [s, b, h]
         if self.config.sequence_parallel:
             embeddings = scatter_to_sequence_parallel_region(embeddings)   # [s/p, b, h]

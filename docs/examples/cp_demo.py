@@ -1,0 +1,133 @@
+"""Context parallelism on real gloo ranks. Chapter 15 runs this.
+
+    python docs/examples/cp_demo.py layout    # which tokens each cp rank holds (get_batch_on_this_cp_rank)
+    python docs/examples/cp_demo.py ring      # the ring's steps on each rank, and its answer against plain attention
+    python docs/examples/cp_demo.py balance   # blocks computed per rank: the balanced split against the contiguous one
+    python docs/examples/cp_demo.py messages DIR   # the ring's messages in a `minitron trace --steps 1` directory
+    python docs/examples/cp_demo.py losses DIR...  # per-iteration lm loss of `minitron pretrain` runs, side by side
+
+`ring` and `balance` start 4 forked gloo ranks with Megatron's groups (cp = 4) and call the
+attention every GPT layer calls, attn_forward_func_with_cp; the counts are what its forward
+loop did, returned in its ``stats``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+CP = 4
+
+
+def layout() -> None:
+    from minitron.training.utils import get_batch_on_this_cp_rank
+
+    seq = 16
+    for cp in (2, 4):
+        print(f"seq-length {seq}, context-parallel-size {cp}: {2 * cp} chunks of {seq // (2 * cp)} tokens")
+        positions = torch.arange(seq).view(1, seq)
+        for r in range(cp):
+            held = get_batch_on_this_cp_rank({"position_ids": positions}, cp_rank=r, cp_size=cp)["position_ids"]
+            print(f"  cp rank {r}: positions {held[0].tolist()}")
+
+
+def _chunks_of(t: torch.Tensor, ids, cp: int) -> torch.Tensor:
+    """[b, n, s, d] -> the two chunks ``ids`` of the 2cp, along s."""
+    return torch.cat([t.chunk(2 * cp, dim=2)[i] for i in ids], dim=2)
+
+
+def _on_rank(rank: int, seq: int, layouts) -> dict:
+    from minitron.core import parallel_state as ps
+    from minitron.core.transformer.context_parallel import attn_forward_func_with_cp, chunk_ids, ring_plan
+
+    torch.set_num_threads(1)
+    cp, r = ps.get_context_parallel_world_size(), ps.get_context_parallel_rank()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, seq, 32, generator=g) for _ in range(3))  # the same on every rank
+    scale = 32 ** -0.5
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    result = {"plan": ring_plan(r, cp)}
+    for name in layouts:
+        ids = chunk_ids(r, cp, name)
+        stats = {}
+        out = attn_forward_func_with_cp(*(_chunks_of(t, ids, cp) for t in (q, k, v)), scale, layout=name,
+                                        stats=stats)
+        stats["error"] = (out - _chunks_of(expected, ids, cp)).abs().max().item()
+        stats["chunks"] = ids
+        result[name] = stats
+    return result
+
+
+def _run(seq: int, layouts) -> list:
+    sys.path.insert(0, "tests")
+    from distributed import run_ranks
+
+    return run_ranks(lambda rank: _on_rank(rank, seq, layouts), world_size=CP, cp=CP)
+
+
+def ring() -> None:
+    results = _run(8 * 2 * CP, ["balanced"])
+    print(f"cp = {CP}: each rank holds 2 of {2 * CP} chunks; step t brings the keys/values of rank r-t")
+    for rank, result in enumerate(results):
+        print(f"cp rank {rank}, query chunks {list(result['balanced']['chunks'])}")
+        for step, (source, pairs) in enumerate(result["plan"]):
+            kinds = ", ".join(f"q{qi}·k{ki} {kind}" for qi, ki, kind in pairs)
+            print(f"  step {step}: keys of rank {source}: {kinds}")
+    worst = max(r["balanced"]["error"] for r in results)
+    print(f"largest |ring - plain causal attention| over all ranks: {worst:.1e}")
+
+
+def balance() -> None:
+    seq = 32 * 2 * CP
+    results = _run(seq, ["contiguous", "balanced"])
+    print(f"seq-length {seq}, cp = {CP}: chunks of {seq // (2 * CP)} tokens; work in half-blocks "
+          f"(a full block is 2, a diagonal one 1)")
+    print("layout      cp rank  chunks   full  diagonal  skipped  work  |error|")
+    for name in ("contiguous", "balanced"):
+        for rank, result in enumerate(results):
+            s = result[name]
+            work = 2 * s.get("full", 0) + s.get("diagonal", 0)  # in half-blocks: a diagonal is half a full
+            print(f"{name:<11} {rank:>7}  {str(list(s['chunks'])):<7} {s.get('full', 0):>5} {s.get('diagonal', 0):>9} "
+                  f"{s.get('skipped', 0):>8} {work:>5}  {s['error']:.0e}")
+        works = [2 * r[name].get("full", 0) + r[name].get("diagonal", 0) for r in results]
+        print(f"{name:<11} busiest rank / mean: {max(works) / (sum(works) / len(works)):.2f}")
+
+
+def messages(trace_dir: str) -> None:
+    """Every batch_isend_irecv on the context-parallel group, by rank and by the step that
+    posted it (the ring's forward or its backward), with each op's peer and shape."""
+    import json
+    from collections import Counter
+    from pathlib import Path
+
+    for path in sorted(Path(trace_dir).glob("rank*.jsonl")):
+        records = [json.loads(line) for line in path.open()]
+        names = {r["id"]: r["name"].rsplit(".", 2)[-2:] for r in records}
+        seen = Counter()
+        for r in records:
+            if r["name"].endswith("batch_isend_irecv") and r["args"].get("group") == "CONTEXT_PARALLEL_GROUP":
+                caller = ".".join(n for n in names[r["parent"]] if n != "context_parallel")
+                ops = ", ".join(f"{o['op']} {'to' if o['op'] == 'isend' else 'from'} rank {o['peer']} {o['shape']}"
+                                for o in r["args"]["ops"])
+                seen[(caller, ops)] += 1
+        print(f"rank {records[0]['rank']}:")
+        for (caller, ops), count in seen.items():
+            print(f"  {count:>2} x in {caller}: {ops}")
+
+
+def losses(*log_dirs: str) -> None:
+    """The lm loss of each iteration, from each run's iterations.jsonl; the last column is the
+    largest difference from the first run, relative to it."""
+    import json
+    from pathlib import Path
+
+    runs = [[json.loads(line)["lm_loss"] for line in (Path(d) / "iterations.jsonl").open()] for d in log_dirs]
+    print("iteration  " + "  ".join(f"{Path(d).name:>22}" for d in log_dirs) + "  largest rel. difference")
+    for i, values in enumerate(zip(*runs), start=1):
+        worst = max(abs(v - values[0]) / abs(values[0]) for v in values[1:])
+        print(f"{i:>9}  " + "  ".join(f"{v:>22.9f}" for v in values) + f"  {worst:.1e}")
+
+
+if __name__ == "__main__":
+    {"layout": layout, "ring": ring, "balance": balance, "messages": messages, "losses": losses}[sys.argv[1]](*sys.argv[2:])

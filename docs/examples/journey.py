@@ -1,0 +1,298 @@
+"""The notes' journey, executed: what the walkthrough's chapters 1, 4 and 6 run at build time.
+
+    python docs/examples/journey.py chain DIR [RANK]   # the traced chain from the script's entry
+    python docs/examples/journey.py providers DIR      # each rank's model_provider calls
+    python docs/examples/journey.py microbatches DIR   # forward passes per rank in one iteration
+    python docs/examples/journey.py order DIR          # the kinds of group, in creation order
+    python docs/examples/journey.py tp-cp              # who holds one micro-batch's tokens
+    python docs/examples/journey.py store              # which process hosts the rendezvous store
+    python docs/examples/journey.py timing N           # N ranks: fresh interpreters vs forks
+
+DIR is a trace directory (rank*.jsonl) written by `minitron trace`, `minitron launch --trace` or
+`minitron pretrain --trace`. Every number printed comes from that run or from this one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+
+WIDTH = 84  # the pages' content column
+
+# --- reading a trace ----------------------------------------------------------------------
+def load(trace_dir, rank: int) -> list[dict]:
+    """One rank's records in call order (ids are handed out when a call begins)."""
+    lines = (Path(trace_dir) / f"rank{rank}.jsonl").read_text().splitlines()
+    return sorted(map(json.loads, lines), key=lambda r: r["id"])
+
+
+def ranks_in(trace_dir) -> list[int]:
+    return sorted(int(p.stem[4:]) for p in Path(trace_dir).glob("rank*.jsonl"))
+
+
+def short(name: str) -> str:
+    """The name a reader of Megatron knows: the function's, or the script's entry block."""
+    return "pretrain_gpt.__main__" if name.endswith("pretrain_gpt.__main__") else name.rsplit(".", 1)[-1]
+
+
+def display(name: str) -> str:
+    """``short``, but a method keeps its class and torch's functions their module."""
+    if name.startswith("torch."):
+        return name
+    parts = name.split(".")
+    return ".".join(parts[-2:]) if len(parts) > 1 and parts[-2][:1].isupper() else short(name)
+
+
+def first_calls(records: list[dict], names: list[str]) -> list[dict]:
+    """The first call of each of ``names``, in the order the rank made them."""
+    seen, found = set(), []
+    for record in records:
+        name = short(record["name"])
+        if name in names and name not in seen:
+            seen.add(name)
+            found.append(record)
+    return found
+
+
+def group_kinds_in_order(records: list[dict]) -> list[str]:
+    kinds = []
+    for record in records:
+        desc = record["args"].get("group_desc") if short(record["name"]) == "new_group" else None
+        if desc and desc not in kinds:
+            kinds.append(desc)
+    return kinds
+
+
+def _args_text(args: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in args.items() if not isinstance(v, str) or v not in
+                    ("Namespace", "dict", "function", "timedelta", "list"))
+
+
+def chain(trace_dir, rank: int = 0) -> None:
+    """Every traced call of the initialization, down to the first group, with its arguments."""
+    records = load(trace_dir, rank)
+    by_id = {r["id"]: r for r in records}
+
+    def depth(record):
+        return 0 if record["parent"] is None else 1 + depth(by_id[record["parent"]])
+
+    for record in records:
+        name = short(record["name"])
+        if name == "new_group":
+            print("  " * depth(record) + "new_group × …  (chapter 6)")
+            break
+        indent = "  " * depth(record)
+        text = f"{display(record['name'])}  {_args_text(record['args'])}".rstrip()
+        print(textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "    ",
+                            break_on_hyphens=False))
+
+
+def providers(trace_dir) -> None:
+    for rank in ranks_in(trace_dir):
+        for record in load(trace_dir, rank):
+            if short(record["name"]) == "model_provider":
+                print(f"rank {rank}: model_provider({_args_text(record['args'])})")
+
+
+def microbatches(trace_dir) -> None:
+    """Forward passes each rank ran in the first iteration, against the two formulas."""
+    for rank in ranks_in(trace_dir):
+        records = load(trace_dir, rank)
+        step = next(r for r in records if short(r["name"]) == "train_step")
+        inside = {step["id"]}
+        forwards = 0
+        for record in records:  # call order: a parent always comes before its children
+            if record["parent"] in inside:
+                inside.add(record["id"])
+                forwards += short(record["name"]) == "forward_step"
+        calc = next(r for r in records if short(r["name"]) == "_build_num_microbatches_calculator")["args"]
+        gbs, mbs, dp = calc["global_batch_size"], calc["micro_batch_size"], calc["data_parallel_size"]
+        print(f"rank {rank}: {forwards} forward passes;  GBS/MBS = {gbs}/{mbs} = {gbs // mbs};  "
+              f"GBS/(MBS·DP) = {gbs}/({mbs}·{dp}) = {gbs // (mbs * dp)}")
+
+
+def order(trace_dir, first: int = 6) -> None:
+    """The first kinds of group in the order rank 0 created them, with the one it kept."""
+    records = load(trace_dir, 0)
+    kept = {}
+    for record in records:
+        args = record["args"]
+        if short(record["name"]) == "new_group" and 0 in args.get("ranks", []):
+            kept.setdefault(args["group_desc"], args["ranks"])
+    kinds = group_kinds_in_order(records)
+    for i, kind in enumerate(kinds[:first], 1):
+        print(f"{i:2}. {kind:34} rank 0 kept {kept.get(kind)}")
+    print(f"    ... {len(kinds) - first} kinds more")
+
+
+# --- tp-cp: who holds the tokens of one micro-batch -----------------------------------------
+def _my_positions(seq: int) -> list[int]:
+    """The token positions this rank holds: its context-parallel chunks (Megatron's split into
+    2·CP pieces, piece i and 2·CP-1-i, so causal attention costs every rank the same), then its
+    sequence-parallel share of them (the tp ranks split the sequence dimension in turn)."""
+    from minitron.core import parallel_state as mpu
+
+    cp, cp_rank = mpu.get_context_parallel_world_size(), mpu.get_context_parallel_rank()
+    tp, tp_rank = mpu.get_tensor_model_parallel_world_size(), mpu.get_tensor_model_parallel_rank()
+    piece = seq // (2 * cp)
+    mine = [p for i in (cp_rank, 2 * cp - 1 - cp_rank) for p in range(i * piece, (i + 1) * piece)]
+    share = len(mine) // tp
+    return mine[tp_rank * share:(tp_rank + 1) * share]
+
+
+def _tp_cp_body(rank: int):
+    import torch.distributed as dist
+
+    from minitron.core import parallel_state as mpu
+
+    group = mpu.get_tensor_and_context_parallel_group()
+    held = [None] * dist.get_world_size(group)
+    dist.all_gather_object(held, _my_positions(16), group=group)
+    members = dist.get_process_group_ranks(group)
+    return members, mpu.get_data_parallel_rank(), _my_positions(16), held
+
+
+def tp_cp_lines(world: int = 8, tp: int = 2, cp: int = 2) -> list[str]:
+    from minitron.core import parallel_state as mpu
+    from minitron.launcher import LaunchConfig, run_on_ranks
+
+    def body(rank):
+        mpu.initialize_model_parallel(tp, 1, None, context_parallel_size=cp)
+        try:
+            return _tp_cp_body(rank)
+        finally:
+            mpu.destroy_model_parallel()
+
+    lines, shown = [], set()
+    for rank, (members, dp_rank, mine, held) in enumerate(run_on_ranks(body, LaunchConfig(world_size=world))):
+        if tuple(members) in shown:
+            continue
+        shown.add(tuple(members))
+        union = sorted(p for part in held for p in part)
+        lines.append(f"tp-cp group {members} (data-parallel rank {dp_rank}): the ranks hold positions "
+                     + "  ".join(",".join(map(str, part)) for part in held)
+                     + f"\n  together: {len(union)} positions, each once: "
+                     + ("the whole 16-token sequence" if union == list(range(16)) else f"{union}"))
+    return lines
+
+
+# --- the rendezvous store: who hosts it ------------------------------------------------------
+def _listener_pid(port: int) -> int | None:
+    """The pid of the process listening on ``port``, from /proc (Linux)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # 0A: LISTEN
+                inodes.add(fields[9])
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for fd in (proc / "fd").iterdir():
+                if os.readlink(fd).removeprefix("socket:[").rstrip("]") in inodes:
+                    return int(proc.name)
+        except OSError:
+            continue
+    return None
+
+
+def _store_body(out: str, plain: bool) -> None:
+    import torch.distributed as dist
+
+    if plain:  # env:// with nothing else: what a hand-written launch script gets
+        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+        os.environ["MASTER_PORT"] = os.environ["JOURNEY_PLAIN_PORT"]
+    dist.init_process_group("gloo")
+    host = _listener_pid(int(os.environ["MASTER_PORT"]))
+    host_parent = int(Path(f"/proc/{host}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "(unset)")
+    Path(out, f"{dist.get_rank()}").write_text(f"{os.getpid()} {os.getppid()} {host} {host_parent} {agent}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def store() -> None:
+    from minitron.launcher import LaunchConfig, Target, free_port, launch
+
+    for plain in (True, False):
+        with tempfile.TemporaryDirectory() as out:
+            env = {"JOURNEY_PLAIN_PORT": str(free_port())} if plain else {}
+            launch(LaunchConfig(world_size=2, env=env, warm=()), Target(function=lambda: _store_body(out, plain)))
+            rows = [Path(out, str(r)).read_text().split() for r in range(2)]
+        pids = {int(pid): rank for rank, (pid, *_) in enumerate(rows)}
+        launcher, host, host_parent, agent = int(rows[0][1]), int(rows[0][2]), int(rows[0][3]), rows[0][4]
+        title = "env:// alone (TORCHELASTIC_USE_AGENT_STORE unset)" if plain else \
+            f"minitron launch (TORCHELASTIC_USE_AGENT_STORE={agent})"
+        print(title)
+        print("  ranks: " + ", ".join(f"rank {r} (pid {p})" for p, r in pids.items()))
+        if host in pids:
+            print(f"  the store's host: rank {pids[host]} (pid {host})")
+        else:
+            whose = "the launcher" if host_parent == launcher else f"pid {host_parent}"
+            print(f"  the store's host: pid {host}, not a rank: a child of {whose} (pid {launcher}), its store keeper")
+        print()
+
+
+# --- fork versus fresh interpreters ----------------------------------------------------------
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+# One fresh interpreter: import torch, fork N children that check they have it, then time
+# torch._dynamo's import. A child process of its own, so that nothing this script (or whatever
+# runs it) has imported already can make the import look free.
+_FORK_SIDE = """
+import os, sys, time
+import torch
+pids = [os.fork() or os._exit(0 if "torch" in sys.modules else 1) for _ in range(int(sys.argv[1]))]
+if any(os.waitpid(pid, 0)[1] for pid in pids):
+    sys.exit("a forked child had no torch")
+cpu = time.process_time()
+import torch._dynamo
+print(time.process_time() - cpu)
+"""
+
+
+def timing(n: int) -> None:
+    """What it costs to give N ranks torch: N fresh interpreters importing it at once, against
+    one import in a parent and N forks of it; then torch._dynamo, which torch's optimizers import
+    on first use. CPU seconds, summed over the processes: unlike wall seconds, they hardly
+    depend on how busy the machine is."""
+    cpu = _children_cpu()
+    procs = [subprocess.Popen([sys.executable, "-c", "import torch"]) for _ in range(n)]
+    if any(p.wait() for p in procs):
+        raise SystemExit("a fresh interpreter failed to import torch")
+    fresh_cpu = _children_cpu() - cpu
+
+    cpu = _children_cpu()
+    done = subprocess.run([sys.executable, "-c", _FORK_SIDE, str(n)], capture_output=True, text=True, check=True)
+    dynamo = float(done.stdout)
+    forked_cpu = _children_cpu() - cpu - dynamo
+    print(f"{n} fresh interpreters, each importing torch: {fresh_cpu:5.1f} s of CPU")
+    print(f"1 interpreter importing it, then {n} forks:   {forked_cpu:5.1f} s of CPU")
+    print(f"import torch._dynamo once, after torch:     {dynamo:5.1f} s of CPU")
+
+
+if __name__ == "__main__":
+    mode, *rest = sys.argv[1:] or ["help"]
+    if mode == "chain":
+        chain(rest[0], int(rest[1]) if len(rest) > 1 else 0)
+    elif mode in ("providers", "microbatches", "order"):
+        globals()[mode](rest[0])
+    elif mode == "tp-cp":
+        print("\n".join(tp_cp_lines()))
+    elif mode == "store":
+        store()
+    elif mode == "timing":
+        timing(int(rest[0]) if rest else 4)
+    else:
+        raise SystemExit(__doc__)

@@ -1,0 +1,148 @@
+"""Pipeline schedules as timelines: one row per stage, a box per forward and backward step.
+
+Each box is as long as the step really took: its duration is read from the trace
+(``forward_step`` / ``backward_step`` records, tensor rank 0, data rank 0). Where the boxes
+stand depends on the mode:
+
+* ``replay`` (the default): every stage starts a step as soon as it is free and the step's input
+  has arrived (the activation from the stage before, or the gradient from the stage after;
+  schedule.dependency), with communication counted as instant. This is the executed order on
+  the measured compute times, what a machine with fast links would show; on a shared CPU, where
+  ranks wait for a core and for gloo, the wall clock hides the schedule under that waiting.
+* ``wall``: where the steps really happened on the wall clock, waiting included.
+
+Empty stretches of a row are the bubble; at its right each row gives the stage's idle share and
+the peak number of micro-batches *in flight* on it: forwards run whose backward has not yet run,
+each holding its activations, counted along the stage's executed order. Several schedules drawn
+together share one time scale, so their lengths and bubbles compare directly.
+"""
+
+from __future__ import annotations
+
+from minitron.cli.views import svg
+from minitron.cli.views.schedule import FORWARD, in_dependency_order, step_key
+
+ROW_H, ROW_GAP, LABEL_W, RIGHT_W = 16, 3, 52, 150
+PLOT_W = 660 - LABEL_W - RIGHT_W
+FWD, BWD = ("#4e79a7", "#a0cbe8"), ("#59a14f", "#8cd17d")  # chunk 0, chunk 1+ (lighter)
+
+
+def durations_us(step: dict) -> float:
+    return step["end_us"] - step["start_us"]
+
+
+def place(stages: dict[int, list[dict]], mode: str = "replay") -> dict[int, list[tuple[float, float, dict]]]:
+    """stage -> [(start, end, step)] in µs from the schedule's first step."""
+    if mode == "wall":
+        t0 = min(s["start_us"] for ss in stages.values() for s in ss)
+        return {stage: [(s["start_us"] - t0, s["end_us"] - t0, s) for s in ss] for stage, ss in stages.items()}
+    if mode != "replay":
+        raise ValueError(f"unknown timeline mode {mode!r}: replay or wall")
+    end_of: dict[tuple, float] = {}
+    placed: dict[int, list] = {stage: [] for stage in stages}
+    for stage, step, dep in in_dependency_order(stages):
+        free = placed[stage][-1][1] if placed[stage] else 0.0
+        start = max(free, end_of[dep] if dep is not None else 0.0)
+        end = start + durations_us(step)
+        end_of[step_key(stage, step)] = end
+        placed[stage].append((start, end, step))
+    return placed
+
+
+def peak_in_flight(steps: list[dict]) -> int:
+    """The most forwards whose backward had not yet run, along one stage's executed order."""
+    held = peak = 0
+    for step in sorted(steps, key=lambda s: s["start_us"]):
+        held += 1 if step["name"] == FORWARD else -1
+        peak = max(peak, held)
+    return peak
+
+
+def timeline_svg(schedules: list[tuple[str, dict[int, list[dict]]]], mode: str = "replay") -> str:
+    """One picture of several schedules (title, stage -> steps), on one time scale."""
+    placed = [(name, stages, place(stages, mode)) for name, stages in schedules]
+    span = max(end for _, _, p in placed for row in p.values() for _, end, _ in row)
+    scale = PLOT_W / span
+    parts, y = [], 0.0
+    for name, stages, rows in placed:
+        length = max(end for row in rows.values() for _, end, _ in row)
+        parts.append(svg.text(0, y + 13, name, size=12, font_weight="bold"))
+        parts.append(svg.text(LABEL_W + PLOT_W, y + 13, f"{length / 1000:.1f} ms", size=10, anchor="end",
+                              opacity="0.75"))
+        parts.append(svg.text(LABEL_W + PLOT_W + 8, y + 13, "idle  peak in flight", size=10, opacity="0.75"))
+        y += 20
+        for stage, row in rows.items():
+            parts.append(_row(stage, row, y, scale, length))
+            y += ROW_H + ROW_GAP
+        y += 12
+    parts.append(_legend(y))
+    y += 16
+    label = "pipeline schedules: " + ", ".join(name for name, _ in schedules)
+    return svg.document(LABEL_W + PLOT_W + RIGHT_W, y, parts, label)
+
+
+def _row(stage: int, row: list[tuple[float, float, dict]], y: float, scale: float, length: float) -> str:
+    busy = sum(end - start for start, end, _ in row)
+    out = [f'<g data-stage="{stage}">',
+           svg.text(0, y + ROW_H * 0.75, f"stage {stage}", size=10),
+           svg.rect(LABEL_W, y, length * scale, ROW_H, "currentColor", opacity="0.07")]
+    for start, end, step in row:
+        out.append(_box(stage, start, end, step, y, scale))
+    out.append(svg.text(LABEL_W + PLOT_W + 8, y + ROW_H * 0.75, f"{1 - busy / length:4.0%}", size=10))
+    out.append(svg.text(LABEL_W + PLOT_W + 60, y + ROW_H * 0.75, str(peak_in_flight([s for _, _, s in row])),
+                        size=10, font_weight="bold"))
+    out.append("</g>")
+    return "\n".join(out)
+
+
+def _box(stage: int, start: float, end: float, step: dict, y: float, scale: float) -> str:
+    forward = step["name"] == FORWARD
+    mb, chunk = step["args"].get("microbatch"), step["args"].get("chunk")
+    fill = (FWD if forward else BWD)[1 if chunk else 0]
+    kind = "F" if forward else "B"
+    name = f"{kind}{mb}" + (f".{chunk}" if chunk is not None else "")
+    x, w = LABEL_W + start * scale, max((end - start) * scale, 0.8)
+    tip = f"stage {stage}: {name}, {(end - start) / 1000:.2f} ms"
+    parts = [svg.title(tip), svg.rect(x, y, w, ROW_H, fill, stroke="#ffffff", stroke_width="0.5")]
+    if w >= 9 * len(str(mb)) and mb is not None:
+        parts.append(svg.text(x + w / 2, y + ROW_H * 0.75, str(mb), size=9, anchor="middle", fill=svg.INK))
+    return (f'<g data-step="{kind}" data-microbatch="{mb}" data-chunk="{"" if chunk is None else chunk}" '
+            f'data-us="{end - start:.0f}">' + "".join(parts) + "</g>")
+
+
+def _legend(y: float) -> str:
+    items = [(FWD[0], "forward"), (BWD[0], "backward"), (FWD[1], "forward, chunk 1"), (BWD[1], "backward, chunk 1")]
+    out, x = [], float(LABEL_W)
+    for fill, name in items:
+        out.append(svg.rect(x, y + 2, 10, 10, fill))
+        out.append(svg.text(x + 14, y + 11, name, size=10))
+        x += 14 + svg.text_width(name, 10) + 14
+    out.append(svg.text(x, y + 11, "numbers: micro-batch", size=10, opacity="0.75"))
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m minitron.cli.views.svg_timeline [--wall] NAME=DIR ...``: print the schedules of
+    the traced iteration in each DIR as one picture."""
+    import sys
+
+    from minitron.cli.views.schedule import pipeline_steps
+    from minitron.cli.views.trace_dir import iterations, load_trace
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    mode = "wall" if "--wall" in args else "replay"
+    pairs = [a.split("=", 1) for a in args if a != "--wall"]
+    if not pairs or any(len(p) != 2 for p in pairs):
+        sys.exit("usage: python -m minitron.cli.views.svg_timeline [--wall] NAME=TRACE_DIR ...")
+    schedules = []
+    for name, directory in pairs:
+        runs = load_trace(directory)
+        done = iterations(runs)
+        if not done:
+            sys.exit(f"{directory} holds no training iteration (trace one with --steps 1)")
+        schedules.append((name, pipeline_steps(runs, iteration=done[-1])))
+    print(timeline_svg(schedules, mode), end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Mixture of experts: router, all-to-all token dispatcher, experts (Megatron's moe/ package)."""

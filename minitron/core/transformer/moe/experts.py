@@ -1,0 +1,102 @@
+"""SequentialMLP: this rank's experts, each an MLP of its own, run one after the other.
+
+An expert is the dense MLP's shape (h -> ffn -> h) without biases. Rank j of the expert-parallel
+group holds experts [j*E/ep, (j+1)*E/ep); with expert tensor parallelism each of them is split
+like a tensor-parallel MLP: fc1 by output columns, fc2 by input rows, so fc2 yields a partial
+sum that the dispatcher's reduce-scatter completes (no collective inside the expert).
+
+(Megatron has both: GroupedMLP runs all local experts in one grouped GEMM, SequentialMLP loops
+over them. The loop reads better and computes the same.)
+
+Why no biases: fc2's output on an expert-tensor-parallel slice is a partial sum, and a bias added
+there would be added once per slice. Megatron's MoE layer refuses an expert bias as well.
+
+Expert parameters carry ``allreduce = False`` (Megatron's mark). DDP reads it: their gradients
+are averaged over the expert-data-parallel group, the ranks holding the *same* experts, not
+over the dense data-parallel group.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+
+from minitron.core import parallel_state
+from minitron.core.transformer.module import MegatronModule
+from minitron.trace import traced
+from minitron.trace.recorder import short_value
+
+
+@contextmanager
+def expert_init_rng(config, layer_number: int, expert_index: int):
+    """A generator state of its own for each (layer, expert): an expert gets the same weights
+    whichever rank builds it and however many experts that rank holds (core/init_rng.py does
+    the same for whole layers)."""
+    seed = getattr(config, "init_seed", None)
+    if seed is None:   # a config built by hand: plain torch behaviour
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed * 10_007 + 1_000_003 * (expert_index + 1) + layer_number)
+        yield
+
+
+def _expert_weight(full_shape, partition_dim: int, init_method, config) -> torch.nn.Parameter:
+    """Draw the full weight, keep this expert-tensor-parallel rank's slice (as the TP layers do)."""
+    full = torch.empty(full_shape, dtype=torch.float32)
+    if config.perform_initialization:
+        init_method(full)
+    tp = parallel_state.get_expert_tensor_parallel_group()
+    piece = torch.chunk(full, tp.size(), dim=partition_dim)[tp.rank()]
+    weight = torch.nn.Parameter(piece.contiguous().to(config.params_dtype))
+    weight.allreduce = False                      # an expert parameter (see the module docstring)
+    weight.tensor_model_parallel = tp.size() > 1  # a slice: the grad norm counts it on every slice
+    weight.partition_dim = partition_dim
+    return weight
+
+
+class ExpertLinear(torch.nn.Module):
+    """A bias-free linear layer whose weight is this rank's slice of an expert's."""
+
+    def __init__(self, weight: torch.nn.Parameter):
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, x):
+        return F.linear(x, self.weight)
+
+
+class ExpertMLP(MegatronModule):
+    def __init__(self, config, ffn_hidden_size: int):
+        super().__init__(config)
+        h = config.hidden_size
+        self.linear_fc1 = ExpertLinear(_expert_weight((ffn_hidden_size, h), 0, config.init_method, config))
+        self.linear_fc2 = ExpertLinear(_expert_weight((h, ffn_hidden_size), 1,
+                                                      config.output_layer_init_method, config))
+        self.activation_func = config.activation_func
+
+    def forward(self, x):
+        return self.linear_fc2(self.activation_func(self.linear_fc1(x)))
+
+
+class SequentialMLP(MegatronModule):
+    def __init__(self, num_local_experts: int, config, layer_number: int, local_expert_indices: list[int]):
+        super().__init__(config)
+        ffn = config.moe_ffn_hidden_size or config.ffn_hidden_size
+        experts = []
+        for index in local_expert_indices:
+            with expert_init_rng(config, layer_number, index):
+                experts.append(ExpertMLP(config, ffn))
+        self.local_experts = torch.nn.ModuleList(experts)
+        self.num_local_experts = num_local_experts
+
+    @traced(args=lambda self, permuted_local_hidden_states, tokens_per_expert: {
+        "tokens": short_value(permuted_local_hidden_states),
+        "tokens_per_expert": [int(n) for n in tokens_per_expert]})
+    def forward(self, permuted_local_hidden_states, tokens_per_expert):
+        """Rows arrive grouped by local expert (tokens_per_expert[i] rows for expert i)."""
+        chunks = torch.split(permuted_local_hidden_states, [int(n) for n in tokens_per_expert])
+        outputs = [expert(chunk) for expert, chunk in zip(self.local_experts, chunks)]
+        return torch.cat(outputs, dim=0), None

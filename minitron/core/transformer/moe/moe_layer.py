@@ -1,0 +1,49 @@
+"""MoELayer: the MLP of a transformer layer replaced by E experts, k of which see each token.
+
+    probs, routing_map = router(x)                     which experts, with what weights
+    tokens, counts     = dispatcher.token_permutation  to the ranks that hold those experts
+    outputs            = experts(tokens, counts)       each local expert on its own rows
+    y                  = dispatcher.token_unpermutation back home, weighted, summed per token
+
+The layer takes and returns [s, b, h] (with sequence parallelism [s/tp, b, h], this rank's part
+of the sequence: the dispatcher is built for it), and returns Megatron's (output, bias) pair
+with no bias, so the transformer layer's bias-dropout-add treats it like the dense MLP.
+"""
+
+from __future__ import annotations
+
+from minitron.core import parallel_state
+from minitron.core.transformer.module import MegatronModule
+from minitron.core.transformer.moe.experts import SequentialMLP
+from minitron.core.transformer.moe.router import TopKRouter
+from minitron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+from minitron.trace import traced
+from minitron.trace.recorder import short_value
+
+
+class MoELayer(MegatronModule):
+    def __init__(self, config, layer_number: int = 1):
+        super().__init__(config)
+        self.layer_number = layer_number
+        ep_size = parallel_state.get_expert_model_parallel_world_size()
+        ep_rank = parallel_state.get_expert_model_parallel_rank()
+        if config.num_moe_experts % ep_size:
+            raise ValueError(f"num_moe_experts {config.num_moe_experts} is not divisible by "
+                             f"expert_model_parallel_size {ep_size}")
+        self.num_local_experts = config.num_moe_experts // ep_size
+        self.local_expert_indices = [ep_rank * self.num_local_experts + i for i in range(self.num_local_experts)]
+        self.router = TopKRouter(config, layer_number)
+        self.token_dispatcher = MoEAlltoAllTokenDispatcher(self.num_local_experts, self.local_expert_indices,
+                                                           config)
+        self.experts = SequentialMLP(self.num_local_experts, config, layer_number, self.local_expert_indices)
+
+    @traced(args=lambda self, hidden_states: {"layer_number": self.layer_number,
+                                              "hidden_states": short_value(hidden_states),
+                                              "local_experts": self.local_expert_indices})
+    def forward(self, hidden_states):
+        probs, routing_map = self.router(hidden_states)
+        dispatched_input, tokens_per_expert = self.token_dispatcher.token_permutation(
+            hidden_states, probs, routing_map)
+        expert_output, mlp_bias = self.experts(dispatched_input, tokens_per_expert)
+        output = self.token_dispatcher.token_unpermutation(expert_output)
+        return output, mlp_bias

@@ -1,0 +1,177 @@
+"""MoEAlltoAllTokenDispatcher: carry each token to the rank that holds its expert, and back.
+
+With expert parallelism (ep ranks, E experts) rank j of the expert-parallel group holds experts
+[j*E/ep, (j+1)*E/ep). A token routed on rank i to an expert on rank j has to travel there:
+
+    permute          group this rank's token copies by expert (moe_utils.permute)
+    all-to-all (ep)  send the block for rank j's experts to rank j, receive theirs for mine
+    [all-gather (expert tp)]  expert tensor parallel: every slice of an expert sees all its tokens
+    sort by local expert      what arrived is ordered by source rank, then expert: regroup by expert
+    ... the experts run ...
+    the same steps backwards: unsort, [reduce-scatter (expert tp)], all-to-all (ep), unpermute
+
+The blocks are uneven (a rank sends as many tokens to each peer as its router chose), so the
+sizes are exchanged first: one all-gather of the per-expert counts over the tp x ep group.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minitron.core import parallel_state
+from minitron.core.transformer.moe.moe_utils import permute, unpermute
+from minitron.trace import traced
+from minitron.trace.recorder import short_value
+
+
+# --- uneven collectives with their gradients -----------------------------------------------
+class _AllToAll(torch.autograd.Function):
+    """Rank r sends input rows [sum(input_splits[:j]), +input_splits[j]) to rank j and receives
+    output_splits[j] rows from it. Backward sends the gradients back the way they came: the
+    same call with the two split lists swapped."""
+
+    @staticmethod
+    def forward(ctx, group, input, output_split_sizes, input_split_sizes):
+        ctx.group, ctx.output_split_sizes, ctx.input_split_sizes = group, output_split_sizes, input_split_sizes
+        if group.size() == 1:
+            return input
+        output = input.new_empty((sum(output_split_sizes),) + tuple(input.shape[1:]))
+        torch.distributed.all_to_all_single(output, input.contiguous(), output_split_sizes=output_split_sizes,
+                                            input_split_sizes=input_split_sizes, group=group)
+        return output
+
+    @staticmethod
+    @traced(args=lambda ctx, grad_output: {"grad_output": short_value(grad_output)})
+    def backward(ctx, grad_output):
+        return None, _AllToAll.apply(ctx.group, grad_output, ctx.input_split_sizes, ctx.output_split_sizes), None, None
+
+
+def all_to_all(group, input, output_split_sizes, input_split_sizes):
+    """Megatron's tensor_parallel.all_to_all: the variable-size exchange the dispatcher makes."""
+    return _AllToAll.apply(group, input, output_split_sizes, input_split_sizes)
+
+
+def _gather_uneven(input, group, sizes):
+    """Concatenate every rank's rows (rank i has sizes[i]) along dim 0. gloo's all-gather wants
+    equal blocks, so each is padded to the largest and the padding cut off after."""
+    longest = max(sizes)
+    padded = input.new_zeros((longest,) + tuple(input.shape[1:]))
+    padded[:input.shape[0]] = input
+    gathered = input.new_empty((longest * len(sizes),) + tuple(input.shape[1:]))
+    torch.distributed.all_gather_into_tensor(gathered, padded, group=group)
+    return torch.cat([gathered[i * longest:i * longest + n] for i, n in enumerate(sizes)])
+
+
+def _reduce_scatter_uneven(input, group, sizes):
+    """Sum over the group and keep my block (sizes[rank] rows): the padded reduce-scatter."""
+    longest = max(sizes)
+    padded = input.new_zeros((longest * len(sizes),) + tuple(input.shape[1:]))
+    for i, block in enumerate(torch.split(input, sizes)):
+        padded[i * longest:i * longest + sizes[i]] = block
+    output = input.new_empty((longest,) + tuple(input.shape[1:]))
+    torch.distributed.reduce_scatter_tensor(output, padded, group=group)
+    return output[:sizes[group.rank()]]
+
+
+class _GatherFromExpertTensorParallel(torch.autograd.Function):
+    """All-gather forward; reduce-scatter backward (the expert slices each gave a partial grad)."""
+
+    @staticmethod
+    def forward(ctx, input, group, sizes):
+        ctx.group, ctx.sizes = group, sizes
+        return _gather_uneven(input, group, sizes)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return _reduce_scatter_uneven(grad_output, ctx.group, ctx.sizes), None, None
+
+
+class _ReduceScatterToExpertTensorParallel(torch.autograd.Function):
+    """Reduce-scatter forward (sum the slices' partial outputs); all-gather backward."""
+
+    @staticmethod
+    def forward(ctx, input, group, sizes):
+        ctx.group, ctx.sizes = group, sizes
+        return _reduce_scatter_uneven(input, group, sizes)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return _gather_uneven(grad_output, ctx.group, ctx.sizes), None, None
+
+
+def sort_chunks_by_idxs(input: torch.Tensor, split_sizes: list[int], sorted_idxs: list[int]) -> torch.Tensor:
+    """Cut ``input`` into chunks of ``split_sizes`` rows and put them back in ``sorted_idxs`` order."""
+    chunks = torch.split(input, split_sizes, dim=0)
+    return torch.cat([chunks[i] for i in sorted_idxs], dim=0)
+
+
+# --- the dispatcher ---------------------------------------------------------------------------
+class MoEAlltoAllTokenDispatcher:
+    def __init__(self, num_local_experts: int, local_expert_indices: list[int], config):
+        self.config = config
+        self.num_experts = config.num_moe_experts
+        self.num_local_experts = num_local_experts
+        self.local_expert_indices = local_expert_indices
+        self.ep_group = parallel_state.get_expert_model_parallel_group()
+        self.tp_group = parallel_state.get_expert_tensor_parallel_group()   # the *expert* tp group
+        self.tp_ep_group = parallel_state.get_expert_tensor_and_model_parallel_group()
+        self.ep_size, self.tp_size = self.ep_group.size(), self.tp_group.size()
+        self.tp_rank = self.tp_group.rank()
+        # What arrives is [source (tp, ep) rank][local expert]; the experts want [local expert][source].
+        chunks = torch.arange(self.num_local_experts * self.tp_size * self.ep_size)
+        self.sort_input_by_local_experts = chunks.reshape(-1, num_local_experts).T.ravel().tolist()
+        self.restore_output_by_local_experts = chunks.reshape(num_local_experts, -1).T.ravel().tolist()
+
+    def preprocess(self, routing_map: torch.Tensor) -> torch.Tensor:
+        """Work out every block size of the exchange; return the tokens each local expert gets."""
+        num_local_tokens_per_expert = routing_map.sum(dim=0).long()        # [E], from my tokens
+        # [ep]: how many of my token copies go to each expert-parallel peer
+        self.input_splits = num_local_tokens_per_expert.reshape(self.ep_size, -1).sum(dim=1).tolist()
+        # Everyone's counts, [tp x ep ranks, E]: the group's rank is tp_rank + tp * ep_rank.
+        everyone = num_local_tokens_per_expert
+        if self.tp_ep_group.size() > 1:
+            everyone = everyone.new_empty(self.tp_ep_group.size() * self.num_experts)
+            torch.distributed.all_gather_into_tensor(everyone, num_local_tokens_per_expert,
+                                                     group=self.tp_ep_group)
+        per_rank = everyone.reshape(self.ep_size, self.tp_size, self.num_experts).transpose(0, 1)
+        first, last = self.local_expert_indices[0], self.local_expert_indices[-1] + 1
+        per_local_expert = per_rank[:, :, first:last]                       # [tp, ep, local experts]
+        # [ep]: what my ep peers with my expert-tp rank send me; [tp]: what each tp peer then holds
+        self.output_splits = per_local_expert[self.tp_rank].sum(dim=1).tolist()
+        self.output_splits_tp = per_local_expert.sum(dim=(1, 2)).tolist()
+        self.num_global_tokens_per_local_expert = per_local_expert.reshape(-1, self.num_local_experts)
+        return per_local_expert.sum(dim=(0, 1))
+
+    @traced(args=lambda self, hidden_states, probs, routing_map: {
+        "hidden_states": short_value(hidden_states), "ep": self.ep_size, "expert_tp": self.tp_size})
+    def token_permutation(self, hidden_states, probs, routing_map):
+        """[s, b, h] -> (tokens for my local experts, grouped by expert; their count per expert)."""
+        self.hidden_shape = hidden_states.shape
+        self.probs, self.routing_map = probs, routing_map
+        hidden_states = hidden_states.reshape(-1, self.hidden_shape[-1])
+        tokens_per_expert = self.preprocess(routing_map)
+        permuted, self.reversed_local_input_permutation_mapping = permute(hidden_states, routing_map)
+        global_input_tokens = all_to_all(self.ep_group, permuted, self.output_splits, self.input_splits)
+        if self.tp_size > 1:
+            global_input_tokens = _GatherFromExpertTensorParallel.apply(
+                global_input_tokens, self.tp_group, self.output_splits_tp)
+        if self.num_local_experts > 1:
+            global_input_tokens = sort_chunks_by_idxs(
+                global_input_tokens, self.num_global_tokens_per_local_expert.ravel().tolist(),
+                self.sort_input_by_local_experts)
+        return global_input_tokens, tokens_per_expert
+
+    @traced(args=lambda self, hidden_states: {"hidden_states": short_value(hidden_states)})
+    def token_unpermutation(self, hidden_states):
+        """The experts' outputs back to the tokens' home ranks, weighted and summed per token."""
+        if self.num_local_experts > 1:
+            hidden_states = sort_chunks_by_idxs(
+                hidden_states, self.num_global_tokens_per_local_expert.T.ravel().tolist(),
+                self.restore_output_by_local_experts)
+        if self.tp_size > 1:
+            hidden_states = _ReduceScatterToExpertTensorParallel.apply(
+                hidden_states, self.tp_group, self.output_splits_tp)
+        permuted = all_to_all(self.ep_group, hidden_states, self.input_splits, self.output_splits)
+        output = unpermute(permuted, self.reversed_local_input_permutation_mapping, self.probs,
+                           self.routing_map, restore_shape=(self.routing_map.shape[0], self.hidden_shape[-1]))
+        return output.view(self.hidden_shape)

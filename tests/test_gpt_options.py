@@ -1,0 +1,98 @@
+"""The modern GPT options keep tensor parallelism exact: each at tp 2 trains like the serial model.
+
+rope, swiglu, RMSNorm, grouped-query attention and an untied output layer each change where a
+tensor-parallel rank's slice boundaries fall (swiglu's [gate | up] halves, GQA's [q.. k v]
+groups) or which reductions run (untied: no embedding-group all-reduce). Dropout is off, the
+initial weights do not depend on the layout (init_seed), and every option must give the serial
+run's loss at every iteration within 1e-5:
+
+1. each option alone: the model trained for a few SGD steps on 1 rank and on 2 TP ranks;
+2. all options together, through `pretrain_gpt` and its flags: serial, tp 2 with sequence
+   parallelism, and pp 2 (where the untied output layer lives on another stage than the
+   embedding and finalize_model_grads must not all-reduce the two).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from distributed import run_ranks
+from minitron.core.models.gpt import GPTModel
+from minitron.core.tensor_parallel import model_parallel_cuda_manual_seed
+from minitron.core.transformer import TransformerConfig
+from minitron.launcher import LaunchConfig, RankFailure, Target, launch
+
+VOCAB, SEQ, BATCH, STEPS, TOL = 64, 8, 2, 3, 1e-5
+OPTIONS = {  # name: (TransformerConfig fields, GPTModel arguments)
+    "rope": ({}, dict(position_embedding_type="rope")),
+    "swiglu": (dict(gated_linear_unit=True, activation_func=F.silu), {}),
+    "rmsnorm": (dict(normalization="RMSNorm"), {}),
+    "gqa": (dict(num_query_groups=2), {}),
+    "untied": ({}, dict(share_embeddings_and_output_weights=False)),
+}
+
+
+def _train_each_option(tp: int):
+    def body(rank):
+        torch.set_num_threads(1)
+        losses = {}
+        for name, (fields, model_args) in OPTIONS.items():
+            config = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=4, ffn_hidden_size=32,
+                                       hidden_dropout=0.0, attention_dropout=0.0, init_seed=3,
+                                       tensor_model_parallel_size=tp, **fields)
+            model_parallel_cuda_manual_seed(5)
+            model = GPTModel(config, VOCAB, SEQ, **{"share_embeddings_and_output_weights": True, **model_args})
+            opt = torch.optim.SGD(model.parameters(), lr=0.5)   # elementwise: slices update as the whole
+            g = torch.Generator().manual_seed(1)
+            losses[name] = []
+            for _ in range(STEPS):
+                ids, labels = (torch.randint(0, VOCAB, (BATCH, SEQ), generator=g) for _ in range(2))
+                loss = model(ids, torch.arange(SEQ).expand(BATCH, SEQ), labels=labels).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses[name].append(loss.item())
+        return losses
+    return run_ranks(body, world_size=tp, tp=tp)
+
+
+def test_each_option_at_tp2_trains_like_serial():
+    serial = _train_each_option(1)[0]
+    tp2 = _train_each_option(2)
+    for name in OPTIONS:
+        assert serial[name][0] != serial[name][-1]                      # the weights did move
+        for rank in tp2:
+            assert rank[name] == pytest.approx(serial[name], abs=TOL), f"{name}: {rank[name]} vs {serial[name]}"
+
+
+ALL_OPTIONS = ["--position-embedding-type", "rope", "--swiglu", "--normalization", "RMSNorm",
+               "--group-query-attention", "--num-query-groups", "2", "--untie-embeddings-and-output-weights"]
+MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+         "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "3", "--lr", "1e-2",
+         "--mock-data", "--vocab-size", "127", "--make-vocab-size-divisible-by", "64",   # 128 rows at tp 1 and 2
+         "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "7", "--eval-iters", "0",
+         "--distributed-backend", "gloo", *ALL_OPTIONS]
+
+
+def _pretrain(tmp_path, name, world, *flags):
+    out = tmp_path / name
+    out.mkdir()
+    argv = MODEL + ["--log-jsonl", str(out / "iterations.jsonl"), *flags]
+    try:
+        launch(LaunchConfig(world_size=world, log_dir=out / "logs"), Target(module="minitron.pretrain_gpt", argv=argv))
+    except RankFailure as failure:
+        raise AssertionError(f"{failure}\n{failure.log_tail(30)}") from None
+    return [json.loads(line)["lm_loss"] for line in open(out / "iterations.jsonl")]
+
+
+def test_all_options_together_at_tp2_and_pp2_train_like_serial(tmp_path):
+    serial = _pretrain(tmp_path, "serial", 1)
+    assert len(serial) == 3 and serial[0] != serial[-1]
+    for name, world, flags in [("tp2-sp", 2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
+                               ("pp2", 2, ["--pipeline-model-parallel-size", "2"])]:
+        losses = _pretrain(tmp_path, name, world, *flags)
+        assert losses == pytest.approx(serial, abs=TOL), f"{name}: {losses} vs serial {serial}"
