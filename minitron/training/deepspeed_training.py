@@ -85,8 +85,8 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
     increment = num_microbatches * args.micro_batch_size * args.data_parallel_size
     engine.step(lr_kwargs={"increment": increment})   # the schedule counts samples, as Megatron's
     applied = engine.was_step_applied()
-    loss = {key: torch.stack([d[key] for d in losses_reduced]).float().mean().item() for key in losses_reduced[0]}
-    return loss, int(not applied), engine.get_global_grad_norm() if applied else None, None
+    from minitron.training.training import reduce_losses   # the log's numbers, as on Megatron's path
+    return reduce_losses(losses_reduced), int(not applied), engine.get_global_grad_norm() if applied else None, None
 # --8<-- [end:train-step]
 
 
@@ -96,6 +96,11 @@ def forward_backward_step(forward_step_func, data_iterator, engine, i: int) -> d
     weights here), the loss, and engine.backward (scaled, divided by the accumulation steps,
     gradients reduced as the stage says)."""
     output_tensor, loss_func = forward_step_func(data_iterator, engine)
-    loss, reduced = loss_func(output_tensor)
-    engine.backward(loss)
+    outputs = loss_func(output_tensor)
+    if len(outputs) == 3:   # Megatron's (sum over tokens, token count, report): this micro-batch's mean
+        loss, num_tokens, reduced = outputs
+        loss = loss / torch.clamp(num_tokens, min=1)
+    else:                   # the older (mean, report)
+        loss, reduced = outputs
+    engine.backward(loss)   # not divided by the number of micro-batches: the engine does that
     return reduced
