@@ -51,7 +51,8 @@ def setup_model_and_optimizer(model_provider_func, model_type):
     model = get_model(model_provider_func, model_type, wrap_with_ddp=False)
     config = OptimizerConfig(optimizer=args.optimizer, lr=args.lr, min_lr=args.min_lr,
                              weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
-                             adam_beta2=args.adam_beta2, adam_eps=args.adam_eps, sgd_momentum=args.sgd_momentum)
+                             adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
+                             sgd_momentum=args.sgd_momentum)
     # The bare torch optimizer (Megatron-DeepSpeed's get_megatron_optimizer returns it unwrapped
     # under --deepspeed): the engine wraps it in ZeRO's optimizer instead of Megatron's.
     optimizer = _make_torch_optimizer(config, _get_param_groups(model))
@@ -61,8 +62,8 @@ def setup_model_and_optimizer(model_provider_func, model_type):
         model=model[0], optimizer=optimizer, args=args, lr_scheduler=opt_param_scheduler, mpu=mpu,
         config=args.deepspeed_config)
     if engine.gradient_accumulation_steps() != get_num_microbatches():   # validate_args made sure
-        raise RuntimeError(f"the ds_config accumulates {engine.gradient_accumulation_steps()} micro-batches, "
-                           f"Megatron's batch flags make {get_num_microbatches()}")
+        raise RuntimeError(f"the ds_config accumulates {engine.gradient_accumulation_steps()} "
+                           f"micro-batches, Megatron's batch flags make {get_num_microbatches()}")
     args.iteration = 0
     args.consumed_train_samples = 0
     return [engine], optimizer, opt_param_scheduler
@@ -85,8 +86,9 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
     increment = num_microbatches * args.micro_batch_size * args.data_parallel_size
     engine.step(lr_kwargs={"increment": increment})   # the schedule counts samples, as Megatron's
     applied = engine.was_step_applied()
-    loss = {key: torch.stack([d[key] for d in losses_reduced]).float().mean().item() for key in losses_reduced[0]}
-    return loss, int(not applied), engine.get_global_grad_norm() if applied else None, None
+    from minitron.training.training import reduce_losses   # the log's numbers, as Megatron's path
+    grad_norm = engine.get_global_grad_norm() if applied else None
+    return reduce_losses(losses_reduced), int(not applied), grad_norm, None
 # --8<-- [end:train-step]
 
 
@@ -96,6 +98,11 @@ def forward_backward_step(forward_step_func, data_iterator, engine, i: int) -> d
     weights here), the loss, and engine.backward (scaled, divided by the accumulation steps,
     gradients reduced as the stage says)."""
     output_tensor, loss_func = forward_step_func(data_iterator, engine)
-    loss, reduced = loss_func(output_tensor)
-    engine.backward(loss)
+    outputs = loss_func(output_tensor)
+    if len(outputs) == 3:   # Megatron's (sum over tokens, token count, report): this micro-batch's mean
+        loss, num_tokens, reduced = outputs
+        loss = loss / torch.clamp(num_tokens, min=1)
+    else:                   # the older (mean, report)
+        loss, reduced = outputs
+    engine.backward(loss)   # not divided by the number of micro-batches: the engine does that
     return reduced

@@ -118,13 +118,22 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
 
     @torch.no_grad()
     def gather(self, params: list) -> None:
-        for p in params:
-            if p not in self._group_of or p.ds_status == AVAILABLE:
-                continue
-            full = torch.empty(p.ds_tensor.numel() * self.dp_world_size, dtype=p.ds_tensor.dtype)
-            dist.all_gather_into_tensor(full, p.ds_tensor, group=self.dp_process_group)
-            p.data = full[:p.ds_numel].view(p.ds_shape)
-            p.ds_status = AVAILABLE
+        """One all-gather for all of a module's missing parameters, as DeepSpeed coalesces them:
+        my pieces end to end go out, every rank's come back as the rows of ``full``, and
+        parameter p is its column range of the rows, read row after row."""
+        todo = list(dict.fromkeys(p for p in params if p in self._group_of and p.ds_status != AVAILABLE))
+        for dtype in dict.fromkeys(p.ds_tensor.dtype for p in todo):   # one dtype per collective
+            same = [p for p in todo if p.ds_tensor.dtype == dtype]
+            mine = torch.cat([p.ds_tensor for p in same])
+            full = torch.empty(self.dp_world_size * mine.numel(), dtype=dtype)
+            dist.all_gather_into_tensor(full, mine, group=self.dp_process_group)
+            full = full.view(self.dp_world_size, mine.numel())
+            offset = 0
+            for p in same:
+                piece = p.ds_tensor.numel()
+                p.data = full[:, offset:offset + piece].reshape(-1)[:p.ds_numel].view(p.ds_shape)
+                p.ds_status = AVAILABLE
+                offset += piece
 
     def release(self, params: list) -> None:
         for p in params:
