@@ -8,6 +8,7 @@ the loop alone.
 from __future__ import annotations
 
 from minitron.core import parallel_state as mpu
+from minitron.core.transformer.module import Float16Module
 from minitron.trace import traced
 from minitron.training.global_vars import get_args
 from minitron.training.training_log import print_parameter_count
@@ -31,11 +32,11 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
                                          post_process=mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
                                          vp_stage=vp_stage))
     print_parameter_count(model)
-    if args.fp16 or args.bf16:
+    if (args.fp16 or args.bf16) and not args.deepspeed:
         # Megatron's order: count, then cast (Float16Module), then wrap for data parallelism,
-        # so DDP's gradient buffers are made for the 16-bit parameters.
-        from minitron.core.transformer.module import Float16Module
-
+        # so DDP's gradient buffers are made for the 16-bit parameters. Under --deepspeed the
+        # engine casts the bare module itself (as DeepSpeed does), and ZeRO-3 must see the
+        # GPTModel to register its tied output weight.
         model = [Float16Module(chunk.config, chunk) for chunk in model]
     if not wrap_with_ddp:
         return model
