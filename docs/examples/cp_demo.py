@@ -1,14 +1,15 @@
 """Context parallelism on real gloo ranks. Chapter 15 runs this.
 
     python docs/examples/cp_demo.py layout    # which tokens each cp rank holds (get_batch_on_this_cp_rank)
-    python docs/examples/cp_demo.py ring      # the ring's steps on each rank, and its answer against plain attention
-    python docs/examples/cp_demo.py balance   # blocks computed per rank: the balanced split against the contiguous one
+    python docs/examples/cp_demo.py ring [FILE]     # the ring's steps on each rank, its answer against plain attention
+    python docs/examples/cp_demo.py balance [FILE]  # blocks computed per rank: balanced split against contiguous one
     python docs/examples/cp_demo.py messages DIR   # the ring's messages in a `minitron trace --steps 1` directory
     python docs/examples/cp_demo.py losses DIR...  # per-iteration lm loss of `minitron pretrain` runs, side by side
 
 `ring` and `balance` start 4 forked gloo ranks with Megatron's groups (cp = 4) and call the
-attention every GPT layer calls, attn_forward_func_with_cp; the counts are what its forward
-loop did, returned in its ``stats``.
+attention every GPT layer calls, attn_forward_func_with_cp, in both layouts; the counts are what
+its forward loop did, returned in its ``stats``. Given a FILE, `ring` keeps what the ranks
+returned there and `balance` reads it back, so a page that shows both starts the ranks once.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import torch
 
 CP = 4
+SEQ = 32 * 2 * CP
 
 
 def layout() -> None:
@@ -59,15 +61,28 @@ def _on_rank(rank: int, seq: int, layouts) -> dict:
     return result
 
 
-def _run(seq: int, layouts) -> list:
+def _run(saved: str | None = None) -> list:
+    """Every rank's plan and, per layout, its stats; from ``saved`` when an earlier call kept them."""
+    import json
+    from pathlib import Path
+
+    if saved and Path(saved).exists():
+        return json.loads(Path(saved).read_text())
     sys.path.insert(0, "tests")
     from distributed import run_ranks
 
-    return run_ranks(lambda rank: _on_rank(rank, seq, layouts), world_size=CP, cp=CP)
+    results = run_ranks(lambda rank: _on_rank(rank, SEQ, ["contiguous", "balanced"]), world_size=CP, cp=CP)
+    if saved:
+        Path(saved).parent.mkdir(parents=True, exist_ok=True)
+        Path(saved).write_text(json.dumps(results))
+    return results
 
 
-def ring() -> None:
-    results = _run(8 * 2 * CP, ["balanced"])
+def ring(saved: str | None = None) -> None:
+    if saved:
+        from pathlib import Path
+        Path(saved).unlink(missing_ok=True)  # this command is the one that runs the ranks
+    results = _run(saved)
     print(f"cp = {CP}: each rank holds 2 of {2 * CP} chunks; step t brings the keys/values of rank r-t")
     for rank, result in enumerate(results):
         print(f"cp rank {rank}, query chunks {list(result['balanced']['chunks'])}")
@@ -78,10 +93,9 @@ def ring() -> None:
     print(f"largest |ring - plain causal attention| over all ranks: {worst:.1e}")
 
 
-def balance() -> None:
-    seq = 32 * 2 * CP
-    results = _run(seq, ["contiguous", "balanced"])
-    print(f"seq-length {seq}, cp = {CP}: chunks of {seq // (2 * CP)} tokens; work in half-blocks "
+def balance(saved: str | None = None) -> None:
+    results = _run(saved)
+    print(f"seq-length {SEQ}, cp = {CP}: chunks of {SEQ // (2 * CP)} tokens; work in half-blocks "
           f"(a full block is 2, a diagonal one 1)")
     print("layout      cp rank  chunks   full  diagonal  skipped  work  |error|")
     for name in ("contiguous", "balanced"):
