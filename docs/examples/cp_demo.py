@@ -95,8 +95,8 @@ def ring(saved: str | None = None) -> None:
 
 def balance(saved: str | None = None) -> None:
     results = _run(saved)
-    print(f"seq-length {SEQ}, cp = {CP}: chunks of {SEQ // (2 * CP)} tokens; work in half-blocks "
-          f"(a full block is 2, a diagonal one 1)")
+    print(f"seq-length {SEQ}, cp = {CP}: chunks of {SEQ // (2 * CP)} tokens")
+    print("work in half-blocks: a full block is 2, a diagonal one 1")
     print("layout      cp rank  chunks   full  diagonal  skipped  work  |error|")
     for name in ("contiguous", "balanced"):
         for rank, result in enumerate(results):
@@ -122,12 +122,13 @@ def messages(trace_dir: str) -> None:
         for r in records:
             if r["name"].endswith("batch_isend_irecv") and r["args"].get("group") == "CONTEXT_PARALLEL_GROUP":
                 caller = ".".join(n for n in names[r["parent"]] if n != "context_parallel")
-                ops = ", ".join(f"{o['op']} {'to' if o['op'] == 'isend' else 'from'} rank {o['peer']} {o['shape']}"
+                ops = ", ".join(f"{o['op']} {'to' if o['op'] == 'isend' else 'from'} {o['peer']}"
                                 for o in r["args"]["ops"])
-                seen[(caller, ops)] += 1
+                shapes = {str(o["shape"]) for o in r["args"]["ops"]}
+                seen[(caller, ops, " / ".join(sorted(shapes)))] += 1
         print(f"rank {records[0]['rank']}:")
-        for (caller, ops), count in seen.items():
-            print(f"  {count:>2} x in {caller}: {ops}")
+        for (caller, ops, shapes), count in seen.items():
+            print(f"  {count:>2} x {caller:<31} {ops}, {shapes} each")
 
 
 def losses(*log_dirs: str) -> None:
