@@ -4,7 +4,7 @@
     python docs/examples/cp_demo.py ring [FILE]     # the ring's steps on each rank, its answer against plain attention
     python docs/examples/cp_demo.py balance [FILE]  # blocks computed per rank: balanced split against contiguous one
     python docs/examples/cp_demo.py messages DIR   # the ring's messages in a `minitron trace --steps 1` directory
-    python docs/examples/cp_demo.py losses DIR...  # per-iteration lm loss of `minitron pretrain` runs, side by side
+    python docs/examples/cp_demo.py train          # a tiny GPT trained serially and with cp 2 x tp 2: lm loss per iteration
 
 `ring` and `balance` start 4 forked gloo ranks with Megatron's groups (cp = 4) and call the
 attention every GPT layer calls, attn_forward_func_with_cp, in both layouts; the counts are what
@@ -131,18 +131,35 @@ def messages(trace_dir: str) -> None:
             print(f"  {count:>2} x {caller:<31} {ops}, {shapes} each")
 
 
-def losses(*log_dirs: str) -> None:
-    """The lm loss of each iteration, from each run's iterations.jsonl; the last column is the
-    largest difference from the first run, relative to it."""
+# The model of tests/test_context_parallel.py: dropout off, and 1023 tokens + end-of-document pad
+# to the same 1024 rows for tp 1 and tp 2, so the serial and the parallel run are one model.
+TRAIN = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
+         "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "3", "--lr", "1e-3",
+         "--mock-data", "--vocab-size", "1023", "--hidden-dropout", "0", "--attention-dropout", "0",
+         "--seed", "7", "--distributed-backend", "gloo"]
+
+
+def train() -> None:
+    """pretrain_gpt on forked gloo ranks (the launcher's API, as the tests run it), serially and
+    with cp 2 x tp 2; each run's lm loss per iteration from its iterations.jsonl."""
     import json
+    import tempfile
     from pathlib import Path
 
-    runs = [[json.loads(line)["lm_loss"] for line in (Path(d) / "iterations.jsonl").open()] for d in log_dirs]
-    print("iteration  " + "  ".join(f"{Path(d).name:>22}" for d in log_dirs) + "  largest rel. difference")
-    for i, values in enumerate(zip(*runs), start=1):
-        worst = max(abs(v - values[0]) / abs(values[0]) for v in values[1:])
-        print(f"{i:>9}  " + "  ".join(f"{v:>22.9f}" for v in values) + f"  {worst:.1e}")
+    from minitron.launcher import LaunchConfig, Target, launch
+
+    runs = {"serial": (1, []), "cp 2 x tp 2": (4, ["--context-parallel-size", "2", "--tensor-model-parallel-size", "2"])}
+    losses = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (world, flags) in runs.items():
+            out = Path(tmp) / name.replace(" ", "")
+            argv = TRAIN + flags + ["--log-jsonl", str(out / "iterations.jsonl")]
+            launch(LaunchConfig(world_size=world, log_dir=out / "logs"), Target(module="minitron.pretrain_gpt", argv=argv))
+            losses[name] = [json.loads(line)["lm_loss"] for line in (out / "iterations.jsonl").open()]
+    print(f"iteration  {'serial':>14}  {'cp 2 x tp 2':>14}  relative difference")
+    for i, (a, b) in enumerate(zip(*losses.values()), start=1):
+        print(f"{i:>9}  {a:>14.9f}  {b:>14.9f}  {abs(b - a) / abs(a):.1e}")
 
 
 if __name__ == "__main__":
-    {"layout": layout, "ring": ring, "balance": balance, "messages": messages, "losses": losses}[sys.argv[1]](*sys.argv[2:])
+    {"layout": layout, "ring": ring, "balance": balance, "messages": messages, "train": train}[sys.argv[1]](*sys.argv[2:])
