@@ -1,14 +1,15 @@
 """Context parallelism on real gloo ranks. Chapter 15 runs this.
 
     python docs/examples/cp_demo.py layout    # which tokens each cp rank holds (get_batch_on_this_cp_rank)
-    python docs/examples/cp_demo.py ring      # the ring's steps on each rank, and its answer against plain attention
-    python docs/examples/cp_demo.py balance   # blocks computed per rank: the balanced split against the contiguous one
+    python docs/examples/cp_demo.py ring [FILE]     # the ring's steps on each rank, its answer against plain attention
+    python docs/examples/cp_demo.py balance [FILE]  # blocks computed per rank: balanced split against contiguous one
     python docs/examples/cp_demo.py messages DIR   # the ring's messages in a `minitron trace --steps 1` directory
-    python docs/examples/cp_demo.py losses DIR...  # per-iteration lm loss of `minitron pretrain` runs, side by side
+    python docs/examples/cp_demo.py train          # a tiny GPT trained serially and with cp 2 x tp 2: lm loss per iteration
 
 `ring` and `balance` start 4 forked gloo ranks with Megatron's groups (cp = 4) and call the
-attention every GPT layer calls, attn_forward_func_with_cp; the counts are what its forward
-loop did, returned in its ``stats``.
+attention every GPT layer calls, attn_forward_func_with_cp, in both layouts; the counts are what
+its forward loop did, returned in its ``stats``. Given a FILE, `ring` keeps what the ranks
+returned there and `balance` reads it back, so a page that shows both starts the ranks once.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import torch
 
 CP = 4
+SEQ = 32 * 2 * CP
 
 
 def layout() -> None:
@@ -59,15 +61,28 @@ def _on_rank(rank: int, seq: int, layouts) -> dict:
     return result
 
 
-def _run(seq: int, layouts) -> list:
+def _run(saved: str | None = None) -> list:
+    """Every rank's plan and, per layout, its stats; from ``saved`` when an earlier call kept them."""
+    import json
+    from pathlib import Path
+
+    if saved and Path(saved).exists():
+        return json.loads(Path(saved).read_text())
     sys.path.insert(0, "tests")
     from distributed import run_ranks
 
-    return run_ranks(lambda rank: _on_rank(rank, seq, layouts), world_size=CP, cp=CP)
+    results = run_ranks(lambda rank: _on_rank(rank, SEQ, ["contiguous", "balanced"]), world_size=CP, cp=CP)
+    if saved:
+        Path(saved).parent.mkdir(parents=True, exist_ok=True)
+        Path(saved).write_text(json.dumps(results))
+    return results
 
 
-def ring() -> None:
-    results = _run(8 * 2 * CP, ["balanced"])
+def ring(saved: str | None = None) -> None:
+    if saved:
+        from pathlib import Path
+        Path(saved).unlink(missing_ok=True)  # this command is the one that runs the ranks
+    results = _run(saved)
     print(f"cp = {CP}: each rank holds 2 of {2 * CP} chunks; step t brings the keys/values of rank r-t")
     for rank, result in enumerate(results):
         print(f"cp rank {rank}, query chunks {list(result['balanced']['chunks'])}")
@@ -78,11 +93,10 @@ def ring() -> None:
     print(f"largest |ring - plain causal attention| over all ranks: {worst:.1e}")
 
 
-def balance() -> None:
-    seq = 32 * 2 * CP
-    results = _run(seq, ["contiguous", "balanced"])
-    print(f"seq-length {seq}, cp = {CP}: chunks of {seq // (2 * CP)} tokens; work in half-blocks "
-          f"(a full block is 2, a diagonal one 1)")
+def balance(saved: str | None = None) -> None:
+    results = _run(saved)
+    print(f"seq-length {SEQ}, cp = {CP}: chunks of {SEQ // (2 * CP)} tokens")
+    print("work in half-blocks: a full block is 2, a diagonal one 1")
     print("layout      cp rank  chunks   full  diagonal  skipped  work  |error|")
     for name in ("contiguous", "balanced"):
         for rank, result in enumerate(results):
@@ -108,26 +122,44 @@ def messages(trace_dir: str) -> None:
         for r in records:
             if r["name"].endswith("batch_isend_irecv") and r["args"].get("group") == "CONTEXT_PARALLEL_GROUP":
                 caller = ".".join(n for n in names[r["parent"]] if n != "context_parallel")
-                ops = ", ".join(f"{o['op']} {'to' if o['op'] == 'isend' else 'from'} rank {o['peer']} {o['shape']}"
+                ops = ", ".join(f"{o['op']} {'to' if o['op'] == 'isend' else 'from'} {o['peer']}"
                                 for o in r["args"]["ops"])
-                seen[(caller, ops)] += 1
+                shapes = {str(o["shape"]) for o in r["args"]["ops"]}
+                seen[(caller, ops, " / ".join(sorted(shapes)))] += 1
         print(f"rank {records[0]['rank']}:")
-        for (caller, ops), count in seen.items():
-            print(f"  {count:>2} x in {caller}: {ops}")
+        for (caller, ops, shapes), count in seen.items():
+            print(f"  {count:>2} x {caller:<31} {ops}, {shapes} each")
 
 
-def losses(*log_dirs: str) -> None:
-    """The lm loss of each iteration, from each run's iterations.jsonl; the last column is the
-    largest difference from the first run, relative to it."""
+# The model of tests/test_context_parallel.py: dropout off, and 1023 tokens + end-of-document pad
+# to the same 1024 rows for tp 1 and tp 2, so the serial and the parallel run are one model.
+TRAIN = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
+         "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "3", "--lr", "1e-3",
+         "--mock-data", "--vocab-size", "1023", "--hidden-dropout", "0", "--attention-dropout", "0",
+         "--seed", "7", "--distributed-backend", "gloo"]
+
+
+def train() -> None:
+    """pretrain_gpt on forked gloo ranks (the launcher's API, as the tests run it), serially and
+    with cp 2 x tp 2; each run's lm loss per iteration from its iterations.jsonl."""
     import json
+    import tempfile
     from pathlib import Path
 
-    runs = [[json.loads(line)["lm_loss"] for line in (Path(d) / "iterations.jsonl").open()] for d in log_dirs]
-    print("iteration  " + "  ".join(f"{Path(d).name:>22}" for d in log_dirs) + "  largest rel. difference")
-    for i, values in enumerate(zip(*runs), start=1):
-        worst = max(abs(v - values[0]) / abs(values[0]) for v in values[1:])
-        print(f"{i:>9}  " + "  ".join(f"{v:>22.9f}" for v in values) + f"  {worst:.1e}")
+    from minitron.launcher import LaunchConfig, Target, launch
+
+    runs = {"serial": (1, []), "cp 2 x tp 2": (4, ["--context-parallel-size", "2", "--tensor-model-parallel-size", "2"])}
+    losses = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (world, flags) in runs.items():
+            out = Path(tmp) / name.replace(" ", "")
+            argv = TRAIN + flags + ["--log-jsonl", str(out / "iterations.jsonl")]
+            launch(LaunchConfig(world_size=world, log_dir=out / "logs"), Target(module="minitron.pretrain_gpt", argv=argv))
+            losses[name] = [json.loads(line)["lm_loss"] for line in (out / "iterations.jsonl").open()]
+    print(f"iteration  {'serial':>14}  {'cp 2 x tp 2':>14}  relative difference")
+    for i, (a, b) in enumerate(zip(*losses.values()), start=1):
+        print(f"{i:>9}  {a:>14.9f}  {b:>14.9f}  {abs(b - a) / abs(a):.1e}")
 
 
 if __name__ == "__main__":
-    {"layout": layout, "ring": ring, "balance": balance, "messages": messages, "losses": losses}[sys.argv[1]](*sys.argv[2:])
+    {"layout": layout, "ring": ring, "balance": balance, "messages": messages, "train": train}[sys.argv[1]](*sys.argv[2:])

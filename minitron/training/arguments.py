@@ -210,13 +210,13 @@ def _validate_context_parallel(args):
     if cp == 1:
         return
     _require(args.seq_length % (2 * cp) == 0,
-             f"--seq-length {args.seq_length} must be a multiple of 2 x --context-parallel-size = {2 * cp}: "
-             f"each sequence is cut into 2 x cp equal chunks")
-    tp = args.tensor_model_parallel_size
+             f"--seq-length {args.seq_length} must be a multiple of 2 x --context-parallel-size "
+             f"= {2 * cp}: each sequence is cut into 2 x cp equal chunks")
+    tp, local = args.tensor_model_parallel_size, args.seq_length // cp
     if args.sequence_parallel:
-        _require((args.seq_length // cp) % tp == 0,
-                 f"--sequence-parallel splits each context-parallel rank's {args.seq_length // cp} tokens "
-                 f"across {tp} tensor-parallel ranks: make --seq-length a multiple of cp x tp = {cp * tp}")
+        _require(local % tp == 0,
+                 f"--sequence-parallel splits each context-parallel rank's {local} tokens across "
+                 f"{tp} tensor-parallel ranks: make --seq-length a multiple of cp x tp = {cp * tp}")
     # Rotary tables cover positions 0..s/cp-1 unless cut as the tokens are (context_parallel.py's
     # get_pos_emb_on_this_cp_rank); refuse rather than train on wrong positions.
     _require(args.position_embedding_type != "rope",

@@ -95,7 +95,8 @@ def reduce_losses(losses_reduced) -> dict:
         values = torch.stack([d[key].view(-1) for d in losses_reduced]).float()
         if values.size(1) == 2:
             total = values.sum(dim=0)
-            torch.distributed.all_reduce(total, group=mpu.get_data_parallel_group(with_context_parallel=True))
+            group = mpu.get_data_parallel_group(with_context_parallel=True)
+            torch.distributed.all_reduce(total, group=group)
             loss[key] = (total[0] / total[1].clamp(min=1)).item()
         else:
             loss[key] = values.mean().item()

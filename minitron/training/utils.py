@@ -128,10 +128,10 @@ def get_batch_on_this_cp_rank(batch: dict, cp_rank: int | None = None, cp_size: 
             out[key] = None
             continue
         seq_dim = 2 if key == "attention_mask" else 1
-        shape = value.shape
+        before, length, after = value.shape[:seq_dim], value.shape[seq_dim], value.shape[seq_dim + 1:]
         index = torch.tensor([cp_rank, 2 * cp_size - cp_rank - 1], device=value.device)
-        chunked = value.view(*shape[:seq_dim], 2 * cp_size, shape[seq_dim] // (2 * cp_size), *shape[seq_dim + 1:])
-        out[key] = chunked.index_select(seq_dim, index).view(*shape[:seq_dim], -1, *shape[seq_dim + 1:])
+        chunked = value.view(*before, 2 * cp_size, length // (2 * cp_size), *after)
+        out[key] = chunked.index_select(seq_dim, index).view(*before, -1, *after)
     return out
 
 

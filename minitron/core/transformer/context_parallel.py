@@ -64,7 +64,8 @@ def ring_plan(cp_rank: int, cp_size: int, layout: str = "balanced") -> list[tupl
     for step in range(cp_size):
         source = (cp_rank - step) % cp_size
         theirs = chunk_ids(source, cp_size, layout)
-        pairs = [(qi, ki, block_kind(qc, kc)) for qi, qc in enumerate(mine) for ki, kc in enumerate(theirs)]
+        pairs = [(qi, ki, block_kind(qc, kc))
+                 for qi, qc in enumerate(mine) for ki, kc in enumerate(theirs)]
         plan.append((source, pairs))
     return plan
 
@@ -113,8 +114,8 @@ def _merge(out, lse, block_out, block_lse):
     if out is None:
         return block_out, block_lse
     new_lse = torch.logaddexp(lse, block_lse)
-    out = out * torch.exp(lse - new_lse).unsqueeze(-1) + block_out * torch.exp(block_lse - new_lse).unsqueeze(-1)
-    return out, new_lse
+    share, block_share = torch.exp(lse - new_lse), torch.exp(block_lse - new_lse)
+    return out * share.unsqueeze(-1) + block_out * block_share.unsqueeze(-1), new_lse
 
 
 class AttnFuncWithCPAndKVP2P(torch.autograd.Function):
