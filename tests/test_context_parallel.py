@@ -148,3 +148,12 @@ def test_context_parallel_training_matches_serial(tmp_path, serial_small, name):
     assert len(losses) == 2
     assert losses == pytest.approx(serial_small, rel=1e-5, abs=0), f"{name}: {losses} vs serial {serial_small}"
     assert losses[-1] != losses[0]  # the weights really changed between iterations
+
+
+def test_rotary_positions_follow_the_chunks(tmp_path):
+    # Rank r holds chunks r and 2cp-1-r, so its rotary angles must be those positions' angles
+    # (get_pos_emb_on_this_cp_rank), not 0..s/cp-1: a wrong cut would change the loss.
+    rope = [*SMALL, "--position-embedding-type", "rope"]
+    serial = run(tmp_path, "serial-rope", 1, *rope)
+    losses = run(tmp_path, "cp2-rope", 2, *rope, "--context-parallel-size", "2")
+    assert losses == pytest.approx(serial, rel=1e-5, abs=0), f"rope cp2: {losses} vs serial {serial}"

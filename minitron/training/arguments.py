@@ -217,11 +217,6 @@ def _validate_context_parallel(args):
         _require(local % tp == 0,
                  f"--sequence-parallel splits each context-parallel rank's {local} tokens across "
                  f"{tp} tensor-parallel ranks: make --seq-length a multiple of cp x tp = {cp * tp}")
-    # Rotary tables cover positions 0..s/cp-1 unless cut as the tokens are (context_parallel.py's
-    # get_pos_emb_on_this_cp_rank); refuse rather than train on wrong positions.
-    _require(args.position_embedding_type != "rope",
-             "--position-embedding-type rope is not wired for --context-parallel-size > 1 yet: "
-             "use learned_absolute positions with context parallelism")
     _require(not args.reset_attention_mask,
              "--reset-attention-mask masks documents inside a sequence; context-parallel attention "
              "here is plain causal: drop one of --reset-attention-mask and --context-parallel-size")
