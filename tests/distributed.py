@@ -10,8 +10,11 @@ assertion inside a rank fails the test with that rank's traceback.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from minitron.core import parallel_state as ps
-from minitron.launcher import LaunchConfig, RankFailure, run_on_ranks, session_env
+from minitron.launcher import LaunchConfig, RankFailure, Target, launch, run_on_ranks, session_env
 
 
 def run_ranks(body, world_size: int, tp: int | None = 1, pp: int = 1, cp: int = 1, ep: int = 1,
@@ -31,3 +34,16 @@ def run_ranks(body, world_size: int, tp: int | None = 1, pp: int = 1, cp: int = 
         return run_on_ranks(with_groups, cfg)
     except RankFailure as failure:
         raise AssertionError(f"{failure}\n{failure.log_tail(40)}") from None
+
+
+def pretrain_records(out: Path, world: int, argv: list[str]) -> list[dict]:
+    """Run pretrain_gpt with ``argv`` on ``world`` forked ranks; return its iterations.jsonl records.
+
+    A failing rank fails the test with the tail of that rank's log, not the launcher's summary."""
+    out.mkdir(parents=True)
+    argv = [*argv, "--log-jsonl", str(out / "iterations.jsonl")]
+    try:
+        launch(LaunchConfig(world_size=world, log_dir=out / "logs"), Target(module="minitron.pretrain_gpt", argv=argv))
+    except RankFailure as failure:
+        raise AssertionError(f"{failure}\n{failure.log_tail(30)}") from None
+    return [json.loads(line) for line in open(out / "iterations.jsonl")]

@@ -14,17 +14,14 @@ run's loss at every iteration within 1e-5:
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from distributed import run_ranks
+from distributed import pretrain_records, run_ranks
 from minitron.core.models.gpt import GPTModel
 from minitron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from minitron.core.transformer import TransformerConfig
-from minitron.launcher import LaunchConfig, RankFailure, Target, launch
 
 VOCAB, SEQ, BATCH, STEPS, TOL = 64, 8, 2, 3, 1e-5
 OPTIONS = {  # name: (TransformerConfig fields, GPTModel arguments)
@@ -79,14 +76,7 @@ MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4
 
 
 def _pretrain(tmp_path, name, world, *flags):
-    out = tmp_path / name
-    out.mkdir()
-    argv = MODEL + ["--log-jsonl", str(out / "iterations.jsonl"), *flags]
-    try:
-        launch(LaunchConfig(world_size=world, log_dir=out / "logs"), Target(module="minitron.pretrain_gpt", argv=argv))
-    except RankFailure as failure:
-        raise AssertionError(f"{failure}\n{failure.log_tail(30)}") from None
-    return [json.loads(line)["lm_loss"] for line in open(out / "iterations.jsonl")]
+    return [record["lm_loss"] for record in pretrain_records(tmp_path / name, world, [*MODEL, *flags])]
 
 
 def test_all_options_together_at_tp2_and_pp2_train_like_serial(tmp_path):

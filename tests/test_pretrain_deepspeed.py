@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from minitron.launcher import LaunchConfig, RankFailure, Target, launch
+from distributed import pretrain_records
 
 ITERS = 2
 MODEL = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
@@ -33,13 +33,7 @@ def write_config(path: Path, stage: int, **extra) -> Path:
 
 
 def run(out: Path, world: int, *flags):
-    out.mkdir()
-    argv = MODEL + ["--log-jsonl", str(out / "iterations.jsonl"), *flags]
-    try:
-        launch(LaunchConfig(world_size=world, log_dir=out / "logs"), Target(module="minitron.pretrain_gpt", argv=argv))
-    except RankFailure as failure:
-        raise AssertionError(f"{failure}\n{failure.log_tail(30)}") from None
-    return [json.loads(line) for line in open(out / "iterations.jsonl")]
+    return pretrain_records(out, world, [*MODEL, *flags])
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,9 @@ updated between iterations. The vocabulary (1023 + end-of-document = 1024 rows) 
 same size for every tensor-parallel size used here.
 """
 
-import json
-
 import pytest
 
-from minitron.launcher import LaunchConfig, RankFailure, Target, launch
+from distributed import pretrain_records
 
 ITERS = 4
 MODEL = ["--num-layers", "8", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
@@ -20,14 +18,7 @@ MODEL = ["--num-layers", "8", "--hidden-size", "32", "--num-attention-heads", "4
 
 
 def run(tmp_path, name, world, *flags):
-    out = tmp_path / name
-    argv = MODEL + ["--log-jsonl", str(out / "iterations.jsonl"), *flags]
-    out.mkdir()
-    try:
-        launch(LaunchConfig(world_size=world, log_dir=out / "logs"), Target(module="minitron.pretrain_gpt", argv=argv))
-    except RankFailure as failure:
-        raise AssertionError(f"{failure}\n{failure.log_tail(30)}") from None
-    return [json.loads(line)["lm_loss"] for line in open(out / "iterations.jsonl")]
+    return [record["lm_loss"] for record in pretrain_records(tmp_path / name, world, [*MODEL, *flags])]
 
 
 @pytest.fixture(scope="module")
