@@ -1,5 +1,7 @@
-"""Bad input, one table: the real `minitron` executable answers each row with exit 2 and one
-line on stderr, no traceback, and starts no rank (its log directory never appears). Rows from issues #9, #11 and #12."""
+"""Bad input, one table: `minitron` answers each row with exit 2 and one line on stderr, no
+traceback, and starts no rank (its log directory never appears). The first row runs the real
+executable, the others its entry point in this process (tests/cli_here.py). Rows from issues
+#9, #11 and #12."""
 
 from __future__ import annotations
 

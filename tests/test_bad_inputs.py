@@ -1,7 +1,8 @@
 """Every bad input is one line, exit 2, before any process starts (issue #11).
 
-One table: each case is a command line for the real ``minitron`` executable, an optional
-setup that damages something first, and words the one line must contain. Every case also
+One table: each case is a command line for ``minitron`` (a few through the real executable,
+the rest through its entry point in this process: see REAL), an optional setup that damages
+something first, and words the one line must contain. Every case also
 checks that no rank started: the run's log and trace folders never appear.
 """
 
