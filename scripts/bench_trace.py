@@ -84,17 +84,21 @@ def main() -> None:
                 commands[f"{name} [compare]"] = commands[name]
                 paths[f"{name} [compare]"] = str(Path(opts.compare).resolve())
         times: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
+        loads = [os.getloadavg()[0]]
         for round_ in range(opts.repeat):
             for name, cmd in commands.items():
                 times[name].append(run(cmd, paths[name]))
-            print(f"round {round_ + 1}/{opts.repeat}: " + ", ".join(
-                f"{name} {times[name][-1][0]:.2f} s" for name in commands), file=sys.stderr)
+            loads.append(os.getloadavg()[0])
+            print(f"round {round_ + 1}/{opts.repeat} (load {loads[-1]:.1f}): " + ", ".join(
+                f"{name} {times[name][-1][0]:.2f} s / {times[name][-1][1]:.2f} s CPU" for name in commands),
+                file=sys.stderr)
 
     wall = {name: statistics.median(w for w, _ in t) for name, t in times.items()}
     cpu = {name: statistics.median(c for _, c in t) for name, t in times.items()}
     base = "import torch"
-    print(f"{os.cpu_count()} cores; medians of {opts.repeat} rounds; load average now "
-          f"{os.getloadavg()[0]:.1f}")
+    print(f"{os.cpu_count()} cores; medians of {opts.repeat} rounds; 1-minute load average "
+          f"{min(loads):.1f}..{max(loads):.1f} while measuring (a busy machine inflates wall ratios; "
+          "the CPU ratios move less)")
     print(f"{'':37s} {'wall':>8s} {'ratio':>7s} {'goal':>6s}   {'CPU':>8s} {'ratio':>7s}")
     for name in commands:
         ratio = wall[name] / wall[base]
@@ -104,6 +108,10 @@ def main() -> None:
         print(f"{name:37s} {wall[name]:7.2f}s {ratio:6.2f}x {'' if goal is None else f'{goal:.1f}x':>6s}   "
               f"{cpu[name]:7.2f}s {cpu[name] / cpu[base]:6.2f}x{mark}"
               + ("" if name == base else f"   (median of per-round ratios {per_round:.2f}x)"))
+    for name, goal in goals.items():
+        wall_ratio, cpu_ratio = wall[name] / wall[base], cpu[name] / cpu[base]
+        print(f"GOAL {name}: {wall_ratio:.2f}x wall, {cpu_ratio:.2f}x CPU of `import torch` (goal <= {goal:.1f}x): "
+              f"{'met' if wall_ratio <= goal else 'over'}")
     plain_ns, traced_ns = traced_call_overhead()
     print(f"@traced, tracing off: {traced_ns:.0f} ns/call vs {plain_ns:.0f} ns plain (+{traced_ns - plain_ns:.0f} ns)")
 

@@ -12,9 +12,7 @@
 from __future__ import annotations
 
 import ast
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -120,13 +118,8 @@ def normalise(text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def main_job_output(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp("readme")
-    env = {**os.environ, "COLUMNS": "100"}  # the width the excerpt was taken at
-    proc = subprocess.run([MINITRON, "trace", "--tp", "2", "--pp", "4", "--world", "16"], cwd=cwd,
-                          capture_output=True, text=True, timeout=240, env=env)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+def main_job_output(trace16):
+    return trace16[1].stdout  # one run at 100 columns, shared with test_trace16 (conftest.py)
 
 
 def test_readme_excerpt_is_what_the_main_job_prints(main_job_output):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,13 +23,8 @@ MINITRON = str(Path(sys.executable).parent / "minitron")
 
 
 @pytest.fixture(scope="module")
-def run16(tmp_path_factory):
-    out = tmp_path_factory.mktemp("trace16") / "trace"
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    proc = subprocess.run([MINITRON, "trace", "--tp", str(TP), "--pp", str(PP), "--world", str(WORLD),
-                           "--backend", "gloo", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def run16(trace16):
+    out, _ = trace16  # one run, shared with test_readme (conftest.py)
     records = {}
     for r in range(WORLD):
         lines = (out / f"rank{r}.jsonl").read_text().splitlines()

@@ -226,3 +226,35 @@ def test_a_rank_stopped_mid_write_is_still_read(tmp_path):
     runs, cut = read_trace(tmp_path)
     assert cut == [0] and [r["id"] for r in runs[0]] == [inner["id"]]
     assert "initialize_model_parallel  1.0 ms  (its caller never returned)" in render(call_tree(runs[0], 0, width=120), 120)
+
+
+def test_a_fake_world_hands_back_the_trace_its_files_hold(tmp_path):
+    """`minitron trace --backend fake` does not read a thousand files back: the processes that
+    played the ranks hand over each rank's records and encoded rows. They must be what the
+    files give, and trace.json the same bytes as if it had been written from the files."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from minitron.cli.trace import _records_and_rows
+    from minitron.cli.views.perfetto import to_chrome, write_chrome_trace
+    from minitron.cli.views.trace_dir import load_trace
+    from minitron.launcher.fake import play_ranks
+    from minitron.trace import traced
+
+    @traced(name="minitron.core.parallel_state.initialize_model_parallel")
+    def groups():
+        for ranks in ([0, 1], [2, 3], [0, 2], [1, 3]):
+            dist.new_group(ranks, group_desc="PAIR")
+
+    def rank_main():
+        dist.init_process_group("fake", store=FakeStore(), rank=int(os.environ["RANK"]), world_size=4)
+        try:
+            groups()
+        finally:
+            dist.destroy_process_group()
+
+    kept = play_ranks(4, rank_main, tmp_path, processes=2, keep=_records_and_rows)
+    runs = load_trace(tmp_path)
+    assert list(kept) == [0, 1, 2, 3] and {r: records for r, (records, _) in kept.items()} == runs
+    chrome = write_chrome_trace(tmp_path, runs, "fake", encoded={r: rows for r, (_, rows) in kept.items()})
+    assert chrome.read_text() == json.dumps(to_chrome(runs, "fake"))

@@ -53,10 +53,10 @@ def validate_pretrain(argv: List[str], world: int):
     i.e. torch), and the command decides it with default_backend() once its own cheap checks
     have passed. The ranks, asking the same accelerator, decide the same way."""
     # Only the commands that start ranks validate Megatron's flags; the others skip the import.
-    from minitron.training.arguments import GPT_ARGS_DEFAULTS, build_parser, validate_args
+    from minitron.training.arguments import GPT_ARGS_DEFAULTS, megatron_parser, validate_args
 
     try:
-        args = build_parser().parse_args(argv)
+        args = megatron_parser().parse_args(argv)  # built once: the forked ranks inherit it
         args.world_size, args.rank, args.local_rank = world, 0, 0
         open_backend = args.distributed_backend is None
         if open_backend:

@@ -3,6 +3,7 @@ every rank, then show one rank's call tree, the groups, the checks and the pipel
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -100,6 +101,16 @@ def play_pretrain_rank(argv: List[str]) -> None:
         unset_global_variables()
 
 
+def _records_and_rows(rank: int, records: list) -> tuple:
+    """What a process playing fake ranks hands back for each: the rank's records as a trace
+    directory reads them, and its rows of trace.json, encoded."""
+    from minitron.cli.views.perfetto import encoded_rank_events
+    from minitron.cli.views.trace_dir import in_trace_order
+
+    records = in_trace_order(records)
+    return records, encoded_rank_events(rank, records)
+
+
 @app.command(context_settings=EXTRA)
 def trace(
     ctx: typer.Context,
@@ -168,18 +179,23 @@ def trace(
     for stale in list(out.glob("rank*.jsonl")) + [out / "trace.json"]:
         stale.unlink(missing_ok=True)  # a previous, larger run must not leak ranks into this one
     started = time.perf_counter()
+    note = "fake backend: collectives did not communicate" if backend == "fake" else None
     if backend == "fake":
-        play_ranks(world, lambda: play_pretrain_rank(argv), out)
+        # The processes that play the ranks hand back each rank's records and its encoded
+        # rows of trace.json: a thousand ranks' files are not parsed again here.
+        kept = play_ranks(world, lambda: play_pretrain_rank(argv), out, keep=_records_and_rows)
+        elapsed = time.perf_counter() - started
+        runs = {r: records for r, (records, _) in kept.items()}
+        gc.freeze()  # kept until we exit: the collector need not walk these ~50,000 dicts again
+        chrome = write_chrome_trace(out, runs, note, encoded={r: text for r, (_, text) in kept.items()})
     else:
         cfg = LaunchConfig(world_size=world, backend=backend, log_dir=log_dir or out / "logs",
                            master_port=master_port, env=rank_env,
                            warm=LaunchConfig.warm if steps else ())  # no steps: no optimizer to warm for
         launch(cfg, Target(module="minitron.pretrain_gpt", argv=argv))
-    elapsed = time.perf_counter() - started
-
-    runs = load_trace(out)
-    note = "fake backend: collectives did not communicate" if backend == "fake" else None
-    chrome = write_chrome_trace(out, runs, note)
+        elapsed = time.perf_counter() - started
+        runs = load_trace(out)
+        chrome = write_chrome_trace(out, runs, note)
     pictures = write_pictures(out, runs) if svg else []
     try:
         checks = show_views(console, runs, views, rank, focus=focus,

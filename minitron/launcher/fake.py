@@ -21,18 +21,23 @@ only records, fake world or not). There are two, both about ``new_group``:
 
 from __future__ import annotations
 
+import gc
 import os
+import pickle
 import signal
 import sys
-import time
+import tempfile
 import traceback
 from contextlib import contextmanager
-from typing import Callable, Iterable
+from typing import Callable, Iterable, TypeVar
 
 import torch.distributed as dist
 
+from minitron import trace
 from minitron.launcher.worker import rank_session
 from minitron.trace import TRACE_DIR_ENV
+
+T = TypeVar("T")
 
 _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", TRACE_DIR_ENV)
 
@@ -75,79 +80,110 @@ def _non_members_answered(rank: int):
 
 # --8<-- [start:play-ranks]
 def play_ranks(world_size: int, rank_main: Callable[[], object], trace_dir: str | os.PathLike | None = None,
-               ranks: Iterable[int] | None = None, processes: int | None = None) -> float:
+               ranks: Iterable[int] | None = None, processes: int | None = None,
+               keep: Callable[[int, list[dict]], T] | None = None) -> dict[int, T]:
     """Call ``rank_main()`` as each rank in ``ranks`` (default: all) of a fake world in turn.
 
     Each rank sees torchrun's variables (RANK, WORLD_SIZE, ...) and runs in a rank session,
     traced into ``trace_dir`` if given. ``rank_main`` must leave no state behind for the next
     rank (destroy the process group and whatever globals it set). ``processes`` (default: one
     per core) forked copies of this process share the ranks out; 1 plays them all here.
-    Returns the seconds spent.
+
+    ``keep(rank, records)``, if given with ``trace_dir``, sees each rank's trace records as
+    they were written, in the process that played the rank; what it returns comes back here,
+    as ``{rank: kept}`` in rank order. The caller gets a thousand ranks' traces without
+    parsing their files again, and the copies do the per-rank work in parallel.
     """
     ranks = list(range(world_size) if ranks is None else ranks)
     processes = min(processes or os.cpu_count() or 1, len(ranks))
-    start = time.perf_counter()
     if processes <= 1:
-        _play(world_size, rank_main, trace_dir, ranks)
+        kept = _play(world_size, rank_main, trace_dir, ranks, keep)
     else:
-        _play_in_processes(world_size, rank_main, trace_dir, ranks, processes)
-    return time.perf_counter() - start
+        kept = _play_in_processes(world_size, rank_main, trace_dir, ranks, processes, keep)
+    return dict(sorted(kept.items()))
 
 
-def _play(world_size: int, rank_main: Callable[[], object], trace_dir, ranks: list[int]) -> None:
+def _play(world_size: int, rank_main: Callable[[], object], trace_dir, ranks: list[int], keep) -> dict:
     saved_env = {k: os.environ.get(k) for k in _RANK_VARS}
+    kept = {}
     try:
         with _only_fake_groups():
             for rank in ranks:
                 os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                                   LOCAL_WORLD_SIZE=str(world_size))
+                recorder = None
                 if trace_dir:
                     os.environ[TRACE_DIR_ENV] = str(trace_dir)
-                with rank_session(), _non_members_answered(rank):
-                    rank_main()
+                    recorder = trace.start(trace_dir, rank, keep=keep is not None)  # the session below joins it
+                try:
+                    with rank_session(), _non_members_answered(rank):
+                        rank_main()
+                finally:
+                    if recorder is not None:
+                        trace.stop()
+                if recorder is not None and keep is not None:
+                    kept[rank] = keep(rank, recorder.records)
     finally:
         for key, value in saved_env.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+    return kept
 # --8<-- [end:play-ranks]
 
 
-def _play_in_processes(world_size: int, rank_main, trace_dir, ranks: list[int], processes: int) -> None:
+def _play_in_processes(world_size: int, rank_main, trace_dir, ranks: list[int], processes: int, keep) -> dict:
     """Deal the ranks out to forked copies of this process, one per core.
 
     In a fake world the ranks never talk to each other, so they can be played in any order
     and in any process; each rank's trace file is still written by the process that played
-    it. A copy that fails has printed its traceback; the others are stopped, and we raise.
+    it, and what ``keep`` returned travels back pickled, in a scratch file per copy. A copy
+    that fails has printed its traceback; the others are stopped, and we raise.
     """
     pids = []
-    try:
-        for i in range(processes):
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                code = 1
-                try:
-                    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-                    _play(world_size, rank_main, trace_dir, ranks[i::processes])
-                    code = 0
-                except BaseException:
-                    traceback.print_exc()
-                finally:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                    os._exit(code)
-            pids.append(pid)
-        failed = 0
-        for pid in list(pids):
-            failed += os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0
-            pids.remove(pid)
-    finally:
-        for pid in pids:  # still running: we were interrupted
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-    if failed:
-        raise RuntimeError(f"{failed} of the {processes} processes playing the fake world failed "
-                           f"(traceback above)")
+    with tempfile.TemporaryDirectory(prefix="minitron-fake-") as scratch:
+        try:
+            for i in range(processes):
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    code = 1
+                    try:
+                        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+                        kept = _play(world_size, rank_main, trace_dir, ranks[i::processes], keep)
+                        with open(os.path.join(scratch, f"{i}.pkl"), "wb") as f:
+                            pickle.dump(kept, f, protocol=pickle.HIGHEST_PROTOCOL)
+                        code = 0
+                    except BaseException:
+                        traceback.print_exc()
+                    finally:
+                        sys.stdout.flush()
+                        sys.stderr.flush()
+                        os._exit(code)
+                pids.append(pid)
+            failed = 0
+            for pid in list(pids):
+                failed += os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0
+                pids.remove(pid)
+        finally:
+            for pid in pids:  # still running: we were interrupted
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+        if failed:
+            raise RuntimeError(f"{failed} of the {processes} processes playing the fake world failed "
+                               f"(traceback above)")
+        # A thousand ranks' records are ~50,000 small dicts: unpickled with the cyclic collector
+        # on, it walks them again and again as they arrive (twice the time), finding nothing.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            kept = {}
+            for i in range(processes):
+                with open(os.path.join(scratch, f"{i}.pkl"), "rb") as f:
+                    kept.update(pickle.load(f))
+        finally:
+            if collecting:
+                gc.enable()
+        return kept

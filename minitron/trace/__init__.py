@@ -18,13 +18,14 @@ TRACE_DIR_ENV = "MINITRON_TRACE_DIR"
 __all__ = ["traced", "start", "stop", "active", "TRACE_DIR_ENV"]
 
 
-def start(out_dir: str | os.PathLike, rank: int) -> Recorder:
-    """Record this process as ``rank``: its @traced steps and its torch.distributed calls."""
+def start(out_dir: str | os.PathLike, rank: int, keep: bool = False) -> Recorder:
+    """Record this process as ``rank``: its @traced steps and its torch.distributed calls
+    (``keep``: also in the recorder's ``records``, see Recorder)."""
     # Imported here, not at the top: every module with a @traced step imports this package,
     # the torch-free command line among them, and torch_hooks loads torch.distributed.
     from minitron.trace import torch_hooks
 
-    started = recorder.start(out_dir, rank)
+    started = recorder.start(out_dir, rank, keep)
     torch_hooks.install()
     return started
 

@@ -43,10 +43,15 @@ def short_value(value: Any) -> Any:
 
 
 class Recorder:
-    """Collects the calls of one rank and streams them to ``rank{R}.jsonl``."""
+    """Collects the calls of one rank and streams them to ``rank{R}.jsonl``.
 
-    def __init__(self, out_dir: str | os.PathLike, rank: int):
+    With ``keep``, the records also stay in ``records``, as written: a process that plays many
+    fake ranks hands them to its parent, which then need not parse the files again.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike, rank: int, keep: bool = False):
         self.rank = rank
+        self.records: list[dict] | None = [] if keep else None
         self.pid = os.getpid()
         self.path = Path(out_dir) / f"rank{rank}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -70,6 +75,8 @@ class Recorder:
         if error:
             record["error"] = error
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        if self.records is not None:
+            self.records.append(record)
 
     @contextmanager
     def span(self, name: str, args: dict | None = None):
@@ -90,12 +97,12 @@ def active() -> Recorder | None:
     return _ACTIVE
 
 
-def start(out_dir: str | os.PathLike, rank: int) -> Recorder:
+def start(out_dir: str | os.PathLike, rank: int, keep: bool = False) -> Recorder:
     """Begin recording this process's ``@traced`` steps as ``rank`` (``minitron.trace.start``
     also wraps torch.distributed's entry points)."""
     global _ACTIVE
     stop()
-    _ACTIVE = Recorder(out_dir, rank)
+    _ACTIVE = Recorder(out_dir, rank, keep)
     return _ACTIVE
 
 

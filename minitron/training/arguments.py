@@ -13,6 +13,8 @@ command line answers a bad layout in a fraction of a torch import.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from minitron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate_parallel_sizes
 from minitron.trace import traced
@@ -28,6 +30,14 @@ __all__ = ["ArgumentError", "GPT_ARGS_DEFAULTS", "build_parser", "parse_args", "
 GPT_ARGS_DEFAULTS = {"tokenizer_type": "NullTokenizer", "vocab_size": 1024}
 
 
+@lru_cache(maxsize=1)
+def megatron_parser():
+    """Megatron's flags as one parser, built once per process (~200 actions, a few ms): the
+    command line builds it to validate, the ranks it forks inherit it, and a fake world's
+    thousand ranks share it. Parsing leaves a parser as it was; never add flags to this one."""
+    return build_parser()
+
+
 @traced(args=lambda *a, **k: {})  # journey: the traced chain shows parsing (its argv is not worth a line)
 def parse_args(extra_args_provider=None, ignore_unknown_args=False, argv=None):
     """Parse Megatron's flags; rank and world size come from the environment as in Megatron."""
@@ -35,7 +45,7 @@ def parse_args(extra_args_provider=None, ignore_unknown_args=False, argv=None):
     # for the world it is about to start (cli/common.validate_pretrain) without calling this.
     from minitron.comm.comm import discover_world_info
 
-    parser = build_parser(extra_args_provider)
+    parser = build_parser(extra_args_provider) if extra_args_provider else megatron_parser()
     if ignore_unknown_args:
         args, _ = parser.parse_known_args(argv)
     else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from minitron.comm.store_barrier import store_barrier
 from minitron.core import parallel_state as mpu
 from minitron.core.num_microbatches_calculator import get_num_microbatches, update_num_microbatches
 from minitron.core.pipeline_parallel import get_forward_backward_func
@@ -36,8 +37,9 @@ def pretrain(train_valid_test_dataset_provider, model_provider, model_type, forw
     if not args.train_iters:
         print_rank_0("> --train-iters is 0: initialization only, no model is built")
         # Leave together. new_group returns once *this* rank's connections are up; a rank
-        # that exited now could close a socket a slower peer is still completing.
-        torch.distributed.barrier()
+        # that exited now could close a socket a slower peer is still completing. (Through
+        # the store: a collective would first connect every pair of ranks; see store_barrier.)
+        store_barrier()
         return
     # Megatron prints this while building the tokenizer; here it waits until a model is built
     # from the padded size, where a reader comparing layouts needs to see it.

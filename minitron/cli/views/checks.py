@@ -109,9 +109,10 @@ def _layout(runs: dict[int, list[dict]]) -> Check:
     created = {(DESC_TO_KEY.get(desc), ranks) for seq in sequences.values() for ranks, desc, _ in seq}
     # Only groups with a member in this directory can have been seen created (a node's ranks
     # may keep their trace files apart from another node's).
+    present = set(runs)
     absent = [(k, g) for k, groups in expected.items() for g in groups
-              if (k, tuple(g)) not in created and set(g) & set(runs)]
-    owner = {key: {r: tuple(g) for g in groups for r in g} for key, groups in expected.items()}
+              if (k, tuple(g)) not in created and not present.isdisjoint(g)]
+    owner = {key: {r: g for g in map(tuple, groups) for r in g} for key, groups in expected.items()}
     wrong = []
     for rank, seq in sequences.items():
         kept = {DESC_TO_KEY.get(desc): ranks for ranks, desc, _ in seq if rank in ranks}

@@ -25,24 +25,34 @@ def rank_label(rank: int, world_size: int, sizes: dict | None) -> str:
 def to_chrome(runs: dict[int, list[dict]], note: str | None = None) -> dict:
     """The trace-event JSON object: metadata naming each row, then one X event per call."""
     world = world_size_of(runs)
-    events = []
-    for rank, records in runs.items():
-        sizes = layout_args(records)
-        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
-                       "args": {"name": rank_label(rank, world, sizes)}})
-        events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
-                       "args": {"sort_index": rank}})
-        for r in records:
-            events.append({
-                "ph": "X", "pid": rank, "tid": 0, "ts": r["start_us"],
-                "dur": max(r["end_us"] - r["start_us"], 0),
-                "name": _short(r), "cat": r["name"].rsplit(".", 1)[0],
-                "args": {"name": r["name"], "os_pid": r["pid"], **r["args"]},
-            })
+    events = [event for rank, records in runs.items() for event in rank_events(rank, records, world)]
     trace = {"traceEvents": events, "displayTimeUnit": "ms"}
     if note:
         trace["otherData"] = {"note": note}
     return trace
+
+
+def rank_events(rank: int, records: list[dict], world: int) -> list[dict]:
+    """One rank's row: its name and place, then one X event per call."""
+    events = [{"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+               "args": {"name": rank_label(rank, world, layout_args(records))}},
+              {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
+               "args": {"sort_index": rank}}]
+    for r in records:
+        events.append({
+            "ph": "X", "pid": rank, "tid": 0, "ts": r["start_us"],
+            "dur": max(r["end_us"] - r["start_us"], 0),
+            "name": _short(r), "cat": r["name"].rsplit(".", 1)[0],
+            "args": {"name": r["name"], "os_pid": r["pid"], **r["args"]},
+        })
+    return events
+
+
+def encoded_rank_events(rank: int, records: list[dict]) -> str:
+    """``rank_events`` as the JSON text it takes inside trace.json's event list. A process that
+    plays fake ranks encodes its own ranks' rows (see launcher/fake.play_ranks), so that the
+    parent only stitches texts together (``write_chrome_trace(..., encoded=...)``)."""
+    return json.dumps(rank_events(rank, records, world_size_of({rank: records})))[1:-1]
 
 
 def _short(record: dict) -> str:
@@ -53,8 +63,17 @@ def _short(record: dict) -> str:
 
 
 def write_chrome_trace(trace_dir: str | Path, runs: dict[int, list[dict]] | None = None,
-                       note: str | None = None) -> Path:
-    runs = load_trace(trace_dir) if runs is None else runs
+                       note: str | None = None, encoded: dict[int, str] | None = None) -> Path:
+    """Write ``trace.json``; ``encoded`` (rank -> encoded_rank_events) saves encoding again."""
     out = Path(trace_dir) / "trace.json"
-    out.write_text(json.dumps(to_chrome(runs, note)))
+    if encoded is None:
+        runs = load_trace(trace_dir) if runs is None else runs
+        out.write_text(json.dumps(to_chrome(runs, note)))
+        return out
+    # The same bytes json.dumps(to_chrome(...)) writes: rows joined as its list separator does.
+    tail = {"displayTimeUnit": "ms", **({"otherData": {"note": note}} if note else {})}
+    with open(out, "w") as f:
+        f.write('{"traceEvents": [')
+        f.write(", ".join(text for _, text in sorted(encoded.items()) if text))
+        f.write("], " + json.dumps(tail)[1:])
     return out

@@ -53,8 +53,12 @@ def read_rank(path: Path) -> tuple[list[dict], bool]:
             raise TraceError(f"{path}:{number} is not a trace record (one JSON object per line with "
                              f"{', '.join(sorted(FIELDS))})")
         records.append(record)
-    records.sort(key=lambda r: (r["start_us"], r["id"]))
-    return records, cut
+    return in_trace_order(records), cut
+
+
+def in_trace_order(records: list[dict]) -> list[dict]:
+    """Records by start time, parents before children (a file holds them as calls ended)."""
+    return sorted(records, key=lambda r: (r["start_us"], r["id"]))
 
 
 def read_trace(trace_dir: str | Path) -> tuple[dict[int, list[dict]], list[int]]:
