@@ -1,6 +1,8 @@
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -30,3 +32,50 @@ def trace16(tmp_path_factory):
                           cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return cwd / "minitron-trace", proc
+
+
+# --- the site build, started early ------------------------------------------------------------
+# `mkdocs build --strict` runs every command the pages show: about a minute and a half of one
+# core. The rest of the suite leaves the second core idle much of the time (ranks waiting on
+# each other, launchers on timeouts, Ctrl-C tests on signals), so the build starts as soon as
+# the tests are collected and test_site_builds_strict only waits for it. Its commands pick
+# their own ports, as the tests do, so the two do not collide.
+SITE_TEST = "tests/test_docs.py::test_site_builds_strict"
+
+
+def pytest_collection_modifyitems(session, config, items):
+    # The build's test goes last, so waiting for it holds nothing else up.
+    items.sort(key=lambda item: item.nodeid == SITE_TEST)
+
+
+def pytest_collection_finish(session):
+    if not any(item.nodeid == SITE_TEST for item in session.items):
+        return
+    scratch = Path(tempfile.mkdtemp(prefix="minitron-site-"))
+    out, err = open(scratch / "stdout", "w"), open(scratch / "stderr", "w")
+    mkdocs = Path(sys.executable).parent / "mkdocs"
+    process = subprocess.Popen([str(mkdocs), "build", "--strict", "-d", str(scratch / "site")],
+                               cwd=Path(__file__).resolve().parent.parent, stdout=out, stderr=err,
+                               stdin=subprocess.DEVNULL, start_new_session=True)
+    session.config.stash[SITE_BUILD] = (scratch, process)
+
+
+def pytest_sessionfinish(session):
+    scratch, process = session.config.stash.get(SITE_BUILD, (None, None))
+    if process is None:
+        return
+    if process.poll() is None:  # the suite stopped early (-x, Ctrl-C): the build goes too
+        os.killpg(process.pid, 9)
+        process.wait()
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+SITE_BUILD = pytest.StashKey[tuple]()
+
+
+@pytest.fixture
+def site_build(request):
+    """The strict build started at collection: (its site folder, exit code, stdout, stderr)."""
+    scratch, process = request.config.stash[SITE_BUILD]
+    code = process.wait(timeout=600)
+    return scratch / "site", code, (scratch / "stdout").read_text(), (scratch / "stderr").read_text()

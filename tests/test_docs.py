@@ -15,7 +15,6 @@ import tempfile
 import xml.etree.ElementTree as ElementTree
 import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -51,18 +50,16 @@ def minitron_commands() -> set[str]:
 
 
 # The slow one: the real, strict build. -------------------------------------------------------
-def test_site_builds_strict(tmp_path):
-    mkdocs = BIN / "mkdocs"
-    done = subprocess.run([str(mkdocs), "build", "--strict", "-d", str(tmp_path / "site")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout}\n{done.stderr}"
+def test_site_builds_strict(site_build):
+    site, code, stdout, stderr = site_build   # started when the tests were collected (conftest)
+    assert code == 0, f"mkdocs build --strict failed:\n{stdout}\n{stderr}"
     for page in ("index.html", "quickstart/index.html", "cli/index.html", "gallery/index.html",
                  "walkthrough/01-launching-ranks/index.html"):
-        assert (tmp_path / "site" / page).is_file(), f"{page} was not built"
+        assert (site / page).is_file(), f"{page} was not built"
     # The hook really ran the commands: a help text and a computed group list are in the HTML.
-    assert "Usage: minitron trace" in (tmp_path / "site/cli/index.html").read_text()
-    assert "<!-- run:" not in (tmp_path / "site/gallery/index.html").read_text()
-    check_built_site(tmp_path / "site")
+    assert "Usage: minitron trace" in (site / "cli/index.html").read_text()
+    assert "<!-- run:" not in (site / "gallery/index.html").read_text()
+    check_built_site(site)
 
 
 OUTPUT_BLOCK = re.compile(r'<div class="(?P<classes>[^"]*)highlight"><pre>(?P<body>.*?)</pre>', re.S)
@@ -88,8 +85,11 @@ def check_built_site(site: Path) -> None:
     for page in sorted(site.rglob("*.html")):
         name = str(page.parent.relative_to(site))
         text = page.read_text()
+        # A placeholder path is documentation, not this machine's: DeepSpeed's pid file
+        # /tmp/<pid>.deepspeed is named so in --save_pid's help and in chapter 14.
+        scanned = text.replace("/tmp/&lt;", "&lt;")
         for path in paths:
-            assert path not in text, f"{name} shows {path!r}, a path of the machine that built it"
+            assert path not in scanned, f"{name} shows {path!r}, a path of the machine that built it"
         for block in OUTPUT_BLOCK.finditer(text):
             if "no-copy" not in block["classes"].split():
                 continue  # a code excerpt or a block written in the page, not an output
