@@ -23,12 +23,15 @@ torch.set_num_threads(1)
 def trace16(tmp_path_factory):
     """`minitron trace --tp 2 --pp 4 --world 16`, the README's main job, run once for every test
     that reads it: test_trace16 reads its files, test_readme its output at the 100 columns the
-    README's excerpt was taken at. (--backend gloo: what the command picks on a CPU machine.)
-    Returns the trace directory and the finished process."""
+    README's excerpt was taken at. The command exactly as written: on a CPU machine it picks
+    gloo, and asking the accelerator shows in the trace (validate_args calls get_accelerator
+    only when --backend is not given). On a GPU machine it is told gloo: 16 NCCL ranks would
+    need 16 GPUs. Returns the trace directory and the finished process."""
     cwd = tmp_path_factory.mktemp("trace16")
     env = {**os.environ, "COLUMNS": "100"}
+    gloo = ["--backend", "gloo"] if torch.cuda.is_available() else []
     proc = subprocess.run([str(Path(sys.executable).parent / "minitron"), "trace", "--tp", "2", "--pp", "4",
-                           "--world", "16", "--backend", "gloo"],
+                           "--world", "16", *gloo],
                           cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return cwd / "minitron-trace", proc

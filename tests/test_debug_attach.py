@@ -184,10 +184,12 @@ def test_a_taken_port_names_the_rank_and_the_port(tmp_path):
     this process (forked ranks, no CLI start-up); a thread notes every process as it appears."""
     seen: dict[int, str] = {}
     done = threading.Event()
+    before = set(children(os.getpid()))  # not this launch's (the suite's site build, say)
 
     def watch(port0: int) -> None:
         while not done.is_set():
-            seen.update(identities(children(os.getpid()) + adapters(port0)))
+            ours = [pid for pid in children(os.getpid()) if pid not in before]
+            seen.update(identities(ours + adapters(port0)))
             time.sleep(0.02)
 
     with socket.socket() as squatter:

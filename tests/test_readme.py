@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+; the README's floor is 3.10
 
@@ -122,6 +123,7 @@ def main_job_output(trace16):
     return trace16[1].stdout  # one run at 100 columns, shared with test_trace16 (conftest.py)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the README's excerpt is the CPU machine's run (gloo)")
 def test_readme_excerpt_is_what_the_main_job_prints(main_job_output):
     printed = normalise(main_job_output)
     chunks = excerpt_chunks()

@@ -272,9 +272,16 @@ def places(root: Path) -> dict[str, str]:
 def execute(command: str, page: str, root: Path) -> str:
     started = time.perf_counter()
     cwd = scratch_dir(root)
-    argv = _warm.module.warm_argv(command, str(Path(sys.executable).parent))
-    if argv is not None:  # a plain program call: fork it from the warm interpreter
-        returncode, output = _warm.run(argv, cwd)
+    steps = _warm.module.warm_steps(command, str(Path(sys.executable).parent))
+    if steps is not None:  # program calls only: fork each from the warm interpreter, as && would
+        returncode, shown = 0, []
+        for argv, silenced in steps:
+            returncode, output = _warm.run(argv, cwd)
+            if returncode != 0 or not silenced:
+                shown.append(output)
+            if returncode != 0:
+                break
+        output = "".join(shown)
     else:
         try:
             # stderr joins stdout, as in a terminal; unbuffered Python keeps their order.

@@ -10,7 +10,8 @@ parent (chapter 1).
 
 Protocol: a request is one JSON line ``{"argv": [...], "cwd": ..., "env": {...}, "out": PATH}``;
 the child writes its output to PATH and, when it ends, its exit code to PATH + ".rc".
-Anything that is not a plain program call (pipes, ``&&``, redirections) stays with bash.
+A plain program call, or a chain of them (``A > /dev/null && B``), runs warm; anything else
+(pipes, other redirections, variables) stays with bash.
 """
 
 from __future__ import annotations
@@ -23,17 +24,49 @@ import signal
 import sys
 import traceback
 
-SHELL_SYNTAX = set("|&;<>()$`*?[]{}~!\\\n")
+# Outside quotes, these need a real shell (variables, globs, subshells, escapes...).
+SHELL_SYNTAX = set("$`*?[]{}~!\\\n()<;")
+PROGRAMS = ("minitron", "python", "python3")
 
 
-def warm_argv(command: str, bin_dir: str) -> list[str] | None:
-    """The argv to run warm, or None if the command needs a shell (or is not Python)."""
-    if any(ch in SHELL_SYNTAX for ch in command):
+def warm_steps(command: str, bin_dir: str) -> list[tuple[list[str], bool]] | None:
+    """The program calls to run warm, in order, each with whether its output is thrown away;
+    or None if the command needs bash. Beyond one plain call, only `A > /dev/null && B` is
+    understood: a chain of program calls, any of them silenced (how a page runs a job and then
+    shows what it left). Pipes, `||`, `2>&1` and the rest stay with bash."""
+    bare = _outside_quotes(command)
+    if bare is None or any(ch in SHELL_SYNTAX for ch in bare):
         return None
-    argv = shlex.split(command)
-    if not argv or argv[0] not in ("minitron", "python", "python3", os.path.join(bin_dir, "python")):
-        return None
-    return argv
+    lexer = shlex.shlex(command, posix=True, punctuation_chars="&|>")
+    lexer.whitespace_split = True
+    steps, argv = [], []
+    for token in [*lexer, "&&"]:
+        if token != "&&":
+            argv.append(token)
+            continue
+        silenced = argv[-2:] == [">", "/dev/null"]
+        argv = argv[:-2] if silenced else argv
+        if not argv or argv[0] not in (*PROGRAMS, os.path.join(bin_dir, "python")) \
+                or any(set(word) <= set("&|>") for word in argv):
+            return None
+        steps.append((argv, silenced))
+        argv = []
+    return steps
+
+
+def _outside_quotes(command: str) -> str | None:
+    """The command without its quoted parts (None if it escapes a quote: leave that to bash)."""
+    kept, quote = [], None
+    for ch in command:
+        if ch == "\\" and quote != "'":
+            return None
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        else:
+            kept.append(ch)
+    return None if quote else "".join(kept)
 
 
 def _run_child(request: dict) -> None:
