@@ -103,3 +103,23 @@ def test_ctrl_c_stops_preprocess_workers_and_cleans_up(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl"]  # no .bin.tmpPID left
     left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert left == [], f"workers still alive: {left}"
+
+
+def test_a_bystander_seen_first_is_not_blamed_when_it_only_lost_its_peer(tmp_path):
+    # A busy machine can let the launcher see rank 1 (which raised "Connection reset by peer")
+    # die before rank 2 (gone by os._exit, so silent). Rank 1's own words clear it.
+    from types import SimpleNamespace
+
+    from minitron.launcher.failures import first_failure
+
+    class Seen:  # the order the launcher saw the deaths in: rank 1 first
+        seen, tick = {1: 1, 2: 2}, 2
+
+        def wait(self, timeout):
+            pass
+
+    procs = [SimpleNamespace(returncode=code, poll=lambda code=code: code) for code in (0, 1, 3)]
+    (tmp_path / "rank1").write_text("100.0 peer-lost")
+    assert first_failure(procs, tmp_path, Seen(), settle=0) == (2, 3)
+    (tmp_path / "rank1").write_text("100.0")  # raised for a reason of its own: it came first
+    assert first_failure(procs, tmp_path, Seen(), settle=0) == (1, 1)

@@ -91,7 +91,9 @@ def first_failure(procs: list, errors: Path, deaths: DeathOrder | None = None,
     only fail after it, by raising ("Connection reset by peer"). So a rank killed by a signal
     is the culprit (the earliest seen, if several): its death may even be seen last, as a
     core dump holds the process for a while after its sockets have closed. A rank gone by
-    os._exit is the culprit when the launcher saw it die no later than the first that raised.
+    os._exit is the culprit when the launcher saw it die no later than the first that raised,
+    or when every rank that raised says its peer had gone (a busy machine can show the
+    bystander's death first).
     """
     deaths = deaths or DeathOrder(procs)
     deadline = time.monotonic() + settle
@@ -104,17 +106,19 @@ def first_failure(procs: list, errors: Path, deaths: DeathOrder | None = None,
     for rank, code in failed:
         stamp = errors / f"rank{rank}"
         if stamp.exists():
-            stamped.append((float(stamp.read_text() or "inf"), seen[rank], rank, code))
+            when, _, why = stamp.read_text().partition(" ")
+            stamped.append((float(when or "inf"), seen[rank], rank, code, why == "peer-lost"))
         else:
             silent.append((seen[rank], rank, code))
     signalled = sorted(x for x in silent if x[2] < 0)
     if signalled:  # peers fail by raising, never by a signal: a signalled rank is the cause
         _, rank, code = signalled[0]
         return rank, code
-    if silent and (not stamped or min(silent)[0] <= min(s[1] for s in stamped)):
+    if silent and (not stamped or min(silent)[0] <= min(s[1] for s in stamped)
+                   or all(s[4] for s in stamped)):
         _, rank, code = min(silent)
         return rank, code
     if stamped:
-        _, _, rank, code = min(stamped)
+        _, _, rank, code, _ = min(stamped)
         return rank, code
     return failed[0]

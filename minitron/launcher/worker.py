@@ -53,13 +53,19 @@ def session_env(world_size: int, trace_dir: str | os.PathLike | None = None, deb
 # --8<-- [end:session-env]
 
 
-def record_failure() -> None:
-    """Note when this rank's program raised, for the launcher to find who failed first."""
+# What gloo raises in a rank whose peer has gone: the symptom of another rank's failure.
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def record_failure(exc: BaseException | None = None) -> None:
+    """Note when this rank's program raised, and whether it raised because a peer had gone,
+    for the launcher to find who failed first."""
     where = os.environ.get(ERROR_DIR_ENV)
     if where:
+        lost = exc is not None and any(words in str(exc) for words in PEER_LOST)
         try:
             with open(os.path.join(where, f"rank{env_rank()}"), "w") as f:
-                f.write(repr(time.time()))
+                f.write(repr(time.time()) + (" peer-lost" if lost else ""))
         except OSError:
             pass
 
@@ -96,7 +102,7 @@ def run_target(target) -> int:
         code = _run(target)
     except BaseException as exc:
         if not isinstance(exc, SystemExit) or exc.code not in (0, None):
-            record_failure()
+            record_failure(exc)
         raise
     if code:
         record_failure()
