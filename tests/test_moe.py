@@ -56,6 +56,7 @@ LAYOUTS = {   # name: (world, flags)
     "ep2-tp2": (4, EP + ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),   # expert tp 2 too
     "dp4-ep2-distopt": (4, EP + ["--use-distributed-optimizer", "--save-interval", "2"]),   # saves (below)
     "ep2-pp2": (4, EP + ["--pipeline-model-parallel-size", "2"]),
+    "cp2-ep2": (4, EP + ["--context-parallel-size", "2"]),   # the switch loss scaled by cp
 }
 
 

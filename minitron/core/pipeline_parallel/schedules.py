@@ -98,10 +98,12 @@ def forward_step(forward_step_func, data_iterator, model, num_microbatches, inpu
         output_tensor = loss / num_microbatches
         forward_data_store.append(loss_reduced)
     if getattr(config, "num_moe_experts", None) is not None and config.moe_aux_loss_coeff > 0:
-        # MoE: the load-balancing losses get the main loss's backward scale (moe_utils.py).
+        # MoE: the load-balancing losses get the main loss's backward scale (moe_utils.py),
+        # times cp as in Megatron: a cp rank's switch loss is its share of the micro-batch's
+        # (its tokens over all the tokens), and the gradient reduction over dp-cp averages.
         from minitron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
         scale = config.grad_scale_func(torch.ones(1)) if config.grad_scale_func is not None else torch.ones(1)
-        MoEAuxLossAutoScaler.set_loss_scale(scale / num_microbatches)
+        MoEAuxLossAutoScaler.set_loss_scale(scale * mpu.get_context_parallel_world_size() / num_microbatches)
     return output_tensor
 
 
