@@ -13,6 +13,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,10 @@ def test_deepspeed_style_launch_passes_local_rank_unless_told_not_to(tmp_path):
         assert proc.returncode == 0, proc.stderr
         return sorted(proc.stdout.splitlines())
 
-    assert lines("--include", "localhost:0,1") == ["0 1 --local_rank=0 x", "1 1 --local_rank=1 x"]
+    # The two launches are independent processes: start them together.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        passed, left_out = pool.map(lambda flags: lines(*flags),
+                                    [("--include", "localhost:0,1"), ("--include", "localhost:0,1", "--no_local_rank")])
+    assert passed == ["0 1 --local_rank=0 x", "1 1 --local_rank=1 x"]
     # --no_local_rank, and torchrun's way (--world), add nothing: tests/test_cli_flags.py runs the latter.
-    assert lines("--include", "localhost:0,1", "--no_local_rank") == ["0 1 x", "1 1 x"]
+    assert left_out == ["0 1 x", "1 1 x"]

@@ -1,7 +1,7 @@
 """Every parallel layout trains like the serial model: per-iteration lm loss within 1e-5.
 
 Each run is `pretrain_gpt` on forked gloo ranks (the launcher's API, so the ranks start warm
-from this process), four iterations of a small GPT on mock data with dropout off, the weights
+from this process), three iterations of a small GPT on mock data with dropout off, the weights
 updated between iterations. The vocabulary (1023 + end-of-document = 1024 rows) pads to the
 same size for every tensor-parallel size used here.
 """
@@ -10,7 +10,7 @@ import pytest
 
 from distributed import pretrain_records
 
-ITERS = 4
+ITERS = 3
 MODEL = ["--num-layers", "8", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
          "--micro-batch-size", "1", "--global-batch-size", "8", "--train-iters", str(ITERS), "--lr", "1e-3",
          "--mock-data", "--vocab-size", "1023", "--hidden-dropout", "0", "--attention-dropout", "0",
