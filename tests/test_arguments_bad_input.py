@@ -41,7 +41,7 @@ CASES = [
     (2, f"{TRAIN} --train-samples 8", "--train-iters or --train-samples, not both"),
     (4, f"{TRAIN} --pipeline-model-parallel-size 2 --num-layers 4 --num-virtual-stages-per-pipeline-rank 2 "
         f"--num-layers-per-virtual-pipeline-stage 1", "not both"),
-    # activation recomputation and the modern GPT options (issue 14)
+    # activation recomputation and the modern GPT options
     (2, f"{TRAIN} --recompute-granularity full", "needs --recompute-method uniform or block"),
     (2, f"{TRAIN} --recompute-granularity full --recompute-method block --recompute-num-layers 3",
      "between 1 and the 2 layers"),

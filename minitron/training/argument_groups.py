@@ -18,6 +18,12 @@ class ArgumentError(ValueError):
     """A bad or inconsistent argument; the message is one line a user can act on."""
 
 
+def require(condition: bool, message: str) -> None:
+    """validate_args' one way to refuse: ArgumentError with ``message`` unless ``condition``."""
+    if not condition:
+        raise ArgumentError(message)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse would print usage and exit(2); we want one clear line
         raise ArgumentError(message)

@@ -18,7 +18,9 @@ from functools import lru_cache
 from minitron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate_parallel_sizes
 from minitron.trace import traced
-from minitron.training.argument_groups import ArgumentError, build_parser
+from minitron.training.argument_groups import ArgumentError, build_parser, require
+from minitron.training.arguments_features import (validate_context_parallel, validate_modern_options,
+                                                   validate_moe)
 from minitron.training.datasets.arguments import validate_data_args
 
 __all__ = ["ArgumentError", "GPT_ARGS_DEFAULTS", "build_parser", "parse_args", "validate_args",
@@ -38,7 +40,7 @@ def megatron_parser():
     return build_parser()
 
 
-@traced(args=lambda *a, **k: {})  # journey: the traced chain shows parsing (its argv is not worth a line)
+@traced(args=lambda *a, **k: {})  # the traced chain shows parsing (its argv is not worth a line)
 def parse_args(extra_args_provider=None, ignore_unknown_args=False, argv=None):
     """Parse Megatron's flags; rank and world size come from the environment as in Megatron."""
     # comm imports torch, and only a rank needs to know who it is: the command line validates
@@ -58,12 +60,7 @@ def parse_args(extra_args_provider=None, ignore_unknown_args=False, argv=None):
     return args
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ArgumentError(message)
-
-
-@traced(args=lambda args, *a, **k: {"world_size": args.world_size})  # journey: the traced chain
+@traced(args=lambda args, *a, **k: {"world_size": args.world_size})  # the traced chain shows validation
 def validate_args(args, defaults: dict | None = None):
     """Fill in what the flags imply and reject what cannot work. Returns args.
 
@@ -73,19 +70,19 @@ def validate_args(args, defaults: dict | None = None):
         if getattr(args, key, None) is None:  # a flag given on the command line wins
             setattr(args, key, value)
 
-    _require(args.world_size >= 1, f"the world size must be at least 1, got {args.world_size}")
+    require(args.world_size >= 1, f"the world size must be at least 1, got {args.world_size}")
     for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size"):
-        _require(getattr(args, name) is not None, f"--{name.replace('_', '-')} is required")
+        require(getattr(args, name) is not None, f"--{name.replace('_', '-')} is required")
 
     _validate_layout(args)
-    _validate_modern_options(args)
+    validate_modern_options(args)
     _validate_model_shape(args)
-    _validate_moe(args)
+    validate_moe(args)
     _validate_batch(args)
     _validate_training(args)
-    _validate_context_parallel(args)
+    validate_context_parallel(args)
 
-    _require(not (args.fp16 and args.bf16), "--fp16 and --bf16 exclude each other: choose one")
+    require(not (args.fp16 and args.bf16), "--fp16 and --bf16 exclude each other: choose one")
     args.params_dtype = "float16" if args.fp16 else "bfloat16" if args.bf16 else "float32"
 
     # --deepspeed (Megatron-DeepSpeed's path): the ds_config must agree with the flags above.
@@ -99,7 +96,7 @@ def validate_args(args, defaults: dict | None = None):
         args.distributed_backend = get_accelerator().communication_backend_name()
     if args.distributed_backend == "nccl":
         import torch  # only nccl needs to count GPUs; gloo and fake runs never pay for it here
-        _require(torch.cuda.device_count() > 0, "--distributed-backend nccl needs CUDA GPUs and none "
+        require(torch.cuda.device_count() > 0, "--distributed-backend nccl needs CUDA GPUs and none "
                  "is visible; use --distributed-backend gloo on CPU")
     validate_data_args(args)
     return args
@@ -112,21 +109,21 @@ def _validate_layout(args):
     if args.num_experts == 0:
         args.num_experts = None  # as Megatron: zero experts is a dense model
     if ep > 1:  # Megatron's condition: expert parallelism splits experts, so there must be some
-        _require(args.num_experts is not None,
+        require(args.num_experts is not None,
                  f"--expert-model-parallel-size {ep} spreads experts over ranks, but there are none: "
                  f"add --num-experts N (a multiple of {ep})")
-        _require(args.num_experts % ep == 0,
+        require(args.num_experts % ep == 0,
                  f"--num-experts {args.num_experts} is not a multiple of --expert-model-parallel-size {ep}")
 
     # Virtual pipeline (interleaved schedule): several model chunks per pipeline rank.
-    _require(args.num_layers % pp == 0,
+    require(args.num_layers % pp == 0,
              f"--num-layers {args.num_layers} is not divisible by --pipeline-model-parallel-size {pp}")
     if args.num_layers_per_virtual_pipeline_stage is not None:
         n, per_stage = args.num_layers_per_virtual_pipeline_stage, args.num_layers // pp
-        _require(args.virtual_pipeline_model_parallel_size is None,
+        require(args.virtual_pipeline_model_parallel_size is None,
                  "give --num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank, "
                  "not both")
-        _require(per_stage % n == 0, f"the {per_stage} layers of each pipeline stage are not divisible by "
+        require(per_stage % n == 0, f"the {per_stage} layers of each pipeline stage are not divisible by "
                  f"--num-layers-per-virtual-pipeline-stage {n}")
         args.virtual_pipeline_model_parallel_size = per_stage // n
     vp = args.virtual_pipeline_model_parallel_size
@@ -143,121 +140,36 @@ def _validate_layout(args):
     if tp == 1:
         args.sequence_parallel = False  # as Megatron: nothing to split the sequence across
     if vp is not None:
-        _require(args.num_layers % (pp * vp) == 0,
+        require(args.num_layers % (pp * vp) == 0,
                  f"--num-layers {args.num_layers} is not divisible by pipeline x virtual pipeline "
                  f"= {pp} x {vp} = {pp * vp}")
         if vp == 1:
             args.virtual_pipeline_model_parallel_size = None  # one chunk per rank: no interleaving
 
 
-# --- the modern GPT options and activation recomputation (issue 14.3 / 14.4) ---------------
-def _validate_modern_options(args):
-    tp, heads = args.tensor_model_parallel_size, args.num_attention_heads
-    if args.swiglu and args.ffn_hidden_size is None:
-        # Megatron's default: two fc1 matrices instead of one, so 2/3 of 4h keeps the MLP's
-        # parameter count near the GeLU MLP's; rounded down to a multiple of 64.
-        args.ffn_hidden_size = int((4 * args.hidden_size * 2 / 3) / 64) * 64
-        _require(args.ffn_hidden_size > 0, f"--swiglu sizes the MLP as 8h/3 rounded down to a multiple of 64, "
-                 f"which is 0 for --hidden-size {args.hidden_size}: give --ffn-hidden-size")
-    if args.group_query_attention:
-        groups = args.num_query_groups
-        _require(groups is not None, "--group-query-attention needs --num-query-groups G (heads per key/value)")
-        _require(heads % groups == 0, f"--num-attention-heads {heads} is not divisible by --num-query-groups "
-                 f"{groups}: each group is the same number of query heads")
-        _require(groups % tp == 0, f"--num-query-groups {groups} is not divisible by "
-                 f"--tensor-model-parallel-size {tp}: each tensor-parallel rank computes whole query groups")
-    else:
-        _require(args.num_query_groups is None, "--num-query-groups needs --group-query-attention")
-    if args.position_embedding_type == "rope" and args.hidden_size % heads == 0:
-        d = args.kv_channels or args.hidden_size // heads
-        rot = d if args.rotary_percent >= 1.0 else int(d * args.rotary_percent)
-        _require(rot >= 2 and rot % 2 == 0, f"rope rotates channel pairs: --rotary-percent {args.rotary_percent:g} "
-                 f"of {d} channels per head is {rot}, which must be even and at least 2")
-    if args.recompute_activations:
-        args.recompute_granularity = "selective"     # Megatron's shorthand
-    granularity, method, n = args.recompute_granularity, args.recompute_method, args.recompute_num_layers
-    if granularity is None:
-        _require(method is None and n is None,
-                 "--recompute-method and --recompute-num-layers need --recompute-granularity full")
-    elif granularity == "selective":
-        _require(method is None and n is None, "--recompute-granularity selective recomputes core attention in "
-                 "every layer: drop --recompute-method and --recompute-num-layers")
-    else:
-        per_stage = args.num_layers // args.pipeline_model_parallel_size
-        _require(method is not None, "--recompute-granularity full needs --recompute-method uniform or block")
-        _require(n is not None and n <= per_stage, f"--recompute-granularity full needs --recompute-num-layers "
-                 f"N between 1 and the {per_stage} layers of a pipeline stage")
-
-
 def _validate_model_shape(args):
     tp = args.tensor_model_parallel_size
     heads = args.num_attention_heads
-    _require(heads % tp == 0,
+    require(heads % tp == 0,
              f"--num-attention-heads {heads} is not divisible by --tensor-model-parallel-size {tp}: "
              f"each tensor-parallel rank computes whole heads")
     if args.kv_channels is None:
-        _require(args.hidden_size % heads == 0,
+        require(args.hidden_size % heads == 0,
                  f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads {heads}")
         args.kv_channels = args.hidden_size // heads
     if args.ffn_hidden_size is None:
         args.ffn_hidden_size = 4 * args.hidden_size
-    _require(args.ffn_hidden_size % tp == 0,
+    require(args.ffn_hidden_size % tp == 0,
              f"--ffn-hidden-size {args.ffn_hidden_size} is not divisible by --tensor-model-parallel-size {tp}")
     if args.max_position_embeddings is None:
         args.max_position_embeddings = args.seq_length
-    _require(args.max_position_embeddings >= args.seq_length,
+    require(args.max_position_embeddings >= args.seq_length,
              f"--max-position-embeddings {args.max_position_embeddings} is shorter than "
              f"--seq-length {args.seq_length}")
     if args.sequence_parallel:
-        _require(args.seq_length % tp == 0,
+        require(args.seq_length % tp == 0,
                  f"--sequence-parallel splits the sequence across tensor-parallel ranks: "
                  f"--seq-length {args.seq_length} must be divisible by {tp}")
-
-
-# --- context parallelism (helper cp) ------------------------------------------------------------
-def _validate_context_parallel(args):
-    cp = args.context_parallel_size
-    if cp == 1:
-        return
-    _require(args.seq_length % (2 * cp) == 0,
-             f"--seq-length {args.seq_length} must be a multiple of 2 x --context-parallel-size "
-             f"= {2 * cp}: each sequence is cut into 2 x cp equal chunks")
-    tp, local = args.tensor_model_parallel_size, args.seq_length // cp
-    if args.sequence_parallel:
-        _require(local % tp == 0,
-                 f"--sequence-parallel splits each context-parallel rank's {local} tokens across "
-                 f"{tp} tensor-parallel ranks: make --seq-length a multiple of cp x tp = {cp * tp}")
-    _require(not args.reset_attention_mask,
-             "--reset-attention-mask masks documents inside a sequence; context-parallel attention "
-             "here is plain causal: drop one of --reset-attention-mask and --context-parallel-size")
-
-
-def _validate_moe(args):
-    """Mixture of experts (Megatron's rules; --num-experts 0 was turned into None above)."""
-    if args.num_experts is None:
-        return
-    e, k = args.num_experts, args.moe_router_topk
-    _require(k <= e, f"--moe-router-topk {k} is more than --num-experts {e}: a token cannot go to more "
-             "experts than there are")
-    tp = args.tensor_model_parallel_size
-    # Only a run that builds the model needs this (`minitron trace --tp 2 --ep 2` initializes only).
-    _require(tp == 1 or args.sequence_parallel or not args.train_iters,
-             f"MoE with --tensor-model-parallel-size {tp} needs --sequence-parallel (Megatron's rule: the "
-             "dispatcher sends each tensor-parallel rank's own part of the sequence)")
-    # The experts are plain two-matrix MLPs; a gated (SwiGLU) expert would need fc1's gate and
-    # up halves split per expert-tensor rank as MLP's stride=2 does. Refuse rather than run an
-    # ungated silu under the --swiglu name.
-    _require(not args.swiglu, "--swiglu with --num-experts: minitron's experts are not gated yet; "
-             "drop --swiglu for a mixture-of-experts model")
-    if args.moe_ffn_hidden_size is None:
-        args.moe_ffn_hidden_size = args.ffn_hidden_size
-    etp = args.expert_tensor_parallel_size
-    _require(etp == tp or not (args.save or args.load),
-             f"--save/--load keep one file per (tensor, pipeline, expert) rank, which holds whole "
-             f"expert slices only when --expert-tensor-parallel-size {etp} equals --tensor-model-parallel-size {tp}")
-    _require(args.moe_ffn_hidden_size % etp == 0,
-             f"the experts' ffn size {args.moe_ffn_hidden_size} (--moe-ffn-hidden-size, default "
-             f"--ffn-hidden-size) is not divisible by --expert-tensor-parallel-size {etp}")
 
 
 def _validate_batch(args):
@@ -266,19 +178,19 @@ def _validate_batch(args):
     if args.global_batch_size is None:
         args.global_batch_size = per_step
     if args.rampup_batch_size is None:
-        _require(args.global_batch_size % per_step == 0,
+        require(args.global_batch_size % per_step == 0,
                  f"--global-batch-size {args.global_batch_size} is not a multiple of micro batch x "
                  f"data-parallel size = {micro} x {dp} = {per_step}")
         return
     start, increment, samples = args.rampup_batch_size
     # Megatron divides by SAMPLES and by the number of steps: zero of either is a crash there.
-    _require(start >= 1 and increment >= 1 and samples >= 1,
+    require(start >= 1 and increment >= 1 and samples >= 1,
              "--rampup-batch-size needs START >= 1, INCREMENT >= 1 and SAMPLES >= 1")
-    _require(args.global_batch_size > start and (args.global_batch_size - start) % increment == 0,
+    require(args.global_batch_size > start and (args.global_batch_size - start) % increment == 0,
              f"--rampup-batch-size must climb from {start} to --global-batch-size "
              f"{args.global_batch_size} in whole steps of {increment}")
     steps = (args.global_batch_size - start) // increment
-    _require(steps <= _MAX_RAMP_STEPS, f"--rampup-batch-size climbs in {steps} steps; minitron walks the "
+    require(steps <= _MAX_RAMP_STEPS, f"--rampup-batch-size climbs in {steps} steps; minitron walks the "
              f"ramp before launch and takes at most {_MAX_RAMP_STEPS}: use a larger INCREMENT")
     # Megatron checks each batch of the ramp when training reaches it; we walk the ramp the way
     # train() will (the same calculator, the same consumed samples), so a batch that would not
@@ -286,7 +198,7 @@ def _validate_batch(args):
     limit = min(samples, args.train_samples) if args.train_samples else samples
     reached = [batch for batch, _ in _rampup_stretches(args, limit)[0]] + [args.global_batch_size]
     for batch in reached:
-        _require(batch % per_step == 0,
+        require(batch % per_step == 0,
                  f"the ramp-up reaches a global batch of {batch}, not a multiple of micro batch x "
                  f"data-parallel size = {micro} x {dp} = {per_step}; choose the sizes so every batch of the ramp is")
 
@@ -333,34 +245,34 @@ def _validate_training(args):
     if args.train_iters and args.train_samples:
         raise ArgumentError("give --train-iters or --train-samples, not both")
     if args.train_iters:
-        _require(args.rampup_batch_size is None,
+        require(args.rampup_batch_size is None,
                  "--rampup-batch-size counts samples: train with --train-samples N instead of --train-iters "
                  "(Megatron: expected no batch-size rampup for iteration-based training)")
     if args.train_samples:
-        _require(args.lr_decay_iters is None and args.lr_warmup_iters == 0,
+        require(args.lr_decay_iters is None and args.lr_warmup_iters == 0,
                  "--train-samples counts samples: the learning rate then decays over them; drop "
                  "--lr-decay-iters and --lr-warmup-iters (--lr-warmup-fraction works)")
         args.train_iters = _train_iters_from_samples(args)
-        _require(args.train_iters >= 1, f"--train-samples {args.train_samples} is less than one global "
+        require(args.train_iters >= 1, f"--train-samples {args.train_samples} is less than one global "
                  f"batch ({args.global_batch_size})")
     if not args.train_iters:
         return  # initialization only (what `minitron trace` runs)
-    _require(args.lr is not None, "--lr is required for training (e.g. --lr 1e-3)")
-    _require(args.min_lr <= args.lr, f"--min-lr {args.min_lr:g} is above --lr {args.lr:g}")
-    _require(args.lr_warmup_fraction is None or args.lr_warmup_iters == 0,
+    require(args.lr is not None, "--lr is required for training (e.g. --lr 1e-3)")
+    require(args.min_lr <= args.lr, f"--min-lr {args.min_lr:g} is above --lr {args.lr:g}")
+    require(args.lr_warmup_fraction is None or args.lr_warmup_iters == 0,
              "give --lr-warmup-fraction or --lr-warmup-iters, not both")
     vp = args.virtual_pipeline_model_parallel_size
     pp = args.pipeline_model_parallel_size
     if vp is not None:
         num_micro = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
-        _require(num_micro % pp == 0,
+        require(num_micro % pp == 0,
                  f"the interleaved schedule needs the number of micro-batches ({num_micro} = global batch "
                  f"{args.global_batch_size} / (micro {args.micro_batch_size} x dp {args.data_parallel_size})) "
                  f"to be a multiple of --pipeline-model-parallel-size {pp}")
     if args.eval_interval is not None:
-        _require(args.eval_iters >= 1, f"--eval-interval {args.eval_interval} needs --eval-iters N >= 1")
+        require(args.eval_iters >= 1, f"--eval-interval {args.eval_interval} needs --eval-iters N >= 1")
     if args.save_interval is not None:
-        _require(args.save is not None, "--save-interval N needs --save DIR")
+        require(args.save is not None, "--save-interval N needs --save DIR")
     if args.load is not None:
         # torch-free: a --load is checked here, before any rank starts
         from minitron.training.checkpoint_files import CheckpointError, check_resumable  # torch-free

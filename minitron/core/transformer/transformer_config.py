@@ -78,7 +78,7 @@ class TransformerConfig(ModelParallelConfig):
     init_method_std: float = 0.02
     init_method: Callable | None = None              # None: N(0, init_method_std^2)
     output_layer_init_method: Callable | None = None  # None: scaled by 1/sqrt(2 * num_layers)
-    # -- the modern GPT options (issue 14.4) and activation recomputation (14.3) --
+    # -- the modern GPT options and activation recomputation --
     normalization: str = "LayerNorm"        # or "RMSNorm" (--normalization)
     gated_linear_unit: bool = False         # --swiglu: fc1 makes gate and up, act(gate) * up
     num_query_groups: int | None = None     # grouped-query attention; None: one per head

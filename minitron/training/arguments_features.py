@@ -1,0 +1,94 @@
+"""validate_args' checks of the model's optional features: the modern GPT options and
+activation recomputation, context parallelism, and mixture of experts.
+
+Megatron keeps them in its one arguments.py; here they have a file of their own so that
+arguments.py reads as the core path (layout, model shape, batch, training). Each check raises
+ArgumentError with one line a user can act on, before any rank starts.
+"""
+
+from __future__ import annotations
+
+from minitron.training.argument_groups import require
+
+
+def validate_modern_options(args):
+    tp, heads = args.tensor_model_parallel_size, args.num_attention_heads
+    if args.swiglu and args.ffn_hidden_size is None:
+        # Megatron's default: two fc1 matrices instead of one, so 2/3 of 4h keeps the MLP's
+        # parameter count near the GeLU MLP's; rounded down to a multiple of 64.
+        args.ffn_hidden_size = int((4 * args.hidden_size * 2 / 3) / 64) * 64
+        require(args.ffn_hidden_size > 0, f"--swiglu sizes the MLP as 8h/3 rounded down to a multiple of 64, "
+                 f"which is 0 for --hidden-size {args.hidden_size}: give --ffn-hidden-size")
+    if args.group_query_attention:
+        groups = args.num_query_groups
+        require(groups is not None, "--group-query-attention needs --num-query-groups G (heads per key/value)")
+        require(heads % groups == 0, f"--num-attention-heads {heads} is not divisible by --num-query-groups "
+                 f"{groups}: each group is the same number of query heads")
+        require(groups % tp == 0, f"--num-query-groups {groups} is not divisible by "
+                 f"--tensor-model-parallel-size {tp}: each tensor-parallel rank computes whole query groups")
+    else:
+        require(args.num_query_groups is None, "--num-query-groups needs --group-query-attention")
+    if args.position_embedding_type == "rope" and args.hidden_size % heads == 0:
+        d = args.kv_channels or args.hidden_size // heads
+        rot = d if args.rotary_percent >= 1.0 else int(d * args.rotary_percent)
+        require(rot >= 2 and rot % 2 == 0, f"rope rotates channel pairs: --rotary-percent {args.rotary_percent:g} "
+                 f"of {d} channels per head is {rot}, which must be even and at least 2")
+    if args.recompute_activations:
+        args.recompute_granularity = "selective"     # Megatron's shorthand
+    granularity, method, n = args.recompute_granularity, args.recompute_method, args.recompute_num_layers
+    if granularity is None:
+        require(method is None and n is None,
+                 "--recompute-method and --recompute-num-layers need --recompute-granularity full")
+    elif granularity == "selective":
+        require(method is None and n is None, "--recompute-granularity selective recomputes core attention in "
+                 "every layer: drop --recompute-method and --recompute-num-layers")
+    else:
+        per_stage = args.num_layers // args.pipeline_model_parallel_size
+        require(method is not None, "--recompute-granularity full needs --recompute-method uniform or block")
+        require(n is not None and n <= per_stage, f"--recompute-granularity full needs --recompute-num-layers "
+                 f"N between 1 and the {per_stage} layers of a pipeline stage")
+
+
+def validate_context_parallel(args):
+    cp = args.context_parallel_size
+    if cp == 1:
+        return
+    require(args.seq_length % (2 * cp) == 0,
+             f"--seq-length {args.seq_length} must be a multiple of 2 x --context-parallel-size "
+             f"= {2 * cp}: each sequence is cut into 2 x cp equal chunks")
+    tp, local = args.tensor_model_parallel_size, args.seq_length // cp
+    if args.sequence_parallel:
+        require(local % tp == 0,
+                 f"--sequence-parallel splits each context-parallel rank's {local} tokens across "
+                 f"{tp} tensor-parallel ranks: make --seq-length a multiple of cp x tp = {cp * tp}")
+    require(not args.reset_attention_mask,
+             "--reset-attention-mask masks documents inside a sequence; context-parallel attention "
+             "here is plain causal: drop one of --reset-attention-mask and --context-parallel-size")
+
+
+def validate_moe(args):
+    """Mixture of experts (Megatron's rules; --num-experts 0 was turned into None above)."""
+    if args.num_experts is None:
+        return
+    e, k = args.num_experts, args.moe_router_topk
+    require(k <= e, f"--moe-router-topk {k} is more than --num-experts {e}: a token cannot go to more "
+             "experts than there are")
+    tp = args.tensor_model_parallel_size
+    # Only a run that builds the model needs this (`minitron trace --tp 2 --ep 2` initializes only).
+    require(tp == 1 or args.sequence_parallel or not args.train_iters,
+             f"MoE with --tensor-model-parallel-size {tp} needs --sequence-parallel (Megatron's rule: the "
+             "dispatcher sends each tensor-parallel rank's own part of the sequence)")
+    # The experts are plain two-matrix MLPs; a gated (SwiGLU) expert would need fc1's gate and
+    # up halves split per expert-tensor rank as MLP's stride=2 does. Refuse rather than run an
+    # ungated silu under the --swiglu name.
+    require(not args.swiglu, "--swiglu with --num-experts: minitron's experts are not gated yet; "
+             "drop --swiglu for a mixture-of-experts model")
+    if args.moe_ffn_hidden_size is None:
+        args.moe_ffn_hidden_size = args.ffn_hidden_size
+    etp = args.expert_tensor_parallel_size
+    require(etp == tp or not (args.save or args.load),
+             f"--save/--load keep one file per (tensor, pipeline, expert) rank, which holds whole "
+             f"expert slices only when --expert-tensor-parallel-size {etp} equals --tensor-model-parallel-size {tp}")
+    require(args.moe_ffn_hidden_size % etp == 0,
+             f"the experts' ffn size {args.moe_ffn_hidden_size} (--moe-ffn-hidden-size, default "
+             f"--ffn-hidden-size) is not divisible by --expert-tensor-parallel-size {etp}")
