@@ -14,8 +14,8 @@ parallelism its all-to-alls (key ep) here, beside the calls they change.
 
 from __future__ import annotations
 
-from minitron.training.theoretical_memory_usage import (
-    DTYPE_BYTES, chunk_ends, chunk_layers, chunks_of, num_microbatches, stage_buffers,
+from minitron.training.theoretical_params import (
+    DTYPE_BYTES, chunk_ends, chunk_layers, chunks_of, num_microbatches,
 )
 
 
@@ -96,10 +96,10 @@ def recomputed_layers(args, layers: int) -> int:
     return layers if args.recompute_method == "uniform" else min(args.recompute_num_layers, layers)
 
 
-def comm_bytes(args, pp_rank: int, stage: list | None = None) -> _Tally:
+def comm_bytes(args, pp_rank: int, stage: list) -> _Tally:
     """Every collective and send of one train_step on a rank of pipeline stage ``pp_rank``
-    (``stage``: stage_buffers' answer, if the caller has it)."""
-    stage = stage_buffers(args, pp_rank) if stage is None else stage
+    (``stage``: theoretical_memory_usage.stage_buffers' answer: each chunk's parameters and
+    gradient-buffer layout, which the data-parallel reduction follows bucket by bucket)."""
     tally = _Tally()
     m, pp = num_microbatches(args), args.pipeline_model_parallel_size
     e, b, h = DTYPE_BYTES[args.params_dtype], args.micro_batch_size, args.hidden_size

@@ -1,0 +1,109 @@
+"""Activation memory: the bytes autograd keeps for backward, per micro-batch and model chunk,
+times the micro-batches the pipeline schedule holds at its peak.
+
+Megatron's theoretical_memory_usage.py uses the per-layer table of "Reducing Activation
+Recomputation in Large Transformer Models" (34sbh + 5as^2b, divided by t with sequence
+parallelism). Here the table is rebuilt from what this code's kernels save, so that it can be
+compared with saved-tensor hooks on a real run (scripts/measure_activations.py).
+"""
+
+from __future__ import annotations
+
+from minitron.training.theoretical_params import (
+    DTYPE_BYTES, _flag, chunk_ends, chunk_layers, num_microbatches, query_groups,
+)
+
+
+def mask_bytes(args) -> int:
+    """Bytes per element of a dropout mask: CUDA's dropout keeps a bool mask; torch's CPU
+    dropout keeps its scaled mask in the activation's own dtype. No backend named: a GPU."""
+    return DTYPE_BYTES[args.params_dtype] if args.distributed_backend in ("gloo", "fake") else 1
+
+
+def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
+    """Bytes autograd keeps for backward from one micro-batch's forward through one chunk.
+
+    Term by term what this code saves (Megatron's paper counts the same places for its
+    kernels): each layernorm its input, each linear its input, the attention its q k v and
+    either its probabilities (with attention dropout: the unfused path) or its output and
+    log-sum-exp (torch's fused kernel), GeLU its input, each dropout its mask. Without
+    sequence parallelism the linears' input is the layernorm's output; with it, the gathered
+    whole sequence (minitron's linears keep it; Megatron re-gathers it in backward)."""
+    e = DTYPE_BYTES[args.params_dtype]
+    t, b, h = args.tensor_model_parallel_size, args.micro_batch_size, args.hidden_size
+    s = args.seq_length // args.context_parallel_size        # cp: each rank its share of s
+    local = s // t if (args.sequence_parallel and t > 1) else s   # the replicated regions' rows
+    heads, q = args.num_attention_heads // t, args.kv_channels * args.num_attention_heads // t
+    groups = query_groups(args) // t
+    ffn = args.ffn_hidden_size // t
+    pre, post = chunk_ends(args, pp_rank, chunk)
+    hd, ad, m = args.hidden_dropout, args.attention_dropout, mask_bytes(args)
+    drop = (local * b * h * m) if hd > 0 else 0              # one hidden-dropout mask
+    if _flag(args, "normalization", "LayerNorm") == "RMSNorm":   # torch's composite RMSNorm:
+        norm = 2 * local * b * h * e + local * b * 4         # input, x/rms, 1/rms
+    else:
+        norm = local * b * h * e + 2 * local * b * 4         # input, mean and 1/std
+    layer = 2 * norm + 2 * s * b * h * e                     # two norms, qkv and fc1 inputs
+    layer += s * b * (q + 2 * args.kv_channels * groups) * e  # q, k, v (one tensor)
+    if _flag(args, "position_embedding_type") == "rope":     # rotated q and k, cos and sin twice
+        rotated = int(args.kv_channels * args.rotary_percent)
+        layer += s * b * (q + args.kv_channels * groups) * e + 4 * s * rotated * 4
+    cp = args.context_parallel_size
+    if cp > 1:   # the ring (context_parallel.py): fp32 output and log-sum-exp, fp32 masks by block
+        core = s * b * q * 4 + heads * b * s * 4
+        core += (2 * cp + 1) * b * heads * (s // 2) ** 2 * 4 if ad > 0 else 0
+    elif ad > 0:  # unfused: causal mask, fp32 softmax, dropout mask, dropped probabilities
+        core = s * s + heads * b * s * s * (4 + m + e)
+    else:         # fused kernel: its output and log-sum-exp
+        core = s * b * q * e + heads * b * s * 4
+    if groups * t != args.num_attention_heads:   # GQA: keys and values repeated per query head
+        core += 2 * s * b * q * e
+    layer += core + s * b * q * e                            # + linear_proj's input (context)
+    if _flag(args, "swiglu", False):   # fc1's [gate | up], silu(gate), their product (fc2's input)
+        layer += 4 * s * b * ffn * e
+    else:                              # GeLU's input, fc2's input
+        layer += 2 * s * b * ffn * e
+    layer += 2 * drop
+    granularity = _flag(args, "recompute_granularity")
+    if granularity == "selective":     # core attention recomputed: only its q, k, v stay
+        layer -= core
+    layers = len(chunk_layers(args, pp_rank, chunk))
+    total = layers * layer
+    if granularity == "full":          # a checkpointed run of layers keeps only its input
+        n = args.recompute_num_layers
+        kept = local * b * h * e
+        if args.recompute_method == "uniform":
+            total = -(-layers // n) * kept
+        else:                          # block: the first n layers of the stage, one by one
+            total = min(n, layers) * kept + max(layers - n, 0) * layer
+    if pre:
+        keys = 2 + (1 if post else 0)                        # tokens, position ids (labels)
+        total += keys * b * args.seq_length * 8              # the broadcast int64 buffer
+        if t > 1:
+            total += b * args.seq_length * (8 + 1)           # local ids, out-of-range mask
+        total += drop
+    if post:
+        vocab = args.padded_vocab_size // t
+        total += norm + s * b * h * e                        # final norm, output layer input
+        total += s * b * (vocab * 4 + 1 + 8)                 # softmax (fp32), mask, targets
+        total += b * args.seq_length * 4                     # the loss mask
+    return total
+
+
+def in_flight_chunks(args, pp_rank: int, num_microbatches: int) -> list[int]:
+    """The model chunk of each micro-batch whose activations are held at the schedule's peak."""
+    pp, vp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size
+    if pp == 1:
+        return [0]
+    if vp is None:   # 1F1B: pp - r forwards before the first backward
+        return [0] * min(pp - pp_rank, num_microbatches)
+    total = num_microbatches * vp
+    if num_microbatches == pp:
+        peak = total
+    else:
+        peak = min((pp - pp_rank - 1) * 2 + (vp - 1) * pp + 1, total)
+    return [(k // pp) % vp for k in range(peak)]
+
+
+def activation_bytes(args, pp_rank: int) -> int:
+    return sum(unit_activation_bytes(args, pp_rank, c) for c in in_flight_chunks(args, pp_rank, num_microbatches(args)))

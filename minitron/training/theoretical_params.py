@@ -1,0 +1,115 @@
+"""The model's parameters on each rank, from the arguments alone: the list GPTModel registers,
+cut by tp, pp and vp the way the layers cut it. The ground floor of the estimate
+(theoretical_memory_usage.py): memory, activations and communication all start from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "bool": 1}
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    numel: int
+    shared_embedding: bool = False   # the tied matrix on a pipeline stage (its own DDP bucket)
+    sequence_parallel: bool = False  # replicated and seeing part of the sequence: summed over tp
+
+
+def _flag(args, name, default=None):
+    return getattr(args, name, default)
+
+
+def query_groups(args) -> int:
+    """Key/value heads: --num-query-groups with --group-query-attention, else one per head."""
+    if _flag(args, "group_query_attention", False) and _flag(args, "num_query_groups"):
+        return args.num_query_groups
+    return args.num_attention_heads
+
+
+def layer_params(args, layer: int) -> list[Param]:
+    """One transformer layer's parameters on a tensor-parallel rank, in registration order."""
+    t, h = args.tensor_model_parallel_size, args.hidden_size
+    bias = not _flag(args, "disable_bias_linear", False)
+    sp = bool(args.sequence_parallel) and t > 1
+    norm_bias = _flag(args, "normalization", "LayerNorm") != "RMSNorm"
+    heads, groups = args.num_attention_heads, query_groups(args)
+    q = args.kv_channels * heads                       # query projection width
+    qkv = (q + 2 * args.kv_channels * groups) // t     # q, k and v of this rank's heads
+    ffn = args.ffn_hidden_size * (2 if _flag(args, "swiglu", False) else 1) // t
+    p = f"decoder.layers.{layer}."
+
+    def norm(name):
+        out = [Param(p + name + ".weight", h, sequence_parallel=sp)]
+        return out + ([Param(p + name + ".bias", h, sequence_parallel=sp)] if norm_bias else [])
+
+    out = norm("input_layernorm") + [Param(p + "self_attention.linear_qkv.weight", qkv * h)]
+    out += [Param(p + "self_attention.linear_qkv.bias", qkv)] if bias else []
+    out += [Param(p + "self_attention.linear_proj.weight", h * q // t)]
+    out += [Param(p + "self_attention.linear_proj.bias", h, sequence_parallel=sp)] if bias else []
+    out += norm("pre_mlp_layernorm") + [Param(p + "mlp.linear_fc1.weight", ffn * h)]
+    out += [Param(p + "mlp.linear_fc1.bias", ffn)] if bias else []
+    out += [Param(p + "mlp.linear_fc2.weight", h * args.ffn_hidden_size // t)]
+    out += [Param(p + "mlp.linear_fc2.bias", h, sequence_parallel=sp)] if bias else []
+    return out
+
+
+def chunk_layers(args, pp_rank: int, chunk: int) -> range:
+    """The layer indices (0-based) of model chunk ``chunk`` on pipeline rank ``pp_rank``."""
+    pp, vp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size or 1
+    per = args.num_layers // (pp * vp)
+    first = chunk * (args.num_layers // vp) + pp_rank * per
+    return range(first, first + per)
+
+
+def chunk_ends(args, pp_rank: int, chunk: int) -> tuple[bool, bool]:
+    """(pre_process, post_process) of a model chunk: holds the embedding / the output layer."""
+    pp, vp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size or 1
+    return pp_rank == 0 and chunk == 0, pp_rank == pp - 1 and chunk == vp - 1
+
+
+def model_params(args, pp_rank: int, chunk: int) -> list[Param]:
+    """A model chunk's parameters as GPTModel registers them: embedding, layers, final norm,
+    output layer (absent where the tied output reads the embedding's own matrix)."""
+    t, h = args.tensor_model_parallel_size, args.hidden_size
+    pre, post = chunk_ends(args, pp_rank, chunk)
+    tied = not args.untie_embeddings_and_output_weights
+    split = args.pipeline_model_parallel_size > 1   # the tied matrix lives twice: marked shared
+    vocab = args.padded_vocab_size // t
+    out = []
+    if pre:
+        out.append(Param("embedding.word_embeddings.weight", vocab * h, shared_embedding=tied and split))
+        if _flag(args, "position_embedding_type", "learned_absolute") == "learned_absolute":
+            out.append(Param("embedding.position_embeddings.weight", args.max_position_embeddings * h))
+    for layer in chunk_layers(args, pp_rank, chunk):
+        out += layer_params(args, layer)
+    if post:
+        sp = bool(args.sequence_parallel) and t > 1
+        out.append(Param("decoder.final_layernorm.weight", h, sequence_parallel=sp))
+        if _flag(args, "normalization", "LayerNorm") != "RMSNorm":
+            out.append(Param("decoder.final_layernorm.bias", h, sequence_parallel=sp))
+        if not (pre and tied):
+            out.append(Param("output_layer.weight", vocab * h, shared_embedding=tied and split))
+    return out
+
+
+def total_params(args) -> int:
+    """Parameters of the whole model, the tied embedding counted once (tp = pp = 1 arithmetic)."""
+    h, layers = args.hidden_size, args.num_layers
+    one = type("Serial", (), {**vars(args), "tensor_model_parallel_size": 1, "sequence_parallel": False})
+    per_layer = sum(p.numel for p in layer_params(one, 0))
+    embedding = args.padded_vocab_size * h * (1 if not args.untie_embeddings_and_output_weights else 2)
+    position = args.max_position_embeddings * h if _flag(args, "position_embedding_type",
+                                                         "learned_absolute") == "learned_absolute" else 0
+    final_norm = h * (2 if _flag(args, "normalization", "LayerNorm") != "RMSNorm" else 1)
+    return layers * per_layer + embedding + position + final_norm
+
+
+def chunks_of(args) -> range:
+    return range(args.virtual_pipeline_model_parallel_size or 1)
+
+
+def num_microbatches(args) -> int:
+    return args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
