@@ -89,6 +89,8 @@ def main() -> None:
     except EXIT as exc:
         sys.exit(getattr(exc, "exit_code", 0))
     except Exception as exc:  # noqa: BLE001 -- the failures of a run that started, named in one line
+        # Lazy: only a command that started ranks can end here with RankFailure, and it has
+        # loaded the launcher already; --help and bad input never pay for it.
         from minitron.launcher import RankFailure
 
         if not isinstance(exc, RankFailure):

@@ -35,6 +35,8 @@ UsageError = typer.BadParameter.__mro__[1]
 def megatron_flags() -> set:
     """Every flag Megatron's parser (ours, same names) accepts. Torch-free, so a typo is
     answered before torch is imported."""
+    # Lazy: Megatron's parser loads only when a flag is not the command's own, so `--help` and
+    # the commands without Megatron's flags never import training/.
     from minitron.training.arguments import build_parser
 
     return {s for action in build_parser()._actions for s in action.option_strings}

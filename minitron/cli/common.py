@@ -29,7 +29,7 @@ def check_order(order: str) -> None:
 
 
 def default_backend() -> str:
-    from minitron.accelerator import get_accelerator
+    from minitron.accelerator import get_accelerator  # lazy: the accelerator imports torch
     return get_accelerator().communication_backend_name()
 
 
@@ -37,7 +37,7 @@ def check_backend(backend: str, world: int) -> None:
     if backend not in ("gloo", "nccl", "fake"):
         raise UserError(f"--backend {backend!r}: use gloo (CPU), nccl (GPU) or fake (ranks played in turn, no communication)")
     if backend == "nccl":
-        import torch
+        import torch  # lazy: only nccl asks torch (how many GPUs); every other path stays torch-free
         gpus = torch.cuda.device_count()
         if gpus < world:
             raise UserError(f"--backend nccl runs one rank per GPU: {world} ranks need {world} GPUs, "
@@ -78,7 +78,7 @@ class DebugOptions:
 
     def env(self, world: int, trace_dir=None) -> dict:
         """Every rank's session variables: these options, and tracing into ``trace_dir``."""
-        from minitron.launcher import session_env
+        from minitron.launcher import session_env  # lazy: only commands that start ranks load the launcher
         try:
             env = session_env(world, trace_dir, self.ranks, self.port_base, self.host, self.wait_timeout)
         except ValueError as exc:

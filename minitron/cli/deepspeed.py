@@ -21,6 +21,7 @@ def ds_config(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object with every resolved value"),
 ):
     """Resolve a DeepSpeed config (the batch triad and every section) as deepspeed.initialize would."""
+    # Lazy: only this command reads a ds_config; `minitron --help` and the others skip runtime/.
     from minitron.runtime import DeepSpeedConfig, DeepSpeedConfigError
 
     try:

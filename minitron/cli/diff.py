@@ -14,6 +14,7 @@ from minitron.cli.common import UserError, app, console
 
 
 def _read(trace_dir: Path):
+    # Lazy, as every command's views: `minitron --help` imports this module, not its views.
     from minitron.cli.views.trace_dir import TraceError, rank_files, read_trace
 
     if not trace_dir.is_dir() or not rank_files(trace_dir):
@@ -32,7 +33,7 @@ def diff(
 ):
     """Two traced runs side by side: groups, collectives per group kind, time per phase, and
     the calls only one of them makes."""
-    from minitron.cli.views.diff import diff_tables, layout_line, summarize
+    from minitron.cli.views.diff import diff_tables, layout_line, summarize  # lazy: as in _read
 
     a, b = summarize(_read(dir_a)), summarize(_read(dir_b))
     console.print(f"A = {dir_a}: {layout_line(a)}", highlight=False)

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+from collections import OrderedDict
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -34,7 +35,7 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1")
 
 def resources(hostfile, include, exclude, num_nodes, num_gpus, world):
     """The active resources {host: [slots]}, or None when only --world was given."""
-    from minitron.launcher.runner import ResourceError, active_resources
+    from minitron.launcher.runner import ResourceError, active_resources  # lazy: see launch()
 
     if hostfile is None and not include and not exclude and num_nodes < 0 and num_gpus < 0:
         return None
@@ -53,7 +54,7 @@ def cores_to_share(bind_cores_to_rank: bool, listed: Optional[str], dry_run: boo
     core this process may run on. (DeepSpeed takes cores 0..N-1 for N physical cores; in a
     container or under taskset some of those are not ours, and pinning to them fails.) A dry
     run may name any cores: it describes hosts, not this process."""
-    from minitron.launcher.runner import ResourceError, parse_range_list
+    from minitron.launcher.runner import ResourceError, parse_range_list  # lazy: see launch()
 
     if listed is not None and not bind_cores_to_rank:
         raise UserError("--bind_core_list names the cores --bind_cores_to_rank splits: add --bind_cores_to_rank")
@@ -100,7 +101,7 @@ def saved_pid(enabled: bool):
     if not enabled:
         yield
         return
-    from minitron.launcher.runner import PID_FILE_BASEPATH
+    from minitron.launcher.runner import PID_FILE_BASEPATH  # lazy: see launch()
 
     pid = os.getpid()
     path = Path(PID_FILE_BASEPATH) / f"{pid}.deepspeed"
@@ -125,7 +126,7 @@ def saved_pid(enabled: bool):
 
 def show_dry_run(world_info, master_addr: str, master_port: int, program: list, flags: list,
                  cores: Optional[list] = None) -> None:
-    from minitron.launcher.runner import encode_world_info, node_command, node_rank_env
+    from minitron.launcher.runner import encode_world_info, node_command, node_rank_env  # lazy: see launch()
 
     console.print(f"active resources: {json.dumps(world_info)}")
     encoded = encode_world_info(world_info)
@@ -158,7 +159,7 @@ def show_dry_run(world_info, master_addr: str, master_port: int, program: list, 
 
 
 def rank_cores(cores: list, local_size: int, local_rank: int) -> list:
-    from minitron.launcher.runner import ResourceError, cores_for_rank
+    from minitron.launcher.runner import ResourceError, cores_for_rank  # lazy: see launch()
 
     try:
         return cores_for_rank(cores, local_size, local_rank)
@@ -210,6 +211,8 @@ def launch(
     debug_wait_timeout: float = DEBUG_WAIT,
 ):
     """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) on WORLD ranks, as torchrun would."""
+    # Every launcher import in this module is lazy, inside a function: `minitron --help` and
+    # every other command import this module too, and only `launch` needs the launcher.
     from minitron.launcher import LaunchConfig, Target
     from minitron.launcher import launch as run
 
@@ -221,7 +224,7 @@ def launch(
         raise UserError(f"no such script: {args[0]}")
     cores = cores_to_share(bind_cores_to_rank, bind_core_list, dry_run)
     if world_info is not None:
-        from minitron.launcher.runner import ResourceError, decode_world_info
+        from minitron.launcher.runner import ResourceError, decode_world_info  # lazy: see launch()
         if hostfile or include or exclude or num_nodes >= 0 or num_gpus >= 0:
             raise UserError("--world_info already says which hosts and slots: drop --hostfile/--include/--exclude/"
                             "--num_nodes/--num_gpus")
@@ -236,7 +239,6 @@ def launch(
     program = (["--module", module] if module else []) + args
     if dry_run:
         if pool is None:
-            from collections import OrderedDict
             pool = OrderedDict(localhost=list(range(world)))
         if cores is not None:   # every host's split must work before anything is shown
             for slots in pool.values():
@@ -263,7 +265,7 @@ def launch(
     check_world(world)
     if cores is not None:
         per_rank = len(rank_cores(cores, world, 0))
-        from minitron.launcher.runner import BIND_CORE_LIST_ENV
+        from minitron.launcher.runner import BIND_CORE_LIST_ENV  # lazy: see launch()
         env.update({BIND_CORE_LIST_ENV: ",".join(map(str, cores)), "OMP_NUM_THREADS": str(per_rank)})
     places = {}  # where the ranks will write, beyond the logs and the trace
     if module:
@@ -275,7 +277,7 @@ def launch(
                 preflight.check_output_file(megatron.log_jsonl, "--log-jsonl")
         target = Target(module=module, argv=args)
     elif no_python:
-        from minitron.launcher.runner import exec_program
+        from minitron.launcher.runner import exec_program  # lazy: see launch()
         # A forked rank that execs the program: the environment is set, the interpreter goes.
         target = Target(function=partial(exec_program, args, pool is not None and not no_local_rank))
         backend = "gloo"

@@ -25,6 +25,7 @@ def groups(
     as_svg: bool = typer.Option(False, "--svg", help="print the grids as one SVG picture (a panel per kind)"),
 ):
     """Compute Megatron's process groups for a layout, without starting any process."""
+    # Lazy, as every command's views and tools: `minitron --help` imports this module.
     from minitron.cli.views.layout import render_layout
 
     check_world(world)
@@ -39,7 +40,7 @@ def groups(
         print(json.dumps({k: groups_[k] for k in LAYOUT_KEYS}))
         return
     if as_svg:
-        from minitron.cli.views.svg_grid import MAX_RANKS_DRAWN, grid_svg
+        from minitron.cli.views.svg_grid import MAX_RANKS_DRAWN, grid_svg  # lazy: only for --svg
         if world > MAX_RANKS_DRAWN:
             raise UserError(f"--svg draws a cell per rank, at most {MAX_RANKS_DRAWN}; use --json for {world} ranks")
         dp = world // (tp * pp * cp)
@@ -70,7 +71,7 @@ def vscode(
     path: Path = typer.Option(Path(".vscode/launch.json"), "--path", help="launch.json to write or merge into"),
 ):
     """Write (or merge into) .vscode/launch.json: one attach configuration per rank, and all ranks."""
-    from minitron.launcher import vscode as vscode_config
+    from minitron.launcher import vscode as vscode_config  # lazy: --help does not load the launcher
 
     check_world(world)
     preflight.check_output_file(path, "--path")

@@ -48,6 +48,8 @@ def pretrain(
     preflight.check_output_file(args.log_jsonl, "--log-jsonl")
     backend = rank_backend(args.distributed_backend, world, fake)  # None: the accelerator's default
 
+    # Lazy: the launcher and the run's console load once every check above has passed (`--help`
+    # and a refusal never pay for them).
     from minitron.launcher import LaunchConfig, Target
     from minitron.launcher import launch as run
     from minitron.training.progress import PretrainProgress
@@ -85,7 +87,7 @@ def preprocess(
 ):
     """Tokenize a JSONL corpus into Megatron's indexed-dataset files (.bin + .idx)."""
     preflight.check_workers(workers)
-    from minitron.tools.preprocess_data import run_preprocess
+    from minitron.tools.preprocess_data import run_preprocess  # lazy: numpy and rich's bar, for this command only
 
     try:
         result = run_preprocess(str(input), output_prefix, tokenizer_type=tokenizer_type, vocab_file=vocab_file,

@@ -34,6 +34,7 @@ def view(
 
     Under torchrun, set MINITRON_TRACE_DIR=DIR for the ranks, then `minitron view DIR`.
     """
+    # Lazy: the views (rich's tables and trees) load when the command runs, not for `--help`.
     from minitron.cli.views.call_tree import FocusError
     from minitron.cli.views.perfetto import write_chrome_trace
     from minitron.cli.views.show import VIEWS, default_depth, parse_views, show_views

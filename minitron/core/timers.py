@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 
 class _Timer:
     def __init__(self, name: str):
@@ -19,14 +21,12 @@ class _Timer:
     def start(self, barrier: bool = False) -> None:
         assert self._started_at is None, f"timer {self.name} has already been started"
         if barrier:
-            import torch
             torch.distributed.barrier()
         self._started_at = time.perf_counter()
 
     def stop(self, barrier: bool = False) -> None:
         assert self._started_at is not None, f"timer {self.name} is not started"
         if barrier:
-            import torch
             torch.distributed.barrier()
         self._elapsed += time.perf_counter() - self._started_at
         self._started_at = None

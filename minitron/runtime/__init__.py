@@ -13,5 +13,6 @@ def initialize(*args, **kwargs):
     """``deepspeed.initialize``: see minitron/runtime/engine.py. The engine needs torch, which
     this package must not import when it is only asked to resolve a config, so the import waits
     for the first call."""
+    # Lazy: torch comes with the engine (see the docstring).
     from minitron.runtime.engine import initialize as _initialize
     return _initialize(*args, **kwargs)

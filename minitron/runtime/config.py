@@ -20,6 +20,7 @@ never promises what the run does not do.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -146,7 +147,6 @@ class DeepSpeedConfig:
             if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
                 raise DeepSpeedConfigError(f"the data-parallel size must be at least 1, got {world_size!r}")
             return world_size
-        import sys
         dist = sys.modules.get("torch.distributed")  # only a program that already uses torch asks it
         if dist is not None and dist.is_available() and dist.is_initialized():
             return dist.get_world_size()

@@ -21,13 +21,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+from rich.console import Console
+from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn, TransferSpeedColumn)
 
 from minitron.training.tokenizer import TOKENIZER_TYPES, make_tokenizer
 
@@ -127,20 +132,17 @@ def _batches(path: str):
             carry = chunk[cut:]
 
 
+class _Bar(Progress):
+    def __exit__(self, exc_type, *rest):
+        if exc_type is not None:  # refused or interrupted: the one-line error stands alone
+            self.live.transient = True
+        return super().__exit__(exc_type, *rest)
+
+
 def _progress(enabled: bool, total: int):
-    from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn, TransferSpeedColumn)
-
-    class Bar(Progress):
-        def __exit__(self, exc_type, *rest):
-            if exc_type is not None:  # refused or interrupted: the one-line error stands alone
-                self.live.transient = True
-            return super().__exit__(exc_type, *rest)
-
-    return Bar(TextColumn("[bold]tokenizing"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-               TextColumn("{task.fields[docs]:>9,} docs"), TimeElapsedColumn(), TimeRemainingColumn(),
-               console=Console(stderr=True), disable=not enabled, transient=False)
+    return _Bar(TextColumn("[bold]tokenizing"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                TextColumn("{task.fields[docs]:>9,} docs"), TimeElapsedColumn(), TimeRemainingColumn(),
+                console=Console(stderr=True), disable=not enabled, transient=False)
 
 
 # --8<-- [start:run-preprocess]
@@ -233,8 +235,6 @@ class Workers:
     """
 
     def __init__(self, n: int, spec: dict):
-        import multiprocessing
-        import signal
         ctx = multiprocessing.get_context("fork")
         self.conns, self.procs = [], []
         # Ctrl-C reaches the whole foreground process group; workers ignore it (inherited from

@@ -40,6 +40,7 @@ from minitron.training.checkpoint_files import (  # noqa: F401 -- the torch-free
     rank_dir, read_latest_iteration, read_metadata, verify_file,
 )
 from minitron.training.global_vars import get_args
+from minitron.training.utils import print_rank_0
 
 
 def _rng_state() -> dict:
@@ -123,7 +124,6 @@ def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> No
         _atomic_write_text(json.dumps(meta, indent=1), iteration_dir(args.save, iteration) / METADATA)
         _atomic_write_text(str(iteration), Path(args.save) / TRACKER)
     torch.distributed.barrier()
-    from minitron.training.utils import print_rank_0
     print_rank_0(f"> saved checkpoint at iteration {iteration} to {args.save}")
 
 
@@ -141,7 +141,6 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
     args = get_args()
     iteration = read_latest_iteration(args.load)
     if iteration is None:
-        from minitron.training.utils import print_rank_0
         print_rank_0(f"> no checkpoint in {args.load}: starting from scratch")
         return 0
     where = _rank_dir(args.load, iteration)
@@ -159,6 +158,5 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
     opt_param_scheduler.load_state_dict(state["opt_param_scheduler"])
     _set_rng_state(state["rng_state"][mpu.get_data_parallel_rank(with_context_parallel=True)])
     args.consumed_train_samples = state["consumed_train_samples"]
-    from minitron.training.utils import print_rank_0
     print_rank_0(f"> loaded checkpoint from {args.load} at iteration {iteration}")
     return iteration

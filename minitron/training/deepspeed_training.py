@@ -27,16 +27,18 @@ import torch
 
 from minitron.core import parallel_state as mpu
 from minitron.core.num_microbatches_calculator import get_num_microbatches
+from minitron.core.optimizer import OptimizerConfig, _get_param_groups, _make_torch_optimizer
+from minitron.runtime import initialize
+from minitron.runtime.zero import register_external_parameter
 from minitron.trace import traced
 from minitron.training.global_vars import get_args
 from minitron.training.model_setup import get_model, get_optimizer_param_scheduler
+from minitron.training.utils import reduce_losses
 
 
 def _register_tied_weight(model) -> None:
     """With embedding and output tied on one stage, the output layer reads a matrix the
     embedding owns; ZeRO-3 must gather it for the output layer too (see zero/stage3.py)."""
-    from minitron.runtime.zero import register_external_parameter
-
     if getattr(model, "share_embeddings_and_output_weights", False) and model.pre_process and model.post_process:
         register_external_parameter(model.output_layer, model.shared_embedding_or_output_weight())
 
@@ -44,9 +46,6 @@ def _register_tied_weight(model) -> None:
 # --8<-- [start:setup]
 @traced
 def setup_model_and_optimizer(model_provider_func, model_type):
-    from minitron.core.optimizer import OptimizerConfig, _get_param_groups, _make_torch_optimizer
-    from minitron.runtime import initialize
-
     args = get_args()
     model = get_model(model_provider_func, model_type, wrap_with_ddp=False)
     config = OptimizerConfig(optimizer=args.optimizer, lr=args.lr, min_lr=args.min_lr,
@@ -86,7 +85,6 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
     increment = num_microbatches * args.micro_batch_size * args.data_parallel_size
     engine.step(lr_kwargs={"increment": increment})   # the schedule counts samples, as Megatron's
     applied = engine.was_step_applied()
-    from minitron.training.training import reduce_losses   # the log's numbers, as Megatron's path
     grad_norm = engine.get_global_grad_norm() if applied else None
     return reduce_losses(losses_reduced), int(not applied), grad_norm, None
 # --8<-- [end:train-step]

@@ -6,7 +6,8 @@ call chain; set_global_variables fills them once, right after validate_args.
 
 from __future__ import annotations
 
-from minitron.core.num_microbatches_calculator import init_num_microbatches_calculator
+from minitron.core.num_microbatches_calculator import (destroy_num_microbatches_calculator,
+                                                       init_num_microbatches_calculator)
 from minitron.core.timers import Timers
 from minitron.trace import traced
 from minitron.training.tokenizer import build_tokenizer as _make_tokenizer
@@ -70,6 +71,5 @@ def _build_tokenizer(args):
 def unset_global_variables():
     """Forget everything (the fake backend replays initialisation once per simulated rank)."""
     global _GLOBAL_ARGS, _GLOBAL_TOKENIZER, _GLOBAL_TIMERS
-    from minitron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
     _GLOBAL_ARGS = _GLOBAL_TOKENIZER = _GLOBAL_TIMERS = None
     destroy_num_microbatches_calculator()

@@ -3,13 +3,20 @@ optimizer and learning-rate schedule over their parameters.
 
 Megatron keeps these in training.py; they have their own file here so training.py reads as
 the loop alone.
+
+DDP, the optimizers and the schedule are imported inside the functions that build them:
+``minitron trace`` imports this module (through pretrain) but, initializing only, builds no
+model, and they are about 0.1 s of imports it would pay before every trace.
 """
 
 from __future__ import annotations
 
+from contextlib import ExitStack, contextmanager
+
 from minitron.core import parallel_state as mpu
 from minitron.core.transformer.module import Float16Module
 from minitron.trace import traced
+from minitron.training.checkpointing import load_checkpoint
 from minitron.training.global_vars import get_args
 from minitron.training.training_log import print_parameter_count
 
@@ -40,6 +47,7 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
         model = [Float16Module(chunk.config, chunk) for chunk in model]
     if not wrap_with_ddp:
         return model
+    # Imported here, not at the top: `minitron trace` loads this module and builds no model.
     from minitron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     ddp_config = DistributedDataParallelConfig(
@@ -56,6 +64,7 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
 
 def get_optimizer_param_scheduler(optimizer):
     """Megatron's schedule arithmetic: steps are counted in samples, not iterations."""
+    # Lazy: no model, no schedule (see the module docstring).
     from minitron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     args = get_args()
@@ -76,6 +85,7 @@ def get_optimizer_param_scheduler(optimizer):
 
 @traced
 def setup_model_and_optimizer(model_provider_func, model_type):
+    # Lazy: no model, no optimizer (see the module docstring).
     from minitron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     args = get_args()
@@ -95,20 +105,17 @@ def setup_model_and_optimizer(model_provider_func, model_type):
     model_config = model[0].config if hasattr(model[0], "config") else model[0].module.config
     model_config.grad_scale_func = optimizer.scale_loss
     model_config.no_sync_func = model[0].no_sync if len(model) == 1 else _no_sync_all(model)
-    from minitron.core.distributed import finalize_model_grads
+    from minitron.core.distributed import finalize_model_grads  # lazy, as DDP in get_model
     model_config.finalize_model_grads_func = finalize_model_grads
     args.iteration = 0
     args.consumed_train_samples = 0
     if args.load is not None:
-        from minitron.training.checkpointing import load_checkpoint
         args.iteration = load_checkpoint(model, optimizer, opt_param_scheduler)
     return model, optimizer, opt_param_scheduler
 
 
 def _no_sync_all(model):
     """One no_sync context over every chunk (the interleaved schedule accumulates into all)."""
-    from contextlib import ExitStack, contextmanager
-
     @contextmanager
     def no_sync():
         with ExitStack() as stack:

@@ -1,4 +1,5 @@
-"""Megatron's training utilities: who prints, and get_batch (the micro-batch a rank computes on).
+"""Megatron's training utilities: who prints, get_batch (the micro-batch a rank computes on), and
+reduce_losses (the loss a step reports).
 
 Printing. Megatron's console lines come from one rank each: rank 0 for set-up news
 (print_rank_0), the last rank for what only the last pipeline stage knows, the loss
@@ -27,6 +28,7 @@ import torch
 from minitron.core import parallel_state as mpu
 from minitron.core.tensor_parallel import broadcast_data
 from minitron.trace import traced
+from minitron.training import global_vars
 
 # The launching process's console, if it wants one: a file it reads while the ranks run.
 CONSOLE_ENV = "MINITRON_CONSOLE"
@@ -149,6 +151,23 @@ def get_batch(data_iterator, create_attention_mask: bool | None = None, vp_stage
 
 
 def _args_flag(name: str, default):
-    from minitron.training import global_vars
     args = global_vars._GLOBAL_ARGS
     return default if args is None else getattr(args, name, default)
+
+
+def reduce_losses(losses_reduced) -> dict:
+    """One number per key from the micro-batches' reports: a [sum, count] pair is added up over
+    the micro-batches and the data-parallel-with-context ranks and divided once (Megatron's
+    token-weighted mean); a plain value is averaged over the micro-batches. train_step calls it
+    on Megatron's path and on DeepSpeed's (deepspeed_training.py), so it lives below both."""
+    loss = {}
+    for key in losses_reduced[0]:
+        values = torch.stack([d[key].view(-1) for d in losses_reduced]).float()
+        if values.size(1) == 2:
+            total = values.sum(dim=0)
+            group = mpu.get_data_parallel_group(with_context_parallel=True)
+            torch.distributed.all_reduce(total, group=group)
+            loss[key] = (total[0] / total[1].clamp(min=1)).item()
+        else:
+            loss[key] = values.mean().item()
+    return loss

@@ -13,7 +13,9 @@ test_svg.py) and read.
 from __future__ import annotations
 
 from minitron.cli.views import svg
+from minitron.cli.views.checks import group_calls
 from minitron.cli.views.layout import group_letter
+from minitron.core.rank_generator import DESC_TO_KEY
 
 CELL_W, CELL_H, GAP = 28, 22, 3
 LABEL_W = 30          # the "pp0" column
@@ -103,9 +105,6 @@ def _cell(kind: str, rank: int, index: int | None, kind_groups: list[list[int]],
 def groups_from_trace(records: list[dict]) -> dict[str, list[list[int]]]:
     """kind -> its groups, in creation order, from one rank's traced new_group calls (every rank
     creates every group, so any rank's record is the whole layout)."""
-    from minitron.cli.views.checks import group_calls
-    from minitron.core.rank_generator import DESC_TO_KEY
-
     groups: dict[str, list[list[int]]] = {}
     for ranks, desc, _backend in group_calls(records):
         key = DESC_TO_KEY.get(desc)

@@ -19,8 +19,11 @@ together share one time scale, so their lengths and bubbles compare directly.
 
 from __future__ import annotations
 
+import sys
+
 from minitron.cli.views import svg
-from minitron.cli.views.schedule import FORWARD, in_dependency_order, step_key
+from minitron.cli.views.schedule import FORWARD, in_dependency_order, pipeline_steps, step_key
+from minitron.cli.views.trace_dir import iterations, load_trace
 
 ROW_H, ROW_GAP, LABEL_W, RIGHT_W = 16, 3, 52, 150
 PLOT_W = 660 - LABEL_W - RIGHT_W
@@ -124,11 +127,6 @@ def _legend(y: float) -> str:
 def main(argv: list[str] | None = None) -> None:
     """``python -m minitron.cli.views.svg_timeline [--wall] NAME=DIR ...``: print the schedules of
     the traced iteration in each DIR as one picture."""
-    import sys
-
-    from minitron.cli.views.schedule import pipeline_steps
-    from minitron.cli.views.trace_dir import iterations, load_trace
-
     args = list(sys.argv[1:] if argv is None else argv)
     mode = "wall" if "--wall" in args else "replay"
     pairs = [a.split("=", 1) for a in args if a != "--wall"]

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from minitron.core import parallel_state as mpu
+from minitron.training.global_vars import get_args
+
 
 
 class MegatronPretrainingSampler:
@@ -128,10 +131,8 @@ def build_pretraining_data_loader(dataset, consumed_samples, args=None, data_par
     if dataset is None or len(dataset) == 0:  # not built on this rank, or nothing asked of it
         return None
     if args is None:
-        from minitron.training.global_vars import get_args
         args = get_args()
     if data_parallel_rank is None or data_parallel_size is None:
-        from minitron.core import parallel_state as mpu
         data_parallel_rank = mpu.get_data_parallel_rank()
         data_parallel_size = mpu.get_data_parallel_world_size()
     dataloader_type = getattr(args, "dataloader_type", None) or "single"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from functools import lru_cache
 
 # GPT-2's pre-tokenizer, as OpenAI's encoder.py and Megatron's gpt2_tokenization.py write it for
@@ -26,7 +27,7 @@ GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
 @lru_cache(maxsize=1)
 def _pattern():
     try:
-        import regex
+        import regex  # an optional package: GPT-2's own choice where installed, else `re` below
         return regex.compile(GPT2_PATTERN)
     except ImportError:
         return re.compile(_stdlib_pattern())
@@ -41,7 +42,6 @@ def _stdlib_pattern() -> str:
     four separators \x1c-\x1f, which `regex` does not count as space, so they are taken out.
     The one difference left: characters newer than Python's Unicode database are neither.
     """
-    import unicodedata
 
     def ranges(prefix: str) -> str:
         spans, start, prev = [], None, None

@@ -67,6 +67,8 @@ class GPT2BPETokenizer:
         if not vocab_file or not merge_file:
             raise ValueError("--tokenizer-type GPT2BPETokenizer needs --vocab-file VOCAB.json and "
                              "--merge-file MERGES.txt (`python -m minitron.tools.train_bpe` makes a pair)")
+        # Lazy: the BPE code loads for this tokenizer only; every command that checks Megatron's
+        # flags imports this module.
         from minitron.training.tokenizer.gpt2_tokenization import ENDOFTEXT, GPT2Tokenizer
         self.tokenizer = GPT2Tokenizer(vocab_file, merge_file)
         if ENDOFTEXT not in self.tokenizer.encoder:
@@ -91,7 +93,7 @@ class HuggingFaceTokenizer:
         if not tokenizer_model:
             raise ValueError("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model PATH/tokenizer.json")
         try:
-            from tokenizers import Tokenizer
+            from tokenizers import Tokenizer  # optional: only this tokenizer needs the package
         except ImportError:
             raise ValueError("--tokenizer-type HuggingFaceTokenizer needs the optional `tokenizers` "
                              "package: pip install tokenizers") from None
