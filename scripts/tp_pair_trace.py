@@ -102,7 +102,7 @@ def _label(record: dict) -> str:
     if name.startswith("torch.distributed."):
         shape = args.get("shape")
         return (f"{name.removeprefix('torch.distributed.')}  {args.get('group')} {args.get('ranks')}"
-                f"  shape {shape} {args.get('dtype', '')}".rstrip())
+                f"  shape {shape} {args.get('dtype', '')}".rstrip() + ("  async" if args.get("async_op") else ""))
     short = name.split(".")[-1] if not name.endswith(("forward", "backward")) else ".".join(name.split(".")[-2:])
     if name.startswith("tp_pair."):
         short = name
