@@ -64,10 +64,11 @@ def minitron_formula(s: int, b: int, h: int, a: int, t: int, sp: bool) -> dict[s
     """What minitron's fp32 layer saves, in bytes: 4 per element, dropout masks included."""
     sbh, sb, as2b = s * b * h, s * b, a * s * s * b
     shard = t if sp else 1                       # sequence parallelism splits the replicated part
-    # Replicated (or sequence-split): two norm inputs, two dropout masks. The inputs of linear_qkv
-    # and linear_fc1 are whole on every rank: sequence parallelism all-gathers them and F.linear
-    # keeps the gathered tensor. Split by heads / ffn: q, k, v, the context, GeLU's input and output.
-    elements = (4 * sbh) // shard + 2 * sbh + (3 + 1 + 4 + 4) * sbh // t
+    # Replicated (or sequence-split): two norm inputs, two dropout masks, and the inputs of
+    # linear_qkv and linear_fc1: with sequence parallelism those linears keep only this rank's
+    # rows and gather them again in backward. Split by heads / ffn: q, k, v, the context, GeLU's
+    # input and output.
+    elements = (6 * sbh) // shard + (3 + 1 + 4 + 4) * sbh // t
     norm_stats = 2 * 2 * sb // shard             # mean and 1/std of each norm, per token
     core = 3 * as2b // t                         # softmax output, dropout mask, dropout output
     mask = s * s                                 # the causal mask, bool, made per layer

@@ -3,6 +3,8 @@
     python scripts/tp_pair_trace.py                      # tp=2: one all-reduce each way
     python scripts/tp_pair_trace.py --sequence-parallel  # all-gather / reduce-scatter instead
     python scripts/tp_pair_trace.py --gpt                # a whole one-layer GPTModel instead
+    python scripts/tp_pair_trace.py --saved --seq 2048 --hidden 1024   # what sequence parallelism's
+                                                         # column linear keeps, and its all-gathers
 
 Each rank runs forward and backward once with tracing on; the script then prints rank 0's
 calls as a tree: every step with the shapes it saw, every collective with its group.
@@ -92,6 +94,54 @@ def gpt_step(seq: int = 4, batch: int = 2, hidden: int = 8, sequence_parallel: b
     forward_backward()
 
 
+def saved_bytes(seq: int, batch: int, hidden: int) -> dict:
+    """On a rank with the TP groups set up: the bytes autograd keeps, and the all-gathers run, in
+    one forward and backward of a sequence-parallel ColumnParallelLinear h -> 4h, two ways: as
+    the layer does it (keep my rows, gather them again in backward), and gathered once by the
+    mapping and kept whole."""
+    import torch
+    import torch.nn.functional as F
+
+    from minitron.core import parallel_state
+    from minitron.core.tensor_parallel import (
+        ColumnParallelLinear, gather_from_sequence_parallel_region, model_parallel_cuda_manual_seed)
+    from minitron.core.transformer import TransformerConfig
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    config = TransformerConfig(num_layers=1, hidden_size=hidden, num_attention_heads=tp,
+                               tensor_model_parallel_size=tp, sequence_parallel=True)
+    model_parallel_cuda_manual_seed(1234)
+    column = ColumnParallelLinear(hidden, 4 * hidden, config=config, init_method=config.init_method)
+    params = {p.untyped_storage().data_ptr() for p in column.parameters()}
+    gather = torch.distributed.all_gather_into_tensor
+
+    def run(layer) -> tuple[int, int]:
+        kept, gathers = {}, []
+
+        def pack(tensor):
+            if tensor.untyped_storage().data_ptr() not in params:
+                kept[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+            return tensor
+
+        def counted(*args, **kwargs):
+            gathers.append(1)
+            return gather(*args, **kwargs)
+
+        x = torch.randn(seq // tp, batch, hidden, requires_grad=True)   # my rows of the sequence
+        torch.distributed.all_gather_into_tensor = counted
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                y = layer(x)
+            y.sum().backward()
+        finally:
+            torch.distributed.all_gather_into_tensor = gather
+        return sum(kept.values()), len(gathers)
+
+    regather = run(lambda x: column(x)[0])
+    whole = run(lambda x: F.linear(gather_from_sequence_parallel_region(x), column.weight, column.bias))
+    return {"regather": regather, "whole": whole}
+
+
 def load_records(trace_dir: Path, rank: int) -> list[dict]:
     lines = (Path(trace_dir) / f"rank{rank}.jsonl").read_text().splitlines()
     return sorted((json.loads(line) for line in lines if line.strip()), key=lambda r: (r["start_us"], r["id"]))
@@ -102,7 +152,7 @@ def _label(record: dict) -> str:
     if name.startswith("torch.distributed."):
         shape = args.get("shape")
         return (f"{name.removeprefix('torch.distributed.')}  {args.get('group')} {args.get('ranks')}"
-                f"  shape {shape} {args.get('dtype', '')}".rstrip())
+                f"  shape {shape} {args.get('dtype', '')}".rstrip() + ("  async" if args.get("async_op") else ""))
     short = name.split(".")[-1] if not name.endswith(("forward", "backward")) else ".".join(name.split(".")[-2:])
     if name.startswith("tp_pair."):
         short = name
@@ -140,19 +190,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=8)
     parser.add_argument("--sequence-parallel", action="store_true")
     parser.add_argument("--gpt", action="store_true", help="trace a one-layer GPTModel, not the pair")
+    parser.add_argument("--saved", action="store_true", help="the bytes a sequence-parallel column linear "
+                        "keeps for backward, kept as its rows or gathered and whole")
     parser.add_argument("--keep", type=Path, help="trace into this directory and keep it (for "
                         "python -m minitron.cli.views.svg_shapes)")
     args = parser.parse_args(argv)
     if args.tp < (1 if args.gpt else 2) or args.hidden % args.tp or (args.sequence_parallel and args.seq % args.tp):
         parser.error("need --tp >= 2 (>= 1 with --gpt) dividing --hidden (and --seq, with --sequence-parallel)")
+    if args.saved and (args.gpt or args.keep or args.seq % args.tp):
+        parser.error("--saved measures one column linear: no --gpt or --keep, and --tp must divide --seq")
 
     from minitron.core import parallel_state
     from minitron.launcher import LaunchConfig, RankFailure, run_on_ranks, session_env
 
-    def rank_main(rank: int) -> None:
+    def rank_main(rank: int):
         parallel_state.initialize_model_parallel(args.tp)
+        if args.saved:
+            return saved_bytes(args.seq, args.batch, args.hidden)
         step = gpt_step if args.gpt else pair_step
         step(args.seq, args.batch, args.hidden, args.sequence_parallel)
+
+    if args.saved:
+        return _print_saved(args, run_on_ranks(rank_main, LaunchConfig(world_size=args.tp, warm=()))[0])
 
     with tempfile.TemporaryDirectory() as tmp:
         trace_dir = args.keep or Path(tmp) / "trace"
@@ -171,6 +230,19 @@ def main(argv: list[str] | None = None) -> int:
                   f"{' (its part of the sequence)' if args.sequence_parallel else ''}; "
                   f"Column h -> 4h, Row 4h -> h")
         print(render_tree(load_records(trace_dir, 0), GPT_STEP if args.gpt else STEP))
+    return 0
+
+
+def _print_saved(args, result: dict) -> int:
+    s, b, h, t = args.seq, args.batch, args.hidden, args.tp
+    (kept, gathers), (whole, once) = result["regather"], result["whole"]
+    print(f"rank 0 of {t}; ColumnParallelLinear h -> 4h with sequence parallelism, fp32; "
+          f"s={s} b={b} h={h} t={t}")
+    print(f"{'the input kept for backward':<40} {'bytes':>12} {'all-gathers':>12}")
+    print(f"{'its rows, gathered again (Megatron)':<40} {kept:>12,} {gathers:>12}")
+    print(f"{'the gathered whole':<40} {whole:>12,} {once:>12}")
+    print(f"saved: {whole - kept:,} bytes = s*b*h*(t-1)/t * 4 = {s * b * h * (t - 1) // t * 4:,}; "
+          f"the extra all-gather hands {s * b * h // t * 4:,} bytes (s*b*h/t * 4)")
     return 0
 
 

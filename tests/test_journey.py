@@ -47,7 +47,7 @@ CHAIN = ["pretrain_gpt.__main__", "pretrain", "initialize_megatron", "parse_args
          "get_accelerator", "set_global_variables", "init_num_microbatches_calculator",
          "_build_num_microbatches_calculator", "_build_tokenizer", "build_tokenizer", "finish_mpu_init",
          "_initialize_distributed", "init_distributed", "init_process_group",
-         "initialize_model_parallel", "_set_random_seed", "setup_model_and_optimizer", "get_model",
+         "initialize_model_parallel", "_set_global_memory_buffer", "_set_random_seed", "setup_model_and_optimizer", "get_model",
          "model_provider"]
 
 
@@ -64,6 +64,8 @@ def test_the_chain_starts_at_the_entry_and_runs_in_megatrons_order(run):
             == "initialize_megatron"
         assert parent["_build_num_microbatches_calculator"] == "init_num_microbatches_calculator"
         assert parent["build_tokenizer"] == "_build_tokenizer"
+        imp = firsts[CHAIN.index("initialize_model_parallel")]["id"]
+        assert journey.short([r for r in recs if r["parent"] == imp][-1]["name"]) == "_set_global_memory_buffer"
         calc = firsts[CHAIN.index("_build_num_microbatches_calculator")]["args"]
         assert (calc["global_batch_size"], calc["micro_batch_size"], calc["data_parallel_size"]) == (GBS, MBS, 2)
 

@@ -181,7 +181,8 @@ def test_shapes_are_the_traced_ones(tmp_path):
     # seq 4, batch 2, hidden 8 on 2 ranks: the script's defaults, as the trace recorded them
     assert tensors == {"x": ([2, 2, 8], "seq"), "x, gathered": ([4, 2, 8], None), "h": ([4, 2, 16], "hidden"),
                        "partial y": ([4, 2, 8], "partial"), "y": ([2, 2, 8], "seq")}
-    assert tp == 2 and backward == ["all_gather", "reduce_scatter"]
+    # backward: the Row's reduce-scatter turned around, then the Column's re-gather and reduce-scatter
+    assert tp == 2 and backward == ["all_gather", "all_gather", "reduce_scatter"]
     root = parse(shapes_svg([("sp", records)]))
     drawn = [g.get("data-shape") for g in root.iter(f"{NS}g") if g.get("data-tensor")]
     assert drawn == [str(s[2]) for s in steps if s[0] == "tensor"]

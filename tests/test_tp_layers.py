@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 import torch.nn.functional as F
 
@@ -130,3 +132,62 @@ def test_bad_shapes_get_one_clear_line():
     assert "input_is_parallel=True" in row_sp
     assert "output size: 7 is not divisible by 2" in col_out
     assert "num_attention_heads 3 is not divisible by tensor_model_parallel_size 2" in heads
+
+
+def _check_sequence_parallel_column(rank: int) -> dict:
+    """A column linear under sequence parallelism: serial numbers, and only my rows kept."""
+    tp, r = parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_rank()
+    config = _config(tp, sp=True)
+    model_parallel_cuda_manual_seed(5)
+    col = ColumnParallelLinear(H, OUT, config=config, init_method=config.init_method)
+    x = torch.randn(4, 2, H, generator=torch.Generator().manual_seed(1))         # the whole [s, b, h]
+    gy = torch.randn(4, 2, OUT, generator=torch.Generator().manual_seed(2))
+    mine = x.chunk(tp)[r].clone().requires_grad_()                              # my s/t rows
+    params = {p.untyped_storage().data_ptr() for p in col.parameters()}
+    saved = []
+
+    def pack(tensor):
+        if tensor.untyped_storage().data_ptr() not in params:
+            saved.append(list(tensor.shape))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        y, _ = col(mine)
+    y.backward(gy.chunk(tp, -1)[r])
+    w = col.weight.detach().clone()
+    ws, xs = w.new_zeros(OUT, H), x.clone().requires_grad_()
+    ws[r * OUT // tp:(r + 1) * OUT // tp] = w                                    # a serial linear on my
+    F.linear(xs, ws).backward(torch.cat([torch.zeros_like(g) if i != r else g    # output columns only:
+                                         for i, g in enumerate(gy.chunk(tp, -1))], -1))   # dx sums over ranks
+    buffers = parallel_state.get_global_memory_buffer().buffer
+    return {"saved": saved, "y": (y - F.linear(x, w)).abs().max().item(),
+            "dw": (col.weight.grad - gy.chunk(tp, -1)[r].reshape(-1, OUT // tp).t() @ x.reshape(-1, H)).abs().max().item(),
+            "my dx share": xs.grad, "dx": mine.grad, "buffers": [list(b.shape) for b in buffers.values()]}
+
+
+def test_sequence_parallel_column_keeps_only_its_rows_and_gathers_them_again_in_backward(tmp_path):
+    results = run_ranks(_check_sequence_parallel_column, world_size=2, tp=2, trace_dir=str(tmp_path))
+    summed_dx = sum(res["my dx share"] for res in results)                      # the serial dx
+    for r, res in enumerate(results):
+        assert res["saved"] == [[2, 2, H]], res["saved"]     # my 2 of 4 rows, not the gathered 4
+        assert res["y"] < 1e-6 and res["dw"] < 1e-6
+        assert (res["dx"] - summed_dx.chunk(2)[r]).abs().max() < 1e-6            # reduce-scattered
+        assert res["buffers"] == [[4 * 2 * H]]               # one "mpu" buffer, forward and backward
+        records = [json.loads(line) for line in (tmp_path / f"rank{r}.jsonl").read_text().splitlines()]
+        by_id = {rec["id"]: rec for rec in records}
+        gathers = [by_id[rec["parent"]]["name"].split(".")[-1] for rec in records
+                   if rec["name"] == "torch.distributed.all_gather_into_tensor"]
+        # once in forward, once more in backward (async, overlapping the input-gradient product)
+        assert gathers == ["linear_with_grad_accumulation_and_async_allreduce", "backward"]
+
+
+def test_global_memory_buffer_lends_one_growing_allocation_per_name():
+    from minitron.core.utils import GlobalMemoryBuffer
+    buf = GlobalMemoryBuffer()
+    a = buf.get_tensor([2, 3], torch.float32, "mpu")
+    b = buf.get_tensor([6], torch.float32, "mpu")
+    assert a.data_ptr() == b.data_ptr()                      # same name, same memory
+    assert buf.get_tensor([2], torch.float32, "other").data_ptr() != a.data_ptr()
+    big = buf.get_tensor([4, 4], torch.float32, "mpu")       # grows: a fresh, larger allocation
+    assert big.shape == (4, 4) and buf.buffer[("mpu", torch.float32, torch.device("cpu"))].numel() == 16
+    assert buf.get_tensor([3], torch.float16, "mpu").dtype == torch.float16   # one per dtype

@@ -40,7 +40,10 @@ def _run(tmp_path: Path, sequence_parallel: bool) -> Path:
     return trace_dir
 
 
-def test_pair_has_one_all_reduce_forward_under_row_and_one_backward_under_copy_to(tmp_path):
+LINEAR_BACKWARD = "minitron.core.tensor_parallel.layers.LinearWithGradAccumulationAndAsyncCommunication.backward"
+
+
+def test_pair_has_one_all_reduce_forward_under_row_and_one_backward_in_the_column_linear(tmp_path):
     trace_dir = _run(tmp_path, sequence_parallel=False)
     for rank in (0, 1):
         collectives, by_id = _collectives(trace_dir, rank)
@@ -48,7 +51,9 @@ def test_pair_has_one_all_reduce_forward_under_row_and_one_backward_under_copy_t
         forward, backward = collectives
         assert "minitron.core.tensor_parallel.layers.RowParallelLinear.forward" in _ancestors(forward, by_id)
         assert "tp_pair.forward" in _ancestors(forward, by_id)
-        assert by_id[backward["parent"]]["name"].endswith("_CopyToModelParallelRegion.backward")
+        # f's all-reduce, issued by the column linear's own backward (allreduce_dgrad), async
+        assert by_id[backward["parent"]]["name"] == LINEAR_BACKWARD
+        assert backward["args"].get("async_op") is True and "async_op" not in forward["args"]
         assert "tp_pair.backward" in _ancestors(backward, by_id)
         for c in collectives:
             assert c["args"]["group"] == TP_GROUP and c["args"]["ranks"] == [0, 1]
@@ -60,18 +65,24 @@ def test_sequence_parallel_pair_gathers_and_reduce_scatters_instead(tmp_path):
     collectives, by_id = _collectives(trace_dir, 0)
     names = [c["name"].removeprefix("torch.distributed.") for c in collectives]
     assert names == ["all_gather_into_tensor", "reduce_scatter_tensor",     # forward: Column, Row
-                     "all_gather_into_tensor", "reduce_scatter_tensor"]     # backward: Row, Column
-    assert all(c["args"]["group"] == TP_GROUP for c in collectives)
-    assert "ColumnParallelLinear.forward" in by_id[by_id[collectives[0]["parent"]]["parent"]]["name"]
+                     "all_gather_into_tensor",                              # backward: Row,
+                     "all_gather_into_tensor", "reduce_scatter_tensor"]     # Column: re-gather, dgrad
+    assert all(c["args"]["group"] == TP_GROUP and c["args"]["ranks"] == [0, 1] for c in collectives)
+    assert "minitron.core.tensor_parallel.layers.ColumnParallelLinear.forward" in _ancestors(collectives[0], by_id)
     assert collectives[0]["args"]["shape"] == [2, 2, 8]   # my half of the sequence goes in
     assert collectives[1]["args"]["shape"] == [4, 2, 8]   # the whole sequence's partial sums
+    regather, dgrad = collectives[3:]                     # the column linear's backward, both async
+    assert by_id[regather["parent"]]["name"] == by_id[dgrad["parent"]]["name"] == LINEAR_BACKWARD
+    assert regather["args"]["shape"] == [2, 2, 8] and dgrad["args"]["shape"] == [4, 2, 8]
+    assert regather["args"]["async_op"] is True and dgrad["args"]["async_op"] is True
 
 
 def test_rendered_tree_names_layers_groups_and_shapes(tmp_path):
     trace_dir = _run(tmp_path, sequence_parallel=False)
     text = tp_pair_trace.render_tree(tp_pair_trace.load_records(trace_dir, 0))
-    assert "RowParallelLinear.forward" in text and "_CopyToModelParallelRegion.backward" in text
+    assert "RowParallelLinear.forward" in text and "LinearWithGradAccumulationAndAsyncCommunication.backward" in text
     assert text.count(f"all_reduce  {TP_GROUP} [0, 1]  shape [4, 2, 8]") == 2
+    assert text.count("float32  async") == 1              # only the backward one returns at once
 
 
 def test_every_collective_of_a_gpt_step_sits_under_the_step_that_issued_it(tmp_path):
@@ -82,12 +93,14 @@ def test_every_collective_of_a_gpt_step_sits_under_the_step_that_issued_it(tmp_p
     step = next(r for r in records if r["name"] == tp_pair_trace.GPT_STEP)
     collectives = [r for r in records if r["name"].startswith("torch.distributed.")
                    and step["name"] in _ancestors(r, by_id)]
-    issuers = [by_id[c["parent"]]["name"].split(".")[-1] if "mappings" not in by_id[c["parent"]]["name"]
-               else by_id[c["parent"]]["name"].split("mappings.")[-1] for c in collectives]
+    issuers = [by_id[c["parent"]]["name"].split("mappings.")[-1].split("layers.")[-1].split(".")[-1]
+               if "backward" not in by_id[c["parent"]]["name"]
+               else ".".join(by_id[c["parent"]]["name"].split(".")[-2:]) for c in collectives]
     assert all(c["args"]["group"] == TP_GROUP for c in collectives)
     # forward: embedding, attention projection, MLP fc2 (g each), the loss's max / target / sum;
-    # backward: the three column-parallel inputs (f each): qkv, fc1, output layer.
+    # backward: the three column-parallel linears' input gradients (f each, inside the linear):
+    # output layer, fc1, qkv.
     assert issuers == (["reduce_from_tensor_model_parallel_region"] * 3 + ["vocab_parallel_cross_entropy"] * 3
-                       + ["_CopyToModelParallelRegion.backward"] * 3)
+                       + ["LinearWithGradAccumulationAndAsyncCommunication.backward"] * 3)
     embedding = collectives[0]
     assert "minitron.core.tensor_parallel.layers.VocabParallelEmbedding.forward" in _ancestors(embedding, by_id)

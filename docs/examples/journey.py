@@ -111,15 +111,21 @@ def chain(trace_dir, rank: int = 0) -> None:
     def depth(record):
         return 0 if record["parent"] is None else 1 + depth(by_id[record["parent"]])
 
-    for record in records:
-        name = short(record["name"])
-        if name == "new_group":
-            print("  " * depth(record) + "new_group × …  (chapter 6)")
-            break
+    def show(record):
         indent = "  " * depth(record)
         text = f"{display(record['name'])}  {_args_text(record['args'])}".rstrip()
         print(textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "    ",
                             break_on_hyphens=False))
+
+    for i, record in enumerate(records):
+        if short(record["name"]) == "new_group":
+            print("  " * depth(record) + "new_group × …  (chapter 6)")
+            # ... and what initialize_model_parallel does after its groups (the memory buffer)
+            for later in records[i:]:
+                if later["parent"] == record["parent"] and short(later["name"]) != "new_group":
+                    show(later)
+            break
+        show(record)
 
 
 def get_model(trace_dir, logs: dict[int, str]) -> None:

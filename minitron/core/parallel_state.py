@@ -16,6 +16,7 @@ from datetime import timedelta
 import torch
 
 from minitron.core.rank_generator import DEFAULT_ORDER, all_groups, generators, validate_parallel_sizes
+from minitron.core.utils import GlobalMemoryBuffer
 from minitron.trace import traced
 
 # One module-level slot per group kind: the group this rank belongs to, and its global ranks.
@@ -27,6 +28,7 @@ _GLOBAL_RANKS: dict[str, list[int]] = {}
 _VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK = None
 _VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE = None
 _RANK = None  # this process's global rank, read once: it is asked thousands of times below
+_GLOBAL_MEMORY_BUFFER: GlobalMemoryBuffer | None = None  # scratch the sequence-parallel linears borrow
 
 
 def create_group(ranks, timeout=None, backend=None, group_desc=None):
@@ -87,6 +89,9 @@ def initialize_model_parallel(
                 twin = create_group(ranks, timeout=timeout, backend="gloo", group_desc=desc + "_GLOO")
                 if _RANK in ranks:
                     _keep(key + "-gloo", ranks, twin)
+
+    # Last, as in Megatron: the scratch memory the layers borrow (tensor_parallel/layers.py).
+    _set_global_memory_buffer()
 
 
 def is_initialized() -> bool:
@@ -315,3 +320,26 @@ def destroy_model_parallel() -> None:
     _GLOBAL_RANKS.clear()
     _VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK = None
     _VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE = None
+    destroy_global_memory_buffer()
+
+
+# The global memory buffer ------------------------------------------------------------------
+@traced
+def _set_global_memory_buffer() -> None:
+    """Make the one GlobalMemoryBuffer of this process (it allocates nothing until asked)."""
+    global _GLOBAL_MEMORY_BUFFER
+    if _GLOBAL_MEMORY_BUFFER is not None:
+        raise RuntimeError("the global memory buffer already exists; destroy_model_parallel first")
+    _GLOBAL_MEMORY_BUFFER = GlobalMemoryBuffer()
+
+
+def get_global_memory_buffer() -> GlobalMemoryBuffer:
+    if _GLOBAL_MEMORY_BUFFER is None:
+        raise RuntimeError("no global memory buffer: is initialize_model_parallel done?")
+    return _GLOBAL_MEMORY_BUFFER
+
+
+def destroy_global_memory_buffer() -> None:
+    """Drop the buffer (and, once no view of it is alive, its memory)."""
+    global _GLOBAL_MEMORY_BUFFER
+    _GLOBAL_MEMORY_BUFFER = None

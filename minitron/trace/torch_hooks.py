@@ -75,6 +75,8 @@ def _collective_args(name: str, args: tuple, kwargs: dict) -> dict:
             record[key] = str(kwargs[key]) if key == "op" else kwargs[key]
     if name in ("send", "isend", "recv", "irecv", "broadcast", "reduce") and len(args) > 1:
         record.setdefault("dst" if name in ("send", "isend", "reduce") else "src", args[1])
+    if kwargs.get("async_op"):   # returns at once; the caller waits on the handle later
+        record["async_op"] = True
     record.update(describe_group(group))
     return record
 

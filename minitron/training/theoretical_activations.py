@@ -26,9 +26,9 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
     Term by term what this code saves (Megatron's paper counts the same places for its
     kernels): each layernorm its input, each linear its input, the attention its q k v and
     either its probabilities (with attention dropout: the unfused path) or its output and
-    log-sum-exp (torch's fused kernel), GeLU its input, each dropout its mask. Without
-    sequence parallelism the linears' input is the layernorm's output; with it, the gathered
-    whole sequence (minitron's linears keep it; Megatron re-gathers it in backward)."""
+    log-sum-exp (torch's fused kernel), GeLU its input, each dropout its mask. A column-parallel
+    linear keeps the layernorm's output it was given: with sequence parallelism that is this
+    rank's s/t rows, which it gathers again in backward (layers.py), not the whole sequence."""
     e = DTYPE_BYTES[args.params_dtype]
     t, b, h = args.tensor_model_parallel_size, args.micro_batch_size, args.hidden_size
     s = args.seq_length // args.context_parallel_size        # cp: each rank its share of s
@@ -43,7 +43,7 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
         norm = 2 * local * b * h * e + local * b * 4         # input, x/rms, 1/rms
     else:
         norm = local * b * h * e + 2 * local * b * 4         # input, mean and 1/std
-    layer = 2 * norm + 2 * s * b * h * e                     # two norms, qkv and fc1 inputs
+    layer = 2 * norm + 2 * local * b * h * e                 # two norms, qkv and fc1 inputs
     layer += s * b * (q + 2 * args.kv_channels * groups) * e  # q, k, v (one tensor)
     if _flag(args, "position_embedding_type") == "rope":     # rotated q and k, cos and sin twice
         rotated = int(args.kv_channels * args.rotary_percent)
@@ -84,7 +84,7 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
         total += drop
     if post:
         vocab = args.padded_vocab_size // t
-        total += norm + s * b * h * e                        # final norm, output layer input
+        total += norm + local * b * h * e                    # final norm, output layer input
         total += s * b * (vocab * 4 + 1 + 8)                 # softmax (fp32), mask, targets
         total += b * args.seq_length * 4                     # the loss mask
     return total

@@ -54,10 +54,13 @@ def _tp_traffic(args, pre: bool, post: bool, layers: int, tally: _Tally, times: 
     s = args.seq_length // args.context_parallel_size
     whole = s * b * h * e
     if args.sequence_parallel:
-        # Each column-parallel input: all-gather forward (hands its s/t rows), reduce-scatter
-        # backward (hands the whole); each row-parallel output: the reverse.
-        tally.add("tp", whole // t, times * (2 * layers + (1 if post else 0)))   # gathers in forward
-        tally.add("tp", whole, times * (2 * layers + (1 if post else 0)))        # their backward
+        # Each column-parallel input: all-gather forward (hands its s/t rows); in backward the
+        # linear gathers its rows again (it kept only those) and reduce-scatters the input
+        # gradient (hands the whole); each row-parallel output: the reverse.
+        columns = 2 * layers + (1 if post else 0)                                # qkv, fc1, output
+        tally.add("tp", whole // t, times * columns)                             # gathers in forward
+        tally.add("tp", whole // t, times * columns)                             # again in backward
+        tally.add("tp", whole, times * columns)                                  # their backward
         tally.add("tp", whole, times * 2 * layers)                               # reduce-scatters
         tally.add("tp", whole // t, times * (2 * layers + (1 if pre else 0)))    # their backward
     else:

@@ -7,7 +7,8 @@ The names are Megatron's ``megatron.core.tensor_parallel``: code written against
 from minitron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from minitron.core.tensor_parallel.data import broadcast_data
 from minitron.core.tensor_parallel.layers import (
-    ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
+    ColumnParallelLinear, LinearWithGradAccumulationAndAsyncCommunication, RowParallelLinear,
+    VocabParallelEmbedding, linear_with_grad_accumulation_and_async_allreduce,
     param_is_not_tensor_parallel_duplicate, set_tensor_model_parallel_attributes,
 )
 from minitron.core.tensor_parallel.mappings import (
@@ -24,6 +25,7 @@ from minitron.core.tensor_parallel.utils import VocabUtility, divide
 
 __all__ = [
     "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
+    "LinearWithGradAccumulationAndAsyncCommunication", "linear_with_grad_accumulation_and_async_allreduce",
     "param_is_not_tensor_parallel_duplicate", "set_tensor_model_parallel_attributes",
     "copy_to_tensor_model_parallel_region", "reduce_from_tensor_model_parallel_region",
     "scatter_to_tensor_model_parallel_region", "gather_from_tensor_model_parallel_region",

@@ -11,6 +11,11 @@ Put one after the other (MLP h -> 4h -> h, attention qkv -> proj) and the slice 
 produces is exactly the slice the second wants: one all-reduce in forward (the Row's sum) and
 one in backward (the Column's input gradient) per pair, nothing in between.
 
+Both linears multiply through ``linear_with_grad_accumulation_and_async_allreduce``, whose
+autograd function does the Column's backward communication itself, overlapped with the
+weight-gradient product; with sequence parallelism it also gathers the sequence itself, into
+a borrowed buffer, and keeps only this rank's part of the input for backward.
+
 Weights are built the way Megatron builds them with ``--use-cpu-initialization``: every rank
 draws the *full* master weight from the same CPU generator and keeps its slice. For the same
 seed, the slices of a TP run put together are bit-for-bit the weights of a serial run.
@@ -26,9 +31,9 @@ from torch.nn.parameter import Parameter
 
 from minitron.core import parallel_state
 from minitron.core.tensor_parallel.mappings import (
-    copy_to_tensor_model_parallel_region, gather_from_sequence_parallel_region,
-    gather_from_tensor_model_parallel_region, reduce_from_tensor_model_parallel_region,
-    reduce_scatter_to_sequence_parallel_region, scatter_to_tensor_model_parallel_region,
+    copy_to_tensor_model_parallel_region, gather_from_tensor_model_parallel_region,
+    reduce_from_tensor_model_parallel_region, reduce_scatter_to_sequence_parallel_region,
+    scatter_to_tensor_model_parallel_region,
 )
 from minitron.core.tensor_parallel.utils import VocabUtility, divide
 from minitron.trace import traced
@@ -77,6 +82,90 @@ def _layer_args(self, input_, weight=None, runtime_gather_output=None):
     """What a traced linear layer records: its input and the weight slice it multiplies by."""
     w = weight if weight is not None else self.weight
     return {"input": short_value(input_), "weight": short_value(w)}
+
+
+def _grad_args(ctx, grad_output):
+    return {"grad_output": short_value(grad_output)}
+
+
+def _all_gather_sequence(input_: torch.Tensor, group, async_op: bool = False):
+    """All-gather the sequence (first) dimension into the global buffer "mpu": (tensor, handle)."""
+    shape = list(input_.shape)
+    shape[0] *= group.size()
+    total = parallel_state.get_global_memory_buffer().get_tensor(shape, input_.dtype, "mpu", input_.device)
+    handle = torch.distributed.all_gather_into_tensor(total, input_.contiguous(), group=group,
+                                                      async_op=async_op)
+    return total, handle
+
+
+class LinearWithGradAccumulationAndAsyncCommunication(torch.autograd.Function):
+    """Y = X W^T + b, with the tensor-parallel communication of X's gradient done inside.
+
+    Without sequence parallelism, ``allreduce_dgrad`` all-reduces dL/dX (what f's backward
+    would do) and starts it *before* the weight gradient is computed, so the two overlap.
+
+    With sequence parallelism, X arrives as this rank's s/t rows. Forward gathers the whole
+    sequence into the shared buffer, multiplies, and saves only the local rows: autograd keeps
+    s*b*h/t elements instead of s*b*h. Backward gathers them again (started before the input
+    gradient's product, which does not need them), then reduce-scatters dL/dX (started before
+    the weight gradient's product). One more all-gather per layer buys (t-1)/t of the input.
+
+    Megatron's ``gradient_accumulation_fusion`` adds the weight gradient straight into the
+    fp32 ``main_grad`` with a CUDA kernel (APEX's fused_weight_gradient_mlp_cuda); minitron
+    has no such kernel, returns the gradient to autograd, and lets the DDP buffer take it.
+    """
+
+    @staticmethod
+    def forward(ctx, input_, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
+                sequence_parallel, group):
+        if gradient_accumulation_fusion:
+            raise ValueError("gradient_accumulation_fusion needs a CUDA kernel minitron does not have")
+        ctx.save_for_backward(input_, weight)          # with sequence parallelism: my rows only
+        ctx.use_bias, ctx.group = bias is not None, group
+        ctx.allreduce_dgrad, ctx.sequence_parallel = allreduce_dgrad, sequence_parallel
+        total_input = _all_gather_sequence(input_, group)[0] if sequence_parallel else input_
+        return F.linear(total_input, weight, bias)     # the buffer is free again after this
+
+    @staticmethod
+    @traced(args=_grad_args)
+    def backward(ctx, grad_output):
+        input_, weight = ctx.saved_tensors
+        group, need_wgrad = ctx.group, ctx.needs_input_grad[1]
+        handle = None
+        if ctx.sequence_parallel and need_wgrad:       # the whole sequence again, for dL/dW
+            total_input, handle = _all_gather_sequence(input_, group, async_op=True)
+        else:
+            total_input = input_
+        grad_input = grad_output.matmul(weight)        # dL/dX: overlaps the gather
+        if handle is not None:
+            handle.wait()
+        handle = None
+        if ctx.allreduce_dgrad:                        # f's all-reduce, overlapping dL/dW
+            handle = torch.distributed.all_reduce(grad_input, group=group, async_op=True)
+        elif ctx.sequence_parallel:                    # sum and keep my rows, overlapping dL/dW
+            summed, grad_input = grad_input, torch.empty_like(input_)
+            handle = torch.distributed.reduce_scatter_tensor(grad_input, summed.contiguous(),
+                                                             group=group, async_op=True)
+        grad_2d = grad_output.reshape(-1, grad_output.size(-1))
+        grad_weight = grad_2d.t().matmul(total_input.reshape(-1, total_input.size(-1))) if need_wgrad else None
+        grad_bias = grad_2d.sum(dim=0) if ctx.use_bias else None
+        if handle is not None:
+            handle.wait()
+        return grad_input, grad_weight, grad_bias, None, None, None, None
+
+
+@traced(args=lambda input_, weight, bias, *a, **k: {"input": short_value(input_), "weight": short_value(weight),
+                                                   "sequence_parallel": k.get("sequence_parallel")})
+def linear_with_grad_accumulation_and_async_allreduce(input_, weight, bias, gradient_accumulation_fusion: bool,
+                                                      allreduce_dgrad: bool, sequence_parallel: bool,
+                                                      tp_group=None):
+    """Megatron's entry to the function above (same name, same arguments, fewer of them)."""
+    group = parallel_state.get_tensor_model_parallel_group() if tp_group is None else tp_group
+    if allreduce_dgrad and sequence_parallel:
+        raise ValueError("allreduce_dgrad and sequence_parallel exclude each other: "
+                         "with sequence parallelism the input gradient is reduce-scattered")
+    return LinearWithGradAccumulationAndAsyncCommunication.apply(
+        input_, weight, bias, gradient_accumulation_fusion, allreduce_dgrad, sequence_parallel, group)
 
 
 class VocabParallelEmbedding(torch.nn.Module):
@@ -143,6 +232,9 @@ class ColumnParallelLinear(torch.nn.Module):
         self.output_size_per_partition = divide(output_size, world_size, "output size")
         # With one rank there is no sequence to split: sequence parallelism means nothing.
         self.sequence_parallel = config.sequence_parallel and world_size > 1
+        # Without it, the input gradient is a sum over the group (f's backward): the linear's
+        # own backward all-reduces it. With it, its backward reduce-scatters instead.
+        self.allreduce_dgrad = world_size > 1 and not self.sequence_parallel
         if skip_weight_param_allocation:
             self.weight = None  # the weight is passed to forward (the tied output layer)
         else:
@@ -169,13 +261,14 @@ class ColumnParallelLinear(torch.nn.Module):
         elif weight.shape != (self.output_size_per_partition, self.input_size):
             raise RuntimeError(f"weight has shape {tuple(weight.shape)}, expected "
                                f"{(self.output_size_per_partition, self.input_size)}")
-        if self.sequence_parallel:
-            # The input arrives as my part of the sequence: gather the whole sequence first.
-            input_parallel = gather_from_sequence_parallel_region(input_)
+        if self.allreduce_dgrad or self.sequence_parallel:
+            input_parallel = input_   # the linear's own backward does f's all-reduce (or more)
         else:
             input_parallel = copy_to_tensor_model_parallel_region(input_)
         bias = self.bias if not self.skip_bias_add else None
-        output_parallel = F.linear(input_parallel, weight, bias)
+        output_parallel = linear_with_grad_accumulation_and_async_allreduce(
+            input_parallel, weight, bias, gradient_accumulation_fusion=False,
+            allreduce_dgrad=self.allreduce_dgrad, sequence_parallel=self.sequence_parallel)
         gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
         output = gather_from_tensor_model_parallel_region(output_parallel) if gather else output_parallel
         return output, (self.bias if self.skip_bias_add else None)
@@ -218,7 +311,10 @@ class RowParallelLinear(torch.nn.Module):
     @traced(args=_layer_args)
     def forward(self, input_: torch.Tensor):
         input_parallel = input_ if self.input_is_parallel else scatter_to_tensor_model_parallel_region(input_)
-        output_parallel = F.linear(input_parallel, self.weight)
+        # No communication inside: the row-parallel input gradient is already this rank's own.
+        output_parallel = linear_with_grad_accumulation_and_async_allreduce(
+            input_parallel, self.weight, None, gradient_accumulation_fusion=False,
+            allreduce_dgrad=False, sequence_parallel=False)
         if self.sequence_parallel:
             output = reduce_scatter_to_sequence_parallel_region(output_parallel)
         else:

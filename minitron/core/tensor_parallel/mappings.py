@@ -6,13 +6,17 @@ whose forward does one collective and whose backward does the *conjugate* one, b
 gradient of a communication step is the communication that undoes its data flow:
 
     forward                         backward                 used by
-    identity (copy)            <->  all-reduce               ColumnParallelLinear input  ("f")
+    identity (copy)            <->  all-reduce               ColumnParallelLinear input  ("f")*
     all-reduce                 <->  identity                 RowParallelLinear output    ("g")
     split last dim             <->  all-gather last dim      RowParallelLinear, input not parallel
     all-gather last dim        <->  split last dim           ColumnParallelLinear, gather_output
     split first dim (seq)      <->  all-gather first dim     embedding output, sequence parallel
-    all-gather first dim (seq) <->  reduce-scatter first dim ColumnParallelLinear input, seq. par.
+    all-gather first dim (seq) <->  reduce-scatter first dim a column-parallel input, seq. par.*
     reduce-scatter first dim   <->  all-gather first dim     RowParallelLinear output, seq. par.
+
+* With tp > 1, ColumnParallelLinear does these two inside its own autograd function instead
+  (layers.py: LinearWithGradAccumulationAndAsyncCommunication), so that it can overlap them
+  with its weight gradient and, with sequence parallelism, keep only its rows of the input.
 
 Every collective goes through the module attribute (``torch.distributed.all_reduce(...)``), on
 the tensor-model-parallel group from parallel_state, so the tracer records it with the group's
