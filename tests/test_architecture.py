@@ -100,9 +100,6 @@ ALLOW: list[tuple[str, str, str]] = [
     ("minitron/comm/comm.py", "import socket", "why"),
     ("minitron/comm/comm.py", "import subprocess", "why"),
     ("minitron/comm/comm.py", "from mpi4py import MPI", "why"),
-    # core/tensor_parallel/random.py: to the module's top (no cycle; the accelerator is loaded
-    # before any model is built).
-    ("minitron/core/tensor_parallel/random.py", "from minitron.accelerator import get_accelerator", "why"),
     # launcher/debug.py: "# only a rank asked to wait for a debugger loads debugpy" on the line.
     ("minitron/launcher/debug.py", "import debugpy", "why"),
     # launcher/launch.py _warm_parent: a comment above the block, "# Here, not at the top: the CLI

@@ -25,6 +25,7 @@ import contextlib
 
 import torch
 
+from minitron.accelerator import get_accelerator
 from minitron.core import parallel_state
 
 _MODEL_PARALLEL_RNG_TRACKER_NAME = "model-parallel-rng"
@@ -38,7 +39,6 @@ _EXPERT_PARALLEL_RNG_TRACKER_NAME = "expert-parallel-rng"
 # so the scheme holds wherever the activations live (CPU ranks, GPU ranks, CPU tests on a
 # machine that happens to have a GPU).
 def _on_cuda() -> bool:
-    from minitron.accelerator import get_accelerator
     return get_accelerator().device_count() > 0
 
 
