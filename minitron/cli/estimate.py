@@ -39,11 +39,17 @@ def count(n: int) -> str:
 
 
 def refuse_moe(args) -> None:
-    """Expert layers are not in the arithmetic yet: their all-to-all sizes follow the routing;
-    nor is DeepSpeed's engine, whose ZeRO stages hold and send other things."""
+    """Expert layers are not in the arithmetic yet: their all-to-all sizes follow the routing.
+    DeepSpeed's ZeRO stages are (theoretical_zero.py), but for what it names as not recounted."""
     if getattr(args, "deepspeed", False):
-        raise UserError("--deepspeed: minitron estimate counts Megatron's path (DDP, the distributed "
-                        "optimizer), not DeepSpeed's ZeRO stages yet; drop --deepspeed to estimate that")
+        from minitron.runtime import DeepSpeedConfigError
+        from minitron.training.theoretical_zero import not_estimated
+        try:
+            refused = not_estimated(args)
+        except DeepSpeedConfigError as exc:   # --check: the run's config moved or changed
+            raise UserError(f"--deepspeed-config {args.deepspeed_config} of the traced run: {exc}") from None
+        if refused:
+            raise UserError(refused)
     if getattr(args, "num_experts", None):
         raise UserError(f"--num-experts {args.num_experts}: minitron estimate does not count mixture-of-experts "
                         "layers yet (their all-to-all follows the routing); estimate the dense model without it")
