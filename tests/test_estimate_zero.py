@@ -117,7 +117,10 @@ LAYOUTS = {
     # Odd sizes (fc1 of 71 or 35 rows, three layers) so that the flat groups and the stage-3
     # pieces are padded.
     "dp2-fp32": (2, ["--ffn-hidden-size", "71"], False, (0, 1, 2, 3)),
-    "tp2-dp2-bf16": (4, ["--tp", "2", "--ffn-hidden-size", "70", "--bf16"], True, (1, 2, 3)),
+    # Full recomputation of two layers of three: at stage 3 their modules gather a third time.
+    "tp2-dp2-bf16-recompute": (4, ["--tp", "2", "--ffn-hidden-size", "70", "--bf16", "--recompute-granularity",
+                                   "full", "--recompute-method", "block", "--recompute-num-layers", "2"],
+                               True, (1, 2, 3)),
 }
 
 
@@ -166,18 +169,17 @@ def test_param_groups_are_the_optimizers():
     assert all(p.name.endswith(".bias") or "layernorm" in p.name for p in one_d)
 
 
-def test_what_is_not_estimated_is_one_line(capsys, monkeypatch):
-    """ZeRO-3 with full recomputation gathers again in the recomputed forward: refused, one line."""
+def test_offload_is_refused_in_one_line(capsys, monkeypatch, tmp_path):
+    """The engine does not offload, so neither is it estimated: the ds_config's own refusal."""
     import sys
-    from pathlib import Path
 
     from minitron.cli import main
 
-    config = Path(__file__).resolve().parents[1] / "docs/examples/ds_config_pretrain.json"   # stage 3
-    monkeypatch.setattr(sys, "argv", ["minitron", "estimate", "--world", "2", *MODEL, "--deepspeed-config",
-                                      str(config), "--recompute-granularity", "full", "--recompute-method",
-                                      "uniform", "--recompute-num-layers", "1"])
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 1, "zero_optimization":
+                                  {"stage": 3, "offload_param": {"device": "cpu"}}}))
+    monkeypatch.setattr(sys, "argv", ["minitron", "estimate", "--world", "2", *MODEL, "--deepspeed-config", str(config)])
     with pytest.raises(SystemExit) as stop:
         main()
     err = capsys.readouterr().err
-    assert stop.value.code == 2 and "full at ZeRO stage 3" in err and len(err.strip().splitlines()) == 1, err
+    assert stop.value.code == 2 and "offload_param: offloading" in err and len(err.strip().splitlines()) == 1, err

@@ -34,7 +34,7 @@ forward gathers.
 from __future__ import annotations
 
 from minitron.runtime import DeepSpeedConfig
-from minitron.training.theoretical_params import DTYPE_BYTES, Param, num_microbatches
+from minitron.training.theoretical_params import DTYPE_BYTES, Param, chunk_layers, num_microbatches
 
 NCCL_START_ALIGNMENT_FACTOR = 2   # stage_1_and_2.py pads each flat group to 2 x dp elements
 
@@ -45,14 +45,6 @@ def _pad(n: int, k: int) -> int:
 
 def zero_stage(args) -> int:
     return DeepSpeedConfig(args.deepspeed_config, world_size=args.data_parallel_size).zero_optimization_stage
-
-
-def not_estimated(args) -> str | None:
-    """A --deepspeed run the arithmetic below does not recount, as one line (or None)."""
-    if args.recompute_granularity == "full" and zero_stage(args) == 3:
-        return ("--recompute-granularity full at ZeRO stage 3: the recomputed forward gathers the weights "
-                "again, which minitron estimate does not count yet; estimate without recomputation")
-    return None
 
 
 def param_groups(plist: list[Param]) -> list[list[Param]]:
@@ -128,6 +120,22 @@ def _bucket_reduces(plist: list[Param], groups: list[list[Param]], dp: int, buck
     return calls
 
 
+def _layer_of(module: str) -> int | None:
+    parts = module.split(".")
+    return int(parts[2]) if parts[:2] == ["decoder", "layers"] else None
+
+
+def _recomputed(args) -> set[int]:
+    """Layers whose forward runs again in backward (--recompute-granularity full): at stage 3
+    their modules gather once more. The first pass runs without grad, so it leaves no
+    gather-before-backward behind; the recomputation does."""
+    if args.recompute_granularity != "full":
+        return set()
+    layers = list(chunk_layers(args, 0, 0))
+    n = len(layers) if args.recompute_method == "uniform" else args.recompute_num_layers   # as comm's
+    return set(layers[:n])                                                                 # recomputed_layers
+
+
 def _modules(plist: list[Param]) -> dict[str, list[Param]]:
     """Parameters by the module that registers them (stage 3 gathers per module)."""
     out: dict[str, list[Param]] = {}
@@ -147,9 +155,12 @@ def zero_comm(args, plist: list[Param], tally) -> None:
     flats = [_pad(sum(p.numel for p in g), NCCL_START_ALIGNMENT_FACTOR * dp) for g in groups]
     if stage == 3:
         piece = {p.name: -(-p.numel // dp) for p in plist}
+        again = _recomputed(args)
         for name, params in _modules(plist).items():
             gathered = sum(piece[p.name] for p in params) * e
             tally.add("dp", gathered, 2 * m)            # before its forward, before its backward
+            if _layer_of(name) in again:                 # and before the recomputed forward
+                tally.add("dp", gathered, m)
         if not args.untie_embeddings_and_output_weights:  # the output layer reads the embedding
             tally.add("dp", piece["embedding.word_embeddings.weight"] * e, m)   # gathered again
         for p in plist:                                  # each gradient, padded to dp pieces
