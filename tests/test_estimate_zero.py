@@ -183,3 +183,32 @@ def test_offload_is_refused_in_one_line(capsys, monkeypatch, tmp_path):
         main()
     err = capsys.readouterr().err
     assert stop.value.code == 2 and "offload_param: offloading" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_deepspeeds_formulas_term_by_term():
+    """DeepSpeed's estimate_zero2/3_model_states_mem_needs (no offload) for a 175B rank (tp 8 x
+    dp 128, bf16), against ours term by term: 2-byte weights (ZeRO-2: all, ZeRO-3: P/N), a
+    2-byte gradient partition, 4 + 8 bytes of master and moments per partition element, equal
+    up to the padding. What DeepSpeed adds: an fp32 gradient partition (4P/N; ours exists only
+    inside step()), and at ZeRO-3 the largest layer gathered with its gradient (4 bytes each)
+    in place of the 2-byte gradient partition."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "docs/examples/zero_cost.py"
+    spec = importlib.util.spec_from_file_location("zero_cost", path)
+    zero_cost = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(zero_cost)
+    for stage in (2, 3):
+        args, rank = zero_cost.costs(stage)
+        P, N = rank.params, args.data_parallel_size
+        largest = zero_cost.largest_module(model_params(args, 0, 0))
+        held = rank.memory
+        assert held["params"] == pytest.approx(2 * P if stage == 2 else 2 * P / N, rel=1e-6)
+        assert held["grads"] == pytest.approx(2 * P / N, rel=1e-6)
+        assert held["optimizer"] == pytest.approx(12 * P / N, rel=1e-6)
+        ours = held["params"] + held["grads"] + held["optimizer"]
+        theirs = zero_cost.deepspeed(stage, P, largest, N)
+        extra = 4 * P / N if stage == 2 else 4 * largest + 2 * P / N
+        assert theirs - ours == pytest.approx(extra, rel=1e-5)
+    assert largest == args.padded_vocab_size // 8 * args.hidden_size   # the word embedding's shard

@@ -99,7 +99,7 @@ def render(args, costs, total: int) -> None:
     engine = ""
     if getattr(args, "deepspeed", False):
         from minitron.training.theoretical_zero import zero_stage
-        engine = f"; DeepSpeed's engine, ZeRO stage {zero_stage(args)}"
+        engine = f"; DeepSpeed ZeRO-{zero_stage(args)}"
     console.print(f"model: {count(total)}{exact} parameters, the tied embedding once; {args.params_dtype}{engine}")
     console.print(f"largest rank: {big.rank} (stage {big.role[0]}) needs {human(sum(big.memory.values()))}", highlight=False)
     console.print("  " + ", ".join(f"{k} {human(big.memory[k])}" for k in MEMORY), highlight=False)

@@ -12,8 +12,9 @@ which, per group:
 * stage 3 (stage3.py): cuts every parameter on its own into dp pieces of ceil(n / dp), keeps
   its pieces end to end, and gathers a module's parameters only while the module runs.
 
-So, with e the weight's bytes (2 in bf16/fp16, 4 in fp32; the gradient has the weight's dtype)
-and the partition's elements (padding included) times 4 for the master and 4 per moment:
+So, with P the rank's parameter elements, flat the flat buffers' (padded), pieces the stage-3
+pieces', e the weight's bytes (2 in bf16/fp16, 4 in fp32; the gradient has the weight's dtype)
+and k the optimizer's fp32 moments (2 for Adam), a rank holds between micro-batches:
 
     stage      weights            gradients                 optimizer
     0          flat x e           P x e   (p.grad)          flat x (4 + 4k)
@@ -26,9 +27,9 @@ of m micro-batches: stage 0 all-reduces, stage 1 reduce-scatters each flat gradi
 last micro-batch; stage 2 reduces every gradient during each backward, bucket by bucket, to the
 ranks owning its elements (P x e per micro-batch); stage 3 all-gathers each module's pieces
 before its forward and again before its backward, and reduce-scatters each gradient (padded to
-dp pieces). The step then all-reduces the overflow flag (fp32) and the squared norm (fp64) over
-dp and tp, and stages 1 and 2 all-gather the updated partitions. Stage 3 does not: the next
-forward gathers.
+dp pieces); with full recomputation the recomputed layers gather a third time. The step then
+all-reduces the overflow flag (fp32) and the squared norm (fp64) over dp and tp, and stages 1
+and 2 all-gather the updated partitions. Stage 3 does not: the next forward gathers.
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ def zero_stage(args) -> int:
 def param_groups(plist: list[Param]) -> list[list[Param]]:
     """_get_param_groups' two groups, in its order: matrices (weight decay), then the 1-D
     parameters (biases, norms) without it; an empty group is not made."""
-    plain = [p for p in plist if not (p.name.endswith(".bias") or "layernorm." in p.name)]
-    one_d = [p for p in plist if p not in plain]
-    return [g for g in (plain, one_d) if g]
+    groups: tuple[list, list] = ([], [])
+    for p in plist:
+        groups[p.name.endswith(".bias") or "layernorm." in p.name].append(p)
+    return [g for g in groups if g]
 
 
 def _state_bytes(args) -> int:
@@ -61,7 +63,6 @@ def _state_bytes(args) -> int:
     return 4 + 4 * moments
 
 
-# --8<-- [start:zero_memory]
 def zero_memory(args, plist: list[Param], dp_rank: int) -> tuple[int, dict]:
     """(parameters of the model on the rank, {"params", "grads", "optimizer"} bytes held)."""
     stage, dp = zero_stage(args), args.data_parallel_size
@@ -80,7 +81,6 @@ def zero_memory(args, plist: list[Param], dp_rank: int) -> tuple[int, dict]:
     else:            # every p.grad, accumulated over the micro-batches
         grads = total * e
     return total, {"params": sum(flats) * e, "grads": grads, "optimizer": sum(sizes) * state}
-# --8<-- [end:zero_memory]
 
 
 def _bucket_reduces(plist: list[Param], groups: list[list[Param]], dp: int, bucket_size: int) -> list[int]:
@@ -136,6 +136,12 @@ def _recomputed(args) -> set[int]:
     return set(layers[:n])                                                                 # recomputed_layers
 
 
+def largest_module(plist: list[Param]) -> int:
+    """Elements of the module with the most parameters of its own: what stage 3 gathers at once
+    (DeepSpeed's estimate_zero3_model_states_mem_needs calls it the largest layer)."""
+    return max(sum(p.numel for p in params) for params in _modules(plist).values())
+
+
 def _modules(plist: list[Param]) -> dict[str, list[Param]]:
     """Parameters by the module that registers them (stage 3 gathers per module)."""
     out: dict[str, list[Param]] = {}
@@ -144,7 +150,6 @@ def _modules(plist: list[Param]) -> dict[str, list[Param]]:
     return out
 
 
-# --8<-- [start:zero_comm]
 def zero_comm(args, plist: list[Param], tally) -> None:
     """Add to ``tally`` (theoretical_comm._Tally) what the engine sends in one train_step:
     the gradients' reduction, the step's statistics, the partitions published, the loss."""
@@ -182,4 +187,3 @@ def zero_comm(args, plist: list[Param], tally) -> None:
         for flat in flats:
             tally.add("dp", flat // dp * e)
     tally.add("dp-cp", 8)   # train_step's loss: [sum, tokens], summed over the data-parallel ranks
-# --8<-- [end:zero_comm]
