@@ -1,7 +1,8 @@
 """`minitron estimate --deepspeed` against execution: ZeRO stages 1, 2 and 3, rank by rank.
 
-One launch of forked gloo ranks per layout runs pretrain's DeepSpeed path three times, one
-engine per ZeRO stage (a fresh model each), one traced train_step each. Each rank measures what
+One launch of forked gloo ranks per layout runs pretrain's DeepSpeed path once per ZeRO stage
+(stages 0-3 at dp 2 in fp32; 2 and 3 at tp 2 x dp 2 in bf16 with recomputation): a fresh model
+and engine each, one traced train_step each, from one data iterator. Each rank measures what
 it really holds: the storages behind its parameters (stage 3: its pieces), its gradients once
 the last backward is done (before engine.step), its optimizer state after the step (fp32
 master and moments), and the bytes autograd saves in every micro-batch. Then on every rank:
@@ -58,12 +59,15 @@ def _held(argv, configs):
         from minitron.training.initialize import initialize_megatron
         from minitron.training.training import train_step
 
-        initialize_megatron(args_defaults=ARGS_DEFAULTS, argv=argv + ["--deepspeed-config", configs[0]])
+        # --train-iters as many as stages: one data iterator serves them all, a step each.
+        initialize_megatron(args_defaults=ARGS_DEFAULTS, argv=argv + ["--deepspeed-config", configs[0],
+                                                                      "--train-iters", str(len(configs))])
+        get_args().iteration = get_args().consumed_train_samples = 0   # as setup_model_and_optimizer sets
+        train_iter, _, _ = build_train_valid_test_data_iterators(train_valid_test_datasets_provider)
         out = []
         for config in configs:
             get_args().deepspeed_config = config
             model, optimizer, scheduler = setup_model_and_optimizer(model_provider, "encoder_or_decoder")
-            train_iter, _, _ = build_train_valid_test_data_iterators(train_valid_test_datasets_provider)
             engine, params = model[0], list(model[0].module.parameters())
             weights = {id(p) for p in params}
             units, seen_at_step = [], {}
@@ -118,9 +122,10 @@ LAYOUTS = {
     # pieces are padded.
     "dp2-fp32": (2, ["--ffn-hidden-size", "71"], False, (0, 1, 2, 3)),
     # Full recomputation of two layers of three: at stage 3 their modules gather a third time.
+    # (Stage 1 sends over tp what stage 2 does; the first layout has it.)
     "tp2-dp2-bf16-recompute": (4, ["--tp", "2", "--ffn-hidden-size", "70", "--bf16", "--recompute-granularity",
                                    "full", "--recompute-method", "block", "--recompute-num-layers", "2"],
-                               True, (1, 2, 3)),
+                               True, (2, 3)),
 }
 
 
