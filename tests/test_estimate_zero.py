@@ -1,4 +1,4 @@
-"""`minitron estimate --deepspeed` against execution: ZeRO stages 1, 2 and 3, rank by rank.
+"""`minitron estimate --deepspeed` against execution: ZeRO stages 0 to 3, rank by rank.
 
 One launch of forked gloo ranks per layout runs pretrain's DeepSpeed path once per ZeRO stage
 (stages 0-3 at dp 2 in fp32; 2 and 3 at tp 2 x dp 2 in bf16 with recomputation): a fresh model
