@@ -39,11 +39,9 @@ def count(n: int) -> str:
 
 
 def refuse_moe(args) -> None:
-    """Expert layers are not in the arithmetic yet: their all-to-all sizes follow the routing;
-    nor is DeepSpeed's engine, whose ZeRO stages hold and send other things."""
-    if getattr(args, "deepspeed", False):
-        raise UserError("--deepspeed: minitron estimate counts Megatron's path (DDP, the distributed "
-                        "optimizer), not DeepSpeed's ZeRO stages yet; drop --deepspeed to estimate that")
+    """Expert layers are not in the arithmetic yet: their all-to-all sizes follow the routing.
+    (DeepSpeed's ZeRO stages are, theoretical_zero.py; what the engine does not run, such as
+    offloading, the ds_config's validation refuses before this.)"""
     if getattr(args, "num_experts", None):
         raise UserError(f"--num-experts {args.num_experts}: minitron estimate does not count mixture-of-experts "
                         "layers yet (their all-to-all follows the routing); estimate the dense model without it")
@@ -98,7 +96,11 @@ def render(args, costs, total: int) -> None:
 
     big = max(costs, key=lambda c: (sum(c.memory.values()), -c.rank))
     exact = f" ({total:,})" if count(total) != f"{total:,}" else ""
-    console.print(f"model: {count(total)}{exact} parameters, the tied embedding once; {args.params_dtype}")
+    engine = ""
+    if getattr(args, "deepspeed", False):
+        from minitron.training.theoretical_zero import zero_stage
+        engine = f"; DeepSpeed ZeRO-{zero_stage(args)}"
+    console.print(f"model: {count(total)}{exact} parameters, the tied embedding once; {args.params_dtype}{engine}")
     console.print(f"largest rank: {big.rank} (stage {big.role[0]}) needs {human(sum(big.memory.values()))}", highlight=False)
     console.print("  " + ", ".join(f"{k} {human(big.memory[k])}" for k in MEMORY), highlight=False)
 
@@ -150,6 +152,13 @@ def check_trace(trace_dir: Path, as_json: bool) -> None:
                         "or initialization only): trace `minitron pretrain --train-iters 1 --trace DIR` again")
     args = argparse.Namespace(**recorded)
     refuse_moe(args)
+    if getattr(args, "deepspeed", False):   # the stage and buckets are in the run's ds_config
+        from minitron.runtime import DeepSpeedConfig, DeepSpeedConfigError
+        try:
+            DeepSpeedConfig(args.deepspeed_config, world_size=args.data_parallel_size)
+        except DeepSpeedConfigError as exc:
+            raise UserError(f"{trace_dir} is a --deepspeed run whose ds_config cannot be read from here ({exc}); "
+                            "run --check where the run started") from None
     if not any(r["name"].endswith(".train_step") for records in runs.values() for r in records):
         raise UserError(f"{trace_dir} holds no train_step: trace a training run (pretrain --train-iters 1 --trace DIR)")
     if getattr(args, "padded_vocab_size", None) is None:
@@ -181,7 +190,7 @@ def check_trace(trace_dir: Path, as_json: bool) -> None:
             table.add_row(str(rank), *cells)
         console.print(table)
         if bad:
-            skipped = _skipped_step(runs)
+            skipped = _skipped_step(runs) and not getattr(args, "deepspeed", False)   # Megatron's step only
             console.print(f"[red]{len(bad)} of {len(report)} ranks differ from the estimate: {rank_ranges(bad)}[/red]"
                           + (" (the fp16 step was skipped for overflow: no norm, no all-gather)" if skipped else ""))
         else:

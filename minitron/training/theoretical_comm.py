@@ -17,6 +17,7 @@ from __future__ import annotations
 from minitron.training.theoretical_params import (
     DTYPE_BYTES, chunk_ends, chunk_layers, chunks_of, num_microbatches,
 )
+from minitron.training.theoretical_zero import zero_comm
 
 
 class _Tally(dict):
@@ -121,6 +122,9 @@ def comm_bytes(args, pp_rank: int, stage: list) -> _Tally:
         if pp > 1:
             tally.add("pp", p2p, m * (0 if post else 1))       # activation forward
             tally.add("pp", p2p, m * (0 if pre else 1))        # its gradient backward
+    if getattr(args, "deepspeed", False):   # DeepSpeed's engine reduces and steps instead
+        zero_comm(args, stage[0][0], tally)
+        return tally
     # finalize_model_grads: the data-parallel reduction of every bucket of every chunk, ...
     sp_grads = 0
     for plist, (buckets, _) in stage:

@@ -37,6 +37,7 @@ from minitron.training.theoretical_comm import comm_bytes
 from minitron.training.theoretical_params import (
     DTYPE_BYTES, Param, chunks_of, model_params, total_params,
 )
+from minitron.training.theoretical_zero import zero_memory
 
 _PARAM_START_ALIGN, _BUCKET_END_ALIGN = 64, 128   # param_and_grad_buffer's padding, elements
 
@@ -118,6 +119,8 @@ def stage_buffers(args, pp_rank: int) -> list[tuple[list[Param], tuple]]:
 def weight_and_optimizer_bytes(args, stage: list, dp_rank: int) -> tuple[int, dict]:
     """(parameters on the rank, {"params", "grads", "optimizer"} bytes); ``stage`` is
     stage_buffers' answer for the rank's pipeline stage."""
+    if getattr(args, "deepspeed", False):   # DeepSpeed's engine holds ZeRO's partitions instead
+        return zero_memory(args, stage[0][0], dp_rank)
     e = DTYPE_BYTES[args.params_dtype]
     grad_e = 4 if args.accumulate_allreduce_grads_in_fp32 else e
     dp, dist_opt = args.data_parallel_size * args.context_parallel_size, args.use_distributed_optimizer
@@ -147,7 +150,8 @@ def _roles(args):
         for d in dense.order:
             digits[d], rank = rank % dense.size[d], rank // dense.size[d]
         dp_rank = digits["dp"] * cp + digits["cp"]   # its place in the dp-cp group
-        return digits["pp"], dp_rank if args.use_distributed_optimizer else 0
+        sharded = args.use_distributed_optimizer or getattr(args, "deepspeed", False)
+        return digits["pp"], dp_rank if sharded else 0
     return role
 
 

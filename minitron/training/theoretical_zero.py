@@ -1,0 +1,189 @@
+"""Memory and communication of a rank under ``--deepspeed``: what DeepSpeed's engine
+(minitron/runtime/engine.py and zero/) holds and sends in place of DDP and Megatron's optimizer.
+
+The model, its activations and its tensor-parallel traffic are Megatron's (the other
+theoretical_*.py files); what changes is everything around the gradients. The engine hands the
+torch optimizer's param groups (weights that decay, then biases and norms that do not) to ZeRO,
+which, per group:
+
+* stages 0-2 (stage_1_and_2.py): copies the group end to end into one flat buffer padded to a
+  multiple of 2 x dp, cuts it into dp equal partitions (stage 0: one, the whole buffer), and
+  keeps an fp32 master copy of *its* partition, which is all the torch optimizer ever sees;
+* stage 3 (stage3.py): cuts every parameter on its own into dp pieces of ceil(n / dp), keeps
+  its pieces end to end, and gathers a module's parameters only while the module runs.
+
+So, with P the rank's parameter elements, flat the flat buffers' (padded), pieces the stage-3
+pieces', e the weight's bytes (2 in bf16/fp16, 4 in fp32; the gradient has the weight's dtype)
+and k the optimizer's fp32 moments (2 for Adam), a rank holds between micro-batches:
+
+    stage      weights            gradients                 optimizer
+    0          flat x e           P x e   (p.grad)          flat x (4 + 4k)
+    1          flat x e           P x e   (p.grad)          flat/dp x (4 + 4k)
+    2          flat x e           flat/dp x e (reduced)     flat/dp x (4 + 4k)
+    3          pieces x e         pieces x e                pieces x (4 + 4k)
+
+Communication on the data-parallel group (key ``dp``, the engine's mpu group) in one iteration
+of m micro-batches: stage 0 all-reduces, stage 1 reduce-scatters each flat gradient once, at the
+last micro-batch; stage 2 reduces every gradient during each backward, bucket by bucket, to the
+ranks owning its elements (P x e per micro-batch); stage 3 all-gathers each module's pieces
+before its forward and again before its backward, and reduce-scatters each gradient (padded to
+dp pieces); with full recomputation the recomputed layers gather a third time. The step then
+all-reduces the overflow flag (fp32) and the squared norm (fp64) over dp and tp, and stages 1
+and 2 all-gather the updated partitions. Stage 3 does not: the next forward gathers.
+"""
+
+from __future__ import annotations
+
+from minitron.runtime import DeepSpeedConfig
+from minitron.training.theoretical_params import DTYPE_BYTES, Param, chunk_layers, num_microbatches
+
+NCCL_START_ALIGNMENT_FACTOR = 2   # stage_1_and_2.py pads each flat group to 2 x dp elements
+
+
+def _pad(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def zero_stage(args) -> int:
+    return DeepSpeedConfig(args.deepspeed_config, world_size=args.data_parallel_size).zero_optimization_stage
+
+
+def param_groups(plist: list[Param]) -> list[list[Param]]:
+    """_get_param_groups' two groups, in its order: matrices (weight decay), then the 1-D
+    parameters (biases, norms) without it; an empty group is not made."""
+    groups: tuple[list, list] = ([], [])
+    for p in plist:
+        groups[p.name.endswith(".bias") or "layernorm." in p.name].append(p)
+    return [g for g in groups if g]
+
+
+def _state_bytes(args) -> int:
+    """Per partition element: the fp32 master and the torch optimizer's fp32 moments."""
+    moments = 2 if args.optimizer == "adam" else (1 if args.sgd_momentum else 0)
+    return 4 + 4 * moments
+
+
+def zero_memory(args, plist: list[Param], dp_rank: int) -> tuple[int, dict]:
+    """(parameters of the model on the rank, {"params", "grads", "optimizer"} bytes held)."""
+    stage, dp = zero_stage(args), args.data_parallel_size
+    e, state = DTYPE_BYTES[args.params_dtype], _state_bytes(args)
+    groups = param_groups(plist)
+    total = sum(p.numel for p in plist)
+    if stage == 3:   # every parameter cut alone: my piece of each, end to end
+        pieces = sum(-(-p.numel // dp) for g in groups for p in g)
+        return total, {"params": pieces * e, "grads": pieces * e, "optimizer": pieces * state}
+    count = dp if stage >= 1 else 1
+    numels = [sum(p.numel for p in g) for g in groups]
+    flats = [_pad(n, NCCL_START_ALIGNMENT_FACTOR * dp) for n in numels]
+    sizes = [f // count for f in flats]
+    if stage == 2:   # a partition of the reduced gradient, made once some of it is real
+        grads = sum(size for n, size in zip(numels, sizes) if dp_rank * size < n) * e
+    else:            # every p.grad, accumulated over the micro-batches
+        grads = total * e
+    return total, {"params": sum(flats) * e, "grads": grads, "optimizer": sum(sizes) * state}
+
+
+def _bucket_reduces(plist: list[Param], groups: list[list[Param]], dp: int, bucket_size: int) -> list[int]:
+    """ZeRO-2's reduces of one backward (buckets.py): elements of each call. Gradients are
+    taken as they arrive, assumed here in reverse registration order (the bytes do not depend
+    on the order, the number of calls a little); one reduce per owner of a bucket's elements."""
+    where, sizes = {}, []
+    for i, g in enumerate(groups):
+        offset = 0
+        for p in g:
+            where[p.name] = (i, offset)
+            offset += p.numel
+        sizes.append(_pad(offset, NCCL_START_ALIGNMENT_FACTOR * dp) // dp)
+    order = list(reversed(plist))
+    calls, bucket, elements = [], [], 0
+
+    def flush():
+        owned: dict[int, int] = {}
+        for p in bucket:
+            i, first = where[p.name]
+            end = first + p.numel
+            while first < end:
+                owner = first // sizes[i]
+                n = min(end, (owner + 1) * sizes[i]) - first
+                owned[owner] = owned.get(owner, 0) + n
+                first += n
+        calls.extend(owned[k] for k in sorted(owned))
+
+    for p in order:
+        if bucket and elements + p.numel > bucket_size:
+            flush()
+            bucket, elements = [], 0
+        bucket.append(p)
+        elements += p.numel
+    if bucket:
+        flush()
+    return calls
+
+
+def _layer_of(module: str) -> int | None:
+    parts = module.split(".")
+    return int(parts[2]) if parts[:2] == ["decoder", "layers"] else None
+
+
+def _recomputed(args) -> set[int]:
+    """Layers whose forward runs again in backward (--recompute-granularity full): at stage 3
+    their modules gather once more. The first pass runs without grad, so it leaves no
+    gather-before-backward behind; the recomputation does."""
+    if args.recompute_granularity != "full":
+        return set()
+    layers = list(chunk_layers(args, 0, 0))
+    n = len(layers) if args.recompute_method == "uniform" else args.recompute_num_layers   # as comm's
+    return set(layers[:n])                                                                 # recomputed_layers
+
+
+def largest_module(plist: list[Param]) -> int:
+    """Elements of the module with the most parameters of its own: what stage 3 gathers at once
+    (DeepSpeed's estimate_zero3_model_states_mem_needs calls it the largest layer)."""
+    return max(sum(p.numel for p in params) for params in _modules(plist).values())
+
+
+def _modules(plist: list[Param]) -> dict[str, list[Param]]:
+    """Parameters by the module that registers them (stage 3 gathers per module)."""
+    out: dict[str, list[Param]] = {}
+    for p in plist:
+        out.setdefault(p.name.rsplit(".", 1)[0], []).append(p)
+    return out
+
+
+def zero_comm(args, plist: list[Param], tally) -> None:
+    """Add to ``tally`` (theoretical_comm._Tally) what the engine sends in one train_step:
+    the gradients' reduction, the step's statistics, the partitions published, the loss."""
+    cfg = DeepSpeedConfig(args.deepspeed_config, world_size=args.data_parallel_size)
+    stage, dp, t = cfg.zero_optimization_stage, args.data_parallel_size, args.tensor_model_parallel_size
+    m, e = num_microbatches(args), DTYPE_BYTES[args.params_dtype]
+    groups = param_groups(plist)
+    flats = [_pad(sum(p.numel for p in g), NCCL_START_ALIGNMENT_FACTOR * dp) for g in groups]
+    if stage == 3:
+        piece = {p.name: -(-p.numel // dp) for p in plist}
+        again = _recomputed(args)
+        for name, params in _modules(plist).items():
+            gathered = sum(piece[p.name] for p in params) * e
+            tally.add("dp", gathered, 2 * m)            # before its forward, before its backward
+            if _layer_of(name) in again:                 # and before the recomputed forward
+                tally.add("dp", gathered, m)
+        if not args.untie_embeddings_and_output_weights:  # the output layer reads the embedding
+            tally.add("dp", piece["embedding.word_embeddings.weight"] * e, m)   # gathered again
+        for p in plist:                                  # each gradient, padded to dp pieces
+            tally.add("dp", piece[p.name] * dp * e, m)
+    elif stage == 2:
+        for n in _bucket_reduces(plist, groups, dp, cfg.zero_config.reduce_bucket_size):
+            tally.add("dp", n * e, m)
+    else:                                                # once, after the last micro-batch
+        for flat in flats:
+            tally.add("dp", flat * e)                    # all-reduce (0) or reduce-scatter (1)
+    # engine.step: the overflow flag, the squared norm (fp64), over dp and then tp ...
+    tally.add("dp", 4)
+    if dp > 1 and stage >= 1:
+        tally.add("dp", 8)
+    if t > 1:
+        tally.add("tp", 4)
+        tally.add("tp", 8)
+    if stage in (1, 2) and dp > 1:                       # ... my updated partition, to everyone
+        for flat in flats:
+            tally.add("dp", flat // dp * e)
+    tally.add("dp-cp", 8)   # train_step's loss: [sum, tokens], summed over the data-parallel ranks
