@@ -83,10 +83,23 @@ def zero_memory(args, plist: list[Param], dp_rank: int) -> tuple[int, dict]:
     return total, {"params": sum(flats) * e, "grads": grads, "optimizer": sum(sizes) * state}
 
 
+def arrival_order(plist: list[Param]) -> list[Param]:
+    """The order in which backward completes the gradients: reverse registration order (the
+    last module's first), except that a linear adding its bias inside its own autograd function
+    (linear_qkv; the others hand the bias back with skip_bias_add) returns the weight's gradient
+    first and the bias's with it, so the weight's accumulates first."""
+    order = list(reversed(plist))
+    for i in range(len(order) - 1):
+        bias, weight = order[i], order[i + 1]
+        if bias.name.endswith("linear_qkv.bias") and weight.name == bias.name[:-4] + "weight":
+            order[i], order[i + 1] = weight, bias
+    return order
+
+
 def _bucket_reduces(plist: list[Param], groups: list[list[Param]], dp: int, bucket_size: int) -> list[int]:
     """ZeRO-2's reduces of one backward (buckets.py): elements of each call. Gradients are
-    taken as they arrive, assumed here in reverse registration order (the bytes do not depend
-    on the order, the number of calls a little); one reduce per owner of a bucket's elements."""
+    taken as they arrive (the bytes do not depend on the order, the number of calls a little);
+    one reduce per owner of a bucket's elements."""
     where, sizes = {}, []
     for i, g in enumerate(groups):
         offset = 0
@@ -94,7 +107,6 @@ def _bucket_reduces(plist: list[Param], groups: list[list[Param]], dp: int, buck
             where[p.name] = (i, offset)
             offset += p.numel
         sizes.append(_pad(offset, NCCL_START_ALIGNMENT_FACTOR * dp) // dp)
-    order = list(reversed(plist))
     calls, bucket, elements = [], [], 0
 
     def flush():
@@ -109,7 +121,7 @@ def _bucket_reduces(plist: list[Param], groups: list[list[Param]], dp: int, buck
                 first += n
         calls.extend(owned[k] for k in sorted(owned))
 
-    for p in order:
+    for p in arrival_order(plist):
         if bucket and elements + p.numel > bucket_size:
             flush()
             bucket, elements = [], 0

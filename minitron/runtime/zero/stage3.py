@@ -15,9 +15,12 @@ exists only while a module needs it:
 So a rank holds P/dp parameters, P/dp gradients and P/dp optimizer states between steps, plus,
 at any moment, the full parameters of the modules being run. Releasing means dropping the
 parameter's reference to the gathered buffer; an autograd node that saved a *view* of a weight
-(torch's linear saves ``weight.t()``) keeps that buffer alive until backward frees it, which is
-why DeepSpeed swaps ``F.linear`` for its own autograd function that saves the parameter itself.
-minitron leaves torch's linear alone: the numbers are the same, the peak is higher.
+(torch's ``F.linear`` saves ``weight.t()``) keeps that buffer alive until backward frees it,
+which is why DeepSpeed swaps ``F.linear`` for its own autograd function that saves the parameter
+itself. minitron's tensor-parallel linears already do: Megatron's
+LinearWithGradAccumulationAndAsyncCommunication (core/tensor_parallel/layers.py) saves the
+weight parameter, so a released weight's buffer goes at once and backward reads the re-gathered
+one.
 
 The optimizer side is stage 2's: the fp32 master is my pieces, end to end; the step is the
 same, except that the updated pieces are *not* all-gathered (the next forward gathers them).
