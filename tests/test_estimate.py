@@ -77,7 +77,8 @@ def _held(argv):
             chunk.train()
         get_args().curr_iteration = 0
         train_step(measured, train_iter, model, optimizer, scheduler)
-        grads = sum(b.grad_data.untyped_storage().nbytes() for chunk in model for b in chunk.buffers)
+        grads = sum(b.grad_data.untyped_storage().nbytes() for chunk in model
+                    for b in chunk.buffers + getattr(chunk, "expert_parallel_buffers", []))
         inner = optimizer.optimizer
         state = sum(t.untyped_storage().nbytes() for s in inner.state.values() for k, t in s.items() if k != "step")
         main = sum(p.untyped_storage().nbytes() for g in inner.param_groups for p in g["params"]
