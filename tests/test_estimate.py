@@ -280,7 +280,6 @@ def test_json_is_instant_and_torch_free():
     (["--world", "2", "--num-layer", "4"], "no such option --num-layer"),
     (["--check", "/nonexistent-dir"], "holds no rank*.jsonl"),
     (["--check", "/tmp", "--world", "2"], "drop the other flags"),
-    (["--world", "4", "--ep", "2", "--num-experts", "4", *MODEL[:-4]], "does not count mixture-of-experts"),
     (["--world", "2", *MODEL, "--global-batch-size", "4", "--deepspeed", "--deepspeed-config",
       str(Path(__file__).resolve().parents[1] / "docs/examples/ds_config_pretrain.json")], "not DeepSpeed's ZeRO stages"),
 ])

@@ -69,3 +69,11 @@ def test_moe_params_against_closed_form():
     per_rank = tmu.estimate(estimate_args(8, "--ep", "4", *flags))[0].params
     serial = tmu.estimate(estimate_args(1, *flags))[0].params
     assert serial - per_rank == layers * (e - e // 4) * 2 * h * ffn   # 3/4 of the experts elsewhere
+
+
+def test_estimate_refuses_padding_without_capacity(capsys, monkeypatch):
+    from test_estimate import minitron
+
+    code, out, err = minitron(capsys, monkeypatch, "estimate", "--world", "2", "--ep", "2", "--num-experts", "4",
+                              "--moe-pad-expert-input-to-capacity", *MODEL)
+    assert code == 2 and "give --moe-expert-capacity-factor" in err and len(err.strip().splitlines()) == 1, err

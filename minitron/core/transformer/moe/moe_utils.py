@@ -33,6 +33,7 @@ import math
 import torch
 
 from minitron.core import parallel_state
+from minitron.trace import traced
 
 
 def get_capacity(num_tokens: int, num_experts: int, capacity_factor: float) -> int:
@@ -41,6 +42,9 @@ def get_capacity(num_tokens: int, num_experts: int, capacity_factor: float) -> i
     return math.ceil(num_tokens / num_experts * capacity_factor)
 
 
+@traced(args=lambda probs, routing_map, topk, capacity_factor, pad_to_capacity=False: {
+    "tokens": probs.shape[0], "chosen_per_expert": routing_map.sum(dim=0).tolist(),
+    "capacity": get_capacity(probs.shape[0] * topk, probs.shape[1], capacity_factor), "pad": pad_to_capacity})
 def apply_router_token_dropping(probs: torch.Tensor, routing_map: torch.Tensor, topk: int,
                                 capacity_factor: float, pad_to_capacity: bool = False):
     """Cap each expert at its capacity; with ``pad_to_capacity`` fill it up to exactly that.

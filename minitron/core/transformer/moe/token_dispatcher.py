@@ -160,7 +160,8 @@ class MoEAlltoAllTokenDispatcher:
         return torch.full((self.num_local_experts,), capacity * self.tp_size * self.ep_size, dtype=torch.long)
 
     @traced(args=lambda self, hidden_states, probs, routing_map: {
-        "hidden_states": short_value(hidden_states), "ep": self.ep_size, "expert_tp": self.tp_size})
+        "hidden_states": short_value(hidden_states), "ep": self.ep_size, "expert_tp": self.tp_size,
+        "rows_per_expert": routing_map.sum(dim=0).tolist()})
     def token_permutation(self, hidden_states, probs, routing_map):
         """[s, b, h] -> (tokens for my local experts, grouped by expert; their count per expert)."""
         self.hidden_shape = hidden_states.shape
