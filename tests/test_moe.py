@@ -214,15 +214,15 @@ def test_switch_load_balancing_loss_by_hand():
     (["--num-experts", "4", "--tensor-model-parallel-size", "2", "--sequence-parallel",
       "--moe-ffn-hidden-size", "5"], "not divisible by --expert-tensor-parallel-size 2"),
     (["--num-experts", "4", "--moe-pad-expert-input-to-capacity"], "give --moe-expert-capacity-factor"),
-    (["--num-experts", "4", "--moe-expert-capacity-factor", "0"], "must be positive"),
-    (["--num-experts", "4", "--moe-expert-capacity-factor", "-1.5"], "must be positive"),
+    (["--num-experts", "4", "--moe-expert-capacity-factor", "0"], "capacity-factor: must be > 0, got 0"),
+    (["--num-experts", "4", "--moe-expert-capacity-factor", "-1.5"], "capacity-factor: must be > 0, got -1.5"),
     (["--moe-expert-capacity-factor", "1.0"], "add --num-experts"),
 ])
 def test_moe_refusals(flags, words):
     base = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "8",
             "--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-3", "--mock-data",
             "--distributed-backend", "gloo", "--tokenizer-type", "NullTokenizer", "--vocab-size", "64"]
-    args = build_parser().parse_args(base + flags)
-    args.world_size, args.rank = 4, 0
-    with pytest.raises(ArgumentError, match=words):
+    with pytest.raises(ArgumentError, match=words):   # the parser refuses a factor <= 0 itself
+        args = build_parser().parse_args(base + flags)
+        args.world_size, args.rank = 4, 0
         validate_args(args)

@@ -74,10 +74,8 @@ def validate_moe(args):
                  "--moe-expert-capacity-factor and --moe-pad-expert-input-to-capacity are for a mixture of "
                  "experts: add --num-experts E, or drop them")
         return
-    # Capacity (Megatron's token dropping, router.py): a positive factor; padding fills up to it.
-    require(capacity is None or capacity > 0,
-             f"--moe-expert-capacity-factor {capacity} must be positive: an expert takes at most "
-             "ceil(factor x tokens x topk / experts) tokens (omit the flag for dropless routing)")
+    # Capacity (Megatron's token dropping, moe_utils.py; the parser keeps the factor above 0):
+    # padding fills each expert up to it, so it needs one.
     require(not args.moe_pad_expert_input_to_capacity or capacity is not None,
              "--moe-pad-expert-input-to-capacity pads each expert's input to its capacity: give "
              "--moe-expert-capacity-factor F as well")
