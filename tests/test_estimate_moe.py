@@ -19,13 +19,13 @@ from minitron.cli.views.diff import comm_by_key
 from minitron.training import theoretical_memory_usage as tmu
 from minitron.training.theoretical_moe import expectation_keys
 
-MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "1e-2", "--moe-layer-freq", "2",
+MOE = ["--num-layers", "2", "--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "1e-2", "--moe-layer-freq", "2",
        "--hidden-dropout", "0", "--attention-dropout", "0"]
 PAD = ["--moe-expert-capacity-factor", "1.5", "--moe-pad-expert-input-to-capacity"]
 LAYOUTS = {   # name: (world, flags, exact communication)
     "ep2-tp2-sp-pad": (4, ["--tp", "2", "--sequence-parallel", "--ep", "2", *PAD], True),
-    "dp4-ep2-distopt-pad": (4, ["--ep", "2", "--use-distributed-optimizer", "--global-batch-size", "8", *PAD], True),
-    "ep2-pp2-dropless": (4, ["--ep", "2", "--pp", "2", "--global-batch-size", "4"], False),
+    "dp4-ep2-distopt-pad": (4, ["--ep", "2", "--use-distributed-optimizer", "--global-batch-size", "4", *PAD], True),
+    "ep2-dropless": (2, ["--ep", "2", "--global-batch-size", "4"], False),
 }
 
 

@@ -97,9 +97,10 @@ def test_moe_checkpoint_resumes_where_it_stopped(tmp_path_factory):
 CAPACITY = ["--moe-expert-capacity-factor", "1.0", "--moe-pad-expert-input-to-capacity"]
 
 
-def test_capacity_padded_ep2_matches_serial(tmp_path):
+def test_capacity_padded_ep2_matches_serial(tmp_path, monkeypatch):
     """Capacity 1.0 drops tokens (the losses differ from dropless) and padding fills every
     expert to its capacity: expert parallel still computes what one rank computes."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")   # the serial rank alone would take every core's thread
     serial, serial_balance = run(tmp_path, "serial-capacity", 1, *CAPACITY)
     losses, balance = run(tmp_path, "ep2-capacity", 2, *EP, *CAPACITY)
     assert losses == pytest.approx(serial, abs=1e-5) and balance == pytest.approx(serial_balance, abs=1e-5)
