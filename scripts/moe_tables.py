@@ -2,6 +2,7 @@
 with experts.
 
     python scripts/moe_tables.py dispatch TRACE_DIR   the first MoE layer's two all-to-alls, per rank
+    python scripts/moe_tables.py capacity TRACE_DIR   the router's choices per expert, and what the capacity kept
     python scripts/moe_tables.py grads TRACE_DIR      which group each gradient reduction ran on
     python scripts/moe_tables.py log TRACE_DIR        the losses of the last rank's iteration line
 
@@ -65,6 +66,22 @@ def dispatch(trace_dir: Path) -> None:
           "\ntop-2 experts, so a rank sends twice as many rows as it has tokens.")
 
 
+def capacity(trace_dir: Path) -> None:
+    """The router's choices per expert beside what the capacity let through, first MoE layer."""
+    ranks = load(trace_dir)
+    print("The first micro-batch through the first MoE layer, on every rank:\n")
+    header = f"{'rank':>4}  {'tokens':>6}  {'capacity':>8}  {'chosen per expert':<19}{'kept per expert':<17}{'dropped':>7}"
+    print(header)
+    print("-" * len(header))
+    for rank, records in sorted(ranks.items()):
+        layer = first_call(records, "MoELayer.forward")
+        drop = descendants(records, layer["id"], "apply_router_token_dropping")[0]["args"]
+        kept = descendants(records, layer["id"], "token_permutation")[0]["args"]["rows_per_expert"]
+        chosen = drop["chosen_per_expert"]
+        lost = sum(max(c - k, 0) for c, k in zip(chosen, kept))
+        print(f"{rank:>4}  {drop['tokens']:>6}  {drop['capacity']:>8}  {str(chosen):<19}{str(kept):<17}{lost:>7}")
+
+
 def grads(trace_dir: Path) -> None:
     ranks = load(trace_dir)
     print("The gradient reductions of the step (finalize_model_grads), on every rank:\n")
@@ -89,4 +106,4 @@ def log(trace_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    {"dispatch": dispatch, "grads": grads, "log": log}[sys.argv[1]](Path(sys.argv[2]))
+    {"dispatch": dispatch, "capacity": capacity, "grads": grads, "log": log}[sys.argv[1]](Path(sys.argv[2]))

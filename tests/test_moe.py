@@ -10,6 +10,8 @@ and the dispatcher's pieces do what the chapter says.
 3. the all-to-all dispatcher on 2 ranks with identity experts: every token comes home whole.
 4. the switch loss against a hand computation, and the autoscaler's gradient.
 5. a checkpoint of the dp4-ep2 run, one directory per expert-parallel rank, resumes exactly.
+6. capacity: padded to capacity, ep 2 equals serial; tokens beyond capacity are dropped lowest
+   probability first (Megatron's "probs" policy); bad capacity flags are refused in one line.
 """
 
 import json
@@ -90,6 +92,38 @@ def test_moe_checkpoint_resumes_where_it_stopped(tmp_path_factory):
     (ck / "latest_checkpointed_iteration.txt").write_text("2")   # resume from the middle
     resumed, _ = run(tmp_path, "resumed", world, *EP, "--use-distributed-optimizer", "--load", str(ck))
     assert resumed == pytest.approx(losses[2:], abs=1e-6)
+
+
+CAPACITY = ["--moe-expert-capacity-factor", "1.0", "--moe-pad-expert-input-to-capacity"]
+
+
+def test_capacity_padded_ep2_matches_serial(tmp_path, monkeypatch):
+    """Capacity 1.0 drops tokens (the losses differ from dropless) and padding fills every
+    expert to its capacity: expert parallel still computes what one rank computes."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")   # the serial rank alone would take every core's thread
+    serial, serial_balance = run(tmp_path, "serial-capacity", 1, *CAPACITY)
+    losses, balance = run(tmp_path, "ep2-capacity", 2, *EP, *CAPACITY)
+    assert losses == pytest.approx(serial, abs=1e-5) and balance == pytest.approx(serial_balance, abs=1e-5)
+
+
+def test_tokens_beyond_capacity_are_dropped_lowest_probability_first():
+    from minitron.core.transformer.moe.moe_utils import apply_router_token_dropping, get_capacity
+
+    # 6 tokens, 3 experts, top-1: five tokens choose expert 0, one expert 2. Capacity at factor
+    # 1.0 is ceil(6 x 1 / 3) = 2, so expert 0 keeps its two most probable tokens (1 and 4).
+    probs = torch.tensor([[.5, 0, 0], [.9, 0, 0], [.6, 0, 0], [0, 0, .7], [.8, 0, 0], [.55, 0, 0]])
+    routing_map = probs > 0
+    assert get_capacity(6, 3, 1.0) == 2
+    kept_probs, kept = apply_router_token_dropping(probs, routing_map, topk=1, capacity_factor=1.0)
+    assert kept[:, 0].nonzero().flatten().tolist() == [1, 4] and kept[:, 2].nonzero().flatten().tolist() == [3]
+    assert kept[:, 1].sum() == 0 and torch.equal(kept_probs, probs * kept)
+    # Padded: every expert gets exactly its capacity, the extra rows weighted by 0.
+    padded_probs, padded = apply_router_token_dropping(probs, routing_map, topk=1, capacity_factor=1.0,
+                                                       pad_to_capacity=True)
+    assert padded.sum(dim=0).tolist() == [2, 2, 2]
+    assert torch.equal(padded_probs[kept], probs[kept]) and padded_probs[padded & ~kept].abs().sum() == 0
+    # A capacity beyond the tokens drops nothing.
+    assert torch.equal(apply_router_token_dropping(probs, routing_map, topk=1, capacity_factor=3.0)[1], routing_map)
 
 
 def test_permute_groups_rows_by_expert_and_unpermute_brings_them_back():
@@ -180,12 +214,16 @@ def test_switch_load_balancing_loss_by_hand():
     (["--num-experts", "4", "--tensor-model-parallel-size", "2"], "needs --sequence-parallel"),
     (["--num-experts", "4", "--tensor-model-parallel-size", "2", "--sequence-parallel",
       "--moe-ffn-hidden-size", "5"], "not divisible by --expert-tensor-parallel-size 2"),
+    (["--num-experts", "4", "--moe-pad-expert-input-to-capacity"], "give --moe-expert-capacity-factor"),
+    (["--num-experts", "4", "--moe-expert-capacity-factor", "0"], "capacity-factor: must be > 0, got 0"),
+    (["--num-experts", "4", "--moe-expert-capacity-factor", "-1.5"], "capacity-factor: must be > 0, got -1.5"),
+    (["--moe-expert-capacity-factor", "1.0"], "add --num-experts"),
 ])
 def test_moe_refusals(flags, words):
     base = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "8",
             "--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-3", "--mock-data",
             "--distributed-backend", "gloo", "--tokenizer-type", "NullTokenizer", "--vocab-size", "64"]
-    args = build_parser().parse_args(base + flags)
-    args.world_size, args.rank = 4, 0
-    with pytest.raises(ArgumentError, match=words):
+    with pytest.raises(ArgumentError, match=words):   # the parser refuses a factor <= 0 itself
+        args = build_parser().parse_args(base + flags)
+        args.world_size, args.rank = 4, 0
         validate_args(args)

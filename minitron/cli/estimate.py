@@ -38,20 +38,10 @@ def count(n: int) -> str:
     return f"{n:,}"
 
 
-def refuse_moe(args) -> None:
-    """Expert layers are not in the arithmetic yet: their all-to-all sizes follow the routing.
-    (DeepSpeed's ZeRO stages are, theoretical_zero.py; what the engine does not run, such as
-    offloading, the ds_config's validation refuses before this.)"""
-    if getattr(args, "num_experts", None):
-        raise UserError(f"--num-experts {args.num_experts}: minitron estimate does not count mixture-of-experts "
-                        "layers yet (their all-to-all follows the routing); estimate the dense model without it")
-
-
 def _args_for(argv: list[str], world: int):
     from minitron.training.tokenizer import build_tokenizer
 
     args = validate_pretrain(argv, world)
-    refuse_moe(args)
     try:
         build_tokenizer(args)   # sets padded_vocab_size, as the ranks will
     except (ValueError, OSError) as exc:
@@ -70,6 +60,7 @@ def _rows(costs) -> list[tuple[list[int], object]]:
 
 def render(args, costs, total: int) -> None:
     from minitron.cli.views.words import plural, rank_ranges
+    from minitron.training.theoretical_moe import expectation_keys
 
     rows = _rows(costs)
     memory = Table(title=f"memory per rank: {plural(args.world_size, 'rank')}, tp {args.tensor_model_parallel_size}"
@@ -87,12 +78,17 @@ def render(args, costs, total: int) -> None:
     keys = list(dict.fromkeys(k for c in costs for k in c.comm))
     comm = Table(title="bytes handed to collectives and sent point-to-point, one train_step", title_style="bold")
     comm.add_column("ranks", no_wrap=True)
+    expected = expectation_keys(args)
     for key in keys:
-        comm.add_column(key, justify="right", no_wrap=True)
+        comm.add_column(key + ("~" if key in expected else ""), justify="right", no_wrap=True)
     for ranks, c in rows:
         comm.add_row(rank_ranges(ranks), *[human(c.comm.get(k, 0)) for k in keys])
     comm.add_row("all", *[human(sum(c.comm.get(k, 0) for c in costs)) for k in keys], style="bold")
     console.print(comm)
+    if expected:
+        console.print(f"~ {', '.join(sorted(expected))}: the expectation under balanced routing (tokens x topk / "
+                      "experts per expert); the router decides. --moe-pad-expert-input-to-capacity makes it exact",
+                      highlight=False)
 
     big = max(costs, key=lambda c: (sum(c.memory.values()), -c.rank))
     exact = f" ({total:,})" if count(total) != f"{total:,}" else ""
@@ -116,6 +112,7 @@ def estimate(
     """Predict each rank's parameters, memory and communication for pretrain's flags, starting
     nothing. Every other flag is pretrain's (--tp, --pp, --num-layers, --seq-length, ...)."""
     from minitron.training.theoretical_memory_usage import estimate as work_out, total_params
+    from minitron.training.theoretical_moe import expectation_keys
 
     if check is not None:
         if ctx.args or world is not None:
@@ -127,7 +124,10 @@ def estimate(
     args = _args_for(list(ctx.args), world)
     costs = work_out(args)
     if as_json:
-        print(json.dumps({"total_params": total_params(args), "ranks": [c.as_json() for c in costs]}))
+        out = {"total_params": total_params(args), "ranks": [c.as_json() for c in costs]}
+        if expectation_keys(args):   # MoE without padding: these keys follow the routing
+            out["expectation_keys"] = sorted(expectation_keys(args))
+        print(json.dumps(out))
         return
     render(args, costs, total_params(args))
 
@@ -139,6 +139,7 @@ def check_trace(trace_dir: Path, as_json: bool) -> None:
     from minitron.cli.views.trace_dir import TraceError, rank_files, read_trace
     from minitron.cli.views.words import rank_ranges
     from minitron.training.theoretical_memory_usage import estimate as work_out
+    from minitron.training.theoretical_moe import expectation_keys
 
     if not trace_dir.is_dir() or not rank_files(trace_dir):
         raise UserError(f"{trace_dir} holds no rank*.jsonl files: trace a run with `minitron pretrain --trace DIR`")
@@ -151,7 +152,6 @@ def check_trace(trace_dir: Path, as_json: bool) -> None:
         raise UserError(f"{trace_dir} does not record the run's arguments (traced before minitron kept them, "
                         "or initialization only): trace `minitron pretrain --train-iters 1 --trace DIR` again")
     args = argparse.Namespace(**recorded)
-    refuse_moe(args)
     if getattr(args, "deepspeed", False):   # the stage and buckets are in the run's ds_config
         from minitron.runtime import DeepSpeedConfig, DeepSpeedConfigError
         try:
@@ -165,38 +165,56 @@ def check_trace(trace_dir: Path, as_json: bool) -> None:
         from minitron.training.tokenizer import build_tokenizer
         build_tokenizer(args)
     costs = {c.rank: c for c in work_out(args)}
+    expected = expectation_keys(args)   # MoE without padding: compared, not required equal
     report, bad = [], []
     for rank, records in runs.items():
         traced = {k: v[0] for k, v in comm_by_key(records, args.params_dtype).items()}
         buffer = _traced_buffer(records)
         c = costs[rank]
-        ok = traced == c.comm and buffer in (None, _grad_elements(args, c))
+        exact = {k for k in (*traced, *c.comm) if k not in expected}
+        ok = (all(traced.get(k) == c.comm.get(k) for k in exact)
+              and buffer in (None, _grad_elements(args, c)))
         report.append((rank, c, traced, buffer, ok))
         if not ok:
             bad.append(rank)
     if as_json:
-        print(json.dumps({"ranks": [{"rank": r, "predicted": c.comm, "traced": t, "match": ok}
-                                    for r, c, t, _, ok in report]}))
+        out = {"ranks": [{"rank": r, "predicted": c.comm, "traced": t, "match": ok} for r, c, t, _, ok in report]}
+        if expected:
+            out["expectation_keys"] = sorted(expected)
+        print(json.dumps(out))
     else:
         keys = list(dict.fromkeys([k for _, c, t, _, _ in report for k in (*c.comm, *t)]))
         table = Table(title=f"predicted vs traced, one train_step: {trace_dir}", title_style="bold")
         table.add_column("rank", justify="right", no_wrap=True)
         table.add_column("grad buffer", justify="right", no_wrap=True)
         for key in keys:
-            table.add_column(key, justify="right", no_wrap=True)
+            table.add_column(key + ("~" if key in expected else ""), justify="right", no_wrap=True)
         for rank, c, traced, buffer, ok in report:
             grads = _grad_elements(args, c)
-            cells = [_cell(grads, buffer, str)] + [_cell(c.comm.get(k, 0), traced.get(k, 0), human) for k in keys]
+            cells = [_cell(grads, buffer, str)] + [
+                (_deviation if k in expected else _cell)(c.comm.get(k, 0), traced.get(k, 0), human) for k in keys]
             table.add_row(str(rank), *cells)
         console.print(table)
+        if expected:
+            console.print(f"~ {', '.join(sorted(expected))}: the balanced-routing expectation beside what the router "
+                          "sent (deviation); pad to capacity to make them exact", highlight=False)
         if bad:
             skipped = _skipped_step(runs) and not getattr(args, "deepspeed", False)   # Megatron's step only
             console.print(f"[red]{len(bad)} of {len(report)} ranks differ from the estimate: {rank_ranges(bad)}[/red]"
                           + (" (the fp16 step was skipped for overflow: no norm, no all-gather)" if skipped else ""))
+        elif expected:
+            console.print(f"all {len(report)} ranks sent exactly the predicted bytes to every other group kind")
         else:
             console.print(f"all {len(report)} ranks sent exactly the predicted bytes to every group kind")
     if bad:
         raise typer.Exit(1)
+
+
+def _deviation(expected, traced, fmt) -> str:
+    """An expectation beside the measurement: 8 KiB ~ 8.25 KiB (+3.1%)."""
+    if not expected:
+        return fmt(traced)
+    return f"{fmt(expected)} ~ {fmt(traced)} ({(traced - expected) / expected:+.1%})"
 
 
 def _cell(predicted, traced, fmt) -> str:

@@ -197,6 +197,11 @@ def _add_moe_args(parser):
                    help="every N-th layer is an MoE layer (the first one always)")
     g.add_argument("--moe-ffn-hidden-size", type=POSITIVE, default=None, help="an expert's ffn size; "
                    "default: --ffn-hidden-size")
+    g.add_argument("--moe-expert-capacity-factor", type=_float(0.0, above=True), default=None, metavar="F",
+                   help="an expert takes at most ceil(F x tokens x topk / experts) of a rank's tokens per "
+                        "micro-batch; the rest are dropped (lowest probabilities first). Default: dropless")
+    g.add_argument("--moe-pad-expert-input-to-capacity", action="store_true",
+                   help="fill every expert's input up to its capacity, so each all-to-all has a fixed size")
 
 
 def _add_deepspeed_args(parser):

@@ -313,6 +313,8 @@ def core_transformer_config_from_args(args):
         num_moe_experts=args.num_experts, moe_router_topk=args.moe_router_topk,
         moe_aux_loss_coeff=args.moe_aux_loss_coeff, moe_layer_freq=args.moe_layer_freq,
         moe_ffn_hidden_size=args.moe_ffn_hidden_size,
+        moe_expert_capacity_factor=args.moe_expert_capacity_factor,
+        moe_pad_expert_input_to_capacity=args.moe_pad_expert_input_to_capacity,
         expert_model_parallel_size=args.expert_model_parallel_size,
         expert_tensor_parallel_size=args.expert_tensor_parallel_size,
     )

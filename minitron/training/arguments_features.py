@@ -68,8 +68,17 @@ def validate_context_parallel(args):
 
 def validate_moe(args):
     """Mixture of experts (Megatron's rules; --num-experts 0 was turned into None above)."""
+    capacity = args.moe_expert_capacity_factor
     if args.num_experts is None:
+        require(capacity is None and not args.moe_pad_expert_input_to_capacity,
+                 "--moe-expert-capacity-factor and --moe-pad-expert-input-to-capacity are for a mixture of "
+                 "experts: add --num-experts E, or drop them")
         return
+    # Capacity (Megatron's token dropping, moe_utils.py; the parser keeps the factor above 0):
+    # padding fills each expert up to it, so it needs one.
+    require(not args.moe_pad_expert_input_to_capacity or capacity is not None,
+             "--moe-pad-expert-input-to-capacity pads each expert's input to its capacity: give "
+             "--moe-expert-capacity-factor F as well")
     e, k = args.num_experts, args.moe_router_topk
     require(k <= e, f"--moe-router-topk {k} is more than --num-experts {e}: a token cannot go to more "
              "experts than there are")

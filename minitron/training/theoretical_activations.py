@@ -12,6 +12,7 @@ from __future__ import annotations
 from minitron.training.theoretical_params import (
     DTYPE_BYTES, _flag, chunk_ends, chunk_layers, num_microbatches, query_groups,
 )
+from minitron.training.theoretical_moe import activation_delta
 
 
 def mask_bytes(args) -> int:
@@ -76,6 +77,7 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
             total = -(-layers // n) * kept
         else:                          # block: the first n layers of the stage, one by one
             total = min(n, layers) * kept + max(layers - n, 0) * layer
+    total += activation_delta(args, pp_rank, chunk)          # experts instead of the MLP
     if pre:
         keys = 2 + (1 if post else 0)                        # tokens, position ids (labels)
         total += keys * b * args.seq_length * 8              # the broadcast int64 buffer

@@ -18,6 +18,7 @@ from minitron.training.theoretical_params import (
     DTYPE_BYTES, chunk_ends, chunk_layers, chunks_of, num_microbatches,
 )
 from minitron.training.theoretical_zero import zero_comm
+from minitron.training.theoretical_moe import expert_key, moe_traffic, shards, step_traffic
 
 
 class _Tally(dict):
@@ -118,6 +119,7 @@ def comm_bytes(args, pp_rank: int, stage: list) -> _Tally:
         _batch_broadcasts(args, pre, post, tally, m)
         layers = len(chunk_layers(args, pp_rank, chunk))
         _tp_traffic(args, pre, post, layers, tally, m)
+        moe_traffic(args, pp_rank, chunk, tally, m, _tp_traffic)     # experts: ep, expt-tp, tp-ep
         _cp_ring(args, layers, recomputed_layers(args, layers), tally, m)
         if pp > 1:
             tally.add("pp", p2p, m * (0 if post else 1))       # activation forward
@@ -128,8 +130,8 @@ def comm_bytes(args, pp_rank: int, stage: list) -> _Tally:
     # finalize_model_grads: the data-parallel reduction of every bucket of every chunk, ...
     sp_grads = 0
     for plist, (buckets, _) in stage:
-        for start, end in buckets:
-            tally.add("dp-cp", (end - start) * grad_e)         # all-reduce or reduce-scatter
+        for start, end in buckets:   # experts' buffers: over the expert-data-parallel group
+            tally.add(expert_key(plist, "dp-cp"), (end - start) * grad_e)   # all-reduce or reduce-scatter
         sp_grads += sum(p.numel for p in plist if p.sequence_parallel)
     if sp_grads:                                               # ... the sequence-parallel norms ...
         tally.add("tp", sp_grads * grad_e)
@@ -145,9 +147,10 @@ def comm_bytes(args, pp_rank: int, stage: list) -> _Tally:
     if args.clip_grad > 0:
         tally.add(stats, 4)
     if dist_opt:
-        for _, (buckets, _) in stage:
+        for plist, (buckets, _) in stage:
             for start, end in buckets:
-                tally.add("dp-cp", (end - start) // dp * e)
+                tally.add(expert_key(plist, "dp-cp"), (end - start) // shards(args, plist, dp) * e)
+    step_traffic(args, tally)                                  # experts: their statistics
     if pp_rank == pp - 1:   # train_step's loss: [sum, tokens] of the step, summed over dp x cp
         tally.add("dp-cp", 8)
     return tally

@@ -21,8 +21,9 @@ tensor, so that it can be checked exactly against a traced run (`minitron estima
 
 Covered: tp, pp (1F1B and interleaved), dp, cp (the ring), sequence parallelism, the
 distributed optimizer, fp32/bf16/fp16, the modern options (rope, swiglu, RMSNorm, GQA, untied
-embeddings) and recomputation. Not yet: mixture-of-experts layers (`minitron estimate` refuses
---num-experts), whose all-to-all sizes depend on the routing.
+embeddings), recomputation, and mixture-of-experts layers (theoretical_moe.py: exact when
+padded to capacity, else the balanced-routing expectation for the all-to-alls), and
+DeepSpeed's ZeRO stages 0-3 under --deepspeed (theoretical_zero.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from minitron.training.theoretical_params import (
     DTYPE_BYTES, Param, chunks_of, model_params, total_params,
 )
 from minitron.training.theoretical_zero import zero_memory
+from minitron.training.theoretical_moe import has_experts, is_expert_buffer, shards, split_buffers
 
 _PARAM_START_ALIGN, _BUCKET_END_ALIGN = 64, 128   # param_and_grad_buffer's padding, elements
 
@@ -111,12 +113,13 @@ def owned_numel(layout: tuple[list, dict], dp: int, dp_rank: int) -> int:
 # --- memory -----------------------------------------------------------------------------------
 def stage_buffers(args, pp_rank: int) -> list[tuple[list[Param], tuple]]:
     """Each model chunk of a pipeline stage: its parameters and its buffer layout."""
-    dp = args.data_parallel_size * args.context_parallel_size
-    return [(plist, buffer_layout(plist, dp, args.use_distributed_optimizer))
-            for plist in (model_params(args, pp_rank, chunk) for chunk in chunks_of(args))]
+    def layout(plist, dp):
+        return buffer_layout(plist, dp, args.use_distributed_optimizer)
+    # Experts (theoretical_moe.py) get a buffer of their own, over the expert-data-parallel group.
+    return [entry for chunk in chunks_of(args) for entry in split_buffers(args, model_params(args, pp_rank, chunk), layout)]
 
 
-def weight_and_optimizer_bytes(args, stage: list, dp_rank: int) -> tuple[int, dict]:
+def weight_and_optimizer_bytes(args, stage: list, dp_rank: int, expert_dp_rank: int = 0) -> tuple[int, dict]:
     """(parameters on the rank, {"params", "grads", "optimizer"} bytes); ``stage`` is
     stage_buffers' answer for the rank's pipeline stage."""
     if getattr(args, "deepspeed", False):   # DeepSpeed's engine holds ZeRO's partitions instead
@@ -126,7 +129,8 @@ def weight_and_optimizer_bytes(args, stage: list, dp_rank: int) -> tuple[int, di
     dp, dist_opt = args.data_parallel_size * args.context_parallel_size, args.use_distributed_optimizer
     params = sum(p.numel for plist, _ in stage for p in plist)
     buffered = sum(layout[0][-1][1] for _, layout in stage if layout[0])
-    owned = sum(owned_numel(layout, dp, dp_rank) for _, layout in stage) if dist_opt else params
+    owned = sum(owned_numel(layout, shards(args, plist, dp), expert_dp_rank if is_expert_buffer(plist) else dp_rank)
+                for plist, layout in stage) if dist_opt else params
     moments = 2 if args.optimizer == "adam" else (1 if args.sgd_momentum else 0)
     main_copy = 4 if e != 4 else 0   # a 16-bit model is stepped through fp32 main params
     return params, {"params": (buffered if dist_opt else params) * e, "grads": buffered * grad_e,
@@ -134,9 +138,10 @@ def weight_and_optimizer_bytes(args, stage: list, dp_rank: int) -> tuple[int, di
 
 
 # --- every rank -------------------------------------------------------------------------------
-def role_of(args, rank: int) -> tuple[int, int]:
-    """(pipeline rank, data-parallel rank): all a rank's costs depend on (the second only
-    through its optimizer shard, so it is 0 without the distributed optimizer)."""
+def role_of(args, rank: int) -> tuple[int, int, int]:
+    """(pipeline rank, data-parallel rank, expert-data-parallel rank): all a rank's costs
+    depend on (the last two only through its optimizer shards, so 0 without the distributed
+    optimizer)."""
     return _roles(args)(rank)
 
 
@@ -144,14 +149,21 @@ def _roles(args):
     """rank -> role, reading the rank's digits in the layout's mixed radix (rank_generator)."""
     tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
     dense = RankGenerator(tp=tp, ep=1, dp=args.world_size // (tp * pp * cp), pp=pp, cp=cp, order=args.order)
+    etp, ep = getattr(args, "expert_tensor_parallel_size", None) or tp, getattr(args, "expert_model_parallel_size", 1)
+    expert = RankGenerator(tp=etp, ep=ep, dp=args.world_size // (etp * ep * pp), pp=pp, cp=1, order=args.order)
 
-    def role(rank: int) -> tuple[int, int]:
+    def digits_of(generator, rank: int) -> dict:
         digits = {}
-        for d in dense.order:
-            digits[d], rank = rank % dense.size[d], rank // dense.size[d]
+        for d in generator.order:
+            digits[d], rank = rank % generator.size[d], rank // generator.size[d]
+        return digits
+
+    def role(rank: int) -> tuple[int, int, int]:
+        digits = digits_of(dense, rank)
         dp_rank = digits["dp"] * cp + digits["cp"]   # its place in the dp-cp group
-        sharded = args.use_distributed_optimizer or getattr(args, "deepspeed", False)
-        return digits["pp"], dp_rank if sharded else 0
+        if not (args.use_distributed_optimizer or getattr(args, "deepspeed", False)):
+            return digits["pp"], 0, 0   # no optimizer shard: every data-parallel rank alike
+        return digits["pp"], dp_rank, digits_of(expert, rank)["dp"] if has_experts(args) else 0
     return role
 
 
@@ -168,7 +180,7 @@ def estimate(args) -> list[RankCost]:
             stages[role[0]] = stage, activation_bytes(args, role[0]), comm_bytes(args, role[0], stage)
         if role not in roles:
             stage, activations, tally = stages[role[0]]
-            params, memory = weight_and_optimizer_bytes(args, stage, role[1])
+            params, memory = weight_and_optimizer_bytes(args, stage, role[1], role[2])
             memory["activations"] = activations
             roles[role] = RankCost(rank, role, params, memory, {k: v[0] for k, v in tally.items()},
                                    {k: v[1] for k, v in tally.items()})

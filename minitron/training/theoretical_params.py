@@ -16,6 +16,7 @@ class Param:
     numel: int
     shared_embedding: bool = False   # the tied matrix on a pipeline stage (its own DDP bucket)
     sequence_parallel: bool = False  # replicated and seeing part of the sequence: summed over tp
+    expert: bool = False             # an MoE expert's: a buffer of its own over the expert-dp group
 
 
 def _flag(args, name, default=None):
@@ -49,10 +50,32 @@ def layer_params(args, layer: int) -> list[Param]:
     out += [Param(p + "self_attention.linear_qkv.bias", qkv)] if bias else []
     out += [Param(p + "self_attention.linear_proj.weight", h * q // t)]
     out += [Param(p + "self_attention.linear_proj.bias", h, sequence_parallel=sp)] if bias else []
-    out += norm("pre_mlp_layernorm") + [Param(p + "mlp.linear_fc1.weight", ffn * h)]
+    out += norm("pre_mlp_layernorm")
+    if is_moe_layer(args, layer):
+        return out + moe_mlp_params(args, p)
+    out += [Param(p + "mlp.linear_fc1.weight", ffn * h)]
     out += [Param(p + "mlp.linear_fc1.bias", ffn)] if bias else []
     out += [Param(p + "mlp.linear_fc2.weight", h * args.ffn_hidden_size // t)]
     out += [Param(p + "mlp.linear_fc2.bias", h, sequence_parallel=sp)] if bias else []
+    return out
+
+
+def is_moe_layer(args, layer: int) -> bool:
+    """With --num-experts, layers 0, f, 2f, ... (0-based; f = --moe-layer-freq) have experts."""
+    return bool(_flag(args, "num_experts")) and layer % args.moe_layer_freq == 0
+
+
+def moe_mlp_params(args, p: str) -> list[Param]:
+    """An MoE layer's MLP on a rank (moe/): the router's [E, h] weight, replicated like a norm,
+    then this expert-parallel rank's E/ep experts, fc1 and fc2 each cut by expert tp; no biases."""
+    h, ep = args.hidden_size, args.expert_model_parallel_size
+    sp = bool(args.sequence_parallel) and args.tensor_model_parallel_size > 1
+    ffn = args.moe_ffn_hidden_size // args.expert_tensor_parallel_size
+    out = [Param(p + "mlp.router.weight", args.num_experts * h, sequence_parallel=sp)]
+    for j in range(args.num_experts // ep):
+        q = f"{p}mlp.experts.local_experts.{j}."
+        out += [Param(q + "linear_fc1.weight", ffn * h, expert=True),
+                Param(q + "linear_fc2.weight", h * ffn, expert=True)]
     return out
 
 
@@ -98,13 +121,16 @@ def model_params(args, pp_rank: int, chunk: int) -> list[Param]:
 def total_params(args) -> int:
     """Parameters of the whole model, the tied embedding counted once (tp = pp = 1 arithmetic)."""
     h, layers = args.hidden_size, args.num_layers
-    one = type("Serial", (), {**vars(args), "tensor_model_parallel_size": 1, "sequence_parallel": False})
-    per_layer = sum(p.numel for p in layer_params(one, 0))
+    one = type("Serial", (), {**vars(args), "tensor_model_parallel_size": 1, "sequence_parallel": False,
+                              "expert_model_parallel_size": 1, "expert_tensor_parallel_size": 1})
+    dense = sum(p.numel for p in layer_params(one, 1 if layers > 1 and not is_moe_layer(args, 1) else 0))
+    moe = sum(1 for i in range(layers) if is_moe_layer(args, i))
+    expert_layer = sum(p.numel for p in layer_params(one, 0)) if moe else 0
     embedding = args.padded_vocab_size * h * (1 if not args.untie_embeddings_and_output_weights else 2)
     position = args.max_position_embeddings * h if _flag(args, "position_embedding_type",
                                                          "learned_absolute") == "learned_absolute" else 0
     final_norm = h * (2 if _flag(args, "normalization", "LayerNorm") != "RMSNorm" else 1)
-    return layers * per_layer + embedding + position + final_norm
+    return (layers - moe) * dense + moe * expert_layer + embedding + position + final_norm
 
 
 def chunks_of(args) -> range:

@@ -94,6 +94,8 @@ class TransformerConfig(ModelParallelConfig):
     moe_aux_loss_coeff: float = 0.0          # weight of the load-balancing loss (0: not computed)
     moe_layer_freq: int = 1                  # every N-th layer (0-based i % N == 0) is an MoE layer
     moe_ffn_hidden_size: int | None = None   # an expert's ffn size; None: ffn_hidden_size
+    moe_expert_capacity_factor: float | None = None   # None: dropless; else tokens per expert capped
+    moe_pad_expert_input_to_capacity: bool = False    # every expert's input filled up to its capacity
     expert_model_parallel_size: int = 1
     expert_tensor_parallel_size: int | None = None  # None: tensor_model_parallel_size
 

@@ -50,7 +50,9 @@ def _expert_weight(full_shape, partition_dim: int, init_method, config) -> torch
         init_method(full)
     tp = parallel_state.get_expert_tensor_parallel_group()
     piece = torch.chunk(full, tp.size(), dim=partition_dim)[tp.rank()]
-    weight = torch.nn.Parameter(piece.contiguous().to(config.params_dtype))
+    # A copy of its own: a row slice of ``full`` is already contiguous, and .contiguous() would
+    # keep the whole matrix's storage alive behind it (tp times the memory the slice needs).
+    weight = torch.nn.Parameter(piece.clone(memory_format=torch.contiguous_format).to(config.params_dtype))
     weight.allreduce = False                      # an expert parameter (see the module docstring)
     weight.tensor_model_parallel = tp.size() > 1  # a slice: the grad norm counts it on every slice
     weight.partition_dim = partition_dim

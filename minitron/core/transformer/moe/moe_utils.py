@@ -7,6 +7,11 @@ permute / unpermute
     appearing once per expert it was sent to. ``unpermute`` is the way back: each expert output
     row is weighted by its routing probability and added into the row of the token it came from.
 
+get_capacity, apply_router_token_dropping
+    Optional capacity (--moe-expert-capacity-factor): an expert takes at most its share of the
+    tokens times a factor; the rest are dropped. With --moe-pad-expert-input-to-capacity every
+    expert gets exactly its capacity, so the dispatcher's messages have sizes known in advance.
+
 switch_load_balancing_loss_func, MoEAuxLossAutoScaler
     Left alone, a router learns to favour a few experts and the others starve. The Switch
     Transformer's auxiliary loss, E * sum_i f_i * P_i (f_i: the fraction of routing choices that
@@ -23,9 +28,45 @@ the aux-loss tracker
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from minitron.core import parallel_state
+from minitron.trace import traced
+
+
+def get_capacity(num_tokens: int, num_experts: int, capacity_factor: float) -> int:
+    """An expert's capacity: its fair share of the routing choices, times the factor, rounded up.
+    ``num_tokens`` counts choices (tokens x topk) on this rank, for one micro-batch."""
+    return math.ceil(num_tokens / num_experts * capacity_factor)
+
+
+@traced(args=lambda probs, routing_map, topk, capacity_factor, pad_to_capacity=False: {
+    "tokens": probs.shape[0], "chosen_per_expert": routing_map.sum(dim=0).tolist(),
+    "capacity": get_capacity(probs.shape[0] * topk, probs.shape[1], capacity_factor), "pad": pad_to_capacity})
+def apply_router_token_dropping(probs: torch.Tensor, routing_map: torch.Tensor, topk: int,
+                                capacity_factor: float, pad_to_capacity: bool = False):
+    """Cap each expert at its capacity; with ``pad_to_capacity`` fill it up to exactly that.
+
+    Megatron's default drop policy, "probs": per expert (a column of ``probs``), the tokens it
+    keeps are those with the largest routing probabilities; a token chosen by the router but
+    beyond the capacity is dropped (its probability for that expert becomes 0, so its output
+    lacks that expert's share; the residual connection still carries it). Padding keeps
+    ``capacity`` rows per column whatever the router chose: the extra rows are tokens with
+    probability 0, computed by the expert and weighted by nothing, so every expert's input,
+    and so every all-to-all, has one fixed size. When the capacity exceeds the rank's tokens,
+    nothing is dropped, and padding sends every token to every expert.
+    """
+    num_tokens, num_experts = probs.shape
+    capacity = get_capacity(num_tokens * topk, num_experts, capacity_factor)
+    if capacity >= num_tokens:
+        keep = torch.ones_like(routing_map)
+    else:
+        _, rows = torch.topk(probs.detach(), k=capacity, dim=0, sorted=False)
+        keep = torch.zeros_like(routing_map).scatter(0, rows, True)
+    final_map = keep if pad_to_capacity else routing_map & keep
+    return probs * final_map, final_map
 
 
 def permute(tokens: torch.Tensor, routing_map: torch.Tensor):

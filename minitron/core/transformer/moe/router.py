@@ -11,6 +11,9 @@ The router is a dense parameter: it is replicated on every rank and reduced over
 like a layernorm. Under sequence parallelism each tensor-parallel rank routes only its part of
 the sequence, so its gradient is partial and is summed over tp (``sequence_parallel`` mark).
 
+With --moe-expert-capacity-factor the choices are then capped per expert (tokens beyond an
+expert's capacity dropped, lowest probability first; moe_utils.apply_router_token_dropping).
+
 While training, the load-balancing loss is computed from the *full* softmax over all E experts
 and attached to ``probs`` (moe_utils.MoEAuxLossAutoScaler).
 """
@@ -23,7 +26,8 @@ import torch.nn.functional as F
 from minitron.core import parallel_state
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.moe.moe_utils import (
-    MoEAuxLossAutoScaler, save_to_aux_losses_tracker, switch_load_balancing_loss_func,
+    MoEAuxLossAutoScaler, apply_router_token_dropping, save_to_aux_losses_tracker,
+    switch_load_balancing_loss_func,
 )
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
@@ -53,8 +57,13 @@ class TopKRouter(MegatronModule):
         top_probs = torch.softmax(top_logits, dim=-1, dtype=torch.float32).type_as(logits)
         probs = torch.zeros_like(logits).scatter(1, top_indices, top_probs)
         routing_map = torch.zeros_like(logits, dtype=torch.bool).scatter(1, top_indices, True)
+        chosen = routing_map   # the balance loss judges the router's choices, before any drop
+        if self.config.moe_expert_capacity_factor is not None:
+            probs, routing_map = apply_router_token_dropping(
+                probs, routing_map, self.topk, self.config.moe_expert_capacity_factor,
+                self.config.moe_pad_expert_input_to_capacity)
         if self.training and torch.is_grad_enabled() and self.config.moe_aux_loss_coeff > 0:
-            probs = self.apply_load_balancing_loss(logits, routing_map, probs)
+            probs = self.apply_load_balancing_loss(logits, chosen, probs)
         return probs, routing_map
 
     def apply_load_balancing_loss(self, logits, routing_map, probs):

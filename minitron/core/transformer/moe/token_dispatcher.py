@@ -12,6 +12,8 @@ With expert parallelism (ep ranks, E experts) rank j of the expert-parallel grou
 
 The blocks are uneven (a rank sends as many tokens to each peer as its router chose), so the
 sizes are exchanged first: one all-gather of the per-expert counts over the tp x ep group.
+With --moe-pad-expert-input-to-capacity every expert receives exactly its capacity from every
+rank: the blocks are equal and known in advance, and that all-gather is skipped.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from minitron.core import parallel_state
-from minitron.core.transformer.moe.moe_utils import permute, unpermute
+from minitron.core.transformer.moe.moe_utils import get_capacity, permute, unpermute
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
@@ -124,6 +126,8 @@ class MoEAlltoAllTokenDispatcher:
 
     def preprocess(self, routing_map: torch.Tensor) -> torch.Tensor:
         """Work out every block size of the exchange; return the tokens each local expert gets."""
+        if self.config.moe_pad_expert_input_to_capacity:
+            return self.preprocess_padded(routing_map)
         num_local_tokens_per_expert = routing_map.sum(dim=0).long()        # [E], from my tokens
         # [ep]: how many of my token copies go to each expert-parallel peer
         self.input_splits = num_local_tokens_per_expert.reshape(self.ep_size, -1).sum(dim=1).tolist()
@@ -142,8 +146,22 @@ class MoEAlltoAllTokenDispatcher:
         self.num_global_tokens_per_local_expert = per_local_expert.reshape(-1, self.num_local_experts)
         return per_local_expert.sum(dim=(0, 1))
 
+    def preprocess_padded(self, routing_map: torch.Tensor) -> torch.Tensor:
+        """Padded to capacity, every rank sends every expert the same number of rows, known in
+        advance from the number of tokens alone: no counts to exchange, equal blocks."""
+        num_tokens = routing_map.shape[0]
+        capacity = min(get_capacity(num_tokens * self.config.moe_router_topk, self.num_experts,
+                                    self.config.moe_expert_capacity_factor), num_tokens)
+        block = capacity * self.num_local_experts
+        self.input_splits = self.output_splits = [block] * self.ep_size
+        self.output_splits_tp = [block * self.ep_size] * self.tp_size
+        self.num_global_tokens_per_local_expert = torch.full(
+            (self.tp_size * self.ep_size, self.num_local_experts), capacity, dtype=torch.long)
+        return torch.full((self.num_local_experts,), capacity * self.tp_size * self.ep_size, dtype=torch.long)
+
     @traced(args=lambda self, hidden_states, probs, routing_map: {
-        "hidden_states": short_value(hidden_states), "ep": self.ep_size, "expert_tp": self.tp_size})
+        "hidden_states": short_value(hidden_states), "ep": self.ep_size, "expert_tp": self.tp_size,
+        "rows_per_expert": routing_map.sum(dim=0).tolist()})
     def token_permutation(self, hidden_states, probs, routing_map):
         """[s, b, h] -> (tokens for my local experts, grouped by expert; their count per expert)."""
         self.hidden_shape = hidden_states.shape
