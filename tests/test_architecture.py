@@ -55,23 +55,6 @@ FLOORS: list[tuple[str, list[str]]] = [
 # The list only shrinks (test_allow_list_is_current fails on an entry that matches nothing any
 # more) and is meant to be empty.
 ALLOW: list[tuple[str, str, str]] = [
-    # human() (bytes in binary units) belongs below both the views and estimate: move it to
-    # cli/views/words.py; estimate.py and views/diff.py import it from there.
-    ("minitron/cli/views/diff.py", "minitron.cli.estimate", "floors"),
-    ("minitron/cli/views/diff.py", "minitron.cli.estimate", "cycles"),
-    # cli/estimate.py: lazy for `minitron --help` (which imports the module); say so, e.g. above
-    # each block "# Lazy: `minitron --help` imports this module; the views and the estimate load
-    # when the command runs."
-    ("minitron/cli/estimate.py", "from minitron.training.tokenizer import build_tokenizer", "why"),
-    ("minitron/cli/estimate.py", "from minitron.cli.views.words import plural, rank_ranges", "why"),
-    ("minitron/cli/estimate.py",
-     "from minitron.training.theoretical_memory_usage import estimate as work_out, total_params", "why"),
-    ("minitron/cli/estimate.py", "from minitron.cli.views.diff import comm_by_key, recorded_args", "why"),
-    ("minitron/cli/estimate.py", "from minitron.cli.views.trace_dir import TraceError, rank_files, read_trace",
-     "why"),
-    ("minitron/cli/estimate.py", "from minitron.cli.views.words import rank_ranges", "why"),
-    ("minitron/cli/estimate.py", "from minitron.training.theoretical_memory_usage import estimate as work_out",
-     "why"),
     # cli/trace.py: the same reason, one comment per block: _views (the views load when trace
     # runs), write_pictures (--svg only), play_pretrain_rank and _records_and_rows (--backend
     # fake only: torch and the training stack in this process), trace() (views and launcher

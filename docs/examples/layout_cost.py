@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 from minitron.cli.common import validate_pretrain
-from minitron.cli.estimate import human
+from minitron.cli.views.words import human
 from minitron.training import theoretical_memory_usage as tmu
 from minitron.training.tokenizer import build_tokenizer
 

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from minitron.cli.common import validate_pretrain
-from minitron.cli.estimate import human
+from minitron.cli.views.words import human
 from minitron.training import theoretical_memory_usage as tmu
 from minitron.training.theoretical_params import model_params
 from minitron.training.theoretical_zero import largest_module

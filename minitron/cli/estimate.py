@@ -3,7 +3,9 @@
 
 The flags are pretrain's, parsed and validated by the same code (cli/common.validate_pretrain),
 so a layout estimate refuses is one pretrain would refuse, in the same words. The arithmetic
-is minitron/training/theoretical_memory_usage.py; nothing here imports torch.
+is minitron/training/theoretical_memory_usage.py; nothing here imports torch. The arithmetic,
+the trace readers and DeepSpeed's config reader are imported inside the functions that use
+them: every `minitron` command, `--help` included, imports this module.
 """
 
 from __future__ import annotations
@@ -17,17 +19,9 @@ import typer
 from rich.table import Table
 
 from minitron.cli.common import EXTRA, UserError, app, check_world, console, validate_pretrain
+from minitron.cli.views.words import human, plural, rank_ranges
 
 MEMORY = ("params", "grads", "optimizer", "activations")
-
-
-def human(n: float) -> str:
-    """Bytes in binary units, three significant figures: 1.50 GiB, 512 B."""
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            value = n / size
-            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
-    return f"{int(n)} B"
 
 
 def count(n: int) -> str:
@@ -39,6 +33,7 @@ def count(n: int) -> str:
 
 
 def _args_for(argv: list[str], world: int):
+    # lazy: loaded when the command runs, not by `minitron --help`
     from minitron.training.tokenizer import build_tokenizer
 
     args = validate_pretrain(argv, world)
@@ -59,7 +54,7 @@ def _rows(costs) -> list[tuple[list[int], object]]:
 
 
 def render(args, costs, total: int) -> None:
-    from minitron.cli.views.words import plural, rank_ranges
+    # lazy: loaded when the command runs, not by `minitron --help`
     from minitron.training.theoretical_moe import expectation_keys
 
     rows = _rows(costs)
@@ -94,6 +89,7 @@ def render(args, costs, total: int) -> None:
     exact = f" ({total:,})" if count(total) != f"{total:,}" else ""
     engine = ""
     if getattr(args, "deepspeed", False):
+        # lazy: loaded when the command runs, not by `minitron --help`
         from minitron.training.theoretical_zero import zero_stage
         engine = f"; DeepSpeed ZeRO-{zero_stage(args)}"
     console.print(f"model: {count(total)}{exact} parameters, the tied embedding once; {args.params_dtype}{engine}")
@@ -111,6 +107,7 @@ def estimate(
 ):
     """Predict each rank's parameters, memory and communication for pretrain's flags, starting
     nothing. Every other flag is pretrain's (--tp, --pp, --num-layers, --seq-length, ...)."""
+    # lazy: loaded when the command runs, not by `minitron --help`
     from minitron.training.theoretical_memory_usage import estimate as work_out, total_params
     from minitron.training.theoretical_moe import expectation_keys
 
@@ -135,9 +132,9 @@ def estimate(
 def check_trace(trace_dir: Path, as_json: bool) -> None:
     """Prediction against execution, rank by rank: the gradient buffer (DDP records its size)
     and the bytes of every group kind inside train_step."""
+    # lazy: loaded when the command runs, not by `minitron --help`
     from minitron.cli.views.diff import comm_by_key, recorded_args
     from minitron.cli.views.trace_dir import TraceError, rank_files, read_trace
-    from minitron.cli.views.words import rank_ranges
     from minitron.training.theoretical_memory_usage import estimate as work_out
     from minitron.training.theoretical_moe import expectation_keys
 
@@ -153,6 +150,7 @@ def check_trace(trace_dir: Path, as_json: bool) -> None:
                         "or initialization only): trace `minitron pretrain --train-iters 1 --trace DIR` again")
     args = argparse.Namespace(**recorded)
     if getattr(args, "deepspeed", False):   # the stage and buckets are in the run's ds_config
+        # lazy: loaded when the command runs, not by `minitron --help`
         from minitron.runtime import DeepSpeedConfig, DeepSpeedConfigError
         try:
             DeepSpeedConfig(args.deepspeed_config, world_size=args.data_parallel_size)
@@ -162,6 +160,7 @@ def check_trace(trace_dir: Path, as_json: bool) -> None:
     if not any(r["name"].endswith(".train_step") for records in runs.values() for r in records):
         raise UserError(f"{trace_dir} holds no train_step: trace a training run (pretrain --train-iters 1 --trace DIR)")
     if getattr(args, "padded_vocab_size", None) is None:
+        # lazy: loaded when the command runs, not by `minitron --help`
         from minitron.training.tokenizer import build_tokenizer
         build_tokenizer(args)
     costs = {c.rank: c for c in work_out(args)}

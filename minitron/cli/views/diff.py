@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 from rich.table import Table
 
 from minitron.cli.views.trace_dir import TRAIN_STEP, layout_args, world_size_of
-from minitron.cli.views.words import duration, short_name
+from minitron.cli.views.words import duration, human, short_name
 from minitron.core.rank_generator import DESC_TO_KEY
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4,
@@ -152,10 +152,6 @@ def layout_line(summary: dict) -> str:
 
 def diff_tables(a: dict, b: dict, name_a: str, name_b: str) -> list:
     """The rich renderables of `minitron diff`, in reading order."""
-    # A cycle, not a reason: cli/estimate.py imports this module. human() belongs below both
-    # (views/words.py); tests/test_architecture.py's ALLOW list holds this line until it moves.
-    from minitron.cli.estimate import human
-
     out = []
     groups = Table(title="groups created (distinct groups, all ranks)", title_style="bold")
     for col in ("kind", name_a, name_b):

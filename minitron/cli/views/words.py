@@ -60,3 +60,12 @@ def short_name(name: str) -> str:
 def duration(us: float) -> str:
     """Microseconds as "12.3 ms", or "4.21 s" from ten seconds on."""
     return f"{us / 1e6:.2f} s" if us >= 1e7 else f"{us / 1000:.1f} ms"
+
+
+def human(n: float) -> str:
+    """Bytes in binary units, three significant figures: 1.50 GiB, 512 B."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            value = n / size
+            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
+    return f"{int(n)} B"
