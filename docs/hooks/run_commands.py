@@ -249,7 +249,9 @@ class _WarmRunner:
                 if time.monotonic() > deadline:
                     raise PluginError(f"`{' '.join(argv)}` did not finish in {TIMEOUT_S} s")
                 time.sleep(0.02)
-            return int(rc.read_text()), out.read_bytes().decode("utf-8", errors="replace")
+            code, cpu = rc.read_text().split()
+            self.cpu = float(cpu)
+            return int(code), out.read_bytes().decode("utf-8", errors="replace")
 
     def stop(self) -> None:
         with self._lock:
@@ -273,31 +275,43 @@ def execute(command: str, page: str, root: Path) -> str:
     started = time.perf_counter()
     cwd = scratch_dir(root)
     steps = _warm.module.warm_steps(command, str(Path(sys.executable).parent))
+    cpu = 0.0
     if steps is not None:  # program calls only: fork each from the warm interpreter, as && would
         returncode, shown = 0, []
         for argv, silenced in steps:
             returncode, output = _warm.run(argv, cwd)
+            cpu += _warm.cpu
             if returncode != 0 or not silenced:
                 shown.append(output)
             if returncode != 0:
                 break
         output = "".join(shown)
     else:
-        try:
-            # stderr joins stdout, as in a terminal; unbuffered Python keeps their order.
-            done = subprocess.run(["bash", "-c", command], cwd=cwd, env=command_env(),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise PluginError(f"{page}: `{command}` did not finish in {TIMEOUT_S} s") from None
-        returncode, output = done.returncode, done.stdout.decode("utf-8", errors="replace")
+        # stderr joins stdout, as in a terminal; unbuffered Python keeps their order.
+        bash = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=command_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        timer = threading.Timer(TIMEOUT_S, bash.kill)
+        timer.start()
+        output = bash.stdout.read().decode("utf-8", errors="replace")
+        # wait4, not wait: it also says how much CPU the command (and all it waited for) used.
+        _, status, usage = os.wait4(bash.pid, 0)
+        bash.returncode = returncode = os.waitstatus_to_exitcode(status)
+        bash.stdout.close()
+        if not timer.is_alive():
+            raise PluginError(f"{page}: `{command}` did not finish in {TIMEOUT_S} s")
+        timer.cancel()
+        cpu = usage.ru_utime + usage.ru_stime
     if returncode != 0:
         tail = "\n".join(clean(output, places(root)).splitlines()[-20:])
         raise PluginError(
             f"{page}: the command in `<!-- run: {command} -->` exited with code "
             f"{returncode}; fix the command or the code it runs. Its last output:\n{tail}"
         )
-    log.debug("ran `%s` for %s in %.2f s", command, page, time.perf_counter() - started)
+    wall = time.perf_counter() - started
+    log.debug("ran `%s` for %s in %.2f s (%.2f s of CPU)", command, page, wall, cpu)
+    if os.environ.get("MINITRON_DOCS_TIMES"):  # a file: one line per command, to find the costly ones
+        with open(os.environ["MINITRON_DOCS_TIMES"], "a") as times:
+            times.write(f"{wall:7.2f} {cpu:7.2f} {'warm' if steps is not None else 'bash'} {page} {command}\n")
     return clean(output, places(root))
 
 

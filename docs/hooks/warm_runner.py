@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import runpy
 import shlex
 import signal
@@ -108,6 +109,8 @@ def _run_child(request: dict) -> None:
         sys.stderr.flush()
         with open(request["out"] + ".rc.tmp", "w") as f:
             f.write(str(code))
+            own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+            f.write(f" {own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime:.2f}")
         os.replace(request["out"] + ".rc.tmp", request["out"] + ".rc")
         os._exit(code)
 
