@@ -231,10 +231,12 @@ class _WarmRunner:
         spec.loader.exec_module(self.module)
         self.path = path
 
-    def run(self, argv: list[str], root: Path) -> tuple[int, str]:
+    def run(self, argv: list[str], root: Path, separate_stderr: bool = False) -> tuple[int, str, str]:
+        """(exit code, output, stderr): stderr is in the output unless ``separate_stderr``."""
         with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "out"
-            request = {"argv": argv, "cwd": str(root), "env": command_env(), "out": str(out)}
+            out, err = Path(tmp) / "out", Path(tmp) / "err"
+            request = {"argv": argv, "cwd": str(root), "env": command_env(), "out": str(out),
+                       "err": str(err) if separate_stderr else None}
             with self._lock:
                 if self._proc is None or self._proc.poll() is not None:
                     self._proc = subprocess.Popen([sys.executable, str(self.path)], cwd=root, env=command_env(),
@@ -251,7 +253,8 @@ class _WarmRunner:
                 time.sleep(0.02)
             code, cpu = rc.read_text().split()
             self.cpu = float(cpu)
-            return int(code), out.read_bytes().decode("utf-8", errors="replace")
+            errors = err.read_bytes().decode("utf-8", errors="replace") if separate_stderr and err.exists() else ""
+            return int(code), out.read_bytes().decode("utf-8", errors="replace"), errors
 
     def stop(self) -> None:
         with self._lock:
@@ -274,19 +277,11 @@ def places(root: Path) -> dict[str, str]:
 def execute(command: str, page: str, root: Path) -> str:
     started = time.perf_counter()
     cwd = scratch_dir(root)
-    steps = _warm.module.warm_steps(command, str(Path(sys.executable).parent))
-    cpu = 0.0
-    if steps is not None:  # program calls only: fork each from the warm interpreter, as && would
-        returncode, shown = 0, []
-        for argv, silenced in steps:
-            returncode, output = _warm.run(argv, cwd)
-            cpu += _warm.cpu
-            if returncode != 0 or not silenced:
-                shown.append(output)
-            if returncode != 0:
-                break
-        output = "".join(shown)
-    else:
+    plan = _warm.module.warm_plan(command, str(Path(sys.executable).parent))
+    cpu, done = 0.0, None
+    if plan is not None:  # program calls only: fork each from the warm interpreter, as && would
+        done, cpu = _run_warm(plan, cwd)
+    if done is None:
         # stderr joins stdout, as in a terminal; unbuffered Python keeps their order.
         bash = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=command_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -295,12 +290,13 @@ def execute(command: str, page: str, root: Path) -> str:
         output = bash.stdout.read().decode("utf-8", errors="replace")
         # wait4, not wait: it also says how much CPU the command (and all it waited for) used.
         _, status, usage = os.wait4(bash.pid, 0)
-        bash.returncode = returncode = os.waitstatus_to_exitcode(status)
+        bash.returncode = os.waitstatus_to_exitcode(status)
         bash.stdout.close()
         if not timer.is_alive():
             raise PluginError(f"{page}: `{command}` did not finish in {TIMEOUT_S} s")
         timer.cancel()
-        cpu = usage.ru_utime + usage.ru_stime
+        done, cpu = (bash.returncode, output), cpu + usage.ru_utime + usage.ru_stime
+    returncode, output = done
     if returncode != 0:
         tail = "\n".join(clean(output, places(root)).splitlines()[-20:])
         raise PluginError(
@@ -311,8 +307,35 @@ def execute(command: str, page: str, root: Path) -> str:
     log.debug("ran `%s` for %s in %.2f s (%.2f s of CPU)", command, page, wall, cpu)
     if os.environ.get("MINITRON_DOCS_TIMES"):  # a file: one line per command, to find the costly ones
         with open(os.environ["MINITRON_DOCS_TIMES"], "a") as times:
-            times.write(f"{wall:7.2f} {cpu:7.2f} {'warm' if steps is not None else 'bash'} {page} {command}\n")
+            times.write(f"{wall:7.2f} {cpu:7.2f} {'warm' if plan is not None else 'bash'} {page} {command}\n")
     return clean(output, places(root))
+
+
+def _run_warm(plan, cwd: Path) -> tuple[tuple[int, str] | None, float]:
+    """((exit code, output) as bash would give them, CPU seconds) of a warm_plan; None instead
+    of the pair where bash must run it after all: the piped call failed (a pipe's exit code is
+    its filter's, and bash's output would show the failure) or wrote to stderr (in bash that
+    text passes the filter by, and where it lands among the filtered lines is bash's timing)."""
+    steps, pipe, or_exit_code = plan
+    returncode, shown, cpu = 0, [], 0.0
+    for i, (argv, silenced) in enumerate(steps):
+        piped = pipe is not None and i == len(steps) - 1
+        returncode, output, errors = _warm.run(argv, cwd, separate_stderr=piped and not pipe[1])
+        cpu += _warm.cpu
+        if piped:
+            if returncode != 0 or errors:
+                return None, cpu
+            filtered = subprocess.run(pipe[0], input=output.encode(), cwd=cwd, env=command_env(),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            returncode, output = filtered.returncode, filtered.stdout.decode("utf-8", errors="replace")
+        if returncode != 0 or not silenced:
+            shown.append(output)
+        if returncode != 0:
+            break
+    if or_exit_code and returncode != 0:
+        shown.append(f"(exit code {returncode})\n")
+        returncode = 0
+    return (returncode, "".join(shown)), cpu
 
 
 def fenced(text: str, indent: str) -> list[str]:
