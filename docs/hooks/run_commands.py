@@ -24,6 +24,8 @@ How a command runs:
   characters at window widths from 1000 to 1920 px. Output that is wider would wrap or hide
   behind a scroll bar; tests/test_docs.py fails the build's pages if any output line is wider.
   Any colour codes left are stripped;
+* with ``OMP_NUM_THREADS=1`` unless the build's environment sets it: one compute thread per
+  process, as the pages' tiny models need (the printed numbers are the same either way);
 * once per build: a second page asking for the same command gets the first answer;
 * ahead of time, a few at once: as soon as the build knows its pages, every page's commands
   start, ``MINITRON_DOCS_JOBS`` pages at a time (default: the number of CPUs, at least 2).
@@ -185,6 +187,9 @@ def command_env() -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
     env.update(COLUMNS=str(WIDTH), NO_COLOR="1", TERM="dumb", PYTHONUNBUFFERED="1")
+    # One compute thread per process unless told otherwise: the pages' models are tiny, and a
+    # one-rank run given every core only pays for threads that spin waiting for each other.
+    env.setdefault("OMP_NUM_THREADS", "1")
     for var in ("FORCE_COLOR", "CLICOLOR_FORCE", "PY_COLORS"):
         env.pop(var, None)
     return env
