@@ -17,6 +17,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 # rank then sizes its own pool (launch.py sets it from OMP_NUM_THREADS). What the ranks import
 # (torch._dynamo among it) the launcher warms in this process before its first fork.
 torch.set_num_threads(1)
+# And so does every process the tests start, forked ranks and `minitron` subprocesses alike:
+# left alone, the launcher gives a one-rank job all the cores, and a model this small only
+# pays for the extra threads (they spin waiting for each other: a 1-rank, 3-iteration test
+# run took 19 s of CPU with 2 threads on a busy 2-core machine, 6 s with one). The numbers do
+# not change: the tests compare runs, and every run now has the same single thread.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ import tempfile
 import xml.etree.ElementTree as ElementTree
 import shlex
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -266,3 +267,32 @@ def test_wide_output_gets_a_smaller_font_and_overlong_lines_fold(tmp_path):
     for n in hook.FIT:
         assert f".fit-{n} pre" in css and f"80 / {n})" in css, f"output.css has no size for fit-{n}"
     assert "stylesheets/output.css" in (ROOT / "mkdocs.yml").read_text()
+
+
+def test_piped_and_or_echo_commands_run_warm_and_print_what_bash_prints(tmp_path):
+    """`A | sort`, `A 2>&1 | tail -2`, `A 2>&1 || echo "(exit code $?)"` run from the warm
+    process (no torch import per command) yet print what bash prints; a piped call that writes
+    to stderr, or fails, is run by bash after all (its output's place among the lines is bash's)."""
+    hook = load_hook()
+    (tmp_path / "p.py").write_text("import sys\nprint('b'); print('a'); print('c')\n"
+                                   "if sys.argv[1:] == ['err']: print('oops', file=sys.stderr)\n"
+                                   "sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)\n")
+    commands = ["python p.py | sort", "python p.py x 0 2>&1 | tail -2", "python p.py x 3 2>&1 || echo \"(exit code $?)\"",
+                "python p.py > /dev/null && python p.py | grep -v a", "python p.py err | sort"]
+    warm = hook._warm.module
+    assert [warm.warm_plan(c, str(BIN)) is not None for c in commands] == [True] * 5
+    assert warm.warm_plan("python p.py 2>/dev/null | sort", str(BIN)) is None
+    assert warm.warm_plan("python p.py | sort | head -1", str(BIN)) is None
+    try:
+        for command in commands:
+            hook._cache.clear()
+            plan = warm.warm_plan(command, str(BIN))
+            done, _ = hook._run_warm(plan, hook.scratch_dir(tmp_path))
+            bash = subprocess.run(["bash", "-c", command], cwd=hook.scratch_dir(tmp_path), env=hook.command_env(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            if command.endswith("err | sort"):
+                assert done is None   # stderr beside a pipe: left to bash
+            else:
+                assert done == (bash.returncode, bash.stdout), command
+    finally:
+        hook.on_post_build(None)

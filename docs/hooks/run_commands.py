@@ -24,6 +24,8 @@ How a command runs:
   characters at window widths from 1000 to 1920 px. Output that is wider would wrap or hide
   behind a scroll bar; tests/test_docs.py fails the build's pages if any output line is wider.
   Any colour codes left are stripped;
+* with ``OMP_NUM_THREADS=1`` unless the build's environment sets it: one compute thread per
+  process, as the pages' tiny models need (the printed numbers are the same either way);
 * once per build: a second page asking for the same command gets the first answer;
 * ahead of time, a few at once: as soon as the build knows its pages, every page's commands
   start, ``MINITRON_DOCS_JOBS`` pages at a time (default: the number of CPUs, at least 2).
@@ -185,6 +187,9 @@ def command_env() -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
     env.update(COLUMNS=str(WIDTH), NO_COLOR="1", TERM="dumb", PYTHONUNBUFFERED="1")
+    # One compute thread per process unless told otherwise: the pages' models are tiny, and a
+    # one-rank run given every core only pays for threads that spin waiting for each other.
+    env.setdefault("OMP_NUM_THREADS", "1")
     for var in ("FORCE_COLOR", "CLICOLOR_FORCE", "PY_COLORS"):
         env.pop(var, None)
     return env
@@ -231,10 +236,12 @@ class _WarmRunner:
         spec.loader.exec_module(self.module)
         self.path = path
 
-    def run(self, argv: list[str], root: Path) -> tuple[int, str]:
+    def run(self, argv: list[str], root: Path, separate_stderr: bool = False) -> tuple[int, str, str]:
+        """(exit code, output, stderr): stderr is in the output unless ``separate_stderr``."""
         with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "out"
-            request = {"argv": argv, "cwd": str(root), "env": command_env(), "out": str(out)}
+            out, err = Path(tmp) / "out", Path(tmp) / "err"
+            request = {"argv": argv, "cwd": str(root), "env": command_env(), "out": str(out),
+                       "err": str(err) if separate_stderr else None}
             with self._lock:
                 if self._proc is None or self._proc.poll() is not None:
                     self._proc = subprocess.Popen([sys.executable, str(self.path)], cwd=root, env=command_env(),
@@ -249,7 +256,10 @@ class _WarmRunner:
                 if time.monotonic() > deadline:
                     raise PluginError(f"`{' '.join(argv)}` did not finish in {TIMEOUT_S} s")
                 time.sleep(0.02)
-            return int(rc.read_text()), out.read_bytes().decode("utf-8", errors="replace")
+            code, cpu = rc.read_text().split()
+            self.cpu = float(cpu)
+            errors = err.read_bytes().decode("utf-8", errors="replace") if separate_stderr and err.exists() else ""
+            return int(code), out.read_bytes().decode("utf-8", errors="replace"), errors
 
     def stop(self) -> None:
         with self._lock:
@@ -272,33 +282,65 @@ def places(root: Path) -> dict[str, str]:
 def execute(command: str, page: str, root: Path) -> str:
     started = time.perf_counter()
     cwd = scratch_dir(root)
-    steps = _warm.module.warm_steps(command, str(Path(sys.executable).parent))
-    if steps is not None:  # program calls only: fork each from the warm interpreter, as && would
-        returncode, shown = 0, []
-        for argv, silenced in steps:
-            returncode, output = _warm.run(argv, cwd)
-            if returncode != 0 or not silenced:
-                shown.append(output)
-            if returncode != 0:
-                break
-        output = "".join(shown)
-    else:
-        try:
-            # stderr joins stdout, as in a terminal; unbuffered Python keeps their order.
-            done = subprocess.run(["bash", "-c", command], cwd=cwd, env=command_env(),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise PluginError(f"{page}: `{command}` did not finish in {TIMEOUT_S} s") from None
-        returncode, output = done.returncode, done.stdout.decode("utf-8", errors="replace")
+    plan = _warm.module.warm_plan(command, str(Path(sys.executable).parent))
+    cpu, done = 0.0, None
+    if plan is not None:  # program calls only: fork each from the warm interpreter, as && would
+        done, cpu = _run_warm(plan, cwd)
+    if done is None:
+        # stderr joins stdout, as in a terminal; unbuffered Python keeps their order.
+        bash = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=command_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        timer = threading.Timer(TIMEOUT_S, bash.kill)
+        timer.start()
+        output = bash.stdout.read().decode("utf-8", errors="replace")
+        # wait4, not wait: it also says how much CPU the command (and all it waited for) used.
+        _, status, usage = os.wait4(bash.pid, 0)
+        bash.returncode = os.waitstatus_to_exitcode(status)
+        bash.stdout.close()
+        if not timer.is_alive():
+            raise PluginError(f"{page}: `{command}` did not finish in {TIMEOUT_S} s")
+        timer.cancel()
+        done, cpu = (bash.returncode, output), cpu + usage.ru_utime + usage.ru_stime
+    returncode, output = done
     if returncode != 0:
         tail = "\n".join(clean(output, places(root)).splitlines()[-20:])
         raise PluginError(
             f"{page}: the command in `<!-- run: {command} -->` exited with code "
             f"{returncode}; fix the command or the code it runs. Its last output:\n{tail}"
         )
-    log.debug("ran `%s` for %s in %.2f s", command, page, time.perf_counter() - started)
+    wall = time.perf_counter() - started
+    log.debug("ran `%s` for %s in %.2f s (%.2f s of CPU)", command, page, wall, cpu)
+    if os.environ.get("MINITRON_DOCS_TIMES"):  # a file: one line per command, to find the costly ones
+        with open(os.environ["MINITRON_DOCS_TIMES"], "a") as times:
+            times.write(f"{wall:7.2f} {cpu:7.2f} {'warm' if plan is not None else 'bash'} {page} {command}\n")
     return clean(output, places(root))
+
+
+def _run_warm(plan, cwd: Path) -> tuple[tuple[int, str] | None, float]:
+    """((exit code, output) as bash would give them, CPU seconds) of a warm_plan; None instead
+    of the pair where bash must run it after all: the piped call failed (a pipe's exit code is
+    its filter's, and bash's output would show the failure) or wrote to stderr (in bash that
+    text passes the filter by, and where it lands among the filtered lines is bash's timing)."""
+    steps, pipe, or_exit_code = plan
+    returncode, shown, cpu = 0, [], 0.0
+    for i, (argv, silenced) in enumerate(steps):
+        piped = pipe is not None and i == len(steps) - 1
+        returncode, output, errors = _warm.run(argv, cwd, separate_stderr=piped and not pipe[1])
+        cpu += _warm.cpu
+        if piped:
+            if returncode != 0 or errors:
+                return None, cpu
+            filtered = subprocess.run(pipe[0], input=output.encode(), cwd=cwd, env=command_env(),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            returncode, output = filtered.returncode, filtered.stdout.decode("utf-8", errors="replace")
+        if returncode != 0 or not silenced:
+            shown.append(output)
+        if returncode != 0:
+            break
+    if or_exit_code and returncode != 0:
+        shown.append(f"(exit code {returncode})\n")
+        returncode = 0
+    return (returncode, "".join(shown)), cpu
 
 
 def fenced(text: str, indent: str) -> list[str]:

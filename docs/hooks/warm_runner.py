@@ -10,14 +10,16 @@ parent (chapter 1).
 
 Protocol: a request is one JSON line ``{"argv": [...], "cwd": ..., "env": {...}, "out": PATH}``;
 the child writes its output to PATH and, when it ends, its exit code to PATH + ".rc".
-A plain program call, or a chain of them (``A > /dev/null && B``), runs warm; anything else
-(pipes, other redirections, variables) stays with bash.
+A plain program call, or a chain of them (``A > /dev/null && B``), runs warm, also when its
+output goes through a small filter (``| sort``) or it ends in ``|| echo "(exit code $?)"``
+(see warm_plan); anything else (other redirections, variables, ``;``) stays with bash.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import runpy
 import shlex
 import signal
@@ -29,21 +31,49 @@ SHELL_SYNTAX = set("$`*?[]{}~!\\\n()<;")
 PROGRAMS = ("minitron", "python", "python3")
 
 
+OR_EXIT_CODE = ["||", "echo", "(exit code $?)"]
+MERGE = ["2", ">&", "1"]
+
+
 def warm_steps(command: str, bin_dir: str) -> list[tuple[list[str], bool]] | None:
     """The program calls to run warm, in order, each with whether its output is thrown away;
-    or None if the command needs bash. Beyond one plain call, only `A > /dev/null && B` is
-    understood: a chain of program calls, any of them silenced (how a page runs a job and then
-    shows what it left). Pipes, `||`, `2>&1` and the rest stay with bash."""
+    or None if the command needs bash (see warm_plan, which also understands a last pipe)."""
+    plan = warm_plan(command, bin_dir)
+    return plan[0] if plan is not None and plan[1] is None and not plan[2] else None
+
+
+def warm_plan(command: str, bin_dir: str):
+    """(steps, filter, or_exit_code), or None if the command needs bash.
+
+    steps: the program calls to run warm, in order, each with whether its output is thrown
+    away: one plain call, or a chain of them (``A > /dev/null && B``: how a page runs a job and
+    then shows what it left); ``2>&1`` after a call changes nothing, its output being stdout and
+    stderr together anyway. filter: (argv, merged): a small program the last call's output is
+    piped into (``| sort``, ``| grep -v X``, ``| head -3``), its stdout only unless the call
+    ends in ``2>&1`` (merged); or None. or_exit_code: the command ends
+    in ``|| echo "(exit code $?)"``. Other pipes, ``2>/dev/null``, ``;`` and the rest stay with bash."""
     bare = _outside_quotes(command)
     if bare is None or any(ch in SHELL_SYNTAX for ch in bare):
         return None
     lexer = shlex.shlex(command, posix=True, punctuation_chars="&|>")
     lexer.whitespace_split = True
-    steps, argv = [], []
-    for token in [*lexer, "&&"]:
+    tokens = list(lexer)
+    or_exit_code = tokens[-3:] == OR_EXIT_CODE
+    tokens = tokens[:-3] if or_exit_code else tokens
+    pipe = None
+    if "|" in tokens:
+        at = tokens.index("|")
+        tokens, pipe = tokens[:at], tokens[at + 1:]
+        if or_exit_code or not pipe or pipe[0] not in FILTERS or any(set(w) <= set("&|>") for w in pipe):
+            return None
+    steps, argv, merged = [], [], False
+    for token in [*tokens, "&&"]:
         if token != "&&":
             argv.append(token)
             continue
+        merged = argv[-3:] == MERGE
+        if merged:
+            argv = argv[:-3]
         silenced = argv[-2:] == [">", "/dev/null"]
         argv = argv[:-2] if silenced else argv
         if not argv or argv[0] not in (*PROGRAMS, os.path.join(bin_dir, "python")) \
@@ -51,7 +81,13 @@ def warm_steps(command: str, bin_dir: str) -> list[tuple[list[str], bool]] | Non
             return None
         steps.append((argv, silenced))
         argv = []
-    return steps
+    if pipe is not None and steps[-1][1]:
+        return None  # `A > /dev/null | F`: nothing to filter; leave the oddity to bash
+    return steps, pipe and (pipe, merged), or_exit_code
+
+
+# Programs a warm command's output may be piped into: each reads its input and prints a part.
+FILTERS = ("sort", "grep", "head", "tail", "sed", "fold")
 
 
 def _outside_quotes(command: str) -> str | None:
@@ -79,6 +115,10 @@ def _run_child(request: dict) -> None:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
+        if request.get("err"):  # stderr on its own (the command's stdout goes into a pipe)
+            fd = os.open(request["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(fd, 2)
+            os.close(fd)
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -108,6 +148,8 @@ def _run_child(request: dict) -> None:
         sys.stderr.flush()
         with open(request["out"] + ".rc.tmp", "w") as f:
             f.write(str(code))
+            own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+            f.write(f" {own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime:.2f}")
         os.replace(request["out"] + ".rc.tmp", request["out"] + ".rc")
         os._exit(code)
 
