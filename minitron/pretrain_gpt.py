@@ -27,7 +27,7 @@ from minitron.trace import traced
 from minitron.training.arguments import GPT_ARGS_DEFAULTS, core_transformer_config_from_args
 from minitron.training.global_vars import get_args, get_tokenizer
 from minitron.training.training import pretrain
-from minitron.training.utils import print_rank_0
+from minitron.training.utils import get_batch, print_rank_0
 
 # Defaults for flags a user did not give: token-id data over a small vocabulary, so a command
 # line can stay about the parallel layout (the values sit in training/arguments.py, where the
@@ -71,8 +71,6 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
 
 def forward_step(data_iterator, model):
     """One micro-batch: tokens in (first stage), per-token losses out (last stage)."""
-    from minitron.training.utils import get_batch
-
     vp_stage = get_attr_wrapped_model(model, "vp_stage")  # which model chunk, with a virtual pipeline
     tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator, vp_stage=vp_stage)
     output_tensor = model(tokens, position_ids, attention_mask, labels=labels)

@@ -91,8 +91,6 @@ ALLOW: list[tuple[str, str, str]] = [
     # launcher/worker.py: to the module's top (runner imports only the standard library; the
     # parent then loads it once instead of every forked rank on its own).
     ("minitron/launcher/worker.py", "from minitron.launcher.runner import bind_cores_from_env", "why"),
-    # pretrain_gpt.py: get_batch joins the module-level import of training.utils beside print_rank_0.
-    ("minitron/pretrain_gpt.py", "from minitron.training.utils import get_batch", "why"),
     # training/training.py: "# Lazy: only --deepspeed runs load DeepSpeed's engine and ZeRO" above
     # both deepspeed_training imports; "# Lazy: `minitron trace` (no --train-iters) never builds
     # data iterators" above training.data's. Also: delete reduce_losses there and import it from
