@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import difflib
 import re
+from pathlib import Path
 from typing import List
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 # Megatron's long layout flags and the short aliases every layout-taking command accepts.
 LAYOUT_ALIASES = {
@@ -63,6 +64,15 @@ def suggest(name: str, known: set) -> str:
     return f"; did you mean {' or '.join(close)}?" if close else "; see `minitron {cmd} --help`"
 
 
+class MinitronGroup(TyperGroup):
+    """The ``minitron`` group: its own options (--version, --help) converted plainly too."""
+
+    def parse_args(self, ctx, args: List[str]) -> List[str]:
+        for param in self.get_params(ctx):
+            _plain_coercion(param)
+        return super().parse_args(ctx, args)
+
+
 class MinitronCommand(TyperCommand):
     """A typer command whose flags are checked for typos before parsing.
 
@@ -77,6 +87,8 @@ class MinitronCommand(TyperCommand):
         if self.forwards == "megatron" and self.name in ("pretrain", "estimate"):
             args = expand_aliases(args)
         self._check_flags(args)
+        for param in self.get_params(ctx):
+            _plain_coercion(param)
         return super().parse_args(ctx, args)
 
     def _own_options(self) -> tuple[set, set]:
@@ -116,3 +128,40 @@ class MinitronCommand(TyperCommand):
                 known = own
             hint = suggest(name, known).replace("{cmd}", self.name or "")
             raise UsageError(f"no such option {name}{hint}")
+
+
+# --- plain values without pydantic -------------------------------------------------------
+# Recent typer coerces every option through a pydantic validator built on first use: importing
+# pydantic and building ~20 validators costs ~0.15 s of CPU on every command, as much as the
+# rest of the command line. A plainly valid int, float, str or Path is converted here to the
+# same value; anything else (and every error message) is still typer's own.
+_PLAIN = {int: re.compile(r"-?[0-9]{1,18}"), float: re.compile(r"-?[0-9]{1,15}(\.[0-9]{1,15})?"),
+          bool: re.compile("(?!)"), str: None, Path: None}  # a bool given as text: typer's
+
+
+class _PlainValue:
+    def __init__(self, kind: type, param):
+        self.kind, self.param, self.typer_param = kind, param, param.get_runtime_param
+
+    def coerce(self, value, param, ctx):
+        kind = self.kind
+        if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
+            return value
+        if isinstance(value, str) and (kind in (str, Path) or _PLAIN[kind].fullmatch(value)):
+            return kind(value)
+        self.param._runtime_param = None  # typer's own coercion, from now on
+        return self.typer_param().coerce(value, param, ctx)
+
+
+def _plain_coercion(param) -> None:
+    """Give ``param`` the plain conversion when typer would build a pydantic validator for a
+    single int/float/str/Path with no checks attached (older typers have no such step)."""
+    desc = getattr(param, "type_descriptor", None)
+    if desc is None or getattr(param, "_runtime_param", False) is not None or desc.annotation not in _PLAIN:
+        return
+    info = desc.parameter_info
+    if param.nargs != 1 or param.multiple or desc.file_annotation is not None or info.parser or \
+            getattr(info, "click_type", None) or info.min is not None or info.max is not None or \
+            (desc.annotation is Path and (info.exists or info.resolve_path or info.path_type)):
+        return
+    param._runtime_param = _PlainValue(desc.annotation, param)

@@ -8,9 +8,10 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
+from minitron.cli.command import MinitronGroup
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+app = typer.Typer(cls=MinitronGroup, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   pretty_exceptions_show_locals=False,
                   help="minitron: Megatron-LM's GPT pretraining path, small and traced.")
 console = Console()

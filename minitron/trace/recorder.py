@@ -28,6 +28,9 @@ from typing import Any, Callable
 _ACTIVE: "Recorder | None" = None
 
 _PRIMITIVES = (int, float, str, bool, type(None))
+# One encoder for every record: json.dumps with separators builds a new encoder per call, a
+# third of each record's cost (a 1024-rank fake world writes ~45,000 records).
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def short_value(value: Any) -> Any:
@@ -74,7 +77,7 @@ class Recorder:
                   "end_us": time.time_ns() // 1000}
         if error:
             record["error"] = error
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._file.write(_ENCODE(record) + "\n")
         if self.records is not None:
             self.records.append(record)
 
