@@ -55,42 +55,6 @@ FLOORS: list[tuple[str, list[str]]] = [
 # The list only shrinks (test_allow_list_is_current fails on an entry that matches nothing any
 # more) and is meant to be empty.
 ALLOW: list[tuple[str, str, str]] = [
-    # cli/trace.py: the same reason, one comment per block: _views (the views load when trace
-    # runs), write_pictures (--svg only), play_pretrain_rank and _records_and_rows (--backend
-    # fake only: torch and the training stack in this process), trace() (views and launcher
-    # once the input has passed).
-    ("minitron/cli/trace.py", "from minitron.cli.views.show import VIEWS, parse_views", "why"),
-    ("minitron/cli/trace.py", "from minitron.cli.views.schedule import pipeline_steps", "why"),
-    ("minitron/cli/trace.py",
-     "from minitron.cli.views.svg_grid import MAX_RANKS_DRAWN, grid_svg, groups_from_trace", "why"),
-    ("minitron/cli/trace.py", "from minitron.cli.views.svg_timeline import timeline_svg", "why"),
-    ("minitron/cli/trace.py", "from minitron.cli.views.trace_dir import iterations", "why"),
-    ("minitron/cli/trace.py", "from minitron import comm", "why"),
-    ("minitron/cli/trace.py", "from minitron.core import parallel_state", "why"),
-    ("minitron/cli/trace.py", "from minitron.pretrain_gpt import run_main", "why"),
-    ("minitron/cli/trace.py", "from minitron.training.global_vars import unset_global_variables", "why"),
-    ("minitron/cli/trace.py", "from minitron.cli.views.perfetto import encoded_rank_events", "why"),
-    ("minitron/cli/trace.py", "from minitron.cli.views.trace_dir import in_trace_order", "why"),
-    ("minitron/cli/trace.py", "from minitron.cli.views.call_tree import FocusError", "why"),
-    ("minitron/cli/trace.py", "from minitron.cli.views.perfetto import write_chrome_trace", "why"),
-    ("minitron/cli/trace.py", "from minitron.cli.views.show import default_depth, show_views", "why"),
-    ("minitron/cli/trace.py", "from minitron.cli.views.trace_dir import load_trace", "why"),
-    ("minitron/cli/trace.py", "from minitron.cli.views.words import plural", "why"),
-    ("minitron/cli/trace.py", "from minitron.launcher import LaunchConfig, Target, launch", "why"),
-    ("minitron/cli/trace.py", "from minitron.launcher.fake import play_ranks", "why"),
-    # comm/comm.py: socket and subprocess to the module's top (stdlib, no cost); mpi4py: "# optional,
-    # as in DeepSpeed: only MPI jobs without MASTER_ADDR need it".
-    ("minitron/comm/comm.py", "import socket", "why"),
-    ("minitron/comm/comm.py", "import subprocess", "why"),
-    ("minitron/comm/comm.py", "from mpi4py import MPI", "why"),
-    # launcher/debug.py: "# only a rank asked to wait for a debugger loads debugpy" on the line.
-    ("minitron/launcher/debug.py", "import debugpy", "why"),
-    # launcher/launch.py _warm_parent: a comment above the block, "# Here, not at the top: the CLI
-    # imports this module to check its input before torch is worth loading (see the docstring)."
-    ("minitron/launcher/launch.py", "import torch.distributed  # noqa: F401", "why"),
-    # launcher/worker.py: to the module's top (runner imports only the standard library; the
-    # parent then loads it once instead of every forked rank on its own).
-    ("minitron/launcher/worker.py", "from minitron.launcher.runner import bind_cores_from_env", "why"),
     # training/training.py: "# Lazy: only --deepspeed runs load DeepSpeed's engine and ZeRO" above
     # both deepspeed_training imports; "# Lazy: `minitron trace` (no --train-iters) never builds
     # data iterators" above training.data's. Also: delete reduce_losses there and import it from

@@ -40,6 +40,7 @@ def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: 
 
 
 def _views(show: str, steps: int) -> set:
+    # lazy, as every import below: `minitron --help` and bad input never load the views
     from minitron.cli.views.show import VIEWS, parse_views
 
     try:
@@ -67,6 +68,7 @@ def write_pictures(out: Path, runs: dict) -> List[Path]:
     """--svg: the executed groups as rank grids, and the last traced iteration's schedule as a
     timeline (minitron/cli/views/svg_grid.py, svg_timeline.py); what the trace cannot show
     (more ranks than a grid draws, no iteration) is left out."""
+    # lazy: only --svg draws
     from minitron.cli.views.schedule import pipeline_steps
     from minitron.cli.views.svg_grid import MAX_RANKS_DRAWN, grid_svg, groups_from_trace
     from minitron.cli.views.svg_timeline import timeline_svg
@@ -88,6 +90,7 @@ def write_pictures(out: Path, runs: dict) -> List[Path]:
 
 def play_pretrain_rank(argv: List[str]) -> None:
     """One rank of a fake world: pretrain's initialization, then nothing left for the next rank."""
+    # lazy: only --backend fake loads torch and the training stack into this process
     from minitron import comm
     from minitron.core import parallel_state
     from minitron.pretrain_gpt import run_main
@@ -104,6 +107,7 @@ def play_pretrain_rank(argv: List[str]) -> None:
 def _records_and_rows(rank: int, records: list) -> tuple:
     """What a process playing fake ranks hands back for each: the rank's records as a trace
     directory reads them, and its rows of trace.json, encoded."""
+    # lazy: only --backend fake plays ranks in this process
     from minitron.cli.views.perfetto import encoded_rank_events
     from minitron.cli.views.trace_dir import in_trace_order
 
@@ -165,6 +169,7 @@ def trace(
         backend = default_backend()
         check_backend(backend, world)
 
+    # lazy: the views and the launcher load once the input has passed every check above
     from minitron.cli.views.call_tree import FocusError
     from minitron.cli.views.perfetto import write_chrome_trace
     from minitron.cli.views.show import default_depth, show_views

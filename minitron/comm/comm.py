@@ -17,6 +17,8 @@ init_distributed's decision list, in order:
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
@@ -158,11 +160,8 @@ def _mpi_broadcast_rank0_address() -> str | None:
     """Rank 0's first IP address (``hostname -I``, else its resolved name), broadcast to all;
     None without mpi4py, which is optional here as in DeepSpeed (only MPI jobs across nodes that
     set no MASTER_ADDR need it)."""
-    import socket
-    import subprocess
-
     try:
-        from mpi4py import MPI
+        from mpi4py import MPI   # optional, as in DeepSpeed: only MPI jobs without MASTER_ADDR need it
     except ImportError:
         return None
     addr = None

@@ -179,7 +179,7 @@ def wait_for_debugger_if_asked(rank: int) -> None:
     # Python 3.11 freezes some stdlib modules; pydevd warns about that on every start. The
     # modules concerned are not where anyone steps, and the warning would bury our one line.
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
-    import debugpy
+    import debugpy   # only a rank asked to wait for a debugger loads debugpy
 
     # listen() starts the adapter: a separate `python .../debugpy/adapter` process that owns
     # HOST:PORT, speaks DAP to the editor and relays to the debugger inside this process. It

@@ -216,6 +216,7 @@ def _warm_parent(target: Target, warm: tuple[str, ...] = ()) -> None:
     The imports are here, not at the top: the CLI imports this module to validate its input,
     and must not pay for torch before it knows the input is good.
     """
+    # Here, not at the top: see the last sentence above.
     import numpy.random  # noqa: F401  (numpy loads it lazily: 15 ms per rank otherwise)
     import torch.distributed  # noqa: F401
     if target.module and target.module.startswith("minitron."):

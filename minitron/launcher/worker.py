@@ -20,6 +20,7 @@ from typing import Callable
 
 from minitron import trace
 from minitron.launcher import debug
+from minitron.launcher.runner import bind_cores_from_env
 
 
 ERROR_DIR_ENV = "MINITRON_ERROR_DIR"
@@ -81,7 +82,6 @@ def rank_session():
 
     Nested use is harmless: only the outermost session starts and stops the recorder.
     """
-    from minitron.launcher.runner import bind_cores_from_env
     bind_cores_from_env()   # `launch --bind_cores_to_rank`: this rank's share of the cores
     trace_dir = os.environ.get(trace.TRACE_DIR_ENV)
     owner = bool(trace_dir) and trace.active() is None
