@@ -12,6 +12,10 @@ stops after step 1: that is what ``minitron trace`` runs to show a layout's init
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import sys
+
 import torch
 
 from minitron.comm.store_barrier import store_barrier
@@ -32,7 +36,8 @@ from minitron.training.utils import print_rank_0, print_rank_last
 def pretrain(train_valid_test_dataset_provider, model_provider, model_type, forward_step_func,
              extra_args_provider=None, args_defaults=None, argv=None):
     """Run the four steps; see the module docstring."""
-    initialize_megatron(extra_args_provider=extra_args_provider, args_defaults=args_defaults, argv=argv)
+    with _slack_timers_for_new_threads():
+        initialize_megatron(extra_args_provider=extra_args_provider, args_defaults=args_defaults, argv=argv)
     args = get_args()
     if not args.train_iters:
         print_rank_0("> --train-iters is 0: initialization only, no model is built")
@@ -51,6 +56,32 @@ def pretrain(train_valid_test_dataset_provider, model_provider, model_type, forw
     from minitron.training.data import build_train_valid_test_data_iterators
     train_iter, valid_iter, _ = build_train_valid_test_data_iterators(train_valid_test_dataset_provider)
     train(forward_step_func, model, optimizer, opt_param_scheduler, train_iter, valid_iter)
+
+
+_PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
+_TRANSPORT_TIMER_SLACK_NS = 40_000_000
+
+
+@contextlib.contextmanager
+def _slack_timers_for_new_threads():
+    """Let the kernel defer the idle ticks of the threads the process groups start (Linux).
+
+    gloo gives every process group a transport thread that wakes every 10 ms to look for work
+    even when there is none, and a rank belongs to some twenty groups: thousands of wake-ups a
+    second, 2-5% of a CPU step on a loaded machine. A thread inherits its creator's timer
+    slack, so while the groups are made this thread allows 40 ms of it: idle ticks come 4-5x
+    less often. Messages still wake a transport thread at once; only its idle tick waits.
+    """
+    if not sys.platform.startswith("linux"):
+        yield
+        return
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    previous = prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)
+    prctl(_PR_SET_TIMERSLACK, _TRANSPORT_TIMER_SLACK_NS, 0, 0, 0)
+    try:
+        yield
+    finally:
+        prctl(_PR_SET_TIMERSLACK, max(previous, 1), 0, 0, 0)
 
 
 @traced(args=lambda *a, **k: {"iteration": get_args().curr_iteration})

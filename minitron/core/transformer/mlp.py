@@ -50,6 +50,14 @@ class MLP(MegatronModule):
         """[s, b, h] -> (output [s, b, h], bias): fc2's bias is left for the residual add."""
         intermediate, bias = self.linear_fc1(hidden_states)      # [s, b, ffn/p] (x2 if gated)
         if bias is not None:
-            intermediate = intermediate + bias                   # Megatron fuses bias + GeLU
+            # Megatron fuses bias + GeLU into one kernel. Adding in place gets most of that on
+            # CPU: no second [s, b, ffn] tensor to allocate (and, for glibc, fault in) per
+            # layer and micro-batch. Safe for autograd: fc1's backward keeps its input and
+            # weight, never its output. Not when the output is a view (ZeRO-3's hooks return
+            # views of it): autograd forbids changing those in place.
+            if intermediate._is_view():
+                intermediate = intermediate + bias
+            else:
+                intermediate = intermediate.add_(bias)
         intermediate = self.activation_func(intermediate)
         return self.linear_fc2(intermediate)
