@@ -55,16 +55,6 @@ FLOORS: list[tuple[str, list[str]]] = [
 # The list only shrinks (test_allow_list_is_current fails on an entry that matches nothing any
 # more) and is meant to be empty.
 ALLOW: list[tuple[str, str, str]] = [
-    # training/training.py: "# Lazy: only --deepspeed runs load DeepSpeed's engine and ZeRO" above
-    # both deepspeed_training imports; "# Lazy: `minitron trace` (no --train-iters) never builds
-    # data iterators" above training.data's. Also: delete reduce_losses there and import it from
-    # training/utils.py, where deepspeed_training.py now takes it (that broke their cycle).
-    ("minitron/training/training.py",
-     "from minitron.training.deepspeed_training import setup_model_and_optimizer as setup", "why"),
-    ("minitron/training/training.py",
-     "from minitron.training.data import build_train_valid_test_data_iterators", "why"),
-    ("minitron/training/training.py",
-     "from minitron.training.deepspeed_training import train_step as deepspeed_train_step", "why"),
 ]
 
 

@@ -12,13 +12,10 @@ stops after step 1: that is what ``minitron trace`` runs to show a layout's init
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import sys
-
 import torch
 
 from minitron.comm.store_barrier import store_barrier
+from minitron.comm.timer_slack import slack_timers_for_new_threads
 from minitron.core import parallel_state as mpu
 from minitron.core.num_microbatches_calculator import get_num_microbatches, update_num_microbatches
 from minitron.core.pipeline_parallel import get_forward_backward_func
@@ -29,14 +26,14 @@ from minitron.training.checkpointing import save_checkpoint
 from minitron.training.initialize import initialize_megatron
 from minitron.training.model_setup import setup_model_and_optimizer
 from minitron.training.training_log import IterationLog, print_vocab_padding
-from minitron.training.utils import print_rank_0, print_rank_last
+from minitron.training.utils import print_rank_0, print_rank_last, reduce_losses
 
 
 @traced
 def pretrain(train_valid_test_dataset_provider, model_provider, model_type, forward_step_func,
              extra_args_provider=None, args_defaults=None, argv=None):
     """Run the four steps; see the module docstring."""
-    with _slack_timers_for_new_threads():
+    with slack_timers_for_new_threads():   # gloo's idle threads tick less: comm/timer_slack.py
         initialize_megatron(extra_args_provider=extra_args_provider, args_defaults=args_defaults, argv=argv)
     args = get_args()
     if not args.train_iters:
@@ -51,37 +48,13 @@ def pretrain(train_valid_test_dataset_provider, model_provider, model_type, forw
     print_vocab_padding(args, get_tokenizer())
     setup = setup_model_and_optimizer
     if args.deepspeed:  # Megatron-DeepSpeed's path: the engine wraps model and optimizer
+        # lazy: only --deepspeed runs load DeepSpeed's engine and ZeRO
         from minitron.training.deepspeed_training import setup_model_and_optimizer as setup
     model, optimizer, opt_param_scheduler = setup(model_provider, model_type)
+    # lazy: `minitron trace` (no --train-iters) never builds data iterators
     from minitron.training.data import build_train_valid_test_data_iterators
     train_iter, valid_iter, _ = build_train_valid_test_data_iterators(train_valid_test_dataset_provider)
     train(forward_step_func, model, optimizer, opt_param_scheduler, train_iter, valid_iter)
-
-
-_PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
-_TRANSPORT_TIMER_SLACK_NS = 40_000_000
-
-
-@contextlib.contextmanager
-def _slack_timers_for_new_threads():
-    """Let the kernel defer the idle ticks of the threads the process groups start (Linux).
-
-    gloo gives every process group a transport thread that wakes every 10 ms to look for work
-    even when there is none, and a rank belongs to some twenty groups: thousands of wake-ups a
-    second, 2-5% of a CPU step on a loaded machine. A thread inherits its creator's timer
-    slack, so while the groups are made this thread allows 40 ms of it: idle ticks come 4-5x
-    less often. Messages still wake a transport thread at once; only its idle tick waits.
-    """
-    if not sys.platform.startswith("linux"):
-        yield
-        return
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    previous = prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)
-    prctl(_PR_SET_TIMERSLACK, _TRANSPORT_TIMER_SLACK_NS, 0, 0, 0)
-    try:
-        yield
-    finally:
-        prctl(_PR_SET_TIMERSLACK, max(previous, 1), 0, 0, 0)
 
 
 @traced(args=lambda *a, **k: {"iteration": get_args().curr_iteration})
@@ -89,6 +62,7 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
     """One iteration: all micro-batches forward and backward, gradients reduced, one step."""
     args = get_args()
     if args.deepspeed:  # the engine's loop: minitron/training/deepspeed_training.py
+        # lazy: only --deepspeed runs load DeepSpeed's engine and ZeRO
         from minitron.training.deepspeed_training import train_step as deepspeed_train_step
         return deepspeed_train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler)
     for chunk in model:
@@ -117,23 +91,6 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
 
 def _num_moe_layers(args) -> int:
     return len(range(0, args.num_layers, args.moe_layer_freq))
-
-
-def reduce_losses(losses_reduced) -> dict:
-    """One number per key from the micro-batches' reports: a [sum, count] pair is added up over
-    the micro-batches and the data-parallel-with-context ranks and divided once (Megatron's
-    token-weighted mean); a plain value is averaged over the micro-batches."""
-    loss = {}
-    for key in losses_reduced[0]:
-        values = torch.stack([d[key].view(-1) for d in losses_reduced]).float()
-        if values.size(1) == 2:
-            total = values.sum(dim=0)
-            group = mpu.get_data_parallel_group(with_context_parallel=True)
-            torch.distributed.all_reduce(total, group=group)
-            loss[key] = (total[0] / total[1].clamp(min=1)).item()
-        else:
-            loss[key] = values.mean().item()
-    return loss
 
 
 @traced
