@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from minitron.cli.common import EXTRA, UserError, app, check_world, console, validate_pretrain
+from minitron.cli.views.fitted_table import print_fitted
 from minitron.cli.views.words import human, plural, rank_ranges
 
 MEMORY = ("params", "grads", "optimizer", "activations")
@@ -58,28 +58,21 @@ def render(args, costs, total: int) -> None:
     from minitron.training.theoretical_moe import expectation_keys
 
     rows = _rows(costs)
-    memory = Table(title=f"memory per rank: {plural(args.world_size, 'rank')}, tp {args.tensor_model_parallel_size}"
-                         f" × pp {args.pipeline_model_parallel_size} × dp {args.data_parallel_size}", title_style="bold")
-    for name in ("ranks", "pp", "params", "weights", "grads", "optim.", "activ.", "total"):
-        memory.add_column(name, justify="left" if name == "ranks" else "right", no_wrap=True)
-    for ranks, c in rows:
-        memory.add_row(rank_ranges(ranks), str(c.role[0]), count(c.params),
-                       *[human(c.memory[k]) for k in MEMORY], human(sum(c.memory.values())))
     sums = {k: sum(c.memory[k] for c in costs) for k in MEMORY}
-    memory.add_row("all", "", count(sum(c.params for c in costs)), *[human(sums[k]) for k in MEMORY],
-                   human(sum(sums.values())), style="bold")
-    console.print(memory)
+    print_fitted(console, f"memory per rank: {plural(args.world_size, 'rank')}, tp {args.tensor_model_parallel_size}"
+                          f" × pp {args.pipeline_model_parallel_size} × dp {args.data_parallel_size}",
+                 ["ranks", "pp", "params", "weights", "grads", "optim.", "activ.", "total"],
+                 [[rank_ranges(ranks), str(c.role[0]), count(c.params), *[human(c.memory[k]) for k in MEMORY],
+                   human(sum(c.memory.values()))] for ranks, c in rows]
+                 + [["all", "", count(sum(c.params for c in costs)), *[human(sums[k]) for k in MEMORY],
+                     human(sum(sums.values()))]], bold_last=True)
 
     keys = list(dict.fromkeys(k for c in costs for k in c.comm))
-    comm = Table(title="bytes handed to collectives and sent point-to-point, one train_step", title_style="bold")
-    comm.add_column("ranks", no_wrap=True)
     expected = expectation_keys(args)
-    for key in keys:
-        comm.add_column(key + ("~" if key in expected else ""), justify="right", no_wrap=True)
-    for ranks, c in rows:
-        comm.add_row(rank_ranges(ranks), *[human(c.comm.get(k, 0)) for k in keys])
-    comm.add_row("all", *[human(sum(c.comm.get(k, 0) for c in costs)) for k in keys], style="bold")
-    console.print(comm)
+    print_fitted(console, "bytes handed to collectives and sent point-to-point, one train_step",
+                 ["ranks"] + [key + ("~" if key in expected else "") for key in keys],
+                 [[rank_ranges(ranks), *[human(c.comm.get(k, 0)) for k in keys]] for ranks, c in rows]
+                 + [["all", *[human(sum(c.comm.get(k, 0) for c in costs)) for k in keys]]], bold_last=True)
     if expected:
         console.print(f"~ {', '.join(sorted(expected))}: the expectation under balanced routing (tokens x topk / "
                       "experts per expert); the router decides. --moe-pad-expert-input-to-capacity makes it exact",
@@ -183,17 +176,12 @@ def check_trace(trace_dir: Path, as_json: bool) -> None:
         print(json.dumps(out))
     else:
         keys = list(dict.fromkeys([k for _, c, t, _, _ in report for k in (*c.comm, *t)]))
-        table = Table(title=f"predicted vs traced, one train_step: {trace_dir}", title_style="bold")
-        table.add_column("rank", justify="right", no_wrap=True)
-        table.add_column("grad buffer", justify="right", no_wrap=True)
-        for key in keys:
-            table.add_column(key + ("~" if key in expected else ""), justify="right", no_wrap=True)
-        for rank, c, traced, buffer, ok in report:
-            grads = _grad_elements(args, c)
-            cells = [_cell(grads, buffer, str)] + [
-                (_deviation if k in expected else _cell)(c.comm.get(k, 0), traced.get(k, 0), human) for k in keys]
-            table.add_row(str(rank), *cells)
-        console.print(table)
+        rows = [[str(rank), _cell(_grad_elements(args, c), buffer, str)]
+                + [(_deviation if k in expected else _cell)(c.comm.get(k, 0), traced.get(k, 0), human) for k in keys]
+                for rank, c, traced, buffer, ok in report]
+        print_fitted(console, f"predicted vs traced, one train_step: {trace_dir}",
+                     ["rank", "grad buffer"] + [key + ("~" if key in expected else "") for key in keys], rows,
+                     justify={0: "right"})
         if expected:
             console.print(f"~ {', '.join(sorted(expected))}: the balanced-routing expectation beside what the router "
                           "sent (deviation); pad to capacity to make them exact", highlight=False)
