@@ -95,7 +95,13 @@ def memory_svg() -> str:
                'fill="#616161">pipeline-parallel size (pp)</text>')
     out.append(f'<line x1="{left}" x2="{width - right}" y1="{y(80):.1f}" y2="{y(80):.1f}" stroke="#d32f2f" '
                'stroke-dasharray="4 3"/>')
-    out.append(f'<text x="{width - right + 6}" y="{y(80) + 4:.1f}" fill="#d32f2f">80 GiB GPU</text>')
+    # Labels at the right edge: the curves' ends and the GPU line, pushed apart to stay legible.
+    labels = {f"tp {tp}": (y(points[(tp, PPS[-1])]), COLOURS[tp]) for tp in TPS}
+    labels["80 GiB GPU"] = (y(80), "#d32f2f")
+    floor = -1e9
+    for name, (at, colour) in sorted(labels.items(), key=lambda item: item[1][0]):
+        floor = max(at, floor + 13)
+        out.append(f'<text x="{width - right + 6}" y="{floor + 4:.1f}" fill="{colour}">{name}</text>')
     for tp in TPS:
         line = " ".join(f"{x(pp):.1f},{y(points[(tp, pp)]):.1f}" for pp in PPS)
         out.append(f'<polyline points="{line}" fill="none" stroke="{COLOURS[tp]}" stroke-width="2"/>')
@@ -103,8 +109,6 @@ def memory_svg() -> str:
             gib = points[(tp, pp)]
             out.append(f'<circle cx="{x(pp):.1f}" cy="{y(gib):.1f}" r="3" fill="{COLOURS[tp]}">'
                        f'<title>tp {tp} x pp {pp}: {gib:.1f} GiB</title></circle>')
-        end = y(points[(tp, PPS[-1])])
-        out.append(f'<text x="{width - right + 6}" y="{end + 4:.1f}" fill="{COLOURS[tp]}">tp {tp}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
