@@ -191,8 +191,8 @@ def test_view_reads_the_trace_of_a_torchrun_run(torchrun_trace):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert out.startswith("rank 1\n") and "initialize_model_parallel" in out
-    # pp 2 on 2 ranks: one group, [0,1] (an 80-column tree may cut the name's end with "…")
-    assert "new_group ×1 PIPELINE_MODEL_PARALLEL_G" in out
+    # pp 2 on 2 ranks: one group, [0,1] (an 80-column tree may shorten the name: "…" for GROUP)
+    assert "new_group ×1 PIPELINE_MODEL_PARALLEL_" in out
     row = next(line for line in out.splitlines() if line.startswith("│    1 │"))
     assert [cell.strip() for cell in row.split("│")[4:8]] == ["[1]", "[1]", "[0,1]", "[0,1]"]  # tp dp pp embd
     assert "✓ same groups, same order: 2 ranks × " in out and "not run" not in out
@@ -259,3 +259,16 @@ def test_a_fake_world_hands_back_the_trace_its_files_hold(tmp_path):
     assert list(kept) == [0, 1, 2, 3] and {r: records for r, (records, _) in kept.items()} == runs
     chrome = write_chrome_trace(tmp_path, runs, "fake", encoded={r: rows for r, (_, rows) in kept.items()})
     assert chrome.read_text() == json.dumps(to_chrome(runs, "fake"))
+
+
+def test_a_narrow_tree_still_tells_every_group_apart():
+    """At the room a deep call-tree line leaves (~24 characters at 80 columns), shortened group
+    names stay distinct: the words all names share give way first, marked by "…"."""
+    from minitron.cli.views.call_tree import _elide_desc
+    from minitron.core.rank_generator import GROUP_KINDS
+
+    descs = [k.desc for k in GROUP_KINDS] + [k.desc + "_GLOO" for k in GROUP_KINDS if k.gloo]
+    for room in (24, 28, 32):
+        shown = [_elide_desc(d, room) for d in descs]
+        assert all(len(s) <= room for s in shown)
+        assert len(set(shown)) == len(descs), sorted(shown)

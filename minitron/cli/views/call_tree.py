@@ -175,6 +175,20 @@ def _fit_tokens(tokens: list[str], member: int | None, room: int) -> list:
     return ["…"]  # not even that fits: the group table shows this rank's groups
 
 
+def _elide_desc(desc: str, room: int) -> str:
+    """A group's name in ``room`` characters. The words every name shares give way first (GROUP,
+    then PARALLEL, AND, MODEL), each marked by "…", so the words that tell Megatron's groups
+    apart stay: TENSOR_AND_DATA_…_WITH_CP beside TENSOR_AND_DATA_…; only then is the end cut."""
+    words = desc.split("_")
+    for common in ("GROUP", "PARALLEL", "AND", "MODEL"):
+        if len(desc) <= room:
+            return desc
+        words = ["…" if w == common else w for w in words]
+        words = [w for k, w in enumerate(words) if not (w == "…" and k and words[k - 1] == "…")]
+        desc = "_".join(words)
+    return desc if len(desc) <= room else desc[:max(room - 1, 6)] + "…"
+
+
 def _new_group_line(rank: int, group: list[dict], room: int) -> Text:
     desc = group[0]["args"].get("group_desc")
     tokens = [rank_ranges(c["args"]["ranks"]) for c in group]
@@ -184,10 +198,8 @@ def _new_group_line(rank: int, group: list[dict], room: int) -> Text:
     head = f"new_group ×{len(group)} "
     desc = str(desc)
     # A deep line with a long name (TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP) keeps its time on the
-    # line: the name gives way, down to "TENSOR_…", before the line would wrap.
-    name_room = room - len(head) - _time_room(times, 1) - 2
-    if len(desc) > name_room:
-        desc = desc[:max(name_room - 1, 6)] + "…"
+    # line: the name gives way before the line would wrap.
+    desc = _elide_desc(desc, room - len(head) - _time_room(times, 1) - 2)
     text = Text(head, style="bold cyan")
     text.append(desc, style="magenta")
     for item in _fit_tokens(tokens, member, room - len(head) - len(desc) - _time_room(times, 1)):
