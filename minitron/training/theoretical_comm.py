@@ -15,7 +15,7 @@ parallelism its all-to-alls (key ep) here, beside the calls they change.
 from __future__ import annotations
 
 from minitron.training.theoretical_params import (
-    DTYPE_BYTES, chunk_ends, chunk_layers, chunks_of, num_microbatches,
+    DTYPE_BYTES, chunk_ends, chunk_layers, chunks_of, is_moe_layer, num_microbatches,
 )
 from minitron.training.theoretical_zero import zero_comm
 from minitron.training.theoretical_moe import expert_key, moe_traffic, shards, step_traffic
@@ -46,12 +46,21 @@ def _batch_broadcasts(args, first: bool, last: bool, tally: _Tally, times: int) 
         tally.add("tp", keys * per_key, times)
 
 
-def _tp_traffic(args, pre: bool, post: bool, layers: int, tally: _Tally, times: int) -> None:
-    """The tensor-parallel mappings of one forward and backward of a chunk (a group of one
-    skips them all)."""
+def _linear_pairs(args, layers) -> int:
+    """Column-then-row linear pairs in these layers: attention's qkv -> proj in each, and the
+    MLP's fc1 -> fc2 where the MLP is dense (an MoE layer's experts are cut by expert tp, and
+    their traffic is theoretical_moe's)."""
+    return sum(1 if is_moe_layer(args, layer) else 2 for layer in layers)
+
+
+def _tp_traffic(args, pre: bool, post: bool, chunk: range, tally: _Tally, times: int) -> None:
+    """The tensor-parallel mappings of one forward and backward of a chunk's layers (a group of
+    one skips them all)."""
     t = args.tensor_model_parallel_size
     if t == 1:
         return
+    pairs = _linear_pairs(args, chunk)
+    again = _linear_pairs(args, chunk[:recomputed_layers(args, len(chunk))])   # forward again
     e, b, h = DTYPE_BYTES[args.params_dtype], args.micro_batch_size, args.hidden_size
     s = args.seq_length // args.context_parallel_size
     whole = s * b * h * e
@@ -59,21 +68,20 @@ def _tp_traffic(args, pre: bool, post: bool, layers: int, tally: _Tally, times: 
         # Each column-parallel input: all-gather forward (hands its s/t rows); in backward the
         # linear gathers its rows again (it kept only those) and reduce-scatters the input
         # gradient (hands the whole); each row-parallel output: the reverse.
-        columns = 2 * layers + (1 if post else 0)                                # qkv, fc1, output
+        columns = pairs + (1 if post else 0)                                     # qkv, fc1, output
         tally.add("tp", whole // t, times * columns)                             # gathers in forward
         tally.add("tp", whole // t, times * columns)                             # again in backward
         tally.add("tp", whole, times * columns)                                  # their backward
-        tally.add("tp", whole, times * 2 * layers)                               # reduce-scatters
-        tally.add("tp", whole // t, times * (2 * layers + (1 if pre else 0)))    # their backward
+        tally.add("tp", whole, times * pairs)                                    # reduce-scatters
+        tally.add("tp", whole // t, times * (pairs + (1 if pre else 0)))         # their backward
     else:
-        tally.add("tp", whole, times * 4 * layers)        # proj, fc2 forward; qkv, fc1 backward
+        tally.add("tp", whole, times * 2 * pairs)         # proj, fc2 forward; qkv, fc1 backward
         tally.add("tp", whole, times * (1 if post else 0))   # output layer input, backward
-    again = recomputed_layers(args, layers)                # full recomputation: their forward again
-    if args.sequence_parallel:
-        tally.add("tp", whole // t, times * 2 * again)
-        tally.add("tp", whole, times * 2 * again)
+    if args.sequence_parallel:                             # full recomputation: forward again
+        tally.add("tp", whole // t, times * again)
+        tally.add("tp", whole, times * again)
     else:
-        tally.add("tp", whole, times * 2 * again)
+        tally.add("tp", whole, times * again)
     if pre:
         tally.add("tp", whole, times)                     # the embedding's all-reduce
     if post:
@@ -118,8 +126,8 @@ def comm_bytes(args, pp_rank: int, stage: list) -> _Tally:
         pre, post = chunk_ends(args, pp_rank, chunk)
         _batch_broadcasts(args, pre, post, tally, m)
         layers = len(chunk_layers(args, pp_rank, chunk))
-        _tp_traffic(args, pre, post, layers, tally, m)
-        moe_traffic(args, pp_rank, chunk, tally, m, _tp_traffic)     # experts: ep, expt-tp, tp-ep
+        _tp_traffic(args, pre, post, chunk_layers(args, pp_rank, chunk), tally, m)
+        moe_traffic(args, pp_rank, chunk, tally, m)              # experts: ep, expt-tp, tp-ep
         _cp_ring(args, layers, recomputed_layers(args, layers), tally, m)
         if pp > 1:
             tally.add("pp", p2p, m * (0 if post else 1))       # activation forward

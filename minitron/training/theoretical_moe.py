@@ -22,7 +22,6 @@ known only when the step runs. Two cases:
 
 from __future__ import annotations
 
-import argparse
 import math
 
 from minitron.training.theoretical_params import DTYPE_BYTES, _flag, chunk_layers, is_moe_layer
@@ -73,39 +72,10 @@ def moe_layers(args, layers) -> int:
     return sum(1 for layer in layers if is_moe_layer(args, layer))
 
 
-def _one_layer(args, tp_traffic, **change) -> tuple[int, int]:
-    """(bytes, calls) that theoretical_comm's tensor-parallel count gives one plain layer."""
-    tallies = []
-    for layers in (0, 1):
-        tally = type("Tally", (dict,), {"add": _add})()
-        tp_traffic(argparse.Namespace(**{**vars(args), **change}), False, False, layers, tally, 1)
-        tallies.append(tally.get("tp", [0, 0]))
-    return tallies[1][0] - tallies[0][0], tallies[1][1] - tallies[0][1]
-
-
-def _add(tally, key, nbytes, calls=1):
-    entry = tally.setdefault(key, [0, 0])
-    entry[0] += nbytes * calls
-    entry[1] += calls
-
-
-def _mlp_tp_share(args, tp_traffic, moe: int, again: int, times: int, tally) -> None:
-    """An MoE layer's MLP makes no tensor-parallel gathers or reductions of its own (its experts
-    are cut by expert tp instead): take back the MLP's half of what theoretical_comm counted for
-    the layer, forward and backward (``moe`` layers) and recomputed forward (``again``)."""
-    if args.tensor_model_parallel_size == 1 or "tp" not in tally:
-        return
-    plain = _one_layer(args, tp_traffic, recompute_granularity=None)
-    both = _one_layer(args, tp_traffic, recompute_granularity="full", recompute_method="uniform",
-                      recompute_num_layers=1)
-    redo = (both[0] - plain[0], both[1] - plain[1])
-    tally["tp"][0] -= times * (moe * plain[0] + again * redo[0]) // 2
-    tally["tp"][1] -= times * (moe * plain[1] + again * redo[1]) // 2
-
-
-def moe_traffic(args, pp_rank: int, chunk: int, tally, times: int, tp_traffic) -> None:
-    """One forward and backward of a chunk's MoE layers, ``times`` micro-batches
-    (``tp_traffic``: theoretical_comm's count of the tensor-parallel mappings)."""
+def moe_traffic(args, pp_rank: int, chunk: int, tally, times: int) -> None:
+    """One forward and backward of a chunk's MoE layers, ``times`` micro-batches. (Their
+    attention's tensor-parallel mappings are theoretical_comm's; the MLP makes none of its own:
+    its experts are cut by expert tp instead.)"""
     layers = chunk_layers(args, pp_rank, chunk)
     n = moe_layers(args, layers)
     if not n:
@@ -114,7 +84,6 @@ def moe_traffic(args, pp_rank: int, chunk: int, tally, times: int, tp_traffic) -
     if _flag(args, "recompute_granularity") == "full":   # the router's collectives run twice too
         redo = layers if args.recompute_method == "uniform" else layers[:args.recompute_num_layers]
         again = moe_layers(args, redo)
-    _mlp_tp_share(args, tp_traffic, n, again, times, tally)
     e, h, experts = DTYPE_BYTES[args.params_dtype], args.hidden_size, args.num_experts
     forwards = n + again
     # The router's load-balancing loss: expert counts summed over the ranks sharing a micro-batch.
