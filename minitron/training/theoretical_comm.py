@@ -15,7 +15,7 @@ parallelism its all-to-alls (key ep) here, beside the calls they change.
 from __future__ import annotations
 
 from minitron.training.theoretical_params import (
-    DTYPE_BYTES, chunk_ends, chunk_layers, chunks_of, is_moe_layer, num_microbatches,
+    DTYPE_BYTES, chunk_ends, chunk_layers, chunks_of, is_moe_layer, num_microbatches, recomputed_layers,
 )
 from minitron.training.theoretical_zero import zero_comm
 from minitron.training.theoretical_moe import expert_key, moe_traffic, shards, step_traffic
@@ -101,12 +101,6 @@ def _cp_ring(args, layers: int, again: int, tally: _Tally, times: int) -> None:
     forwards = layers * (2 if selective else 1) + again      # recomputed attention rings again
     tally.add("cp", kv, times * (forwards * (cp - 1) + layers * (2 * cp - 1)))
 
-
-def recomputed_layers(args, layers: int) -> int:
-    """Layers of a chunk whose forward runs again in backward (--recompute-granularity full)."""
-    if getattr(args, "recompute_granularity", None) != "full":
-        return 0
-    return layers if args.recompute_method == "uniform" else min(args.recompute_num_layers, layers)
 
 
 def comm_bytes(args, pp_rank: int, stage: list) -> _Tally:

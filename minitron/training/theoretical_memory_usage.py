@@ -36,7 +36,7 @@ from minitron.core.rank_generator import RankGenerator
 from minitron.training.theoretical_activations import activation_bytes
 from minitron.training.theoretical_comm import comm_bytes
 from minitron.training.theoretical_params import (
-    DTYPE_BYTES, Param, chunks_of, model_params, total_params,
+    DTYPE_BYTES, Param, chunks_of, model_params, round_up, total_params,
 )
 from minitron.training.theoretical_zero import zero_memory
 from minitron.training.theoretical_moe import has_experts, is_expert_buffer, shards, split_buffers
@@ -60,10 +60,6 @@ class RankCost:
 
 
 # --- the gradient buffer ----------------------------------------------------------------------
-def _pad(n: int, k: int) -> int:
-    return -(-n // k) * k
-
-
 def buffer_layout(params: list[Param], dp: int, dist_opt: bool) -> tuple[list[tuple[int, int]], dict]:
     """param_and_grad_buffer._lay_out without tensors: the buckets [(start, end)] and each
     parameter's (start, end). Parameters are laid out last first; with the distributed
@@ -74,13 +70,13 @@ def buffer_layout(params: list[Param], dp: int, dist_opt: bool) -> tuple[list[tu
 
     def close(end: int) -> int:
         nonlocal bucket_start, in_bucket
-        padded = _pad(end, align) if dist_opt else end
+        padded = round_up(end, align) if dist_opt else end
         buckets.append((bucket_start, padded))
         bucket_start, in_bucket = padded, 0
         return padded
 
     for param in reversed(params):
-        start = _pad(next_free, _PARAM_START_ALIGN) if dist_opt else next_free
+        start = round_up(next_free, _PARAM_START_ALIGN) if dist_opt else next_free
         alone = dist_opt and param.shared_embedding
         if alone and in_bucket:
             start = close(start)

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import math
 
-from minitron.training.theoretical_params import DTYPE_BYTES, _flag, chunk_layers, is_moe_layer
+from minitron.training.theoretical_params import (
+    DTYPE_BYTES, _flag, chunk_layers, is_moe_layer, recomputed_layers,
+)
 
 
 def has_experts(args) -> bool:
@@ -80,10 +82,8 @@ def moe_traffic(args, pp_rank: int, chunk: int, tally, times: int) -> None:
     n = moe_layers(args, layers)
     if not n:
         return
-    again = 0
-    if _flag(args, "recompute_granularity") == "full":   # the router's collectives run twice too
-        redo = layers if args.recompute_method == "uniform" else layers[:args.recompute_num_layers]
-        again = moe_layers(args, redo)
+    # Recomputed layers run their router's and dispatcher's collectives a second time.
+    again = moe_layers(args, layers[:recomputed_layers(args, len(layers))])
     e, h, experts = DTYPE_BYTES[args.params_dtype], args.hidden_size, args.num_experts
     forwards = n + again
     # The router's load-balancing loss: expert counts summed over the ranks sharing a micro-batch.
@@ -159,8 +159,7 @@ def activation_delta(args, pp_rank: int, chunk: int) -> int:
     weights. The dense MLP's fc1 input (the whole sequence under sp) and two [s, b, ffn/t]
     tensors are not there."""
     layers = chunk_layers(args, pp_rank, chunk)
-    if _flag(args, "recompute_granularity") == "full":
-        layers = [] if args.recompute_method == "uniform" else layers[args.recompute_num_layers:]
+    layers = layers[recomputed_layers(args, len(layers)):]   # a checkpointed layer keeps none
     n = moe_layers(args, layers)
     if not n:
         return 0

@@ -139,3 +139,16 @@ def chunks_of(args) -> range:
 
 def num_microbatches(args) -> int:
     return args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
+
+
+def recomputed_layers(args, layers: int) -> int:
+    """How many of a chunk's ``layers`` run their forward again in backward (full recomputation:
+    all of them with --recompute-method uniform, the first --recompute-num-layers with block)."""
+    if _flag(args, "recompute_granularity") != "full":
+        return 0
+    return layers if args.recompute_method == "uniform" else min(args.recompute_num_layers, layers)
+
+
+def round_up(n: int, k: int) -> int:
+    """n padded up to a multiple of k (the buffers' alignments)."""
+    return -(-n // k) * k

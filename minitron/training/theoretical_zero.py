@@ -35,13 +35,11 @@ and 2 all-gather the updated partitions. Stage 3 does not: the next forward gath
 from __future__ import annotations
 
 from minitron.runtime import DeepSpeedConfig
-from minitron.training.theoretical_params import DTYPE_BYTES, Param, chunk_layers, num_microbatches
+from minitron.training.theoretical_params import (
+    DTYPE_BYTES, Param, chunk_layers, num_microbatches, recomputed_layers, round_up,
+)
 
 NCCL_START_ALIGNMENT_FACTOR = 2   # stage_1_and_2.py pads each flat group to 2 x dp elements
-
-
-def _pad(n: int, k: int) -> int:
-    return -(-n // k) * k
 
 
 def zero_stage(args) -> int:
@@ -74,7 +72,7 @@ def zero_memory(args, plist: list[Param], dp_rank: int) -> tuple[int, dict]:
         return total, {"params": pieces * e, "grads": pieces * e, "optimizer": pieces * state}
     count = dp if stage >= 1 else 1
     numels = [sum(p.numel for p in g) for g in groups]
-    flats = [_pad(n, NCCL_START_ALIGNMENT_FACTOR * dp) for n in numels]
+    flats = [round_up(n, NCCL_START_ALIGNMENT_FACTOR * dp) for n in numels]
     sizes = [f // count for f in flats]
     if stage == 2:   # a partition of the reduced gradient, made once some of it is real
         grads = sum(size for n, size in zip(numels, sizes) if dp_rank * size < n) * e
@@ -106,7 +104,7 @@ def _bucket_reduces(plist: list[Param], groups: list[list[Param]], dp: int, buck
         for p in g:
             where[p.name] = (i, offset)
             offset += p.numel
-        sizes.append(_pad(offset, NCCL_START_ALIGNMENT_FACTOR * dp) // dp)
+        sizes.append(round_up(offset, NCCL_START_ALIGNMENT_FACTOR * dp) // dp)
     calls, bucket, elements = [], [], 0
 
     def flush():
@@ -141,11 +139,8 @@ def _recomputed(args) -> set[int]:
     """Layers whose forward runs again in backward (--recompute-granularity full): at stage 3
     their modules gather once more. The first pass runs without grad, so it leaves no
     gather-before-backward behind; the recomputation does."""
-    if args.recompute_granularity != "full":
-        return set()
-    layers = list(chunk_layers(args, 0, 0))
-    n = len(layers) if args.recompute_method == "uniform" else args.recompute_num_layers   # as comm's
-    return set(layers[:n])                                                                 # recomputed_layers
+    layers = chunk_layers(args, 0, 0)
+    return set(layers[:recomputed_layers(args, len(layers))])
 
 
 def largest_module(plist: list[Param]) -> int:
@@ -169,7 +164,7 @@ def zero_comm(args, plist: list[Param], tally) -> None:
     stage, dp, t = cfg.zero_optimization_stage, args.data_parallel_size, args.tensor_model_parallel_size
     m, e = num_microbatches(args), DTYPE_BYTES[args.params_dtype]
     groups = param_groups(plist)
-    flats = [_pad(sum(p.numel for p in g), NCCL_START_ALIGNMENT_FACTOR * dp) for g in groups]
+    flats = [round_up(sum(p.numel for p in g), NCCL_START_ALIGNMENT_FACTOR * dp) for g in groups]
     if stage == 3:
         piece = {p.name: -(-p.numel // dp) for p in plist}
         again = _recomputed(args)
