@@ -31,6 +31,7 @@ from torch.nn.parameter import Parameter
 
 from minitron.core import parallel_state
 from minitron.core.tensor_parallel.mappings import (
+    _grad_args,
     copy_to_tensor_model_parallel_region, gather_from_tensor_model_parallel_region,
     reduce_from_tensor_model_parallel_region, reduce_scatter_to_sequence_parallel_region,
     scatter_to_tensor_model_parallel_region,
@@ -82,10 +83,6 @@ def _layer_args(self, input_, weight=None, runtime_gather_output=None):
     """What a traced linear layer records: its input and the weight slice it multiplies by."""
     w = weight if weight is not None else self.weight
     return {"input": short_value(input_), "weight": short_value(w)}
-
-
-def _grad_args(ctx, grad_output):
-    return {"grad_output": short_value(grad_output)}
 
 
 def _all_gather_sequence(input_: torch.Tensor, group, async_op: bool = False):
