@@ -142,6 +142,21 @@ def test_no_arguments_shows_help_without_a_traceback():
     assert "groups" in proc.stdout + proc.stderr and "trace" in proc.stdout + proc.stderr
 
 
+def test_the_entry_point_leaves_the_callers_collector_as_it_found_it():
+    import gc
+
+    # main() runs its command with the cyclic collector off (cli/__init__.py says why); called
+    # in a process that goes on afterwards, it must hand the collector back in either state.
+    for collecting in (True, False):
+        (gc.enable if collecting else gc.disable)()
+        try:
+            assert minitron_here("groups", "--world", "4", "--tp", "2").returncode == 0
+            assert minitron_here("groups", "--world", "3", "--tp", "2").returncode == 2
+            assert gc.isenabled() is collecting
+        finally:
+            gc.enable()
+
+
 # (d) a failing rank under `minitron launch` ---------------------------------------------
 def test_launch_names_the_failing_rank_and_leaves_nothing(tmp_path):
     logs = tmp_path / "logs"

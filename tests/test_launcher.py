@@ -230,3 +230,38 @@ def test_a_fake_world_played_by_two_processes_leaves_the_same_traces(tmp_path):
     assert calls(tmp_path / "one") == calls(tmp_path / "two")
     pids = {json.loads((tmp_path / "two" / f"rank{r}.jsonl").read_text().splitlines()[0])["pid"] for r in range(4)}
     assert len(pids) == 2 and os.getpid() not in pids
+
+
+def test_every_rank_of_a_fake_world_is_dealt_once_to_whichever_copy_is_free(tmp_path):
+    # Seven ranks, three copies: the deck is not a multiple of the copies, and a slow rank
+    # (rank 0 sleeps) leaves its copy behind while the others take more of the deck.
+    played = play_ranks(7, lambda: time.sleep(0.3 if os.environ["RANK"] == "0" else 0), tmp_path,
+                        processes=3, keep=lambda rank, records: (os.getpid(), rank))
+    assert sorted(played) == list(range(7)) and all(rank == r for r, (_, rank) in played.items())
+    by_pid: dict[int, list[int]] = {}
+    for rank, (pid, _) in played.items():
+        by_pid.setdefault(pid, []).append(rank)
+    slow = next(ranks for ranks in by_pid.values() if 0 in ranks)
+    assert len(by_pid) == 3 and os.getpid() not in by_pid
+    assert slow == [0]  # while rank 0 slept, the other two copies played the other six
+
+
+def test_forked_ranks_collect_cycles_but_never_walk_what_they_inherited(tmp_path):
+    import gc
+
+    def rank_main():
+        # Written by the rank, read here: the collector is on, and the parent's objects are
+        # frozen (a collection in the rank would otherwise touch, and so copy, their pages).
+        where = "fake" if os.environ.get(TRACE_DIR_ENV) else "forked"
+        (tmp_path / f"{where}{os.environ['RANK']}").write_text(f"{gc.isenabled()} {gc.get_freeze_count() > 1000}")
+
+    collecting = gc.isenabled()
+    gc.disable()  # as the command line runs: the ranks turn it back on for themselves
+    try:
+        launch(LaunchConfig(world_size=2, log_dir=tmp_path / "logs", warm=()), Target(function=rank_main))
+        play_ranks(2, rank_main, tmp_path / "fake", processes=2)
+    finally:
+        if collecting:
+            gc.enable()
+    assert gc.get_freeze_count() == 0  # the launcher unfroze this process's objects after forking
+    assert [(tmp_path / f"{where}{r}").read_text() for where in ("forked", "fake") for r in range(2)] == ["True True"] * 4

@@ -6,6 +6,8 @@ batch size is one line on stderr and exit code 2, never a traceback from 16 rank
 
 from __future__ import annotations
 
+import atexit
+import gc
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
@@ -53,6 +55,10 @@ def _top(show_version: bool = typer.Option(False, "--version", is_eager=True, ca
 
 
 _prepare_commands()
+# At exit Python runs one last full collection over every object before it tears the modules
+# down: 0.6 s after `import torch` (2 cores), to free memory the OS takes back a moment later.
+# Frozen objects are skipped: the command exits in 0.2 s.
+atexit.register(gc.freeze)
 # "Stop here" and "the user pressed Ctrl-C": typer's own classes, and click's where the click that
 # typer carries has its own (the module of its usage errors; recent typer keeps only its own).
 _click_exceptions = sys.modules[UsageError.__module__]
@@ -73,6 +79,13 @@ def main() -> None:
         ranks = "; every rank was stopped" if "minitron.launcher.launch" in sys.modules else ""
         fail(f"interrupted{ranks}", 130)
 
+    # A command builds long-lived state (torch's ~170,000 objects, a trace's records) and frees
+    # little; the cyclic collector would walk all of it again and again and find next to
+    # nothing: off, a 16-rank `trace` takes ~0.5 s less (2 cores). The forked ranks turn it back
+    # on for themselves (launcher.launch). A `pretrain` supervisor leaves no cycles behind as it
+    # refreshes its display: 9,146 objects to collect at exit after 30 iterations, as after 900.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         code = app(standalone_mode=False)
     except UserError as exc:
@@ -97,6 +110,9 @@ def main() -> None:
             raise
         tail = exc.log_tail()
         fail(f"{exc}" + (f"\n--- last lines of its log ---\n{tail}" if tail else ""), 1)
+    finally:
+        if collecting:  # main() is also called in-process (tests): leave the caller's collector as it was
+            gc.enable()
     # With standalone_mode=False a command's typer.Exit(n) comes back as the return value, and
     # typer turns Ctrl-C inside a command into exactly such an exit with 130.
     if code == 130:

@@ -30,11 +30,12 @@ import tempfile
 import threading
 import traceback
 from contextlib import contextmanager
-from typing import Callable, Iterable, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import torch.distributed as dist
 
 from minitron import trace
+from minitron.launcher.launch import frozen_heap
 from minitron.launcher.worker import rank_session
 from minitron.trace import TRACE_DIR_ENV
 
@@ -104,7 +105,7 @@ def play_ranks(world_size: int, rank_main: Callable[[], object], trace_dir: str 
     return dict(sorted(kept.items()))
 
 
-def _play(world_size: int, rank_main: Callable[[], object], trace_dir, ranks: list[int], keep) -> dict:
+def _play(world_size: int, rank_main: Callable[[], object], trace_dir, ranks: Iterable[int], keep) -> dict:
     saved_env = {k: os.environ.get(k) for k in _RANK_VARS}
     kept = {}
     try:
@@ -155,6 +156,36 @@ def _on_fresh_stack(fn: Callable[..., T], *args) -> T:
     return outcome["value"]
 
 
+# 1024 ranks of 4 bytes: PIPE_BUF, the most one write puts in a pipe at once (never split).
+_CARDS_PER_WRITE = 1024
+
+
+def _dealt(deck: int) -> Iterator[int]:
+    """The ranks one copy plays: it reads the next from the pipe each time it is free. Every
+    rank's 4 bytes arrive whole (see _CARDS_PER_WRITE), so a read of 4 takes exactly one."""
+    while len(card := os.read(deck, 4)) == 4:
+        yield int.from_bytes(card, "little")
+
+
+def _play_copy(i: int, deck: int, dealer: int, scratch: str, world_size: int, rank_main, trace_dir, keep):
+    """Body of forked copy ``i``: play the ranks dealt to it, pickle what ``keep`` returned. Never returns."""
+    code = 1
+    try:
+        os.close(dealer)  # or the deck would never run out: a pipe ends when every writer has closed it
+        gc.enable()  # the command line turned the collector off for itself; what we inherited stays frozen
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+        kept = _on_fresh_stack(_play, world_size, rank_main, trace_dir, _dealt(deck), keep)
+        with open(os.path.join(scratch, f"{i}.pkl"), "wb") as f:
+            pickle.dump(kept, f, protocol=pickle.HIGHEST_PROTOCOL)
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def _play_in_processes(world_size: int, rank_main, trace_dir, ranks: list[int], processes: int, keep) -> dict:
     """Deal the ranks out to forked copies of this process, one per core.
 
@@ -162,29 +193,31 @@ def _play_in_processes(world_size: int, rank_main, trace_dir, ranks: list[int], 
     and in any process; each rank's trace file is still written by the process that played
     it, and what ``keep`` returned travels back pickled, in a scratch file per copy. A copy
     that fails has printed its traceback; the others are stopped, and we raise.
+
+    The ranks are dealt one at a time, to whichever copy is free (see _dealt): on a machine
+    shared with other work one copy can run a tenth slower than the other, and a fixed half
+    each would leave a core idle for that long at the end.
     """
     pids = []
+    deck, dealer = os.pipe()
     with tempfile.TemporaryDirectory(prefix="minitron-fake-") as scratch:
         try:
-            for i in range(processes):
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:
-                    code = 1
-                    try:
-                        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-                        kept = _on_fresh_stack(_play, world_size, rank_main, trace_dir, ranks[i::processes], keep)
-                        with open(os.path.join(scratch, f"{i}.pkl"), "wb") as f:
-                            pickle.dump(kept, f, protocol=pickle.HIGHEST_PROTOCOL)
-                        code = 0
-                    except BaseException:
-                        traceback.print_exc()
-                    finally:
-                        sys.stdout.flush()
-                        sys.stderr.flush()
-                        os._exit(code)
-                pids.append(pid)
+            with frozen_heap():
+                for i in range(processes):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    pid = os.fork()
+                    if pid == 0:
+                        _play_copy(i, deck, dealer, scratch, world_size, rank_main, trace_dir, keep)
+                    pids.append(pid)
+            os.close(deck)
+            try:
+                for start in range(0, len(ranks), _CARDS_PER_WRITE):
+                    os.write(dealer, b"".join(r.to_bytes(4, "little") for r in ranks[start:start + _CARDS_PER_WRITE]))
+            except BrokenPipeError:
+                pass  # every copy has stopped: their exit codes below say why
+            finally:
+                os.close(dealer)
             failed = 0
             for pid in list(pids):
                 failed += os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0
