@@ -19,13 +19,19 @@ where PYTHONDONTWRITEBYTECODE is set, as on the shared development machines, eve
 otherwise compile ~100 of minitron's modules again (~0.1 s), while torch's are compiled at
 install. --no-compile measures that case.
 
-Where the time goes beyond `import torch` (CPU seconds, 2 cores, Nov 2026): world 16 spends
-~0.2 s starting Python and the command line, ~0.1 s importing the training stack the ranks
-inherit, ~0.35 s forking 17 processes and tearing them down (page tables of a 150 MB parent),
-~0.7 s in the ranks (each member gloo group starts 3 threads, and each gloo event loop wakes
-every 10 ms: ~1.2 ms of CPU a second per group while ranks wait for the slowest), ~0.1 s
-loading, checking and printing. World 1024 (fake) spends ~9 ms per rank, half of it in
-torch's own new_group for the ~20 groups a rank is in, ~1 ms walking the 3,185 groups it is not.
+Where the time goes (2 cores, Nov 2026). Python's cyclic collector costs a bare `import torch`
+~0.3 s while it imports and ~0.5 s at exit (a last full collection over ~170,000 objects); the
+minitron command runs with it off and frozen at exit (cli/__init__.py); the second row of the
+table printed is that import with the same settings, and the like-for-like lines compare with it.
+World 16 (gloo): the parent spends ~1.7 s of CPU (torch, the command line, the training stack
+the ranks inherit, 17 forks, reading, checking and printing 16 traces) and its ranks ~0.7 s
+together: ~40 ms each, 137 new_group calls of which it is in ~20, each traced, ~20 ms of it
+in the kernel (copy-on-write faults, sockets, threads, tearing down a 200 MB address space).
+World 1024 (fake): players start ~1.5 s in, play for ~4 s (two copies, ~8 ms of CPU a rank:
+a quarter in torch's own new_group for the ~20 groups a rank is in, a sixth walking the 3,185
+groups it is not, an eighth encoding its records as JSON twice, a tenth in torch.manual_seed,
+which formats the Python stack three times for CUDA's lazy seeding), then ~0.3 s checking
+and printing and ~0.25 s exiting.
 """
 
 from __future__ import annotations

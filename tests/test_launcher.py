@@ -265,3 +265,17 @@ def test_forked_ranks_collect_cycles_but_never_walk_what_they_inherited(tmp_path
             gc.enable()
     assert gc.get_freeze_count() == 0  # the launcher unfroze this process's objects after forking
     assert [(tmp_path / f"{where}{r}").read_text() for where in ("forked", "fake") for r in range(2)] == ["True True"] * 4
+
+
+def test_a_fake_world_copy_that_fails_is_named_and_the_others_finish_the_deck(tmp_path, capfd):
+    def rank_main():
+        if os.environ["RANK"] == "2":
+            raise ValueError("rank 2 breaks")
+        (tmp_path / f"played{os.environ['RANK']}").touch()
+
+    with pytest.raises(RuntimeError, match="1 of the 2 processes playing the fake world failed"):
+        play_ranks(40, rank_main, processes=2)
+    assert "ValueError: rank 2 breaks" in capfd.readouterr().err
+    # The copy that failed stopped at rank 2; the other took every rank still in the deck.
+    assert sorted(int(p.name.removeprefix("played")) for p in tmp_path.glob("played*")) == \
+        [r for r in range(40) if r != 2]

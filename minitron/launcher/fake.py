@@ -200,7 +200,10 @@ def _play_in_processes(world_size: int, rank_main, trace_dir, ranks: list[int], 
     """
     pids = []
     deck, dealer = os.pipe()
-    with tempfile.TemporaryDirectory(prefix="minitron-fake-") as scratch:
+    # As files, so that each end is closed once, whatever happens: a closed descriptor's
+    # number may already belong to something else.
+    with open(deck, "rb", buffering=0) as reading, open(dealer, "wb", buffering=0) as dealing, \
+            tempfile.TemporaryDirectory(prefix="minitron-fake-") as scratch:
         try:
             with frozen_heap():
                 for i in range(processes):
@@ -210,14 +213,13 @@ def _play_in_processes(world_size: int, rank_main, trace_dir, ranks: list[int], 
                     if pid == 0:
                         _play_copy(i, deck, dealer, scratch, world_size, rank_main, trace_dir, keep)
                     pids.append(pid)
-            os.close(deck)
+            reading.close()  # the copies read the deck; we only deal it
             try:
                 for start in range(0, len(ranks), _CARDS_PER_WRITE):
-                    os.write(dealer, b"".join(r.to_bytes(4, "little") for r in ranks[start:start + _CARDS_PER_WRITE]))
+                    dealing.write(b"".join(r.to_bytes(4, "little") for r in ranks[start:start + _CARDS_PER_WRITE]))
             except BrokenPipeError:
                 pass  # every copy has stopped: their exit codes below say why
-            finally:
-                os.close(dealer)
+            dealing.close()  # the end of the deck: a copy's next read finds nothing and it stops
             failed = 0
             for pid in list(pids):
                 failed += os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0
