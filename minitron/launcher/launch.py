@@ -31,9 +31,9 @@ import tempfile
 import time
 import traceback
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from minitron.launcher.debug import CONSOLE_FD_ENV
