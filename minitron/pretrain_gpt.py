@@ -92,7 +92,6 @@ def core_gpt_dataset_config_from_args(args) -> GPTDatasetConfig:
         eod_mask_loss=args.eod_mask_loss, create_attention_mask=args.create_attention_mask_in_dataloader)
 
 
-# --8<-- [start:provider]
 def train_valid_test_datasets_provider(train_val_test_num_samples):
     """Mock tokens or a preprocessed corpus, blended and split as --data-path / --split say;
     built (or loaded from cache) on the ranks that read data, None elsewhere."""
@@ -108,7 +107,6 @@ def train_valid_test_datasets_provider(train_val_test_num_samples):
 
 # Every rank calls it (the builder's barriers need all of them), as Megatron marks it.
 train_valid_test_datasets_provider.is_distributed = True
-# --8<-- [end:provider]
 
 
 @traced(name="minitron.pretrain_gpt.__main__")

@@ -15,6 +15,9 @@ import functools
 # What the table is for,
 # in two lines.
 TABLE = (1, 2)
+ROWS = 2  # right below it
+# Its own comment.
+COLUMNS = 3
 
 
 @functools.lru_cache
@@ -78,6 +81,19 @@ def test_page_lines_become_line_ranges_and_markers_still_win(hook, tmp_path):
         f'    --8<-- "m.py:{s_first}:{s_last}"',   # indentation kept (admonitions, tabs)
         '--8<-- "m.py:inner"',                      # a [start:inner] section: left to snippets
         '--8<-- "m.py:3:4"']                        # line ranges are snippets' own
+
+
+def test_names_next_to_each_other_in_the_source_stay_one_block(hook, tmp_path):
+    (tmp_path / "m.py").write_text(SOURCE)
+    first, _ = hook.definition_lines(SOURCE, "TABLE")
+    _, last = hook.definition_lines(SOURCE, "COLUMNS")
+    assert SOURCE.split("\n")[first - 1:last] == [
+        "# What the table is for,", "# in two lines.", "TABLE = (1, 2)", "ROWS = 2  # right below it",
+        "# Its own comment.", "COLUMNS = 3"]
+    assert hook.expand('--8<-- "m.py:TABLE,ROWS,COLUMNS"', "p.md", tmp_path) == f'--8<-- "m.py:{first}:{last}"'
+    c_first, c_last = hook.definition_lines(SOURCE, "cached")  # two blank lines away: its own block
+    assert hook.expand('--8<-- "m.py:COLUMNS,cached"', "p.md", tmp_path).split("\n") == [
+        f'--8<-- "m.py:{last - 1}:{last}"', "", f'--8<-- "m.py:{c_first}:{c_last}"']
 
 
 def test_a_name_that_names_nothing_fails_the_build_naming_the_page(hook, tmp_path):

@@ -11,7 +11,9 @@ What a name may be, in a ``.py`` file:
 * a method, as ``Class.method``;
 * a top-level assignment (``GROUP_KINDS``), with the comment lines right above it, which
   explain it;
-* several of those, comma-separated (``a,b``): each is included in turn, a blank line between.
+* several of those, comma-separated (``a,b``): each is included in turn, a blank line between,
+  except where two follow each other in the source with nothing between them (a block of
+  constants stays one block, as it reads there).
 
 A section marker of the same name, if the file has one, wins: markers remain the way to quote
 a few lines from *inside* a function. Names are turned into the line ranges pymdownx.snippets
@@ -84,14 +86,17 @@ def resolve(root: Path, path: str, names: str) -> list[str] | None:
     text = (root / path).read_text(encoding="utf-8")
     if "," not in names and has_section(text, names):
         return None
-    refs = []
+    spans: list[list[int]] = []
     for name in names.split(","):
         span = definition_lines(text, name)
         if span is None:
             raise LookupError(f"{path} has no function, class, method or assignment {name!r} "
                               f"(and no [start:{name}] section)")
-        refs.append(f"{path}:{span[0]}:{span[1]}")
-    return refs
+        if spans and span[0] == spans[-1][1] + 1:
+            spans[-1][1] = span[1]  # right after the previous one: the same block
+        else:
+            spans.append(list(span))
+    return [f"{path}:{first}:{last}" for first, last in spans]
 
 
 def expand(markdown: str, page: str, root: Path) -> str:

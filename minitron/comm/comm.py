@@ -138,7 +138,6 @@ def _slurm_first_host(env) -> str | None:
     return expand_hostlist(nodes)[0] if nodes else None
 
 
-# --8<-- [start:with-master-addr]
 def with_master_addr(info: WorldInfo) -> WorldInfo:
     """``info``, with rank 0's address found if discovery could not read it.
 
@@ -153,7 +152,6 @@ def with_master_addr(info: WorldInfo) -> WorldInfo:
     raise DiscoveryError(
         f"{info.world_size} {info.source} ranks on several nodes and no MASTER_ADDR: export "
         "MASTER_ADDR=<rank 0's host> (or install mpi4py to broadcast it, as DeepSpeed does)")
-# --8<-- [end:with-master-addr]
 
 
 def _mpi_broadcast_rank0_address() -> str | None:

@@ -28,7 +28,6 @@ import sys
 import threading
 import time
 
-# --8<-- [start:env]
 RANKS_ENV = "MINITRON_DEBUG_RANKS"                # "1", "0,2", "all"
 PORT_BASE_ENV = "MINITRON_DEBUG_PORT_BASE"        # rank R listens on BASE + R (default 5678)
 HOST_ENV = "MINITRON_DEBUG_HOST"                  # default 127.0.0.1: this machine only
@@ -36,7 +35,6 @@ WAIT_TIMEOUT_ENV = "MINITRON_DEBUG_WAIT_TIMEOUT"  # seconds to wait for a client
 # Set by minitron's launcher: a descriptor of its own terminal, kept open in every rank, so the
 # "waiting" line reaches the person who must act on it even when the rank's output goes to a log.
 CONSOLE_FD_ENV = "MINITRON_CONSOLE_FD"
-# --8<-- [end:env]
 
 DEFAULT_PORT_BASE = 5678
 DEFAULT_HOST = "127.0.0.1"
@@ -45,7 +43,6 @@ DEFAULT_WAIT_TIMEOUT = 600.0
 _asked_in_pid: int | None = None  # a pid, not a flag: a forked child must not inherit "done"
 
 
-# --8<-- [start:parse]
 def parse_ranks(spec: str, world: int) -> list[int]:
     """'3' -> [3], '0,2' -> [0, 2], '0-3' -> [0, 1, 2, 3], 'all' -> every rank."""
     text = str(spec).strip().lower()
@@ -82,7 +79,6 @@ def debug_env(spec: str, world: int, port_base: int, host: str, wait_timeout: fl
         raise ValueError(f"--debug-wait-timeout {wait_timeout:g}: give a number of seconds above 0")
     return {RANKS_ENV: ",".join(map(str, ranks)), PORT_BASE_ENV: str(port_base),
             HOST_ENV: host.strip(), WAIT_TIMEOUT_ENV: f"{wait_timeout:g}"}
-# --8<-- [end:parse]
 
 
 def settings_from_env(world: int) -> tuple[list[int], int, str, float]:

@@ -44,7 +44,6 @@ T = TypeVar("T")
 _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", TRACE_DIR_ENV)
 
 
-# --8<-- [start:rules]
 @contextmanager
 def _only_fake_groups():
     """Rule 1, for the whole play: new_group ignores the backend it is asked for."""
@@ -77,10 +76,8 @@ def _non_members_answered(rank: int):
         yield
     finally:
         dist.new_group = inner
-# --8<-- [end:rules]
 
 
-# --8<-- [start:play-ranks]
 def play_ranks(world_size: int, rank_main: Callable[[], object], trace_dir: str | os.PathLike | None = None,
                ranks: Iterable[int] | None = None, processes: int | None = None,
                keep: Callable[[int, list[dict]], T] | None = None) -> dict[int, T]:
@@ -132,7 +129,6 @@ def _play(world_size: int, rank_main: Callable[[], object], trace_dir, ranks: It
             else:
                 os.environ[key] = value
     return kept
-# --8<-- [end:play-ranks]
 
 
 def _on_fresh_stack(fn: Callable[..., T], *args) -> T:

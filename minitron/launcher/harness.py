@@ -26,7 +26,6 @@ from minitron.launcher.worker import Target
 T = TypeVar("T")
 
 
-# --8<-- [start:run-on-ranks]
 def run_on_ranks(body: Callable[[int], T], cfg: LaunchConfig) -> list[T]:
     """``body(rank)`` on ``cfg.world_size`` forked ranks, each inside the world; their results."""
     with tempfile.TemporaryDirectory(prefix="minitron-ranks-") as scratch:
@@ -54,4 +53,3 @@ def run_on_ranks(body: Callable[[int], T], cfg: LaunchConfig) -> list[T]:
             failure.keep_log_tail()
             raise
         return [pickle.loads((scratch / f"rank{r}.pkl").read_bytes()) for r in range(cfg.world_size)]
-# --8<-- [end:run-on-ranks]

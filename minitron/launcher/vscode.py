@@ -137,7 +137,6 @@ def _backup_path(path: Path) -> Path:
     return candidate
 
 
-# --8<-- [start:write]
 def write_launch_json(path, world: int, port_base: int, host: str = "127.0.0.1") -> Path:
     """Write or merge ``path``: attach configurations for ranks 0..world-1 on host:port_base+R."""
     path = Path(path)
@@ -169,4 +168,3 @@ def write_launch_json(path, world: int, port_base: int, host: str = "127.0.0.1")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)  # all or nothing: an interrupted write never leaves half a file
     return path
-# --8<-- [end:write]

@@ -41,7 +41,6 @@ class Target:
         return [sys.executable, "-u", "-m", "minitron.launcher.worker", *what, *self.argv]
 
 
-# --8<-- [start:session-env]
 def session_env(world_size: int, trace_dir: str | os.PathLike | None = None, debug_ranks: str | None = None,
                 debug_port_base: int = debug.DEFAULT_PORT_BASE, debug_host: str = debug.DEFAULT_HOST,
                 debug_wait_timeout: float = debug.DEFAULT_WAIT_TIMEOUT) -> dict[str, str]:
@@ -51,7 +50,6 @@ def session_env(world_size: int, trace_dir: str | os.PathLike | None = None, deb
     if debug_ranks:
         env.update(debug.debug_env(debug_ranks, world_size, debug_port_base, debug_host, debug_wait_timeout))
     return env
-# --8<-- [end:session-env]
 
 
 # What gloo raises in a rank whose peer has gone: the symptom of another rank's failure.
@@ -95,7 +93,6 @@ def rank_session():
             trace.stop()
 
 
-# --8<-- [start:run-target]
 def run_target(target) -> int:
     """Run a launcher Target in this process, inside a rank session; return its exit code."""
     try:
@@ -128,7 +125,6 @@ def _run(target) -> int:
         except SystemExit as exc:
             return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0
-# --8<-- [end:run-target]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,6 @@ from minitron.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
 
-# --8<-- [start:initialize]
 def initialize(args=None, model: torch.nn.Module = None, optimizer=None, model_parameters=None,
                training_data=None, lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None,
                config=None, config_params=None):
@@ -51,7 +50,6 @@ def initialize(args=None, model: torch.nn.Module = None, optimizer=None, model_p
     engine = DeepSpeedEngine(model, optimizer, model_parameters, training_data, lr_scheduler, mpu, collate_fn,
                              DeepSpeedConfig(config, mpu))
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
-# --8<-- [end:initialize]
 
 
 def _model_parallel_group(mpu):

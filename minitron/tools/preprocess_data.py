@@ -145,7 +145,6 @@ def _progress(enabled: bool, total: int):
                 console=Console(stderr=True), disable=not enabled, transient=False)
 
 
-# --8<-- [start:run-preprocess]
 def run_preprocess(input: str, output_prefix: str, tokenizer_type: str = "ByteLevelTokenizer",
                    vocab_file: str | None = None, merge_file: str | None = None,
                    json_keys=("text",), append_eod: bool = False, workers: int = 1,
@@ -221,7 +220,6 @@ def run_preprocess(input: str, output_prefix: str, tokenizer_type: str = "ByteLe
                     os.remove(path)
     result.seconds = time.perf_counter() - start
     return result
-# --8<-- [end:run-preprocess]
 
 
 class Workers:

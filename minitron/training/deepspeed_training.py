@@ -43,7 +43,6 @@ def _register_tied_weight(model) -> None:
         register_external_parameter(model.output_layer, model.shared_embedding_or_output_weight())
 
 
-# --8<-- [start:setup]
 @traced
 def setup_model_and_optimizer(model_provider_func, model_type):
     args = get_args()
@@ -66,10 +65,8 @@ def setup_model_and_optimizer(model_provider_func, model_type):
     args.iteration = 0
     args.consumed_train_samples = 0
     return [engine], optimizer, opt_param_scheduler
-# --8<-- [end:setup]
 
 
-# --8<-- [start:train-step]
 @traced(args=lambda *a, **k: {"iteration": get_args().curr_iteration})
 def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler):
     """One iteration through the engine: every micro-batch forward and engine.backward, then
@@ -87,7 +84,6 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
     applied = engine.was_step_applied()
     grad_norm = engine.get_global_grad_norm() if applied else None
     return reduce_losses(losses_reduced), int(not applied), grad_norm, None
-# --8<-- [end:train-step]
 
 
 @traced(args=lambda forward_step_func, data_iterator, engine, i: {"microbatch": i})

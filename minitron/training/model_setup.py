@@ -21,7 +21,6 @@ from minitron.training.global_vars import get_args
 from minitron.training.training_log import print_parameter_count
 
 
-# --8<-- [start:get_model]
 @traced
 def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
     """Build the part of the model this rank holds: one chunk, or one per virtual stage.
@@ -59,7 +58,6 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
         for chunk in wrapped:
             chunk.broadcast_params()
     return wrapped
-# --8<-- [end:get_model]
 
 
 def get_optimizer_param_scheduler(optimizer):

@@ -208,7 +208,6 @@ def _build_shuffle_index(num_samples: int, total_size: int, rng) -> np.ndarray:
     return np.concatenate((first, last))
 
 
-# --8<-- [start:masks]
 def _get_ltor_masks_and_position_ids(data, eod_token, reset_position_ids, reset_attention_mask,
                                      eod_mask_loss, create_attention_mask=True):
     """Left-to-right masks for one sample of s tokens.
@@ -233,7 +232,6 @@ def _get_ltor_masks_and_position_ids(data, eod_token, reset_position_ids, reset_
                 prev = i + 1
     attention_mask = None if allowed is None else (allowed < 0.5).unsqueeze(0)
     return attention_mask, loss_mask, position_ids
-# --8<-- [end:masks]
 
 
 class MockGPTLowLevelDataset:

@@ -81,7 +81,6 @@ def get_bin_path(path_prefix: str) -> str:
     return path_prefix + ".bin"
 
 
-# --8<-- [start:index-writer]
 def write_index(idx_path: str, dtype, sequence_lengths, document_indices) -> None:
     """Write a .idx file: the header, then lengths, pointers and document indices."""
     lengths = np.asarray(sequence_lengths, dtype=np.int32)
@@ -100,7 +99,6 @@ def write_index(idx_path: str, dtype, sequence_lengths, document_indices) -> Non
         f.write(lengths.tobytes(order="C"))
         f.write(pointers.tobytes(order="C"))
         f.write(documents.tobytes(order="C"))
-# --8<-- [end:index-writer]
 
 
 class _IndexReader:

@@ -74,7 +74,6 @@ def _make_grad_scaler(config: OptimizerConfig):
     return None
 
 
-# --8<-- [start:get-optimizer]
 @traced(args=lambda config, model_chunks, *a, **k: {"optimizer": config.optimizer, "fp16": config.fp16,
                                                      "bf16": config.bf16, "chunks": len(model_chunks),
                                                      "distributed": config.use_distributed_optimizer})
@@ -96,4 +95,3 @@ def get_megatron_optimizer(config: OptimizerConfig, model_chunks, no_weight_deca
     if config.fp16 or config.bf16:
         return Float16OptimizerWithFloat16Params(optimizer, config, grad_scaler)
     return FP32Optimizer(optimizer, config)
-# --8<-- [end:get-optimizer]

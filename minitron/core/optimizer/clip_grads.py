@@ -42,7 +42,6 @@ def param_is_not_shared(param: torch.Tensor) -> bool:
     return not getattr(param, "shared", False)
 
 
-# --8<-- [start:norm]
 @traced(args=lambda grads_for_norm, norm_type=2, grad_stats_parallel_group=None:
         {"tensors": len(grads_for_norm), "norm_type": float(norm_type)})
 def get_grad_norm_fp32(grads_for_norm, norm_type: float = 2,
@@ -65,7 +64,6 @@ def get_grad_norm_fp32(grads_for_norm, norm_type: float = 2,
         total += torch.linalg.vector_norm(grad.detach().float(), norm_type) ** norm_type
     torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM, group=grad_stats_parallel_group)
     return total.item() ** (1.0 / norm_type)
-# --8<-- [end:norm]
 
 
 def clip_grad_by_total_norm_fp32(parameters, max_norm: float, total_norm: float) -> None:
