@@ -147,6 +147,7 @@ CASES = [
     ("load-undecodable-metadata", resume(), undecodable_metadata, ["metadata.json", "UTF-8"]),
     ("load-other-seq-length", resume("--seq-length", "32"), None,
      ["--seq-length 16 in the checkpoint, 32 here", "--max-position-embeddings 16"]),
+    ("load-other-precision", resume("--bf16"), None, ["(--fp16/--bf16): float32 in the checkpoint, bfloat16 here"]),
 ]
 
 

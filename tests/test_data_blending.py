@@ -83,7 +83,7 @@ def test_a_split_nobody_asks_for_is_empty(tmp_path):
     # --eval-iters 0 asks for no validation sample: an empty blend (as in Megatron), no loader;
     # the test split has no share of the documents ("80,20,0"): no dataset at all.
     assert len(train) == 10 and len(valid) == 0 and test is None
-    args = SimpleNamespace(micro_batch_size=2, dataloader_type="single", num_workers=0)
+    args = SimpleNamespace(micro_batch_size=2, dataloader_type="single", num_workers=0, seed=1234)
     assert build_pretraining_data_loader(valid, 0, args, 0, 1) is None
     batch = next(iter(build_pretraining_data_loader(train, 4, args, 0, 1)))
     assert list(batch["tokens"].shape) == [2, 8] and batch["dataset_id"].tolist() == [

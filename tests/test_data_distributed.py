@@ -76,7 +76,7 @@ def test_tp_rank_0_reads_and_broadcasts_to_the_stages_that_need_it():
         cfg = GPTDatasetConfig(random_seed=1, sequence_length=8, tokenizer=NullTokenizer(50))
         train = BlendedMegatronDatasetBuilder(MockGPTDataset, [16, 4, 4], is_dataset_built_on_rank, cfg).build()[0]
         loader = build_pretraining_data_loader(
-            train, 0, SimpleNamespace(micro_batch_size=2, dataloader_type="single", num_workers=0),
+            train, 0, SimpleNamespace(micro_batch_size=2, dataloader_type="single", num_workers=0, seed=1234),
             mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size())
         iterator = None if loader is None else iter(loader)
         tokens, labels, loss_mask, attention_mask, position_ids = get_batch(iterator)

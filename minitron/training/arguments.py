@@ -79,11 +79,10 @@ def validate_args(args, defaults: dict | None = None):
     _validate_model_shape(args)
     validate_moe(args)
     _validate_batch(args)
-    _validate_training(args)
-    validate_context_parallel(args)
-
     require(not (args.fp16 and args.bf16), "--fp16 and --bf16 exclude each other: choose one")
     args.params_dtype = "float16" if args.fp16 else "bfloat16" if args.bf16 else "float32"
+    _validate_training(args)  # last: a --load is compared with every shape and dtype set above
+    validate_context_parallel(args)
 
     # --deepspeed (Megatron-DeepSpeed's path): the ds_config must agree with the flags above.
     from minitron.training.deepspeed_arguments import validate_deepspeed_args

@@ -34,7 +34,6 @@ LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "nu
                # the modern GPT options: each changes a tensor's shape or what it means
                "position_embedding_type", "swiglu", "normalization", "group_query_attention",
                "num_query_groups")
-_MISSING = object()
 
 
 class CheckpointError(ValueError):
@@ -137,7 +136,8 @@ def expected_files(root, iteration: int, meta: dict) -> list[Path]:
 
 
 def _flag(key: str) -> str:
-    return "--" + key.replace("_", "-")
+    """The flag that sets ``key``: the precision is the one key that --fp16/--bf16 decide."""
+    return "the weights' dtype (--fp16/--bf16):" if key == "params_dtype" else "--" + key.replace("_", "-")
 
 
 def check_resumable(args) -> None:
@@ -147,7 +147,7 @@ def check_resumable(args) -> None:
         return  # Megatron's behaviour: nothing to load yet, start from scratch
     meta = read_metadata(args.load, iteration)
     differ = [(key, meta[key], getattr(args, key)) for key in LAYOUT_KEYS
-              if key in meta and getattr(args, key, _MISSING) is not _MISSING and meta[key] != getattr(args, key)]
+              if key in meta and meta[key] != getattr(args, key)]
     if differ:
         said = "; ".join(f"{_flag(k)} {saved} in the checkpoint, {mine} here" for k, saved, mine in differ)
         raise CheckpointError(f"--load {args.load} (iteration {iteration}) was saved with another layout or "

@@ -118,7 +118,7 @@ def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> No
     everyone = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(everyone, written)
     if torch.distributed.get_rank() == 0:
-        meta = {k: getattr(args, k) for k in LAYOUT_KEYS if hasattr(args, k)}
+        meta = {k: getattr(args, k) for k in LAYOUT_KEYS}
         meta.update(iteration=iteration, data_parallel_size=args.data_parallel_size,
                     world_size=args.world_size, files=dict(sorted(kv for w in everyone for kv in w.items())))
         _atomic_write_text(json.dumps(meta, indent=1), iteration_dir(args.save, iteration) / METADATA)

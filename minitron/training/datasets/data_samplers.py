@@ -135,23 +135,23 @@ def build_pretraining_data_loader(dataset, consumed_samples, args=None, data_par
     if data_parallel_rank is None or data_parallel_size is None:
         data_parallel_rank = mpu.get_data_parallel_rank()
         data_parallel_size = mpu.get_data_parallel_world_size()
-    dataloader_type = getattr(args, "dataloader_type", None) or "single"
+    dataloader_type = args.dataloader_type  # validate_args made None "single"
     if dataloader_type == "single":
         batch_sampler = MegatronPretrainingSampler(
             len(dataset), consumed_samples, args.micro_batch_size, data_parallel_rank, data_parallel_size)
     elif dataloader_type == "cyclic":
         batch_sampler = MegatronPretrainingRandomSampler(
             dataset, len(dataset), consumed_samples, args.micro_batch_size, data_parallel_rank,
-            data_parallel_size, getattr(args, "data_sharding", True))
+            data_parallel_size, args.data_sharding)
     elif dataloader_type == "external":
         return dataset  # the user's own iterable: it does its own sampling
     else:
         raise ValueError(f"--dataloader-type {dataloader_type} is not one of single, cyclic, external")
-    num_workers = getattr(args, "num_workers", 0)
+    num_workers = args.num_workers
     # A generator of the loader's own: each new iterator draws a base seed for its workers, and
     # drawing it from torch's global generator would shift the model's dropout stream — a
     # resumed run would then no longer repeat the uninterrupted one.
-    generator = torch.Generator().manual_seed(getattr(args, "seed", 0))
+    generator = torch.Generator().manual_seed(args.seed)
     return torch.utils.data.DataLoader(
         dataset, batch_sampler=batch_sampler, num_workers=num_workers, generator=generator,
         pin_memory=torch.cuda.is_available(), persistent_workers=num_workers > 0)

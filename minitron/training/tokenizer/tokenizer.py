@@ -163,9 +163,8 @@ def _vocab_size_with_padding(orig_vocab_size: int, make_vocab_size_divisible_by:
 @traced(args=lambda args: {"tokenizer_type": args.tokenizer_type})
 def build_tokenizer(args):
     """The tokenizer for ``args``; also sets ``args.padded_vocab_size`` (as Megatron does)."""
-    tokenizer = make_tokenizer(args.tokenizer_type, getattr(args, "vocab_file", None),
-                               getattr(args, "merge_file", None), getattr(args, "tokenizer_model", None),
-                               getattr(args, "vocab_size", None))
+    tokenizer = make_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.tokenizer_model,
+                               args.vocab_size)
     args.padded_vocab_size = _vocab_size_with_padding(
         tokenizer.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
     return tokenizer
