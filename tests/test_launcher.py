@@ -233,17 +233,22 @@ def test_a_fake_world_played_by_two_processes_leaves_the_same_traces(tmp_path):
 
 
 def test_every_rank_of_a_fake_world_is_dealt_once_to_whichever_copy_is_free(tmp_path):
-    # Seven ranks, three copies: the deck is not a multiple of the copies, and a slow rank
-    # (rank 0 sleeps) leaves its copy behind while the others take more of the deck.
-    played = play_ranks(7, lambda: time.sleep(0.3 if os.environ["RANK"] == "0" else 0), tmp_path,
-                        processes=3, keep=lambda rank, records: (os.getpid(), rank))
-    assert sorted(played) == list(range(7)) and all(rank == r for r, (_, rank) in played.items())
-    by_pid: dict[int, list[int]] = {}
-    for rank, (pid, _) in played.items():
-        by_pid.setdefault(pid, []).append(rank)
-    slow = next(ranks for ranks in by_pid.values() if 0 in ranks)
-    assert len(by_pid) == 3 and os.getpid() not in by_pid
-    assert slow == [0]  # while rank 0 slept, the other two copies played the other six
+    # Seven ranks, three copies. Rank 0 does not finish until every other rank has been played:
+    # dealt in fixed thirds (0, 3, 6 to one copy) it would wait for ranks of its own copy; dealt
+    # to whichever copy is free, the other two copies take all six meanwhile.
+    def rank_main():
+        rank = int(os.environ["RANK"])
+        if rank == 0:
+            deadline = time.monotonic() + 30
+            while len(list(tmp_path.glob("played*"))) < 6 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        else:
+            (tmp_path / f"played{rank}").touch()
+
+    played = play_ranks(7, rank_main, tmp_path / "trace", processes=3, keep=lambda rank, records: os.getpid())
+    assert sorted(played) == list(range(7)) and os.getpid() not in played.values()
+    assert len(list(tmp_path.glob("played*"))) == 6
+    assert [r for r, pid in played.items() if pid == played[0]] == [0]  # the others played the rest
 
 
 def test_forked_ranks_collect_cycles_but_never_walk_what_they_inherited(tmp_path):
