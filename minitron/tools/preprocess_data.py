@@ -20,6 +20,7 @@ temporary names, and the .idx (which a reader opens first) is renamed into place
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing
 import os
@@ -278,6 +279,7 @@ class Workers:
 
 def _serve(conn, spec: dict) -> None:
     """A worker: build the tokenizer once, then tokenize what comes until it is killed."""
+    gc.enable()  # forked from the command line, which runs with the collector off (cli/__init__.py)
     _init_worker(spec)
     while True:
         conn.send(_encode_batch(conn.recv()))
