@@ -229,7 +229,8 @@ def test_a_fake_world_played_by_two_processes_leaves_the_same_traces(tmp_path):
     play_ranks(4, rank_main, tmp_path / "two", processes=2)
     assert calls(tmp_path / "one") == calls(tmp_path / "two")
     pids = {json.loads((tmp_path / "two" / f"rank{r}.jsonl").read_text().splitlines()[0])["pid"] for r in range(4)}
-    assert len(pids) == 2 and os.getpid() not in pids
+    # Forked copies played them; which copy took how many is the dealing's affair (tested below).
+    assert 1 <= len(pids) <= 2 and os.getpid() not in pids
 
 
 def test_every_rank_of_a_fake_world_is_dealt_once_to_whichever_copy_is_free(tmp_path):
