@@ -3,7 +3,6 @@ every rank, then show one rank's call tree, the groups, the checks and the pipel
 
 from __future__ import annotations
 
-import gc
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -191,7 +190,6 @@ def trace(
         kept = play_ranks(world, lambda: play_pretrain_rank(argv), out, keep=_records_and_rows)
         elapsed = time.perf_counter() - started
         runs = {r: records for r, (records, _) in kept.items()}
-        gc.freeze()  # kept until we exit: the collector need not walk these ~50,000 dicts again
         chrome = write_chrome_trace(out, runs, note, encoded={r: text for r, (_, text) in kept.items()})
     else:
         cfg = LaunchConfig(world_size=world, backend=backend, log_dir=log_dir or out / "logs",
