@@ -42,13 +42,18 @@ def descendants(records: list[dict], parent_id: int, suffix: str) -> list[dict]:
     return found
 
 
-def dispatch(trace_dir: Path) -> None:
-    ranks = load(trace_dir)
-    print("The first micro-batch through the first MoE layer, on every rank:\n")
-    header = f"{'rank':>4}  {'ep group':<9}{'experts':<9}{'sends to ep peers':<19}{'receives':<14}" \
-             f"{'rows per expert':<17}{'returns'}"
+def print_heading(title: str, header: str) -> None:
+    """A table's title, its column names and a rule under them."""
+    print(title)
     print(header)
     print("-" * len(header))
+
+
+def dispatch(trace_dir: Path) -> None:
+    ranks = load(trace_dir)
+    print_heading("The first micro-batch through the first MoE layer, on every rank:\n",
+                  f"{'rank':>4}  {'ep group':<9}{'experts':<9}{'sends to ep peers':<19}{'receives':<14}"
+                  f"{'rows per expert':<17}{'returns'}")
     for rank, records in sorted(ranks.items()):
         layer = first_call(records, "MoELayer.forward")
         experts = layer["args"]["local_experts"]
@@ -69,10 +74,8 @@ def dispatch(trace_dir: Path) -> None:
 def capacity(trace_dir: Path) -> None:
     """The router's choices per expert beside what the capacity let through, first MoE layer."""
     ranks = load(trace_dir)
-    print("The first micro-batch through the first MoE layer, on every rank:\n")
-    header = f"{'rank':>4}  {'tokens':>6}  {'capacity':>8}  {'chosen per expert':<19}{'kept per expert':<17}{'dropped':>7}"
-    print(header)
-    print("-" * len(header))
+    print_heading("The first micro-batch through the first MoE layer, on every rank:\n",
+                  f"{'rank':>4}  {'tokens':>6}  {'capacity':>8}  {'chosen per expert':<19}{'kept per expert':<17}{'dropped':>7}")
     for rank, records in sorted(ranks.items()):
         layer = first_call(records, "MoELayer.forward")
         drop = descendants(records, layer["id"], "apply_router_token_dropping")[0]["args"]
@@ -84,10 +87,8 @@ def capacity(trace_dir: Path) -> None:
 
 def grads(trace_dir: Path) -> None:
     ranks = load(trace_dir)
-    print("The gradient reductions of the step (finalize_model_grads), on every rank:\n")
-    header = f"{'rank':>4}  {'collective':<16}{'group':<30}{'ranks':<15}{'elements':>9}"
-    print(header)
-    print("-" * len(header))
+    print_heading("The gradient reductions of the step (finalize_model_grads), on every rank:\n",
+                  f"{'rank':>4}  {'collective':<16}{'group':<30}{'ranks':<15}{'elements':>9}")
     for rank, records in sorted(ranks.items()):
         final = first_call(records, "finalize_model_grads")
         for sync in descendants(records, final["id"], "start_grad_sync"):

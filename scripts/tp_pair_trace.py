@@ -23,21 +23,30 @@ STEP = "tp_pair.forward_backward"
 GPT_STEP = "gpt.forward_backward"
 
 
+def tp_config(hidden: int, sequence_parallel: bool, **extra):
+    """On a rank with the TP groups set up: a one-layer config for its tp size, with the
+    model-parallel random generators seeded, as every step below starts."""
+    from minitron.core import parallel_state
+    from minitron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from minitron.core.transformer import TransformerConfig
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    config = TransformerConfig(num_layers=1, hidden_size=hidden, num_attention_heads=tp,
+                               tensor_model_parallel_size=tp, sequence_parallel=sequence_parallel, **extra)
+    model_parallel_cuda_manual_seed(1234)
+    return config
+
+
 def pair_step(seq: int = 4, batch: int = 2, hidden: int = 8, sequence_parallel: bool = False) -> None:
     """On a rank with the TP groups set up: build the pair, run forward and backward once."""
     import torch
     import torch.nn.functional as F
 
-    from minitron.core import parallel_state
-    from minitron.core.tensor_parallel import (
-        ColumnParallelLinear, RowParallelLinear, model_parallel_cuda_manual_seed)
-    from minitron.core.transformer import TransformerConfig
+    from minitron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
     from minitron.trace import traced
 
-    tp = parallel_state.get_tensor_model_parallel_world_size()
-    config = TransformerConfig(num_layers=1, hidden_size=hidden, num_attention_heads=tp,
-                               tensor_model_parallel_size=tp, sequence_parallel=sequence_parallel)
-    model_parallel_cuda_manual_seed(1234)
+    config = tp_config(hidden, sequence_parallel)
+    tp = config.tensor_model_parallel_size
     column = ColumnParallelLinear(hidden, 4 * hidden, config=config, init_method=config.init_method)
     row = RowParallelLinear(4 * hidden, hidden, config=config, init_method=config.init_method,
                             input_is_parallel=True)
@@ -66,19 +75,12 @@ def gpt_step(seq: int = 4, batch: int = 2, hidden: int = 8, sequence_parallel: b
     """On a rank with the TP groups set up: one forward and backward of a one-layer GPTModel."""
     import torch
 
-    from minitron.core import parallel_state
     from minitron.core.models.gpt import GPTModel
-    from minitron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from minitron.training.tokenizer import _vocab_size_with_padding
-    from minitron.core.transformer import TransformerConfig
     from minitron.trace import traced
 
-    tp = parallel_state.get_tensor_model_parallel_world_size()
-    config = TransformerConfig(num_layers=1, hidden_size=hidden, num_attention_heads=tp,
-                               tensor_model_parallel_size=tp, sequence_parallel=sequence_parallel,
-                               hidden_dropout=0.0, attention_dropout=0.0)
-    model_parallel_cuda_manual_seed(1234)
-    vocab = _vocab_size_with_padding(10, 4, tp)
+    config = tp_config(hidden, sequence_parallel, hidden_dropout=0.0, attention_dropout=0.0)
+    vocab = _vocab_size_with_padding(10, 4, config.tensor_model_parallel_size)
     model = GPTModel(config, vocab, seq, share_embeddings_and_output_weights=True)
     ids = torch.randint(0, 10, (batch, seq), generator=torch.Generator().manual_seed(0))
     positions = torch.arange(seq).expand(batch, seq)
@@ -102,15 +104,10 @@ def saved_bytes(seq: int, batch: int, hidden: int) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from minitron.core import parallel_state
-    from minitron.core.tensor_parallel import (
-        ColumnParallelLinear, gather_from_sequence_parallel_region, model_parallel_cuda_manual_seed)
-    from minitron.core.transformer import TransformerConfig
+    from minitron.core.tensor_parallel import ColumnParallelLinear, gather_from_sequence_parallel_region
 
-    tp = parallel_state.get_tensor_model_parallel_world_size()
-    config = TransformerConfig(num_layers=1, hidden_size=hidden, num_attention_heads=tp,
-                               tensor_model_parallel_size=tp, sequence_parallel=True)
-    model_parallel_cuda_manual_seed(1234)
+    config = tp_config(hidden, sequence_parallel=True)
+    tp = config.tensor_model_parallel_size
     column = ColumnParallelLinear(hidden, 4 * hidden, config=config, init_method=config.init_method)
     params = {p.untyped_storage().data_ptr() for p in column.parameters()}
     gather = torch.distributed.all_gather_into_tensor
