@@ -166,7 +166,7 @@ def cmd_barrier(work: str) -> None:
     from minitron.core.datasets import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
     from minitron.launcher import LaunchConfig, run_on_ranks, session_env
     from minitron.pretrain_gpt import is_dataset_built_on_rank
-    from minitron.cli.views.trace_dir import load_trace
+    from minitron.trace.reader import load_trace
     from minitron.training.tokenizer import ByteLevelTokenizer
     prefix, trace_dir = build_corpus(work), os.path.join(work, "trace")
 

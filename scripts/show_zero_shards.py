@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("need 1 <= --dp <= 8 and a positive --bucket-size")
 
     from minitron.launcher import LaunchConfig, RankFailure, run_on_ranks, session_env
-    from minitron.cli.views.trace_dir import load_trace
+    from minitron.trace.reader import load_trace
 
     with tempfile.TemporaryDirectory() as tmp:
         trace_dir = Path(tmp) / "trace"

@@ -57,7 +57,7 @@ def test_bytes_of_a_call():
 
 def test_summaries_count_what_the_records_say(tmp_path):
     a = write_run(tmp_path / "a", 4, 2, 2, p2p=True)
-    from minitron.cli.views.trace_dir import load_trace
+    from minitron.trace.reader import load_trace
     runs = load_trace(a)
     assert comm_by_key(runs[0]) == {"tp": [128, 1], "pp": [12, 1]}
     s = summarize(runs)

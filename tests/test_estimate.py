@@ -24,7 +24,7 @@ import pytest
 from minitron.cli.common import validate_pretrain
 from minitron.cli.estimate import check_trace
 from minitron.cli.views.diff import comm_by_key, recorded_args
-from minitron.cli.views.trace_dir import load_trace
+from minitron.trace.reader import load_trace
 from minitron.launcher import LaunchConfig, RankFailure, run_on_ranks, session_env
 from minitron.training import theoretical_memory_usage as tmu
 from minitron.training.tokenizer import build_tokenizer

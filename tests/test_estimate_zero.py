@@ -21,7 +21,7 @@ import pytest
 from minitron.cli.command import expand_aliases
 from minitron.cli.common import validate_pretrain
 from minitron.cli.views.diff import comm_by_key
-from minitron.cli.views.trace_dir import TRAIN_STEP, load_trace
+from minitron.trace.reader import TRAIN_STEP, load_trace
 from minitron.launcher import LaunchConfig, RankFailure, run_on_ranks, session_env
 from minitron.training import theoretical_memory_usage as tmu
 from minitron.training.theoretical_zero import param_groups

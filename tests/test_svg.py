@@ -18,7 +18,7 @@ from minitron.cli.views.schedule import BACKWARD, FORWARD, pipeline_steps
 from minitron.cli.views.svg_curves import bars_svg, curves_svg
 from minitron.cli.views.svg_grid import grid_svg, groups_from_trace, shown_kinds
 from minitron.cli.views.svg_timeline import peak_in_flight, place, timeline_svg
-from minitron.cli.views.trace_dir import load_trace
+from minitron.trace.reader import load_trace
 from minitron.core.rank_generator import layout
 
 NS = "{http://www.w3.org/2000/svg}"

@@ -217,7 +217,7 @@ def test_view_focus_folds_the_ancestors_of_a_torchrun_trace(torchrun_trace):
 def test_a_rank_stopped_mid_write_is_still_read(tmp_path):
     """The recorder writes in blocks, so a killed rank can end in half a line, and the calls it
     had open never got a record: the rest is shown, the orphans marked, the cut line counted."""
-    from minitron.cli.views.trace_dir import read_trace
+    from minitron.trace.reader import read_trace
 
     t = Trace()
     outer = t.call("minitron.training.training.pretrain")
@@ -238,7 +238,7 @@ def test_a_fake_world_hands_back_the_trace_its_files_hold(tmp_path):
 
     from minitron.cli.trace import _records_and_rows
     from minitron.cli.views.perfetto import to_chrome, write_chrome_trace
-    from minitron.cli.views.trace_dir import load_trace
+    from minitron.trace.reader import load_trace
     from minitron.launcher.fake import play_ranks
     from minitron.trace import traced
 

@@ -60,7 +60,7 @@ def main() -> None:
 
     from minitron.cli.trace import pretrain_argv, training_argv
     from minitron.cli.views.schedule import pipeline_steps, render_slots
-    from minitron.cli.views.trace_dir import load_trace
+    from minitron.trace.reader import load_trace
     from minitron.launcher import LaunchConfig, Target, launch, session_env
     from minitron.training import training
 

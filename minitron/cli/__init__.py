@@ -1,4 +1,15 @@
-"""The ``minitron`` command: trace, view, groups, launch, pretrain, preprocess, vscode.
+"""The ``minitron`` command. One module per command, named after it:
+
+    trace      run initialization (and optionally training steps) on W ranks, traced
+    view       read a trace directory again: call trees, groups, checks, schedule
+    groups     Megatron's process groups for a layout, no process started
+    vscode     write .vscode/launch.json to attach to each rank
+    launch     any script on W ranks, with torchrun's or DeepSpeed's runner environment
+    pretrain   train a GPT on W ranks with Megatron's flags
+    preprocess turn a JSONL corpus into indexed-dataset files
+    ds-config  resolve a DeepSpeed config as deepspeed.initialize would (ds_config.py)
+    estimate   memory and communication per rank for a layout, predicted (and --check'ed)
+    diff       compare two trace directories
 
 Every command validates its input in this process, before any rank starts: a bad layout or
 batch size is one line on stderr and exit code 2, never a traceback from 16 ranks.
@@ -14,8 +25,8 @@ from importlib.metadata import PackageNotFoundError, version
 import typer
 
 # Each module registers its commands on the app; this order is the order `--help` lists them.
-from minitron.cli import trace, view, tools, launch, train, deepspeed  # noqa: F401,I001
-from minitron.cli import estimate, diff  # noqa: F401,I001  (estimate's: after pretrain in --help)
+from minitron.cli import trace, view, groups, vscode, launch, pretrain, preprocess  # noqa: F401,I001
+from minitron.cli import ds_config, estimate, diff  # noqa: F401,I001
 from minitron.cli.command import MinitronCommand, UsageError
 from minitron.cli.common import UserError, app
 

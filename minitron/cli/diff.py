@@ -15,7 +15,7 @@ from minitron.cli.common import UserError, app, console
 
 def _read(trace_dir: Path):
     # Lazy, as every command's views: `minitron --help` imports this module, not its views.
-    from minitron.cli.views.trace_dir import TraceError, rank_files, read_trace
+    from minitron.trace.reader import TraceError, rank_files, read_trace
 
     if not trace_dir.is_dir() or not rank_files(trace_dir):
         raise UserError(f"{trace_dir} holds no rank*.jsonl files: record a run with `minitron pretrain --trace DIR` "

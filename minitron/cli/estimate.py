@@ -127,7 +127,7 @@ def check_trace(trace_dir: Path, as_json: bool) -> None:
     and the bytes of every group kind inside train_step."""
     # lazy: loaded when the command runs, not by `minitron --help`
     from minitron.cli.views.diff import comm_by_key, recorded_args
-    from minitron.cli.views.trace_dir import TraceError, rank_files, read_trace
+    from minitron.trace.reader import TraceError, rank_files, read_trace
     from minitron.training.theoretical_memory_usage import estimate as work_out
     from minitron.training.theoretical_moe import expectation_keys
 
@@ -225,7 +225,7 @@ def _traced_buffer(records) -> Optional[int]:
         return None
     # One record per model chunk and iteration: the first iteration's chunks.
     from minitron.cli.views.diff import inside
-    from minitron.cli.views.trace_dir import TRAIN_STEP
+    from minitron.trace.reader import TRAIN_STEP
     first = next((r for r in records if r["name"] == TRAIN_STEP), None)
     if first is None:
         return None

@@ -71,7 +71,7 @@ def write_pictures(out: Path, runs: dict) -> List[Path]:
     from minitron.cli.views.schedule import pipeline_steps
     from minitron.cli.views.svg_grid import MAX_RANKS_DRAWN, grid_svg, groups_from_trace
     from minitron.cli.views.svg_timeline import timeline_svg
-    from minitron.cli.views.trace_dir import iterations
+    from minitron.trace.reader import iterations
 
     written = []
     groups = groups_from_trace(runs[min(runs)])
@@ -108,7 +108,7 @@ def _records_and_rows(rank: int, records: list) -> tuple:
     directory reads them, and its rows of trace.json, encoded."""
     # lazy: only --backend fake plays ranks in this process
     from minitron.cli.views.perfetto import encoded_rank_events
-    from minitron.cli.views.trace_dir import in_trace_order
+    from minitron.trace.reader import in_trace_order
 
     records = in_trace_order(records)
     return records, encoded_rank_events(rank, records)
@@ -172,7 +172,7 @@ def trace(
     from minitron.cli.views.call_tree import FocusError
     from minitron.cli.views.perfetto import write_chrome_trace
     from minitron.cli.views.show import default_depth, show_views
-    from minitron.cli.views.trace_dir import load_trace
+    from minitron.trace.reader import load_trace
     from minitron.cli.views.words import plural
     from minitron.launcher import LaunchConfig, Target, launch
     from minitron.launcher.fake import play_ranks

@@ -38,7 +38,7 @@ def view(
     from minitron.cli.views.call_tree import FocusError
     from minitron.cli.views.perfetto import write_chrome_trace
     from minitron.cli.views.show import VIEWS, default_depth, parse_views, show_views
-    from minitron.cli.views.trace_dir import TraceError, backend_of, iterations, rank_files, read_trace
+    from minitron.trace.reader import TraceError, backend_of, iterations, rank_files, read_trace
     from minitron.cli.views.words import plural, rank_ranges
 
     if not trace_dir.is_dir():

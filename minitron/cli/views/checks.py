@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
-from minitron.cli.views.trace_dir import backend_of, layout_args, world_size_of
+from minitron.trace.reader import backend_of, layout_args, world_size_of
 from minitron.cli.views.words import plural, rank_ranges
 from minitron.core.rank_generator import DESC_TO_KEY, layout
 

@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 
 from rich.table import Table
 
-from minitron.cli.views.trace_dir import TRAIN_STEP, layout_args, world_size_of
+from minitron.trace.reader import TRAIN_STEP, layout_args, world_size_of
 from minitron.cli.views.words import duration, human, short_name
 from minitron.core.rank_generator import DESC_TO_KEY
 

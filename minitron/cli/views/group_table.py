@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from minitron.cli.views.checks import group_calls
-from minitron.cli.views.trace_dir import layout_args, world_size_of
+from minitron.trace.reader import layout_args, world_size_of
 from minitron.cli.views.words import rank_ranges
 from minitron.core.rank_generator import DESC_TO_KEY, rank_coordinates
 

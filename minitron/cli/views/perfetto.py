@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from minitron.cli.views.trace_dir import layout_args, load_trace, world_size_of
+from minitron.trace.reader import layout_args, load_trace, world_size_of
 from minitron.core.rank_generator import rank_coordinates
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from minitron.cli.views.trace_dir import layout_args, world_size_of
+from minitron.trace.reader import layout_args, world_size_of
 from minitron.core.rank_generator import rank_coordinates
 
 FORWARD = "minitron.core.pipeline_parallel.schedules.forward_step"

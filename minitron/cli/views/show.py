@@ -9,7 +9,7 @@ from minitron.cli.views.call_tree import call_tree
 from minitron.cli.views.checks import NEW_GROUP, Check, check_lines, check_trace
 from minitron.cli.views.group_table import group_table
 from minitron.cli.views.schedule import pipeline_steps, render_slots
-from minitron.cli.views.trace_dir import iterations, layout_args
+from minitron.trace.reader import iterations, layout_args
 
 VIEWS = ("tree", "groups", "checks", "schedule")
 MAX_TABLE_RANKS = 64  # beyond this a row per rank is a wall; trace.json holds every rank

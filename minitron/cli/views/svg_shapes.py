@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 
 from minitron.cli.views import svg
-from minitron.cli.views.trace_dir import load_trace
+from minitron.trace.reader import load_trace
 
 COLUMN = "minitron.core.tensor_parallel.layers.ColumnParallelLinear.forward"
 ROW = "minitron.core.tensor_parallel.layers.RowParallelLinear.forward"

@@ -23,7 +23,7 @@ import sys
 
 from minitron.cli.views import svg
 from minitron.cli.views.schedule import FORWARD, in_dependency_order, pipeline_steps, step_key
-from minitron.cli.views.trace_dir import iterations, load_trace
+from minitron.trace.reader import iterations, load_trace
 
 ROW_H, ROW_GAP, LABEL_W, RIGHT_W = 16, 3, 52, 150
 PLOT_W = 660 - LABEL_W - RIGHT_W

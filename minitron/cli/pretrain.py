@@ -1,11 +1,10 @@
-"""`minitron pretrain` and `minitron preprocess`: train a GPT on many ranks, and turn a JSONL
-corpus into indexed-dataset files."""
+"""`minitron pretrain`: train a GPT on many ranks (every rank runs pretrain_gpt with Megatron's flags)."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
@@ -14,6 +13,7 @@ from minitron.cli.common import (
     check_world, console, validate_pretrain,
 )
 from minitron.cli import preflight
+
 
 @app.command(context_settings=EXTRA)
 def pretrain(
@@ -52,7 +52,7 @@ def pretrain(
     # and a refusal never pay for them).
     from minitron.launcher import LaunchConfig, Target
     from minitron.launcher import launch as run
-    from minitron.training.progress import PretrainProgress
+    from minitron.cli.progress import PretrainProgress
     from minitron.training.utils import CONSOLE_ENV
     log_jsonl = Path(args.log_jsonl)
     # The ranks append the lines Megatron prints for the console here; we show them as they come.
@@ -68,38 +68,3 @@ def pretrain(
         run(cfg, Target(module="minitron.pretrain_gpt", argv=argv), monitor=progress.poll)
     for line in progress.summary(world, args.seq_length, time.perf_counter() - started, log_dir, log_jsonl):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
-
-
-@app.command()
-def preprocess(
-    input: Path = typer.Option(..., "--input", help="JSONL file, one document per line"),
-    output_prefix: str = typer.Option(..., "--output-prefix", help="writes PREFIX_<key>_document.bin/.idx"),
-    tokenizer_type: str = typer.Option("ByteLevelTokenizer", "--tokenizer-type",
-                                       help="ByteLevelTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer, NullTokenizer"),
-    vocab_file: Optional[str] = typer.Option(None, "--vocab-file", help="GPT2BPETokenizer: vocab.json"),
-    merge_file: Optional[str] = typer.Option(None, "--merge-file", help="GPT2BPETokenizer: merges.txt"),
-    tokenizer_model: Optional[str] = typer.Option(None, "--tokenizer-model", help="HuggingFaceTokenizer: tokenizer.json"),
-    vocab_size: Optional[int] = typer.Option(None, "--vocab-size", help="NullTokenizer: ids run 0..N-1; N is the end-of-document id"),
-    json_keys: List[str] = typer.Option(["text"], "--json-keys", help="the field(s) holding the text"),
-    append_eod: bool = typer.Option(False, "--append-eod", help="end every document with the EOD token"),
-    workers: int = typer.Option(1, "--workers", help="tokenizing processes"),
-    skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="count and report bad lines instead of failing"),
-):
-    """Tokenize a JSONL corpus into Megatron's indexed-dataset files (.bin + .idx)."""
-    preflight.check_workers(workers)
-    from minitron.tools.preprocess_data import run_preprocess  # lazy: numpy and rich's bar, for this command only
-
-    try:
-        result = run_preprocess(str(input), output_prefix, tokenizer_type=tokenizer_type, vocab_file=vocab_file,
-                                merge_file=merge_file, json_keys=json_keys, append_eod=append_eod,
-                                workers=workers, skip_bad_lines=skip_bad_lines, tokenizer_model=tokenizer_model,
-                                vocab_size=vocab_size)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    console.print(f"{result.documents} documents, {result.tokens} tokens, {result.input_bytes / 2**20:.1f} MB "
-                  f"in {result.seconds:.1f} s ({result.mb_per_s:.1f} MB/s)")
-    for key, prefix in result.output_prefixes.items():
-        console.print(f"  {key}: {prefix}.bin / .idx   (--data-path {prefix})")
-    if result.skipped:
-        console.print(f"[yellow]skipped {len(result.skipped)} bad lines, e.g. line {result.skipped[0][0]}: "
-                      f"{result.skipped[0][1]}[/yellow]")

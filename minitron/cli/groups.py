@@ -1,18 +1,16 @@
-"""`minitron groups` and `minitron vscode`: the layout, and the editor's attach configurations."""
+"""`minitron groups`: Megatron's process groups for a layout, computed without starting a process."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Optional
 
 import typer
 
-from minitron.cli.common import (
-    CP, DEBUG_HOST, DEBUG_PORT_BASE, EP, ORDERS, PP, TP, UserError, app, check_order, check_world, console, vp_option,
-)
+from minitron.cli.common import CP, EP, ORDERS, PP, TP, UserError, app, check_order, check_world, console, vp_option
 from minitron.cli import preflight
 from minitron.core.rank_generator import DEFAULT_ORDER, LAYOUT_KEYS, layout, validate_parallel_sizes
+
 
 @app.command()
 def groups(
@@ -61,23 +59,3 @@ def chunk_placement(pp: int, vp: int) -> str:
         chunks = ", ".join(str(stage + v * pp) for v in range(vp))
         lines.append(f"  stage {stage}: chunks {chunks}")
     return "\n".join(lines)
-
-
-@app.command()
-def vscode(
-    world: int = typer.Option(..., "--world", "-w", help="number of ranks to attach to"),
-    debug_port_base: int = DEBUG_PORT_BASE,
-    debug_host: str = DEBUG_HOST,
-    path: Path = typer.Option(Path(".vscode/launch.json"), "--path", help="launch.json to write or merge into"),
-):
-    """Write (or merge into) .vscode/launch.json: one attach configuration per rank, and all ranks."""
-    from minitron.launcher import vscode as vscode_config  # lazy: --help does not load the launcher
-
-    check_world(world)
-    preflight.check_output_file(path, "--path")
-    try:
-        written = vscode_config.write_launch_json(path, world, debug_port_base, debug_host)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    console.print(f"wrote {written}: attach configurations for ranks 0..{world - 1} "
-                  f"on {debug_host}:{debug_port_base}..{debug_port_base + world - 1}")
