@@ -31,6 +31,7 @@ def measure(args, tp: int, sp: bool) -> dict[str, int]:
     """On one rank: saved bytes per layer for each recompute mode."""
     import torch
 
+    from minitron.core.saved_tensors import SavedTensors
     from minitron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from minitron.core.transformer import TransformerConfig
     from minitron.core.transformer.transformer_block import TransformerBlock
@@ -42,21 +43,12 @@ def measure(args, tp: int, sp: bool) -> dict[str, int]:
                                    sequence_parallel=sp, init_seed=1, **recompute)
         model_parallel_cuda_manual_seed(1)
         block = TransformerBlock(config, pre_process=True, post_process=False)   # layers only
-        params = {p.untyped_storage().data_ptr() for p in block.parameters()}
         s = args.seq_length // tp if sp else args.seq_length
         x = torch.randn(s, args.micro_batch_size, args.hidden_size, requires_grad=True)
-        saved: dict[int, int] = {}
-
-        def pack(tensor):
-            storage = tensor.untyped_storage()
-            if storage.data_ptr() not in params:
-                saved[storage.data_ptr()] = storage.nbytes()
-            return tensor
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with SavedTensors(exclude=block.parameters()) as saved:
             out = block(x)
         out.sum().backward()   # recomputation really happens (and saves nothing the hook sees)
-        per_layer[mode] = sum(saved.values()) // args.num_layers
+        per_layer[mode] = saved.nbytes // args.num_layers
     return per_layer
 
 

@@ -104,21 +104,16 @@ def saved_bytes(seq: int, batch: int, hidden: int) -> dict:
     import torch
     import torch.nn.functional as F
 
+    from minitron.core.saved_tensors import SavedTensors
     from minitron.core.tensor_parallel import ColumnParallelLinear, gather_from_sequence_parallel_region
 
     config = tp_config(hidden, sequence_parallel=True)
     tp = config.tensor_model_parallel_size
     column = ColumnParallelLinear(hidden, 4 * hidden, config=config, init_method=config.init_method)
-    params = {p.untyped_storage().data_ptr() for p in column.parameters()}
     gather = torch.distributed.all_gather_into_tensor
 
     def run(layer) -> tuple[int, int]:
-        kept, gathers = {}, []
-
-        def pack(tensor):
-            if tensor.untyped_storage().data_ptr() not in params:
-                kept[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-            return tensor
+        kept, gathers = SavedTensors(exclude=column.parameters()), []
 
         def counted(*args, **kwargs):
             gathers.append(1)
@@ -127,12 +122,12 @@ def saved_bytes(seq: int, batch: int, hidden: int) -> dict:
         x = torch.randn(seq // tp, batch, hidden, requires_grad=True)   # my rows of the sequence
         torch.distributed.all_gather_into_tensor = counted
         try:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            with kept:
                 y = layer(x)
             y.sum().backward()
         finally:
             torch.distributed.all_gather_into_tensor = gather
-        return sum(kept.values()), len(gathers)
+        return kept.nbytes, len(gathers)
 
     regather = run(lambda x: column(x)[0])
     whole = run(lambda x: F.linear(gather_from_sequence_parallel_region(x), column.weight, column.bias))

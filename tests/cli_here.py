@@ -1,9 +1,32 @@
-"""The `minitron` entry point run inside the test process, for tables of refused input."""
+"""Running `minitron` from a test: the real executable, or its entry point in this process.
+
+Every test that runs the command line comes through here, so there is one idea of where the
+executable is and of the environment it runs in.
+"""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+# The executable the venv's install made, beside this interpreter.
+MINITRON = str(Path(sys.executable).parent / "minitron")
+
+
+def run_minitron(*argv, cwd=None, env=None, timeout: float = 120, here: bool = False) -> subprocess.CompletedProcess:
+    """``minitron ARGV`` as a user's shell would run it: text output captured, and (unless
+    ``env`` is given) the environment of a CI log or ``2> file`` -- not a terminal, no COLUMNS
+    or LINES to widen the output. ``here`` runs the entry point in this process instead
+    (minitron_here below): ~20 ms instead of a fresh interpreter's ~0.5 s, for answers that
+    start no rank."""
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    if here:
+        return minitron_here(*argv, cwd=cwd, env=env)
+    return subprocess.run([MINITRON, *map(str, argv)], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=timeout)
 
 
 def minitron_here(*argv, cwd=None, env=None) -> subprocess.CompletedProcess:
@@ -20,7 +43,6 @@ def minitron_here(*argv, cwd=None, env=None) -> subprocess.CompletedProcess:
     """
     import contextlib
     import io
-    import os
     import traceback
 
     from minitron.cli import main

@@ -10,6 +10,7 @@ import torch
 
 # tests/distributed.py (run_ranks) is imported as a plain module by the distributed tests.
 sys.path.insert(0, str(Path(__file__).parent))
+from cli_here import run_minitron  # noqa: E402  (found through the line above)
 
 # The launcher forks ranks from this process. A forked child cannot use a thread pool its
 # parent started (the pool's threads do not survive fork), so the pytest process must never
@@ -36,9 +37,7 @@ def trace16(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("trace16")
     env = {**os.environ, "COLUMNS": "100"}
     gloo = ["--backend", "gloo"] if torch.cuda.is_available() else []
-    proc = subprocess.run([str(Path(sys.executable).parent / "minitron"), "trace", "--tp", "2", "--pp", "4",
-                           "--world", "16", *gloo],
-                          cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+    proc = run_minitron("trace", "--tp", "2", "--pp", "4", "--world", "16", *gloo, cwd=cwd, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return cwd / "minitron-trace", proc
 

@@ -12,8 +12,9 @@ import pytest
 from minitron.core.num_microbatches_calculator import _build_num_microbatches_calculator
 from minitron.training.arguments import ArgumentError, build_parser, validate_args
 
+from cli_here import MINITRON
+
 ROOT = Path(__file__).resolve().parents[1]
-MINITRON = str(Path(sys.executable).parent / "minitron")
 MODEL = ["--num-layers", "4", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "8",
          "--distributed-backend", "gloo", "--tokenizer-type", "NullTokenizer", "--vocab-size", "64"]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-from cli_here import minitron_here
+from cli_here import MINITRON, minitron_here
 
-MINITRON = str(Path(sys.executable).parent / "minitron")
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "--num-layers 2 --hidden-size 16 --num-attention-heads 2 --seq-length 8 --micro-batch-size 1"
 TRAIN = f"{MODEL} --train-iters 2 --lr 1e-3 --mock-data"

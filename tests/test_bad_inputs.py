@@ -12,15 +12,12 @@ import json
 import os
 import shutil
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from cli_here import minitron_here
+from cli_here import run_minitron
 
-MINITRON = str(Path(sys.executable).parent / "minitron")
 TINY = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "16",
         "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "2", "--lr", "1e-3",
         "--mock-data", "--vocab-size", "64", "--pipeline-model-parallel-size", "2"]
@@ -28,12 +25,9 @@ SHARD = "iter_0000002/mp_rank_00_001/model_optim_rng.pt"
 
 
 def run(*args, cwd=None, here=False):
-    """The real executable, or (``here``) its entry point in this process: see cli_here."""
-    env = {**os.environ, "COLUMNS": "200"}
-    if here:
-        return minitron_here(*args, cwd=cwd, env=env)
-    return subprocess.run([MINITRON, *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=300)
+    """The real executable, or (``here``) its entry point in this process, at 200 columns so
+    that a long one-line refusal is never wrapped into two."""
+    return run_minitron(*args, cwd=cwd, env={**os.environ, "COLUMNS": "200"}, timeout=300, here=here)
 
 
 @pytest.fixture(scope="module")

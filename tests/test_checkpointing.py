@@ -4,15 +4,15 @@ Layout pp 2 x dp 2 with the distributed optimizer, so a checkpoint holds per-sta
 and per-data-parallel-rank optimizer shards. The stop is Megatron's --exit-interval.
 """
 
+import os
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from minitron.launcher import LaunchConfig, RankFailure, Target, launch
 from minitron.training.checkpointing import TRACKER, iteration_dir
+from cli_here import run_minitron
 
 FLAGS = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
          "--micro-batch-size", "1", "--global-batch-size", "8", "--train-iters", "4", "--lr", "1e-3",
@@ -59,7 +59,7 @@ def test_checkpoint_layout(runs):
 
 
 def _minitron(*args):
-    return subprocess.run([str(Path(sys.executable).parent / "minitron"), *args], capture_output=True, text=True)
+    return run_minitron(*args, env=dict(os.environ))
 
 
 def test_other_layout_is_refused_before_any_rank_starts(runs, tmp_path):

@@ -6,29 +6,20 @@ Each case runs the real `minitron` executable, as a user would.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from cli_here import minitron_here
+from cli_here import MINITRON, run_minitron
 
-MINITRON = str(Path(sys.executable).parent / "minitron")
 TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
         "--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-3", "--mock-data"]
 
 
-def run(*argv: str, timeout: float = 60, here: bool = False) -> subprocess.CompletedProcess:
-    """The real executable, or (``here``: answers that need no rank) its entry point in this
-    process, ~20 ms instead of a fresh interpreter's ~0.5 s (see cli_here)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    if here:
-        return minitron_here(*argv, env=env)
-    return subprocess.run([MINITRON, *argv], capture_output=True, text=True, timeout=timeout, env=env)
+run = run_minitron  # the executable, or (here=True: answers that need no rank) its entry point
 
 
 def one_line_error(proc: subprocess.CompletedProcess) -> str:

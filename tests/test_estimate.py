@@ -39,14 +39,13 @@ BACKWARD = "minitron.core.pipeline_parallel.schedules.backward_step"
 def _held(argv):
     """The body each rank runs: pretrain's steps for one iteration, measuring as it goes."""
     def body(rank):
-        import torch
-
         from minitron.pretrain_gpt import ARGS_DEFAULTS, forward_step, model_provider, train_valid_test_datasets_provider
         from minitron.training.data import build_train_valid_test_data_iterators
         from minitron.training.initialize import initialize_megatron
         from minitron.training.model_setup import setup_model_and_optimizer
         from minitron.training.training import train_step
         from minitron.training.global_vars import get_args
+        from minitron.core.saved_tensors import SavedTensors
 
         initialize_megatron(args_defaults=ARGS_DEFAULTS, argv=argv)
         model, optimizer, scheduler = setup_model_and_optimizer(model_provider, "encoder_or_decoder")
@@ -55,21 +54,16 @@ def _held(argv):
                   for chunk in model for p in chunk.parameters()}
         units = []   # saved bytes of each forward, in order
 
+        weights = [p for chunk in model for p in chunk.parameters()]
+
         def measured(data_iterator, chunk):
-            seen = {}
-
-            def pack(t):
-                storage = t.untyped_storage()
-                if storage.data_ptr() not in params:
-                    seen[storage.data_ptr()] = storage.nbytes()
-                return t
-
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            seen = SavedTensors(exclude=weights)
+            with seen:
                 output, loss_func = forward_step(data_iterator, chunk)
             units.append(seen)
 
             def loss(output_tensor):
-                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                with seen:
                     return loss_func(output_tensor)
             return output, loss
 
@@ -84,7 +78,7 @@ def _held(argv):
         main = sum(p.untyped_storage().nbytes() for g in inner.param_groups for p in g["params"]
                    if p.untyped_storage().data_ptr() not in params)
         return {"params": sum(params.values()), "grads": grads, "optimizer": state + main,
-                "units": [sum(u.values()) for u in units]}
+                "units": [u.nbytes for u in units]}
     return body
 
 

@@ -50,8 +50,7 @@ def _configs(tmp_path, bf16: bool, stages) -> list[str]:
 def _held(argv, configs):
     """Each rank: initialize once, then per stage a fresh engine and one train_step."""
     def body(rank):
-        import torch
-
+        from minitron.core.saved_tensors import SavedTensors
         from minitron.pretrain_gpt import ARGS_DEFAULTS, forward_step, model_provider, train_valid_test_datasets_provider
         from minitron.training.data import build_train_valid_test_data_iterators
         from minitron.training.deepspeed_training import setup_model_and_optimizer
@@ -69,26 +68,19 @@ def _held(argv, configs):
             get_args().deepspeed_config = config
             model, optimizer, scheduler = setup_model_and_optimizer(model_provider, "encoder_or_decoder")
             engine, params = model[0], list(model[0].module.parameters())
-            weights = {id(p) for p in params}
             units, seen_at_step = [], {}
 
             def live(ts):
                 return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in ts if t is not None}
 
             def measured(data_iterator, chunk):
-                seen = {}
-
-                def pack(t):   # weights (gathered or not) and their views are not activations
-                    if id(t) not in weights and id(t._base) not in weights:
-                        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-                    return t
-
-                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                seen = SavedTensors(exclude=params)   # weights, gathered or not, are no activations
+                with seen:
                     output, loss_func = forward_step(data_iterator, chunk)
                 units.append(seen)
 
                 def loss(output_tensor):
-                    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    with seen:
                         return loss_func(output_tensor)
                 return output, loss
 
@@ -112,7 +104,7 @@ def _held(argv, configs):
                                           if k != "step"])
             out.append({"params": sum(storages.values()), "grads": seen_at_step["grads"],
                         "optimizer": sum(state.values()), "bytes_held": engine.bytes_held(),
-                        "grads_held": seen_at_step["held"], "units": [sum(u.values()) for u in units]})
+                        "grads_held": seen_at_step["held"], "units": [u.nbytes for u in units]})
         return out
     return body
 

@@ -7,15 +7,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from minitron.launcher import LaunchConfig, RankFailure, Target, launch
+from cli_here import MINITRON
 
-MINITRON = str(Path(sys.executable).parent / "minitron")
 
 
 def _die_after_barrier(how: str) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,8 +18,8 @@ from typer.testing import CliRunner
 
 from minitron.cli import app
 from minitron.launcher.runner import ResourceError, cores_for_rank, parse_range_list
+from cli_here import MINITRON
 
-MINITRON = str(Path(sys.executable).parent / "minitron")
 CORES = sorted(os.sched_getaffinity(0))
 
 

@@ -9,12 +9,12 @@ module that does not own it (register_external_parameter)."""
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from distributed import pretrain_records
+from cli_here import MINITRON
 
 ITERS = 2
 MODEL = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
@@ -61,7 +61,6 @@ def test_engine_matches_serial(tmp_path, serial, name):
     assert losses[-1] != losses[0]   # the weights moved
 
 
-MINITRON = str(Path(sys.executable).parent / "minitron")
 
 
 def refusal(tmp_path, world: int, *flags) -> str:

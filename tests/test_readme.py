@@ -26,7 +26,6 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 sys.path.insert(0, str(ROOT / ".ci"))
 from readme_commands import readme_command  # noqa: E402
 
-MINITRON = str(Path(sys.executable).parent / "minitron")
 # Top-level packages whose import name differs from the distribution name in pyproject.
 IMPORT_NAMES = {"yaml": "pyyaml", "pil": "pillow"}
 

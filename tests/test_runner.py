@@ -11,7 +11,6 @@ DeepSpeed accepts because it checks the include against itself (we refuse it).
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,7 +22,8 @@ from minitron.launcher.runner import (
     parse_inclusion_exclusion,
 )
 
-MINITRON = str(Path(sys.executable).parent / "minitron")
+from cli_here import MINITRON
+
 POOL = OrderedDict([("worker-0", 4), ("worker-1", 2), ("worker-2", 4)])
 
 

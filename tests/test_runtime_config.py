@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from minitron.runtime import DeepSpeedConfig, DeepSpeedConfigError, resolve_batch_triad
+from cli_here import MINITRON
 
-MINITRON = str(Path(sys.executable).parent / "minitron")
 
 # (train_batch_size, micro, grad_acc, dp) -> resolved triad, from DeepSpeed's code.
 RESOLVED = [

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from distributed import run_ranks
 from minitron.core import parallel_state
+from minitron.core.saved_tensors import SavedTensors
 from minitron.core.tensor_parallel import (
     ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, model_parallel_cuda_manual_seed)
 from minitron.core.transformer import TransformerConfig
@@ -143,15 +144,7 @@ def _check_sequence_parallel_column(rank: int) -> dict:
     x = torch.randn(4, 2, H, generator=torch.Generator().manual_seed(1))         # the whole [s, b, h]
     gy = torch.randn(4, 2, OUT, generator=torch.Generator().manual_seed(2))
     mine = x.chunk(tp)[r].clone().requires_grad_()                              # my s/t rows
-    params = {p.untyped_storage().data_ptr() for p in col.parameters()}
-    saved = []
-
-    def pack(tensor):
-        if tensor.untyped_storage().data_ptr() not in params:
-            saved.append(list(tensor.shape))
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with SavedTensors(exclude=col.parameters()) as saved:
         y, _ = col(mine)
     y.backward(gy.chunk(tp, -1)[r])
     w = col.weight.detach().clone()
@@ -160,7 +153,7 @@ def _check_sequence_parallel_column(rank: int) -> dict:
     F.linear(xs, ws).backward(torch.cat([torch.zeros_like(g) if i != r else g    # output columns only:
                                          for i, g in enumerate(gy.chunk(tp, -1))], -1))   # dx sums over ranks
     buffers = parallel_state.get_global_memory_buffer().buffer
-    return {"saved": saved, "y": (y - F.linear(x, w)).abs().max().item(),
+    return {"saved": saved.shapes, "y": (y - F.linear(x, w)).abs().max().item(),
             "dw": (col.weight.grad - gy.chunk(tp, -1)[r].reshape(-1, OUT // tp).t() @ x.reshape(-1, H)).abs().max().item(),
             "my dx share": xs.grad, "dx": mine.grad, "buffers": [list(b.shape) for b in buffers.values()]}
 

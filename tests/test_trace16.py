@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
 from megatron_reference import DESC, KINDS, coordinates, creation_sequence, reference_layout
 
 WORLD, TP, PP = 16, 2, 4
-MINITRON = str(Path(sys.executable).parent / "minitron")
 
 
 @pytest.fixture(scope="module")

@@ -7,16 +7,15 @@ its numbers are checked against the per-iteration records and against a serial m
 
 from __future__ import annotations
 
+import os
 import json
 import re
-import subprocess
-import sys
 from argparse import Namespace
-from pathlib import Path
 
 import pytest
 
 from distributed import run_ranks
+from cli_here import run_minitron
 
 TP, PP, LAYERS, HIDDEN, HEADS, SEQ = 2, 2, 2, 32, 4, 32
 VOCAB = 1024  # NullTokenizer adds the end-of-document id: 1025 tokens
@@ -34,9 +33,7 @@ def _round_up(n: int, multiple: int) -> int:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     logs = tmp_path_factory.mktemp("pretrain") / "logs"
-    minitron = Path(sys.executable).parent / "minitron"
-    done = subprocess.run([str(minitron), *RUN, "--log-dir", str(logs)], capture_output=True, text=True,
-                          timeout=300)  # stdout is a pipe here, not a terminal
+    done = run_minitron(*RUN, "--log-dir", str(logs), env=dict(os.environ), timeout=300)  # stdout: a pipe
     assert done.returncode == 0, done.stdout + done.stderr
     records = [json.loads(line) for line in open(logs / "iterations.jsonl")]
     return done.stdout, records, logs

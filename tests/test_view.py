@@ -20,6 +20,7 @@ from minitron.cli.views.call_tree import FocusError, call_tree
 from minitron.cli.views.checks import check_lines, check_trace
 from minitron.cli.views.show import show_views
 from minitron.cli.views.words import fitted_name, plural, rank_ranges
+from cli_here import run_minitron
 
 BIN = Path(sys.executable).parent
 SCHEDULES = "minitron.core.pipeline_parallel.schedules."
@@ -158,9 +159,7 @@ def test_a_training_trace_shows_its_schedule():
 
 
 def minitron(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "80", "NO_COLOR": "1"}
-    return subprocess.run([str(BIN / "minitron"), *argv], capture_output=True, text=True, timeout=120,
-                          env=env, cwd=cwd)
+    return run_minitron(*argv, cwd=cwd, env={**os.environ, "COLUMNS": "80", "NO_COLOR": "1"})
 
 
 def test_a_directory_without_rank_files_is_one_line_and_exit_2(tmp_path):
