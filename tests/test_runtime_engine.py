@@ -321,6 +321,20 @@ def test_warmup_schedules():
     assert lrs[20:] == pytest.approx([0.1, 0.1])                                 # at and past the end
 
 
+def test_warmup_lr_defaults_to_each_groups_own_lr():
+    """DeepSpeed 0.19.4+: without warmup_max_lr, WarmupLR warms every param group up to the lr
+    it was given; WarmupDecayLR keeps its default of 0.001."""
+    groups = [{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": lr} for lr in (0.1, 0.2)]
+    opt = torch.optim.SGD(groups)
+    warm = WarmupLR(opt, warmup_num_steps=4, warmup_type="linear")
+    assert [g["lr"] for g in opt.param_groups] == [0.0, 0.0]
+    for _ in range(6):
+        warm.step()
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.1, 0.2])
+    decay = WarmupDecayLR(opt, total_num_steps=10, warmup_num_steps=4, warmup_type="linear")
+    assert decay.max_lrs == [0.001, 0.001]
+
+
 def test_runtime_package_imports_without_torch():
     """``minitron ds-config`` resolves a config before torch is loaded; initialize() imports
     the engine (and torch) only when called."""
