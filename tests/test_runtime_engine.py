@@ -264,13 +264,14 @@ def test_fp16_overflow_skips_with_hysteresis():
 def test_dynamic_loss_scaler_hysteresis():
     s = DynamicLossScaler(init_scale=2.0 ** 10, scale_window=3, min_scale=1, delayed_shift=3)
     trace = []
-    for overflow in (1, 1, 0, 1, 1, 0, 0, 0, 1):
+    for overflow in (1, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1):
         s.update_scale(bool(overflow))
         trace.append((s.cur_scale, s.cur_hysteresis))
     # 3 overflows (clean steps between do not refill) halve; then every overflow halves until
-    # 3 clean steps in a row grow the scale and refill the counter.
-    assert trace == [(1024, 2), (1024, 1), (1024, 1), (512, 1), (256, 1), (256, 1), (256, 1), (512, 3),
-                     (512, 2)]
+    # a growth refills the counter. The first growth after an overflow takes 3 + 1 clean steps,
+    # the next one 3 (DeepSpeed's own update_scale, at 0.19.5, gives this same sequence).
+    assert trace == [(1024, 2), (1024, 1), (1024, 1), (512, 1), (256, 1), (256, 1), (256, 1), (256, 1),
+                     (512, 3), (512, 3), (512, 3), (1024, 3), (1024, 2)]
     c = DynamicLossScaler(init_scale=1024.0, scale_window=100, delayed_shift=2, consecutive_hysteresis=True)
     for overflow in (1, 0, 1, 0, 1, 1):
         c.update_scale(bool(overflow))
@@ -281,16 +282,25 @@ def test_dynamic_loss_scaler_hysteresis():
         floor.update_scale(True)   # DeepSpeed stops at the floor rather than train there
 
 
-def test_dynamic_loss_scaler_agrees_with_megatron_without_the_extras():
+def test_dynamic_loss_scaler_is_megatrons_with_growth_one_step_later():
+    """Without DeepSpeed's extras, its scales are Megatron's whose growth count restarts at -1,
+    not 0, after each overflow (and at the start): one clean step more before the first growth."""
     rng = random.Random(0)
     ds = DynamicLossScaler(init_scale=2.0 ** 20, scale_window=4, min_scale=1.0, delayed_shift=2,
                            raise_error_at_min_scale=False)
     mg = DynamicGradScaler(2.0 ** 20, 1.0, 2.0, 0.5, 4, 2)
+    mg._growth_tracker = -1
+    grew = 0
     for _ in range(300):
-        overflow = rng.random() < 0.3
+        overflow = rng.random() < 0.2
+        before = ds.cur_scale
         ds.update_scale(overflow)
         mg.update(overflow)
+        if overflow:
+            mg._growth_tracker = -1
+        grew += ds.cur_scale > before
         assert ds.cur_scale == mg.scale.item()
+    assert grew > 5   # the growth rule was exercised, not only the halvings
 
 
 def test_warmup_schedules():
@@ -309,6 +319,20 @@ def test_warmup_schedules():
     assert lrs[:5] == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])                  # t = 0..4
     assert lrs[12] == pytest.approx(0.1 + 0.4 * (20 - 12) / 16)                  # decaying, t = 12
     assert lrs[20:] == pytest.approx([0.1, 0.1])                                 # at and past the end
+
+
+def test_warmup_lr_defaults_to_each_groups_own_lr():
+    """DeepSpeed 0.19.4+: without warmup_max_lr, WarmupLR warms every param group up to the lr
+    it was given; WarmupDecayLR keeps its default of 0.001."""
+    groups = [{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": lr} for lr in (0.1, 0.2)]
+    opt = torch.optim.SGD(groups)
+    warm = WarmupLR(opt, warmup_num_steps=4, warmup_type="linear")
+    assert [g["lr"] for g in opt.param_groups] == [0.0, 0.0]
+    for _ in range(6):
+        warm.step()
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.1, 0.2])
+    decay = WarmupDecayLR(opt, total_num_steps=10, warmup_num_steps=4, warmup_type="linear")
+    assert decay.max_lrs == [0.001, 0.001]
 
 
 def test_runtime_package_imports_without_torch():

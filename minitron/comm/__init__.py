@@ -1,12 +1,15 @@
-"""minitron.comm: DeepSpeed's comm layer in miniature (init_distributed, cdb, TorchBackend)."""
+"""minitron.comm: DeepSpeed's comm layer in miniature (init_distributed, cdb, TorchBackend), and
+its module-level API, through which the runtime (``from minitron import comm as dist``) makes
+every collective call, as DeepSpeed's does through ``deepspeed.comm``."""
 
 from minitron.comm.comm import (
-    WorldInfo, all_reduce, barrier, broadcast, destroy_process_group, discover_world_info,
-    get_rank, get_world_size, init_distributed, is_initialized, new_group,
+    ReduceOp, WorldInfo, all_gather_into_tensor, all_reduce, barrier, broadcast, destroy_process_group,
+    discover_world_info, get_global_rank, get_rank, get_world_group, get_world_size, init_distributed,
+    reduce, reduce_scatter_tensor,
 )
 
 __all__ = [
-    "WorldInfo", "all_reduce", "barrier", "broadcast", "destroy_process_group",
-    "discover_world_info", "get_rank", "get_world_size", "init_distributed", "is_initialized",
-    "new_group",
+    "ReduceOp", "WorldInfo", "all_gather_into_tensor", "all_reduce", "barrier", "broadcast",
+    "destroy_process_group", "discover_world_info", "get_global_rank", "get_rank", "get_world_group",
+    "get_world_size", "init_distributed", "reduce", "reduce_scatter_tensor",
 ]

@@ -3,9 +3,10 @@
 DeepSpeed does not talk to NCCL itself. ``deepspeed.comm`` keeps one module-level object,
 ``cdb`` ("communication data backend"), and that object is a TorchBackend: a thin class whose
 methods call ``torch.distributed``. Megatron skips even that and calls torch.distributed
-directly. minitron's _initialize_distributed goes through this layer (as Megatron-DeepSpeed
-does) so a reader can see both: the cdb indirection here, and plain torch.distributed calls
-everywhere in parallel_state and the layers.
+directly. minitron shows both: _initialize_distributed creates the world through this layer (as
+Megatron-DeepSpeed does), DeepSpeed's runtime (minitron/runtime/) makes every collective call
+through the module-level functions at the end of this file, and parallel_state and the layers
+call torch.distributed as Megatron's do.
 
 init_distributed's decision list, in order:
 1. no cdb yet, but torch.distributed already initialised by the user -> wrap it, done;
@@ -203,10 +204,6 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
     return cdb
 
 
-def is_initialized() -> bool:
-    return cdb is not None and cdb.is_initialized()
-
-
 def destroy_process_group(group=None) -> None:
     global cdb
     if cdb is not None:
@@ -215,26 +212,71 @@ def destroy_process_group(group=None) -> None:
             cdb = None
 
 
-# DeepSpeed's module-level API: deepspeed.comm.all_reduce(...) forwards to cdb.
+# --8<-- [start:module-api]
+# DeepSpeed's module-level API. Its runtime imports this module as ``dist`` (``from deepspeed
+# import comm as dist``) and calls dist.all_reduce(...) where Megatron calls torch.distributed;
+# every function below forwards to cdb, and cdb (a TorchBackend) to torch.distributed. DeepSpeed
+# wraps each collective in @timed_op for its comms logger; @traced is our seam at the same place,
+# so a trace shows comm.comm.all_reduce with torch's call inside it (that one records the group
+# and the shapes, so this level records nothing of its own).
+ReduceOp = torch.distributed.ReduceOp  # DeepSpeed has its own enum, which TorchBackend maps to
+                                       # torch's; with torch the only backend, torch's serves
+
+
+def _cdb():
+    if cdb is None:   # DeepSpeed asserts the same: nothing to forward to yet
+        raise RuntimeError("minitron.comm has no backend yet: call init_distributed() first "
+                           "(initialize() does)")
+    return cdb
+
+
+def _forwards(fn):
+    return traced(fn, args=lambda *a, **k: {})
+
+
 def get_rank(group=None) -> int:
-    return cdb.get_rank(group)
+    return _cdb().get_rank(group)
 
 
 def get_world_size(group=None) -> int:
-    return cdb.get_world_size(group)
+    return _cdb().get_world_size(group)
 
 
-def all_reduce(tensor, op=torch.distributed.ReduceOp.SUM, group=None, async_op=False):
-    return cdb.all_reduce(tensor, op, group, async_op)
+def get_global_rank(group=None, group_rank: int = 0) -> int:
+    """The world rank of ``group``'s member number ``group_rank``."""
+    return _cdb().get_global_rank(group, group_rank)
 
 
+def get_world_group():
+    return _cdb().get_world_group()
+
+
+@_forwards
 def broadcast(tensor, src, group=None, async_op=False):
-    return cdb.broadcast(tensor, src, group, async_op)
+    return _cdb().broadcast(tensor, src, group, async_op)
 
 
+@_forwards
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
+    return _cdb().all_reduce(tensor, op, group, async_op)
+
+
+@_forwards
+def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False):
+    return _cdb().reduce(tensor, dst, op, group, async_op)
+
+
+@_forwards
+def reduce_scatter_tensor(output_tensor, tensor, op=ReduceOp.SUM, group=None, async_op=False):
+    return _cdb().reduce_scatter_tensor(output_tensor, tensor, op, group, async_op)
+
+
+@_forwards
+def all_gather_into_tensor(output_tensor, tensor, group=None, async_op=False):
+    return _cdb().all_gather_into_tensor(output_tensor, tensor, group, async_op)
+
+
+@_forwards
 def barrier(group=None):
-    return cdb.barrier(group)
-
-
-def new_group(ranks, group_desc=None):
-    return cdb.new_group(ranks, group_desc)
+    return _cdb().barrier(group)
+# --8<-- [end:module-api]

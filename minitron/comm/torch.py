@@ -46,29 +46,39 @@ class TorchBackend:
         return torch.distributed.is_initialized()
 
     def get_rank(self, group=None) -> int:
-        return torch.distributed.get_rank(group)
+        return torch.distributed.get_rank(group=group)
 
     def get_world_size(self, group=None) -> int:
-        return torch.distributed.get_world_size(group)
+        return torch.distributed.get_world_size(group=group)
 
+    def get_global_rank(self, group, group_rank):
+        return torch.distributed.get_global_rank(group, group_rank)
+
+    def get_world_group(self):
+        return torch.distributed.group.WORLD
+
+    # Each collective is called through the torch.distributed module, by attribute: that is
+    # where the trace's wrappers sit (trace/torch_hooks.py), so the trace records torch's call.
     def all_reduce(self, tensor, op=torch.distributed.ReduceOp.SUM, group=None, async_op=False):
-        return torch.distributed.all_reduce(tensor, op=op, group=group, async_op=async_op)
+        return torch.distributed.all_reduce(tensor=tensor, op=op, group=group, async_op=async_op)
+
+    def reduce(self, tensor, dst, op=torch.distributed.ReduceOp.SUM, group=None, async_op=False):
+        return torch.distributed.reduce(tensor=tensor, dst=dst, op=op, group=group, async_op=async_op)
 
     def broadcast(self, tensor, src, group=None, async_op=False):
-        return torch.distributed.broadcast(tensor, src=src, group=group, async_op=async_op)
+        return torch.distributed.broadcast(tensor=tensor, src=src, group=group, async_op=async_op)
 
-    def all_gather_into_tensor(self, output, tensor, group=None, async_op=False):
-        return torch.distributed.all_gather_into_tensor(output, tensor, group=group, async_op=async_op)
+    def all_gather_into_tensor(self, output_tensor, input_tensor, group=None, async_op=False):
+        return torch.distributed.all_gather_into_tensor(output_tensor=output_tensor, input_tensor=input_tensor,
+                                                        group=group, async_op=async_op)
 
-    def reduce_scatter_tensor(self, output, tensor, op=torch.distributed.ReduceOp.SUM, group=None,
+    def reduce_scatter_tensor(self, output_tensor, input_tensor, op=torch.distributed.ReduceOp.SUM, group=None,
                               async_op=False):
-        return torch.distributed.reduce_scatter_tensor(output, tensor, op=op, group=group, async_op=async_op)
+        return torch.distributed.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
+                                                       async_op=async_op)
 
     def barrier(self, group=None):
         return torch.distributed.barrier(group=group)
-
-    def new_group(self, ranks, group_desc=None):
-        return torch.distributed.new_group(ranks, group_desc=group_desc)
 
     def destroy_process_group(self, group=None):
         torch.distributed.destroy_process_group(group)

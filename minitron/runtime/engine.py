@@ -19,8 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
+from minitron import comm as dist   # deepspeed/runtime/engine.py: from deepspeed import comm as dist
 from minitron.runtime.config import DeepSpeedConfig
 from minitron.runtime.loss_scaler import CreateLossScaler
 from minitron.runtime.lr_schedules import SCHEDULERS
@@ -39,8 +39,7 @@ def initialize(args=None, model: torch.nn.Module = None, optimizer=None, model_p
     """
     if model is None:
         raise ValueError("initialize() needs a model")
-    from minitron.comm import init_distributed   # as deepspeed.init_distributed: from env, if not yet
-    init_distributed(dist_init_required=dist_init_required)
+    dist.init_distributed(dist_init_required=dist_init_required)   # from the environment, if not yet
     config = config if config is not None else config_params
     if config is None and getattr(args, "deepspeed_config", None) is not None:
         config = args.deepspeed_config
@@ -70,7 +69,7 @@ class DeepSpeedEngine(torch.nn.Module):
                  config: DeepSpeedConfig):
         super().__init__()
         self.module, self.mpu, self._config = model, mpu, config
-        self.data_parallel_group = mpu.get_data_parallel_group() if mpu is not None else dist.group.WORLD
+        self.data_parallel_group = mpu.get_data_parallel_group() if mpu is not None else dist.get_world_group()
         self.dp_world_size = dist.get_world_size(group=self.data_parallel_group)
         self.global_rank = dist.get_rank()
         pp = mpu.get_pipeline_model_parallel_world_size() if hasattr(

@@ -3,7 +3,7 @@
 The idea is the one in ``minitron/core/optimizer/grad_scaler.py`` (Megatron's scaler): multiply
 the loss by S before backward so fp16 gradients do not underflow, divide by S in fp32 before the
 update, skip any step whose gradients hold Inf/NaN. DeepSpeed's rules for moving S agree with
-Megatron's on the common path and differ in two places, which is why this is a second class
+Megatron's on the common path and differ in three places, which is why this is a second class
 beside the first rather than the first one reused:
 
 * **hysteresis** (``delayed_shift`` = h) agrees: the h-th overflow without a growth in between
@@ -14,10 +14,12 @@ beside the first rather than the first one reused:
   counter at once, so only h overflows *in a row* halve S.
 * **the floor**: Megatron clamps at ``min_scale`` for ever; DeepSpeed raises once an overflow
   happens *at* ``min_scale`` (``raise_error_at_min_scale``), since training there is hopeless.
-
-Growth is the same in both: ``scale_window`` clean steps in a row since the last overflow
-multiply S by ``scale_factor`` (2). DeepSpeed counts them as ``(cur_iter - last_overflow_iter)
-% scale_window == 0`` rather than with a counter that resets; the two agree step for step.
+* **growth**: Megatron multiplies S by 2 after every ``growth_interval`` clean steps in a row.
+  DeepSpeed counts from the last overflow, leaving out the first clean step after it
+  (``stable_interval``): the first growth comes after ``scale_window`` + 1 clean steps, the
+  next ones every ``scale_window``. It is Megatron's counter started at -1 instead of 0 after
+  each overflow (and at the start). Until 0.17.1 DeepSpeed grew after ``scale_window``, as
+  Megatron does.
 """
 
 from __future__ import annotations
@@ -85,7 +87,10 @@ class DynamicLossScaler(LossScaler):
         else:
             if self.consecutive_hysteresis:
                 self.cur_hysteresis = self.delayed_shift
-            if (self.cur_iter - self.last_overflow_iter) % self.scale_window == 0:
+            # Clean steps since the last overflow, not counting the first: growth waits for
+            # scale_window + 1 of them, then comes every scale_window (DeepSpeed since 0.17.1).
+            stable_interval = self.cur_iter - self.last_overflow_iter - 1
+            if stable_interval > 0 and stable_interval % self.scale_window == 0:
                 if not self.consecutive_hysteresis:
                     self.cur_hysteresis = self.delayed_shift
                 self.cur_scale *= self.scale_factor

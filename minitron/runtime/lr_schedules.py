@@ -12,6 +12,10 @@ WarmupLR then stays at max_lr; WarmupDecayLR falls linearly to 0 at ``total_num_
 
     gamma(t) = max(0, (total_num_steps - t) / max(1, total_num_steps - warmup_num_steps))
 
+Without ``warmup_max_lr``, WarmupLR warms each param group up to the ``lr`` it already has
+(DeepSpeed since 0.17.2; before 0.19.4 every group took group 0's); WarmupDecayLR still
+defaults to 0.001.
+
 Two details a reader meets in the numbers. ``warmup_num_steps`` is raised to at least 2 (log(1)
 is 0, and the log curve divides by it). And the scheduler sets ``lr`` once at construction with
 t = -1, which DeepSpeed answers with min_lr; the engine steps the scheduler after every applied
@@ -32,12 +36,14 @@ def update_lr(param_groups: list, lrs: list) -> list:
 
 
 class WarmupLR:
-    def __init__(self, optimizer, warmup_min_lr: float = 0.0, warmup_max_lr: float = 0.001,
+    def __init__(self, optimizer, warmup_min_lr: float = 0.0, warmup_max_lr: float | list | None = None,
                  warmup_num_steps: int = 1000, warmup_type: str = "log", last_batch_iteration: int = -1):
         if warmup_type not in ("log", "linear"):
             raise ValueError(f'warmup_type must be "log" or "linear", got {warmup_type!r}')
         self.optimizer = optimizer
         groups = len(optimizer.param_groups)
+        if warmup_max_lr is None:   # warm up to the lr each param group was given (DeepSpeed 0.19.4+)
+            warmup_max_lr = [group["lr"] for group in optimizer.param_groups]
         self.min_lrs = self._per_group(warmup_min_lr, groups, "warmup_min_lr")
         self.max_lrs = self._per_group(warmup_max_lr, groups, "warmup_max_lr")
         self.delta_lrs = [high - low for high, low in zip(self.max_lrs, self.min_lrs)]

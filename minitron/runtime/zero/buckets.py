@@ -19,7 +19,8 @@ buckets and the calls come in the same order everywhere, as collectives must.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
+
+from minitron import comm as dist   # as DeepSpeed's ZeRO: from deepspeed import comm as dist
 
 
 class GradientBuckets:

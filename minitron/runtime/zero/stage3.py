@@ -34,8 +34,8 @@ itself, minitron only the registered ones.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
+from minitron import comm as dist   # as DeepSpeed's ZeRO: from deepspeed import comm as dist
 from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
 AVAILABLE, NOT_AVAILABLE = "AVAILABLE", "NOT_AVAILABLE"   # DeepSpeed's ZeroParamStatus

@@ -32,8 +32,8 @@ partition, and all-gather the partitions so every rank has the whole model again
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
+from minitron import comm as dist   # as DeepSpeed's ZeRO: from deepspeed import comm as dist
 from minitron.runtime.loss_scaler import has_inf_or_nan
 from minitron.runtime.zero.buckets import GradientBuckets
 
