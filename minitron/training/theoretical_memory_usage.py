@@ -36,7 +36,7 @@ from minitron.core.rank_generator import RankGenerator
 from minitron.training.theoretical_activations import activation_bytes
 from minitron.training.theoretical_comm import comm_bytes
 from minitron.training.theoretical_params import (
-    DTYPE_BYTES, Param, chunks_of, model_params, round_up, total_params,
+    DTYPE_BYTES, Param, chunks_of, model_params, optimizer_moments, round_up, total_params,
 )
 from minitron.training.theoretical_zero import zero_memory
 from minitron.training.theoretical_moe import has_experts, is_expert_buffer, shards, split_buffers
@@ -127,10 +127,9 @@ def weight_and_optimizer_bytes(args, stage: list, dp_rank: int, expert_dp_rank: 
     buffered = sum(layout[0][-1][1] for _, layout in stage if layout[0])
     owned = sum(owned_numel(layout, shards(args, plist, dp), expert_dp_rank if is_expert_buffer(plist) else dp_rank)
                 for plist, layout in stage) if dist_opt else params
-    moments = 2 if args.optimizer == "adam" else (1 if args.sgd_momentum else 0)
     main_copy = 4 if e != 4 else 0   # a 16-bit model is stepped through fp32 main params
     return params, {"params": (buffered if dist_opt else params) * e, "grads": buffered * grad_e,
-                    "optimizer": owned * (4 * moments + main_copy)}
+                    "optimizer": owned * (4 * optimizer_moments(args) + main_copy)}
 
 
 # --- every rank -------------------------------------------------------------------------------
