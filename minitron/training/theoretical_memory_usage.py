@@ -32,6 +32,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
+from minitron.core.distributed.distributed_data_parallel_config import BUCKET_END_ALIGN, PARAM_START_ALIGN
 from minitron.core.rank_generator import RankGenerator
 from minitron.training.theoretical_activations import activation_bytes
 from minitron.training.theoretical_comm import comm_bytes
@@ -40,8 +41,6 @@ from minitron.training.theoretical_params import (
 )
 from minitron.training.theoretical_zero import zero_memory
 from minitron.training.theoretical_moe import has_experts, is_expert_buffer, shards, split_buffers
-
-_PARAM_START_ALIGN, _BUCKET_END_ALIGN = 64, 128   # param_and_grad_buffer's padding, elements
 
 
 @dataclass
@@ -65,7 +64,7 @@ def buffer_layout(params: list[Param], dp: int, dist_opt: bool) -> tuple[list[tu
     parameter's (start, end). Parameters are laid out last first; with the distributed
     optimizer each starts on a 64-element boundary, each bucket ends on lcm(dp, 128), and the
     tied embedding has a bucket of its own."""
-    align = math.lcm(dp, _BUCKET_END_ALIGN)
+    align = math.lcm(dp, BUCKET_END_ALIGN)
     buckets, where, next_free, bucket_start, in_bucket = [], {}, 0, 0, 0
 
     def close(end: int) -> int:
@@ -76,7 +75,7 @@ def buffer_layout(params: list[Param], dp: int, dist_opt: bool) -> tuple[list[tu
         return padded
 
     for param in reversed(params):
-        start = round_up(next_free, _PARAM_START_ALIGN) if dist_opt else next_free
+        start = round_up(next_free, PARAM_START_ALIGN) if dist_opt else next_free
         alone = dist_opt and param.shared_embedding
         if alone and in_bucket:
             start = close(start)
