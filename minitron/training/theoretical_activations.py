@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from minitron.core.pipeline_parallel.pp_rank_microbatches import get_pp_rank_microbatches
 from minitron.training.theoretical_params import (
-    DTYPE_BYTES, _flag, chunk_ends, chunk_layers, num_microbatches, query_groups,
+    DTYPE_BYTES, _flag, chunk_ends, chunk_layers, query_groups,
 )
 from minitron.training.theoretical_moe import activation_delta
 
@@ -104,7 +104,3 @@ def in_flight_chunks(args, pp_rank: int, num_microbatches: int) -> list[int]:
         num_microbatches, vp or 1, pp, pipeline_parallel_size=pp, pipeline_parallel_rank=pp_rank,
         virtual_pipeline_parallel_size=vp)
     return [(k // pp) % (vp or 1) for k in range(min(warmup + 1, total))]
-
-
-def activation_bytes(args, pp_rank: int) -> int:
-    return sum(unit_activation_bytes(args, pp_rank, c) for c in in_flight_chunks(args, pp_rank, num_microbatches(args)))
