@@ -26,6 +26,7 @@ import io
 import re
 import sys
 import tokenize
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -502,8 +503,25 @@ def test_allow_list_is_current():
     stale = [entry for entry in ALLOW
              if entry[2] not in ("floors", "cycles", "why", "facts")
              or entry[:2] not in (live_facts if entry[2] == "facts" else live)]
-    assert not stale, ("ALLOW entries in tests/test_architecture.py that match no import any more "
+    assert not stale, ("ALLOW entries in tests/test_architecture.py that match no import or fact any more "
                        "(delete them):\n" + "\n".join(map(repr, stale)))
+
+
+@contextmanager
+def _reading(tmp_path, monkeypatch, files: dict[str, str]):
+    """The checks pointed at a made-up package (file name -> text) for the with block."""
+    for name, text in files.items():
+        (tmp_path / PACKAGE / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / PACKAGE / name).write_text(text)
+    caches = (modules, imports, _lines, _comments, _tree)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    for cache in caches:
+        cache.cache_clear()
+    try:
+        yield
+    finally:
+        for cache in caches:
+            cache.cache_clear()
 
 
 def test_the_checks_find_what_they_look_for(tmp_path, monkeypatch):
@@ -519,14 +537,7 @@ def test_the_checks_find_what_they_look_for(tmp_path, monkeypatch):
                           "    from minitron.training import a\n"),
         "widgets/__init__.py": "",
     }
-    for name, text in files.items():
-        (tmp_path / PACKAGE / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / PACKAGE / name).write_text(text)
-    caches = (modules, imports, _lines, _comments, _tree)
-    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    for cache in caches:
-        cache.cache_clear()
-    try:
+    with _reading(tmp_path, monkeypatch, files):
         assert [line.split(" imports")[0] for line in floor_offences()] == ["minitron/trace/__init__.py:2"]
         cycles = cycle_offences()
         assert len(cycles) == 1 and "minitron.training.a, minitron.training.b" in cycles[0], cycles
@@ -535,9 +546,6 @@ def test_the_checks_find_what_they_look_for(tmp_path, monkeypatch):
         # json and its neighbour share the comment above the block; trace's import has none.
         assert unexplained_late_imports() == ["minitron/trace/__init__.py:2 from minitron.training import a"]
         assert [m for m in modules() if floor_of(m)[0] < 0] == ["minitron.widgets"]
-    finally:
-        for cache in caches:
-            cache.cache_clear()
 
 
 def test_the_fact_check_finds_each_kind(tmp_path, monkeypatch):
@@ -561,14 +569,7 @@ def test_the_fact_check_finds_each_kind(tmp_path, monkeypatch):
         "cli/__init__.py": "",
         "cli/diff.py": "DTYPE_BYTES = {'float64': 8, 'float32': 4}\nLIMIT = 1024\n",
     }
-    for name, text in files.items():
-        (tmp_path / PACKAGE / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / PACKAGE / name).write_text(text)
-    caches = (modules, imports, _lines, _comments, _tree)
-    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    for cache in caches:
-        cache.cache_clear()
-    try:
+    with _reading(tmp_path, monkeypatch, files):
         # Not offences: WIDTH (another value), LIMIT (computed in one place), forward (one line).
         assert fact_offences() == [
             "minitron/core/config.py:6 Config.hook declared again (first at line 4)",
@@ -577,9 +578,6 @@ def test_the_fact_check_finds_each_kind(tmp_path, monkeypatch):
             "minitron/training/estimate.py:1 PARAM_START_ALIGN restates minitron/core/buffer.py:1 PARAM_START_ALIGN",
             "minitron/training/estimate.py:5 round_up repeats the body of minitron/core/buffer.py:4 _pad",
         ]
-    finally:
-        for cache in caches:
-            cache.cache_clear()
 
 
 if __name__ == "__main__":
