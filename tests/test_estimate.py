@@ -129,7 +129,7 @@ def test_estimate_matches_execution(tmp_path, capsys, name):
     world, flags = LAYOUTS[name]
     from minitron.cli.command import expand_aliases
     args, held, runs, trace_dir = run_layout(tmp_path, world, expand_aliases(flags))
-    costs = tmu.estimate(args)
+    costs = tmu.report_theoretical_memory(args)
     for cost, measured in zip(costs, held):
         traced = {k: v[0] for k, v in comm_by_key(runs[cost.rank], args.params_dtype).items()}
         assert traced == cost.comm, f"{name} rank {cost.rank}: traced {traced}, estimated {cost.comm}"
@@ -167,7 +167,7 @@ def test_parameters_add_up_to_the_closed_form(layout):
                          "--vocab-size", "1000")
     V = args.padded_vocab_size
     assert tmu.total_params(args) == gpt_params(L, h, V, s)
-    costs = tmu.estimate(args)
+    costs = tmu.report_theoretical_memory(args)
     # One data-parallel replica holds the model once, plus the last stage's copy of the tied
     # embedding when the first and last stage differ, plus tp - 1 more copies of what tensor
     # parallelism replicates: norms (4h a layer, 2h final), row-parallel biases (2h), positions.
@@ -218,7 +218,7 @@ def test_gpt3_175b_against_megatrons_formula(tp, pp, dist_opt):
                          *(["--use-distributed-optimizer"] if dist_opt else []))
     L, h, s, V, dp = 96, 12288, 2048, args.padded_vocab_size, world // (tp * pp)
     assert V == 51200
-    costs = tmu.estimate(args)
+    costs = tmu.report_theoretical_memory(args)
     first = costs[0]   # stage 0: the embedding; Megatron's "most loaded shard"
     expected_bytes, expected_params = megatron_weight_and_optimizer(L, h, V, tp, pp, dp, dist_opt)
     # What Megatron leaves out: the biases (qkv 3h/tp, proj h, fc1 4h/tp, fc2 h per layer) and

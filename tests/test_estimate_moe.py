@@ -36,7 +36,7 @@ def test_moe_estimate_matches_execution(tmp_path, capsys, name):
     world, flags, exact = LAYOUTS[name]
     args, held, runs, trace_dir = run_layout(tmp_path, world, expand_aliases(MOE + flags))
     assert (not expectation_keys(args)) == exact
-    for cost, measured in zip(tmu.estimate(args), held):
+    for cost, measured in zip(tmu.report_theoretical_memory(args), held):
         traced = {k: v[0] for k, v in comm_by_key(runs[cost.rank], args.params_dtype).items()}
         if exact:
             assert traced == cost.comm, f"{name} rank {cost.rank}: traced {traced}, estimated {cost.comm}"
@@ -66,8 +66,8 @@ def test_moe_params_against_closed_form():
     moe = tmu.total_params(estimate_args(8, "--ep", "4", *flags))
     mlp = 2 * h * ffn + ffn + h   # the dense MLP's weights and biases
     assert moe - dense == layers * (e * 2 * h * ffn + e * h - mlp)
-    per_rank = tmu.estimate(estimate_args(8, "--ep", "4", *flags))[0].params
-    serial = tmu.estimate(estimate_args(1, *flags))[0].params
+    per_rank = tmu.report_theoretical_memory(estimate_args(8, "--ep", "4", *flags))[0].params
+    serial = tmu.report_theoretical_memory(estimate_args(1, *flags))[0].params
     assert serial - per_rank == layers * (e - e // 4) * 2 * h * ffn   # 3/4 of the experts elsewhere
 
 

@@ -136,7 +136,7 @@ def test_zero_stages_match_execution(tmp_path, name):
     for k, (stage, config) in enumerate(zip(stages, configs)):
         args = validate_pretrain(argv + ["--deepspeed-config", config], world)
         build_tokenizer(args)
-        for cost in tmu.estimate(args):
+        for cost in tmu.report_theoretical_memory(args):
             where = f"{name} stage {stage} rank {cost.rank}"
             measured = held[cost.rank][k]
             records = runs[cost.rank]

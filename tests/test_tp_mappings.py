@@ -83,6 +83,46 @@ def test_each_mapping_forward_and_backward_on_its_tp_group():
     assert run_ranks(_check_all_mappings, world_size=4, tp=2) == [True] * 4
 
 
+def _check_uneven_mappings(rank: int) -> bool:
+    """The split-size variants MoE's dispatcher uses: rank r of each TP group holds r + 1 rows."""
+    r = ps.get_tensor_model_parallel_rank()
+    members = ps.get_global_ranks("tp")
+    group = ps.get_tensor_model_parallel_group()
+    sizes = [1, 2]
+    rows = torch.arange(6, dtype=torch.float32).view(3, 2)                  # the group's 3 rows, h=2
+    start, end = sum(sizes[:r]), sum(sizes[:r + 1])
+    mine = rows[start:end]
+    scale = lambda g: float(g + 1)
+
+    def run(fn, x, grad):
+        x = x.clone().requires_grad_()
+        y = fn(x)
+        y.backward(grad)
+        return y.detach(), x.grad
+
+    # Gather uneven blocks; backward sums the partial gradients and keeps my rows.
+    grads = {g: rows * scale(g) for g in members}
+    y, gx = run(lambda x: m.gather_from_sequence_parallel_region(x, group=group, output_split_sizes=sizes),
+                mine, grads[rank])
+    ok = torch.equal(y, rows) and torch.allclose(gx, sum(grads.values())[start:end])
+    # Reduce-scatter into uneven blocks; backward gathers them.
+    y, gx = run(lambda x: m.reduce_scatter_to_sequence_parallel_region(x, group=group, input_split_sizes=sizes),
+                rows * scale(members[r]), mine * 10)
+    ok &= torch.allclose(y, (rows * sum(scale(g) for g in members))[start:end])
+    ok &= torch.equal(gx, rows * 10)
+    # All-to-all: I send 1 row to rank 0 and 2 to rank 1; rank j sends me sizes[r] rows.
+    send = torch.full((3, 2), float(members[r]))
+    received = torch.cat([torch.full((sizes[r], 2), float(g)) for g in members])
+    y, gx = run(lambda x: m.all_to_all(group, x, [sizes[r]] * 2, sizes), send, received * 10)
+    ok &= torch.equal(y, received)
+    ok &= torch.equal(gx, send * 10)   # each row's gradient went back to the rank that sent it
+    return bool(ok)
+
+
+def test_uneven_mappings_and_all_to_all_on_the_tp_group():
+    assert run_ranks(_check_uneven_mappings, world_size=4, tp=2) == [True] * 4
+
+
 def _check_sequence_split_error(rank: int) -> str:
     try:
         scatter_to_sequence_parallel_region(torch.zeros(3, 1, 2))

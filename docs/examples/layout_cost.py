@@ -29,7 +29,7 @@ def costs(tp: int, pp: int, batch: int, dist_opt: bool, world: int = WORLD):
                    "--global-batch-size", str(batch)] + (["--use-distributed-optimizer"] if dist_opt else [])
     args = validate_pretrain(argv, world)
     build_tokenizer(args)
-    return args, tmu.estimate(args)
+    return args, tmu.report_theoretical_memory(args)
 
 
 def megatron(args) -> tuple[float, float]:

@@ -39,7 +39,7 @@ def costs(stage: int, world: int = WORLD):
         path.write_text(json.dumps(config))
         args = validate_pretrain(GPT3 + ["--deepspeed", "--deepspeed-config", str(path)], world)
         build_tokenizer(args)
-        return args, tmu.estimate(args)[0]
+        return args, tmu.report_theoretical_memory(args)[0]
 
 
 def deepspeed(stage: int, params: int, largest: int, gpus: int) -> int | None:

@@ -101,7 +101,7 @@ def estimate(
     """Predict each rank's parameters, memory and communication for pretrain's flags, starting
     nothing. Every other flag is pretrain's (--tp, --pp, --num-layers, --seq-length, ...)."""
     # lazy: loaded when the command runs, not by `minitron --help`
-    from minitron.training.theoretical_memory_usage import estimate as work_out, total_params
+    from minitron.training.theoretical_memory_usage import report_theoretical_memory as work_out, total_params
     from minitron.training.theoretical_moe import expectation_keys
 
     if check is not None:
@@ -128,7 +128,7 @@ def check_trace(trace_dir: Path, as_json: bool) -> None:
     # lazy: loaded when the command runs, not by `minitron --help`
     from minitron.cli.views.diff import comm_by_key, recorded_args
     from minitron.trace.reader import TraceError, rank_files, read_trace
-    from minitron.training.theoretical_memory_usage import estimate as work_out
+    from minitron.training.theoretical_memory_usage import report_theoretical_memory as work_out
     from minitron.training.theoretical_moe import expectation_keys
 
     if not trace_dir.is_dir() or not rank_files(trace_dir):

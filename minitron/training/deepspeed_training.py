@@ -23,10 +23,9 @@ is the number of micro-batches.
 
 from __future__ import annotations
 
-import torch
-
 from minitron.core import parallel_state as mpu
 from minitron.core.num_microbatches_calculator import get_num_microbatches
+from minitron.core.pipeline_parallel.schedules import forward_step_calc_loss
 from minitron.core.optimizer import OptimizerConfig, _get_param_groups, _make_torch_optimizer
 from minitron.runtime import initialize
 from minitron.runtime.zero import register_external_parameter
@@ -92,11 +91,11 @@ def forward_backward_step(forward_step_func, data_iterator, engine, i: int) -> d
     weights here), the loss, and engine.backward (scaled, divided by the accumulation steps,
     gradients reduced as the stage says)."""
     output_tensor, loss_func = forward_step_func(data_iterator, engine)
-    outputs = loss_func(output_tensor)
-    if len(outputs) == 3:   # Megatron's (sum over tokens, token count, report): this micro-batch's mean
-        loss, num_tokens, reduced = outputs
-        loss = loss / torch.clamp(num_tokens, min=1)
-    else:                   # the older (mean, report)
-        loss, reduced = outputs
-    engine.backward(loss)   # not divided by the number of micro-batches: the engine does that
-    return reduced
+    reduced = []
+    # Megatron's normalisation (the mean over the micro-batch's tokens), with one micro-batch and
+    # no context parallelism: the engine divides by its accumulation steps itself. No config:
+    # the MoE aux-loss scale is Megatron's schedules' business, not the engine's.
+    loss = forward_step_calc_loss(output_tensor, loss_func, None, None, 1, reduced,
+                                  cp_group_size=1, is_last_stage=True)
+    engine.backward(loss)
+    return reduced[0]

@@ -9,8 +9,9 @@ compared with saved-tensor hooks on a real run (scripts/measure_activations.py).
 
 from __future__ import annotations
 
+from minitron.core.pipeline_parallel.pp_rank_microbatches import get_pp_rank_microbatches
 from minitron.training.theoretical_params import (
-    DTYPE_BYTES, _flag, chunk_ends, chunk_layers, num_microbatches, query_groups,
+    DTYPE_BYTES, _flag, chunk_ends, chunk_layers, query_groups,
 )
 from minitron.training.theoretical_moe import activation_delta
 
@@ -93,19 +94,13 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
 
 
 def in_flight_chunks(args, pp_rank: int, num_microbatches: int) -> list[int]:
-    """The model chunk of each micro-batch whose activations are held at the schedule's peak."""
+    """The model chunk of each micro-batch whose activations are held at the schedule's peak:
+    the warm-up's forwards and the first steady-state forward, which runs before the first
+    backward frees anything (the schedules' own count, get_pp_rank_microbatches)."""
     pp, vp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size
     if pp == 1:
         return [0]
-    if vp is None:   # 1F1B: pp - r forwards before the first backward
-        return [0] * min(pp - pp_rank, num_microbatches)
-    total = num_microbatches * vp
-    if num_microbatches == pp:
-        peak = total
-    else:
-        peak = min((pp - pp_rank - 1) * 2 + (vp - 1) * pp + 1, total)
-    return [(k // pp) % vp for k in range(peak)]
-
-
-def activation_bytes(args, pp_rank: int) -> int:
-    return sum(unit_activation_bytes(args, pp_rank, c) for c in in_flight_chunks(args, pp_rank, num_microbatches(args)))
+    total, _, warmup, _ = get_pp_rank_microbatches(
+        num_microbatches, vp or 1, pp, pipeline_parallel_size=pp, pipeline_parallel_rank=pp_rank,
+        virtual_pipeline_parallel_size=vp)
+    return [(k // pp) % (vp or 1) for k in range(min(warmup + 1, total))]

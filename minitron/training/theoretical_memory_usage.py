@@ -5,7 +5,10 @@ Megatron's file of this name answers "will it fit?" for the most loaded rank wit
 formulas: 18 bytes per parameter (6 + 12/dp with the distributed optimizer) and the activation
 table of "Reducing Activation Recomputation in Large Transformer Models". Here every rank gets
 its own answer, and the answer is built from what *this* code allocates and sends, tensor by
-tensor, so that it can be checked exactly against a traced run (`minitron estimate --check`):
+tensor, so that it can be checked exactly against a traced run (`minitron estimate --check`).
+The functions keep Megatron's names and roles, each answering for a named rank:
+compute_weight_and_optimizer_memory, compute_activation_memory, and report_theoretical_memory,
+which puts the two (and the communication) together for every rank. The pieces:
 
 * parameters: the model's own list (theoretical_params.py), in the order the modules register
   them, cut by tp, pp and vp as the layers cut them;
@@ -32,16 +35,15 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
+from minitron.core.distributed.distributed_data_parallel_config import BUCKET_END_ALIGN, PARAM_START_ALIGN
 from minitron.core.rank_generator import RankGenerator
-from minitron.training.theoretical_activations import activation_bytes
+from minitron.training.theoretical_activations import in_flight_chunks, unit_activation_bytes
 from minitron.training.theoretical_comm import comm_bytes
 from minitron.training.theoretical_params import (
-    DTYPE_BYTES, Param, chunks_of, model_params, round_up, total_params,
+    DTYPE_BYTES, Param, chunks_of, model_params, num_microbatches, optimizer_moments, round_up, total_params,
 )
 from minitron.training.theoretical_zero import zero_memory
 from minitron.training.theoretical_moe import has_experts, is_expert_buffer, shards, split_buffers
-
-_PARAM_START_ALIGN, _BUCKET_END_ALIGN = 64, 128   # param_and_grad_buffer's padding, elements
 
 
 @dataclass
@@ -65,7 +67,7 @@ def buffer_layout(params: list[Param], dp: int, dist_opt: bool) -> tuple[list[tu
     parameter's (start, end). Parameters are laid out last first; with the distributed
     optimizer each starts on a 64-element boundary, each bucket ends on lcm(dp, 128), and the
     tied embedding has a bucket of its own."""
-    align = math.lcm(dp, _BUCKET_END_ALIGN)
+    align = math.lcm(dp, BUCKET_END_ALIGN)
     buckets, where, next_free, bucket_start, in_bucket = [], {}, 0, 0, 0
 
     def close(end: int) -> int:
@@ -76,7 +78,7 @@ def buffer_layout(params: list[Param], dp: int, dist_opt: bool) -> tuple[list[tu
         return padded
 
     for param in reversed(params):
-        start = round_up(next_free, _PARAM_START_ALIGN) if dist_opt else next_free
+        start = round_up(next_free, PARAM_START_ALIGN) if dist_opt else next_free
         alone = dist_opt and param.shared_embedding
         if alone and in_bucket:
             start = close(start)
@@ -115,9 +117,14 @@ def stage_buffers(args, pp_rank: int) -> list[tuple[list[Param], tuple]]:
     return [entry for chunk in chunks_of(args) for entry in split_buffers(args, model_params(args, pp_rank, chunk), layout)]
 
 
-def weight_and_optimizer_bytes(args, stage: list, dp_rank: int, expert_dp_rank: int = 0) -> tuple[int, dict]:
+def compute_weight_and_optimizer_memory(args, stage: list, dp_rank: int, expert_dp_rank: int = 0) -> tuple[int, dict]:
     """(parameters on the rank, {"params", "grads", "optimizer"} bytes); ``stage`` is
-    stage_buffers' answer for the rank's pipeline stage."""
+    stage_buffers' answer for the rank's pipeline stage.
+
+    Megatron's function of this name answers for the most loaded rank with 18 bytes per
+    parameter (6 + 12/dp with the distributed optimizer: bf16 weights, fp32 gradients, fp32
+    main weights and Adam moments). Here the rank is named and the bytes follow its dtypes, its
+    optimizer and the padding of the buffer it holds."""
     if getattr(args, "deepspeed", False):   # DeepSpeed's engine holds ZeRO's partitions instead
         return zero_memory(args, stage[0][0], dp_rank)
     e = DTYPE_BYTES[args.params_dtype]
@@ -127,10 +134,18 @@ def weight_and_optimizer_bytes(args, stage: list, dp_rank: int, expert_dp_rank: 
     buffered = sum(layout[0][-1][1] for _, layout in stage if layout[0])
     owned = sum(owned_numel(layout, shards(args, plist, dp), expert_dp_rank if is_expert_buffer(plist) else dp_rank)
                 for plist, layout in stage) if dist_opt else params
-    moments = 2 if args.optimizer == "adam" else (1 if args.sgd_momentum else 0)
     main_copy = 4 if e != 4 else 0   # a 16-bit model is stepped through fp32 main params
     return params, {"params": (buffered if dist_opt else params) * e, "grads": buffered * grad_e,
-                    "optimizer": owned * (4 * moments + main_copy)}
+                    "optimizer": owned * (4 * optimizer_moments(args) + main_copy)}
+
+
+def compute_activation_memory(args, num_microbatches: int, pp_rank: int = 0) -> int:
+    """Bytes of activations a pipeline stage holds at the schedule's peak: what one micro-batch
+    leaves for backward in each model chunk (theoretical_activations.py), for every chunk-
+    micro-batch in flight. Megatron's answers for the first stage (the most loaded) from the
+    paper's per-layer table; here any stage, from what this code's kernels save."""
+    return sum(unit_activation_bytes(args, pp_rank, chunk)
+               for chunk in in_flight_chunks(args, pp_rank, num_microbatches))
 
 
 # --- every rank -------------------------------------------------------------------------------
@@ -163,9 +178,14 @@ def _roles(args):
     return role
 
 
-def estimate(args) -> list[RankCost]:
-    """One RankCost per rank of ``args.world_size`` (validated pretrain args). A pipeline stage
-    is worked out once, a role (stage, optimizer shard) once, whatever the world size."""
+def report_theoretical_memory(args) -> list[RankCost]:
+    """One RankCost per rank of ``args.world_size`` (validated pretrain args): the two sums
+    above, and the communication, for each rank. A pipeline stage is worked out once, a role
+    (stage, optimizer shard) once, whatever the world size.
+
+    Megatron's report_theoretical_memory prints the most loaded rank's weight-and-optimizer and
+    activation megabytes when training starts; here it returns every rank's bytes, and
+    `minitron estimate` prints them (or sets them beside a traced run) before anything starts."""
     stages: dict[int, tuple] = {}
     roles: dict[tuple, RankCost] = {}
     out, role_of_rank = [], _roles(args)
@@ -173,17 +193,14 @@ def estimate(args) -> list[RankCost]:
         role = role_of_rank(rank)
         if role[0] not in stages:
             stage = stage_buffers(args, role[0])
-            stages[role[0]] = stage, activation_bytes(args, role[0]), comm_bytes(args, role[0], stage)
+            activations = compute_activation_memory(args, num_microbatches(args), role[0])
+            stages[role[0]] = stage, activations, comm_bytes(args, role[0], stage)
         if role not in roles:
             stage, activations, tally = stages[role[0]]
-            params, memory = weight_and_optimizer_bytes(args, stage, role[1], role[2])
+            params, memory = compute_weight_and_optimizer_memory(args, stage, role[1], role[2])
             memory["activations"] = activations
             roles[role] = RankCost(rank, role, params, memory, {k: v[0] for k, v in tally.items()},
                                    {k: v[1] for k, v in tally.items()})
         cost = roles[role]
         out.append(RankCost(rank, role, cost.params, cost.memory, cost.comm, cost.calls))
     return out
-
-
-def estimate_json(args) -> dict:
-    return {"total_params": total_params(args), "ranks": [c.as_json() for c in estimate(args)]}

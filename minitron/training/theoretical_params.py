@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "bool": 1}
+# Bytes per element, by torch's dtype name: the estimate's tensors, and the trace's records
+# (cli/views/diff.py sums what a traced run sent with this table).
+DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4,
+               "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,13 @@ def recomputed_layers(args, layers: int) -> int:
     if _flag(args, "recompute_granularity") != "full":
         return 0
     return layers if args.recompute_method == "uniform" else min(args.recompute_num_layers, layers)
+
+
+def optimizer_moments(args) -> int:
+    """fp32 tensors the torch optimizer keeps per element it steps: Adam's two moments
+    (exp_avg, exp_avg_sq), SGD's momentum buffer when there is momentum, else none. Megatron's
+    optimizer and DeepSpeed's ZeRO both hand the step to that optimizer, so both count these."""
+    return 2 if args.optimizer == "adam" else (1 if args.sgd_momentum else 0)
 
 
 def round_up(n: int, k: int) -> int:

@@ -34,16 +34,36 @@ and 2 all-gather the updated partitions. Stage 3 does not: the next forward gath
 
 from __future__ import annotations
 
+import functools
+import os
+
 from minitron.runtime import DeepSpeedConfig
 from minitron.training.theoretical_params import (
-    DTYPE_BYTES, Param, chunk_layers, num_microbatches, recomputed_layers, round_up,
+    DTYPE_BYTES, Param, chunk_layers, num_microbatches, optimizer_moments, recomputed_layers, round_up,
 )
 
 NCCL_START_ALIGNMENT_FACTOR = 2   # stage_1_and_2.py pads each flat group to 2 x dp elements
 
 
+def ds_config(args) -> DeepSpeedConfig:
+    """The run's ds_config, resolved for its data-parallel size. The estimate asks for it once
+    per rank role and stage, so it is read from disk once per (file, dp) while the file is
+    unchanged: its modification time and size are part of the key, so an edited file is read
+    again rather than answered from a stale copy."""
+    path, dp = args.deepspeed_config, args.data_parallel_size
+    if not isinstance(path, (str, os.PathLike)) or not os.path.isfile(path):
+        return DeepSpeedConfig(path, world_size=dp)   # a dict, or a missing file it names
+    stat = os.stat(path)
+    return _read_ds_config(str(path), dp, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_ds_config(path: str, dp: int, mtime_ns: int, size: int) -> DeepSpeedConfig:
+    return DeepSpeedConfig(path, world_size=dp)
+
+
 def zero_stage(args) -> int:
-    return DeepSpeedConfig(args.deepspeed_config, world_size=args.data_parallel_size).zero_optimization_stage
+    return ds_config(args).zero_optimization_stage
 
 
 def param_groups(plist: list[Param]) -> list[list[Param]]:
@@ -57,8 +77,7 @@ def param_groups(plist: list[Param]) -> list[list[Param]]:
 
 def _state_bytes(args) -> int:
     """Per partition element: the fp32 master and the torch optimizer's fp32 moments."""
-    moments = 2 if args.optimizer == "adam" else (1 if args.sgd_momentum else 0)
-    return 4 + 4 * moments
+    return 4 + 4 * optimizer_moments(args)
 
 
 def zero_memory(args, plist: list[Param], dp_rank: int) -> tuple[int, dict]:
@@ -160,7 +179,7 @@ def _modules(plist: list[Param]) -> dict[str, list[Param]]:
 def zero_comm(args, plist: list[Param], tally) -> None:
     """Add to ``tally`` (theoretical_comm._Tally) what the engine sends in one train_step:
     the gradients' reduction, the step's statistics, the partitions published, the loss."""
-    cfg = DeepSpeedConfig(args.deepspeed_config, world_size=args.data_parallel_size)
+    cfg = ds_config(args)
     stage, dp, t = cfg.zero_optimization_stage, args.data_parallel_size, args.tensor_model_parallel_size
     m, e = num_microbatches(args), DTYPE_BYTES[args.params_dtype]
     groups = param_groups(plist)

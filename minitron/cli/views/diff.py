@@ -16,9 +16,8 @@ from rich.table import Table
 from minitron.trace.reader import TRAIN_STEP, layout_args, world_size_of
 from minitron.cli.views.words import duration, human, short_name
 from minitron.core.rank_generator import DESC_TO_KEY
+from minitron.training.theoretical_params import DTYPE_BYTES   # the one table: estimate and trace agree
 
-DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4,
-               "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 DIST = "torch.distributed."
 SETUP = {DIST + "new_group", DIST + "init_process_group", DIST + "destroy_process_group"}
 SET_GLOBALS = "minitron.training.global_vars.set_global_variables"

@@ -23,10 +23,8 @@ import math
 
 import torch
 
+from minitron.core.distributed.distributed_data_parallel_config import BUCKET_END_ALIGN, PARAM_START_ALIGN
 from minitron.trace import traced
-
-_PARAM_START_ALIGN = 64    # elements: 128 bytes for 16-bit types
-_BUCKET_END_ALIGN = 128    # elements: 256 bytes for 16-bit types
 
 
 def _pad(number: int, divisor: int) -> int:
@@ -201,7 +199,7 @@ class _ParamAndGradBuffer:
     def _lay_out(self, bucket_size: int | None) -> int:
         """Give each parameter its [start, end) and close buckets; return the padded total size."""
         dist_opt = self.ddp_config.use_distributed_optimizer
-        bucket_align = math.lcm(self.data_parallel_world_size, _BUCKET_END_ALIGN)
+        bucket_align = math.lcm(self.data_parallel_world_size, BUCKET_END_ALIGN)
         next_free, bucket_start, in_bucket = 0, 0, 0
 
         def close_bucket(end: int) -> int:
@@ -213,7 +211,7 @@ class _ParamAndGradBuffer:
             return padded_end
 
         for param in reversed(self.params):   # backward meets the last layers first
-            start = _pad(next_free, _PARAM_START_ALIGN) if dist_opt else next_free
+            start = _pad(next_free, PARAM_START_ALIGN) if dist_opt else next_free
             # With ZeRO-1 the tied embedding gets a bucket of its own, so the first and last
             # pipeline stages shard it identically and can all-reduce their matching shards.
             alone = dist_opt and getattr(param, "shared_embedding", False)

@@ -23,6 +23,7 @@ from torch.autograd.variable import Variable
 
 from minitron.core import parallel_state as mpu
 from minitron.core.pipeline_parallel import p2p_communication as p2p
+from minitron.core.pipeline_parallel.pp_rank_microbatches import get_pp_rank_microbatches
 from minitron.trace import traced
 
 
@@ -85,14 +86,30 @@ def forward_step(forward_step_func, data_iterator, model, num_microbatches, inpu
     """Run the user's forward step on one micro-batch; on the last stage, turn output into loss."""
     _unwrap(model).set_input_tensor(input_tensor)  # non-first stages start from the received activation
     output_tensor, loss_func = forward_step_func(data_iterator, model)
-    if mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage):  # this chunk computes the loss
+    return forward_step_calc_loss(output_tensor, loss_func, config, vp_stage, num_microbatches, forward_data_store)
+
+
+def forward_step_calc_loss(output_tensor, loss_func, config, vp_stage, num_microbatches, forward_data_store,
+                           cp_group_size=None, is_last_stage=None):
+    """On the chunk that computes the loss, turn the model's output into the tensor backward
+    starts from: the micro-batch's mean loss over its tokens, over ``num_microbatches``.
+
+    The sizes come from parallel_state unless given: DeepSpeed's train_step (training/
+    deepspeed_training.py) passes its own (one micro-batch at a time, no context parallelism),
+    so that both paths normalise the loss with this one function.
+    """
+    if is_last_stage is None:
+        is_last_stage = mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+    if cp_group_size is None:
+        cp_group_size = mpu.get_context_parallel_world_size()
+    if is_last_stage:
         outputs = loss_func(output_tensor)
         if len(outputs) == 3:  # (sum, token count, report): the mean over this micro-batch's tokens
             loss, num_tokens, loss_reduced = outputs
             loss = loss / torch.clamp(num_tokens, min=1)
         else:  # (mean, report), the older form: each cp rank's mean is of 1/cp of the tokens
             loss, loss_reduced = outputs
-            loss = loss * mpu.get_context_parallel_world_size()
+            loss = loss * cp_group_size
         # Each micro-batch's loss is divided here, so the gradients summed over micro-batches
         # are those of the mean loss over the global batch.
         output_tensor = loss / num_microbatches
@@ -103,7 +120,7 @@ def forward_step(forward_step_func, data_iterator, model, num_microbatches, inpu
         # (its tokens over all the tokens), and the gradient reduction over dp-cp averages.
         from minitron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
         scale = config.grad_scale_func(torch.ones(1)) if config.grad_scale_func is not None else torch.ones(1)
-        MoEAuxLossAutoScaler.set_loss_scale(scale * mpu.get_context_parallel_world_size() / num_microbatches)
+        MoEAuxLossAutoScaler.set_loss_scale(scale * cp_group_size / num_microbatches)
     return output_tensor
 
 
@@ -173,9 +190,11 @@ def forward_backward_pipelining_without_interleaving(*, forward_step_func, data_
     data_iterator = data_iterator[0] if isinstance(data_iterator, list) else data_iterator
     config = get_model_config(model)
     shape = get_tensor_shape(config, seq_length, micro_batch_size)
-    pp, rank = mpu.get_pipeline_model_parallel_world_size(), mpu.get_pipeline_model_parallel_rank()
-    num_warmup = min(pp - rank - 1, num_microbatches)
-    num_remaining = num_microbatches - num_warmup
+    # Megatron writes min(pp - r - 1, m) out here; the count comes from the one function the
+    # interleaved schedule and the estimator use. Forward-only 1F1B keeps the same warm-up.
+    _, _, num_warmup, num_remaining = get_pp_rank_microbatches(
+        num_microbatches, 1, 1, pipeline_parallel_size=mpu.get_pipeline_model_parallel_world_size(),
+        pipeline_parallel_rank=mpu.get_pipeline_model_parallel_rank())
     input_tensors, output_tensors, losses = [], [], []
     dealloc = getattr(config, "deallocate_pipeline_outputs", True)
 

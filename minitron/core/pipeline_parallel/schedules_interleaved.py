@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from minitron.core import parallel_state as mpu
 from minitron.core.pipeline_parallel import p2p_communication as p2p
+from minitron.core.pipeline_parallel.pp_rank_microbatches import get_pp_rank_microbatches
 from minitron.core.pipeline_parallel.schedules import (
     backward_step, deallocate_output_tensor, forward_step, get_model_config, get_tensor_shape,
 )
@@ -46,7 +47,6 @@ class _InterleavedSchedule:
         self.data_iterator = data_iterator
         self.tensor_shape = get_tensor_shape(self.config, seq_length, micro_batch_size)
         self.dealloc = getattr(self.config, "deallocate_pipeline_outputs", True)
-        self.total_num_microbatches = num_microbatches * self.num_model_chunks
         # Per chunk, the activations received (inputs), produced (outputs) and the gradients
         # received for those outputs, each waiting for its backward in arrival order.
         self.input_tensors = [[] for _ in model]
@@ -58,17 +58,13 @@ class _InterleavedSchedule:
 
     def _count_warmup(self) -> None:
         """How many forwards run before the first backward: enough that the first backward finds
-        its gradient waiting. A later stage needs fewer (2 per stage, as Megatron counts)."""
-        total = self.total_num_microbatches
-        self.are_all_microbatches_in_warmup = False
-        if self.forward_only:
-            self.num_warmup_microbatches = total
-        elif self.num_microbatches == self.pp:
-            self.num_warmup_microbatches, self.are_all_microbatches_in_warmup = total, True
-        else:
-            warmup = (self.pp - self.pp_rank - 1) * 2 + (self.num_model_chunks - 1) * self.pp
-            self.num_warmup_microbatches = min(warmup, total)
-        self.num_microbatches_remaining = total - self.num_warmup_microbatches
+        its gradient waiting. A later stage needs fewer (2 per stage, as Megatron counts).
+        Micro-batches go through a chunk in groups of pp (Megatron's default group size)."""
+        (self.total_num_microbatches, self.are_all_microbatches_in_warmup, self.num_warmup_microbatches,
+         self.num_microbatches_remaining) = get_pp_rank_microbatches(
+            self.num_microbatches, self.num_model_chunks, self.pp, self.forward_only,
+            pipeline_parallel_size=self.pp, pipeline_parallel_rank=self.pp_rank,
+            virtual_pipeline_parallel_size=self.num_model_chunks)
 
     # Where a step belongs. ---------------------------------------------------------------
     def get_model_chunk_id(self, virtual_microbatch_id: int, forward: bool) -> int:

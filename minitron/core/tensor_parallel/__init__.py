@@ -12,7 +12,7 @@ from minitron.core.tensor_parallel.layers import (
     param_is_not_tensor_parallel_duplicate, set_tensor_model_parallel_attributes,
 )
 from minitron.core.tensor_parallel.mappings import (
-    copy_to_tensor_model_parallel_region, gather_from_sequence_parallel_region,
+    all_to_all, copy_to_tensor_model_parallel_region, gather_from_sequence_parallel_region,
     gather_from_tensor_model_parallel_region, reduce_from_tensor_model_parallel_region,
     reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region,
     scatter_to_tensor_model_parallel_region,
@@ -30,7 +30,7 @@ __all__ = [
     "copy_to_tensor_model_parallel_region", "reduce_from_tensor_model_parallel_region",
     "scatter_to_tensor_model_parallel_region", "gather_from_tensor_model_parallel_region",
     "scatter_to_sequence_parallel_region", "gather_from_sequence_parallel_region",
-    "reduce_scatter_to_sequence_parallel_region",
+    "reduce_scatter_to_sequence_parallel_region", "all_to_all",
     "vocab_parallel_cross_entropy", "broadcast_data",
     "CudaRNGStatesTracker", "checkpoint", "get_cuda_rng_tracker", "model_parallel_cuda_manual_seed",
     "get_data_parallel_rng_tracker_name", "get_expert_parallel_rng_tracker_name",

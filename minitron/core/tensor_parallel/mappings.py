@@ -1,4 +1,4 @@
-"""The communication inside a tensor-parallel model: seven autograd functions, in conjugate pairs.
+"""The communication inside a tensor-parallel model: autograd functions, in conjugate pairs.
 
 A tensor-parallel layer keeps only a slice of its weights, so at the edges of a "parallel
 region" the ranks of a tensor-parallel group must talk. Each crossing is an autograd.Function
@@ -18,6 +18,10 @@ gradient of a communication step is the communication that undoes its data flow:
   (layers.py: LinearWithGradAccumulationAndAsyncCommunication), so that it can overlap them
   with its weight gradient and, with sequence parallelism, keep only its rows of the input.
 
+The first four live here; the three that cut the first dimension, with their uneven variants
+and the all-to-all of MoE's dispatcher, live in sequence_mappings.py (a file of its own to keep
+each readable in one sitting) and are re-exported here under Megatron's names.
+
 Every collective goes through the module attribute (``torch.distributed.all_reduce(...)``), on
 the tensor-model-parallel group from parallel_state, so the tracer records it with the group's
 name. The public wrappers are ``@traced``, and so is each backward: a gradient collective then
@@ -28,24 +32,14 @@ With one rank in the group every collective is skipped: the same model code runs
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
-from minitron.core import parallel_state
-from minitron.core.tensor_parallel.utils import divide, split_tensor_along_last_dim
+from minitron.core.tensor_parallel.sequence_mappings import (  # noqa: F401  (re-exported: Megatron's names)
+    _gather_along_first_dim, _grad_args, _tp_group, all_to_all, gather_from_sequence_parallel_region,
+    reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region,
+)
+from minitron.core.tensor_parallel.utils import split_tensor_along_last_dim
 from minitron.trace import traced
-from minitron.trace.recorder import short_value
-
-# torch 2.13 renames the two "into a flat tensor" collectives (to *_single) and warns on every
-# call. We keep the names Megatron uses (and torch >= 2.4 all have), and silence only that.
-warnings.filterwarnings(
-    "ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
-    category=FutureWarning)
-
-
-def _tp_group(group):
-    return parallel_state.get_tensor_model_parallel_group() if group is None else group
 
 
 # --- the raw collectives (no autograd) ------------------------------------------------------
@@ -67,26 +61,6 @@ def _split_along_last_dim(input_: torch.Tensor, group) -> torch.Tensor:
     return split_tensor_along_last_dim(input_, group.size())[group.rank()].contiguous()
 
 
-def _split_along_first_dim(input_: torch.Tensor, group) -> torch.Tensor:
-    """Keep this rank's slice of the first (sequence) dimension (no communication)."""
-    if group.size() == 1:
-        return input_
-    local = divide(input_.size(0), group.size(), "sequence length (sequence parallelism)")
-    start = group.rank() * local
-    return input_[start:start + local].contiguous()
-
-
-def _gather_along_first_dim(input_: torch.Tensor, group) -> torch.Tensor:
-    """Concatenate every rank's tensor along the first dimension, in rank order."""
-    if group.size() == 1:
-        return input_
-    shape = list(input_.shape)
-    shape[0] *= group.size()
-    output = torch.empty(shape, dtype=input_.dtype, device=input_.device)
-    torch.distributed.all_gather_into_tensor(output, input_.contiguous(), group=group)
-    return output
-
-
 def _gather_along_last_dim(input_: torch.Tensor, group) -> torch.Tensor:
     """Concatenate along the last dimension.
 
@@ -98,22 +72,6 @@ def _gather_along_last_dim(input_: torch.Tensor, group) -> torch.Tensor:
         return input_
     stacked = _gather_along_first_dim(input_, group)
     return torch.cat(stacked.chunk(world_size, dim=0), dim=-1).contiguous()
-
-
-def _reduce_scatter_along_first_dim(input_: torch.Tensor, group) -> torch.Tensor:
-    """Sum over the group, and keep only this rank's slice of the first dimension of the sum."""
-    if group.size() == 1:
-        return input_
-    shape = list(input_.shape)
-    shape[0] = divide(shape[0], group.size(), "sequence length (sequence parallelism)")
-    output = torch.empty(shape, dtype=input_.dtype, device=input_.device)
-    torch.distributed.reduce_scatter_tensor(output, input_.contiguous(), group=group)
-    return output
-
-
-def _grad_args(ctx, grad_output):
-    """What a traced backward records: the shape of the gradient it received."""
-    return {"grad_output": short_value(grad_output)}
 
 
 # --- the autograd functions ---------------------------------------------------------------
@@ -179,62 +137,6 @@ class _GatherFromModelParallelRegion(torch.autograd.Function):
         return _split_along_last_dim(grad_output, ctx.group), None
 
 
-class _ScatterToSequenceParallelRegion(torch.autograd.Function):
-    """Keep my part of the sequence; backward gathers the sequence's gradient back together."""
-
-    @staticmethod
-    def forward(ctx, input_, group):
-        ctx.group = group
-        return _split_along_first_dim(input_, group)
-
-    @staticmethod
-    @traced(args=_grad_args)
-    def backward(ctx, grad_output):
-        return _gather_along_first_dim(grad_output, ctx.group), None
-
-
-class _GatherFromSequenceParallelRegion(torch.autograd.Function):
-    """All-gather the sequence before a column-parallel layer.
-
-    Backward: the layer after the gather is tensor-parallel, so each rank's gradient for the
-    full sequence is only its *partial* share (like f's backward). Summing them and keeping my
-    part of the sequence is one reduce-scatter. If the computation after the gather is instead
-    replicated (``tensor_parallel_output_grad=False``), the gradient is already whole: split.
-    """
-
-    @staticmethod
-    def forward(ctx, input_, group, tensor_parallel_output_grad=True):
-        ctx.group = group
-        ctx.tensor_parallel_output_grad = tensor_parallel_output_grad
-        return _gather_along_first_dim(input_, group)
-
-    @staticmethod
-    @traced(args=_grad_args)
-    def backward(ctx, grad_output):
-        if ctx.tensor_parallel_output_grad:
-            return _reduce_scatter_along_first_dim(grad_output, ctx.group), None, None
-        return _split_along_first_dim(grad_output, ctx.group), None, None
-
-
-class _ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
-    """Sum the row-parallel partial outputs and keep my part of the sequence (g, cut in two).
-
-    all-reduce = reduce-scatter + all-gather. Sequence parallelism stops after the first half:
-    the layernorm and dropout that follow work on a slice of the sequence, and the all-gather
-    is postponed to the next column-parallel layer's input.
-    """
-
-    @staticmethod
-    def forward(ctx, input_, group):
-        ctx.group = group
-        return _reduce_scatter_along_first_dim(input_, group)
-
-    @staticmethod
-    @traced(args=_grad_args)
-    def backward(ctx, grad_output):
-        return _gather_along_first_dim(grad_output, ctx.group), None
-
-
 # --- the public names the layers call -----------------------------------------------------
 @traced
 def copy_to_tensor_model_parallel_region(input_, group=None):
@@ -258,21 +160,3 @@ def scatter_to_tensor_model_parallel_region(input_, group=None):
 def gather_from_tensor_model_parallel_region(input_, group=None):
     """all-gather the last dim forward, split it backward."""
     return _GatherFromModelParallelRegion.apply(input_, _tp_group(group))
-
-
-@traced
-def scatter_to_sequence_parallel_region(input_, group=None):
-    """split the sequence (first) dim forward, all-gather it backward."""
-    return _ScatterToSequenceParallelRegion.apply(input_, _tp_group(group))
-
-
-@traced
-def gather_from_sequence_parallel_region(input_, tensor_parallel_output_grad=True, group=None):
-    """all-gather the sequence dim forward; reduce-scatter (or split) it backward."""
-    return _GatherFromSequenceParallelRegion.apply(input_, _tp_group(group), tensor_parallel_output_grad)
-
-
-@traced
-def reduce_scatter_to_sequence_parallel_region(input_, group=None):
-    """reduce-scatter the sequence dim forward, all-gather it backward."""
-    return _ReduceScatterToSequenceParallelRegion.apply(input_, _tp_group(group))

@@ -60,7 +60,8 @@ class DotProductAttention(MegatronModule):
         # [s, b, n, d] -> [b, n, s, d]: batch and heads in front, as the matmuls want.
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
         if k.size(1) != q.size(1):
-            # Grouped-query attention: each key/value head serves n_q / n_kv query heads.
+            # Grouped-query attention: each key/value head serves n_q / n_kv query heads (the
+            # one place the copies are made, as in Megatron's core attention).
             k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
         if parallel_state.get_context_parallel_world_size() > 1:
             context = self._context_parallel(q, k, v)
@@ -151,16 +152,6 @@ class SelfAttention(MegatronModule):
         query = query.reshape(s, b, self.num_attention_heads_per_partition, d)
         return query, key, value
 
-    def _core_attention(self, query, key, value, attention_mask):
-        """Each group's key and value repeated for its n/g query heads, then the attention.
-        (Megatron repeats them inside its core attention; here the core attention is shared
-        with context parallelism and keeps its one signature.)"""
-        heads_per_group = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
-        if heads_per_group > 1:
-            key = key.repeat_interleave(heads_per_group, dim=2)
-            value = value.repeat_interleave(heads_per_group, dim=2)
-        return self.core_attention(query, key, value, attention_mask)
-
     @traced(args=lambda self, hidden_states, attention_mask=None, rotary_pos_emb=None: {
         "hidden_states": short_value(hidden_states)})
     def forward(self, hidden_states, attention_mask=None, rotary_pos_emb=None):
@@ -169,8 +160,10 @@ class SelfAttention(MegatronModule):
         if rotary_pos_emb is not None:                           # --position-embedding-type rope
             query = apply_rotary_pos_emb(query, rotary_pos_emb)
             key = apply_rotary_pos_emb(key, rotary_pos_emb)
+        # key and value keep their g/p heads here: DotProductAttention repeats them for the
+        # query heads of their group (inside the recomputed region, so the copies are not kept).
         if self.checkpoint_core_attention and self.training:
-            context = tensor_parallel_checkpoint(self._core_attention, False, query, key, value, attention_mask)
+            context = tensor_parallel_checkpoint(self.core_attention, False, query, key, value, attention_mask)
         else:
-            context = self._core_attention(query, key, value, attention_mask)
+            context = self.core_attention(query, key, value, attention_mask)
         return self.linear_proj(context)

@@ -47,17 +47,14 @@ class ModelParallelConfig:
     perform_initialization: bool = True
     # Seed of the layout-independent initialization (core/init_rng.py); None: torch's stream.
     init_seed: int | None = None
-    # Set by the training loop (setup_model_and_optimizer), read by the pipeline schedules:
+    # Hooks the training setup (setup_model_and_optimizer) installs and the pipeline schedules
+    # call, carried by the config so the schedules need no other handle on the optimizer or the
+    # DDP wrapper (as in Megatron):
     grad_scale_func: Callable | None = None          # optimizer.scale_loss (fp16 loss scaling)
     no_sync_func: Callable | None = None             # DDP's no_sync: hold back gradient reduction
     finalize_model_grads_func: Callable | None = None  # reduce gradients once all micro-batches are done
     pipeline_dtype: torch.dtype | None = None        # dtype of activations sent between stages
     deallocate_pipeline_outputs: bool = True         # free sent activations, keep their graph
-    # Hooks the training setup installs and the pipeline schedules call, carried by the config
-    # so the schedules need no other handle on the optimizer or the DDP wrapper (as in Megatron).
-    grad_scale_func: Callable | None = None            # fp16: scale the loss before backward
-    no_sync_func: Callable | None = None               # context: no gradient sync until the last micro-batch
-    finalize_model_grads_func: Callable | None = None  # after the last micro-batch's backward
 
 
 # --8<-- [start:config]

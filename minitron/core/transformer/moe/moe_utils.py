@@ -7,6 +7,10 @@ permute / unpermute
     appearing once per expert it was sent to. ``unpermute`` is the way back: each expert output
     row is weighted by its routing probability and added into the row of the token it came from.
 
+sort_chunks_by_idxs
+    What an all-to-all delivers is grouped by the rank it came from; the dispatcher cuts it into
+    (rank, expert) chunks and reorders them so that each local expert's rows sit together.
+
 get_capacity, apply_router_token_dropping
     Optional capacity (--moe-expert-capacity-factor): an expert takes at most its share of the
     tokens times a factor; the rest are dropped. With --moe-pad-expert-input-to-capacity every
@@ -34,6 +38,13 @@ import torch
 
 from minitron.core import parallel_state
 from minitron.trace import traced
+
+
+def sort_chunks_by_idxs(input: torch.Tensor, split_sizes: list[int], sorted_idxs: list[int]) -> torch.Tensor:
+    """Cut ``input`` into chunks of ``split_sizes`` rows and put them back in ``sorted_idxs`` order
+    (the dispatcher regroups what arrived by source rank into groups by local expert)."""
+    chunks = torch.split(input, split_sizes, dim=0)
+    return torch.cat([chunks[i] for i in sorted_idxs], dim=0)
 
 
 def get_capacity(num_tokens: int, num_experts: int, capacity_factor: float) -> int:

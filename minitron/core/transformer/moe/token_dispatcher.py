@@ -11,7 +11,9 @@ With expert parallelism (ep ranks, E experts) rank j of the expert-parallel grou
     the same steps backwards: unsort, [reduce-scatter (expert tp)], all-to-all (ep), unpermute
 
 The blocks are uneven (a rank sends as many tokens to each peer as its router chose), so the
-sizes are exchanged first: one all-gather of the per-expert counts over the tp x ep group.
+collectives are tensor_parallel's with split sizes (all_to_all, and the sequence-parallel
+gather / reduce-scatter given output_split_sizes / input_split_sizes), and the sizes are
+exchanged first: one all-gather of the per-expert counts over the tp x ep group.
 With --moe-pad-expert-input-to-capacity every expert receives exactly its capacity from every
 rank: the blocks are equal and known in advance, and that all-gather is skipped.
 """
@@ -21,93 +23,14 @@ from __future__ import annotations
 import torch
 
 from minitron.core import parallel_state
-from minitron.core.transformer.moe.moe_utils import get_capacity, permute, unpermute
+from minitron.core.tensor_parallel import (
+    all_to_all, gather_from_sequence_parallel_region, reduce_scatter_to_sequence_parallel_region,
+)
+from minitron.core.transformer.moe.moe_utils import get_capacity, permute, sort_chunks_by_idxs, unpermute
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
 
-# --- uneven collectives with their gradients -----------------------------------------------
-class _AllToAll(torch.autograd.Function):
-    """Rank r sends input rows [sum(input_splits[:j]), +input_splits[j]) to rank j and receives
-    output_splits[j] rows from it. Backward sends the gradients back the way they came: the
-    same call with the two split lists swapped."""
-
-    @staticmethod
-    def forward(ctx, group, input, output_split_sizes, input_split_sizes):
-        ctx.group, ctx.output_split_sizes, ctx.input_split_sizes = group, output_split_sizes, input_split_sizes
-        if group.size() == 1:
-            return input
-        output = input.new_empty((sum(output_split_sizes),) + tuple(input.shape[1:]))
-        torch.distributed.all_to_all_single(output, input.contiguous(), output_split_sizes=output_split_sizes,
-                                            input_split_sizes=input_split_sizes, group=group)
-        return output
-
-    @staticmethod
-    @traced(args=lambda ctx, grad_output: {"grad_output": short_value(grad_output)})
-    def backward(ctx, grad_output):
-        return None, _AllToAll.apply(ctx.group, grad_output, ctx.input_split_sizes, ctx.output_split_sizes), None, None
-
-
-def all_to_all(group, input, output_split_sizes, input_split_sizes):
-    """Megatron's tensor_parallel.all_to_all: the variable-size exchange the dispatcher makes."""
-    return _AllToAll.apply(group, input, output_split_sizes, input_split_sizes)
-
-
-def _gather_uneven(input, group, sizes):
-    """Concatenate every rank's rows (rank i has sizes[i]) along dim 0. gloo's all-gather wants
-    equal blocks, so each is padded to the largest and the padding cut off after."""
-    longest = max(sizes)
-    padded = input.new_zeros((longest,) + tuple(input.shape[1:]))
-    padded[:input.shape[0]] = input
-    gathered = input.new_empty((longest * len(sizes),) + tuple(input.shape[1:]))
-    torch.distributed.all_gather_into_tensor(gathered, padded, group=group)
-    return torch.cat([gathered[i * longest:i * longest + n] for i, n in enumerate(sizes)])
-
-
-def _reduce_scatter_uneven(input, group, sizes):
-    """Sum over the group and keep my block (sizes[rank] rows): the padded reduce-scatter."""
-    longest = max(sizes)
-    padded = input.new_zeros((longest * len(sizes),) + tuple(input.shape[1:]))
-    for i, block in enumerate(torch.split(input, sizes)):
-        padded[i * longest:i * longest + sizes[i]] = block
-    output = input.new_empty((longest,) + tuple(input.shape[1:]))
-    torch.distributed.reduce_scatter_tensor(output, padded, group=group)
-    return output[:sizes[group.rank()]]
-
-
-class _GatherFromExpertTensorParallel(torch.autograd.Function):
-    """All-gather forward; reduce-scatter backward (the expert slices each gave a partial grad)."""
-
-    @staticmethod
-    def forward(ctx, input, group, sizes):
-        ctx.group, ctx.sizes = group, sizes
-        return _gather_uneven(input, group, sizes)
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        return _reduce_scatter_uneven(grad_output, ctx.group, ctx.sizes), None, None
-
-
-class _ReduceScatterToExpertTensorParallel(torch.autograd.Function):
-    """Reduce-scatter forward (sum the slices' partial outputs); all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, input, group, sizes):
-        ctx.group, ctx.sizes = group, sizes
-        return _reduce_scatter_uneven(input, group, sizes)
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        return _gather_uneven(grad_output, ctx.group, ctx.sizes), None, None
-
-
-def sort_chunks_by_idxs(input: torch.Tensor, split_sizes: list[int], sorted_idxs: list[int]) -> torch.Tensor:
-    """Cut ``input`` into chunks of ``split_sizes`` rows and put them back in ``sorted_idxs`` order."""
-    chunks = torch.split(input, split_sizes, dim=0)
-    return torch.cat([chunks[i] for i in sorted_idxs], dim=0)
-
-
-# --- the dispatcher ---------------------------------------------------------------------------
 class MoEAlltoAllTokenDispatcher:
     def __init__(self, num_local_experts: int, local_expert_indices: list[int], config):
         self.config = config
@@ -171,8 +94,8 @@ class MoEAlltoAllTokenDispatcher:
         permuted, self.reversed_local_input_permutation_mapping = permute(hidden_states, routing_map)
         global_input_tokens = all_to_all(self.ep_group, permuted, self.output_splits, self.input_splits)
         if self.tp_size > 1:
-            global_input_tokens = _GatherFromExpertTensorParallel.apply(
-                global_input_tokens, self.tp_group, self.output_splits_tp)
+            global_input_tokens = gather_from_sequence_parallel_region(
+                global_input_tokens, group=self.tp_group, output_split_sizes=self.output_splits_tp)
         if self.num_local_experts > 1:
             global_input_tokens = sort_chunks_by_idxs(
                 global_input_tokens, self.num_global_tokens_per_local_expert.ravel().tolist(),
@@ -187,8 +110,8 @@ class MoEAlltoAllTokenDispatcher:
                 hidden_states, self.num_global_tokens_per_local_expert.T.ravel().tolist(),
                 self.restore_output_by_local_experts)
         if self.tp_size > 1:
-            hidden_states = _ReduceScatterToExpertTensorParallel.apply(
-                hidden_states, self.tp_group, self.output_splits_tp)
+            hidden_states = reduce_scatter_to_sequence_parallel_region(
+                hidden_states, group=self.tp_group, input_split_sizes=self.output_splits_tp)
         permuted = all_to_all(self.ep_group, hidden_states, self.input_splits, self.output_splits)
         output = unpermute(permuted, self.reversed_local_input_permutation_mapping, self.probs,
                            self.routing_map, restore_shape=(self.routing_map.shape[0], self.hidden_shape[-1]))
