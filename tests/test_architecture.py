@@ -60,9 +60,6 @@ FLOORS: list[tuple[str, list[str]]] = [
 # (test_allow_list_is_current fails on an entry that matches nothing any more) and is meant to
 # be empty.
 ALLOW: list[tuple[str, str, str]] = [
-    # Fix: runtime/zero states the factor where the estimator can import it without torch
-    # (minitron.runtime.zero's __init__ imports stage3, and so torch), and theoretical_zero imports it.
-    ("minitron/training/theoretical_zero.py", "NCCL_START_ALIGNMENT_FACTOR", "facts"),
     # Fix: checks.py imports NEW_GROUP from call_tree.py (or both from one lower module).
     ("minitron/cli/views/checks.py", "NEW_GROUP", "facts"),
     # Fix: svg_grid.py imports MAX_RANKS_DRAWN and the group titles from layout.py (it already

@@ -38,11 +38,10 @@ import functools
 import os
 
 from minitron.runtime import DeepSpeedConfig
+from minitron.runtime.zero.alignment import NCCL_START_ALIGNMENT_FACTOR
 from minitron.training.theoretical_params import (
     DTYPE_BYTES, Param, chunk_layers, num_microbatches, optimizer_moments, recomputed_layers, round_up,
 )
-
-NCCL_START_ALIGNMENT_FACTOR = 2   # stage_1_and_2.py pads each flat group to 2 x dp elements
 
 
 def ds_config(args) -> DeepSpeedConfig:

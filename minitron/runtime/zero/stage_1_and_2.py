@@ -35,9 +35,8 @@ import torch
 
 from minitron import comm as dist   # as DeepSpeed's ZeRO: from deepspeed import comm as dist
 from minitron.runtime.loss_scaler import has_inf_or_nan
+from minitron.runtime.zero.alignment import NCCL_START_ALIGNMENT_FACTOR
 from minitron.runtime.zero.buckets import GradientBuckets
-
-NCCL_START_ALIGNMENT_FACTOR = 2  # elements: 4 bytes of fp16, so every partition starts aligned
 
 
 def flatten_dense_tensors_aligned(tensors: list, alignment: int) -> torch.Tensor:
