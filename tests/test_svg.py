@@ -28,7 +28,18 @@ ROOT = Path(__file__).resolve().parent.parent
 def parse(text: str) -> ET.Element:
     root = ET.fromstring(text)  # raises on anything that is not well-formed XML
     assert root.tag == f"{NS}svg" and root.get("viewBox")
+    assert_inside(root)
     return root
+
+
+def assert_inside(root: ET.Element) -> None:
+    """Every text fits the viewBox, at svg.CHAR_W per character: a label past the edge is
+    clipped on the page (chapter 9's footer once stood at x = 725 in a 650-wide picture)."""
+    width = float(root.get("viewBox").split()[2])
+    for text in root.iter(f"{NS}text"):
+        x, w = float(text.get("x")), svg.text_width(text.text or "", float(text.get("font-size")))
+        left = {"start": x, "middle": x - w / 2, "end": x - w}[text.get("text-anchor", "start")]
+        assert -0.5 <= left and left + w <= width + 0.5, f"{text.text!r} spans {left:.0f}..{left + w:.0f} of {width:.0f}"
 
 
 def cells(root: ET.Element) -> dict[str, dict[int, tuple[str, str]]]:
@@ -76,6 +87,9 @@ def test_grid_has_a_cell_per_rank_per_kind_coloured_by_group(world, tp, pp, cp, 
         assert "cp" in cells(root)
     if ep > 1:
         assert "ep" in cells(root)
+    # the model-parallel group (tp-pp), which chapter 6 discusses, has its panel when it is
+    # more than the tp or the pp group alone
+    assert ("tp-pp" in cells(root)) == (tp > 1 and pp > 1)
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +152,20 @@ def test_replay_respects_dependencies_and_peak_in_flight(traced):
     assert peak_in_flight(fake) == 4                          # all forwards, then all backwards
 
 
+def test_unit_times_give_the_textbook_bubble(traced):
+    """In unit mode (forward 1, backward 2) every 1F1B stage idles (p - 1) / (m + p - 1) of the
+    iteration, whatever the machine was doing: chapter 11 draws its comparison this way."""
+    _, runs = traced
+    placed = place(pipeline_steps(runs, iteration=0), "unit")
+    p, m = 2, 4
+    length = max(end for row in placed.values() for _, end, _ in row)
+    for row in placed.values():
+        busy = sum(end - start for start, end, _ in row)
+        assert abs((1 - busy / length) - (p - 1) / (m + p - 1)) < 1e-9
+    root = parse(timeline_svg([("1F1B", pipeline_steps(runs, iteration=0))], "unit"))
+    assert any("not measured" in (t.text or "") for t in root.iter(f"{NS}text"))
+
+
 def test_timelines_share_one_scale_and_wall_mode(traced):
     _, runs = traced
     stages = pipeline_steps(runs, iteration=0)
@@ -155,6 +183,12 @@ def test_curves_and_bars_carry_their_values():
     points = {s.get("data-series"): [(float(c.get("data-x")), float(c.get("data-y"))) for c in s.iter(f"{NS}circle")]
               for s in root.iter(f"{NS}g") if s.get("data-series")}
     assert points["lm_loss"] == [(1, 7.0), (2, 6.5), (3, 6.4), (4, 6.0)] and len(points["lr"]) == 4
+    # readable ticks: one power of ten for the panel, said in its title; one number of decimals
+    ticks = {s.get("data-series"): [t.text for t in s.iter(f"{NS}text") if t.get("data-tick")]
+             for s in root.iter(f"{NS}g") if s.get("data-series")}
+    assert ticks["lr"] == ["0", "1", "2"] and ticks["lm_loss"] == ["6.0", "6.5", "7.0"]
+    titles = [t.text for t in root.iter(f"{NS}text") if t.get("font-weight") == "bold"]
+    assert "learning rate × 1e-3" in titles
     root = parse(bars_svg({"rank 0": {"parameters": 100, "Adam moments": 400}, "rank 1": {"parameters": 50}}))
     values = {(row.get("data-row"), part.get("data-part")): float(part.get("data-value"))
               for row in root.iter(f"{NS}g") if row.get("data-row") for part in row.iter(f"{NS}g") if part.get("data-part")}
@@ -163,7 +197,7 @@ def test_curves_and_bars_carry_their_values():
 
 
 def test_text_is_escaped():
-    root = parse(svg.document(10, 10, [svg.text(0, 0, "a < b & c > d")], 'say "hi" & <bye>'))
+    root = parse(svg.document(100, 10, [svg.text(0, 0, "a < b & c > d")], 'say "hi" & <bye>'))
     assert root.find(f"{NS}text").text == "a < b & c > d"
 
 
@@ -186,3 +220,4 @@ def test_shapes_are_the_traced_ones(tmp_path):
     root = parse(shapes_svg([("sp", records)]))
     drawn = [g.get("data-shape") for g in root.iter(f"{NS}g") if g.get("data-tensor")]
     assert drawn == [str(s[2]) for s in steps if s[0] == "tensor"]
+    parse(shapes_svg([("a", records), ("b", records)]))  # the right column's footer fits too

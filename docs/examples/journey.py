@@ -311,11 +311,18 @@ def timing(n: int) -> None:
     every rank is a fresh interpreter, against one import and N forks; then torch._dynamo, which
     torch's optimizers import on first use."""
     done = subprocess.run([sys.executable, "-c", _FRESH, str(n)], capture_output=True, text=True, check=True)
-    imported, forks, dynamo = map(float, done.stdout.split())
-    print(f"import torch, in a fresh interpreter:       {imported:5.2f} s of CPU")
-    print(f"{n} ranks, each a fresh interpreter:         {n * imported:5.2f} s  ({n} x the import)")
-    print(f"{n} ranks forked after one import:           {imported + forks:5.2f} s  (+{forks:.2f} s for the forks)")
-    print(f"import torch._dynamo, once, after torch:    {dynamo:5.2f} s of CPU")
+    print("\n".join(timing_lines(n, *map(float, done.stdout.split()))))
+
+
+def timing_lines(n: int, imported: float, forks: float, dynamo: float) -> list[str]:
+    """The measured CPU seconds, and the one line that is arithmetic on them, labelled so: N
+    fresh interpreters are not started here (on a small machine that alone would take a minute);
+    each would pay the measured import once."""
+    return [f"measured: import torch, in a fresh interpreter:    {imported:5.2f} s of CPU",
+            f"measured: {n} ranks forked after one import:        {imported + forks:5.2f} s  "
+            f"(+{forks:.2f} s for the forks)",
+            f"measured: import torch._dynamo, once, after torch: {dynamo:5.2f} s of CPU",
+            f"arithmetic, not run: {n} fresh interpreters = {n} x the import = {n * imported:5.2f} s"]
 
 
 if __name__ == "__main__":

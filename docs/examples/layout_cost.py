@@ -1,6 +1,7 @@
 """A GPT-3-sized model (175B) at the layouts of the Megatron papers: chapter 17 runs this.
 
     python docs/examples/layout_cost.py table        # estimate vs Megatron's formulas, stage 0
+    python docs/examples/layout_cost.py share        # 12·L·h² as a share of the parameters
     python docs/examples/layout_cost.py svg [PATH]   # memory per rank against tp and pp
 
 Every figure comes from minitron's estimator (training/theoretical_memory_usage.py) on the
@@ -57,6 +58,15 @@ def table() -> None:
         print(f"{name:<27} {'minitron':>9} {human(ours_w):>24} {human(first['activations']):>12} "
               f"{human(ours_w + first['activations']):>10}")
         print(f"{'':<27} {'Megatron':>9} {human(theirs_w):>24} {human(theirs_a):>12} {human(theirs_w + theirs_a):>10}")
+
+
+def share_lines(args) -> list[str]:
+    """How much of the model the 12·L·h² term is: the count the chapter's prose leans on, from
+    the same total the estimator prints (V padded for tp 8, as the 1024-rank run pads it)."""
+    L, h, V = args.num_layers, args.hidden_size, args.padded_vocab_size
+    total, layers = tmu.total_params(args), 12 * L * h * h
+    return [f"P = {total:,} parameters (L = {L}, h = {h}, V = {V:,} padded, s = {args.seq_length})",
+            f"12·L·h² = {layers:,} = {100 * layers / total:.2f} % of P"]
 
 
 TPS, PPS = (1, 2, 4, 8), (1, 2, 4, 8, 16, 32)
@@ -116,6 +126,8 @@ def memory_svg() -> str:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["table"]:
         table()
+    elif sys.argv[1:2] == ["share"]:
+        print("\n".join(share_lines(costs(8, 16, 1536, True)[0])))
     elif sys.argv[1:2] == ["svg"]:
         svg = memory_svg()
         if len(sys.argv) > 2:

@@ -21,6 +21,9 @@ from pathlib import Path
 from minitron.cli.views import svg
 
 WIDTH, LEFT, RIGHT, PANEL_H, GAP = 660, 64, 16, 110, 34
+# Tick labels as large as the page's small print, in full ink: at 9 px and 75 % opacity they
+# were grey specks once the picture shrank to a narrow column.
+TICK_SIZE = 11
 NAMES = {"lm_loss": "lm loss", "lr": "learning rate", "grad_norm": "grad norm", "loss_scale": "loss scale"}
 
 
@@ -37,6 +40,20 @@ def _ticks(lo: float, hi: float, count: int = 4) -> list[float]:
 
 def _fmt(v: float) -> str:
     return f"{v:.0e}".replace("e-0", "e-") if v and (abs(v) < 1e-2 or abs(v) >= 1e5) else f"{v:g}"
+
+
+def tick_labels(ticks: list[float]) -> tuple[list[str], str]:
+    """The ticks of one axis as labels a reader can compare at a glance: one number of decimals
+    for all of them, and for very small or large values one shared power of ten, said once in
+    the panel's title ("× 1e-3") instead of an exponent on every tick."""
+    top = max((abs(t) for t in ticks), default=0)
+    power = math.floor(math.log10(top)) if top and (top < 1e-2 or top >= 1e5) else 0
+    scaled = [t / 10 ** power for t in ticks]
+    step = min((abs(b - a) for a, b in zip(scaled, scaled[1:])), default=1) or 1
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9))
+    if any(round(v, decimals) != round(v, decimals + 1) for v in scaled):
+        decimals += 1  # a step of 2.5 needs one more
+    return [f"{v:.{decimals}f}" for v in scaled], (f"× 1e{power}" if power else "")
 
 
 def curves_svg(xs: list[float], series: dict[str, list[float]], heading: str = "") -> str:
@@ -61,11 +78,14 @@ def curves_svg(xs: list[float], series: dict[str, list[float]], heading: str = "
         def sy(v, top=y0, lo=lo, hi=hi):
             return top + PANEL_H - (v - lo) / (hi - lo) * PANEL_H
 
+        ticks = _ticks(lo, hi)
+        labels, times = tick_labels(ticks)
         parts.append(f'<g data-series="{name}">')
-        parts.append(svg.text(LEFT, y0 - 4, NAMES.get(name, name), size=11, font_weight="bold"))
-        for t in _ticks(lo, hi):
-            parts.append(svg.line(LEFT, sy(t), LEFT + plot_w, sy(t), stroke_opacity="0.12"))
-            parts.append(svg.text(LEFT - 6, sy(t) + 3.5, _fmt(t), size=9, anchor="end", opacity="0.75"))
+        parts.append(svg.text(LEFT, y0 - 4, " ".join(filter(None, [NAMES.get(name, name), times])), size=11,
+                              font_weight="bold"))
+        for t, label in zip(ticks, labels):
+            parts.append(svg.line(LEFT, sy(t), LEFT + plot_w, sy(t), stroke_opacity="0.2"))
+            parts.append(svg.text(LEFT - 6, sy(t) + 4, label, size=TICK_SIZE, anchor="end", data_tick=f"{t:g}"))
         parts.append(svg.polyline([(sx(x), sy(y)) for x, y in zip(xs, ys)], stroke=svg.colour(i), stroke_width="1.8"))
         for x, y in zip(xs, ys):
             parts.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2" fill="{svg.colour(i)}" data-x="{x:g}" '
@@ -74,10 +94,10 @@ def curves_svg(xs: list[float], series: dict[str, list[float]], heading: str = "
         y0 += PANEL_H + GAP
     y_axis = y0 - GAP + 4
     for t in _ticks(x_lo, x_hi, 6):
-        parts.append(svg.text(sx(t), y_axis + 10, _fmt(t), size=9, anchor="middle", opacity="0.75"))
-    parts.append(svg.text(LEFT + plot_w, y_axis + 24, "iteration", size=10, anchor="end", opacity="0.75"))
+        parts.append(svg.text(sx(t), y_axis + 12, _fmt(t), size=TICK_SIZE, anchor="middle"))
+    parts.append(svg.text(LEFT + plot_w, y_axis + 28, "iteration", size=11, anchor="end"))
     label = heading or ", ".join(NAMES.get(n, n) for n in series) + " per iteration"
-    return svg.document(WIDTH, y_axis + 30, parts, label)
+    return svg.document(WIDTH, y_axis + 34, parts, label)
 
 
 def bars_svg(rows: dict[str, dict[str, float]], unit: str = "bytes", heading: str = "") -> str:

@@ -28,9 +28,13 @@ TITLES = {"tp": "tensor parallel", "pp": "pipeline parallel", "dp": "data parall
 
 
 def shown_kinds(groups: dict[str, list[list[int]]]) -> list[str]:
-    """tp, dp, pp always; cp and ep where they split anything; the embedding group last."""
+    """tp, dp, pp always; cp and ep where they split anything; tp-pp (the model-parallel group,
+    which chapters 6 and 9 use) where it is more than the tp or the pp group alone; the
+    embedding group last."""
     kinds = ["tp", "dp", "pp"]
     kinds += [k for k in ("cp", "ep") if k in groups and max(len(g) for g in groups[k]) > 1]
+    if "tp-pp" in groups and all(groups["tp-pp"] != groups.get(k) for k in ("tp", "pp")):
+        kinds.append("tp-pp")
     return [k for k in kinds + ["embd"] if k in groups]
 
 

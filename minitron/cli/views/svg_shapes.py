@@ -106,9 +106,11 @@ def shapes_svg(columns: list[tuple[str, list[dict]]]) -> str:
             else:
                 parts.append(_tensor(x0, y, step, unit))
                 y += TENSOR_H
-        parts.append(svg.text(x0, y + 12, "backward, as traced: " + ", then ".join(backward), size=9.5,
-                              opacity="0.85"))
-        height = max(height, y + 20)
+        # Folded like the op lines: a column is COL_W wide, and the last one ends the picture.
+        footer = _wrap("backward, as traced: " + ", then ".join(backward), 50)
+        for k, piece in enumerate(footer):
+            parts.append(svg.text(x0, y + 12 + 11 * k, piece, size=9.5, opacity="0.85"))
+        height = max(height, y + 9 + 11 * len(footer))
     label = "tensor shapes on rank 0 through ColumnParallelLinear -> GeLU -> RowParallelLinear: " + \
         "; ".join(title for title, _ in columns)
     return svg.document(COL_W * len(columns) - 10, height, parts, label)

@@ -9,6 +9,11 @@ stand depends on the mode:
   schedule.dependency), with communication counted as instant. This is the executed order on
   the measured compute times, what a machine with fast links would show; on a shared CPU, where
   ranks wait for a core and for gloo, the wall clock hides the schedule under that waiting.
+* ``unit``: as ``replay``, but on the textbook's times instead of measured ones: a forward costs
+  one unit, a backward two (it computes the gradients of the inputs and of the weights), and
+  with ``v`` chunks per stage each step is ``1/v`` of that. On a busy machine a measured step
+  includes whatever the rank waited for inside it (a core, a collective), and those accidents
+  can draw a bubble the schedule does not have; unit times show the schedule alone.
 * ``wall``: where the steps really happened on the wall clock, waiting included.
 
 Empty stretches of a row are the bubble; at its right each row gives the stage's idle share and
@@ -34,19 +39,30 @@ def durations_us(step: dict) -> float:
     return step["end_us"] - step["start_us"]
 
 
+UNIT = 1000.0  # one unit of ``unit`` mode, in the µs the rest of the code measures in
+MODES = ("replay", "unit", "wall")
+
+
+def unit_us(step: dict, chunks: int) -> float:
+    """A step's length in ``unit`` mode: forward 1, backward 2, divided among the chunks."""
+    return (1 if step["name"] == FORWARD else 2) * UNIT / chunks
+
+
 def place(stages: dict[int, list[dict]], mode: str = "replay") -> dict[int, list[tuple[float, float, dict]]]:
     """stage -> [(start, end, step)] in µs from the schedule's first step."""
     if mode == "wall":
         t0 = min(s["start_us"] for ss in stages.values() for s in ss)
         return {stage: [(s["start_us"] - t0, s["end_us"] - t0, s) for s in ss] for stage, ss in stages.items()}
-    if mode != "replay":
-        raise ValueError(f"unknown timeline mode {mode!r}: replay or wall")
+    if mode not in MODES:
+        raise ValueError(f"unknown timeline mode {mode!r}: {', '.join(MODES)}")
+    chunks = 1 + max((s["args"].get("chunk") or 0) for ss in stages.values() for s in ss)
+    length = durations_us if mode == "replay" else lambda step: unit_us(step, chunks)
     end_of: dict[tuple, float] = {}
     placed: dict[int, list] = {stage: [] for stage in stages}
     for stage, step, dep in in_dependency_order(stages):
         free = placed[stage][-1][1] if placed[stage] else 0.0
         start = max(free, end_of[dep] if dep is not None else 0.0)
-        end = start + durations_us(step)
+        end = start + length(step)
         end_of[step_key(stage, step)] = end
         placed[stage].append((start, end, step))
     return placed
@@ -70,27 +86,35 @@ def timeline_svg(schedules: list[tuple[str, dict[int, list[dict]]]], mode: str =
     for name, stages, rows in placed:
         length = max(end for row in rows.values() for _, end, _ in row)
         parts.append(svg.text(0, y + 13, name, size=12, font_weight="bold"))
-        parts.append(svg.text(LABEL_W + PLOT_W, y + 13, f"{length / 1000:.1f} ms", size=10, anchor="end",
+        parts.append(svg.text(LABEL_W + PLOT_W, y + 13, _time(length, mode), size=10, anchor="end",
                               opacity="0.75"))
         parts.append(svg.text(LABEL_W + PLOT_W + 8, y + 13, "idle  peak in flight", size=10, opacity="0.75"))
         y += 20
         for stage, row in rows.items():
-            parts.append(_row(stage, row, y, scale, length))
+            parts.append(_row(stage, row, y, scale, length, mode))
             y += ROW_H + ROW_GAP
         y += 12
     parts.append(_legend(y))
     y += 16
+    if mode == "unit":  # say what the lengths are, on the picture itself
+        parts.append(svg.text(LABEL_W, y + 11, "unit times, not measured: forward 1, backward 2, each "
+                              "divided by the chunks per stage", size=10, opacity="0.75"))
+        y += 16
     label = "pipeline schedules: " + ", ".join(name for name, _ in schedules)
     return svg.document(LABEL_W + PLOT_W + RIGHT_W, y, parts, label)
 
 
-def _row(stage: int, row: list[tuple[float, float, dict]], y: float, scale: float, length: float) -> str:
+def _time(us: float, mode: str) -> str:
+    return f"{us / UNIT:g} units" if mode == "unit" else f"{us / 1000:.1f} ms"
+
+
+def _row(stage: int, row: list[tuple[float, float, dict]], y: float, scale: float, length: float, mode: str) -> str:
     busy = sum(end - start for start, end, _ in row)
     out = [f'<g data-stage="{stage}">',
            svg.text(0, y + ROW_H * 0.75, f"stage {stage}", size=10),
            svg.rect(LABEL_W, y, length * scale, ROW_H, "currentColor", opacity="0.07")]
     for start, end, step in row:
-        out.append(_box(stage, start, end, step, y, scale))
+        out.append(_box(stage, start, end, step, y, scale, mode))
     out.append(svg.text(LABEL_W + PLOT_W + 8, y + ROW_H * 0.75, f"{1 - busy / length:4.0%}", size=10))
     out.append(svg.text(LABEL_W + PLOT_W + 60, y + ROW_H * 0.75, str(peak_in_flight([s for _, _, s in row])),
                         size=10, font_weight="bold"))
@@ -98,14 +122,14 @@ def _row(stage: int, row: list[tuple[float, float, dict]], y: float, scale: floa
     return "\n".join(out)
 
 
-def _box(stage: int, start: float, end: float, step: dict, y: float, scale: float) -> str:
+def _box(stage: int, start: float, end: float, step: dict, y: float, scale: float, mode: str) -> str:
     forward = step["name"] == FORWARD
     mb, chunk = step["args"].get("microbatch"), step["args"].get("chunk")
     fill = (FWD if forward else BWD)[1 if chunk else 0]
     kind = "F" if forward else "B"
     name = f"{kind}{mb}" + (f".{chunk}" if chunk is not None else "")
     x, w = LABEL_W + start * scale, max((end - start) * scale, 0.8)
-    tip = f"stage {stage}: {name}, {(end - start) / 1000:.2f} ms"
+    tip = f"stage {stage}: {name}, " + (_time(end - start, mode) if mode == "unit" else f"{(end - start) / 1000:.2f} ms")
     parts = [svg.title(tip), svg.rect(x, y, w, ROW_H, fill, stroke="#ffffff", stroke_width="0.5")]
     if w >= 9 * len(str(mb)) and mb is not None:
         parts.append(svg.text(x + w / 2, y + ROW_H * 0.75, str(mb), size=9, anchor="middle", fill=svg.INK))
@@ -125,13 +149,14 @@ def _legend(y: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m minitron.cli.views.svg_timeline [--wall] NAME=DIR ...``: print the schedules of
-    the traced iteration in each DIR as one picture."""
+    """``python -m minitron.cli.views.svg_timeline [--wall | --unit] NAME=DIR ...``: print the
+    schedules of the last traced iteration in each DIR as one picture."""
     args = list(sys.argv[1:] if argv is None else argv)
-    mode = "wall" if "--wall" in args else "replay"
-    pairs = [a.split("=", 1) for a in args if a != "--wall"]
+    flags = {"--wall": "wall", "--unit": "unit"}
+    mode = next((flags[a] for a in args if a in flags), "replay")
+    pairs = [a.split("=", 1) for a in args if a not in flags]
     if not pairs or any(len(p) != 2 for p in pairs):
-        sys.exit("usage: python -m minitron.cli.views.svg_timeline [--wall] NAME=TRACE_DIR ...")
+        sys.exit("usage: python -m minitron.cli.views.svg_timeline [--wall | --unit] NAME=TRACE_DIR ...")
     schedules = []
     for name, directory in pairs:
         runs = load_trace(directory)

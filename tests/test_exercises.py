@@ -1,0 +1,146 @@
+"""Every chapter's exercises: each answer is what its command prints today.
+
+A chapter ends with "## Exercises": a question to predict, then a collapsed answer,
+
+    ??? answer
+        **the answer, as the command prints it**
+
+        ```bash
+        the one command that shows it
+        ```
+
+        why it is so.
+
+This file reads the exercises out of the chapters, so a new exercise is checked without being
+listed here: every ``**bold**`` span of an answer must appear in its command's output (spaces
+folded, backticks dropped), and every chapter has two or three exercises. The commands run as
+a reader runs them, from the repository root, but in this process where they can: ``minitron
+...`` through the CLI's main(), ``python FILE ...`` as ``__main__``. This process has torch loaded
+already, so a check costs what the command computes, not a fresh interpreter's import (on the
+busy 2-core machine, 2 to 20 s each). Anything with shell syntax runs through bash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import runpy
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+ANSWER = re.compile(r"^\?\?\? answer\b")
+BOLD = re.compile(r"\*\*(.+?)\*\*")
+SHELL = set("|&;<>$`")
+
+
+def exercises(page: Path) -> list[tuple[str, str, list[str]]]:
+    """(question, command, expected strings) for each answer block of the page's Exercises."""
+    text = page.read_text()
+    if "\n## Exercises\n" not in text:
+        return []
+    lines = text.split("\n## Exercises\n", 1)[1].split("\n")
+    found, question = [], []
+    i = 0
+    while i < len(lines):
+        if not ANSWER.match(lines[i]):
+            question.append(lines[i])
+            i += 1
+            continue
+        body = []
+        i += 1
+        while i < len(lines) and (not lines[i].strip() or lines[i].startswith("    ")):
+            body.append(lines[i][4:])
+            i += 1
+        fence = "\n".join(body).split("```bash\n", 1)
+        assert len(fence) == 2, f"{page.name}: an answer without a ```bash command"
+        command = fence[1].split("\n```", 1)[0].strip()
+        expected = [" ".join(b.replace("`", "").split()) for b in BOLD.findall("\n".join(body))]
+        assert expected, f"{page.name}: an answer without a **bold** result: {command}"
+        found.append((" ".join(" ".join(question).split()), command, expected))
+        question = []
+    return found
+
+
+def all_exercises() -> list:
+    return [pytest.param(command, expected, id=f"{page.stem[:2]}-{n}")
+            for page in sorted((ROOT / "walkthrough").glob("[0-9][0-9]-*.md"))
+            for n, (_, command, expected) in enumerate(exercises(page), 1)]
+
+
+_seen: dict[str, str] = {}  # command -> output: two answers from one command run it once
+
+
+def output_of(command: str, monkeypatch) -> str:
+    """What the reader sees, stdout and stderr together (a refusal is an answer too)."""
+    if command not in _seen:
+        monkeypatch.chdir(ROOT)
+        for name, value in (("COLUMNS", "80"), ("NO_COLOR", "1")):
+            monkeypatch.setenv(name, value)
+        words = shlex.split(command)
+        if SHELL & set(command) or words[0] not in ("minitron", "python"):
+            _seen[command] = _in_bash(command)
+        elif words[0] == "minitron":
+            _seen[command] = _in_app(words[1:], monkeypatch)
+        else:
+            _seen[command] = _in_script(words[1], words[2:], monkeypatch)
+    return _seen[command]
+
+
+def _in_app(args: list[str], monkeypatch) -> str:
+    """The CLI's entry point in this process: the torch and minitron it needs are loaded already
+    (ranks it starts are forked from here, as tests/test_svg.py's traced run is). main(), not
+    the typer app alone, because main() is what turns bad input into its one line."""
+    from minitron.cli import main  # the command line's own entry point, refusals included
+
+    return _captured(main, ["minitron", *args], monkeypatch)
+
+
+def _in_script(path: str, args: list[str], monkeypatch) -> str:
+    """A docs/examples or scripts/ file run as __main__ in this process, which has already paid
+    for importing torch: under a busy machine that import alone was most of each check."""
+    return _captured(lambda: runpy.run_path(str(ROOT / path), run_name="__main__"), [path, *args], monkeypatch)
+
+
+def _captured(run, argv: list[str], monkeypatch) -> str:
+    monkeypatch.setattr(sys, "argv", argv)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            run()
+        except SystemExit as stop:  # an exit is the command's answer, not the test's end
+            if stop.code not in (None, 0, 2):
+                print(stop.code)
+    return out.getvalue()
+
+
+def _in_bash(command: str) -> str:
+    done = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"})
+    return done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command,expected", all_exercises())
+def test_answer_is_what_the_command_prints(command, expected, monkeypatch):
+    shown = " ".join(output_of(command, monkeypatch).replace("`", "").split())
+    for answer in expected:
+        assert answer in shown, f"{answer!r} not in the output of {command}:\n{shown[-2000:]}"
+
+
+def test_every_chapter_has_two_or_three_exercises():
+    for page in sorted((ROOT / "walkthrough").glob("[0-9][0-9]-*.md")):
+        assert 2 <= len(exercises(page)) <= 3, f"{page.name}: {len(exercises(page))} exercises"
+
+
+def test_the_parser_finds_question_command_and_answer(tmp_path):
+    page = tmp_path / "99-x.md"
+    page.write_text("# x\n\n## Exercises\n\n**1.** Which?\n\n??? answer\n    **A=[0,1]** and **2**\n\n"
+                    "    ```bash\n    minitron groups --world 2 --tp 2\n    ```\n\n    Because.\n")
+    assert exercises(page) == [("**1.** Which?", "minitron groups --world 2 --tp 2", ["A=[0,1]", "2"])]
