@@ -50,16 +50,18 @@ class Calls:
                 self.orphans.add(r["id"])
                 parent = None
             self.children.setdefault(parent, []).append(r)
-        self._below: dict = {}
 
     def kids(self, group: list[dict]) -> list[dict]:
         return [c for call in group for c in self.children.get(call["id"], [])]
 
     def below(self, call_id) -> int:
         """How many calls ran inside this one, at any depth."""
-        if call_id not in self._below:
-            self._below[call_id] = sum(1 + self.below(c["id"]) for c in self.children.get(call_id, []))
-        return self._below[call_id]
+        count, stack = 0, [call_id]
+        while stack:   # a walk of its own, not a recursion: a rank's tree may be deep
+            kids = self.children.get(stack.pop(), [])
+            count += len(kids)
+            stack.extend(c["id"] for c in kids)
+        return count
 
     def path(self, record: dict) -> list[dict]:
         """The callers of ``record``, outermost first."""

@@ -1,0 +1,116 @@
+"""What makes one parsed line a trace record: the fields of schema.FIELDS with their types, sane
+times, and — for the calls the views read arguments of — arguments of the right kinds.
+
+Each function returns what is wrong (a phrase the reader puts after ``FILE:LINE:``) or None.
+Nothing here raises on any JSON value, and nothing recurses on how deep the value nests.
+"""
+
+from __future__ import annotations
+
+import math
+
+from minitron.trace.schema import FIELDS, MAX_ARGS_DEPTH, OPTIONAL
+
+DIST = "torch.distributed."
+
+
+def shown(value) -> str:
+    """A value as the error line quotes it: short, on one line (repr escapes newlines)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _ints(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+
+def _op(value) -> bool:
+    return (isinstance(value, dict) and isinstance(value.get("op"), str) and _ints([value.get("peer")])
+            and _ints(value.get("shape")) and isinstance(value.get("dtype", ""), str))
+
+
+# An argument's kind -> (test, what the error line says it must be).
+KINDS = {
+    "int": (lambda v: _ints([v]), "a whole number"),
+    "size": (lambda v: _ints([v]) and v >= 1, "a whole number, 1 or more"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "str|null": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "ranks": (lambda v: v == "all" or _ints(v), 'a list of ranks or "all"'),
+    "shape": (lambda v: _ints(v) or (isinstance(v, list) and all(_ints(s) for s in v)), "a list of sizes"),
+    "ops": (lambda v: isinstance(v, list) and all(_op(o) for o in v), "a list of {op, peer, shape}"),
+}
+SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+         "expert_model_parallel_size")
+STEP = {"microbatch": "int", "chunk": "int"}
+# call name -> {argument: kind}; a name with "!" after an argument requires it. Only the
+# arguments the views read are here; others pass as the recorder wrote them.
+ARGS = {
+    DIST + "init_process_group": {"world_size": "size", "backend": "str"},
+    DIST + "new_group": {"ranks!": "ranks", "group_desc!": "str|null", "backend": "str"},
+    "minitron.core.parallel_state.initialize_model_parallel": {**{s: "size" for s in SIZES}, "order": "str"},
+    "minitron.training.training.train_step": {"iteration": "int"},
+    "minitron.core.pipeline_parallel.schedules.forward_step": STEP,
+    "minitron.core.pipeline_parallel.schedules.backward_step": STEP,
+}
+COLLECTIVE = {"group": "str", "ranks": "ranks", "shape": "shape", "input_shape": "shape", "dtype": "str",
+              "ops": "ops"}
+
+
+def record_problem(record, rank: int) -> str | None:
+    """What is wrong with ``record`` as a record of ``rank``'s file, if anything."""
+    if not isinstance(record, dict):
+        return f"is {shown(record)}, not a JSON object"
+    missing = [f for f in FIELDS if f not in record]
+    if missing:
+        return f"has no {', '.join(missing)} (a record has {', '.join(FIELDS)})"
+    present = {**FIELDS, **{f: spec for f, spec in OPTIONAL.items() if f in record}}
+    for field, (types, says) in present.items():
+        value = record[field]
+        if isinstance(value, bool) or not isinstance(value, types):
+            return f"{field} is {shown(value)}, not {says}"
+    if record["rank"] != rank:
+        return f"rank is {record['rank']} in the file of rank {rank}"
+    if record["id"] < 0:
+        return f"id is {record['id']}, not a call number (0 or more)"
+    if not record["name"]:
+        return "name is empty"
+    start, end = record["start_us"], record["end_us"]
+    if not (math.isfinite(start) and math.isfinite(end)):
+        return f"start_us {shown(start)} or end_us {shown(end)} is not a finite time"
+    if end < start:
+        return f"ends before it starts (start_us {start}, end_us {end})"
+    return args_problem(record["name"], record["args"])
+
+
+def args_problem(name: str, args: dict) -> str | None:
+    """Arguments nested too deep for the views, or of a kind the views cannot read."""
+    if _depth(args) > MAX_ARGS_DEPTH:
+        return f"args nest more than {MAX_ARGS_DEPTH} levels deep (the recorder writes a few)"
+    spec = ARGS.get(name, COLLECTIVE if name.startswith(DIST) else {})
+    for key, kind in spec.items():
+        required = key.endswith("!")
+        key = key.rstrip("!")
+        if key not in args:
+            if required:
+                return f"{name} has no argument {key!r}"
+            continue
+        test, says = KINDS[kind]
+        if not test(args[key]):
+            return f"argument {key} of {name} is {shown(args[key])}, not {says}"
+    return None
+
+
+def _depth(value) -> int:
+    """How deep lists and objects nest in ``value`` (iteratively: the nesting is the input's)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            if level <= MAX_ARGS_DEPTH:  # past the bound the answer is already known
+                stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
