@@ -136,7 +136,8 @@ BROKEN = [
     ("parent a string", field(2, "parent", "2"), 2, "parent is '2'"),
     ("call tree too deep", deep_chain, 1, f"more than {MAX_CALL_DEPTH} calls deep"),
     ("world a string", arg(1, "world_size", "2"), 1, "world_size of torch.distributed.init_process_group"),
-    ("world zero", arg(1, "world_size", 0), 1, "1 or more"),
+    ("world zero", arg(1, "world_size", 0), 1, "from 1 to 65536"),
+    ("world of a billion", arg(1, "world_size", 10**9), 1, "from 1 to 65536"),
     ("world disagrees", arg(1, "world_size", 4), 1, "disagrees with world_size 2"),
     ("backend a number", arg(1, "backend", 3), 1, "argument backend"),
     ("new_group without ranks", lambda r: r[1]["args"].pop("ranks"), 2, "has no argument 'ranks'"),
@@ -169,6 +170,8 @@ def dirs(tmp_path_factory):
         made[name] = path
     made["rank beyond the world"] = good_trace(root / "beyond")
     write(made["rank beyond the world"], 5, good_rank(5))
+    made["rank beyond any world"] = root / "no_world"   # no init_process_group to name the world
+    write(made["rank beyond any world"], 70_000, [new_record(70_000, 1, 0, None, "f", {}, 0, 1)])
     made["good"] = good_trace(root / "good")
     return made
 
@@ -182,6 +185,7 @@ def test_every_broken_trace_is_one_line_naming_its_file_and_line(dirs):
     expected = [(name, f"rank1.jsonl:{line}:", words) for name, _, line, words in BROKEN]
     expected += [(name, "rank1.jsonl:", words) for name, words in FILE_KINDS]
     expected.append(("rank beyond the world", "rank5.jsonl:1:", "outside the world of 2 ranks"))
+    expected.append(("rank beyond any world", "rank70000.jsonl:1:", "beyond the 65536 ranks"))
     cases, musts = [], []
     for command, argv in COMMANDS.items():
         for name, where, words in expected:

@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Callable, Optional
 
-from minitron.trace.schema import MAX_CALL_DEPTH, MAX_LINE_BYTES, RANK_FILE, ROOT
+from minitron.trace.schema import MAX_CALL_DEPTH, MAX_LINE_BYTES, MAX_WORLD, RANK_FILE, ROOT
 from minitron.trace.validate import record_problem
 
 INIT_MP = "minitron.core.parallel_state.initialize_model_parallel"
@@ -181,7 +181,10 @@ def _check_world(runs: dict[int, list[dict]], files: dict[int, Path], lines: dic
             elif size != world:
                 raise TraceError(f"{here}: world_size {size} disagrees with world_size {world} at {where}; "
                                  f"these files are of different runs: keep one run per directory")
-    outside = [rank for rank in runs if world is not None and rank >= world]
+    outside = [rank for rank in runs if rank >= (world or MAX_WORLD)]
+    if outside and world is None:
+        raise TraceError(f"{files[outside[0]]}:1: rank {outside[0]} is beyond the {MAX_WORLD} ranks a trace "
+                         f"may hold; not a file minitron's recorder wrote")
     if outside:
         raise TraceError(f"{files[outside[0]]}:1: rank {outside[0]} is outside the world of {world} ranks "
                          f"that {where} records; keep one run per directory")

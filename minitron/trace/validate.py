@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from minitron.trace.schema import FIELDS, MAX_ARGS_DEPTH, OPTIONAL
+from minitron.trace.schema import FIELDS, MAX_ARGS_DEPTH, MAX_WORLD, OPTIONAL
 
 DIST = "torch.distributed."
 
@@ -37,6 +37,7 @@ def _op(value) -> bool:
 KINDS = {
     "int": (lambda v: _ints([v]), "a whole number"),
     "size": (lambda v: _ints([v]) and v >= 1, "a whole number, 1 or more"),
+    "world": (lambda v: _ints([v]) and 1 <= v <= MAX_WORLD, f"a whole number from 1 to {MAX_WORLD}"),
     "str": (lambda v: isinstance(v, str), "a string"),
     "str|null": (lambda v: v is None or isinstance(v, str), "a string or null"),
     "ranks": (lambda v: v == "all" or _ints(v), 'a list of ranks or "all"'),
@@ -49,7 +50,7 @@ STEP = {"microbatch": "int", "chunk": "int"}
 # call name -> {argument: kind}; a name with "!" after an argument requires it. Only the
 # arguments the views read are here; others pass as the recorder wrote them.
 ARGS = {
-    DIST + "init_process_group": {"world_size": "size", "backend": "str"},
+    DIST + "init_process_group": {"world_size": "world", "backend": "str"},
     DIST + "new_group": {"ranks!": "ranks", "group_desc!": "str|null", "backend": "str"},
     "minitron.core.parallel_state.initialize_model_parallel": {**{s: "size" for s in SIZES}, "order": "str"},
     "minitron.training.training.train_step": {"iteration": "int"},
