@@ -87,7 +87,7 @@ def test_diff_shows_both_runs_and_what_only_one_does(tmp_path, capsys, monkeypat
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["diff", "/nonexistent-a", "/nonexistent-b"], "/nonexistent-a does not exist"),
+    (["diff", "/nonexistent-a", "/nonexistent-b"], "/nonexistent-a holds no rank*.jsonl files: it does not exist"),
     (["diff", "/tmp"], "Missing argument"),
 ])
 def test_bad_input_is_one_line(capsys, monkeypatch, argv, words):

@@ -173,10 +173,18 @@ def dirs(tmp_path_factory):
     made["rank beyond any world"] = root / "no_world"   # no init_process_group to name the world
     write(made["rank beyond any world"], 70_000, [new_record(70_000, 1, 0, None, "f", {}, 0, 1)])
     made["good"] = good_trace(root / "good")
+    made["no such directory"] = root / "missing"
+    made["a file, not a directory"] = made["good"] / "rank0.jsonl"
+    made["a directory without rank files"] = root / "notes"
+    (root / "notes").mkdir()
+    (root / "notes" / "rank07.jsonl").write_text("a name no rank file has\n")
     return made
 
 
 FILE_KINDS = [("a directory", "is a directory"), ("a link to /dev/zero", "not a regular file")]
+DIRECTORIES = [("no such directory", "holds no rank*.jsonl files: it does not exist"),
+               ("a file, not a directory", "holds no rank*.jsonl files: it is not a directory"),
+               ("a directory without rank files", "holds no rank*.jsonl files: nothing was traced there")]
 COMMANDS = {"view": lambda d, good: ["view", d], "diff": lambda d, good: ["diff", good, d],
             "estimate --check": lambda d, good: ["estimate", "--check", d]}
 
@@ -186,6 +194,7 @@ def test_every_broken_trace_is_one_line_naming_its_file_and_line(dirs):
     expected += [(name, "rank1.jsonl:", words) for name, words in FILE_KINDS]
     expected.append(("rank beyond the world", "rank5.jsonl:1:", "outside the world of 2 ranks"))
     expected.append(("rank beyond any world", "rank70000.jsonl:1:", "beyond the 65536 ranks"))
+    expected += [(name, "", words) for name, words in DIRECTORIES]
     cases, musts = [], []
     for command, argv in COMMANDS.items():
         for name, where, words in expected:

@@ -65,8 +65,8 @@ def read_trace(trace_dir: str | Path, check: Check | None = None) -> tuple[dict[
     """rank -> its records ordered by start time, and the ranks whose last line was cut."""
     trace_dir = Path(trace_dir)
     if not trace_dir.is_dir():
-        raise TraceError(f"{trace_dir} {'is not a directory' if trace_dir.exists() else 'does not exist'}; "
-                         f"give the directory the ranks traced into")
+        why = "it is not a directory" if trace_dir.exists() else "it does not exist"
+        raise TraceError(f"{trace_dir} holds no rank*.jsonl files: {why} (give the directory the ranks traced into)")
     files = rank_files(trace_dir)
     if not files:
         raise TraceError(f"{trace_dir} holds no rank*.jsonl files: nothing was traced there ({RECORD_ONE})")

@@ -36,6 +36,7 @@ def _op(value) -> bool:
 # An argument's kind -> (test, what the error line says it must be).
 KINDS = {
     "int": (lambda v: _ints([v]), "a whole number"),
+    "int|null": (lambda v: v is None or _ints([v]), "a whole number or null"),
     "size": (lambda v: _ints([v]) and v >= 1, "a whole number, 1 or more"),
     "world": (lambda v: _ints([v]) and 1 <= v <= MAX_WORLD, f"a whole number from 1 to {MAX_WORLD}"),
     "str": (lambda v: isinstance(v, str), "a string"),
@@ -46,7 +47,7 @@ KINDS = {
 }
 SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
          "expert_model_parallel_size")
-STEP = {"microbatch": "int", "chunk": "int"}
+STEP = {"microbatch": "int", "chunk": "int|null"}  # chunk: null without a virtual pipeline
 # call name -> {argument: kind}; a name with "!" after an argument requires it. Only the
 # arguments the views read are here; others pass as the recorder wrote them.
 ARGS = {
