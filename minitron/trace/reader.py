@@ -138,14 +138,15 @@ def _read_rank(path: Path, rank: int) -> tuple[list[dict], bool, dict[int, int]]
             line_of[record["id"]] = number
             records.append(record)
     if not records:
-        raise _bad(path, 1, ("holds only a line cut short" if cut else "is empty") +
-                   "; a rank writes a record as each call ends (was it stopped before any did?)")
+        raise _bad(path, 1, ("holds only a line cut short" if cut else "is empty") + ": a rank writes a record "
+                   "as each call ends, so it stopped before any did", "trace the run again, or remove the file")
     _check_depth(path, records, line_of)
     return in_trace_order(records), cut, line_of
 
 
-def _bad(path: Path, number: int, problem: str) -> TraceError:
-    return TraceError(f"{path}:{number}: {problem}; not a record minitron's recorder wrote, trace the run again")
+def _bad(path: Path, number: int, problem: str,
+         fix: str = "not a record minitron's recorder wrote: trace the run again") -> TraceError:
+    return TraceError(f"{path}:{number}: {problem}; {fix}")
 
 
 def _unreadable(exc: Exception) -> str:

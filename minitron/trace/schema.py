@@ -38,6 +38,9 @@ OPTIONAL = {"error": ((str,), "the exception's text")}
 # four levels deep. A traced iteration nests ~15 calls deep; the views walk a call tree by
 # recursion, and 100 levels keep them far from Python's limit of 1000 frames.
 MAX_LINE_BYTES = 1 << 20
+# Times are microseconds since 1970 (~2**50 now). Perfetto reads JSON numbers as doubles, exact
+# up to 2**53 (the year 2255); past that a time is no longer the one recorded.
+MAX_TIME_US = 1 << 53
 # The views lay out every group of the world (6 s at 65,536 ranks on 2 cores, growing with the
 # world): four times the largest published Megatron runs is as far as a trace may claim.
 MAX_WORLD = 1 << 16

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from minitron.trace.schema import FIELDS, MAX_ARGS_DEPTH, MAX_WORLD, OPTIONAL
+from minitron.trace.schema import FIELDS, MAX_ARGS_DEPTH, MAX_TIME_US, MAX_WORLD, OPTIONAL
 
 DIST = "torch.distributed."
 
@@ -80,9 +80,11 @@ def record_problem(record, rank: int) -> str | None:
         return f"id is {record['id']}, not a call number (0 or more)"
     if not record["name"]:
         return "name is empty"
+    for field in ("start_us", "end_us"):
+        # abs() first: math.isfinite would overflow on an int too large for a float
+        if not abs(record[field]) <= MAX_TIME_US or math.isnan(record[field]):
+            return f"{field} is {shown(record[field])}, not a finite time within ±2**53 µs"
     start, end = record["start_us"], record["end_us"]
-    if not (math.isfinite(start) and math.isfinite(end)):
-        return f"start_us {shown(start)} or end_us {shown(end)} is not a finite time"
     if end < start:
         return f"ends before it starts (start_us {start}, end_us {end})"
     return args_problem(record["name"], record["args"])
