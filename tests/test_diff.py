@@ -53,6 +53,9 @@ def test_bytes_of_a_call():
     assert call_bytes({"args": {"ops": ops}}) == 12                         # sends only
     assert call_bytes({"args": {"ops": [{"op": "isend", "shape": [5]}]}}, "float16") == 10  # older traces
     assert call_bytes({"args": {"shape": [7, 4], "input_shape": [3, 4], "dtype": "float32"}}) == 48  # all-to-all
+    # a dtype the table does not know: a send counts as a collective of that dtype does, no KeyError
+    unknown = call_bytes({"args": {"shape": [5], "dtype": "float8_e4m3fn"}})
+    assert call_bytes({"args": {"ops": [{"op": "isend", "shape": [5], "dtype": "float8_e4m3fn"}]}}) == unknown
 
 
 def test_summaries_count_what_the_records_say(tmp_path):

@@ -47,6 +47,10 @@ def good_rank(rank: int, world: int = 2) -> list[dict]:
             group="PIPELINE_MODEL_PARALLEL_GROUP", ranks=ranks),
         rec(4, 0, STEP, 50, 70, iteration=0),
         rec(0, None, "minitron.training.training.pretrain", 0, 100),
+        # Written after their caller, as no recorder would, which the reader does not mind.
+        rec(6, 4, "minitron.core.pipeline_parallel.schedules.forward_step", 61, 62, microbatch=0, chunk=None),
+        rec(7, 4, DIST + "batch_isend_irecv", 63, 64, group="PIPELINE_MODEL_PARALLEL_GROUP", ranks=ranks,
+            ops=[{"op": "isend", "peer": 1 - rank, "shape": [2, 3], "dtype": "bfloat16"}]),
     ]
 
 
@@ -138,11 +142,12 @@ BROKEN = [
     ("call tree too deep", deep_chain, 1, f"more than {MAX_CALL_DEPTH} calls deep"),
     ("world a string", arg(1, "world_size", "2"), 1, "world_size of torch.distributed.init_process_group"),
     ("world zero", arg(1, "world_size", 0), 1, "from 1 to 65536"),
+    ("world -2", arg(1, "world_size", -2), 1, "-1 or a whole number"),
     ("world of a billion", arg(1, "world_size", 10**9), 1, "from 1 to 65536"),
     ("world disagrees", arg(1, "world_size", 4), 1, "disagrees with world_size 2"),
     ("backend a number", arg(1, "backend", 3), 1, "argument backend"),
     ("new_group without ranks", lambda r: r[1]["args"].pop("ranks"), 2, "has no argument 'ranks'"),
-    ("new_group ranks a string", arg(2, "ranks", "0,1"), 2, "not a list of ranks"),
+    ("new_group ranks a number", arg(2, "ranks", 2), 2, "not a list of ranks"),
     ("tp that does not fit the world", arg(3, "tensor_model_parallel_size", 3), 3, "do not fit the world"),
     ("an order Megatron does not know", arg(3, "order", "tp-xx"), 3, "do not fit the world"),
     ("iteration a string", arg(5, "iteration", "0"), 5, "argument iteration"),
@@ -242,7 +247,12 @@ def test_the_real_executable_refuses_without_importing_torch(dirs, name):
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.integers(-10**400, 10**400) | st.floats() | st.text(max_size=8),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
                     max_leaves=12)
-KEYS = list(FIELDS) + ["error", "world_size", "ranks", "parent"]
+# The fields, and the arguments the views read (trace/validate.py's ARGS and COLLECTIVE).
+KEYS = list(FIELDS) + ["error", "world_size", "backend", "ranks", "group_desc", "group", "shape", "dtype",
+                       "ops", "iteration", "microbatch", "chunk", "tensor_model_parallel_size", "order"]
+NEAR = st.sampled_from([0, -1, 2**63, "all", [0, 1], [[2], [3]], "bfloat16", "tp-pp-dp", None,
+                        [{"op": "isend", "peer": 0, "shape": [2], "dtype": "no-such-type"}],
+                        [{"op": "irecv", "peer": -5, "shape": []}]])
 
 
 @st.composite
@@ -252,7 +262,7 @@ def rank_file(draw) -> list:
     records = good_rank(1)
     for _ in range(draw(st.integers(1, 4))):
         line = draw(st.integers(0, len(records) - 1))
-        edit = draw(st.sampled_from(["field", "arg", "delete", "bytes", "cut", "swap", "drop"]))
+        edit = draw(st.sampled_from(["field", "arg", "deep", "delete", "bytes", "cut", "swap", "drop"]))
         target = records[line]
         if edit in ("field", "arg", "delete") and isinstance(target, dict):
             where = target if edit != "arg" or not isinstance(target.get("args"), dict) else target["args"]
@@ -260,7 +270,14 @@ def rank_file(draw) -> list:
             if edit == "delete":
                 where.pop(key, None)
             else:
-                where[key] = draw(JSON)
+                where[key] = draw(JSON | NEAR)
+        elif edit == "deep" and isinstance(target, dict) and isinstance(target.get("args"), dict) and target["args"]:
+            # down into the arguments as they are (an op's dtype, a shape's size), then replace
+            where, key = target["args"], draw(st.sampled_from(sorted(target["args"])))
+            while isinstance(where[key], (dict, list)) and where[key] and draw(st.booleans()):
+                where = where[key]
+                key = draw(st.sampled_from(sorted(where) if isinstance(where, dict) else range(len(where))))
+            where[key] = draw(JSON | NEAR)
         elif edit == "bytes":
             records[line] = draw(st.binary(max_size=40)).replace(b"\n", b"") + b"\n"
         elif edit == "cut":
@@ -274,7 +291,7 @@ def rank_file(draw) -> list:
     return records
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rank_file())
 def test_the_reader_returns_a_showable_trace_or_raises_trace_error(tmp_path, records):
     from rich.console import Console

@@ -174,7 +174,7 @@ def _check_world(runs: dict[int, list[dict]], files: dict[int, Path], lines: dic
     for rank, records in runs.items():
         for r in records:
             size = r["args"].get("world_size") if r["name"] == INIT_PG else None
-            if size is None:
+            if size is None or size == -1:   # -1: the world came from the environment, unrecorded
                 continue
             here = f"{files[rank]}:{lines[rank][r['id']]}"
             if world is None:
@@ -204,7 +204,7 @@ def layout_args(records: list[dict]) -> dict | None:
 
 def _init_arg(runs: dict[int, list[dict]], key: str):
     return next((r["args"][key] for records in runs.values() for r in records
-                 if r["name"] == INIT_PG and key in r["args"]), None)
+                 if r["name"] == INIT_PG and r["args"].get(key) not in (None, -1)), None)
 
 
 def world_size_of(runs: dict[int, list[dict]]) -> int:

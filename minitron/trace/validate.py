@@ -38,27 +38,30 @@ KINDS = {
     "int": (lambda v: _ints([v]), "a whole number"),
     "int|null": (lambda v: v is None or _ints([v]), "a whole number or null"),
     "size": (lambda v: _ints([v]) and v >= 1, "a whole number, 1 or more"),
-    "world": (lambda v: _ints([v]) and 1 <= v <= MAX_WORLD, f"a whole number from 1 to {MAX_WORLD}"),
+    # -1 is torch's "from the environment" (TorchBackend passes it on when no size was given)
+    "world": (lambda v: _ints([v]) and (v == -1 or 1 <= v <= MAX_WORLD), f"-1 or a whole number from 1 to {MAX_WORLD}"),
     "str": (lambda v: isinstance(v, str), "a string"),
     "str|null": (lambda v: v is None or isinstance(v, str), "a string or null"),
-    "ranks": (lambda v: v == "all" or _ints(v), 'a list of ranks or "all"'),
+    # a string where a list would be long or unknown: "all", "128 ranks" (torch_hooks.describe_group)
+    "ranks": (lambda v: isinstance(v, str) or _ints(v), 'a list of ranks or a string ("all")'),
     "shape": (lambda v: _ints(v) or (isinstance(v, list) and all(_ints(s) for s in v)), "a list of sizes"),
+    "shape|null": (lambda v: v is None or KINDS["shape"][0](v), "a list of sizes or null"),
     "ops": (lambda v: isinstance(v, list) and all(_op(o) for o in v), "a list of {op, peer, shape}"),
 }
 SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
          "expert_model_parallel_size")
-STEP = {"microbatch": "int", "chunk": "int|null"}  # chunk: null without a virtual pipeline
+STEP = {"microbatch": "int|null", "chunk": "int|null"}  # chunk: null without a virtual pipeline
 # call name -> {argument: kind}; a name with "!" after an argument requires it. Only the
 # arguments the views read are here; others pass as the recorder wrote them.
 ARGS = {
-    DIST + "init_process_group": {"world_size": "world", "backend": "str"},
+    DIST + "init_process_group": {"world_size": "world", "backend": "str|null"},
     DIST + "new_group": {"ranks!": "ranks", "group_desc!": "str|null", "backend": "str"},
     "minitron.core.parallel_state.initialize_model_parallel": {**{s: "size" for s in SIZES}, "order": "str"},
     "minitron.training.training.train_step": {"iteration": "int"},
     "minitron.core.pipeline_parallel.schedules.forward_step": STEP,
     "minitron.core.pipeline_parallel.schedules.backward_step": STEP,
 }
-COLLECTIVE = {"group": "str", "ranks": "ranks", "shape": "shape", "input_shape": "shape", "dtype": "str",
+COLLECTIVE = {"group": "str", "ranks": "ranks", "shape": "shape", "input_shape": "shape|null", "dtype": "str",
               "ops": "ops"}
 
 

@@ -76,7 +76,9 @@ def merge(records: list[dict]) -> list[list[dict]]:
     """Siblings grouped by name (and, for torch.distributed calls, by group), in first-seen order."""
     groups: dict = {}
     for r in records:
-        key = (r["name"], r["args"].get("group_desc") if r["name"] == NEW_GROUP else r["args"].get("group"))
+        group = r["args"].get("group_desc") if r["name"] == NEW_GROUP else r["args"].get("group")
+        # a traced step of one's own may take a "group" that is a list of ranks: keyed by its text
+        key = (r["name"], group if isinstance(group, (str, int, float, type(None))) else repr(group))
         groups.setdefault(key, []).append(r)
     return list(groups.values())
 
