@@ -127,7 +127,7 @@ def _read_rank(path: Path, rank: int) -> tuple[list[dict], bool, dict[int, int]]
                     cut = True
                     break
                 raise _bad(path, number, _unreadable(exc)) from None
-            problem = record_problem(record, rank)
+            problem = record_problem(record, rank, line.count(b"[") + line.count(b"{"))
             if problem is None and record["id"] in line_of:
                 problem = f"id {record['id']} is also the id of line {line_of[record['id']]}; a rank numbers each call once"
             if problem is None and record["parent"] is not ROOT and record["parent"] >= record["id"]:

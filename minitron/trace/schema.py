@@ -19,8 +19,8 @@ import re
 RANK_FILE = re.compile(r"rank(0|[1-9]\d*)\.jsonl")  # as rank_file_name writes it: rank07 is no rank's
 ROOT = None  # the parent of an outermost call
 
-# field -> (the Python types its JSON value may have, what the reader says it must be).
-# bool is never accepted where a number is due, although Python counts it as an int.
+# field -> (the Python types its JSON value may have, exactly: JSON's true is a bool, which
+# Python counts as an int, and is no rank, id or time), what the reader says it must be.
 FIELDS = {
     "rank": ((int,), "a rank number"),
     "pid": ((int,), "a process id"),
