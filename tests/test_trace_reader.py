@@ -169,7 +169,8 @@ def broken_dir(root: Path, name: str, mutate) -> Path:
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("traces")
     made = {name: broken_dir(root, name, mutate) for name, mutate, _, _ in BROKEN}
-    for name, make in [("a directory", lambda p: p.mkdir()), ("a link to /dev/zero", lambda p: p.symlink_to("/dev/zero"))]:
+    kinds = [("a directory", lambda p: p.mkdir()), ("a link to /dev/zero", lambda p: p.symlink_to("/dev/zero"))]
+    for name, make in kinds:
         path = good_trace(root / name.replace(" ", "_").replace("/", ""))
         (path / "rank1.jsonl").unlink()
         make(path / "rank1.jsonl")
@@ -244,7 +245,8 @@ def test_the_real_executable_refuses_without_importing_torch(dirs, name):
 
 # --- the property: a trace, or TraceError, never anything else ------------------------------
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.integers(-10**400, 10**400) | st.floats() | st.text(max_size=8),
+SCALARS = st.none() | st.booleans() | st.integers() | st.integers(-10**400, 10**400) | st.floats() | st.text(max_size=8)
+JSON = st.recursive(SCALARS,
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
                     max_leaves=12)
 # The fields, and the arguments the views read (trace/validate.py's ARGS and COLLECTIVE).

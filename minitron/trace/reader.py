@@ -127,12 +127,8 @@ def _read_rank(path: Path, rank: int) -> tuple[list[dict], bool, dict[int, int]]
                     cut = True
                     break
                 raise _bad(path, number, _unreadable(exc)) from None
-            problem = record_problem(record, rank, line.count(b"[") + line.count(b"{"))
-            if problem is None and record["id"] in line_of:
-                problem = f"id {record['id']} is also the id of line {line_of[record['id']]}; a rank numbers each call once"
-            if problem is None and record["parent"] is not ROOT and record["parent"] >= record["id"]:
-                problem = (f"parent {record['parent']} did not begin before call {record['id']} (a caller's "
-                           f"id is smaller than its callees'), so the calls do not form a tree")
+            problem = (record_problem(record, rank, line.count(b"[") + line.count(b"{"))
+                       or _link_problem(record, line_of))
             if problem:
                 raise _bad(path, number, problem)
             line_of[record["id"]] = number
@@ -142,6 +138,17 @@ def _read_rank(path: Path, rank: int) -> tuple[list[dict], bool, dict[int, int]]
                    "as each call ends, so it stopped before any did", "trace the run again, or remove the file")
     _check_depth(path, records, line_of)
     return in_trace_order(records), cut, line_of
+
+
+def _link_problem(record: dict, line_of: dict[int, int]) -> str | None:
+    """An id used before, or a caller that did not begin first: the calls would not be trees."""
+    call_id, parent = record["id"], record["parent"]
+    if call_id in line_of:
+        return f"id {call_id} is also the id of line {line_of[call_id]}; a rank numbers each call once"
+    if parent is not ROOT and parent >= call_id:
+        return (f"parent {parent} did not begin before call {call_id} (a caller's id is smaller than its "
+                f"callees'), so the calls do not form a tree")
+    return None
 
 
 def _bad(path: Path, number: int, problem: str,
