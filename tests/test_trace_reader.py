@@ -169,7 +169,8 @@ def broken_dir(root: Path, name: str, mutate) -> Path:
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("traces")
     made = {name: broken_dir(root, name, mutate) for name, mutate, _, _ in BROKEN}
-    kinds = [("a directory", lambda p: p.mkdir()), ("a link to /dev/zero", lambda p: p.symlink_to("/dev/zero"))]
+    kinds = [("a directory", lambda p: p.mkdir()), ("a link to /dev/zero", lambda p: p.symlink_to("/dev/zero")),
+             ("a named pipe", os.mkfifo)]   # opening it would wait for a writer forever
     for name, make in kinds:
         path = good_trace(root / name.replace(" ", "_").replace("/", ""))
         (path / "rank1.jsonl").unlink()
@@ -188,7 +189,8 @@ def dirs(tmp_path_factory):
     return made
 
 
-FILE_KINDS = [("a directory", "is a directory"), ("a link to /dev/zero", "not a regular file")]
+FILE_KINDS = [("a directory", "is a directory"), ("a link to /dev/zero", "not a regular file"),
+              ("a named pipe", "not a regular file")]
 DIRECTORIES = [("no such directory", "holds no rank*.jsonl files: it does not exist"),
                ("a file, not a directory", "holds no rank*.jsonl files: it is not a directory"),
                ("a directory without rank files", "holds no rank*.jsonl files: nothing was traced there")]
@@ -226,6 +228,23 @@ def test_a_good_trace_and_a_rank_cut_mid_write_are_read(dirs, tmp_path):
     proc = minitron_here("view", cut, "--rank", "1", "--show", "tree")
     assert proc.returncode == 1 and "was cut short" in proc.stdout.replace("\n", " "), proc.stdout
     assert minitron_here("diff", cut, dirs["good"]).returncode == 0   # diff has no checks
+
+
+def test_the_deepest_tree_the_reader_takes_is_one_every_view_shows(tmp_path):
+    """The reader bounds the depth so that the views may recurse: at the bound, they still work,
+    from a stack already some frames deep (pytest's own)."""
+    from rich.console import Console
+
+    from minitron.cli.views.diff import summarize
+    from minitron.cli.views.show import show_views
+
+    records = []
+    deep_chain(records)
+    write(tmp_path, 1, records[1:])   # one level less: exactly MAX_CALL_DEPTH deep
+    runs, _ = read_trace(tmp_path)
+    console = Console(file=open(os.devnull, "w"), width=500, record=True)   # 4 columns a level
+    show_views(console, runs, {"tree", "groups", "checks"}, 1)
+    assert console.export_text().count("f  ") == MAX_CALL_DEPTH and summarize(runs)["world"] == 2
 
 
 def test_the_recorder_writes_the_fields_the_reader_checks():
