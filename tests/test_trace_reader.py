@@ -10,6 +10,7 @@ and mutated files: it returns a trace the views can show, or raises TraceError, 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -281,6 +282,8 @@ def rank_file(draw) -> list:
     """A good rank file with a few random edits: a field or an argument set to any JSON value or
     deleted, a line replaced by random bytes or cut, lines swapped or dropped."""
     records = good_rank(1)
+    # Values are copied in: NEAR's lists are the same objects in every example, and an edit in
+    # place would change what later examples draw (or put a list inside itself).
     for _ in range(draw(st.integers(1, 4))):
         line = draw(st.integers(0, len(records) - 1))
         edit = draw(st.sampled_from(["field", "arg", "deep", "delete", "bytes", "cut", "swap", "drop"]))
@@ -291,14 +294,14 @@ def rank_file(draw) -> list:
             if edit == "delete":
                 where.pop(key, None)
             else:
-                where[key] = draw(JSON | NEAR)
+                where[key] = copy.deepcopy(draw(JSON | NEAR))
         elif edit == "deep" and isinstance(target, dict) and isinstance(target.get("args"), dict) and target["args"]:
             # down into the arguments as they are (an op's dtype, a shape's size), then replace
             where, key = target["args"], draw(st.sampled_from(sorted(target["args"])))
             while isinstance(where[key], (dict, list)) and where[key] and draw(st.booleans()):
                 where = where[key]
                 key = draw(st.sampled_from(sorted(where) if isinstance(where, dict) else range(len(where))))
-            where[key] = draw(JSON | NEAR)
+            where[key] = copy.deepcopy(draw(JSON | NEAR))
         elif edit == "bytes":
             records[line] = draw(st.binary(max_size=40)).replace(b"\n", b"") + b"\n"
         elif edit == "cut":
