@@ -53,6 +53,9 @@ def test_bytes_of_a_call():
     assert call_bytes({"args": {"ops": ops}}) == 12                         # sends only
     assert call_bytes({"args": {"ops": [{"op": "isend", "shape": [5]}]}}, "float16") == 10  # older traces
     assert call_bytes({"args": {"shape": [7, 4], "input_shape": [3, 4], "dtype": "float32"}}) == 48  # all-to-all
+    # a dtype the table does not know: a send counts as a collective of that dtype does, no KeyError
+    unknown = call_bytes({"args": {"shape": [5], "dtype": "float8_e4m3fn"}})
+    assert call_bytes({"args": {"ops": [{"op": "isend", "shape": [5], "dtype": "float8_e4m3fn"}]}}) == unknown
 
 
 def test_summaries_count_what_the_records_say(tmp_path):
@@ -87,7 +90,7 @@ def test_diff_shows_both_runs_and_what_only_one_does(tmp_path, capsys, monkeypat
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["diff", "/nonexistent-a", "/nonexistent-b"], "holds no rank*.jsonl"),
+    (["diff", "/nonexistent-a", "/nonexistent-b"], "/nonexistent-a holds no rank*.jsonl files: it does not exist"),
     (["diff", "/tmp"], "Missing argument"),
 ])
 def test_bad_input_is_one_line(capsys, monkeypatch, argv, words):

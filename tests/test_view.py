@@ -99,6 +99,14 @@ def test_repeated_siblings_merge_with_total_and_each_time():
     assert text.count("forward_step") == 1
 
 
+def test_calls_of_a_step_whose_group_argument_is_a_list_still_merge():
+    t = Trace()
+    root = t.call("minitron.training.training.pretrain")
+    for _ in range(2):
+        t.call("mine.reduce_over", root, group=[0, 1])   # short_value keeps a short list of ints
+    assert "reduce_over ×2" in render(call_tree(t.records, 0, width=100), 100)
+
+
 def test_below_the_depth_a_line_counts_the_calls_with_the_right_noun():
     t = Trace()
     top = t.call("minitron.training.training.pretrain")

@@ -15,13 +15,11 @@ from minitron.cli.common import UserError, app, console
 
 def _read(trace_dir: Path):
     # Lazy, as every command's views: `minitron --help` imports this module, not its views.
-    from minitron.trace.reader import TraceError, rank_files, read_trace
+    from minitron.cli.views.checks import layout_problem
+    from minitron.trace.reader import TraceError, load_trace
 
-    if not trace_dir.is_dir() or not rank_files(trace_dir):
-        raise UserError(f"{trace_dir} holds no rank*.jsonl files: record a run with `minitron pretrain --trace DIR` "
-                        f"or `minitron trace --out DIR`")
     try:
-        return read_trace(trace_dir)[0]
+        return load_trace(trace_dir, check=layout_problem)
     except TraceError as exc:
         raise UserError(str(exc)) from None
 

@@ -127,14 +127,13 @@ def check_trace(trace_dir: Path, as_json: bool) -> None:
     and the bytes of every group kind inside train_step."""
     # lazy: loaded when the command runs, not by `minitron --help`
     from minitron.cli.views.diff import comm_by_key, recorded_args
-    from minitron.trace.reader import TraceError, rank_files, read_trace
+    from minitron.cli.views.checks import layout_problem
+    from minitron.trace.reader import TraceError, load_trace
     from minitron.training.theoretical_memory_usage import report_theoretical_memory as work_out
     from minitron.training.theoretical_moe import expectation_keys
 
-    if not trace_dir.is_dir() or not rank_files(trace_dir):
-        raise UserError(f"{trace_dir} holds no rank*.jsonl files: trace a run with `minitron pretrain --trace DIR`")
     try:
-        runs = read_trace(trace_dir)[0]
+        runs = load_trace(trace_dir, check=layout_problem)
     except TraceError as exc:
         raise UserError(str(exc)) from None
     recorded = recorded_args(runs)

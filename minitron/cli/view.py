@@ -17,6 +17,14 @@ import typer
 from minitron.cli.common import UserError, app, console
 
 
+def _layout_problem(runs):
+    # Lazy: the reader calls this only once every record passed its own checks, so a bad
+    # record is refused before any view module loads.
+    from minitron.cli.views.checks import layout_problem
+
+    return layout_problem(runs)
+
+
 @app.command()
 def view(
     trace_dir: Path = typer.Argument(..., metavar="DIR", help="a trace directory (rank*.jsonl files)"),
@@ -34,25 +42,25 @@ def view(
 
     Under torchrun, set MINITRON_TRACE_DIR=DIR for the ranks, then `minitron view DIR`.
     """
-    # Lazy: the views (rich's tables and trees) load when the command runs, not for `--help`.
-    from minitron.cli.views.call_tree import FocusError
-    from minitron.cli.views.perfetto import write_chrome_trace
-    from minitron.cli.views.show import VIEWS, default_depth, parse_views, show_views
-    from minitron.trace.reader import TraceError, backend_of, iterations, rank_files, read_trace
-    from minitron.cli.views.words import plural, rank_ranges
+    # Lazy: the reader and the views (rich's tables and trees) load when the command runs, not
+    # for `--help`; the reader first, so that a bad trace is refused before the views load.
+    from minitron.trace.reader import TraceError, backend_of, iterations, read_trace
 
-    if not trace_dir.is_dir():
-        raise UserError(f"{trace_dir} {'is not a directory' if trace_dir.exists() else 'does not exist'}; "
-                        f"give the directory the ranks traced into")
-    if not rank_files(trace_dir):
-        raise UserError(f"{trace_dir} holds no rank*.jsonl files: nothing was traced there (record one with "
-                        f"`minitron trace --out DIR`, `--trace DIR`, or MINITRON_TRACE_DIR=DIR under torchrun)")
     if depth is not None and depth < 1:
         raise UserError(f"--depth must be 1 or more, got {depth}")
     try:
+        runs, cut = read_trace(trace_dir, check=_layout_problem)
+    except TraceError as exc:
+        raise UserError(str(exc)) from None
+    # Lazy, as the reader above.
+    from minitron.cli.views.call_tree import FocusError
+    from minitron.cli.views.perfetto import write_chrome_trace
+    from minitron.cli.views.show import VIEWS, default_depth, parse_views, show_views
+    from minitron.cli.views.words import plural, rank_ranges
+
+    try:
         views = parse_views(show)
-        runs, cut = read_trace(trace_dir)
-    except (ValueError, TraceError) as exc:
+    except ValueError as exc:
         raise UserError(str(exc)) from None
     if rank not in runs:
         raise UserError(f"--rank {rank}: {trace_dir} holds the files of ranks {rank_ranges(list(runs))}")

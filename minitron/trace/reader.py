@@ -1,28 +1,42 @@
-"""Read a trace directory back: ``rank{R}.jsonl`` per rank, one JSON object per finished call.
+"""Read a trace directory back, checked: ``rank{R}.jsonl`` per rank, one record per finished call
+(the format: trace/schema.py).
 
 Whoever wrote it — `minitron trace`, `launch --trace`, `pretrain --trace`, or torchrun with
 MINITRON_TRACE_DIR set — the files are the same, and so is everything read from them here: the
 world size, the layout initialize_model_parallel was called with, the backend, the iterations.
 
-A rank that was killed can leave its last line cut in half (the recorder writes in 64 KiB
-blocks); that line is skipped and counted, so the rest of the rank can still be read.
+This is the one place that reads those files, and it hands the views nothing they could trip
+on: every record has its fields with their types, finite times that do not run backwards,
+an id of its own, a caller that began before it (so the calls form trees, of bounded depth),
+and a rank inside the world. The first record that breaks a rule stops the reading with a
+TraceError naming ``FILE:LINE`` and what is wrong. Reading is bounded: one line at a time, each
+at most schema.MAX_LINE_BYTES, so a file that never ends (a link to /dev/zero) is refused, not
+read forever, and memory grows with the trace, not with what a line claims.
+
+Two things a real run leaves are not errors. A rank that was killed can leave its last line cut
+in half (the recorder writes in 64 KiB blocks): a last line without its newline that does not
+parse is skipped and counted. And the calls it had open never wrote a record, so a record's
+parent may be missing: the views show such a call as one whose caller never returned.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
+from typing import Callable, Optional
+
+from minitron.trace.schema import MAX_CALL_DEPTH, MAX_LINE_BYTES, MAX_WORLD, RANK_FILE, ROOT
+from minitron.trace.validate import record_problem
 
 INIT_MP = "minitron.core.parallel_state.initialize_model_parallel"
 INIT_PG = "torch.distributed.init_process_group"
 TRAIN_STEP = "minitron.training.training.train_step"
-RANK_FILE = re.compile(r"rank(\d+)\.jsonl")
-FIELDS = {"id", "parent", "name", "args", "start_us", "end_us"}
+RECORD_ONE = ("record one with `minitron trace --out DIR`, `pretrain --trace DIR`, or "
+              "MINITRON_TRACE_DIR=DIR under torchrun")
 
 
 class TraceError(ValueError):
-    """A file of the directory cannot be read as a trace."""
+    """A trace directory, or a line of one of its files, cannot be read as a trace."""
 
 
 def rank_files(trace_dir: str | Path) -> dict[int, Path]:
@@ -34,26 +48,44 @@ def rank_files(trace_dir: str | Path) -> dict[int, Path]:
     return dict(sorted(files.items()))
 
 
-def read_rank(path: Path) -> tuple[list[dict], bool]:
+def read_rank(path: Path, rank: int | None = None) -> tuple[list[dict], bool]:
     """A rank's records ordered by start time (parents before children), and whether its
     last line was cut short."""
-    lines = path.read_text().splitlines()
-    records, cut = [], False
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines):
-                cut = True
-                continue
-            record = None
-        if not isinstance(record, dict) or not FIELDS <= record.keys():
-            raise TraceError(f"{path}:{number} is not a trace record (one JSON object per line with "
-                             f"{', '.join(sorted(FIELDS))})")
-        records.append(record)
-    return in_trace_order(records), cut
+    records, cut, _ = _read_rank(Path(path), _rank_of(Path(path)) if rank is None else rank)
+    return records, cut
+
+
+# A check of the records as a whole that a floor above adds (the views check the recorded layout
+# with the rank arithmetic, which lives above this floor): the first bad record, as (rank,
+# record, what is wrong), or None. The reader knows the lines, so it names them.
+Check = Callable[[dict], Optional[tuple]]
+
+
+def read_trace(trace_dir: str | Path, check: Check | None = None) -> tuple[dict[int, list[dict]], list[int]]:
+    """rank -> its records ordered by start time, and the ranks whose last line was cut."""
+    trace_dir = Path(trace_dir)
+    if not trace_dir.is_dir():
+        why = "it is not a directory" if trace_dir.exists() else "it does not exist"
+        raise TraceError(f"{trace_dir} holds no rank*.jsonl files: {why} (give the directory the ranks traced into)")
+    files = rank_files(trace_dir)
+    if not files:
+        raise TraceError(f"{trace_dir} holds no rank*.jsonl files: nothing was traced there ({RECORD_ONE})")
+    runs, cut, lines = {}, [], {}
+    for rank, path in files.items():
+        runs[rank], was_cut, lines[rank] = _read_rank(path, rank)
+        if was_cut:
+            cut.append(rank)
+    _check_world(runs, files, lines)
+    found = check(runs) if check else None
+    if found:
+        rank, record, problem = found
+        raise _bad(files[rank], lines[rank][record["id"]], problem)
+    return runs, cut
+
+
+def load_trace(trace_dir: str | Path, check: Check | None = None) -> dict[int, list[dict]]:
+    """rank -> its records, ordered by start time."""
+    return read_trace(trace_dir, check)[0]
 
 
 def in_trace_order(records: list[dict]) -> list[dict]:
@@ -61,19 +93,109 @@ def in_trace_order(records: list[dict]) -> list[dict]:
     return sorted(records, key=lambda r: (r["start_us"], r["id"]))
 
 
-def read_trace(trace_dir: str | Path) -> tuple[dict[int, list[dict]], list[int]]:
-    """rank -> its records ordered by start time, and the ranks whose last line was cut."""
-    runs, cut = {}, []
-    for rank, path in rank_files(trace_dir).items():
-        runs[rank], was_cut = read_rank(path)
-        if was_cut:
-            cut.append(rank)
-    return runs, cut
+def _rank_of(path: Path) -> int:
+    match = RANK_FILE.fullmatch(path.name)
+    if not match:
+        raise TraceError(f"{path}: not a rank's trace file (those are named rank<R>.jsonl)")
+    return int(match.group(1))
 
 
-def load_trace(trace_dir: str | Path) -> dict[int, list[dict]]:
-    """rank -> its records, ordered by start time."""
-    return read_trace(trace_dir)[0]
+def _read_rank(path: Path, rank: int) -> tuple[list[dict], bool, dict[int, int]]:
+    """The checked records of one file, whether its last line was cut, and each id's line."""
+    if not path.is_file():   # a directory, a device, a pipe: nothing a recorder leaves
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise TraceError(f"{path}: is {kind}, not a rank's trace; remove it or trace the run again")
+    records, line_of, cut, number = [], {}, False, 0
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot be read ({exc.strerror})") from None
+    with f:
+        while True:
+            line = f.readline(MAX_LINE_BYTES + 1)
+            if not line:
+                break
+            number += 1
+            if len(line) > MAX_LINE_BYTES:
+                raise _bad(path, number, f"is longer than {MAX_LINE_BYTES >> 20} MiB, which no record is")
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line.decode("utf-8"))
+            except (ValueError, RecursionError) as exc:   # UnicodeDecodeError is a ValueError
+                if not line.endswith(b"\n"):   # only the last line lacks it: cut mid-write
+                    cut = True
+                    break
+                raise _bad(path, number, _unreadable(exc)) from None
+            problem = (record_problem(record, rank, line.count(b"[") + line.count(b"{"))
+                       or _link_problem(record, line_of))
+            if problem:
+                raise _bad(path, number, problem)
+            line_of[record["id"]] = number
+            records.append(record)
+    if not records:
+        raise _bad(path, 1, ("holds only a line cut short" if cut else "is empty") + ": a rank writes a record "
+                   "as each call ends, so it stopped before any did", "trace the run again, or remove the file")
+    _check_depth(path, records, line_of)
+    return in_trace_order(records), cut, line_of
+
+
+def _link_problem(record: dict, line_of: dict[int, int]) -> str | None:
+    """An id used before, or a caller that did not begin first: the calls would not be trees."""
+    call_id, parent = record["id"], record["parent"]
+    if call_id in line_of:
+        return f"id {call_id} is also the id of line {line_of[call_id]}; a rank numbers each call once"
+    if parent is not ROOT and parent >= call_id:
+        return (f"parent {parent} did not begin before call {call_id} (a caller's id is smaller than its "
+                f"callees'), so the calls do not form a tree")
+    return None
+
+
+def _bad(path: Path, number: int, problem: str,
+         fix: str = "not a record minitron's recorder wrote: trace the run again") -> TraceError:
+    return TraceError(f"{path}:{number}: {problem}; {fix}")
+
+
+def _unreadable(exc: Exception) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return f"is not UTF-8 text (byte {exc.object[exc.start]:#04x} at column {exc.start + 1})"
+    if isinstance(exc, RecursionError):
+        return "nests lists or objects deeper than Python's JSON reader goes"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"is not JSON ({exc.msg} at column {exc.colno})"
+    return f"is not JSON ({exc})"
+
+
+def _check_depth(path: Path, records: list[dict], line_of: dict[int, int]) -> None:
+    """Calls nest at most MAX_CALL_DEPTH deep, so that a view may walk a tree by recursion."""
+    depth: dict[int, int] = {}
+    for r in sorted(records, key=lambda r: r["id"]):   # callers first: their ids are smaller
+        depth[r["id"]] = depth.get(r["parent"], 0) + 1
+        if depth[r["id"]] > MAX_CALL_DEPTH:
+            raise _bad(path, line_of[r["id"]], f"call {r['id']} is nested more than {MAX_CALL_DEPTH} calls deep")
+
+
+def _check_world(runs: dict[int, list[dict]], files: dict[int, Path], lines: dict[int, dict]) -> None:
+    """Every rank's init_process_group names the same world, and every file's rank is inside it."""
+    world, where = None, None
+    for rank, records in runs.items():
+        for r in records:
+            size = r["args"].get("world_size") if r["name"] == INIT_PG else None
+            if size is None or size == -1:   # -1: the world came from the environment, unrecorded
+                continue
+            here = f"{files[rank]}:{lines[rank][r['id']]}"
+            if world is None:
+                world, where = size, here
+            elif size != world:
+                raise TraceError(f"{here}: world_size {size} disagrees with world_size {world} at {where}; "
+                                 f"these files are of different runs: keep one run per directory")
+    outside = [rank for rank in runs if rank >= (world or MAX_WORLD)]
+    if outside and world is None:
+        raise TraceError(f"{files[outside[0]]}:1: rank {outside[0]} is beyond the {MAX_WORLD} ranks a trace "
+                         f"may hold; not a file minitron's recorder wrote")
+    if outside:
+        raise TraceError(f"{files[outside[0]]}:1: rank {outside[0]} is outside the world of {world} ranks "
+                         f"that {where} records; keep one run per directory")
 
 
 def layout_args(records: list[dict]) -> dict | None:
@@ -87,22 +209,22 @@ def layout_args(records: list[dict]) -> dict | None:
     return None
 
 
-def _init_args(runs: dict[int, list[dict]]) -> dict:
-    return next((r["args"] for records in runs.values() for r in records if r["name"] == INIT_PG), {})
+def _init_arg(runs: dict[int, list[dict]], key: str):
+    return next((r["args"][key] for records in runs.values() for r in records
+                 if r["name"] == INIT_PG and r["args"].get(key) not in (None, -1)), None)
 
 
 def world_size_of(runs: dict[int, list[dict]]) -> int:
-    world = _init_args(runs).get("world_size")
-    return world if isinstance(world, int) and world > 0 else len(runs)
+    """The world init_process_group recorded; without one, the least world the files fit in."""
+    return _init_arg(runs, "world_size") or max(len(runs), max(runs, default=-1) + 1)
 
 
 def backend_of(runs: dict[int, list[dict]]) -> str | None:
     """The backend init_process_group was given ("gloo", "nccl", "fake"), if the trace has it."""
-    backend = _init_args(runs).get("backend")
-    return backend if isinstance(backend, str) else None
+    return _init_arg(runs, "backend")
 
 
 def iterations(runs: dict[int, list[dict]]) -> list[int]:
     """The training iterations (train_step's ``iteration``) that any rank recorded."""
     return sorted({r["args"]["iteration"] for records in runs.values() for r in records
-                   if r["name"] == TRAIN_STEP and isinstance(r["args"].get("iteration"), int)})
+                   if r["name"] == TRAIN_STEP and "iteration" in r["args"]})

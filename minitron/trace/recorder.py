@@ -4,10 +4,8 @@ Why a decorator and not sys.setprofile: a global profiler costs 6-8x on this cod
 debuggers (both want the same hook). An explicit ``@traced`` also tells the reader, in the
 source, which steps appear in the trace.
 
-Record format (``rank{R}.jsonl``), one object per call, written when the call returns::
-
-    {"rank": 5, "pid": 4711, "id": 12, "parent": 3, "name": "minitron.core.parallel_state.
-     initialize_model_parallel", "args": {...}, "start_us": ..., "end_us": ...}
+One record per call, written to ``rank{R}.jsonl`` when the call returns; the format is defined
+once, in trace/schema.py, which the reader checks records against.
 
 Times are wall-clock microseconds, so the ranks of one machine share a time axis.
 When tracing is off, ``_ACTIVE`` is None and a traced function pays one global read and one
@@ -24,6 +22,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
+
+from minitron.trace.schema import new_record, rank_file_name
 
 _ACTIVE: "Recorder | None" = None
 
@@ -56,7 +56,7 @@ class Recorder:
         self.rank = rank
         self.records: list[dict] | None = [] if keep else None
         self.pid = os.getpid()
-        self.path = Path(out_dir) / f"rank{rank}.jsonl"
+        self.path = Path(out_dir) / rank_file_name(rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "w", buffering=1 << 16)
         self._next_id = 0
@@ -72,9 +72,8 @@ class Recorder:
     def end(self, call_id: int, parent: int | None, start_us: int, name: str,
             args: dict | None, error: str | None = None) -> None:
         self._stack.pop()
-        record = {"rank": self.rank, "pid": self.pid, "id": call_id, "parent": parent,
-                  "name": name, "args": args or {}, "start_us": start_us,
-                  "end_us": time.time_ns() // 1000}
+        record = new_record(self.rank, self.pid, call_id, parent, name, args or {}, start_us,
+                            time.time_ns() // 1000)
         if error:
             record["error"] = error
         self._file.write(_ENCODE(record) + "\n")

@@ -50,16 +50,18 @@ class Calls:
                 self.orphans.add(r["id"])
                 parent = None
             self.children.setdefault(parent, []).append(r)
-        self._below: dict = {}
 
     def kids(self, group: list[dict]) -> list[dict]:
         return [c for call in group for c in self.children.get(call["id"], [])]
 
     def below(self, call_id) -> int:
         """How many calls ran inside this one, at any depth."""
-        if call_id not in self._below:
-            self._below[call_id] = sum(1 + self.below(c["id"]) for c in self.children.get(call_id, []))
-        return self._below[call_id]
+        count, stack = 0, [call_id]
+        while stack:   # a walk of its own, not a recursion: a rank's tree may be deep
+            kids = self.children.get(stack.pop(), [])
+            count += len(kids)
+            stack.extend(c["id"] for c in kids)
+        return count
 
     def path(self, record: dict) -> list[dict]:
         """The callers of ``record``, outermost first."""
@@ -74,7 +76,9 @@ def merge(records: list[dict]) -> list[list[dict]]:
     """Siblings grouped by name (and, for torch.distributed calls, by group), in first-seen order."""
     groups: dict = {}
     for r in records:
-        key = (r["name"], r["args"].get("group_desc") if r["name"] == NEW_GROUP else r["args"].get("group"))
+        group = r["args"].get("group_desc") if r["name"] == NEW_GROUP else r["args"].get("group")
+        # a traced step of one's own may take a "group" that is a list of ranks: keyed by its text
+        key = (r["name"], group if isinstance(group, (str, int, float, type(None))) else repr(group))
         groups.setdefault(key, []).append(r)
     return list(groups.values())
 

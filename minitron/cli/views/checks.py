@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
-from minitron.trace.reader import backend_of, layout_args, world_size_of
+from minitron.trace.reader import INIT_MP, backend_of, layout_args, world_size_of
 from minitron.cli.views.words import plural, rank_ranges
-from minitron.core.rank_generator import DESC_TO_KEY, layout
+from minitron.core.rank_generator import DESC_TO_KEY, layout, validate_parallel_sizes
 
 CHAIN = (
     "minitron.training.training.pretrain",
@@ -64,6 +64,24 @@ def has_chain(records: list[dict]) -> bool:
 def group_calls(records: list[dict]) -> list[tuple]:
     return [(tuple(r["args"]["ranks"]), r["args"]["group_desc"], r["args"].get("backend"))
             for r in records if r["name"] == NEW_GROUP]
+
+
+def layout_problem(runs: dict[int, list[dict]]) -> tuple[int, dict, str] | None:
+    """The first initialize_model_parallel record whose sizes do not tile the trace's world, as
+    (rank, record, why): the reader's ``check`` for the views, which lay ranks out by those
+    sizes (a run validated them before it traced them; a hand-edited file may not have)."""
+    world, seen = world_size_of(runs), set()
+    for rank, records in runs.items():
+        record = next((r for r in records if r["name"] == INIT_MP), None)
+        sizes = layout_args([record]) if record else None
+        if sizes is None or tuple(sizes.values()) in seen:
+            continue
+        seen.add(tuple(sizes.values()))
+        try:
+            validate_parallel_sizes(world, sizes["tp"], sizes["pp"], sizes["cp"], sizes["ep"], order=sizes["order"])
+        except ValueError as exc:
+            return rank, record, f"initialize_model_parallel's sizes do not fit the world of {world} ranks ({exc})"
+    return None
 
 
 def check_trace(runs: dict[int, list[dict]], fake: bool | None = None) -> list[Check]:

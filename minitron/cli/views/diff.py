@@ -51,7 +51,7 @@ def call_bytes(record: dict, pipeline_dtype: str = "float32") -> int:
     into a flat tensor); of a batch of point-to-point ops, the ones it sends."""
     args = record["args"]
     if "ops" in args:
-        return sum(numel(op["shape"]) * DTYPE_BYTES[op.get("dtype", pipeline_dtype)]
+        return sum(numel(op["shape"]) * DTYPE_BYTES.get(op.get("dtype", pipeline_dtype), 4)
                    for op in args["ops"] if op["op"] == "isend")
     shape = args.get("input_shape", args.get("shape"))   # all_to_all_single: what leaves
     if not isinstance(shape, list) or (shape and isinstance(shape[0], list)):

@@ -34,19 +34,20 @@ def pipeline_steps(runs: dict[int, list[dict]], iteration: int | None = None) ->
             continue
         steps = [r for r in records if r["name"] in (FORWARD, BACKWARD)]
         if iteration is not None:
-            steps = [s for s in steps if _iteration_of(records, s) == iteration]
+            by_id = {r["id"]: r for r in records}
+            steps = [s for s in steps if _iteration_of(by_id, s) == iteration]
         stages[c["pp"]] = steps
     return dict(sorted(stages.items()))
 
 
-def _iteration_of(records: list[dict], step: dict):
-    by_id = {r["id"]: r for r in records}
-    parent = step["parent"]
-    while parent is not None:
-        r = by_id[parent]
-        if r["name"].endswith("training.train_step"):
-            return r["args"].get("iteration")
-        parent = r["parent"]
+def _iteration_of(by_id: dict, step: dict):
+    """The iteration of the train_step that ``step`` ran inside, if any (a caller that never
+    returned has no record: the chain ends there)."""
+    caller = by_id.get(step["parent"])
+    while caller is not None:
+        if caller["name"].endswith("training.train_step"):
+            return caller["args"].get("iteration")
+        caller = by_id.get(caller["parent"])
     return None
 
 

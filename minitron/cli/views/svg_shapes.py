@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 
 from minitron.cli.views import svg
-from minitron.trace.reader import load_trace
+from minitron.trace.reader import TraceError, load_trace
 
 COLUMN = "minitron.core.tensor_parallel.layers.ColumnParallelLinear.forward"
 ROW = "minitron.core.tensor_parallel.layers.RowParallelLinear.forward"
@@ -146,7 +146,11 @@ def main(argv: list[str] | None = None) -> None:
     if not pairs or any(len(p) != 2 for p in pairs):
         sys.exit("usage: python -m minitron.cli.views.svg_shapes TITLE=TRACE_DIR ...  (traces of "
                  "scripts/tp_pair_trace.py --keep DIR)")
-    print(shapes_svg([(title, load_trace(directory)[0]) for title, directory in pairs]), end="")
+    try:
+        columns = [(title, load_trace(directory)[0]) for title, directory in pairs]
+    except TraceError as exc:  # one line, as the command line says it
+        sys.exit(str(exc))
+    print(shapes_svg(columns), end="")
 
 
 if __name__ == "__main__":

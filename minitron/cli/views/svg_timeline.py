@@ -28,7 +28,7 @@ import sys
 
 from minitron.cli.views import svg
 from minitron.cli.views.schedule import FORWARD, in_dependency_order, pipeline_steps, step_key
-from minitron.trace.reader import iterations, load_trace
+from minitron.trace.reader import TraceError, iterations, load_trace
 
 ROW_H, ROW_GAP, LABEL_W, RIGHT_W = 16, 3, 52, 150
 PLOT_W = 660 - LABEL_W - RIGHT_W
@@ -159,7 +159,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("usage: python -m minitron.cli.views.svg_timeline [--wall | --unit] NAME=TRACE_DIR ...")
     schedules = []
     for name, directory in pairs:
-        runs = load_trace(directory)
+        try:
+            runs = load_trace(directory)
+        except TraceError as exc:  # one line, as the command line says it
+            sys.exit(str(exc))
         done = iterations(runs)
         if not done:
             sys.exit(f"{directory} holds no training iteration (trace one with --steps 1)")
