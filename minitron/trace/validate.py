@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import math
 
-from minitron.trace.schema import FIELDS, MAX_ARGS_DEPTH, MAX_TIME_US, MAX_WORLD, OPTIONAL
-
-DIST = "torch.distributed."
+from minitron.trace.schema import DIST, FIELDS, MAX_ARGS_DEPTH, MAX_TIME_US, MAX_WORLD, OPTIONAL
 
 
 def shown(value) -> str:

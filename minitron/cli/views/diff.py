@@ -14,11 +14,11 @@ from collections import Counter, defaultdict
 from rich.table import Table
 
 from minitron.trace.reader import TRAIN_STEP, layout_args, world_size_of
+from minitron.trace.schema import DIST
 from minitron.cli.views.words import duration, human, short_name
 from minitron.core.rank_generator import DESC_TO_KEY
 from minitron.training.theoretical_params import DTYPE_BYTES   # the one table: estimate and trace agree
 
-DIST = "torch.distributed."
 SETUP = {DIST + "new_group", DIST + "init_process_group", DIST + "destroy_process_group"}
 SET_GLOBALS = "minitron.training.global_vars.set_global_variables"
 # Phases of a run, by the traced step that contains a call (the first match, outermost last).
