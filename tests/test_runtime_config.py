@@ -100,7 +100,8 @@ def test_the_seed_notes_config_resolves():
 
 def test_deepspeed_defaults():
     config = DeepSpeedConfig({"train_batch_size": 8})
-    assert config.world_size == 1 and config.gradient_clipping == 0.0 and config.steps_per_print is None
+    # gradient_clipping: 1.0 since DeepSpeed 0.19.3 (constants.py, GRADIENT_CLIPPING_DEFAULT)
+    assert config.world_size == 1 and config.gradient_clipping == 1.0 and config.steps_per_print is None
     assert not config.fp16_enabled and not config.bfloat16_enabled
     zero = config.zero_config
     assert (zero.stage, zero.reduce_bucket_size, zero.allgather_bucket_size, zero.contiguous_gradients) == \
@@ -119,7 +120,12 @@ def test_deepspeed_defaults():
     ({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"betas": [0.9]}}}, "betas"),
     ({"train_batch_size": 8, "scheduler": {"type": "WarmupDecayLR", "params": {}}}, "total_num_steps is required"),
     ({"train_batch_size": 8, "scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}}, "warmup_type"),
-    ({"train_batch_size": 8, "gradient_clipping": -1}, "gradient_clipping"),
+    ({"train_batch_size": 8, "gradient_clipping": float("inf")}, "gradient_clipping must be a finite number"),
+    ({"train_batch_size": 1e30}, "train_batch_size must be a whole number"),
+    ({"train_batch_size": 8, "fp16": {"enabled": True, "min_loss_scale": 0.5}}, "fp16.min_loss_scale"),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 2, "reduce_bucket_size": 0}}, "reduce_bucket_size"),
+    ({"train_batch_size": 8, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}}, "warmup_num_steps"),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 2, "overlap_comm": True}}, "not modelled"),
     ({"train_batch_size": "16"}, "whole number"),
     ({"train_batch_size": 8, "fp16": {"enabled": "yes"}}, "true or false"),
     ({"train_batch_size": 8, "prescale_gradients": True}, "implements only false"),
@@ -130,6 +136,29 @@ def test_every_invalid_value_is_one_line(config, message):
     with pytest.raises(DeepSpeedConfigError) as err:
         DeepSpeedConfig(config, world_size=2)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+# DeepSpeed 0.19.8 accepts these (its reader, hjson, turns whole floats below 1e10 into ints;
+# it lower-cases an optimizer's name; clipping <= 0 is off): they resolve to its values.
+ACCEPTED = [
+    ({"train_batch_size": 8.0}, "train_batch_size", 8),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 1.0}}, "zero_optimization", {"stage": 1}),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8}}, "zero_optimization",
+     {"reduce_bucket_size": 500_000_000}),
+    ({"train_batch_size": 8, "optimizer": {"type": "adam"}}, "optimizer", {"type": "Adam"}),
+    ({"train_batch_size": 8, "optimizer": {"type": "ADAMW"}}, "optimizer", {"type": "AdamW"}),
+    ({"train_batch_size": 8, "gradient_clipping": -1}, "gradient_clipping", -1.0),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 3, "overlap_comm": True}}, "zero_optimization",
+     {"overlap_comm": True}),
+]
+
+
+@pytest.mark.parametrize("config, key, expected", ACCEPTED, ids=str)
+def test_values_deepspeed_accepts_resolve_to_its_value(config, key, expected):
+    resolved = DeepSpeedConfig(config).as_dict()[key]
+    if isinstance(expected, dict):
+        resolved = {k: resolved[k] for k in expected}
+    assert resolved == expected and type(resolved) is type(expected)
 
 
 def test_ds_config_command(tmp_path):
