@@ -6,21 +6,18 @@ row that imports torch costs ~1.5 s of CPU (the others ~40 ms), so they are few.
 
 One table, run by tests/refusals.py: one torch-free interpreter forks a child per row. The
 files every row reads are written once, into one folder, by ``made`` below; a row's argv
-names them as {d}/NAME. The values DeepSpeed 0.19.8 accepts (ACCEPTED) run the same way and
+names them as {d}/NAME (tests/bad_files.py writes them). The values DeepSpeed 0.19.8 accepts (ACCEPTED) run the same way and
 must resolve to DeepSpeed's value.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
-import os
-import zipfile
-from pathlib import Path
 
 import pytest
 
+from bad_files import write_checkpoints, write_files
 from refusals import Case, run_cases
 
 TINY = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "16",
@@ -258,70 +255,11 @@ ACCEPTED = [
 ]
 
 
-def made(d: Path) -> None:
-    """Every file the rows read (rows that carry a dict of files add theirs)."""
-    (d / "ok.jsonl").write_text('{"text": "hello"}\n')
-    with open(d / "one-line.jsonl", "wb") as f:
-        f.truncate(80 << 20)  # 80 MiB without a newline: sparse, so free to make
-    for row in ROWS:
-        for rel, text in (row[3] if len(row) > 3 else {}).items():
-            (d / rel).parent.mkdir(parents=True, exist_ok=True)
-            (d / rel).write_bytes(text.encode("utf-8", "surrogateescape"))
-    for number, (text, _, _) in enumerate(ACCEPTED):
-        (d / f"accepted-{number}.json").write_text(text)
-    made_checkpoints(d)
-
-
-def made_checkpoints(d: Path) -> None:
-    """A one-shard checkpoint per --load row, each damaged its own way."""
-    import argparse
-    import io
-
-    import torch  # the shards are torch files; this test process has torch anyway
-
-    def save(obj) -> bytes:
-        buffer = io.BytesIO()
-        torch.save(obj, buffer)
-        return buffer.getvalue()
-
-    good = save({"iteration": 2, "model": {"w": torch.zeros(2)}})
-    no_pickle = io.BytesIO()
-    with zipfile.ZipFile(no_pickle, "w") as archive:
-        archive.writestr("archive/readme.txt", "not a checkpoint")
-    shards = {"shard-garbage": os.urandom(500), "shard-empty": b"", "shard-zip-no-pickle": no_pickle.getvalue(),
-              "shard-pickle-refused": save({"args": argparse.Namespace(lr=1.0)})}
-
-    def entry(data: bytes) -> dict:
-        return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-    metas = {"files-list": {"files": [SHARD]}, "files-null": {"files": None}, "files-string": {"files": SHARD},
-             "files-number": {"files": 3}, "entry-list": {"files": {SHARD: [1, 2]}},
-             "entry-no-bytes": {"files": {SHARD: {"sha256": entry(good)["sha256"]}}},
-             "entry-bytes-string": {"files": {SHARD: {**entry(good), "bytes": "12"}}},
-             "entry-bytes-negative": {"files": {SHARD: {**entry(good), "bytes": -1}}},
-             "entry-no-sha256": {"files": {SHARD: {"bytes": len(good)}}},
-             "entry-sha256-short": {"files": {SHARD: {**entry(good), "sha256": "ab"}}},
-             "path-up": {"files": {"../x.pt": entry(good)}}, "path-absolute": {"files": {"/etc/x.pt": entry(good)}},
-             "tp-string": {"tensor_model_parallel_size": "1"}, "pp-zero": {"pipeline_model_parallel_size": 0},
-             "dp-bool": {"data_parallel_size": True}, "distopt-string": {"use_distributed_optimizer": "yes"},
-             "metadata-list": []}
-    for name in [row[0][len("load "):] for row in ROWS if row[0].startswith("load ")]:
-        data = shards.get(name, good)
-        meta = metas.get(name, {"files": {SHARD: entry(data)}})
-        if isinstance(meta, dict):
-            meta = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "data_parallel_size": 1,
-                    "files": {SHARD: entry(data)}, **meta}
-        ck = d / f"ck-{name}"
-        (ck / "iter_0000002" / "mp_rank_00").mkdir(parents=True)
-        (ck / "latest_checkpointed_iteration.txt").write_text("2")
-        (ck / "iter_0000002" / "metadata.json").write_text(json.dumps(meta))
-        (ck / "iter_0000002" / SHARD).write_bytes(data)
-
-
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
     d = tmp_path_factory.mktemp("bad-files")
-    made(d)
+    write_files(d, ROWS, ACCEPTED)
+    write_checkpoints(d, [row[0][len("load "):] for row in ROWS if row[0].startswith("load ")], SHARD)
     cases = [Case([a.replace("{d}", str(d)) for a in row[1]], cwd=str(d), id=row[0]) for row in ROWS]
     cases += [Case(["ds-config", str(d / f"accepted-{n}.json"), "--json"], cwd=str(d), id=f"accepted {n}")
               for n in range(len(ACCEPTED))]
