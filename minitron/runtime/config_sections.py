@@ -167,7 +167,7 @@ def _typed_section(params: dict, key: str, kinds: dict, any_case: bool = False) 
     if any_case and isinstance(kind, str):
         # Resolved to minitron's spelling (DeepSpeed keeps "adam"): the engine tells AdamW by it.
         kind = {name.lower(): name for name in kinds}.get(kind.lower(), kind)
-    if kind not in kinds:
+    if not isinstance(kind, str) or kind not in kinds:  # (a list or an object cannot even be looked up)
         raise DeepSpeedConfigError(f"{key}.type {json_value(kind)}: minitron runs {' or '.join(kinds)}")
     return kind, _section(section, "params")
 
