@@ -231,7 +231,8 @@ ROWS = [
 ]
 
 # Values DeepSpeed 0.19.8 accepts, and what it resolves them to (its reader is hjson: a whole
-# float below 1e10 is an int; it lower-cases an optimizer's name; clipping defaults to 1.0).
+# float below 1e10 is an int; its pydantic sections drop "auto" and convert "4" or "yes"; it
+# lower-cases an optimizer's name; clipping defaults to 1.0).
 ACCEPTED = [
     ('{"train_batch_size": 8.0}', "train_batch_size", 8),
     ('{"train_micro_batch_size_per_gpu": 2.0, "gradient_accumulation_steps": 4.0}', "train_batch_size", 8),
@@ -246,6 +247,10 @@ ACCEPTED = [
      "zero_optimization.overlap_comm", True),
     ('{"train_batch_size": 8, "zero_optimization": {"stage": 0, "overlap_comm": true}}',
      "zero_optimization.overlap_comm", True),
+    ('{"train_batch_size": 8, "zero_optimization": {"stage": "auto", "reduce_bucket_size": "auto"}}',
+     "zero_optimization.reduce_bucket_size", 500_000_000),
+    ('{"train_batch_size": 8, "fp16": {"enabled": "yes", "hysteresis": "4"}}', "dynamic_loss_scale_args.delayed_shift",
+     4),
     ('{"train_batch_size": 8, "optimizer": {"type": "adam"}}', "optimizer.type", "Adam"),
     ('{"train_batch_size": 8, "optimizer": {"type": "ADAMW"}}', "optimizer.type", "AdamW"),
     ('{"train_batch_size": 8}', "gradient_clipping", 1.0),

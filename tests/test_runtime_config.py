@@ -127,7 +127,9 @@ def test_deepspeed_defaults():
     ({"train_batch_size": 8, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}}, "warmup_num_steps"),
     ({"train_batch_size": 8, "zero_optimization": {"stage": 2, "overlap_comm": True}}, "not modelled"),
     ({"train_batch_size": "16"}, "whole number"),
-    ({"train_batch_size": 8, "fp16": {"enabled": "yes"}}, "true or false"),
+    ({"train_batch_size": 8, "fp16": {"enabled": "maybe"}}, "true or false"),
+    ({"train_batch_size": 8, "fp16": {"enabled": 2}}, "true or false"),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": "one"}}, "stage must be 0, 1, 2 or 3"),
     ({"train_batch_size": 8, "prescale_gradients": True}, "implements only false"),
     ({"train_batch_sise": 8}, "did you mean 'train_batch_size'"),
     ({"train_batch_size": 8, "zero_optimization": {"stage": 1, "overlap_com": True}}, "did you mean 'overlap_comm'"),
@@ -150,6 +152,16 @@ ACCEPTED = [
     ({"train_batch_size": 8, "gradient_clipping": -1}, "gradient_clipping", -1.0),
     ({"train_batch_size": 8, "zero_optimization": {"stage": 3, "overlap_comm": True}}, "zero_optimization",
      {"overlap_comm": True}),
+    # the pydantic sections (fp16, bf16, zero_optimization) convert as pydantic v2's lax mode does,
+    # and DeepSpeedConfigModel drops "auto" (the default stands)
+    ({"train_batch_size": 8, "fp16": {"enabled": "yes"}}, "fp16_enabled", True),
+    ({"train_batch_size": 8, "bf16": {"enabled": 1}}, "bfloat16_enabled", True),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": "2"}}, "zero_optimization", {"stage": 2}),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": "auto", "reduce_bucket_size": "auto"}},
+     "zero_optimization", {"stage": 0, "reduce_bucket_size": 500_000_000}),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 1, "contiguous_gradients": "true"}}, "zero_optimization",
+     {"contiguous_gradients": True}),
+    ({"train_batch_size": 8, "fp16": {"enabled": True, "loss_scale": "128"}}, "loss_scale", 128.0),
 ]
 
 
@@ -177,3 +189,31 @@ def test_ds_config_command(tmp_path):
     path.write_text('{"train_batch_size": 16,')
     bad = subprocess.run([MINITRON, "ds-config", str(path)], capture_output=True, text=True)
     assert bad.returncode == 2 and str(path) in bad.stderr and "not valid JSON" in bad.stderr
+
+
+LAX_VALUES = [0, 1, 2, -3, 2**70, 1.0, 1.5, 2e10, float("inf"), float("nan"), True, False, None, "1", " 7 ", "1_000",
+              "5e8", "1.0", "2.", "+5", "0.00", "x", "", "true", "yes", "on", "TRUE", "Off", "n", "t", [1], {"a": 1}]
+
+
+def test_lax_values_match_pydantic():
+    """DeepSpeed's fp16/bf16/ZeRO sections are pydantic models in lax mode; config_values
+    converts as they do. Checked against pydantic itself (typer brings it here)."""
+    pydantic = pytest.importorskip("pydantic")
+    from minitron.runtime.config_values import model_flag, model_int
+
+    class Model(pydantic.BaseModel):   # the field types DeepSpeed's models use
+        number: int = 0
+        switch: bool = False
+
+    for value in LAX_VALUES:
+        for field, ours in (("number", lambda v: model_int({"k": v}, "k", 0, "s", minimum=-2**80)),
+                            ("switch", lambda v: model_flag({"k": v}, "k", False, "s"))):
+            try:
+                expected = getattr(Model(**{field: value}), field)
+            except pydantic.ValidationError:
+                expected = "refused"
+            try:
+                got = ours(value)
+            except DeepSpeedConfigError:
+                got = "refused"
+            assert got == expected and type(got) is type(expected), (field, value, got, expected)

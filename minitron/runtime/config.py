@@ -12,9 +12,10 @@ integer division and only then checks the product, so a train_batch_size that do
 is caught by the check, not by the derivation — the same happens here, with DeepSpeed's wording.
 
 The other sections (fp16, bf16, gradient_clipping, optimizer, scheduler, zero_optimization,
-steps_per_print) are parsed in ``config_sections.py``. Every bad value is one ``DeepSpeedConfigError``
-line naming the key; keys minitron does not implement are refused rather than ignored, so a config
-never promises what the run does not do.
+steps_per_print) are parsed in ``config_sections.py``, each value as DeepSpeed reads it
+(``config_values.py``). Every bad value is one ``DeepSpeedConfigError`` line naming the key;
+keys minitron does not implement are refused rather than ignored, so a config never promises
+what the run does not do.
 
 The yardstick is DeepSpeed 0.19.8: a value it accepts for a key minitron models is accepted here
 and resolves to the same value; anything else is refused. Its reader is hjson, not json, and
@@ -29,10 +30,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from minitron.runtime.config_sections import (
-    DeepSpeedConfigError, check_keys, number, parse_optimizer, parse_precision, parse_scheduler, parse_zero,
-    positive_int,
-)
+from minitron.runtime.config_sections import parse_optimizer, parse_precision, parse_scheduler, parse_zero
+from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, number, positive_int
 
 TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 # Top-level keys minitron reads; anything else is refused (see check_keys for keys accepted only
@@ -160,7 +159,7 @@ class DeepSpeedConfig:
         self.world_size = self._data_parallel_size(mpu, world_size)
         params = self._param_dict
         check_keys(params, TOP_LEVEL, DEFAULT_ONLY, where="ds_config")
-        triad = [positive_int(params, key, allow_none=True) for key in TRIAD]
+        triad = [positive_int(params, key, allow_none=True, minimum=None) for key in TRIAD]
         self.train_batch_size, self.train_micro_batch_size_per_gpu, self.gradient_accumulation_steps = \
             resolve_batch_triad(*triad, self.world_size)
         self.steps_per_print = positive_int(params, "steps_per_print", allow_none=True)  # None: DeepSpeed prints no periodic line

@@ -7,89 +7,14 @@ one line, instead of accepting a key and doing nothing with it.
 
 from __future__ import annotations
 
-import difflib
-import json
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Optional
 
-
-class DeepSpeedConfigError(ValueError):
-    """A bad ds_config value; the message is one line naming the key."""
-
-
-def check_keys(section: dict, known: tuple, default_only: dict, where: str) -> None:
-    """Refuse keys minitron does not read. ``default_only`` keys are accepted at DeepSpeed's
-    default value only (it is what minitron does anyway), so real configs that spell the
-    default out still load."""
-    for key, value in section.items():
-        if key in known:
-            continue
-        if key in default_only:
-            if value != default_only[key] or isinstance(value, bool) != isinstance(default_only[key], bool):
-                raise DeepSpeedConfigError(f"{where}.{key}: minitron implements only {json_value(default_only[key])} "
-                                           f"(DeepSpeed's default), got {json_value(value)}")
-            continue
-        close = difflib.get_close_matches(key, list(known) + list(default_only), n=1, cutoff=0.7)
-        hint = f"; did you mean {close[0]!r}?" if close else f"; minitron reads {', '.join(known)}"
-        raise DeepSpeedConfigError(f"{where}: unknown key {key!r}{hint}")
-
-
-def json_value(value: Any) -> str:
-    """The value as the JSON file spells it, cut short (a 4,000-digit number stays one line)."""
-    if isinstance(value, bool) or value is None:
-        text = json.dumps(value)
-    elif isinstance(value, float) and not math.isfinite(value):
-        text = "NaN" if value != value else "Infinity" if value > 0 else "-Infinity"
-    elif isinstance(value, int) and value.bit_length() > 256:  # repr itself refuses past 4300 digits
-        text = f"an integer of {int(value.bit_length() * math.log10(2)) + 1} digits"
-    else:
-        text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def positive_int(section: dict, key: str, allow_none: bool = False, where: str = "", minimum: int = 1,
-                 maximum: Optional[int] = None, lax: bool = False) -> Optional[int]:
-    """A whole number. ``lax``: a key DeepSpeed reads through a pydantic ``int`` field, which
-    takes a whole float of any size too (a file's ``2e10`` stays a float after hjson, see
-    config.hjson_number); the batch keys are read raw, where a float stays a float."""
-    value = section.get(key)
-    name = f"{where}.{key}" if where else key
-    if value is None and allow_none:
-        return None
-    if lax and type(value) is float and math.isfinite(value) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        why = " (hjson, DeepSpeed's reader, makes whole numbers below 1e10 integers; this stays a float)" \
-            if type(value) is float and math.isfinite(value) and value.is_integer() else ""
-        raise DeepSpeedConfigError(f"{name} must be a whole number, got {json_value(value)}{why}")
-    if allow_none and key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
-        return value  # the triad checks its own signs, with DeepSpeed's messages
-    if value < minimum:
-        raise DeepSpeedConfigError(f"{name} must be at least {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise DeepSpeedConfigError(f"{name} must be at most {maximum}, got {value}")
-    return value
-
-
-def number(section: dict, key: str, default: float, where: str, low: float = -math.inf,
-           high: float = math.inf) -> float:
-    """A finite number in [low, high]. Not finite is never a value DeepSpeed takes: its reader
-    (hjson) has no Infinity or NaN, and reads 1e400 as an error."""
-    value = section.get(key, default)
-    name = f"{where}.{key}" if where else key
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not low <= value <= high:
-        bounds = f" in [{low:g}, {high:g}]" if math.isfinite(high) else f" >= {low:g}" if math.isfinite(low) else ""
-        raise DeepSpeedConfigError(f"{name} must be a finite number{bounds}, got {json_value(value)}")
-    return float(value)
-
-
-def flag(section: dict, key: str, default: bool, where: str) -> bool:
-    value = section.get(key, default)
-    if not isinstance(value, bool):
-        raise DeepSpeedConfigError(f"{where}.{key} must be true or false, got {json_value(value)}")
-    return value
+from minitron.runtime.config_values import (  # noqa: F401 -- DeepSpeedConfigError re-exported
+    DeepSpeedConfigError, check_keys, json_value, lax_bool, model_flag, model_int, model_number, model_view, number,
+    positive_int,
+)
 
 
 def _section(params: dict, key: str) -> dict:
@@ -115,34 +40,30 @@ class Precision:
 
 
 def parse_precision(params: dict) -> Precision:
-    fp16 = _section(params, "fp16")
-    check_keys(fp16, FP16_KEYS, {"fp16_master_weights_and_grads": False, "auto_cast": False}, "fp16")
+    fp16 = model_view(_section(params, "fp16"))
+    check_keys(fp16, FP16_KEYS, {"fp16_master_weights_and_grads": False, "auto_cast": False}, "fp16", model=True)
     bf16_key = "bf16" if "bf16" in params else "bfloat16"  # DeepSpeed still reads the old name
-    bf16 = _section(params, bf16_key)
-    check_keys(bf16, ("enabled",), {"immediate_grad_update": False}, bf16_key)
-    fp16_on, bf16_on = flag(fp16, "enabled", False, "fp16"), flag(bf16, "enabled", False, bf16_key)
+    bf16 = model_view(_section(params, bf16_key))
+    check_keys(bf16, ("enabled",), {"immediate_grad_update": False}, bf16_key, model=True)
+    fp16_on, bf16_on = model_flag(fp16, "enabled", False, "fp16"), model_flag(bf16, "enabled", False, bf16_key)
     if fp16_on and bf16_on:
         raise DeepSpeedConfigError("fp16.enabled and bf16.enabled are both true; choose one")
     if not fp16_on:
         return Precision(False, bf16_on, 1.0 if bf16_on else 0.0, 1.0 if bf16_on else 2.0 ** 16, None)
-    loss_scale = number(fp16, "loss_scale", 0, "fp16", low=0)
-    # DeepSpeed reads these through pydantic int fields and checks the window and the floor
-    # (> 0) only for dynamic scaling (loss_scale 0): a static scale never uses them.
-    dynamic = loss_scale == 0
-    floor = 1 if dynamic else -2**63
+    loss_scale = model_number(fp16, "loss_scale", 0, "fp16", low=0)
+    # DeepSpeed checks the window and the floor (> 0) only for dynamic scaling (loss_scale 0):
+    # a static scale never uses them. Both refuse true/false, and min_loss_scale is an int
+    # there: 0.5 is refused ("a number with a fractional part").
+    floor = 1 if loss_scale == 0 else -2**63
     # 2**power must be a finite fp32 number: DeepSpeed takes 1024 too, and then every step
     # overflows until the scaler has halved its way below 2**128 (some 900 skipped steps).
-    power = positive_int(fp16, "initial_scale_power", where="fp16", minimum=0, maximum=127, lax=True) \
-        if "initial_scale_power" in fp16 else 16
+    power = model_int(fp16, "initial_scale_power", 16, "fp16", minimum=0, maximum=127)
     args = {
         "init_scale": 2.0 ** power,
-        "scale_window": positive_int(fp16, "loss_scale_window", where="fp16", minimum=floor, lax=True)
-        if "loss_scale_window" in fp16 else 1000,
-        "delayed_shift": positive_int(fp16, "hysteresis", where="fp16", lax=True) if "hysteresis" in fp16 else 2,
-        "consecutive_hysteresis": flag(fp16, "consecutive_hysteresis", False, "fp16"),
-        # an int in DeepSpeed: 0.5 is refused there ("a number with a fractional part")
-        "min_scale": positive_int(fp16, "min_loss_scale", where="fp16", minimum=floor, lax=True)
-        if "min_loss_scale" in fp16 else 1,
+        "scale_window": model_int(fp16, "loss_scale_window", 1000, "fp16", minimum=floor, bools=False),
+        "delayed_shift": model_int(fp16, "hysteresis", 2, "fp16"),
+        "consecutive_hysteresis": model_flag(fp16, "consecutive_hysteresis", False, "fp16"),
+        "min_scale": model_int(fp16, "min_loss_scale", 1, "fp16", minimum=floor, bools=False),
     }
     return Precision(True, False, loss_scale, 2.0 ** power, args)
 
@@ -236,27 +157,28 @@ OFFLOAD_KEYS = ("offload_param", "offload_optimizer", "cpu_offload", "cpu_offloa
 
 
 def parse_zero(params: dict) -> ZeroConfig:
-    zero = _section(params, "zero_optimization")
+    where = "zero_optimization"
+    zero = model_view(_section(params, where))
     for key in OFFLOAD_KEYS:
         value = zero.get(key)
-        if value not in (None, False, {}) and not (isinstance(value, dict) and value.get("device", "none") == "none"):
-            raise DeepSpeedConfigError(f"zero_optimization.{key}: offloading to CPU or NVMe is not implemented in "
+        off = value.get("device", "none") == "none" if isinstance(value, dict) else value is None or \
+            lax_bool(value) is False
+        if not off:
+            raise DeepSpeedConfigError(f"{where}.{key}: offloading to CPU or NVMe is not implemented in "
                                        f"minitron; remove it (or set it to false)")
     check_keys({k: v for k, v in zero.items() if k not in OFFLOAD_KEYS}, ZERO_KEYS,
-               {"allgather_partitions": True, "reduce_scatter": True}, "zero_optimization")
-    stage = zero.get("stage", 0)
-    if type(stage) is float and stage.is_integer():
-        stage = int(stage)  # pydantic's int enum takes a whole float; a file's 1.0 is 1 already
-    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
-        raise DeepSpeedConfigError(f"zero_optimization.stage must be 0, 1, 2 or 3, got {json_value(stage)}")
-    where = "zero_optimization"
+               {"allgather_partitions": True, "reduce_scatter": True}, where, model=True)
+    try:  # pydantic's int enum: 1.0, "1" and true are all stage 1
+        stage = model_int(zero, "stage", 0, where, minimum=0, maximum=3)
+    except DeepSpeedConfigError:
+        raise DeepSpeedConfigError(f"{where}.stage must be 0, 1, 2 or 3, got {json_value(zero['stage'])}") from None
     # DeepSpeed's fields: reduce_bucket_size gt=0, allgather_bucket_size ge=0.
-    reduce_size = positive_int(zero, "reduce_bucket_size", where=where, lax=True) \
-        if "reduce_bucket_size" in zero else DEFAULT_BUCKET
-    allgather = positive_int(zero, "allgather_bucket_size", where=where, minimum=0, lax=True) \
-        if "allgather_bucket_size" in zero else DEFAULT_BUCKET
-    overlap = flag(zero, "overlap_comm", stage == 3, where)  # DeepSpeed's default: on for stage 3 only
-    contiguous = flag(zero, "contiguous_gradients", True, where)
+    reduce_size = model_int(zero, "reduce_bucket_size", DEFAULT_BUCKET, where)
+    allgather = model_int(zero, "allgather_bucket_size", DEFAULT_BUCKET, where, minimum=0)
+    # Optional[bool]: null leaves DeepSpeed's default, on for stage 3 only (overlap_comm_valid)
+    overlap = model_flag(zero, "overlap_comm", stage == 3, where) if zero.get("overlap_comm") is not None \
+        else stage == 3
+    contiguous = model_flag(zero, "contiguous_gradients", True, where)
     if stage > 0:  # at stage 0 DeepSpeed runs no ZeRO optimizer, and reads none of them either
         _not_modelled(where, {"allgather_bucket_size": (allgather, DEFAULT_BUCKET), "overlap_comm": (overlap, stage == 3),
                               "contiguous_gradients": (contiguous, True)}, stage)
