@@ -55,9 +55,9 @@ def parse_precision(params: dict) -> Precision:
     # a static scale never uses them. Both refuse true/false, and min_loss_scale is an int
     # there: 0.5 is refused ("a number with a fractional part").
     floor = 1 if loss_scale == 0 else -2**63
-    # 2**power must be a finite fp32 number: DeepSpeed takes 1024 too, and then every step
+    # 2**power must be a normal fp32 number: DeepSpeed takes 1024 too, and then every step
     # overflows until the scaler has halved its way below 2**128 (some 900 skipped steps).
-    power = model_int(fp16, "initial_scale_power", 16, "fp16", minimum=0, maximum=127)
+    power = model_int(fp16, "initial_scale_power", 16, "fp16", minimum=-126, maximum=127)
     args = {
         "init_scale": 2.0 ** power,
         "scale_window": model_int(fp16, "loss_scale_window", 1000, "fp16", minimum=floor, bools=False),
