@@ -2,7 +2,8 @@
 --world_info, hostfile and core list; vscode's launch.json; preprocess's corpus and prefix;
 ds-config's values; pretrain --load's metadata and shards. Each is one line, exit code 2,
 nothing left running, and (unless the row says torch) refused before torch was imported. A
-row that imports torch costs ~1.5 s of CPU (the others ~40 ms), so they are few.
+row that imports torch costs ~1.5 s of CPU (the others ~40 ms), so they are few: the same
+checks in more variants run in-process in test_data_preprocess.py and test_runtime_config.py.
 
 One table, run by tests/refusals.py: one torch-free interpreter forks a child per row. The
 files every row reads are written once, into one folder, by ``made`` below; a row's argv
@@ -145,8 +146,6 @@ ROWS = [
     preprocess("prefix-dot", None, ["--output-prefix", "."], ["--output-prefix '.'"], torch=False),
     preprocess("null-id-70000", '{"text": "1 2 70000"}\n', ["--tokenizer-type", "NullTokenizer", "--vocab-size", "100"],
                [":1:", "token id 70000", "vocabulary"]),
-    preprocess("null-id-huge", '{"text": "1 ' + "9" * 30 + '"}\n',
-               ["--tokenizer-type", "NullTokenizer", "--vocab-size", "100"], ["token id 9999", "vocabulary"]),
     preprocess("deep-workers", '{"text": "a"}\n' + DEEP + "\n", ["--workers", "2"], [":2:", "nested too deeply"]),
     ("preprocess line over 64 MiB", ["preprocess", "--input", "{d}/one-line.jsonl", "--output-prefix", "{d}/out"],
      [":1:", "64 MiB"], {}, True),
