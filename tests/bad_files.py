@@ -16,8 +16,9 @@ def write_files(d: Path, rows: list, accepted: list) -> None:
     """Every file the rows read: a row's fourth item maps names under ``d`` to their text;
     ``accepted``'s configs are written as accepted-N.json."""
     (d / "ok.jsonl").write_text('{"text": "hello"}\n')
-    with open(d / "one-line.jsonl", "wb") as f:
-        f.truncate(80 << 20)  # 80 MiB without a newline: sparse, so free to make
+    for name in ("one-line.jsonl", "hosts-huge-file"):
+        with open(d / name, "wb") as f:
+            f.truncate(80 << 20)  # 80 MiB without a newline: sparse, so free to make
     for row in rows:
         for rel, text in (row[3] if len(row) > 3 else {}).items():
             (d / rel).parent.mkdir(parents=True, exist_ok=True)

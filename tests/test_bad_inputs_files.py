@@ -100,6 +100,8 @@ ROWS = [
     hostfile("empty", "", ["no hosts"]),
     hostfile("comments", "# nothing\n", ["no hosts"]),
     hostfile("not-utf8", "\udcff", ["UTF-8"]),
+    ("hostfile of 80 MiB", ["launch", "--hostfile", "{d}/hosts-huge-file", "--dry-run", "x.py"],
+     ["hosts-huge-file", "80 MiB is no hostfile"]),
     ("hostfile a folder", ["launch", "--hostfile", "{d}", "--dry-run", "x.py"], ["--hostfile", "no such file"]),
     cores("0-1000000000", ["more cores than"]), cores("0-8192", ["more cores than"]),
     cores("0-3,4-100000", ["more cores than"]), cores("a-b", ["'a-b'"]), cores("3-1", ["ascending"]),

@@ -32,6 +32,7 @@ class ResourceError(ValueError):
 # would take gigabytes before anything else could object. No node carries more accelerators
 # than this (DeepSpeed sets no bound, and builds the same lists).
 MAX_SLOTS_PER_HOST = 4096
+MAX_HOSTFILE_BYTES = 16 << 20   # ~40 bytes a host: room for 400,000 hosts and their comments
 # Linux is built for at most 8192 CPUs (NR_CPUS): a longer core list cannot be a machine's.
 MAX_CORES = 8192
 
@@ -48,6 +49,9 @@ def fetch_hostfile(path: str | Path) -> "OrderedDict[str, int] | None":
     path = Path(path)
     if not path.is_file():
         return None
+    if path.stat().st_size > MAX_HOSTFILE_BYTES:  # read whole below: an 8 GB file would be 8 GB here
+        raise ResourceError(f"{path}: {path.stat().st_size >> 20} MiB is no hostfile (one 'HOST slots=N' line "
+                            f"per host; at most {MAX_HOSTFILE_BYTES >> 20} MiB read)")
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as exc:
