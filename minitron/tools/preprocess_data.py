@@ -99,7 +99,7 @@ def _encode_batch(batch: tuple[int, bytes]):
                 if fast_bytes:
                     ids = np.frombuffer(tokenizer.tokenize_bytes(text), dtype=np.uint8).astype(dtype)
                 else:
-                    ids = _in_vocabulary(tokenizer.tokenize(text), tokenizer.vocab_size).astype(dtype)
+                    ids = _in_vocabulary(tokenizer.tokenize(text), tokenizer).astype(dtype)
                 if len(ids) and append_eod:
                     ids = np.append(ids, np.array(tokenizer.eod, dtype=dtype))
                 docs.append(ids)
@@ -117,9 +117,10 @@ def _encode_batch(batch: tuple[int, bytes]):
     return arrays, bad, empty, len(blob)
 
 
-def _in_vocabulary(ids: list, vocab_size: int) -> np.ndarray:
+def _in_vocabulary(ids: list, tokenizer) -> np.ndarray:
     """A tokenizer's ids, each checked to be an id of its vocabulary (NullTokenizer takes the
     numbers it reads as they are; 70000 would not fit the uint16 the .bin holds)."""
+    vocab_size = tokenizer.vocab_size
     try:
         array = np.asarray(ids, dtype=np.int64)
     except OverflowError:
@@ -127,7 +128,7 @@ def _in_vocabulary(ids: list, vocab_size: int) -> np.ndarray:
     if len(array) and not (0 <= array.min() and array.max() < vocab_size):
         wrong = next(int(i) for i in ids if not 0 <= i < vocab_size)
         raise ValueError(f"token id {str(wrong)[:20]} is outside the vocabulary (ids 0..{vocab_size - 1}; "
-                         f"{vocab_size - 1} is the end-of-document id)")
+                         f"{tokenizer.eod} is the end-of-document id)")
     return array
 
 
