@@ -28,7 +28,7 @@ VALID = {
                     "compounds": [{"name": "both", "configurations": ["mine"]}]},
     "ds_config": {"train_batch_size": 16, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
                   "fp16": {"enabled": True, "initial_scale_power": 12, "min_loss_scale": 1},
-                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95]}},
+                  "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "betas": [0.9, 0.95], "adam_w_mode": False}},
                   "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}},
                   "zero_optimization": {"stage": 2, "reduce_bucket_size": 1000}},
     "metadata": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "data_parallel_size": 2,

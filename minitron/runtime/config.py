@@ -97,7 +97,7 @@ def load_config(config: Union[str, Path, dict]) -> dict:
         raise DeepSpeedConfigError(f"{path}: {exc}") from None
     except RecursionError:
         raise DeepSpeedConfigError(f"{path}: nested too deeply to be a ds_config (a few levels of objects)") from None
-    except ValueError as exc:  # Python's cap on integer digits (4300), which hjson hits too
+    except ValueError:  # Python's cap on integer digits (4300), which hjson hits too
         raise DeepSpeedConfigError(f"{path}: a number of more than 4300 digits, which neither Python's json nor "
                                    f"DeepSpeed's hjson reads; no ds_config value needs one") from None
     if not isinstance(data, dict):

@@ -7,12 +7,11 @@ one line, instead of accepting a key and doing nothing with it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Optional
 
 from minitron.runtime.config_values import (  # noqa: F401 -- DeepSpeedConfigError re-exported
-    DeepSpeedConfigError, check_keys, json_value, lax_bool, model_flag, model_int, model_number, model_view, number,
+    DeepSpeedConfigError, check_keys, flag, json_value, lax_bool, model_flag, model_int, model_number, model_view, number,
     positive_int,
 )
 
