@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -55,6 +56,43 @@ def test_bad_line_names_its_number_and_leaves_no_files(tmp_path, monkeypatch):
     src = jsonl(tmp_path / "in.jsonl", [{"text": "ok"}, {"body": "no text key"}])
     with pytest.raises(ValueError, match=r":2: no string under key 'text'"):
         run_preprocess(src, str(tmp_path / "out"), progress=False)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("1 2 70000", "token id 70000 is outside the vocabulary (ids 0..100"),   # uint16 would overflow
+    ("1 -2", "token id -2 is outside"),
+    ("1 " + "9" * 30, "token id 99999999999999999999 is outside"),            # beyond int64 too
+])
+def test_null_tokenizer_ids_outside_the_vocabulary(tmp_path, text, words):
+    src = jsonl(tmp_path / "in.jsonl", [{"text": "1 2"}, {"text": text}])
+    with pytest.raises(ValueError, match=r":2: " + re.escape(words)):
+        run_preprocess(src, str(tmp_path / "out"), "NullTokenizer", vocab_size=100, progress=False)
+    result = run_preprocess(jsonl(tmp_path / "ok.jsonl", [{"text": "0 99 100"}]), str(tmp_path / "out"),
+                            "NullTokenizer", vocab_size=100, progress=False)
+    assert result.tokens == 3   # 100 is the end-of-document id, inside the vocabulary
+
+
+def test_nesting_and_long_lines_are_bad_lines(tmp_path, monkeypatch):
+    src = jsonl(tmp_path / "in.jsonl", [{"text": "ok"}, "[" * 10000 + "]" * 10000 + "\n"])
+    with pytest.raises(ValueError, match=r":2: JSON nested too deeply"):
+        run_preprocess(src, str(tmp_path / "out"), progress=False)
+    result = run_preprocess(src, str(tmp_path / "out"), skip_bad_lines=True, progress=False)
+    assert result.documents == 1 and result.skipped[0][0] == 2
+    monkeypatch.setattr(preprocess_data, "MAX_LINE_BYTES", 100)
+    monkeypatch.setattr(preprocess_data, "_BATCH_BYTES", 16)   # the long line spans many reads
+    src = jsonl(tmp_path / "long.jsonl", [{"text": "ok"}, {"text": "x" * 200}])
+    with pytest.raises(ValueError, match=r"long\.jsonl:2: a line longer than 0 MiB"):
+        run_preprocess(src, str(tmp_path / "out"), progress=False)
+    monkeypatch.setattr(preprocess_data, "MAX_LINE_BYTES", 300)   # just fits: read whole, in order
+    assert run_preprocess(src, str(tmp_path / "out"), progress=False).documents == 2
+
+
+def test_an_output_prefix_needs_a_file_name(tmp_path):
+    src = jsonl(tmp_path / "in.jsonl", [{"text": "ok"}])
+    for prefix in ("", str(tmp_path) + os.sep, "."):
+        with pytest.raises(ValueError, match="has no file name"):
+            run_preprocess(src, prefix, progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
 
 
 def test_skip_bad_lines_counts_them(tmp_path, capsys):

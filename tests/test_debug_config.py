@@ -123,7 +123,8 @@ def test_a_fresh_launch_json(tmp_path):
     for config in data["configurations"]:
         assert (config["type"], config["request"], config["justMyCode"]) == ("debugpy", "attach", False)
         assert config["connect"]["host"] == "127.0.0.1"
-        assert config["pathMappings"] == [{"localRoot": str(CHECKOUT), "remoteRoot": str(CHECKOUT)}]
+        # The editor's side as VS Code users write it; the ranks' side where they import minitron.
+        assert config["pathMappings"] == [{"localRoot": "${workspaceFolder}", "remoteRoot": str(CHECKOUT)}]
     assert (CHECKOUT / "minitron" / "core" / "parallel_state.py").is_file()  # the right root
     assert data["compounds"] == [{"name": COMPOUND_NAME, "configurations": [
         "minitron rank 0", "minitron rank 1", "minitron rank 2"], "presentation": {"group": "minitron"}}]

@@ -98,7 +98,8 @@ def test_the_seed_notes_config_resolves():
 
 def test_deepspeed_defaults():
     config = DeepSpeedConfig({"train_batch_size": 8})
-    assert config.world_size == 1 and config.gradient_clipping == 0.0 and config.steps_per_print is None
+    # gradient_clipping: 1.0 since DeepSpeed 0.19.3 (constants.py, GRADIENT_CLIPPING_DEFAULT)
+    assert config.world_size == 1 and config.gradient_clipping == 1.0 and config.steps_per_print is None
     assert not config.fp16_enabled and not config.bfloat16_enabled
     zero = config.zero_config
     assert (zero.stage, zero.reduce_bucket_size, zero.allgather_bucket_size, zero.contiguous_gradients) == \
@@ -117,9 +118,16 @@ def test_deepspeed_defaults():
     ({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"betas": [0.9]}}}, "betas"),
     ({"train_batch_size": 8, "scheduler": {"type": "WarmupDecayLR", "params": {}}}, "total_num_steps is required"),
     ({"train_batch_size": 8, "scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}}, "warmup_type"),
-    ({"train_batch_size": 8, "gradient_clipping": -1}, "gradient_clipping"),
+    ({"train_batch_size": 8, "gradient_clipping": float("inf")}, "gradient_clipping must be a finite number"),
+    ({"train_batch_size": 1e30}, "train_batch_size must be a whole number"),
+    ({"train_batch_size": 8, "fp16": {"enabled": True, "min_loss_scale": 0.5}}, "fp16.min_loss_scale"),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 2, "reduce_bucket_size": 0}}, "reduce_bucket_size"),
+    ({"train_batch_size": 8, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}}, "warmup_num_steps"),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 2, "overlap_comm": True}}, "not modelled"),
     ({"train_batch_size": "16"}, "whole number"),
-    ({"train_batch_size": 8, "fp16": {"enabled": "yes"}}, "true or false"),
+    ({"train_batch_size": 8, "fp16": {"enabled": "maybe"}}, "true or false"),
+    ({"train_batch_size": 8, "fp16": {"enabled": 2}}, "true or false"),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": "one"}}, "stage must be 0, 1, 2 or 3"),
     ({"train_batch_size": 8, "prescale_gradients": True}, "implements only false"),
     ({"train_batch_sise": 8}, "did you mean 'train_batch_size'"),
     ({"train_batch_size": 8, "zero_optimization": {"stage": 1, "overlap_com": True}}, "did you mean 'overlap_comm'"),
@@ -128,6 +136,42 @@ def test_every_invalid_value_is_one_line(config, message):
     with pytest.raises(DeepSpeedConfigError) as err:
         DeepSpeedConfig(config, world_size=2)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+# DeepSpeed 0.19.8 accepts these (its reader, hjson, turns whole floats below 1e10 into ints;
+# it lower-cases an optimizer's name; clipping <= 0 is off): they resolve to its values.
+ACCEPTED = [
+    ({"train_batch_size": 8.0}, "train_batch_size", 8),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 1.0}}, "zero_optimization", {"stage": 1}),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8}}, "zero_optimization",
+     {"reduce_bucket_size": 500_000_000}),
+    ({"train_batch_size": 8, "optimizer": {"type": "adam"}}, "optimizer", {"type": "Adam"}),
+    ({"train_batch_size": 8, "optimizer": {"type": "ADAMW"}}, "optimizer", {"type": "AdamW"}),
+    ({"train_batch_size": 8, "optimizer": {"type": "adam", "params": {"adam_w_mode": False}}}, "optimizer",
+     {"type": "Adam", "params": {"lr": 1e-3, "eps": 1e-8, "weight_decay": 0.0, "betas": [0.9, 0.999],
+                                 "adam_w_mode": False}}),
+    ({"train_batch_size": 8, "gradient_clipping": -1}, "gradient_clipping", -1.0),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 3, "overlap_comm": True}}, "zero_optimization",
+     {"overlap_comm": True}),
+    # the pydantic sections (fp16, bf16, zero_optimization) convert as pydantic v2's lax mode does,
+    # and DeepSpeedConfigModel drops "auto" (the default stands)
+    ({"train_batch_size": 8, "fp16": {"enabled": "yes"}}, "fp16_enabled", True),
+    ({"train_batch_size": 8, "bf16": {"enabled": 1}}, "bfloat16_enabled", True),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": "2"}}, "zero_optimization", {"stage": 2}),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": "auto", "reduce_bucket_size": "auto"}},
+     "zero_optimization", {"stage": 0, "reduce_bucket_size": 500_000_000}),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 1, "contiguous_gradients": "true"}}, "zero_optimization",
+     {"contiguous_gradients": True}),
+    ({"train_batch_size": 8, "fp16": {"enabled": True, "loss_scale": "128"}}, "loss_scale", 128.0),
+]
+
+
+@pytest.mark.parametrize("config, key, expected", ACCEPTED, ids=str)
+def test_values_deepspeed_accepts_resolve_to_its_value(config, key, expected):
+    resolved = DeepSpeedConfig(config).as_dict()[key]
+    if isinstance(expected, dict):
+        resolved = {k: resolved[k] for k in expected}
+    assert resolved == expected and type(resolved) is type(expected)
 
 
 def test_ds_config_command(tmp_path):
@@ -146,3 +190,31 @@ def test_ds_config_command(tmp_path):
     path.write_text('{"train_batch_size": 16,')
     bad = subprocess.run([MINITRON, "ds-config", str(path)], capture_output=True, text=True)
     assert bad.returncode == 2 and str(path) in bad.stderr and "not valid JSON" in bad.stderr
+
+
+LAX_VALUES = [0, 1, 2, -3, 2**70, 1.0, 1.5, 2e10, float("inf"), float("nan"), True, False, None, "1", " 7 ", "1_000",
+              "5e8", "1.0", "2.", "+5", "0.00", "x", "", "true", "yes", "on", "TRUE", "Off", "n", "t", [1], {"a": 1}]
+
+
+def test_lax_values_match_pydantic():
+    """DeepSpeed's fp16/bf16/ZeRO sections are pydantic models in lax mode; config_values
+    converts as they do. Checked against pydantic itself (typer brings it here)."""
+    pydantic = pytest.importorskip("pydantic")
+    from minitron.runtime.config_values import model_flag, model_int
+
+    class Model(pydantic.BaseModel):   # the field types DeepSpeed's models use
+        number: int = 0
+        switch: bool = False
+
+    for value in LAX_VALUES:
+        for field, ours in (("number", lambda v: model_int({"k": v}, "k", 0, "s", minimum=-2**80)),
+                            ("switch", lambda v: model_flag({"k": v}, "k", False, "s"))):
+            try:
+                expected = getattr(Model(**{field: value}), field)
+            except pydantic.ValidationError:
+                expected = "refused"
+            try:
+                got = ours(value)
+            except DeepSpeedConfigError:
+                got = "refused"
+            assert got == expected and type(got) is type(expected), (field, value, got, expected)

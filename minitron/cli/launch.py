@@ -223,8 +223,8 @@ def launch(
     if not module and not no_python and not dry_run and not Path(args[0]).is_file():
         raise UserError(f"no such script: {args[0]}")
     cores = cores_to_share(bind_cores_to_rank, bind_core_list, dry_run)
+    from minitron.launcher.runner import ResourceError, decode_world_info  # lazy: see launch()
     if world_info is not None:
-        from minitron.launcher.runner import ResourceError, decode_world_info  # lazy: see launch()
         if hostfile or include or exclude or num_nodes >= 0 or num_gpus >= 0:
             raise UserError("--world_info already says which hosts and slots: drop --hostfile/--include/--exclude/"
                             "--num_nodes/--num_gpus")
@@ -239,6 +239,12 @@ def launch(
     program = (["--module", module] if module else []) + args
     if dry_run:
         if pool is None:
+            from minitron.launcher.runner import check_slot_count  # lazy: see launch()
+            check_world(world)
+            try:  # a row per rank: 10**9 of them would be gigabytes before the first line
+                check_slot_count("localhost", world, f"--world {world}")
+            except ResourceError as exc:
+                raise UserError(str(exc)) from None
             pool = OrderedDict(localhost=list(range(world)))
         if cores is not None:   # every host's split must work before anything is shown
             for slots in pool.values():

@@ -28,12 +28,30 @@ class ResourceError(ValueError):
     """A bad hostfile or filter; the message is one line."""
 
 
+# Every slot becomes a list entry (and, on a dry run, a row), so a typo such as slots=1000000000
+# would take gigabytes before anything else could object. No node carries more accelerators
+# than this (DeepSpeed sets no bound, and builds the same lists).
+MAX_SLOTS_PER_HOST = 4096
+MAX_HOSTFILE_BYTES = 16 << 20   # ~40 bytes a host: room for 400,000 hosts and their comments
+# Linux is built for at most 8192 CPUs (NR_CPUS): a longer core list cannot be a machine's.
+MAX_CORES = 8192
+
+
+def check_slot_count(host: str, slots: int, source: str) -> None:
+    if slots > MAX_SLOTS_PER_HOST:
+        raise ResourceError(f"{source}: {host} with more than {MAX_SLOTS_PER_HOST} slots; a host has at most "
+                            f"{MAX_SLOTS_PER_HOST} (one per accelerator): give its device count")
+
+
 def fetch_hostfile(path: str | Path) -> "OrderedDict[str, int] | None":
     """``{host: slots}`` from DeepSpeed's hostfile format; None when there is no such file (DeepSpeed
     then warns and uses the local machine only)."""
     path = Path(path)
     if not path.is_file():
         return None
+    if path.stat().st_size > MAX_HOSTFILE_BYTES:  # read whole below: an 8 GB file would be 8 GB here
+        raise ResourceError(f"{path}: {path.stat().st_size >> 20} MiB is no hostfile (one 'HOST slots=N' line "
+                            f"per host; at most {MAX_HOSTFILE_BYTES >> 20} MiB read)")
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as exc:
@@ -55,7 +73,9 @@ def _parse_hostfile(lines: list[str]) -> "OrderedDict[str, int]":
         host = match.group(1)
         if host in pool:
             raise ResourceError(f"{host} appears twice; give each host one line")
-        pool[host] = int(match.group(2))
+        digits = match.group(2)
+        pool[host] = int(digits) if len(digits) <= 9 else MAX_SLOTS_PER_HOST + 1  # no 5,000-digit int()
+        check_slot_count(host, pool[host], f"{line[:60]!r}")
     if not pool:
         raise ResourceError("no hosts: the hostfile is empty or has only comments")
     return pool
@@ -125,7 +145,10 @@ def active_resources(hostfile: str | Path | None, local_slots: int, include: str
     if pool is None:
         if num_nodes > 1:
             raise ResourceError(f"--num_nodes {num_nodes} needs a hostfile naming that many hosts (--hostfile)")
+        check_slot_count("localhost", local_slots, "--world")
         pool = OrderedDict(localhost=local_slots)
+    if num_gpus > 0:
+        check_slot_count("each host", num_gpus, "--num_gpus")
     active = parse_inclusion_exclusion(pool, include, exclude)
     if num_nodes > 0:
         active = OrderedDict(list(active.items())[:num_nodes])
@@ -141,10 +164,30 @@ def encode_world_info(world_info: dict) -> str:
 
 
 def decode_world_info(encoded: str) -> "OrderedDict[str, list[int]]":
+    """launch.py's --world_info: base64 of ``{"host": [slot, ...], ...}``, checked as a schema
+    (launch.py indexes it as one and fails deep inside with an IndexError or a TypeError)."""
     try:
-        return json.loads(base64.urlsafe_b64decode(encoded), object_pairs_hook=OrderedDict)
-    except (ValueError, UnicodeDecodeError):
-        raise ResourceError(f"{encoded[:20]}...: not a base64-encoded world_info") from None
+        info = json.loads(base64.urlsafe_b64decode(encoded), object_pairs_hook=OrderedDict)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise ResourceError(f"--world_info {encoded[:20]}...: not a base64-encoded world_info") from None
+    shape = 'a JSON object {"HOST": [SLOT, ...]} in base64'
+    if not isinstance(info, dict) or not info:
+        raise ResourceError(f"--world_info decodes to {json.dumps(info)[:40]}, not {shape}")
+    for host, slots in info.items():
+        if not host.strip():
+            raise ResourceError(f"--world_info: a host with an empty name; it should be {shape}")
+        if not isinstance(slots, list) or not slots:
+            raise ResourceError(f"--world_info: host {host!r} has {json.dumps(slots)[:40]}, not a list of slot "
+                                f"numbers such as [0, 1]")
+        check_slot_count(host, len(slots), "--world_info")
+        for slot in slots:
+            if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < MAX_SLOTS_PER_HOST:
+                raise ResourceError(f"--world_info: host {host!r} lists slot {json.dumps(slot)[:40]}; a slot is a "
+                                    f"device number from 0 to {MAX_SLOTS_PER_HOST - 1}")
+        if len(set(slots)) != len(slots):
+            raise ResourceError(f"--world_info: host {host!r} lists a slot twice ({slots[:8]}); each device "
+                                "takes one rank")
+    return info
 
 
 def node_rank_env(world_info: dict, node_rank: int, master_addr: str, master_port: int) -> list[dict]:
@@ -197,6 +240,9 @@ def parse_range_list(text: str) -> list[int]:
         if first > last or first < 0 or (cores and first <= cores[-1]):
             raise ResourceError(f"--bind_core_list {text}: the ranges must be ascending and not overlap "
                                 f"({piece!r})")
+        if len(cores) + last - first + 1 > MAX_CORES:  # before the list is built: 0-1000000000 is 8 GB
+            raise ResourceError(f"--bind_core_list {text[:40]}: {piece!r} names more cores than a machine can have "
+                                f"(Linux is built for at most {MAX_CORES} CPUs)")
         cores.extend(range(first, last + 1))
     return cores
 

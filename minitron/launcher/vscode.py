@@ -36,9 +36,11 @@ def attach_configuration(rank: int, port: int, host: str) -> dict:
         "type": "debugpy",             # the Python Debugger extension ("python" is its old name)
         "request": "attach",           # the rank is already running; we only connect to it
         "connect": {"host": host, "port": port},
-        # The ranks run on this machine from this checkout, so a file has the same path on
-        # both sides. On another node, remoteRoot would be that node's checkout.
-        "pathMappings": [{"localRoot": str(CHECKOUT), "remoteRoot": str(CHECKOUT)}],
+        # The editor's side is the folder VS Code has open (the checkout, whose .vscode holds
+        # this file), spelt as VS Code users expect and as it reads on anyone's machine; the
+        # rank's side is where the ranks import minitron from. On another node, remoteRoot
+        # would be that node's checkout.
+        "pathMappings": [{"localRoot": "${workspaceFolder}", "remoteRoot": str(CHECKOUT)}],
         "justMyCode": False,           # step into minitron and torch.distributed, not only "your" code
         "presentation": {**MARK, "order": rank},  # our mark; VS Code lists them together, in rank order
     }
@@ -102,13 +104,34 @@ def read_launch_json(path: Path) -> tuple[dict, bool]:
     except json.JSONDecodeError as exc:
         raise ValueError(f"cannot read {path} as JSON with comments ({exc.msg} near line {exc.lineno}); "
                          f"it was left untouched: fix it, or write elsewhere with --path") from None
+    except RecursionError:  # Python's parser recurses per level; a launch.json has three or four
+        raise ValueError(f"{path} is nested too deeply to be a launch.json; it was left untouched: fix it, "
+                         f"or write elsewhere with --path") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} holds a JSON {type(data).__name__}, not an object with "
                          f"\"configurations\"; it was left untouched: fix it or use --path")
     for key in ("configurations", "compounds"):
         if not isinstance(data.get(key, []), list):
             raise ValueError(f"{path}: \"{key}\" is not a list; it was left untouched: fix it or use --path")
+        for number, entry in enumerate(data.get(key, [])):
+            _check_entry(path, f"{key}[{number}]", entry)
     return data, had_comment
+
+
+def _check_entry(path: Path, where: str, entry) -> None:
+    """What the merge reads of an entry, as VS Code's schema has it: an object, its name a
+    string. Anything else would surface as a TypeError halfway through the merge."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{path}: {where} is a JSON {_kind(entry)}, not a configuration object; it was left "
+                         f"untouched: fix it or use --path")
+    if "name" in entry and not isinstance(entry["name"], str):
+        raise ValueError(f"{path}: {where}.name is a JSON {_kind(entry['name'])}, not a string; it was left "
+                         f"untouched: fix it or use --path")
+
+
+def _kind(value) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
 
 
 # What an earlier minitron wrote before it marked its entries: exactly these keys, our names.
@@ -142,6 +165,9 @@ def write_launch_json(path, world: int, port_base: int, host: str = "127.0.0.1")
     path = Path(path)
     if world < 1:
         raise ValueError(f"--world must be at least 1, got {world}")
+    if not host.strip() or any(c.isspace() for c in host):
+        raise ValueError(f"--debug-host {host!r} is not an address; use 127.0.0.1 (this machine only), or the "
+                         f"address the ranks listen on")
     if not 1 <= port_base <= 65535 - (world - 1):
         raise ValueError(f"--debug-port-base {port_base}: ranks 0..{world - 1} need ports "
                          f"{port_base}..{port_base + world - 1}, which must lie within 1..65535")

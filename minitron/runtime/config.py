@@ -12,21 +12,26 @@ integer division and only then checks the product, so a train_batch_size that do
 is caught by the check, not by the derivation — the same happens here, with DeepSpeed's wording.
 
 The other sections (fp16, bf16, gradient_clipping, optimizer, scheduler, zero_optimization,
-steps_per_print) are parsed in ``config_sections.py``. Every bad value is one ``DeepSpeedConfigError``
-line naming the key; keys minitron does not implement are refused rather than ignored, so a config
-never promises what the run does not do.
+steps_per_print) are parsed in ``config_sections.py``, each value as DeepSpeed reads it
+(``config_values.py``). Every bad value is one ``DeepSpeedConfigError`` line naming the key;
+keys minitron does not implement are refused rather than ignored, so a config never promises
+what the run does not do.
+
+The yardstick is DeepSpeed 0.19.8: a value it accepts for a key minitron models is accepted here
+and resolves to the same value; anything else is refused. Its reader is hjson, not json, and
+that decides more than one might think (see ``hjson_number``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from minitron.runtime.config_sections import (
-    DeepSpeedConfigError, check_keys, parse_optimizer, parse_precision, parse_scheduler, parse_zero, positive_int,
-)
+from minitron.runtime.config_sections import parse_optimizer, parse_precision, parse_scheduler, parse_zero
+from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, number, positive_int
 
 TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 # Top-level keys minitron reads; anything else is refused (see check_keys for keys accepted only
@@ -46,22 +51,55 @@ def _no_duplicate_keys(pairs):
     return seen
 
 
+def hjson_number(text: str) -> Union[int, float]:
+    """A JSON number with a fraction or an exponent, as DeepSpeed's reader (hjson 3.1) returns it:
+    a whole value below 1e10 becomes an int. So ``"stage": 1.0``, ``"train_batch_size": 8.0`` and
+    ``"reduce_bucket_size": 5e8`` (the form DeepSpeed's own docs use) reach DeepSpeed as 1, 8 and
+    500000000, and must here too; ``1e30`` stays a float, and 1e400 is infinite (hjson refuses
+    it, and every number check here refuses what is not finite)."""
+    value = float(text)
+    return int(value) if math.isfinite(value) and value.is_integer() and abs(value) < 1e10 else value
+
+
+def _as_hjson_reads(value):
+    """A dict given by a program, its floats made what hjson would have made of them in a file:
+    one rule for both ways in (a dict, to DeepSpeed, is taken as it is; its pydantic models
+    then turn a whole float into an int anyway, and its batch arithmetic gives the same
+    numbers)."""
+    if isinstance(value, dict):
+        return {k: _as_hjson_reads(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_hjson_reads(v) for v in value]
+    return hjson_number(repr(value)) if type(value) is float else value
+
+
 def load_config(config: Union[str, Path, dict]) -> dict:
-    """The config as a dict: a dict is taken as is, a path is read as JSON (duplicate keys refused,
-    as DeepSpeed refuses them)."""
+    """The config as a dict: a dict is taken as is (its floats read as hjson reads them), a path
+    is read as JSON (duplicate keys refused, as DeepSpeed refuses them)."""
     if isinstance(config, dict):
-        return dict(config)
+        try:
+            return _as_hjson_reads(config)
+        except RecursionError:
+            raise DeepSpeedConfigError("the ds_config dict is nested too deeply to be a ds_config") from None
     path = Path(config)
     if not path.is_file():
         raise DeepSpeedConfigError(f"{path}: no such file; give the path of a ds_config JSON file")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicate_keys)
+        # Infinity and NaN are not JSON (hjson reads them as the text "Infinity"); json gives
+        # floats, which every number check below refuses by the key's name.
+        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicate_keys,
+                          parse_float=hjson_number)
     except UnicodeDecodeError as exc:
         raise DeepSpeedConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise DeepSpeedConfigError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except DeepSpeedConfigError as exc:
         raise DeepSpeedConfigError(f"{path}: {exc}") from None
+    except RecursionError:
+        raise DeepSpeedConfigError(f"{path}: nested too deeply to be a ds_config (a few levels of objects)") from None
+    except ValueError:  # Python's cap on integer digits (4300), which hjson hits too
+        raise DeepSpeedConfigError(f"{path}: a number of more than 4300 digits, which neither Python's json nor "
+                                   f"DeepSpeed's hjson reads; no ds_config value needs one") from None
     if not isinstance(data, dict):
         raise DeepSpeedConfigError(f"{path}: a ds_config is a JSON object, got {type(data).__name__}")
     return data
@@ -121,14 +159,13 @@ class DeepSpeedConfig:
         self.world_size = self._data_parallel_size(mpu, world_size)
         params = self._param_dict
         check_keys(params, TOP_LEVEL, DEFAULT_ONLY, where="ds_config")
-        triad = [positive_int(params, key, allow_none=True) for key in TRIAD]
+        triad = [positive_int(params, key, allow_none=True, minimum=None) for key in TRIAD]
         self.train_batch_size, self.train_micro_batch_size_per_gpu, self.gradient_accumulation_steps = \
             resolve_batch_triad(*triad, self.world_size)
         self.steps_per_print = positive_int(params, "steps_per_print", allow_none=True)  # None: DeepSpeed prints no periodic line
-        clip = params.get("gradient_clipping", 0.0)
-        if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip >= 0:
-            raise DeepSpeedConfigError(f"gradient_clipping must be a number >= 0 (0 turns it off), got {clip!r}")
-        self.gradient_clipping = float(clip)
+        # 1.0 since DeepSpeed 0.19.3 (0 before). DeepSpeed clips when the value is > 0, so 0 or
+        # a negative value turns clipping off there and here alike.
+        self.gradient_clipping = number(params, "gradient_clipping", 1.0, "")
         precision = parse_precision(params)
         self.fp16_enabled, self.bfloat16_enabled = precision.fp16, precision.bf16
         self.loss_scale, self.initial_dynamic_scale = precision.loss_scale, precision.initial_scale

@@ -7,64 +7,13 @@ one line, instead of accepting a key and doing nothing with it.
 
 from __future__ import annotations
 
-import difflib
-import math
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Optional
 
-
-class DeepSpeedConfigError(ValueError):
-    """A bad ds_config value; the message is one line naming the key."""
-
-
-def check_keys(section: dict, known: tuple, default_only: dict, where: str) -> None:
-    """Refuse keys minitron does not read. ``default_only`` keys are accepted at DeepSpeed's
-    default value only (it is what minitron does anyway), so real configs that spell the
-    default out still load."""
-    for key, value in section.items():
-        if key in known:
-            continue
-        if key in default_only:
-            if value != default_only[key] or isinstance(value, bool) != isinstance(default_only[key], bool):
-                raise DeepSpeedConfigError(f"{where}.{key}: minitron implements only {json_value(default_only[key])} "
-                                           f"(DeepSpeed's default), got {json_value(value)}")
-            continue
-        close = difflib.get_close_matches(key, list(known) + list(default_only), n=1, cutoff=0.7)
-        hint = f"; did you mean {close[0]!r}?" if close else f"; minitron reads {', '.join(known)}"
-        raise DeepSpeedConfigError(f"{where}: unknown key {key!r}{hint}")
-
-
-def json_value(value: Any) -> str:
-    return "true" if value is True else "false" if value is False else repr(value)
-
-
-def positive_int(section: dict, key: str, allow_none: bool = False, where: str = "", minimum: int = 1) -> Optional[int]:
-    value = section.get(key)
-    name = f"{where}.{key}" if where else key
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise DeepSpeedConfigError(f"{name} must be a whole number, got {json_value(value)}")
-    if allow_none and key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
-        return value  # the triad checks its own signs, with DeepSpeed's messages
-    if value < minimum:
-        raise DeepSpeedConfigError(f"{name} must be at least {minimum}, got {value}")
-    return value
-
-
-def number(section: dict, key: str, default: float, where: str, low: float = -math.inf,
-           high: float = math.inf) -> float:
-    value = section.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise DeepSpeedConfigError(f"{where}.{key} must be a number in [{low}, {high}], got {json_value(value)}")
-    return float(value)
-
-
-def flag(section: dict, key: str, default: bool, where: str) -> bool:
-    value = section.get(key, default)
-    if not isinstance(value, bool):
-        raise DeepSpeedConfigError(f"{where}.{key} must be true or false, got {json_value(value)}")
-    return value
+from minitron.runtime.config_values import (  # noqa: F401 -- DeepSpeedConfigError re-exported
+    DeepSpeedConfigError, check_keys, flag, json_value, lax_bool, model_flag, model_int, model_number, model_view, number,
+    positive_int,
+)
 
 
 def _section(params: dict, key: str) -> dict:
@@ -90,27 +39,31 @@ class Precision:
 
 
 def parse_precision(params: dict) -> Precision:
-    fp16 = _section(params, "fp16")
-    check_keys(fp16, FP16_KEYS, {"fp16_master_weights_and_grads": False, "auto_cast": False}, "fp16")
+    fp16 = model_view(_section(params, "fp16"))
+    check_keys(fp16, FP16_KEYS, {"fp16_master_weights_and_grads": False, "auto_cast": False}, "fp16", model=True)
     bf16_key = "bf16" if "bf16" in params else "bfloat16"  # DeepSpeed still reads the old name
-    bf16 = _section(params, bf16_key)
-    check_keys(bf16, ("enabled",), {"immediate_grad_update": False}, bf16_key)
-    fp16_on, bf16_on = flag(fp16, "enabled", False, "fp16"), flag(bf16, "enabled", False, bf16_key)
+    bf16 = model_view(_section(params, bf16_key))
+    check_keys(bf16, ("enabled",), {"immediate_grad_update": False}, bf16_key, model=True)
+    fp16_on, bf16_on = model_flag(fp16, "enabled", False, "fp16"), model_flag(bf16, "enabled", False, bf16_key)
     if fp16_on and bf16_on:
         raise DeepSpeedConfigError("fp16.enabled and bf16.enabled are both true; choose one")
     if not fp16_on:
         return Precision(False, bf16_on, 1.0 if bf16_on else 0.0, 1.0 if bf16_on else 2.0 ** 16, None)
-    power = positive_int(fp16, "initial_scale_power", where="fp16", minimum=0) if "initial_scale_power" in fp16 else 16
+    loss_scale = model_number(fp16, "loss_scale", 0, "fp16", low=0)
+    # DeepSpeed checks the window and the floor (> 0) only for dynamic scaling (loss_scale 0):
+    # a static scale never uses them. Both refuse true/false, and min_loss_scale is an int
+    # there: 0.5 is refused ("a number with a fractional part").
+    floor = 1 if loss_scale == 0 else -2**63
+    # 2**power must be a normal fp32 number: DeepSpeed takes 1024 too, and then every step
+    # overflows until the scaler has halved its way below 2**128 (some 900 skipped steps).
+    power = model_int(fp16, "initial_scale_power", 16, "fp16", minimum=-126, maximum=127)
     args = {
         "init_scale": 2.0 ** power,
-        "scale_window": positive_int(fp16, "loss_scale_window", where="fp16") if "loss_scale_window" in fp16 else 1000,
-        "delayed_shift": positive_int(fp16, "hysteresis", where="fp16") if "hysteresis" in fp16 else 2,
-        "consecutive_hysteresis": flag(fp16, "consecutive_hysteresis", False, "fp16"),
-        "min_scale": number(fp16, "min_loss_scale", 1, "fp16", low=0, high=math.inf),
+        "scale_window": model_int(fp16, "loss_scale_window", 1000, "fp16", minimum=floor, bools=False),
+        "delayed_shift": model_int(fp16, "hysteresis", 2, "fp16"),
+        "consecutive_hysteresis": model_flag(fp16, "consecutive_hysteresis", False, "fp16"),
+        "min_scale": model_int(fp16, "min_loss_scale", 1, "fp16", minimum=floor, bools=False),
     }
-    if args["min_scale"] <= 0:
-        raise DeepSpeedConfigError("fp16.min_loss_scale must be greater than 0")
-    loss_scale = number(fp16, "loss_scale", 0, "fp16", low=0)
     return Precision(True, False, loss_scale, 2.0 ** power, args)
 
 
@@ -122,21 +75,26 @@ SCHEDULERS = {"WarmupLR": ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
                                 "total_num_steps")}
 
 
-def _typed_section(params: dict, key: str, kinds: dict) -> tuple[Optional[str], dict]:
-    """``{"type": ..., "params": {...}}`` sections: the type (one minitron runs) and its params."""
+def _typed_section(params: dict, key: str, kinds: dict, any_case: bool = False) -> tuple[Optional[str], dict]:
+    """``{"type": ..., "params": {...}}`` sections: the type (one minitron runs) and its params.
+    ``any_case``: DeepSpeed lower-cases an optimizer's name before it compares ("adam", "ADAM"
+    and "Adam" are one optimizer); a scheduler's name is looked up as written."""
     section = _section(params, key)
     if not section:
         return None, {}
     check_keys(section, ("type", "params"), {}, key)
     kind = section.get("type")
-    if kind not in kinds:
+    if any_case and isinstance(kind, str):
+        # Resolved to minitron's spelling (DeepSpeed keeps "adam"): the engine tells AdamW by it.
+        kind = {name.lower(): name for name in kinds}.get(kind.lower(), kind)
+    if not isinstance(kind, str) or kind not in kinds:  # (a list or an object cannot even be looked up)
         raise DeepSpeedConfigError(f"{key}.type {json_value(kind)}: minitron runs {' or '.join(kinds)}")
     return kind, _section(section, "params")
 
 
 def parse_optimizer(params: dict) -> tuple[Optional[str], Optional[dict]]:
     """Adam or AdamW with their params; None when the program passes its own optimizer."""
-    kind, opt = _typed_section(params, "optimizer", OPTIMIZERS)
+    kind, opt = _typed_section(params, "optimizer", OPTIMIZERS, any_case=True)
     if kind is None:
         return None, None
     check_keys(opt, OPTIMIZERS[kind] + ("adam_w_mode",), {"torch_adam": False}, "optimizer.params")
@@ -161,7 +119,9 @@ def parse_scheduler(params: dict) -> tuple[Optional[str], Optional[dict]]:
     check_keys(sched, SCHEDULERS[kind], {}, where)
     out = {"warmup_min_lr": number(sched, "warmup_min_lr", 0.0, where, low=0),
            "warmup_max_lr": number(sched, "warmup_max_lr", 0.001, where, low=0),
-           "warmup_num_steps": positive_int(sched, "warmup_num_steps", where=where, minimum=0)
+           # DeepSpeed's WarmupLR refuses 0 ("must be a positive integer"), then warms up over
+           # max(2, n) steps: the value here is the one given, as DeepSpeed's config keeps it.
+           "warmup_num_steps": positive_int(sched, "warmup_num_steps", where=where)
            if "warmup_num_steps" in sched else 1000,
            "warmup_type": sched.get("warmup_type", "log")}
     if out["warmup_type"] not in ("log", "linear"):
@@ -176,11 +136,14 @@ def parse_scheduler(params: dict) -> tuple[Optional[str], Optional[dict]]:
 
 # --- ZeRO ------------------------------------------------------------------------------------
 
+DEFAULT_BUCKET = 500_000_000  # DeepSpeed's pp_int(5e8), for both bucket sizes
+
+
 @dataclass
 class ZeroConfig:
     stage: int = 0
-    reduce_bucket_size: int = 500_000_000
-    allgather_bucket_size: int = 500_000_000
+    reduce_bucket_size: int = DEFAULT_BUCKET
+    allgather_bucket_size: int = DEFAULT_BUCKET
     overlap_comm: bool = False
     contiguous_gradients: bool = True
 
@@ -193,21 +156,41 @@ OFFLOAD_KEYS = ("offload_param", "offload_optimizer", "cpu_offload", "cpu_offloa
 
 
 def parse_zero(params: dict) -> ZeroConfig:
-    zero = _section(params, "zero_optimization")
+    where = "zero_optimization"
+    zero = model_view(_section(params, where))
     for key in OFFLOAD_KEYS:
         value = zero.get(key)
-        if value not in (None, False, {}) and not (isinstance(value, dict) and value.get("device", "none") == "none"):
-            raise DeepSpeedConfigError(f"zero_optimization.{key}: offloading to CPU or NVMe is not implemented in "
+        off = value.get("device", "none") == "none" if isinstance(value, dict) else value is None or \
+            lax_bool(value) is False
+        if not off:
+            raise DeepSpeedConfigError(f"{where}.{key}: offloading to CPU or NVMe is not implemented in "
                                        f"minitron; remove it (or set it to false)")
     check_keys({k: v for k, v in zero.items() if k not in OFFLOAD_KEYS}, ZERO_KEYS,
-               {"allgather_partitions": True, "reduce_scatter": True}, "zero_optimization")
-    stage = zero.get("stage", 0)
-    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
-        raise DeepSpeedConfigError(f"zero_optimization.stage must be 0, 1, 2 or 3, got {json_value(stage)}")
-    buckets = {key: positive_int(zero, key, where="zero_optimization", minimum=0) if key in zero else 500_000_000
-               for key in ("reduce_bucket_size", "allgather_bucket_size")}
-    # DeepSpeed's default for overlap_comm depends on the stage: on for stage 3 only.
-    overlap = zero.get("overlap_comm")
-    overlap = stage == 3 if overlap is None else flag(zero, "overlap_comm", False, "zero_optimization")
-    return ZeroConfig(stage, buckets["reduce_bucket_size"], buckets["allgather_bucket_size"], overlap,
-                      flag(zero, "contiguous_gradients", True, "zero_optimization"))
+               {"allgather_partitions": True, "reduce_scatter": True}, where, model=True)
+    try:  # pydantic's int enum: 1.0, "1" and true are all stage 1
+        stage = model_int(zero, "stage", 0, where, minimum=0, maximum=3)
+    except DeepSpeedConfigError:
+        raise DeepSpeedConfigError(f"{where}.stage must be 0, 1, 2 or 3, got {json_value(zero['stage'])}") from None
+    # DeepSpeed's fields: reduce_bucket_size gt=0, allgather_bucket_size ge=0.
+    reduce_size = model_int(zero, "reduce_bucket_size", DEFAULT_BUCKET, where)
+    allgather = model_int(zero, "allgather_bucket_size", DEFAULT_BUCKET, where, minimum=0)
+    # Optional[bool]: null leaves DeepSpeed's default, on for stage 3 only (overlap_comm_valid)
+    overlap = model_flag(zero, "overlap_comm", stage == 3, where) if zero.get("overlap_comm") is not None \
+        else stage == 3
+    contiguous = model_flag(zero, "contiguous_gradients", True, where)
+    if stage > 0:  # at stage 0 DeepSpeed runs no ZeRO optimizer, and reads none of them either
+        _not_modelled(where, {"allgather_bucket_size": (allgather, DEFAULT_BUCKET), "overlap_comm": (overlap, stage == 3),
+                              "contiguous_gradients": (contiguous, True)}, stage)
+    return ZeroConfig(stage, reduce_size, allgather, overlap, contiguous)
+
+
+def _not_modelled(where: str, given: dict, stage: int) -> None:
+    """Keys minitron parses and runs nothing for: minitron's ZeRO all-gathers updated weights
+    in one call per group, reduces each gradient bucket as it fills (no second stream to overlap
+    on) and keeps each gradient where autograd put it. Each is accepted at DeepSpeed's default only,
+    which is then what minitron does anyway."""
+    for key, (value, default) in given.items():
+        if value != default:
+            raise DeepSpeedConfigError(f"{where}.{key}: {json_value(value)} is not modelled in minitron, which "
+                                       f"runs DeepSpeed's default at stage {stage} ({json_value(default)}); "
+                                       f"remove it or set it to {json_value(default)}")

@@ -20,14 +20,10 @@ temporary names, and the .idx (which a reader opens first) is renamed into place
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import multiprocessing
 import os
-import signal
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,9 +31,14 @@ from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn, TransferSpeedColumn)
 
+from minitron.tools.preprocess_workers import Workers
 from minitron.training.tokenizer import TOKENIZER_TYPES, make_tokenizer
 
 _BATCH_BYTES = 1 << 20  # lines per task: about 1 MB, enough to make the pickling overhead small
+# The longest line (one document) read: a whole book is a few MB. A file without newlines (a
+# binary, a JSON array pretty-printed on one line of gigabytes) would otherwise be held whole in
+# memory before the first complaint.
+MAX_LINE_BYTES = 64 << 20
 
 
 @dataclass
@@ -84,6 +85,9 @@ def _encode_batch(batch: tuple[int, bytes]):
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             bad.append((lineno, f"not valid JSON ({getattr(err, 'msg', None) or err})"))
             continue
+        except RecursionError:  # json recurses per level: 10,000 [ would kill a worker
+            bad.append((lineno, "JSON nested too deeply (a line is one object with string fields)"))
+            continue
         texts = [record.get(key) if isinstance(record, dict) else None for key in keys]
         missing = [k for k, t in zip(keys, texts) if not isinstance(t, str)]
         if missing:
@@ -95,7 +99,7 @@ def _encode_batch(batch: tuple[int, bytes]):
                 if fast_bytes:
                     ids = np.frombuffer(tokenizer.tokenize_bytes(text), dtype=np.uint8).astype(dtype)
                 else:
-                    ids = np.asarray(tokenizer.tokenize(text), dtype=dtype)
+                    ids = _in_vocabulary(tokenizer.tokenize(text), tokenizer).astype(dtype)
                 if len(ids) and append_eod:
                     ids = np.append(ids, np.array(tokenizer.eod, dtype=dtype))
                 docs.append(ids)
@@ -113,24 +117,45 @@ def _encode_batch(batch: tuple[int, bytes]):
     return arrays, bad, empty, len(blob)
 
 
+def _in_vocabulary(ids: list, tokenizer) -> np.ndarray:
+    """A tokenizer's ids, each checked to be an id of its vocabulary (NullTokenizer takes the
+    numbers it reads as they are; 70000 would not fit the uint16 the .bin holds)."""
+    vocab_size = tokenizer.vocab_size
+    try:
+        array = np.asarray(ids, dtype=np.int64)
+    except OverflowError:
+        array = np.asarray([vocab_size])  # beyond int64, so beyond the vocabulary too
+    if len(array) and not (0 <= array.min() and array.max() < vocab_size):
+        wrong = next(int(i) for i in ids if not 0 <= i < vocab_size)
+        raise ValueError(f"token id {str(wrong)[:20]} is outside the vocabulary (ids 0..{vocab_size - 1}; "
+                         f"{tokenizer.eod} is the end-of-document id)")
+    return array
+
+
 def _batches(path: str):
-    """(first line number, bytes) blocks of about _BATCH_BYTES, each cut after a newline."""
-    lineno, carry = 1, b""
+    """(first line number, bytes) blocks of about _BATCH_BYTES, each cut after a newline. A
+    line longer than MAX_LINE_BYTES is refused as soon as it is that long."""
+    lineno, pending, pending_bytes = 1, [], 0  # pending: the pieces of an unfinished line
     with open(path, "rb") as f:
         while True:
             chunk = f.read(_BATCH_BYTES)
             if not chunk:
-                if carry:
-                    yield lineno, carry  # a last line without its newline
+                if pending:
+                    yield lineno, b"".join(pending)  # a last line without its newline
                 return
-            chunk = carry + chunk
             cut = chunk.rfind(b"\n") + 1
-            if cut == 0:  # one line longer than a block: read on
-                carry = chunk
+            if cut == 0:  # one line longer than a block: read on, keeping the pieces
+                pending.append(chunk)
+                pending_bytes += len(chunk)
+                if pending_bytes > MAX_LINE_BYTES:
+                    raise ValueError(f"{path}:{lineno}: a line longer than {MAX_LINE_BYTES >> 20} MiB, the most one "
+                                     f"document may take; a JSONL file has one JSON object per line")
                 continue
-            yield lineno, chunk[:cut]
-            lineno += chunk.count(b"\n", 0, cut)
-            carry = chunk[cut:]
+            block = b"".join(pending) + chunk[:cut] if pending else chunk[:cut]
+            yield lineno, block
+            lineno += block.count(b"\n")
+            pending = [chunk[cut:]] if cut < len(chunk) else []
+            pending_bytes = len(chunk) - cut
 
 
 class _Bar(Progress):
@@ -159,6 +184,10 @@ def run_preprocess(input: str, output_prefix: str, tokenizer_type: str = "ByteLe
     json_keys = list(json_keys)
     if not json_keys:
         raise ValueError("--json-keys needs at least one key (e.g. text)")
+    if not os.path.basename(output_prefix) or os.path.basename(output_prefix) in (".", ".."):
+        # '' or 'data/' would write hidden files named _text_document.bin/.idx
+        raise ValueError(f"--output-prefix {output_prefix!r} has no file name; give one such as data/corpus "
+                         f"(it writes data/corpus_{json_keys[0]}_document.bin and .idx)")
     tok_args = dict(tokenizer_type=tokenizer_type, vocab_file=vocab_file, merge_file=merge_file,
                     tokenizer_model=tokenizer_model, vocab_size=vocab_size)
     tokenizer = make_tokenizer(**tok_args)  # fail here, once, before any worker starts
@@ -183,7 +212,7 @@ def run_preprocess(input: str, output_prefix: str, tokenizer_type: str = "ByteLe
             _init_worker(spec)
             results = map(_encode_batch, _batches(input))
         else:
-            pool = Workers(workers, spec)
+            pool = Workers(workers, _init_worker, spec, _encode_batch)
             results = pool.ordered(_batches(input))
         with _progress(progress, os.path.getsize(input)) as bar:
             task = bar.add_task("tokenizing", total=os.path.getsize(input), docs=0)
@@ -221,68 +250,6 @@ def run_preprocess(input: str, output_prefix: str, tokenizer_type: str = "ByteLe
                     os.remove(path)
     result.seconds = time.perf_counter() - start
     return result
-
-
-class Workers:
-    """Tokenizing processes, each with a pipe of its own, fed in turn.
-
-    Not multiprocessing.Pool: its workers share one task queue behind one lock, and an idle
-    worker waits for a task holding that lock. Pool.terminate() takes the same lock first, so
-    a Ctrl-C at the wrong moment left it waiting forever (seen in 4 of 9 runs, and in CI). Here
-    nothing is shared: batch i goes to worker i mod n, results come back in the same order, and
-    stopping is a SIGKILL to each worker, which no lock can hold up.
-    """
-
-    def __init__(self, n: int, spec: dict):
-        ctx = multiprocessing.get_context("fork")
-        self.conns, self.procs = [], []
-        # Ctrl-C reaches the whole foreground process group; workers ignore it (inherited from
-        # the fork, so there is no moment when they do not) and the parent stops them.
-        default = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            for _ in range(n):
-                ours, theirs = ctx.Pipe()
-                proc = ctx.Process(target=_serve, args=(theirs, spec), daemon=True)
-                proc.start()
-                theirs.close()
-                self.conns.append(ours)
-                self.procs.append(proc)
-        finally:
-            signal.signal(signal.SIGINT, default)
-
-    def ordered(self, batches):
-        """_encode_batch of each batch, in input order. A worker gets its next batch only after
-        its last result was read, so neither side ever blocks sending to the other."""
-        busy: deque = deque()
-        for i, batch in enumerate(batches):
-            worker = i % len(self.conns)
-            if len(busy) == len(self.conns):
-                yield self._receive(busy.popleft())
-            self.conns[worker].send(batch)
-            busy.append(worker)
-        while busy:
-            yield self._receive(busy.popleft())
-
-    def _receive(self, worker: int):
-        try:
-            return self.conns[worker].recv()
-        except EOFError:
-            raise RuntimeError(f"tokenizing worker {worker} died (exit code {self.procs[worker].exitcode})") from None
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            proc.kill()
-        for proc, conn in zip(self.procs, self.conns):
-            proc.join()
-            conn.close()
-
-
-def _serve(conn, spec: dict) -> None:
-    """A worker: build the tokenizer once, then tokenize what comes until it is killed."""
-    gc.enable()  # forked from the command line, which runs with the collector off (cli/__init__.py)
-    _init_worker(spec)
-    while True:
-        conn.send(_encode_batch(conn.recv()))
 
 
 def build_parser() -> argparse.ArgumentParser:

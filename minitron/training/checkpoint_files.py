@@ -5,7 +5,8 @@ The launching process runs ``check_resumable`` before any rank starts (validate_
 it), so every way a ``--load`` can be wrong — a file instead of a folder, a damaged marker,
 a different model, a shard cut short or with one flipped byte — is one line naming the file
 or the flag, not a raw torch error from each of 8 ranks. That is why this module imports
-no torch: the check costs milliseconds plus one read of the shards.
+no torch until its very last check (would a weights-only torch.load take each shard?): every
+other refusal costs milliseconds plus one read of the shards.
 
 Why a checksum: torch.load reads tensor bytes as they are. A flipped bit inside a weight
 loads without complaint and training continues with different numbers. So every file a save
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import zipfile
 from pathlib import Path
 
@@ -96,7 +98,51 @@ def read_metadata(root, iteration: int) -> dict:
                               f"it was cut short or damaged") from None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path} holds a JSON {type(meta).__name__}, not the checkpoint's metadata")
+    check_metadata(meta, path)
     return meta
+
+
+# What the checks below read of metadata.json, and the type each must have (the rest, the model's
+# flags, is only compared with this run's values, which works for any JSON value).
+COUNTS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_SHARD = re.compile(r"mp_rank_\d{2}(_\d{3}){0,2}/[A-Za-z0-9_.]+\.pt")
+
+
+def check_metadata(meta: dict, path: Path) -> None:
+    """metadata.json as a schema: each file's entry {bytes, sha256} under a rank folder of this
+    iteration, the sizes of the layout whole numbers. A damaged or foreign file is refused here
+    in one line, not as a TypeError on every rank."""
+    def bad(what: str):
+        return CheckpointError(f"{path}: {what}; the metadata is damaged or not minitron's: resume from "
+                               "another checkpoint")
+
+    for key in COUNTS:
+        value = meta.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 20:
+            raise bad(f"{key} is {json.dumps(value)[:40]}, not a whole number from 1")
+    if not isinstance(meta.get("use_distributed_optimizer", False), bool):
+        raise bad("use_distributed_optimizer is not true or false")
+    if "files" not in meta:
+        return  # a checkpoint from before checksums
+    files = meta["files"]
+    if not isinstance(files, dict):
+        raise bad(f"\"files\" is a JSON {_json_kind(files)}, not an object of file -> {{bytes, sha256}}")
+    for rel, info in files.items():
+        if not _SHARD.fullmatch(rel):  # no '..', no absolute path: only files of this iteration
+            raise bad(f"\"files\" names {rel[:60]!r}, not a shard such as mp_rank_00/model_optim_rng.pt")
+        if not isinstance(info, dict):
+            raise bad(f"the entry of {rel} is a JSON {_json_kind(info)}, not {{bytes, sha256}}")
+        size, digest = info.get("bytes"), info.get("sha256")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise bad(f"the entry of {rel} has no byte count (\"bytes\": {json.dumps(size)[:20]})")
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise bad(f"the entry of {rel} has no sha256 (64 hex digits)")
+
+
+def _json_kind(value) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
 
 
 def verify_file(path: Path, meta: dict) -> None:
@@ -108,9 +154,7 @@ def verify_file(path: Path, meta: dict) -> None:
     info = meta.get("files", {}).get(rel)
     size = path.stat().st_size
     if info is None:
-        if size == 0 or not zipfile.is_zipfile(path):
-            raise CheckpointError(f"{path} is not a whole torch checkpoint file (empty, cut short or "
-                                  f"damaged): resume from another checkpoint")
+        check_torch_file(path, size)
         return
     if size != info["bytes"]:
         raise CheckpointError(f"{path} is {size} bytes, the save wrote {info['bytes']}: it was cut short "
@@ -118,6 +162,46 @@ def verify_file(path: Path, meta: dict) -> None:
     if file_digest(path) != info["sha256"]:
         raise CheckpointError(f"{path} does not match the sha256 saved with the checkpoint: its bytes "
                               f"changed since the save; resume from another checkpoint")
+    check_torch_file(path, size)  # the metadata may vouch for a foreign file: its own checksum
+
+
+def check_torch_file(path: Path, size: int) -> None:
+    """torch.save's format, read without torch: a zip archive holding ``<name>/data.pkl``."""
+    if size == 0:
+        raise CheckpointError(f"{path} is empty, not a torch checkpoint file: resume from another checkpoint")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            has_pickle = any(name.endswith("/data.pkl") for name in archive.namelist())
+    except (zipfile.BadZipFile, OSError):
+        has_pickle = False
+    if not has_pickle:
+        raise CheckpointError(f"{path} is not a torch checkpoint file (torch.save writes a zip archive with a "
+                              f"data.pkl; cut short or damaged?): resume from another checkpoint")
+
+
+def check_loadable(path: Path) -> None:
+    """Would ``torch.load(weights_only=True)`` take the file? Its pickle may name classes that a
+    weights-only load refuses (a checkpoint of another program, or a planted one). mmap: the
+    pickle is read, the tensors' bytes are only mapped, so this costs little for any size."""
+    import torch  # lazy: the checks above are torch-free, and the launcher refuses them first
+
+    try:
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # noqa: BLE001 -- whatever torch says, one line naming the file
+        raise CheckpointError(load_problem(path, exc)) from None
+
+
+def load_problem(path: Path, exc: Exception) -> str:
+    """torch.load's error as one line: its message runs to several, with advice on loading the
+    file unsafely that minitron will not follow."""
+    text = str(exc)
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if found:
+        return (f"{path} holds a pickle that torch.load(weights_only=True) refuses (it names {found.group(1)}, "
+                f"not tensors and plain containers); minitron loads checkpoints as data only: resume from "
+                f"one minitron saved")
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    return f"{path}: torch cannot load it ({first[:200]}); resume from another checkpoint"
 
 
 def expected_files(root, iteration: int, meta: dict) -> list[Path]:
@@ -156,5 +240,11 @@ def check_resumable(args) -> None:
         raise CheckpointError(f"--load {args.load}: distributed-optimizer shards were saved for "
                               f"{meta.get('data_parallel_size')} data-parallel ranks, this run has "
                               f"{args.data_parallel_size}")
-    for path in expected_files(args.load, iteration, meta):
+    files = expected_files(args.load, iteration, meta)
+    for path in files:
         verify_file(path, meta)
+    # Last, as it imports torch: in the launching process (rank 0's view) or in rank 0 itself
+    # under torchrun; the other ranks rely on it, rather than print the same line each.
+    if getattr(args, "rank", 0) == 0:
+        for path in files:
+            check_loadable(path)

@@ -37,7 +37,7 @@ from minitron.core.tensor_parallel import get_cuda_rng_tracker
 from minitron.trace import traced
 from minitron.training.checkpoint_files import (  # noqa: F401 -- the torch-free half, re-exported
     LAYOUT_KEYS, METADATA, TRACKER, CheckpointError, check_resumable, file_digest, iteration_dir,
-    rank_dir, read_latest_iteration, read_metadata, verify_file,
+    load_problem, rank_dir, read_latest_iteration, read_metadata, verify_file,
 )
 from minitron.training.global_vars import get_args
 from minitron.training.utils import print_rank_0
@@ -132,7 +132,7 @@ def _load_verified(path: Path, meta: dict):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 -- a file torch cannot read, named in one line
-        raise CheckpointError(f"{path}: torch cannot load it ({exc}); resume from another checkpoint") from None
+        raise CheckpointError(load_problem(path, exc)) from None
 
 
 @traced
