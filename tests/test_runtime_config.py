@@ -151,8 +151,8 @@ ACCEPTED = [
      {"type": "Adam", "params": {"lr": 1e-3, "eps": 1e-8, "weight_decay": 0.0, "betas": [0.9, 0.999],
                                  "adam_w_mode": False}}),
     ({"train_batch_size": 8, "gradient_clipping": -1}, "gradient_clipping", -1.0),
-    ({"train_batch_size": 8, "zero_optimization": {"stage": 3, "overlap_comm": True}}, "zero_optimization",
-     {"overlap_comm": True}),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 3, "overlap_comm": False}}, "zero_optimization",
+     {"overlap_comm": False}),
     # the pydantic sections (fp16, bf16, zero_optimization) convert as pydantic v2's lax mode does,
     # and DeepSpeedConfigModel drops "auto" (the default stands)
     ({"train_batch_size": 8, "fp16": {"enabled": "yes"}}, "fp16_enabled", True),

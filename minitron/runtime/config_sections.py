@@ -118,7 +118,10 @@ def parse_scheduler(params: dict) -> tuple[Optional[str], Optional[dict]]:
     where = "scheduler.params"
     check_keys(sched, SCHEDULERS[kind], {}, where)
     out = {"warmup_min_lr": number(sched, "warmup_min_lr", 0.0, where, low=0),
-           "warmup_max_lr": number(sched, "warmup_max_lr", 0.001, where, low=0),
+           # Absent, WarmupLR warms each param group up to its own lr (DeepSpeed 0.19.4+: None);
+           # WarmupDecayLR still defaults to 0.001.
+           "warmup_max_lr": number(sched, "warmup_max_lr", 0.001, where, low=0)
+           if "warmup_max_lr" in sched or kind == "WarmupDecayLR" else None,
            # DeepSpeed's WarmupLR refuses 0 ("must be a positive integer"), then warms up over
            # max(2, n) steps: the value here is the one given, as DeepSpeed's config keeps it.
            "warmup_num_steps": positive_int(sched, "warmup_num_steps", where=where)
@@ -179,7 +182,12 @@ def parse_zero(params: dict) -> ZeroConfig:
         else stage == 3
     contiguous = model_flag(zero, "contiguous_gradients", True, where)
     if stage > 0:  # at stage 0 DeepSpeed runs no ZeRO optimizer, and reads none of them either
-        _not_modelled(where, {"allgather_bucket_size": (allgather, DEFAULT_BUCKET), "overlap_comm": (overlap, stage == 3),
+        # overlap_comm: false is what minitron does at every stage (no second stream), so it is
+        # taken as given; an explicit true asks for what is not there. Absent, it resolves to
+        # DeepSpeed's default, as `ds-config` shows DeepSpeed's resolution.
+        asked_overlap = zero.get("overlap_comm") is not None and overlap
+        _not_modelled(where, {"allgather_bucket_size": (allgather, DEFAULT_BUCKET),
+                              "overlap_comm": (True if asked_overlap else False, False),
                               "contiguous_gradients": (contiguous, True)}, stage)
     return ZeroConfig(stage, reduce_size, allgather, overlap, contiguous)
 
@@ -187,10 +195,10 @@ def parse_zero(params: dict) -> ZeroConfig:
 def _not_modelled(where: str, given: dict, stage: int) -> None:
     """Keys minitron parses and runs nothing for: minitron's ZeRO all-gathers updated weights
     in one call per group, reduces each gradient bucket as it fills (no second stream to overlap
-    on) and keeps each gradient where autograd put it. Each is accepted at DeepSpeed's default only,
-    which is then what minitron does anyway."""
+    on) and keeps each gradient where autograd put it. Each is accepted only at the value that
+    says what minitron does (DeepSpeed's default, or false for overlap_comm)."""
     for key, (value, default) in given.items():
         if value != default:
             raise DeepSpeedConfigError(f"{where}.{key}: {json_value(value)} is not modelled in minitron, which "
-                                       f"runs DeepSpeed's default at stage {stage} ({json_value(default)}); "
+                                       f"runs as {json_value(default)} at stage {stage}; "
                                        f"remove it or set it to {json_value(default)}")
