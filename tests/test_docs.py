@@ -79,10 +79,11 @@ def build_machine_paths() -> list[str]:
 
 def check_built_site(site: Path) -> None:
     """Every page: no path of the build machine; every executed output fits the content column
-    (at full size, or set smaller by its fit-N class; never wider than the widest class); every
-    picture a well-formed SVG; the chapters that draw pictures have them."""
+    (WIDTH characters; tests/test_pages_browser.py checks in a browser that the column holds
+    them); every picture a well-formed SVG; the chapters that draw pictures have them."""
     hook = load_hook()
     paths = build_machine_paths()
+    build_time = log_time(os.environ.get("SOURCE_DATE_EPOCH") or hook.source_date_epoch(ROOT))
     for page in sorted(site.rglob("*.html")):
         name = str(page.parent.relative_to(site))
         text = page.read_text()
@@ -96,16 +97,47 @@ def check_built_site(site: Path) -> None:
                 continue  # a code excerpt or a block written in the page, not an output
             lines = html.unescape(re.sub(r"<[^>]+>", "", block["body"])).split("\n")
             longest = max(len(line) for line in lines)
-            fit = re.search(r"\bfit-(\d+)\b", block["classes"])
-            room = int(fit[1]) if fit else hook.WIDTH
-            assert longest <= room <= hook.FIT[-1], \
-                f"{name}: an output line of {longest} characters in a block for {room}: " \
+            noise = run_to_run_noise("\n".join(lines), build_time)
+            assert not noise, f"{name}: an output shows what changes from run to run: {noise[:3]}"
+            assert longest <= hook.WIDTH, \
+                f"{name}: an output line of {longest} characters, wider than the column's {hook.WIDTH}: " \
                 f"{next(line for line in lines if len(line) == longest)[:60]!r}"
         figures = FIGURE.findall(text)
         for svg in figures:
             ElementTree.fromstring(svg)
         if name in PICTURED:
             assert len(figures) >= PICTURED[name], f"{name} has {len(figures)} pictures, not {PICTURED[name]}"
+
+
+# Two builds of the same code give the same pages, but for what a page says it measured (a
+# duration, a CPU time). What would differ besides is recognisable: a pid, a port picked free
+# (the kernel hands those out from 32768 up; a port given on purpose, 29500, is below), a
+# clock time other than the one the build tells the training log (SOURCE_DATE_EPOCH).
+PID = re.compile(r"(?<![a-z])pid\b\W{0,3}\d{2,}|[┃│]\s*pid\s*[┃│]", re.I)
+PORT = re.compile(r"(?<![a-z])port\b\W{0,3}(\d{5})", re.I)
+CLOCK = re.compile(r"\b\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d\b")
+
+
+def log_time(epoch: str) -> str | None:
+    import time  # only here: the page checks need no clock otherwise
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(int(epoch))) if epoch.isdigit() else None
+
+
+def run_to_run_noise(text: str, build_time: str | None) -> list[str]:
+    found = [m[0] for m in PID.finditer(text)]
+    found += [m[0] for m in PORT.finditer(text) if 32768 <= int(m[1]) <= 65535]
+    found += [m[0] for m in CLOCK.finditer(text) if m[0] != build_time]
+    return found
+
+
+def test_the_noise_finder_finds_pids_free_ports_and_clock_times():
+    build = "2026-01-02 03:04:05"
+    assert run_to_run_noise("rank 0 (pid 1234)", build) == ["pid 1234"]
+    assert run_to_run_noise("┃ rank ┃   pid ┃ tp ┃", build) == ["┃   pid ┃"]
+    assert run_to_run_noise("MASTER_PORT=40963", build) == ["PORT=40963"]
+    assert run_to_run_noise(" [2026-11-25 17:32:17] iteration 4/12 |", build) == ["2026-11-25 17:32:17"]
+    calm = f"MASTER_PORT=29500 --master_port=29500 [{build}] iteration 1 | --save_pid writes <pid>"
+    assert run_to_run_noise(calm, build) == []
 
 
 # Fast checks of what the pages refer to. ------------------------------------------------------
@@ -188,7 +220,7 @@ def test_run_lines_inside_fences_and_admonitions(tmp_path):
     page = "```markdown\n<!-- run: false -->\n```\n!!! note\n    <!-- run: echo $COLUMNS $NO_COLOR -->"
     out = hook.expand(page, "page.md", tmp_path)
     assert "<!-- run: false -->" in out                       # shown as syntax, not run
-    assert "    ```{.text .no-copy}\n    80 1\n    ```" in out  # indented like the comment
+    assert "    ```{.text .no-copy}\n    120 1\n    ```" in out  # indented like the comment
 
 
 def test_failing_command_names_page_and_command(tmp_path):
@@ -252,20 +284,17 @@ def test_figure_line_becomes_the_svg_it_printed(tmp_path):
         hook.on_post_build(None)
 
 
-def test_wide_output_gets_a_smaller_font_and_overlong_lines_fold(tmp_path):
+def test_wide_output_lines_fold_at_spaces_and_keep_their_font(tmp_path):
     hook = load_hook()
-    assert hook.fit_class(["x" * hook.WIDTH]) == ""
-    assert hook.fit_class(["x" * (hook.WIDTH + 1)]) == f" .fit-{hook.FIT[0]}"
-    assert hook.fit_class(["x" * hook.FIT[-1]]) == f" .fit-{hook.FIT[-1]}"
+    assert hook.fold("x" * hook.WIDTH) == ["x" * hook.WIDTH]   # a fitting line is left alone
     long = "  error: " + " ".join(["word"] * 60)
     folded = hook.fold(long)
     assert all(len(line) <= hook.WIDTH for line in folded) and len(folded) > 1
     assert " ".join(part.strip() for part in folded) == long.strip()
     assert all(line.startswith("    ") for line in folded[1:])  # under the line's first word
-    assert hook.fold("x" * hook.FIT[-1]) == ["x" * hook.FIT[-1]]   # a fitting line is left alone
-    css = (ROOT / "docs/stylesheets/output.css").read_text()
-    for n in hook.FIT:
-        assert f".fit-{n} pre" in css and f"80 / {n})" in css, f"output.css has no size for fit-{n}"
+    block = hook.fenced("short\n" + long, "")
+    assert block[0] == "```{.text .no-copy}"                      # no class that shrinks the font
+    assert block[1:-1] == ["short", *folded]
     assert "stylesheets/output.css" in (ROOT / "mkdocs.yml").read_text()
 
 
@@ -296,3 +325,44 @@ def test_piped_and_or_echo_commands_run_warm_and_print_what_bash_prints(tmp_path
                 assert done == (bash.returncode, bash.stdout), command
     finally:
         hook.on_post_build(None)
+
+
+def test_a_pages_outputs_are_kept_under_a_key_of_its_commands_and_sources(tmp_path):
+    """docs/hooks/page_cache.py: the key moves with the commands, with any source file the
+    commands run, and with a file a command names; a found page is not run at all."""
+    hook = load_hook()
+    cache = hook.page_cache
+    for path, text in {"minitron/a.py": "A = 1\n", "scripts/s.py": "print(1)\n", "tests/t.py": "x\n",
+                       "walkthrough/01.md": "prose\n"}.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    files = cache.checkout_files(tmp_path)
+    assert "minitron/a.py" in files and not any(f.startswith(".cache") for f in files)
+
+    def key(commands):
+        return cache.page_key(tmp_path, cache.sources_digest(tmp_path, files, {"width": "120"}), set(files), commands)
+
+    first = key(["python scripts/s.py", "python tests/t.py"])
+    assert key(["python scripts/s.py", "python tests/t.py"]) == first
+    assert key(["python tests/t.py", "python scripts/s.py"]) != first        # the order counts
+    (tmp_path / "walkthrough/01.md").write_text("other prose\n")
+    assert key(["python scripts/s.py", "python tests/t.py"]) == first        # prose does not
+    for path in ("minitron/a.py", "tests/t.py"):                              # code does
+        (tmp_path / path).write_text("changed\n")
+        assert key(["python scripts/s.py", "python tests/t.py"]) != first
+    assert cache.load(tmp_path, first) is None
+    cache.store(tmp_path, first, "p.md", ["false"], ["kept output"])
+    assert cache.load(tmp_path, first) == ["kept output"]
+    # A page given its outputs does not run its commands (`false` would fail the page).
+    assert hook.expand("<!-- run: false -->", "p.md", tmp_path, ["kept output"]) == \
+        "```{.text .no-copy}\nkept output\n```"
+    cache.prune(tmp_path, set())
+    assert cache.load(tmp_path, first) is None
+
+
+def test_the_training_log_prints_the_time_the_build_gives_it(monkeypatch):
+    from minitron.training.training_log import log_time
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "86400")
+    assert log_time() == "1970-01-02 00:00:00"
+    monkeypatch.delenv("SOURCE_DATE_EPOCH")
+    assert log_time() != "1970-01-02 00:00:00"

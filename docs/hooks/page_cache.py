@@ -1,0 +1,112 @@
+"""The outputs of a page's commands, kept between builds (used by run_commands.py).
+
+Why: running every page's commands costs a minute and a half of a core, and most builds (a
+prose edit, `mkdocs serve`, the test suite run twice) run the same commands on the same code.
+So the outputs of a page are kept in ``.cache/pages/`` (git-ignored) under a key that changes
+whenever anything they could depend on does:
+
+* the page's commands, all of them in page order: a command may read what an earlier one on
+  the same page wrote, so a page's outputs are kept, and reused, together or not at all;
+* every file of the sources the commands run: the ``minitron`` package, ``scripts/``,
+  ``docs/examples/``, these hooks, ``pyproject.toml``, and any other file of the checkout a
+  command names (``tests/dap_client.py``); their contents, not their dates;
+* what the build tells the commands: the column width, SOURCE_DATE_EPOCH (the training log's
+  clock), and the interpreter, torch and CPU count they run with.
+
+A page whose key is found is not run at all. Set ``MINITRON_DOCS_CACHE=0`` to run everything.
+A clean clone (CI) has no cache and builds everything once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shlex
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+FOLDER = Path(".cache") / "pages"
+SOURCES = ("minitron", "scripts", "docs/examples", "docs/hooks", "pyproject.toml")
+
+
+def enabled() -> bool:
+    return os.environ.get("MINITRON_DOCS_CACHE", "1") != "0"
+
+
+def checkout_files(root: Path) -> list[str]:
+    """The checkout's files as a clone would have them (tracked, or new and not ignored)."""
+    done = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                          capture_output=True)
+    if done.returncode != 0:
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and ".cache" not in p.parts)
+    return sorted(set(path for path in done.stdout.decode().split("\0") if path))
+
+
+def sources_digest(root: Path, files: list[str], context: dict[str, str]) -> str:
+    """One hash of the sources every page's commands run, and of what the build tells them."""
+    digest = hashlib.sha256(json.dumps(sorted(context.items())).encode())
+    for path in files:
+        if path.startswith(tuple(f"{s}/" for s in SOURCES)) or path in SOURCES:
+            _add_file(digest, root, path)
+    return digest.hexdigest()
+
+
+def environment() -> dict[str, str]:
+    """What, besides the sources, makes a command print something else."""
+    try:
+        torch = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch = "none"
+    return {"python": platform.python_version(), "torch": torch, "cpus": str(os.cpu_count())}
+
+
+def page_key(root: Path, digest: str, files: set[str], commands: list[str]) -> str:
+    key = hashlib.sha256(digest.encode())
+    for command in commands:
+        key.update(b"\0command\0" + command.encode())
+        for path in sorted(_named_files(command, files)):
+            _add_file(key, root, path)
+    return key.hexdigest()
+
+
+def load(root: Path, key: str) -> list[str] | None:
+    try:
+        return json.loads((root / FOLDER / f"{key}.json").read_text())["outputs"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def store(root: Path, key: str, page: str, commands: list[str], outputs: list[str]) -> None:
+    folder = root / FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    temporary = folder / f".{key}.{os.getpid()}.tmp"
+    temporary.write_text(json.dumps({"page": page, "commands": commands, "outputs": outputs}))
+    os.replace(temporary, folder / f"{key}.json")  # whole or not at all, even if builds overlap
+
+
+def prune(root: Path, used: set[str]) -> None:
+    """Forget the outputs no page of this build asked for (older code, removed pages)."""
+    folder = root / FOLDER
+    if folder.is_dir():
+        for entry in folder.glob("*.json"):
+            if entry.stem not in used:
+                entry.unlink(missing_ok=True)
+
+
+def _named_files(command: str, files: set[str]) -> set[str]:
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    return {word for word in words if word in files}
+
+
+def _add_file(digest, root: Path, path: str) -> None:
+    digest.update(b"\0file\0" + path.encode() + b"\0")
+    try:
+        digest.update((root / path).read_bytes())
+    except OSError:
+        digest.update(b"(unreadable)")
