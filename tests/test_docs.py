@@ -356,6 +356,10 @@ def test_a_pages_outputs_are_kept_under_a_key_of_its_commands_and_sources(tmp_pa
     # A page given its outputs does not run its commands (`false` would fail the page).
     assert hook.expand("<!-- run: false -->", "p.md", tmp_path, ["kept output"]) == \
         "```{.text .no-copy}\nkept output\n```"
+    # The training log's time is the build's (SOURCE_DATE_EPOCH), not the one the entry ran with.
+    cache.store(tmp_path, first, "p.md", ["x"], ["[1970-01-02 00:00:00] iteration 1 |"], epoch="86400")
+    assert cache.load(tmp_path, first, "86400") == ["[1970-01-02 00:00:00] iteration 1 |"]
+    assert cache.load(tmp_path, first, "90000") == ["[1970-01-02 01:00:00] iteration 1 |"]
     cache.prune(tmp_path, set())
     assert cache.load(tmp_path, first) is None
 

@@ -10,11 +10,18 @@ whenever anything they could depend on does:
 * every file of the sources the commands run: the ``minitron`` package, ``scripts/``,
   ``docs/examples/``, these hooks, ``pyproject.toml``, and any other file of the checkout a
   command names (``tests/dap_client.py``); their contents, not their dates;
-* what the build tells the commands: the column width, SOURCE_DATE_EPOCH (the training log's
-  clock), and the interpreter, torch and CPU count they run with.
+* what the build tells the commands: the column width, and the interpreter, torch and CPU
+  count they run with.
 
 A page whose key is found is not run at all. Set ``MINITRON_DOCS_CACHE=0`` to run everything.
 A clean clone (CI) has no cache and builds everything once.
+
+One input is left out of the key: SOURCE_DATE_EPOCH, the time the training log prints (the
+time of the last commit of the code). Committing changes it without changing the code, and a
+key holding it would throw the whole cache away at every commit. The entry records the time
+it ran with instead, and ``load`` writes the build's own time over it: the time is printed in
+one format, by minitron/training/training_log.py's log_time, so the output is exactly what
+running the command again would print.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import os
 import platform
 import shlex
 import subprocess
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -72,19 +80,31 @@ def page_key(root: Path, digest: str, files: set[str], commands: list[str]) -> s
     return key.hexdigest()
 
 
-def load(root: Path, key: str) -> list[str] | None:
+def load(root: Path, key: str, epoch: str = "") -> list[str] | None:
+    """The outputs kept under ``key``, at the time ``epoch`` (see the module docstring)."""
     try:
-        return json.loads((root / FOLDER / f"{key}.json").read_text())["outputs"]
+        entry = json.loads((root / FOLDER / f"{key}.json").read_text())
+        outputs = entry["outputs"]
     except (OSError, ValueError, KeyError):
         return None
+    then, now = log_time(entry.get("epoch", "")), log_time(epoch)
+    if then and now and then != now:
+        outputs = [output.replace(then, now) for output in outputs]
+    return outputs
 
 
-def store(root: Path, key: str, page: str, commands: list[str], outputs: list[str]) -> None:
+def store(root: Path, key: str, page: str, commands: list[str], outputs: list[str], epoch: str = "") -> None:
     folder = root / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     temporary = folder / f".{key}.{os.getpid()}.tmp"
-    temporary.write_text(json.dumps({"page": page, "commands": commands, "outputs": outputs}))
+    entry = {"page": page, "commands": commands, "epoch": epoch, "outputs": outputs}
+    temporary.write_text(json.dumps(entry))
     os.replace(temporary, folder / f"{key}.json")  # whole or not at all, even if builds overlap
+
+
+def log_time(epoch: str) -> str:
+    """SOURCE_DATE_EPOCH as the training log prints it (training_log.log_time's format)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(int(epoch))) if epoch.isdigit() else ""
 
 
 def prune(root: Path, used: set[str]) -> None:

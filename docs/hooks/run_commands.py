@@ -161,7 +161,7 @@ def on_files(files, config):
     root = Path(config.config_file_path).parent
     _epoch["SOURCE_DATE_EPOCH"] = os.environ.get("SOURCE_DATE_EPOCH") or source_date_epoch(root)
     checkout = page_cache.checkout_files(root)
-    context = {**page_cache.environment(), "width": str(WIDTH), "epoch": _epoch["SOURCE_DATE_EPOCH"]}
+    context = {**page_cache.environment(), "width": str(WIDTH)}
     digest = page_cache.sources_digest(root, checkout, context)
     jobs = int(os.environ.get("MINITRON_DOCS_JOBS", max(2, os.cpu_count() or 1)))
     work = []
@@ -172,7 +172,7 @@ def on_files(files, config):
         if page_cache.enabled():
             key = page_cache.page_key(root, digest, set(checkout), commands)
             _keys[file.src_uri] = key, commands
-            outputs = page_cache.load(root, key)
+            outputs = page_cache.load(root, key, _epoch["SOURCE_DATE_EPOCH"])
             if outputs is not None and len(outputs) == len(commands):
                 _cached[file.src_uri] = outputs
                 continue
@@ -386,5 +386,6 @@ def on_page_markdown(markdown, page, config, files):
         key = None  # the page is not what on_files read (`serve --dirty`): run it, keep nothing
     expanded = expand(markdown, name, root, _cached.get(name) if key else None)
     if key and name not in _cached:  # every command has run by now: run() only looks them up
-        page_cache.store(root, key, name, commands, [run(command, name, root) for command in commands])
+        outputs = [run(command, name, root) for command in commands]
+        page_cache.store(root, key, name, commands, outputs, _epoch.get("SOURCE_DATE_EPOCH", ""))
     return expanded
