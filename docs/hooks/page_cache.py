@@ -48,9 +48,13 @@ def checkout_files(root: Path) -> list[str]:
     """The checkout's files as a clone would have them (tracked, or new and not ignored)."""
     done = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                           capture_output=True)
-    if done.returncode != 0:
-        return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and ".cache" not in p.parts)
-    return sorted(set(path for path in done.stdout.decode().split("\0") if path))
+    if done.returncode == 0:
+        return sorted(set(path for path in done.stdout.decode().split("\0") if path))
+    found = []  # no git: every file but hidden folders (.venv, .cache) and build output
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if not d.startswith(".") and d not in ("site", "__pycache__")]
+        found += [str(Path(folder, name).relative_to(root)) for name in names]
+    return sorted(found)
 
 
 def sources_digest(root: Path, files: list[str], context: dict[str, str]) -> str:
