@@ -12,6 +12,7 @@ import importlib.util
 import os
 import re
 import tempfile
+import time
 import xml.etree.ElementTree as ElementTree
 import shlex
 import shutil
@@ -119,7 +120,6 @@ CLOCK = re.compile(r"\b\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d\b")
 
 
 def log_time(epoch: str) -> str | None:
-    import time  # only here: the page checks need no clock otherwise
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(int(epoch))) if epoch.isdigit() else None
 
 
@@ -365,7 +365,7 @@ def test_a_pages_outputs_are_kept_under_a_key_of_its_commands_and_sources(tmp_pa
 
 
 def test_the_training_log_prints_the_time_the_build_gives_it(monkeypatch):
-    from minitron.training.training_log import log_time
+    from minitron.training.training_log import log_time  # here: it brings torch, which the page checks do not need
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "86400")
     assert log_time() == "1970-01-02 00:00:00"
     monkeypatch.delenv("SOURCE_DATE_EPOCH")
