@@ -44,20 +44,24 @@ def trace16(tmp_path_factory):
 
 # --- the site build, started early ------------------------------------------------------------
 # `mkdocs build --strict` runs every command the pages show: about a minute and a half of one
-# core. The rest of the suite leaves the second core idle much of the time (ranks waiting on
+# core when none of their outputs is in .cache/pages/ (docs/hooks/page_cache.py), seconds when
+# all are. The rest of the suite leaves the second core idle much of the time (ranks waiting on
 # each other, launchers on timeouts, Ctrl-C tests on signals), so the build starts as soon as
-# the tests are collected and test_site_builds_strict only waits for it. Its commands pick
-# their own ports, as the tests do, so the two do not collide.
-SITE_TEST = "tests/test_docs.py::test_site_builds_strict"
+# the tests are collected and the tests that read the site (the `site_build` fixture:
+# test_docs.py's strict build, test_pages_browser.py's measures) only wait for it. Its commands
+# pick their own ports, as the tests do, so the two do not collide; the two of chapter 1 that
+# serve on 29500 (a fixed port keeps the page the same) are below the range free ports come from.
+def _reads_the_site(item) -> bool:
+    return "site_build" in getattr(item, "fixturenames", ())
 
 
 def pytest_collection_modifyitems(session, config, items):
-    # The build's test goes last, so waiting for it holds nothing else up.
-    items.sort(key=lambda item: item.nodeid == SITE_TEST)
+    # The tests that read the build go last, so waiting for it holds nothing else up.
+    items.sort(key=_reads_the_site)
 
 
 def pytest_collection_finish(session):
-    if not any(item.nodeid == SITE_TEST for item in session.items):
+    if not any(_reads_the_site(item) for item in session.items):
         return
     scratch = Path(tempfile.mkdtemp(prefix="minitron-site-"))
     out, err = open(scratch / "stdout", "w"), open(scratch / "stderr", "w")
@@ -85,7 +89,7 @@ def pytest_sessionfinish(session):
 SITE_BUILD = pytest.StashKey[tuple]()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def site_build(request):
     """The strict build started at collection: (its site folder, exit code, stdout, stderr)."""
     scratch, process = request.config.stash[SITE_BUILD]

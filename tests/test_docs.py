@@ -1,8 +1,10 @@
 """The documentation site builds, and every command and code excerpt it names exists.
 
-The full build (``mkdocs build --strict``) runs every ``<!-- run: -->`` command, so it is the
-real test that nothing on the site is stale. The fast tests around it say *which* reference
-broke without waiting for the build, and pin down the build hook's own behaviour.
+The full build (``mkdocs build --strict``) runs every ``<!-- run: -->`` command (or finds its
+output kept for code that has not changed: docs/hooks/page_cache.py), so it is the real test
+that nothing on the site is stale. The fast tests around it say *which* reference broke without
+waiting for the build. The hooks' own behaviour: tests/test_docs_hooks.py; the pages as a
+browser lays them out: tests/test_pages_browser.py.
 """
 
 from __future__ import annotations
@@ -12,14 +14,12 @@ import importlib.util
 import os
 import re
 import tempfile
+import time
 import xml.etree.ElementTree as ElementTree
 import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -79,10 +79,11 @@ def build_machine_paths() -> list[str]:
 
 def check_built_site(site: Path) -> None:
     """Every page: no path of the build machine; every executed output fits the content column
-    (at full size, or set smaller by its fit-N class; never wider than the widest class); every
-    picture a well-formed SVG; the chapters that draw pictures have them."""
+    (WIDTH characters; tests/test_pages_browser.py checks in a browser that the column holds
+    them); every picture a well-formed SVG; the chapters that draw pictures have them."""
     hook = load_hook()
     paths = build_machine_paths()
+    build_time = log_time(os.environ.get("SOURCE_DATE_EPOCH") or hook.source_date_epoch(ROOT))
     for page in sorted(site.rglob("*.html")):
         name = str(page.parent.relative_to(site))
         text = page.read_text()
@@ -96,16 +97,46 @@ def check_built_site(site: Path) -> None:
                 continue  # a code excerpt or a block written in the page, not an output
             lines = html.unescape(re.sub(r"<[^>]+>", "", block["body"])).split("\n")
             longest = max(len(line) for line in lines)
-            fit = re.search(r"\bfit-(\d+)\b", block["classes"])
-            room = int(fit[1]) if fit else hook.WIDTH
-            assert longest <= room <= hook.FIT[-1], \
-                f"{name}: an output line of {longest} characters in a block for {room}: " \
+            noise = run_to_run_noise("\n".join(lines), build_time)
+            assert not noise, f"{name}: an output shows what changes from run to run: {noise[:3]}"
+            assert longest <= hook.WIDTH, \
+                f"{name}: an output line of {longest} characters, wider than the column's {hook.WIDTH}: " \
                 f"{next(line for line in lines if len(line) == longest)[:60]!r}"
         figures = FIGURE.findall(text)
         for svg in figures:
             ElementTree.fromstring(svg)
         if name in PICTURED:
             assert len(figures) >= PICTURED[name], f"{name} has {len(figures)} pictures, not {PICTURED[name]}"
+
+
+# Two builds of the same code give the same pages, but for what a page says it measured (a
+# duration, a CPU time). What would differ besides is recognisable: a pid, a port picked free
+# (the kernel hands those out from 32768 up; a port given on purpose, 29500, is below), a
+# clock time other than the one the build tells the training log (SOURCE_DATE_EPOCH).
+PID = re.compile(r"(?<![a-z])pid\b\W{0,3}\d{2,}|[┃│]\s*pid\s*[┃│]", re.I)
+PORT = re.compile(r"(?<![a-z])port\b\W{0,3}(\d{5})", re.I)
+CLOCK = re.compile(r"\b\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d\b")
+
+
+def log_time(epoch: str) -> str | None:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(int(epoch))) if epoch.isdigit() else None
+
+
+def run_to_run_noise(text: str, build_time: str | None) -> list[str]:
+    found = [m[0] for m in PID.finditer(text)]
+    found += [m[0] for m in PORT.finditer(text) if 32768 <= int(m[1]) <= 65535]
+    found += [m[0] for m in CLOCK.finditer(text) if m[0] != build_time]
+    return found
+
+
+def test_the_noise_finder_finds_pids_free_ports_and_clock_times():
+    build = "2026-01-02 03:04:05"
+    assert run_to_run_noise("rank 0 (pid 1234)", build) == ["pid 1234"]
+    assert run_to_run_noise("┃ rank ┃   pid ┃ tp ┃", build) == ["┃   pid ┃"]
+    assert run_to_run_noise("MASTER_PORT=40963", build) == ["PORT=40963"]
+    assert run_to_run_noise(" [2026-11-25 17:32:17] iteration 4/12 |", build) == ["2026-11-25 17:32:17"]
+    calm = f"MASTER_PORT=29500 --master_port=29500 [{build}] iteration 1 | --save_pid writes <pid>"
+    assert run_to_run_noise(calm, build) == []
 
 
 # Fast checks of what the pages refer to. ------------------------------------------------------
@@ -171,128 +202,3 @@ def test_every_chapter_is_in_the_nav():
         assert f"walkthrough/{chapter.name}" in nav, f"mkdocs.yml nav does not list {chapter.name}"
     for listed in re.findall(r"walkthrough/[\w.-]+\.md", nav):
         assert (ROOT / listed).is_file(), f"mkdocs.yml nav lists {listed}, which does not exist"
-
-
-# The hook's own behaviour, on tiny pages. ----------------------------------------------------
-def test_run_line_becomes_its_output_in_a_text_block(tmp_path):
-    hook = load_hook()
-    hook._cache.clear()
-    page = "intro\n<!-- run: printf '\\033[31mred\\033[0m and plain\\n' -->\nend"
-    out = hook.expand(page, "page.md", tmp_path)
-    assert out == "intro\n```{.text .no-copy}\nred and plain\n```\nend"
-
-
-def test_run_lines_inside_fences_and_admonitions(tmp_path):
-    hook = load_hook()
-    hook._cache.clear()
-    page = "```markdown\n<!-- run: false -->\n```\n!!! note\n    <!-- run: echo $COLUMNS $NO_COLOR -->"
-    out = hook.expand(page, "page.md", tmp_path)
-    assert "<!-- run: false -->" in out                       # shown as syntax, not run
-    assert "    ```{.text .no-copy}\n    80 1\n    ```" in out  # indented like the comment
-
-
-def test_failing_command_names_page_and_command(tmp_path):
-    from mkdocs.exceptions import PluginError
-    hook = load_hook()
-    hook._cache.clear()
-    with pytest.raises(PluginError) as failure:
-        hook.expand("<!-- run: echo oops; exit 3 -->", "walkthrough/99-x.md", tmp_path)
-    message = str(failure.value)
-    assert "walkthrough/99-x.md" in message and "exit 3" in message and "code 3" in message
-    assert "oops" in message
-
-
-def test_identical_commands_run_once_per_build(tmp_path):
-    hook = load_hook()
-    hook._cache.clear()
-    counter = tmp_path / "count"
-    command = f"echo x >> {counter}; wc -l < {counter}"
-    first = hook.expand(f"<!-- run: {command} -->", "a.md", tmp_path)
-    second = hook.expand(f"<!-- run: {command} -->", "b.md", tmp_path)
-    assert first == second and counter.read_text() == "x\n"
-    hook.on_pre_build(None)                                   # a new build runs it again
-    hook.expand(f"<!-- run: {command} -->", "a.md", tmp_path)
-    assert counter.read_text() == "x\nx\n"
-
-
-def test_commands_run_in_a_scratch_directory_with_the_venv_first_on_path(tmp_path):
-    hook = load_hook()
-    hook._cache.clear()
-    (tmp_path / "scripts").mkdir()
-    (tmp_path / "scripts/hello.sh").write_text("echo hello from $0")
-    try:
-        out = hook.expand("<!-- run: pwd; command -v python; bash scripts/hello.sh; mkdir made; "
-                          "echo $PWD/made; echo " + str(tmp_path) + "/x -->", "page.md", tmp_path)
-        scratch = hook.scratch_dir(tmp_path)
-        assert (scratch / "made").is_dir() and not (tmp_path / "made").exists()  # writes stay out of the root
-    finally:
-        hook.on_post_build(None)
-    lines = out.split("\n")
-    assert lines[1] == "."                                  # the scratch directory, shown relative
-    assert Path(lines[2]).parent == BIN
-    assert lines[3] == "hello from scripts/hello.sh"        # the root's files are there
-    assert lines[4] == "made" and lines[5] == "x"           # no path of this machine is shown
-    assert not scratch.exists()                             # and the scratch is gone with the build
-
-
-def test_figure_line_becomes_the_svg_it_printed(tmp_path):
-    from mkdocs.exceptions import PluginError
-    hook = load_hook()
-    hook._cache.clear()
-    good = "printf '<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 1 1\">\\n\\n<rect/></svg>\\n'"
-    try:
-        out = hook.expand(f"<!-- figure: {good} -->", "page.md", tmp_path)
-        assert out.startswith('<figure class="minitron-figure" markdown="0">\n<svg ') and out.endswith("</figure>")
-        assert "\n\n" not in out                               # a blank line would end the HTML block
-        for bad, why in (("echo '<svg><rect></svg>'", "well-formed"), ("echo '<p>hi</p>'", "not an <svg>")):
-            with pytest.raises(PluginError) as failure:
-                hook.expand(f"<!-- figure: {bad} -->", "walkthrough/99-x.md", tmp_path)
-            assert "walkthrough/99-x.md" in str(failure.value) and why in str(failure.value)
-    finally:
-        hook.on_post_build(None)
-
-
-def test_wide_output_gets_a_smaller_font_and_overlong_lines_fold(tmp_path):
-    hook = load_hook()
-    assert hook.fit_class(["x" * hook.WIDTH]) == ""
-    assert hook.fit_class(["x" * (hook.WIDTH + 1)]) == f" .fit-{hook.FIT[0]}"
-    assert hook.fit_class(["x" * hook.FIT[-1]]) == f" .fit-{hook.FIT[-1]}"
-    long = "  error: " + " ".join(["word"] * 60)
-    folded = hook.fold(long)
-    assert all(len(line) <= hook.WIDTH for line in folded) and len(folded) > 1
-    assert " ".join(part.strip() for part in folded) == long.strip()
-    assert all(line.startswith("    ") for line in folded[1:])  # under the line's first word
-    assert hook.fold("x" * hook.FIT[-1]) == ["x" * hook.FIT[-1]]   # a fitting line is left alone
-    css = (ROOT / "docs/stylesheets/output.css").read_text()
-    for n in hook.FIT:
-        assert f".fit-{n} pre" in css and f"80 / {n})" in css, f"output.css has no size for fit-{n}"
-    assert "stylesheets/output.css" in (ROOT / "mkdocs.yml").read_text()
-
-
-def test_piped_and_or_echo_commands_run_warm_and_print_what_bash_prints(tmp_path):
-    """`A | sort`, `A 2>&1 | tail -2`, `A 2>&1 || echo "(exit code $?)"` run from the warm
-    process (no torch import per command) yet print what bash prints; a piped call that writes
-    to stderr, or fails, is run by bash after all (its output's place among the lines is bash's)."""
-    hook = load_hook()
-    (tmp_path / "p.py").write_text("import sys\nprint('b'); print('a'); print('c')\n"
-                                   "if sys.argv[1:] == ['err']: print('oops', file=sys.stderr)\n"
-                                   "sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)\n")
-    commands = ["python p.py | sort", "python p.py x 0 2>&1 | tail -2", "python p.py x 3 2>&1 || echo \"(exit code $?)\"",
-                "python p.py > /dev/null && python p.py | grep -v a", "python p.py err | sort"]
-    warm = hook._warm.module
-    assert [warm.warm_plan(c, str(BIN)) is not None for c in commands] == [True] * 5
-    assert warm.warm_plan("python p.py 2>/dev/null | sort", str(BIN)) is None
-    assert warm.warm_plan("python p.py | sort | head -1", str(BIN)) is None
-    try:
-        for command in commands:
-            hook._cache.clear()
-            plan = warm.warm_plan(command, str(BIN))
-            done, _ = hook._run_warm(plan, hook.scratch_dir(tmp_path))
-            bash = subprocess.run(["bash", "-c", command], cwd=hook.scratch_dir(tmp_path), env=hook.command_env(),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            if command.endswith("err | sort"):
-                assert done is None   # stderr beside a pipe: left to bash
-            else:
-                assert done == (bash.returncode, bash.stdout), command
-    finally:
-        hook.on_post_build(None)

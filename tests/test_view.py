@@ -201,7 +201,7 @@ def test_view_reads_the_trace_of_a_torchrun_run(torchrun_trace):
     # pp 2 on 2 ranks: one group, [0,1] (an 80-column tree may shorten the name: "…" for GROUP)
     assert "new_group ×1 PIPELINE_MODEL_PARALLEL_" in out
     row = next(line for line in out.splitlines() if line.startswith("│    1 │"))
-    assert [cell.strip() for cell in row.split("│")[4:8]] == ["[1]", "[1]", "[0,1]", "[0,1]"]  # tp dp pp embd
+    assert [cell.strip() for cell in row.split("│")[3:7]] == ["[1]", "[1]", "[0,1]", "[0,1]"]  # tp dp pp embd
     assert "✓ same groups, same order: 2 ranks × " in out and "not run" not in out
     assert "2 ranks (gloo, 2 processes)" in out
     assert max(len(line) for line in out.splitlines()) <= 80

@@ -98,9 +98,23 @@ def run_pretrain(world: int, flags: list[str], out) -> tuple[Path, dict[int, str
     return out / "trace", {r: (out / "logs" / f"rank{r}.log").read_text() for r in range(world)}
 
 
+# set_global_variables gets the whole argument namespace: a hundred entries, most of them for
+# later chapters. The page shows the few that this step reads (the micro-batch calculator's
+# and the tokenizer's) and counts the rest.
+SHOWN_ARGS = ("global_batch_size", "micro_batch_size", "rampup_batch_size", "data_parallel_size",
+              "tokenizer_type", "vocab_size")
+
+
 def _args_text(args: dict) -> str:
-    return " ".join(f"{k}={v}" for k, v in args.items() if not isinstance(v, str) or v not in
+    return " ".join(f"{k}={_value_text(v)}" for k, v in args.items() if not isinstance(v, str) or v not in
                     ("Namespace", "dict", "function", "timedelta", "list"))
+
+
+def _value_text(value) -> str:
+    if not isinstance(value, dict) or len(value) <= len(SHOWN_ARGS):
+        return str(value)
+    shown = ", ".join(f"{k!r}: {value[k]!r}" for k in SHOWN_ARGS if k in value)
+    return f"{{{shown}, … {len(value) - sum(k in value for k in SHOWN_ARGS)} more}}"
 
 
 def chain(trace_dir, rank: int = 0) -> None:
@@ -271,18 +285,17 @@ def store() -> None:
             env = {"JOURNEY_PLAIN_PORT": str(free_port())} if plain else {}
             launch(LaunchConfig(world_size=2, env=env, warm=()), Target(function=lambda: _store_body(out, plain)))
             rows = [Path(out, str(r)).read_text().split() for r in range(2)]
-        pids = {int(pid): rank for rank, (pid, *_) in enumerate(rows)}
+        # Who is who, by pid; the page names them by role (pids change from run to run).
+        ranks = {int(pid): rank for rank, (pid, *_) in enumerate(rows)}
         launcher, host, host_parent, agent = int(rows[0][1]), int(rows[0][2]), int(rows[0][3]), rows[0][4]
         title = "env:// alone (TORCHELASTIC_USE_AGENT_STORE unset)" if plain else \
             f"minitron launch (TORCHELASTIC_USE_AGENT_STORE={agent})"
         print(title)
-        print("  ranks: " + ", ".join(f"rank {r} (pid {p})" for p, r in pids.items()))
-        if host in pids:
-            print(f"  the store's host: rank {pids[host]} (pid {host})")
+        if host in ranks:
+            print(f"  the store's host: rank {ranks[host]} itself")
         else:
-            whose = "the launcher" if host_parent == launcher else f"pid {host_parent}"
-            print(f"  the store's host: pid {host}, not a rank: the store keeper, a child of {whose}")
-            print(f"  (the launcher: pid {launcher})")
+            whose = "the launcher" if host_parent == launcher else "another process"
+            print(f"  the store's host: not a rank: the store keeper, a child of {whose}")
         print()
 
 

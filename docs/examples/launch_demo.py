@@ -1,8 +1,9 @@
 """What a rank is told, seen from inside the rank. The walkthrough's chapter 1 runs this.
 
     python docs/examples/launch_demo.py env 4     # minitron's launcher: 4 forked ranks
+    python docs/examples/launch_demo.py env 4 29500   # ... serving the rendezvous on port 29500
     python docs/examples/launch_demo.py fail 4    # rank 2 exits with code 3; the rest are stopped
-    torchrun --standalone --nproc-per-node 2 docs/examples/launch_demo.py show
+    torchrun --master-port 29500 --nproc-per-node 2 docs/examples/launch_demo.py show
     minitron launch --include localhost:0,1 docs/examples/launch_demo.py deepspeed --x 1
 
 The same `show` runs under both launchers: a program that reads only these variables cannot
@@ -36,12 +37,13 @@ def show_deepspeed() -> int:
     return 0
 
 
-def under_minitron(world: int) -> None:
+def under_minitron(world: int, port: int | None = None) -> None:
     from minitron.launcher import LaunchConfig, Target, launch
 
     with tempfile.TemporaryDirectory() as tmp:
-        # Each rank writes to its own log; reading them back in rank order keeps the page stable.
-        launch(LaunchConfig(world_size=world, log_dir=Path(tmp)), Target(function=show))
+        # Each rank writes to its own log; reading them back in rank order keeps the page stable,
+        # and so does a port given (None: the launcher picks a free one, new on every run).
+        launch(LaunchConfig(world_size=world, log_dir=Path(tmp), master_port=port), Target(function=show))
         for rank in range(world):
             print(f"rank{rank}.log: " + (Path(tmp) / f"rank{rank}.log").read_text().strip())
 
@@ -77,7 +79,7 @@ if __name__ == "__main__":
     elif mode == "deepspeed":
         show_deepspeed()
     elif mode == "env":
-        under_minitron(int(rest[0]) if rest else 4)
+        under_minitron(int(rest[0]) if rest else 4, int(rest[1]) if len(rest) > 1 else None)
     elif mode == "fail":
         one_rank_fails(int(rest[0]) if rest else 4)
     else:

@@ -18,30 +18,28 @@ How a command runs:
   ``/path/to/minitron``: no page carries a path of the machine that built it;
 * with the directory of the Python running MkDocs (the venv's ``bin``) first on PATH, so
   ``minitron`` is the one installed in this checkout;
-* with ``COLUMNS=80`` (``WIDTH``) and ``NO_COLOR=1``: rich and typer then draw the same tables
-  at the same width on every machine, and that width is the content column's: measured in a
-  browser (chromium, mkdocs-material's default fonts), a code block of the page shows 78 to 82
-  characters at window widths from 1000 to 1920 px. Output that is wider would wrap or hide
-  behind a scroll bar; tests/test_docs.py fails the build's pages if any output line is wider.
+* with ``COLUMNS=120`` (``WIDTH``) and ``NO_COLOR=1``: rich and typer then draw the same tables
+  at the same width on every machine, and that width is what a code block of the page holds
+  at a laptop's width (1280 px; docs/stylesheets/output.css sets the page up for it, and
+  tests/test_pages_browser.py measures it in Chromium). A line that is still wider (a
+  one-line error message, a long list) is folded at spaces, never set in a smaller font.
   Any colour codes left are stripped;
+* with ``SOURCE_DATE_EPOCH`` set to the time of the last commit of the code the commands run,
+  unless the build's environment sets it: the training log prints that instead of the clock,
+  so the same code gives the same pages;
 * with ``OMP_NUM_THREADS=1`` unless the build's environment sets it: one compute thread per
   process, as the pages' tiny models need (the printed numbers are the same either way);
 * once per build: a second page asking for the same command gets the first answer;
+* not at all when nothing it depends on has changed since a build that ran it: a page's
+  outputs are kept in ``.cache/pages/`` under a hash of its commands and of the sources they
+  run (docs/hooks/page_cache.py says what counts);
 * ahead of time, a few at once: as soon as the build knows its pages, every page's commands
   start, ``MINITRON_DOCS_JOBS`` pages at a time (default: the number of CPUs, at least 2).
   The commands of one page run in page order, so a command may read what an earlier command
   *on the same page* wrote; commands on different pages may run at the same moment, so two
   pages must not write the same path with different commands.
 
-The output goes in a ```text block (indented like the comment, so it works inside admonitions
-and tabs) marked ``.no-copy``: output is read, not pasted into a terminal, so no copy button
-sits on its first line. A run line inside a fenced code block is left alone, so a page can show
-the syntax.
-
-A ``figure`` line runs its command the same way; what the command prints must be one SVG
-document (well-formed XML, checked here), which goes into the page as it is, inside a
-``<figure class="minitron-figure">``: the pictures are drawn by minitron/cli/views/svg*.py from
-the same runs as the text around them, at build time.
+How an output is shown, and how run lines are found: docs/hooks/page_text.py.
 """
 
 from __future__ import annotations
@@ -50,14 +48,12 @@ import importlib.util
 import json
 import logging
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import xml.etree.ElementTree as ElementTree
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -65,18 +61,7 @@ from mkdocs.exceptions import PluginError
 
 log = logging.getLogger("mkdocs.hooks.run_commands")
 
-RUN_LINE = re.compile(r"^(?P<indent>[ \t]*)<!--\s*(?P<kind>run|figure):\s*(?P<command>.*?)\s*-->[ \t]*$")
-FENCE_OPEN = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})")
-# CSI sequences (colours, cursor moves) and OSC sequences (hyperlinks, titles).
-ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 TIMEOUT_S = 180
-WIDTH = 80  # characters: the content column of a page (see the module docstring)
-# Output wider than WIDTH (a script's table, a log line) is set in a smaller font, just small
-# enough for its longest line: class fit-N makes N characters fill the column (the sizes are in
-# docs/stylesheets/output.css). Beyond the last, the text would be too small to read, so a line
-# that long (a one-line error message, a long list) is folded at spaces to WIDTH, as
-# `fold -s -w 80` would, its continuation indented under the line's own first word.
-FIT = (88, 96, 104, 112)
 CHECKOUT_SHOWN_AS = "/path/to/minitron"
 
 # command -> its output, as a Future: set once the command has run, waited on by anyone else.
@@ -86,6 +71,26 @@ _pool: ThreadPoolExecutor | None = None
 # repository root -> this build's scratch directory (see the module docstring).
 _scratch: dict[Path, Path] = {}
 _scratch_lock = threading.Lock()
+# page -> (its cache key, its commands), and page -> its outputs found in the cache.
+_keys: dict[str, tuple[str, list[str]]] = {}
+_cached: dict[str, list[str]] = {}
+_epoch: dict[str, str] = {}  # "SOURCE_DATE_EPOCH" -> its value for this build, once known
+
+
+def _load_sibling(name: str):
+    """A module of docs/hooks/ (the hooks are loaded by path, not as a package)."""
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"minitron_docs_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+page_cache = _load_sibling("page_cache")
+page_text = _load_sibling("page_text")
+# The page side, under the names the build (and tests/test_docs.py) use.
+WIDTH, clean, fenced, fold, figure = page_text.WIDTH, page_text.clean, page_text.fenced, page_text.fold, page_text.figure
+scan, run_commands = page_text.scan, page_text.run_commands
 
 
 def on_config(config):
@@ -103,8 +108,19 @@ def on_pre_build(config):
     # A new build (also each rebuild under `mkdocs serve`) must see the code as it is now.
     _stop_pool()
     _cache.clear()
+    _keys.clear()
+    _cached.clear()
+    _epoch.clear()
     _warm.stop()
     _remove_scratch()
+
+
+def source_date_epoch(root: Path) -> str:
+    """The committer time of the last commit that changed the code the commands run ("" when
+    there is no git history): what the training log prints instead of the clock."""
+    done = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%ct", "--", *page_cache.SOURCES],
+                          capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else ""
 
 
 def scratch_dir(root: Path) -> Path:
@@ -137,17 +153,30 @@ def _remove_scratch() -> None:
 
 
 def on_files(files, config):
-    """Start every page's commands now, so they run while other pages are being rendered."""
+    """Find each page's outputs in the cache, and start the commands of the pages that are not
+    there now, so they run while other pages are being rendered."""
     global _pool
     if "--dirty" in sys.argv:
         return files  # `serve --dirty` renders only changed pages: run only what they ask for
     root = Path(config.config_file_path).parent
+    _epoch["SOURCE_DATE_EPOCH"] = os.environ.get("SOURCE_DATE_EPOCH") or source_date_epoch(root)
+    checkout = page_cache.checkout_files(root)
+    context = {**page_cache.environment(), "width": str(WIDTH)}
+    digest = page_cache.sources_digest(root, checkout, context)
     jobs = int(os.environ.get("MINITRON_DOCS_JOBS", max(2, os.cpu_count() or 1)))
     work = []
     for file in files.documentation_pages():
         commands = run_commands(Path(file.abs_src_path).read_text(encoding="utf-8"))
-        if commands:
-            work.append((file.src_uri, commands))
+        if not commands:
+            continue
+        if page_cache.enabled():
+            key = page_cache.page_key(root, digest, set(checkout), commands)
+            _keys[file.src_uri] = key, commands
+            outputs = page_cache.load(root, key, _epoch["SOURCE_DATE_EPOCH"])
+            if outputs is not None and len(outputs) == len(commands):
+                _cached[file.src_uri] = outputs
+                continue
+        work.append((file.src_uri, commands))
     if jobs > 1 and work:
         _pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="docs-run")
         for page, commands in work:
@@ -167,6 +196,8 @@ def on_post_build(config):
     _stop_pool()
     _warm.stop()
     _remove_scratch()
+    if _keys:  # a whole build: what it did not ask for belongs to older code
+        page_cache.prune(Path(config.config_file_path).parent, {key for key, _ in _keys.values()})
 
 
 def on_build_error(error):
@@ -187,26 +218,14 @@ def command_env() -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
     env.update(COLUMNS=str(WIDTH), NO_COLOR="1", TERM="dumb", PYTHONUNBUFFERED="1")
+    if _epoch.get("SOURCE_DATE_EPOCH"):
+        env["SOURCE_DATE_EPOCH"] = _epoch["SOURCE_DATE_EPOCH"]
     # One compute thread per process unless told otherwise: the pages' models are tiny, and a
     # one-rank run given every core only pays for threads that spin waiting for each other.
     env.setdefault("OMP_NUM_THREADS", "1")
     for var in ("FORCE_COLOR", "CLICOLOR_FORCE", "PY_COLORS"):
         env.pop(var, None)
     return env
-
-
-def clean(text: str, places: dict[str, str] | None = None) -> str:
-    """Strip colour codes and trailing blanks, and show ``places`` (a path of the build machine
-    -> what the page says instead); keep the layout the command chose."""
-    text = ANSI.sub("", text).replace("\r\n", "\n")
-    for path, shown in (places or {}).items():
-        text = text.replace(path, shown)
-    lines = [line.rstrip() for line in text.split("\n")]
-    while lines and not lines[0]:
-        lines.pop(0)
-    while lines and not lines[-1]:
-        lines.pop()
-    return "\n".join(lines)
 
 
 def run(command: str, page: str, root: Path) -> str:
@@ -230,11 +249,8 @@ class _WarmRunner:
     def __init__(self):
         self._proc = None
         self._lock = threading.Lock()
-        path = Path(__file__).with_name("warm_runner.py")
-        spec = importlib.util.spec_from_file_location("minitron_docs_warm_runner", path)
-        self.module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(self.module)
-        self.path = path
+        self.module = _load_sibling("warm_runner")
+        self.path = Path(self.module.__file__)
 
     def run(self, argv: list[str], root: Path, separate_stderr: bool = False) -> tuple[int, str, str]:
         """(exit code, output, stderr): stderr is in the output unless ``separate_stderr``."""
@@ -343,86 +359,33 @@ def _run_warm(plan, cwd: Path) -> tuple[tuple[int, str] | None, float]:
     return (returncode, "".join(shown)), cpu
 
 
-def fenced(text: str, indent: str) -> list[str]:
-    # A fence longer than any run of backticks in the output cannot be closed by it.
-    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    body = [part for line in text.split("\n") for part in fold(line)] if text else ["(no output)"]
-    return ([f"{indent}{fence}{{.text .no-copy{fit_class(body)}}}"] + [f"{indent}{line}" if line else "" for line in body]
-            + [indent + fence])
-
-
-def fit_class(lines: list[str]) -> str:
-    """" .fit-N" for output wider than the column (see FIT), "" for output that fits."""
-    longest = max(map(len, lines))
-    return "" if longest <= WIDTH else f" .fit-{next(n for n in FIT if longest <= n)}"
-
-
-def fold(line: str) -> list[str]:
-    """A line longer than FIT[-1] as lines of at most WIDTH, broken at spaces where it can be."""
-    if len(line) <= FIT[-1]:
-        return [line]
-    indent = " " * min(len(line) - len(line.lstrip(" ")) + 2, WIDTH // 2)
-    out, rest = [], line
-    while len(rest) > WIDTH:
-        cut = rest.rfind(" ", len(indent) + 1 if out else 1, WIDTH + 1)
-        cut = cut if cut > 0 else WIDTH
-        out.append(rest[:cut].rstrip())
-        rest = indent + rest[cut:].lstrip(" ")
-    return out + [rest]
-
-
-def figure(text: str, indent: str, page: str, command: str) -> list[str]:
-    """An SVG document as raw HTML in the page: checked to be well-formed, without blank lines
-    (which would end Markdown's raw HTML block)."""
-    svg = re.sub(r"^\s*<\?xml[^>]*\?>\s*", "", text)
-    try:
-        root = ElementTree.fromstring(svg)
-    except ElementTree.ParseError as exc:
-        raise PluginError(f"{page}: `<!-- figure: {command} -->` did not print well-formed SVG ({exc})") from None
-    if root.tag not in ("svg", "{http://www.w3.org/2000/svg}svg"):
-        raise PluginError(f"{page}: `<!-- figure: {command} -->` printed <{root.tag}>, not an <svg> picture")
-    lines = [line for line in svg.split("\n") if line.strip()]
-    return [f'{indent}<figure class="minitron-figure" markdown="0">'] + [indent + line for line in lines] \
-        + [f"{indent}</figure>"]
-
-
-def scan(markdown: str):
-    """Yield (line, run-line match or None), telling apart lines inside fenced code blocks."""
-    open_fence: str | None = None
-    for line in markdown.split("\n"):
-        fence = FENCE_OPEN.match(line)
-        if open_fence is not None:
-            if fence and fence["fence"][0] == open_fence[0] and len(fence["fence"]) >= len(open_fence) \
-                    and not line.strip()[len(fence["fence"]):].strip():
-                open_fence = None
-            yield line, None
-        elif fence:
-            open_fence = fence["fence"]
-            yield line, None
-        else:
-            yield line, RUN_LINE.match(line)
-
-
-def run_commands(markdown: str) -> list[str]:
-    """The commands of a page's run lines, in page order."""
-    return [m["command"] for _, m in scan(markdown) if m and m["command"]]
-
-
-def expand(markdown: str, page: str, root: Path) -> str:
+def expand(markdown: str, page: str, root: Path, outputs: list[str] | None = None) -> str:
+    """The page with each run line replaced by its output: taken from ``outputs`` (the page's
+    outputs in page order, from the cache) if given, else from running the command."""
+    known = iter(outputs) if outputs is not None else None
     out: list[str] = []
     for line, match in scan(markdown):
         if match is None:
             out.append(line)
-        elif not match["command"]:
+            continue
+        if not match["command"]:
             raise PluginError(f"{page}: an empty `<!-- {match['kind']}: -->` line; give it a command")
-        elif match["kind"] == "figure":
-            out.extend(figure(run(match["command"], page, root), match["indent"], page, match["command"]))
+        text = next(known) if known is not None else run(match["command"], page, root)
+        if match["kind"] == "figure":
+            out.extend(figure(text, match["indent"], page, match["command"]))
         else:
-            out.extend(fenced(run(match["command"], page, root), match["indent"]))
+            out.extend(fenced(text, match["indent"]))
     return "\n".join(out)
 
 
 def on_page_markdown(markdown, page, config, files):
     root = Path(config.config_file_path).parent
-    return expand(markdown, page.file.src_uri, root)
+    name = page.file.src_uri
+    key, commands = _keys.get(name, (None, None))
+    if commands != run_commands(markdown):
+        key = None  # the page is not what on_files read (`serve --dirty`): run it, keep nothing
+    expanded = expand(markdown, name, root, _cached.get(name) if key else None)
+    if key and name not in _cached:  # every command has run by now: run() only looks them up
+        outputs = [run(command, name, root) for command in commands]
+        page_cache.store(root, key, name, commands, outputs, _epoch.get("SOURCE_DATE_EPOCH", ""))
+    return expanded

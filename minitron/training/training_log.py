@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
-
 
 from minitron.core import parallel_state as mpu
 from minitron.core.num_microbatches_calculator import get_num_microbatches
@@ -101,7 +101,7 @@ class IterationLog:
         """Megatron's fields, in Megatron's order, each closed by ' |'."""
         args = self.args
         per_iteration_ms = self.seconds * 1000.0 / max(self.advanced + self.skipped, 1)
-        s = f" [{time.strftime('%Y-%m-%d %H:%M:%S')}]"
+        s = f" [{log_time()}]"
         s += f" iteration {iteration:8d}/{args.train_iters:8d} |"
         s += f" consumed samples: {args.consumed_train_samples:12d} |"
         s += f" elapsed time per iteration (ms): {per_iteration_ms:.1f} |"
@@ -121,6 +121,15 @@ class IterationLog:
     def close(self) -> None:
         if self.file:
             self.file.close()
+
+
+def log_time() -> str:
+    """The time a log line carries, as Megatron prints it. SOURCE_DATE_EPOCH, the reproducible-
+    builds convention, stands in for the clock when set: the site's build sets it to the time
+    of the code it runs (docs/hooks/run_commands.py), so the same code prints the same pages."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
+    when = time.gmtime(int(epoch)) if epoch.isdigit() else time.localtime()
+    return time.strftime("%Y-%m-%d %H:%M:%S", when)
 
 
 def _num(value):

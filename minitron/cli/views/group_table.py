@@ -14,8 +14,10 @@ TABLE_KEYS = ("tp", "cp", "dp", "pp", "embd", "ep")
 
 
 def group_table(runs: dict[int, list[dict]]) -> Table:
-    """One row per rank: its pid, its coordinates (when the trace has the layout), and the ranks
-    of each group it is in."""
+    """One row per rank: its coordinates (when the trace has the layout) and the ranks of each
+    group it is in. No pid column: a pid changes from run to run and says nothing about the
+    layout (the closing line counts the processes, which is what tells gloo's one process per
+    rank from the fake backend's few copies playing many)."""
     world = world_size_of(runs)
     sizes = layout_args(next(iter(runs.values())))
     if sizes:
@@ -26,17 +28,15 @@ def group_table(runs: dict[int, list[dict]]) -> Table:
     table = Table(title="groups each rank joined (its executed new_group calls)", title_style="bold")
     dims = [d for d in ("tp", "cp", "dp", "pp") if d != "cp" or sizes["cp"] > 1] if sizes else []
     table.add_column("rank", justify="right", no_wrap=True)
-    table.add_column("pid", justify="right", no_wrap=True)
     if dims:
         table.add_column(" ".join(dims), justify="center", no_wrap=True)  # the rank's coordinates
     for key in keys:
         table.add_column(f"{key} group", no_wrap=True)
     for rank, records in runs.items():
-        pid = str(records[0]["pid"]) if records else "?"
         joined = {DESC_TO_KEY.get(desc, desc): list(ranks) for ranks, desc, _ in group_calls(records) if rank in ranks}
         coords = []
         if dims:
             c = rank_coordinates(rank, world, sizes["tp"], sizes["pp"], sizes["cp"], sizes["order"])
             coords = ["  ".join(str(c[d]) for d in dims)]
-        table.add_row(str(rank), pid, *coords, *[rank_ranges(joined.get(key, "-")) for key in keys])
+        table.add_row(str(rank), *coords, *[rank_ranges(joined.get(key, "-")) for key in keys])
     return table

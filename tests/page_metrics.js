@@ -1,0 +1,55 @@
+// What tests/test_pages_browser.py counts on one page, as the browser laid it out.
+// Evaluated in the page (an expression: its value goes back to the test as JSON).
+(() => {
+  const typeset = document.querySelector(".md-content .md-typeset");
+  if (!typeset) return {blocks: 0, scrolling: [], small: [], split: [], tables: [], reference: null,
+                        column: 0, window: window.innerWidth};
+  // The body's code font size: what a plain code block written in the page gets.
+  const probe = document.createElement("div");
+  probe.className = "highlight";
+  probe.innerHTML = "<pre><code>probe</code></pre>";
+  typeset.appendChild(probe);
+  const reference = parseFloat(getComputedStyle(probe.querySelector("code")).fontSize);
+  probe.remove();
+  const text = (el) => el.textContent.split("\n").find((line) => line.trim()) || "";
+  // A block scrolls sideways when its scroll box (Material makes it the <code> inside <pre>)
+  // holds more than it shows.
+  const blocks = [...typeset.querySelectorAll("pre")];
+  const scrolling = [];
+  for (const pre of blocks) {
+    for (const box of [pre, pre.querySelector(":scope > code")].filter(Boolean)) {
+      if (box.scrollWidth > box.clientWidth + 1) {
+        scrolling.push({over: box.scrollWidth - box.clientWidth, first: text(box).slice(0, 70)});
+        break;
+      }
+    }
+  }
+  // Output blocks (class no-copy, see docs/hooks/run_commands.py) set smaller than code.
+  const small = [];
+  for (const pre of typeset.querySelectorAll(".no-copy pre")) {
+    const size = parseFloat(getComputedStyle(pre.querySelector("code") || pre).fontSize);
+    if (size < reference - 0.01) small.push({size, first: text(pre).slice(0, 70)});
+  }
+  // A table cell splits a word when one word lies on two lines. In code (a name, a flag) a
+  // word runs from blank to blank; in prose a line may also end after a hyphen, as in print.
+  const split = [];
+  for (const cell of typeset.querySelectorAll("td, th")) {
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      const words = node.parentElement.closest("code") ? /\S+/g : /[^\s-]+-?/g;
+      for (const word of node.data.matchAll(words)) {
+        const range = document.createRange();
+        range.setStart(node, word.index);
+        range.setEnd(node, word.index + word[0].length);
+        const tops = new Set([...range.getClientRects()].filter((r) => r.width > 0).map((r) => Math.round(r.top)));
+        if (tops.size > 1) split.push(word[0]);
+      }
+    }
+  }
+  // A table wider than the column scrolls too (Material wraps each in a scrolling box).
+  const tables = [...typeset.querySelectorAll(".md-typeset__scrollwrap")]
+    .filter((box) => box.scrollWidth > box.clientWidth + 1)
+    .map((box) => ({over: box.scrollWidth - box.clientWidth, first: text(box).slice(0, 70)}));
+  return {blocks: blocks.length, scrolling, small, split, tables, reference,
+          column: typeset.clientWidth, window: window.innerWidth};
+})()
