@@ -60,12 +60,6 @@ FLOORS: list[tuple[str, list[str]]] = [
 # (test_allow_list_is_current fails on an entry that matches nothing any more) and is meant to
 # be empty.
 ALLOW: list[tuple[str, str, str]] = [
-    # Fix: checks.py imports NEW_GROUP from call_tree.py (or both from one lower module).
-    ("minitron/cli/views/checks.py", "NEW_GROUP", "facts"),
-    # Fix: svg_grid.py imports MAX_RANKS_DRAWN and the group titles from layout.py (it already
-    # imports group_letter from there), keeping only its shorter labels as a name of its own.
-    ("minitron/cli/views/svg_grid.py", "MAX_RANKS_DRAWN", "facts"),
-    ("minitron/cli/views/svg_grid.py", "TITLES", "facts"),
 ]
 
 

@@ -19,6 +19,7 @@ import re
 RANK_FILE = re.compile(r"rank(0|[1-9]\d*)\.jsonl")  # as rank_file_name writes it: rank07 is no rank's
 ROOT = None  # the parent of an outermost call
 DIST = "torch.distributed."  # the prefix of every wrapped torch.distributed call's name
+NEW_GROUP = DIST + "new_group"
 
 # field -> (the Python types its JSON value may have, exactly: JSON's true is a bool, which
 # Python counts as an int, and is no rank, id or time), what the reader says it must be.

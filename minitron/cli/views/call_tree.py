@@ -28,8 +28,8 @@ from rich.tree import Tree
 
 from minitron.cli.views.words import duration, fitted_name, plural, rank_ranges, short_name
 from minitron.core.rank_generator import DESC_TO_KEY
+from minitron.trace.schema import NEW_GROUP
 
-NEW_GROUP = "torch.distributed.new_group"
 GUIDE = 4  # columns that rich's Tree indents each level by
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from rich.text import Text
 
 from minitron.trace.reader import INIT_MP, backend_of, layout_args, world_size_of
+from minitron.trace.schema import NEW_GROUP
 from minitron.cli.views.words import plural, rank_ranges
 from minitron.core.rank_generator import DESC_TO_KEY, layout, validate_parallel_sizes
 
@@ -30,7 +31,6 @@ CHAIN = (
     "minitron.comm.comm.init_distributed",
     "torch.distributed.init_process_group",
 )
-NEW_GROUP = "torch.distributed.new_group"
 
 
 @dataclass

@@ -14,17 +14,16 @@ from __future__ import annotations
 
 from minitron.cli.views import svg
 from minitron.cli.views.checks import group_calls
-from minitron.cli.views.layout import group_letter
+from minitron.cli.views.layout import MAX_RANKS_DRAWN, TITLES, group_letter
 from minitron.core.rank_generator import DESC_TO_KEY
 
 CELL_W, CELL_H, GAP = 28, 22, 3
 LABEL_W = 30          # the "pp0" column
 PANEL_GAP = 14
 MAX_WIDTH = 660       # the page's content column, in px
-MAX_RANKS_DRAWN = 64
 NOT_IN_GROUP = "none"
-TITLES = {"tp": "tensor parallel", "pp": "pipeline parallel", "dp": "data parallel", "cp": "context parallel",
-          "ep": "expert parallel", "embd": "embedding", "tp-pp": "model parallel"}
+# A panel is narrow: two of the layout's titles in fewer words.
+PANEL_TITLES = {**TITLES, "embd": "embedding", "tp-pp": "model parallel"}
 
 
 def shown_kinds(groups: dict[str, list[list[int]]]) -> list[str]:
@@ -86,7 +85,7 @@ def _panel(kind: str, kind_groups: list[list[int]], rows: list[list[int]], x0: f
 
 
 def _title(kind: str) -> str:
-    return f"{kind}: {TITLES.get(kind, kind)}"
+    return f"{kind}: {PANEL_TITLES.get(kind, kind)}"
 
 
 def _cell(kind: str, rank: int, index: int | None, kind_groups: list[list[int]], x: float, y: float) -> str:
