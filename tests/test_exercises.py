@@ -61,7 +61,8 @@ def exercises(page: Path) -> list[tuple[str, str, list[str]]]:
             i += 1
         fence = "\n".join(body).split("```bash\n", 1)
         assert len(fence) == 2, f"{page.name}: an answer without a ```bash command"
-        command = fence[1].split("\n```", 1)[0].strip()
+        # A long command is folded with " \\" at line ends (to fit the page), as a shell joins it.
+        command = re.sub(r" \\\n\s+", " ", fence[1].split("\n```", 1)[0].strip())
         expected = [" ".join(b.replace("`", "").split()) for b in BOLD.findall("\n".join(body))]
         assert expected, f"{page.name}: an answer without a **bold** result: {command}"
         found.append((" ".join(" ".join(question).split()), command, expected))
