@@ -34,6 +34,10 @@ FAKE_MAX_WORLD = 2048
 RANKS_PER_CORE = 32      # 64 ranks on 2 (busy) cores: initialised in 27 s, 47 s in all; twice that, minutes
 THREADS_PER_RANK = 8     # 4 measured, doubled: data-loader and debugger threads come on top
 MIB_PER_RANK = 64        # what one small rank can be expected to touch, at the least
+# `estimate` gives every rank a row (JSON: an object each): 16,384 ranks in 1.1 s, 131,072 in
+# 4.4 s and 190 MB, 10^6 in 14 s and 1.3 GB (2 cores). The largest clusters trained on so far
+# are well under 131,072 accelerators.
+ESTIMATE_MAX_WORLD = 131072
 # Each preprocess worker holds a tokenizer and a slice of the corpus; beyond a few per core
 # they only wait for the CPU (100,000 workers forked 3,062 processes and 12 GB before failing).
 WORKERS_PER_CORE = 4
@@ -78,12 +82,16 @@ def check_world_limit(world: int, backend: str) -> None:
         limit, why = FAKE_MAX_WORLD, "each rank builds every group, so the cost grows as world squared"
     elif backend == "gloo":
         limit, why = gloo_world_limit()
+    elif backend == "estimate":
+        limit, why = ESTIMATE_MAX_WORLD, "every rank gets a row, worked out and printed"
     else:
         return  # nccl: one rank per GPU, checked against the GPUs (common.check_backend)
     if world > limit:
-        fix = "use `minitron groups` to see a layout that large" if backend != "groups" else \
-            "the groups repeat with the same pattern at any size: study a smaller world"
-        raise UserError(f"--world {world} is more than {backend} can run here: at most {limit} ({why}); {fix}")
+        fix = {"groups": "the groups repeat with the same pattern at any size: study a smaller world",
+               "estimate": "ranks of one pipeline stage and optimizer shard cost the same: estimate a smaller "
+                           "data-parallel size"}.get(backend, "use `minitron groups` to see a layout that large")
+        raise UserError(f"--world {world:,} is more than {backend} can {'run' if backend in ('gloo', 'fake') else 'show'} "
+                        f"here: at most {limit:,} ({why}); {fix}")
 
 
 def check_workers(workers: int) -> None:
@@ -91,6 +99,60 @@ def check_workers(workers: int) -> None:
     if not 1 <= workers <= limit:
         raise UserError(f"--workers {workers}: give 1..{limit} ({WORKERS_PER_CORE} per core x {_cores()} "
                         f"cores; more only wait for the CPU and each holds its own memory)")
+
+
+def check_data_workers(workers: int, world: int) -> None:
+    """--num-workers: every rank forks that many DataLoader workers, all on this machine's cores."""
+    limit = _cores() * WORKERS_PER_CORE // world
+    if workers > limit:
+        raise UserError(f"--num-workers {workers:,}: {world} rank(s) x {workers:,} DataLoader workers on {_cores()} cores; "
+                        f"give at most {limit} ({WORKERS_PER_CORE} workers per core, shared by the ranks; more only "
+                        f"wait for the CPU and each holds its own memory)")
+
+
+# --- memory --------------------------------------------------------------------------------
+# What GPTDataset's indices hold per sample, built in each rank before its first step: about two
+# document-index entries (int32), a sample-index pair (int32) and a shuffle entry (up to int64).
+SAMPLE_INDEX_BYTES = 24
+
+
+def check_fits(args) -> None:
+    """Ranks that run on this machine (gloo) hold what the accountant says each rank holds
+    (weights, gradients, optimizer state, activations: training/theoretical_memory_usage.py, as
+    `minitron estimate` prints it) and their dataset index: refuse, quoting the figures, when
+    that is more than the memory available now. (nccl ranks hold the model on their GPUs.)"""
+    mib = _available_mib()
+    if mib is None or args.distributed_backend == "nccl":
+        return
+    # lazy: the accountant and the tokenizer (pure arithmetic, no torch) load only for a run
+    # that builds a model, once its flags are valid
+    from minitron.cli.views.words import human
+    from minitron.training.theoretical_memory_usage import estimate
+    from minitron.training.tokenizer import build_tokenizer
+
+    if getattr(args, "padded_vocab_size", None) is None:
+        try:
+            build_tokenizer(args)  # sets padded_vocab_size, as the ranks will
+        except (ValueError, OSError) as exc:
+            raise UserError(str(exc)) from None
+    costs = estimate(args)
+    have, world = mib * 2**20, args.world_size
+    model = sum(sum(c.memory.values()) for c in costs)
+    if model > have:
+        big = max(costs, key=lambda c: sum(c.memory.values()))
+        parts = ", ".join(f"{k} {human(v)}" for k, v in big.memory.items())
+        raise UserError(f"the model needs {human(model)} for its {world} rank(s) here (rank {big.rank}: {parts}; "
+                        f"`minitron estimate` shows every rank) and this machine has {human(have)} available: "
+                        f"make it smaller (--num-layers, --hidden-size, --seq-length, --micro-batch-size, "
+                        f"--vocab-size) or run it on GPUs")
+    samples = args.train_samples or (args.train_iters or 0) * args.global_batch_size
+    index = SAMPLE_INDEX_BYTES * samples * world
+    if model + index > have:
+        most = (have - model) // (SAMPLE_INDEX_BYTES * world * args.global_batch_size)
+        raise UserError(f"--train-iters {args.train_iters:,} x --global-batch-size {args.global_batch_size} = "
+                        f"{samples:,} samples: each of the {world} rank(s) indexes them (~{SAMPLE_INDEX_BYTES} B a "
+                        f"sample, {human(index)} in all) beside the model's {human(model)}, and this machine has "
+                        f"{human(have)} available: train at most {most:,} iterations per run")
 
 
 # --- places --------------------------------------------------------------------------------

@@ -30,6 +30,11 @@ def pretrain(
     (--tensor-model-parallel-size, --num-layers, --train-iters, --lr, --mock-data, ...)."""
     fake = "--backend fake moves no data, so it cannot train: use gloo or nccl"
     check_world(world)
+    # The cheap checks first (microseconds each): the layout's checks grow with the world, and
+    # nothing a user mistyped should wait for them, or for torch.
+    preflight.check_world_limit(world, backend or "gloo")
+    debugging = DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout)
+    debugging.check(world)
     argv = list(ctx.args)
     if backend is not None:  # given: check it now, and every rank uses it
         rank_backend(backend, world, fake)
@@ -43,6 +48,8 @@ def pretrain(
     if not args.train_iters:
         raise UserError("--train-iters N or --train-samples N is required; `minitron trace` shows "
                         "initialization alone")
+    preflight.check_data_workers(args.num_workers, world)
+    preflight.check_fits(args)
     preflight.check_launch(world, args.distributed_backend or "gloo", master_port,
                            {"--log-dir": log_dir, "--trace": trace_dir, "--save": args.save})
     preflight.check_output_file(args.log_jsonl, "--log-jsonl")
@@ -61,7 +68,7 @@ def pretrain(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
     env = {CONSOLE_ENV: str(console_jsonl)}
-    env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world, trace_dir))
+    env.update(debugging.env(world, trace_dir))
     cfg = LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env)
     started = time.perf_counter()
     with PretrainProgress(log_jsonl, console_jsonl, args.train_iters, console) as progress:

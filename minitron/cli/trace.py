@@ -14,13 +14,13 @@ from minitron.cli.common import (
     check_order, check_world, console, default_backend, validate_pretrain,
 )
 from minitron.cli import preflight
-from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER
+from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate_parallel_sizes
 
 def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: str, backend: Optional[str],
                   extra: List[str]) -> List[str]:
     """Megatron flags for a tiny GPT in this layout; the user's own flags (``extra``) come last
     and win. The defaults always satisfy validate_args: layers divide by pp x vp, heads by tp."""
-    layers = pp * (vp or 1)
+    layers = pp * max(vp or 1, 1)
     heads = 2 * tp
     argv = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
             "--context-parallel-size", str(cp), "--expert-model-parallel-size", str(ep),
@@ -31,7 +31,7 @@ def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: 
         argv += ["--distributed-backend", backend]
     if ep > 1:  # expert groups need experts to split; an initialization-only run builds no model
         argv += ["--num-experts", str(ep)] + (["--sequence-parallel"] if tp > 1 else [])  # MoE + tp: SP
-    if vp:
+    if vp is not None:  # 0 too: the parser refuses it in Megatron's words
         argv += ["--virtual-pipeline-model-parallel-size", str(vp)]
     if order == TP_PP_DP_ORDER:
         argv.append("--use-tp-pp-dp-mapping")
@@ -145,9 +145,18 @@ def trace(
     Megatron flags after `--` are passed to every rank (e.g. `-- --global-batch-size 8`).
     """
     check_world(world)
+    # First the sizes, each check costing microseconds: the layout's own checks grow with the
+    # world, and a user's bad --debug option must not wait for them (or for torch).
+    preflight.check_world_limit(world, backend or "gloo")
     check_order(order)
+    debugging = DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout)
+    debugging.check(world)
     if backend is not None:  # given: check it now (the default is known after validation)
         check_backend(backend, world)
+    try:  # the layout's one home (validate_args asks it again, with the flags after `--`)
+        validate_parallel_sizes(world, tp, pp, cp, ep, vp=vp, order=order)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     if not 0 <= rank < world:
         raise UserError(f"--rank {rank} is outside the world: choose 0..{world - 1}")
     if steps < 0:
@@ -158,7 +167,11 @@ def trace(
     argv = pretrain_argv(tp, pp, cp, ep, vp, order, backend, training_argv(world, tp, pp, cp, steps) + ctx.args)
     # Every refusal happens before torch is imported; the default backend (the accelerator
     # asks torch for a GPU) is decided last, as the ranks will decide it.
-    backend = validate_pretrain(argv, world).distributed_backend
+    args = validate_pretrain(argv, world)
+    backend = args.distributed_backend
+    preflight.check_data_workers(args.num_workers, world)
+    if steps:  # a model is built: it must fit
+        preflight.check_fits(args)
     if steps and backend == "fake":
         raise UserError("--steps needs real communication: the fake backend moves no data; use gloo")
     if debug and backend == "fake":
@@ -177,7 +190,7 @@ def trace(
     from minitron.launcher import LaunchConfig, Target, launch
     from minitron.launcher.fake import play_ranks
 
-    rank_env = DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world, out)
+    rank_env = debugging.env(world, out)
 
     out.mkdir(parents=True, exist_ok=True)
     for stale in list(out.glob("rank*.jsonl")) + [out / "trace.json"]:

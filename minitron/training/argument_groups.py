@@ -32,45 +32,64 @@ class _Parser(argparse.ArgumentParser):
 # Each number's sensible range is stated once, with its flag: argparse applies these types to
 # what the user typed, so `--exit-interval -1` or `--lr nan` is refused while parsing, in one
 # line ("argument --lr: must be a finite number, got nan"), whichever code reads it later.
-def _int(low: int, high: int | None = None):
+def _int(low: int, high: int | None = None, why: str = ""):
+    """A whole number from ``low`` to ``high``; ``why`` tells a user who went past ``high``
+    why that is the largest value taken."""
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            value = int(text) if len(text) <= 40 else None
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+            value = None
+        if value is None:
+            shown = text if len(text) <= 40 else text[:20] + "..."
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {shown!r}")
         if value < low or (high is not None and value > high):
-            bound = f"at least {low}" if high is None else f"between {low} and {high}"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+            bound = f"at least {low}" if high is None else f"between {low} and {high:,}"
+            reason = f" ({why})" if why and value > high else ""
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value:,}{reason}")
         return value
     return parse
 
 
-def _float(low: float, high: float | None = None, *, above: bool = False, below: bool = False):
-    """A finite number >= low (> low with ``above``) and <= high (< high with ``below``)."""
+def _float(low: float, high: float | None = None, *, above: bool = False, below: bool = False, why: str = ""):
+    """A finite number >= low (> low with ``above``) and <= high (< high with ``below``); ``why``
+    as for _int."""
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected a number, got {text[:40]!r}") from None
         if value != value or value in (float("inf"), float("-inf")):
-            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text[:40]}")
         too_low = value <= low if above else value < low
         too_high = high is not None and (value >= high if below else value > high)
         if too_low or too_high:
             lo = f"{'>' if above else '>='} {low:g}"
             hi = "" if high is None else f" and {'<' if below else '<='} {high:g}"
-            raise argparse.ArgumentTypeError(f"must be {lo}{hi}, got {value:g}")
+            reason = f" ({why})" if why and too_high else ""
+            raise argparse.ArgumentTypeError(f"must be {lo}{hi}, got {value:g}{reason}")
         return value
     return parse
 
 
-POSITIVE, COUNT = _int(1), _int(0)  # a size or an interval (>= 1); a count that may be zero
+# Every size and count has a ceiling, so that no product of them reaches a size no machine
+# holds before the memory check can say so (and no 40-digit number reaches float arithmetic).
+_MAX = 2**31 - 1
+_WHY_MAX = "the largest size or count minitron takes: tensor shapes and dataset indices are 32-bit here"
+POSITIVE, COUNT = _int(1, _MAX, _WHY_MAX), _int(0, _MAX, _WHY_MAX)  # a size or interval (>= 1); a count
+# The accountant and the model walk every layer; the deepest published GPTs have under 200.
+MAX_LAYERS = 1024
+LAYERS = _int(1, MAX_LAYERS, "the deepest published GPTs have under 200 layers; estimate and the model "
+              "walk each one")
+# The loss times the scale must stay finite in float32 (which ends near 2**128); Megatron starts at 2**32.
+LOSS_SCALE = _float(0.0, 2.0**64, above=True, why="2**64: the loss times the scale must stay finite in float32, "
+                    "whose range ends near 2**128; Megatron starts at 2**32")
 PROBABILITY = _float(0.0, 1.0, below=True)
 
 
 def _add_network_size_args(parser):
     g = parser.add_argument_group("network size")
-    g.add_argument("--num-layers", type=POSITIVE, default=None)
+    g.add_argument("--num-layers", type=LAYERS, default=None)
     g.add_argument("--hidden-size", type=POSITIVE, default=None)
     g.add_argument("--ffn-hidden-size", type=POSITIVE, default=None, help="default: 4 x hidden size")
     g.add_argument("--num-attention-heads", type=POSITIVE, default=None)
@@ -152,9 +171,9 @@ def _add_mixed_precision_args(parser):
     g = parser.add_argument_group("mixed precision")
     g.add_argument("--fp16", action="store_true")
     g.add_argument("--bf16", action="store_true")
-    g.add_argument("--loss-scale", type=_float(0.0, above=True), default=None, help="static loss scale; default: dynamic")
-    g.add_argument("--initial-loss-scale", type=_float(0.0, above=True), default=2.0 ** 32)
-    g.add_argument("--min-loss-scale", type=_float(0.0, above=True), default=1.0)
+    g.add_argument("--loss-scale", type=LOSS_SCALE, default=None, help="static loss scale; default: dynamic")
+    g.add_argument("--initial-loss-scale", type=LOSS_SCALE, default=2.0 ** 32)
+    g.add_argument("--min-loss-scale", type=LOSS_SCALE, default=1.0)
     g.add_argument("--loss-scale-window", type=POSITIVE, default=1000)
     g.add_argument("--hysteresis", type=POSITIVE, default=2)
     g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true")
@@ -190,11 +209,13 @@ def _add_moe_args(parser):
     g = parser.add_argument_group("moe")
     g.add_argument("--num-experts", type=COUNT, default=None,
                    help="experts per MoE layer; --expert-model-parallel-size spreads them")
-    g.add_argument("--moe-router-topk", type=POSITIVE, default=2, help="experts each token is sent to")
-    g.add_argument("--moe-aux-loss-coeff", type=_float(0.0), default=0.0,
-                   help="weight of the load-balancing loss (Megatron suggests 1e-2; 0: none)")
-    g.add_argument("--moe-layer-freq", type=POSITIVE, default=1,
-                   help="every N-th layer is an MoE layer (the first one always)")
+    # No defaults here (None: not given): validate_moe refuses these for a dense model, then
+    # fills in MOE_DEFAULTS, Megatron's.
+    g.add_argument("--moe-router-topk", type=POSITIVE, default=None, help="experts each token is sent to (default 2)")
+    g.add_argument("--moe-aux-loss-coeff", type=_float(0.0), default=None,
+                   help="weight of the load-balancing loss (Megatron suggests 1e-2; default 0: none)")
+    g.add_argument("--moe-layer-freq", type=POSITIVE, default=None,
+                   help="every N-th layer is an MoE layer (the first one always; default 1)")
     g.add_argument("--moe-ffn-hidden-size", type=POSITIVE, default=None, help="an expert's ffn size; "
                    "default: --ffn-hidden-size")
     g.add_argument("--moe-expert-capacity-factor", type=_float(0.0, above=True), default=None, metavar="F",

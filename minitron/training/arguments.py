@@ -13,6 +13,8 @@ command line answers a bad layout in a fraction of a torch import.
 
 from __future__ import annotations
 
+import glob
+import os
 from functools import lru_cache
 
 from minitron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
@@ -94,11 +96,23 @@ def validate_args(args, defaults: dict | None = None):
         from minitron.accelerator import get_accelerator
         args.distributed_backend = get_accelerator().communication_backend_name()
     if args.distributed_backend == "nccl":
+        no_gpu = ("--distributed-backend nccl needs CUDA GPUs and none is visible; use --distributed-backend "
+                  "gloo on CPU")
+        require(gpus_possible(), no_gpu)  # without torch, when the machine plainly has none
         import torch  # only nccl needs to count GPUs; gloo and fake runs never pay for it here
-        require(torch.cuda.device_count() > 0, "--distributed-backend nccl needs CUDA GPUs and none "
-                 "is visible; use --distributed-backend gloo on CPU")
+        require(torch.cuda.device_count() > 0, no_gpu)
     validate_data_args(args)
     return args
+
+
+def gpus_possible() -> bool:
+    """False when torch certainly finds no GPU here: no NVIDIA or AMD device node, or
+    CUDA_VISIBLE_DEVICES hides them all. Asked before ``import torch`` (seconds), so that a
+    GPU-less machine refuses nccl at once; True means only "ask torch"."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    return bool(glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd") or os.path.exists("/dev/dxg"))
 
 
 def _validate_layout(args):
