@@ -139,7 +139,9 @@ class MinitronCommand(TyperCommand):
 # Typer offers no public hook that avoids pydantic (``parser=`` still builds a validator), so
 # this sets typer's private ``_runtime_param``; pyproject.toml pins the typer versions it is
 # tested with, and older typers (no ``type_descriptor``) are left alone.
-_DIGITS = 18   # a whole number up to 10**18: far past any size, and never a 4,300-digit int()
+# Any whole number int() reads fast (Python caps it at 4,300 digits): each command bounds its
+# own sizes and says why (`groups --world 10**23`: at most 16384).
+_DIGITS = 4000
 _INT = re.compile(r"[-+]?[0-9]{1,%d}" % _DIGITS)
 _PLAIN = (int, float, str, Path)
 
@@ -160,8 +162,11 @@ class _PlainValue:
             return kind(value)
         text = str(value).strip()
         if kind is int:
+            if text.lstrip("+-").isdigit() and not _INT.fullmatch(text):
+                raise typer.BadParameter(f"a whole number of {len(text):,} digits is past any size or count "
+                                         f"minitron takes", ctx=ctx, param=param)
             if not _INT.fullmatch(text):
-                raise typer.BadParameter(f"expected a whole number (at most {_DIGITS} digits), got {_shown(text)}",
+                raise typer.BadParameter(f"expected a whole number, got {_shown(text)}",
                                          ctx=ctx, param=param)
             return int(text)
         try:

@@ -90,8 +90,8 @@ def check_world_limit(world: int, backend: str) -> None:
         fix = {"groups": "the groups repeat with the same pattern at any size: study a smaller world",
                "estimate": "ranks of one pipeline stage and optimizer shard cost the same: estimate a smaller "
                            "data-parallel size"}.get(backend, "use `minitron groups` to see a layout that large")
-        raise UserError(f"--world {world:,} is more than {backend} can {'run' if backend in ('gloo', 'fake') else 'show'} "
-                        f"here: at most {limit:,} ({why}); {fix}")
+        raise UserError(f"--world {world} is more than {backend} can {'run' if backend in ('gloo', 'fake') else 'show'} "
+                        f"here: at most {limit} ({why}); {fix}")
 
 
 def check_workers(workers: int) -> None:

@@ -16,6 +16,9 @@ from minitron.cli.common import (
 from minitron.cli import preflight
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate_parallel_sizes
 
+MAX_STEPS = 100  # traced iterations: a few show the steady state, and each adds its calls to every rank's trace
+
+
 def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: str, backend: Optional[str],
                   extra: List[str]) -> List[str]:
     """Megatron flags for a tiny GPT in this layout; the user's own flags (``extra``) come last
@@ -159,8 +162,9 @@ def trace(
         raise UserError(str(exc)) from None
     if not 0 <= rank < world:
         raise UserError(f"--rank {rank} is outside the world: choose 0..{world - 1}")
-    if steps < 0:
-        raise UserError(f"--steps must be 0 or more, got {steps}")
+    if not 0 <= steps <= MAX_STEPS:
+        raise UserError(f"--steps must be 0..{MAX_STEPS}, got {steps} (every step adds each call it makes to "
+                        "every rank's trace; a schedule reads well after a few)")
     if depth is not None and depth < 1:
         raise UserError(f"--depth must be 1 or more, got {depth}")
     views = _views(show, steps)

@@ -43,10 +43,11 @@ def _int(low: int, high: int | None = None, why: str = ""):
         if value is None:
             shown = text if len(text) <= 40 else text[:20] + "..."
             raise argparse.ArgumentTypeError(f"expected a whole number, got {shown!r}")
-        if value < low or (high is not None and value > high):
-            bound = f"at least {low}" if high is None else f"between {low} and {high:,}"
-            reason = f" ({why})" if why and value > high else ""
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {value:,}{reason}")
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        if high is not None and value > high:
+            reason = f" ({why})" if why else ""
+            raise argparse.ArgumentTypeError(f"must be at most {high:,}, got {value:,}{reason}")
         return value
     return parse
 
