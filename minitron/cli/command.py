@@ -143,7 +143,9 @@ class MinitronCommand(TyperCommand):
 # own sizes and says why (`groups --world 10**23`: at most 16384).
 _DIGITS = 4000
 _INT = re.compile(r"[-+]?[0-9]{1,%d}" % _DIGITS)
-_PLAIN = (int, float, str, Path)
+_PLAIN = (int, float, str, Path, bool)   # bool: --help and the flags, whose value is None when absent
+_BOOLS = {"true": True, "1": True, "yes": True, "y": True, "on": True,
+          "false": False, "0": False, "no": False, "n": False, "off": False}
 
 
 def _shown(text: str) -> str:
@@ -156,11 +158,15 @@ class _PlainValue:
 
     def coerce(self, value, param, ctx):
         kind = self.kind
-        if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
+        if value is None or (isinstance(value, kind) and (kind is bool or not isinstance(value, bool))):
             return value
         if kind in (str, Path):
             return kind(value)
         text = str(value).strip()
+        if kind is bool:
+            if text.lower() not in _BOOLS:
+                raise typer.BadParameter(f"expected true or false, got {_shown(text)}", ctx=ctx, param=param)
+            return _BOOLS[text.lower()]
         if kind is int:
             if text.lstrip("+-").isdigit() and not _INT.fullmatch(text):
                 raise typer.BadParameter(f"a whole number of {len(text):,} digits is past any size or count "
