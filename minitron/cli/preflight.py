@@ -145,14 +145,18 @@ def check_fits(args) -> None:
                         f"`minitron estimate` shows every rank) and this machine has {human(have)} available: "
                         f"make it smaller (--num-layers, --hidden-size, --seq-length, --micro-batch-size, "
                         f"--vocab-size) or run it on GPUs")
-    samples = args.train_samples or (args.train_iters or 0) * args.global_batch_size
+    # training, validation and test samples: training/data.get_train_valid_test_num_samples'
+    # sum (its module imports torch, so the three terms are written out here)
+    gbs, iters = args.global_batch_size, args.train_iters or 0
+    evaluations = (iters // args.eval_interval if args.eval_interval else 0) + 1
+    samples = (args.train_samples or iters * gbs) + (evaluations + 1) * args.eval_iters * gbs
     index = SAMPLE_INDEX_BYTES * samples * world
     if model + index > have:
-        most = (have - model) // (SAMPLE_INDEX_BYTES * world * args.global_batch_size)
-        raise UserError(f"--train-iters {args.train_iters:,} x --global-batch-size {args.global_batch_size} = "
-                        f"{samples:,} samples: each of the {world} rank(s) indexes them (~{SAMPLE_INDEX_BYTES} B a "
-                        f"sample, {human(index)} in all) beside the model's {human(model)}, and this machine has "
-                        f"{human(have)} available: train at most {most:,} iterations per run")
+        most = (have - model) // (SAMPLE_INDEX_BYTES * world)
+        raise UserError(f"{samples:,} samples to index (--train-iters {iters:,}, --eval-iters {args.eval_iters:,}, "
+                        f"--global-batch-size {gbs}): each of the {world} rank(s) indexes them (~{SAMPLE_INDEX_BYTES} B "
+                        f"a sample, {human(index)} in all) beside the model's {human(model)}, and this machine has "
+                        f"{human(have)} available: at most {most:,} samples fit")
 
 
 # --- places --------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ every rank, then show one rank's call tree, the groups, the checks and the pipel
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -189,7 +190,7 @@ def trace(
     from minitron.cli.views.call_tree import FocusError
     from minitron.cli.views.perfetto import write_chrome_trace
     from minitron.cli.views.show import default_depth, show_views
-    from minitron.trace.reader import load_trace
+    from minitron.trace.reader import TraceError, load_trace
     from minitron.cli.views.words import plural
     from minitron.launcher import LaunchConfig, Target, launch
     from minitron.launcher.fake import play_ranks
@@ -214,7 +215,11 @@ def trace(
                            warm=LaunchConfig.warm if steps else ())  # no steps: no optimizer to warm for
         launch(cfg, Target(module="minitron.pretrain_gpt", argv=argv))
         elapsed = time.perf_counter() - started
-        runs = load_trace(out)
+        try:
+            runs = load_trace(out)
+        except TraceError as exc:  # the ranks ran, but what they wrote is not a trace: say so, once
+            print(f"minitron: the ranks' trace cannot be read: {exc}", file=sys.stderr)
+            raise typer.Exit(1) from None
         chrome = write_chrome_trace(out, runs, note)
     pictures = write_pictures(out, runs) if svg else []
     try:
