@@ -17,7 +17,7 @@ import glob
 import os
 from functools import lru_cache
 
-from minitron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
+from minitron.core.num_microbatches_calculator import rampup_stretches
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate_parallel_sizes
 from minitron.trace import traced
 from minitron.training.argument_groups import ArgumentError, build_parser, require
@@ -209,7 +209,7 @@ def _validate_batch(args):
     # train() will (the same calculator, the same consumed samples), so a batch that would not
     # split into micro-batches fails now, and sizes the ramp skips over are no obstacle.
     limit = min(samples, args.train_samples) if args.train_samples else samples
-    reached = [batch for batch, _ in _rampup_stretches(args, limit)[0]] + [args.global_batch_size]
+    reached = [batch for batch, _ in _ramp(args, limit)[0]] + [args.global_batch_size]
     for batch in reached:
         require(batch % per_step == 0,
                  f"the ramp-up reaches a global batch of {batch}, not a multiple of micro batch x "
@@ -219,29 +219,9 @@ def _validate_batch(args):
 _MAX_RAMP_STEPS = 100_000  # Megatron's own examples climb in about a hundred
 
 
-def _rampup_stretches(args, limit: int) -> tuple[list[tuple[int, int]], int]:
-    """[(global batch, iterations)] while the consumed samples at an iteration's start stay
-    <= limit, and the samples consumed then: train()'s ramp-up without a model."""
-    calc = RampupBatchsizeNumMicroBatchesCalculator(
-        args.global_batch_size, args.micro_batch_size, args.data_parallel_size, False, args.rank,
-        *args.rampup_batch_size)
-
-    def batch_at(consumed: int) -> int:
-        calc.update(consumed, consistency_check=False)
-        return calc.get_current_global_batch_size()
-
-    stretches, consumed = [], 0
-    while consumed <= limit:
-        batch = batch_at(consumed)
-        # The batch only grows with consumed samples, so the end of a stretch of equal batches
-        # is found by bisection: n iterations of `batch` each, until it changes or passes limit.
-        lo, hi = 1, (limit - consumed) // batch + 1
-        while lo < hi:
-            n = (lo + hi) // 2
-            lo, hi = (lo, n) if batch_at(consumed + n * batch) != batch else (n + 1, hi)
-        stretches.append((batch, lo))
-        consumed += lo * batch
-    return stretches, consumed
+def _ramp(args, limit: int):
+    return rampup_stretches(args.global_batch_size, args.micro_batch_size, args.data_parallel_size,
+                            args.rampup_batch_size, limit, rank=args.rank)
 
 
 def _train_iters_from_samples(args) -> int:
@@ -249,7 +229,7 @@ def _train_iters_from_samples(args) -> int:
     partial global batch is dropped)."""
     if args.rampup_batch_size is None:
         return args.train_samples // args.global_batch_size
-    stretches, consumed = _rampup_stretches(args, min(args.rampup_batch_size[2], args.train_samples))
+    stretches, consumed = _ramp(args, min(args.rampup_batch_size[2], args.train_samples))
     iterations = sum(n for _, n in stretches)
     return iterations + max(args.train_samples - consumed, 0) // args.global_batch_size
 
