@@ -156,6 +156,8 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
         "--micro-batch-size")
     add("pretrain-iters-too-many", f"pretrain --world 1 {TRAIN} --train-iters 2000000000 --global-batch-size 1024",
         "--train-iters", "at most")
+    add("pretrain-eval-too-many", f"pretrain --world 1 {TRAIN} --eval-interval 1 --eval-iters 2147483647",
+        "--eval-iters", "samples to index")
     add("pretrain-workers-too-many", f"pretrain --world 1 {TRAIN} --num-workers 100000", "--num-workers", "per core")
     # numbers and their ranges
     for flag, text, words in [("--initial-loss-scale", "1e400", "finite"), ("--initial-loss-scale", "1e30", "2**64"),
@@ -220,6 +222,9 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
 
     # --- estimate's own ---------------------------------------------------------------------
     add("estimate-layers-1e9", f"estimate --world 1 {MODEL} --num-layers 1000000000", "--num-layers", "at most 1,024")
+    add("estimate-experts-2000", f"estimate --world 1 {MODEL} --num-experts 2000", "--num-experts", "at most 1,024")
+    add("estimate-capacity-1e300", f"estimate --world 1 {MODEL} --num-experts 4 --moe-expert-capacity-factor 1e300",
+        "--moe-expert-capacity-factor", "1024")
     add("estimate-check-and-flags", f"estimate --check somewhere --world 2 {MODEL}", "--check")
     add("estimate-check-empty", "estimate --check .", "rank*.jsonl")
     add("estimate-seq-0", f"estimate --world 1 {MODEL} --seq-length 0", "--seq-length", "at least 1")

@@ -64,11 +64,13 @@ def _float(low: float, high: float | None = None, *, above: bool = False, below:
             raise argparse.ArgumentTypeError(f"must be a finite number, got {text[:40]}")
         too_low = value <= low if above else value < low
         too_high = high is not None and (value >= high if below else value > high)
-        if too_low or too_high:
-            lo = f"{'>' if above else '>='} {low:g}"
-            hi = "" if high is None else f" and {'<' if below else '<='} {high:g}"
-            reason = f" ({why})" if why and too_high else ""
-            raise argparse.ArgumentTypeError(f"must be {lo}{hi}, got {value:g}{reason}")
+        lo = f"{'>' if above else '>='} {low:g}"
+        hi = "" if high is None else f"{'<' if below else '<='} {high:g}"
+        if why and too_high:   # a ceiling of ours: say why it is there
+            raise argparse.ArgumentTypeError(f"must be {hi}, got {value:g} ({why})")
+        if too_low or too_high:   # without a why, the range is the quantity's own (a probability)
+            bound = lo if why or not hi else f"{lo} and {hi}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value:g}")
         return value
     return parse
 
@@ -82,6 +84,13 @@ POSITIVE, COUNT = _int(1, _MAX, _WHY_MAX), _int(0, _MAX, _WHY_MAX)  # a size or 
 MAX_LAYERS = 1024
 LAYERS = _int(1, MAX_LAYERS, "the deepest published GPTs have under 200 layers; estimate and the model "
               "walk each one")
+# Published MoE GPTs have up to 256 routed experts a layer (DeepSeek-V3); the accountant lists
+# each expert's weights in every MoE layer. With E <= 1024 and top-k >= 1, a capacity factor of
+# E / k = 1024 already lets one expert take every token: more is the same run.
+MAX_EXPERTS = 1024
+EXPERTS = _int(0, MAX_EXPERTS, "published MoE GPTs have up to 256 experts a layer; the accountant lists each one")
+CAPACITY = _float(0.0, float(MAX_EXPERTS), above=True, why=f"with at most {MAX_EXPERTS} experts, a factor of "
+                  f"{MAX_EXPERTS} already lets one expert take every token")
 # The loss times the scale must stay finite in float32 (which ends near 2**128); Megatron starts at 2**32.
 LOSS_SCALE = _float(0.0, 2.0**64, above=True, why="2**64: the loss times the scale must stay finite in float32, "
                     "whose range ends near 2**128; Megatron starts at 2**32")
@@ -208,7 +217,7 @@ def _add_distributed_args(parser):
 
 def _add_moe_args(parser):
     g = parser.add_argument_group("moe")
-    g.add_argument("--num-experts", type=COUNT, default=None,
+    g.add_argument("--num-experts", type=EXPERTS, default=None,
                    help="experts per MoE layer; --expert-model-parallel-size spreads them")
     # No defaults here (None: not given): validate_moe refuses these for a dense model, then
     # fills in MOE_DEFAULTS, Megatron's.
@@ -219,7 +228,7 @@ def _add_moe_args(parser):
                    help="every N-th layer is an MoE layer (the first one always; default 1)")
     g.add_argument("--moe-ffn-hidden-size", type=POSITIVE, default=None, help="an expert's ffn size; "
                    "default: --ffn-hidden-size")
-    g.add_argument("--moe-expert-capacity-factor", type=_float(0.0, above=True), default=None, metavar="F",
+    g.add_argument("--moe-expert-capacity-factor", type=CAPACITY, default=None, metavar="F",
                    help="an expert takes at most ceil(F x tokens x topk / experts) of a rank's tokens per "
                         "micro-batch; the rest are dropped (lowest probabilities first). Default: dropless")
     g.add_argument("--moe-pad-expert-input-to-capacity", action="store_true",
