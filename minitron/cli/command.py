@@ -134,13 +134,14 @@ class MinitronCommand(TyperCommand):
 # Recent typer coerces every option through a pydantic validator built on first use: importing
 # pydantic and building ~20 validators costs ~0.15 s of CPU on every command, as much as the
 # rest of the command line, and 0.5 s when an int option is given something that is not one.
-# So an int, float, str or Path option is converted here, and a bad number gets one line
+# So an int, float, str, Path or bool option is converted here, and a bad number gets one line
 # naming the flag (``Invalid value for '--world': expected a whole number, got '1e20'``).
 # Typer offers no public hook that avoids pydantic (``parser=`` still builds a validator), so
 # this sets typer's private ``_runtime_param``; pyproject.toml pins the typer versions it is
 # tested with, and older typers (no ``type_descriptor``) are left alone.
-# Any whole number int() reads fast (Python caps it at 4,300 digits): each command bounds its
-# own sizes and says why (`groups --world 10**23`: at most 16384).
+#
+# Any whole number that int() reads fast is taken (Python refuses past 4,300 digits): each
+# command bounds its own sizes and says why (`groups --world 10**23`: at most 16384).
 _DIGITS = 4000
 _INT = re.compile(r"[-+]?[0-9]{1,%d}" % _DIGITS)
 _PLAIN = (int, float, str, Path, bool)   # bool: --help and the flags, whose value is None when absent
@@ -168,7 +169,8 @@ class _PlainValue:
                 raise typer.BadParameter(f"expected true or false, got {_shown(text)}", ctx=ctx, param=param)
             return _BOOLS[text.lower()]
         if kind is int:
-            if text.lstrip("+-").isdigit() and not _INT.fullmatch(text):
+            digits = text.lstrip("+-")
+            if digits.isascii() and digits.isdigit() and not _INT.fullmatch(text):
                 raise typer.BadParameter(f"a whole number of {len(text):,} digits is past any size or count "
                                          f"minitron takes", ctx=ctx, param=param)
             if not _INT.fullmatch(text):

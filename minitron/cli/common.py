@@ -3,6 +3,7 @@ any process starts, and the debugger options."""
 
 from __future__ import annotations
 
+import os
 from typing import List, Optional
 
 import typer
@@ -30,6 +31,13 @@ def check_order(order: str) -> None:
 
 
 def default_backend() -> str:
+    """The backend the accelerator will choose: gloo on a machine with no GPU device node,
+    said without torch (the accelerator asks torch, seconds, and finds the same), so a later
+    refusal (memory, the output places) stays torch-free there."""
+    # lazy: the GPU probe lives beside validate_args' nccl check; only commands that start ranks ask
+    from minitron.training.arguments import gpus_possible
+    if "MINITRON_ACCELERATOR" not in os.environ and not gpus_possible():
+        return "gloo"
     from minitron.accelerator import get_accelerator  # lazy: the accelerator imports torch
     return get_accelerator().communication_backend_name()
 

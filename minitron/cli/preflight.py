@@ -110,55 +110,6 @@ def check_data_workers(workers: int, world: int) -> None:
                         f"wait for the CPU and each holds its own memory)")
 
 
-# --- memory --------------------------------------------------------------------------------
-# What GPTDataset's indices hold per sample, built in each rank before its first step: about two
-# document-index entries (int32), a sample-index pair (int32) and a shuffle entry (up to int64).
-SAMPLE_INDEX_BYTES = 24
-
-
-def check_fits(args) -> None:
-    """Ranks that run on this machine (gloo) hold what the accountant says each rank holds
-    (weights, gradients, optimizer state, activations: training/theoretical_memory_usage.py, as
-    `minitron estimate` prints it) and their dataset index: refuse, quoting the figures, when
-    that is more than the memory available now. (nccl ranks hold the model on their GPUs.)"""
-    mib = _available_mib()
-    if mib is None or args.distributed_backend == "nccl":
-        return
-    # lazy: the accountant and the tokenizer (pure arithmetic, no torch) load only for a run
-    # that builds a model, once its flags are valid
-    from minitron.cli.views.words import human
-    from minitron.training.theoretical_memory_usage import estimate
-    from minitron.training.tokenizer import build_tokenizer
-
-    if getattr(args, "padded_vocab_size", None) is None:
-        try:
-            build_tokenizer(args)  # sets padded_vocab_size, as the ranks will
-        except (ValueError, OSError) as exc:
-            raise UserError(str(exc)) from None
-    costs = estimate(args)
-    have, world = mib * 2**20, args.world_size
-    model = sum(sum(c.memory.values()) for c in costs)
-    if model > have:
-        big = max(costs, key=lambda c: sum(c.memory.values()))
-        parts = ", ".join(f"{k} {human(v)}" for k, v in big.memory.items())
-        raise UserError(f"the model needs {human(model)} for its {world} rank(s) here (rank {big.rank}: {parts}; "
-                        f"`minitron estimate` shows every rank) and this machine has {human(have)} available: "
-                        f"make it smaller (--num-layers, --hidden-size, --seq-length, --micro-batch-size, "
-                        f"--vocab-size) or run it on GPUs")
-    # training, validation and test samples: training/data.get_train_valid_test_num_samples'
-    # sum (its module imports torch, so the three terms are written out here)
-    gbs, iters = args.global_batch_size, args.train_iters or 0
-    evaluations = (iters // args.eval_interval if args.eval_interval else 0) + 1
-    samples = (args.train_samples or iters * gbs) + (evaluations + 1) * args.eval_iters * gbs
-    index = SAMPLE_INDEX_BYTES * samples * world
-    if model + index > have:
-        most = (have - model) // (SAMPLE_INDEX_BYTES * world)
-        raise UserError(f"{samples:,} samples to index (--train-iters {iters:,}, --eval-iters {args.eval_iters:,}, "
-                        f"--global-batch-size {gbs}): each of the {world} rank(s) indexes them (~{SAMPLE_INDEX_BYTES} B "
-                        f"a sample, {human(index)} in all) beside the model's {human(model)}, and this machine has "
-                        f"{human(have)} available: at most {most:,} samples fit")
-
-
 # --- places --------------------------------------------------------------------------------
 def check_output_dir(path, flag: str) -> None:
     """``path`` is, or can become, a directory we can write into. Nothing is created: the

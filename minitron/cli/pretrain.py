@@ -13,6 +13,7 @@ from minitron.cli.common import (
     check_world, console, validate_pretrain,
 )
 from minitron.cli import preflight
+from minitron.cli.preflight_memory import check_fits
 
 
 @app.command(context_settings=EXTRA)
@@ -49,11 +50,11 @@ def pretrain(
         raise UserError("--train-iters N or --train-samples N is required; `minitron trace` shows "
                         "initialization alone")
     preflight.check_data_workers(args.num_workers, world)
-    preflight.check_fits(args)
-    preflight.check_launch(world, args.distributed_backend or "gloo", master_port,
+    backend = rank_backend(args.distributed_backend, world, fake)  # None: the accelerator's default
+    check_fits(args, backend)
+    preflight.check_launch(world, backend, master_port,
                            {"--log-dir": log_dir, "--trace": trace_dir, "--save": args.save})
     preflight.check_output_file(args.log_jsonl, "--log-jsonl")
-    backend = rank_backend(args.distributed_backend, world, fake)  # None: the accelerator's default
 
     # Lazy: the launcher and the run's console load once every check above has passed (`--help`
     # and a refusal never pay for them).

@@ -15,6 +15,7 @@ from minitron.cli.common import (
     check_order, check_world, console, default_backend, validate_pretrain,
 )
 from minitron.cli import preflight
+from minitron.cli.preflight_memory import check_fits
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate_parallel_sizes
 
 MAX_STEPS = 100  # traced iterations: a few show the steady state, and each adds its calls to every rank's trace
@@ -170,21 +171,21 @@ def trace(
         raise UserError(f"--depth must be 1 or more, got {depth}")
     views = _views(show, steps)
     argv = pretrain_argv(tp, pp, cp, ep, vp, order, backend, training_argv(world, tp, pp, cp, steps) + ctx.args)
-    # Every refusal happens before torch is imported; the default backend (the accelerator
-    # asks torch for a GPU) is decided last, as the ranks will decide it.
+    # Every refusal of the flags happens before torch is imported; the default backend is
+    # decided once they pass, as the ranks will decide it (torch-free on a machine without GPUs).
     args = validate_pretrain(argv, world)
     backend = args.distributed_backend
     preflight.check_data_workers(args.num_workers, world)
-    if steps:  # a model is built: it must fit
-        preflight.check_fits(args)
     if steps and backend == "fake":
         raise UserError("--steps needs real communication: the fake backend moves no data; use gloo")
     if debug and backend == "fake":
         raise UserError("--debug needs real rank processes; use --backend gloo")
-    preflight.check_launch(world, backend or "gloo", master_port, {"--out": out, "--log-dir": log_dir})
-    if backend is None:
+    if backend is None:  # torch-free where the machine has no GPU (default_backend)
         backend = default_backend()
         check_backend(backend, world)
+    if steps:  # a model is built: it must fit
+        check_fits(args, backend)
+    preflight.check_launch(world, backend, master_port, {"--out": out, "--log-dir": log_dir})
 
     # lazy: the views and the launcher load once the input has passed every check above
     from minitron.cli.views.call_tree import FocusError
