@@ -12,6 +12,7 @@ each debug option, each divisibility rule), so that a new flag gets every varian
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -144,7 +145,7 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
         add(f"pretrain{flag}-1e20", f"pretrain --world 1 {TRAIN} {flag} 1e20", flag, "whole number")
         add(f"pretrain{flag}-nan", f"pretrain --world 1 {TRAIN} {flag} nan", flag, "whole number")
     add("pretrain-layers-1025", f"pretrain --world 1 {TRAIN} --num-layers 1025", "--num-layers", "at most 1,024")
-    add("pretrain-digits", f"pretrain --world 1 {TRAIN} --seq-length {DIGITS_5000}", "--seq-length")
+    add("pretrain-digits", f"pretrain --world 1 {TRAIN} --seq-length {DIGITS_5000}", "--seq-length", "5,000 digits")
     # too big for this machine: the accountant's bytes, the dataset index, the workers
     add("pretrain-model-too-big", f"pretrain --world 1 {TRAIN} --hidden-size 1000000", "the model needs",
         "--hidden-size")
@@ -214,7 +215,11 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
         add(f"estimate-{cid}", f"estimate {MODEL} {flags}", *words)
         if number % 3 == 0 or cid.startswith("moe"):   # the same validate_pretrain: a sample, MoE's rule among it
             add(f"pretrain-{cid}", f"pretrain {TRAIN} {flags}", *words)
-    for cid, flags, words in [("both-lengths", "--train-samples 4", ("--train-iters", "--train-samples")),
+    for cid, flags, words in [("warmup-iters", "--lr-warmup-iters 2", ("--lr-warmup-iters",)),
+                              ("warmup-fraction", "--lr-warmup-fraction 1", ("--lr-warmup-fraction",)),
+                              ("timeout-huge", "--distributed-timeout-minutes 2147483647",
+                               ("--distributed-timeout-minutes", "at most 1,000,000")),
+                              ("both-lengths", "--train-samples 4", ("--train-iters", "--train-samples")),
                               ("min-lr", "--min-lr 0.1", ("--min-lr",)),
                               ("eval-iters", "--eval-interval 2 --eval-iters 0", ("--eval-iters",)),
                               ("save-interval", "--save-interval 2", ("--save",))]:
@@ -256,3 +261,22 @@ def test_refused_in_one_line_before_torch(outcomes, cid, argv, words, env):
     outcome = outcomes[cid]
     problems = outcome.refusal_problems(must_contain=words)
     assert not problems, f"{problems}\n{outcome.describe()}"
+
+
+def test_nccl_ranks_are_checked_against_their_gpus(tmp_path, monkeypatch):
+    """nccl ranks hold the model on their GPUs: each rank's bytes against its GPU's free memory,
+    as nvidia-smi reports it (a stand-in here, so any machine runs the test)."""
+    from minitron.cli.common import UserError, validate_pretrain
+    from minitron.cli.preflight_memory import check_fits
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "0, 1000"\necho "1, 81000"\n')   # MiB free on GPU 0 and GPU 1
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    args = validate_pretrain(("--num-layers 2 --hidden-size 4096 --num-attention-heads 32 --seq-length 2048 "
+                              "--micro-batch-size 1 --train-iters 2 --lr 1e-3 --mock-data").split(), 2)
+    with pytest.raises(UserError, match=r"rank 0 needs [0-9.]+ GiB on its GPU .* the GPU has 1000 MiB free"):
+        check_fits(args, "nccl")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")   # both ranks see only the 81,000 MiB GPU: it fits
+    check_fits(args, "nccl")

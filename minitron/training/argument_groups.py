@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER
+from minitron.training.arguments_ranges import (CAPACITY, COUNT, EXPERTS, LAYERS, LOSS_SCALE, POSITIVE, PROBABILITY,
+                                                float_in, int_in)
 from minitron.training.tokenizer.tokenizer import TOKENIZER_TYPES
 
 
@@ -29,73 +31,6 @@ class _Parser(argparse.ArgumentParser):
         raise ArgumentError(message)
 
 
-# Each number's sensible range is stated once, with its flag: argparse applies these types to
-# what the user typed, so `--exit-interval -1` or `--lr nan` is refused while parsing, in one
-# line ("argument --lr: must be a finite number, got nan"), whichever code reads it later.
-def _int(low: int, high: int | None = None, why: str = ""):
-    """A whole number from ``low`` to ``high``; ``why`` tells a user who went past ``high``
-    why that is the largest value taken."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text) if len(text) <= 40 else None
-        except ValueError:
-            value = None
-        if value is None:
-            shown = text if len(text) <= 40 else text[:20] + "..."
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {shown!r}")
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
-        if high is not None and value > high:
-            reason = f" ({why})" if why else ""
-            raise argparse.ArgumentTypeError(f"must be at most {high:,}, got {value:,}{reason}")
-        return value
-    return parse
-
-
-def _float(low: float, high: float | None = None, *, above: bool = False, below: bool = False, why: str = ""):
-    """A finite number >= low (> low with ``above``) and <= high (< high with ``below``); ``why``
-    as for _int."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text[:40]!r}") from None
-        if value != value or value in (float("inf"), float("-inf")):
-            raise argparse.ArgumentTypeError(f"must be a finite number, got {text[:40]}")
-        too_low = value <= low if above else value < low
-        too_high = high is not None and (value >= high if below else value > high)
-        lo = f"{'>' if above else '>='} {low:g}"
-        hi = "" if high is None else f"{'<' if below else '<='} {high:g}"
-        if why and too_high:   # a ceiling of ours: say why it is there
-            raise argparse.ArgumentTypeError(f"must be {hi}, got {value:g} ({why})")
-        if too_low or too_high:   # without a why, the range is the quantity's own (a probability)
-            bound = lo if why or not hi else f"{lo} and {hi}"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {value:g}")
-        return value
-    return parse
-
-
-# Every size and count has a ceiling, so that no product of them reaches a size no machine
-# holds before the memory check can say so (and no 40-digit number reaches float arithmetic).
-_MAX = 2**31 - 1
-_WHY_MAX = "the largest size or count minitron takes: tensor shapes and dataset indices are 32-bit here"
-POSITIVE, COUNT = _int(1, _MAX, _WHY_MAX), _int(0, _MAX, _WHY_MAX)  # a size or interval (>= 1); a count
-# The accountant and the model walk every layer; the deepest published GPTs have under 200.
-MAX_LAYERS = 1024
-LAYERS = _int(1, MAX_LAYERS, "the deepest published GPTs have under 200 layers; estimate and the model "
-              "walk each one")
-# Published MoE GPTs have up to 256 routed experts a layer (DeepSeek-V3); the accountant lists
-# each expert's weights in every MoE layer. With E <= 1024 and top-k >= 1, a capacity factor of
-# E / k = 1024 already lets one expert take every token: more is the same run.
-MAX_EXPERTS = 1024
-EXPERTS = _int(0, MAX_EXPERTS, "published MoE GPTs have up to 256 experts a layer; the accountant lists each one")
-CAPACITY = _float(0.0, float(MAX_EXPERTS), above=True, why=f"with at most {MAX_EXPERTS} experts, a factor of "
-                  f"{MAX_EXPERTS} already lets one expert take every token")
-# The loss times the scale must stay finite in float32 (which ends near 2**128); Megatron starts at 2**32.
-LOSS_SCALE = _float(0.0, 2.0**64, above=True, why="2**64: the loss times the scale must stay finite in float32, "
-                    "whose range ends near 2**128; Megatron starts at 2**32")
-PROBABILITY = _float(0.0, 1.0, below=True)
-
 
 def _add_network_size_args(parser):
     g = parser.add_argument_group("network size")
@@ -106,12 +41,12 @@ def _add_network_size_args(parser):
     g.add_argument("--kv-channels", type=POSITIVE, default=None, help="default: hidden / heads")
     g.add_argument("--max-position-embeddings", type=POSITIVE, default=None, help="default: seq length")
     g.add_argument("--make-vocab-size-divisible-by", type=POSITIVE, default=128)
-    g.add_argument("--layernorm-epsilon", type=_float(0.0, above=True), default=1e-5)
-    g.add_argument("--init-method-std", type=_float(0.0), default=0.02)
+    g.add_argument("--layernorm-epsilon", type=float_in(0.0, above=True), default=1e-5)
+    g.add_argument("--init-method-std", type=float_in(0.0), default=0.02)
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     # The modern GPT options (LLaMA-style models are rope + swiglu + RMSNorm + GQA + untied).
     g.add_argument("--position-embedding-type", default="learned_absolute", choices=["learned_absolute", "rope"])
-    g.add_argument("--rotary-percent", type=_float(0.0, 1.0, above=True), default=1.0,
+    g.add_argument("--rotary-percent", type=float_in(0.0, 1.0, above=True), default=1.0,
                    help="rope: the share of each head's channels that rotate")
     g.add_argument("--rotary-base", type=POSITIVE, default=10000, help="rope: the base of the angles")
     g.add_argument("--swiglu", action="store_true", help="gated MLP, silu(x W_gate) * (x W_up)")
@@ -125,11 +60,11 @@ def _add_regularization_args(parser):
     g = parser.add_argument_group("regularization")
     g.add_argument("--attention-dropout", type=PROBABILITY, default=0.1)
     g.add_argument("--hidden-dropout", type=PROBABILITY, default=0.1)
-    g.add_argument("--weight-decay", type=_float(0.0), default=0.01)
-    g.add_argument("--clip-grad", type=_float(0.0), default=1.0, help="0: no clipping")
+    g.add_argument("--weight-decay", type=float_in(0.0), default=0.01)
+    g.add_argument("--clip-grad", type=float_in(0.0), default=1.0, help="0: no clipping")
     g.add_argument("--adam-beta1", type=PROBABILITY, default=0.9)
     g.add_argument("--adam-beta2", type=PROBABILITY, default=0.999)
-    g.add_argument("--adam-eps", type=_float(0.0, above=True), default=1e-8)
+    g.add_argument("--adam-eps", type=float_in(0.0, above=True), default=1e-8)
     g.add_argument("--sgd-momentum", type=PROBABILITY, default=0.9)
 
 
@@ -163,18 +98,18 @@ def _add_training_args(parser):
 
 def _add_initialization_args(parser):
     g = parser.add_argument_group("initialization")
-    g.add_argument("--seed", type=_int(0, 2**31 - 1), default=1234)
+    g.add_argument("--seed", type=int_in(0, 2**31 - 1), default=1234)
     g.add_argument("--data-parallel-random-init", action="store_true")
 
 
 def _add_learning_rate_args(parser):
     g = parser.add_argument_group("learning rate")
-    g.add_argument("--lr", type=_float(0.0), default=None)
-    g.add_argument("--min-lr", type=_float(0.0), default=0.0)
+    g.add_argument("--lr", type=float_in(0.0), default=None)
+    g.add_argument("--min-lr", type=float_in(0.0), default=0.0)
     g.add_argument("--lr-decay-style", default="linear", choices=["constant", "linear", "cosine", "inverse-square-root"])
     g.add_argument("--lr-decay-iters", type=POSITIVE, default=None, help="default: --train-iters")
     g.add_argument("--lr-warmup-iters", type=COUNT, default=0)
-    g.add_argument("--lr-warmup-fraction", type=_float(0.0, 1.0), default=None)
+    g.add_argument("--lr-warmup-fraction", type=float_in(0.0, 1.0), default=None)
 
 
 def _add_mixed_precision_args(parser):
@@ -209,7 +144,9 @@ def _add_distributed_args(parser):
                    help=f"rank order {TP_PP_DP_ORDER} instead of {DEFAULT_ORDER}")
     g.add_argument("--distributed-backend", default=None, choices=["nccl", "gloo", "fake"],
                    help="default: nccl with GPUs, gloo without")
-    g.add_argument("--distributed-timeout-minutes", type=POSITIVE, default=10)
+    # 2**31 - 1 minutes broke torch's TCP store here ("client socket has timed out"); 10**6 ran.
+    g.add_argument("--distributed-timeout-minutes", type=int_in(1, 10**6, "about two years; far longer timeouts "
+                                                               "break torch's TCP store"), default=10)
     g.add_argument("--use-distributed-optimizer", action="store_true")
     # DeepSpeed's launch.py passes --local_rank=N (underscore), torch.distributed.launch did too.
     g.add_argument("--local-rank", "--local_rank", type=COUNT, default=None)
@@ -222,7 +159,7 @@ def _add_moe_args(parser):
     # No defaults here (None: not given): validate_moe refuses these for a dense model, then
     # fills in MOE_DEFAULTS, Megatron's.
     g.add_argument("--moe-router-topk", type=POSITIVE, default=None, help="experts each token is sent to (default 2)")
-    g.add_argument("--moe-aux-loss-coeff", type=_float(0.0), default=None,
+    g.add_argument("--moe-aux-loss-coeff", type=float_in(0.0), default=None,
                    help="weight of the load-balancing loss (Megatron suggests 1e-2; default 0: none)")
     g.add_argument("--moe-layer-freq", type=POSITIVE, default=None,
                    help="every N-th layer is an MoE layer (the first one always; default 1)")

@@ -254,6 +254,12 @@ def _validate_training(args):
     require(args.min_lr <= args.lr, f"--min-lr {args.min_lr:g} is above --lr {args.lr:g}")
     require(args.lr_warmup_fraction is None or args.lr_warmup_iters == 0,
              "give --lr-warmup-fraction or --lr-warmup-iters, not both")
+    # The scheduler's own rule (warmup steps < decay steps), said here rather than by every rank.
+    decay = args.lr_decay_iters or args.train_iters
+    require(args.lr_warmup_iters < decay, f"--lr-warmup-iters {args.lr_warmup_iters} leaves nothing of the {decay} "
+             "iterations the learning rate decays over (--lr-decay-iters, default --train-iters): warm up for fewer")
+    require(args.lr_warmup_fraction is None or args.lr_warmup_fraction < 1,
+             "--lr-warmup-fraction 1 leaves no step to decay over: give less than 1")
     vp = args.virtual_pipeline_model_parallel_size
     pp = args.pipeline_model_parallel_size
     if vp is not None:
