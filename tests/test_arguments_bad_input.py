@@ -29,7 +29,7 @@ CASES = [
     (2, f"{TRAIN} --train-iters -3", "--train-iters: must be at least 0"),
     (2, f"{TRAIN} --hidden-dropout 1", "--hidden-dropout: must be >= 0 and < 1"),
     (2, f"{TRAIN} --adam-eps 0", "--adam-eps: must be > 0"),
-    (2, f"{TRAIN} --seed -1", "--seed: must be between 0"),
+    (2, f"{TRAIN} --seed -1", "--seed: must be at least 0"),
     (2, f"{TRAIN} --micro-batch-size two", "expected a whole number, got 'two'"),
     (2, f"{TRAIN} --expert-model-parallel-size 2", "add --num-experts"),
     (8, f"{MODEL} --global-batch-size 16 --rampup-batch-size 8 4 8 --train-iters 4 --lr 1e-3 --mock-data",

@@ -3,6 +3,7 @@ any process starts, and the debugger options."""
 
 from __future__ import annotations
 
+import os
 from typing import List, Optional
 
 import typer
@@ -30,6 +31,13 @@ def check_order(order: str) -> None:
 
 
 def default_backend() -> str:
+    """The backend the accelerator will choose: gloo on a machine with no GPU device node,
+    said without torch (the accelerator asks torch, seconds, and finds the same), so a later
+    refusal (memory, the output places) stays torch-free there."""
+    # lazy: the GPU probe lives beside validate_args' nccl check; only commands that start ranks ask
+    from minitron.training.arguments import gpus_possible
+    if "MINITRON_ACCELERATOR" not in os.environ and not gpus_possible():
+        return "gloo"
     from minitron.accelerator import get_accelerator  # lazy: the accelerator imports torch
     return get_accelerator().communication_backend_name()
 
@@ -38,8 +46,13 @@ def check_backend(backend: str, world: int) -> None:
     if backend not in ("gloo", "nccl", "fake"):
         raise UserError(f"--backend {backend!r}: use gloo (CPU), nccl (GPU) or fake (ranks played in turn, no communication)")
     if backend == "nccl":
-        import torch  # lazy: only nccl asks torch (how many GPUs); every other path stays torch-free
-        gpus = torch.cuda.device_count()
+        # lazy: only nccl asks how many GPUs there are; torch (seconds) only where there may be some
+        from minitron.training.arguments import gpus_possible
+        if gpus_possible():
+            import torch  # lazy: counting the GPUs is torch's to do
+            gpus = torch.cuda.device_count()
+        else:
+            gpus = 0
         if gpus < world:
             raise UserError(f"--backend nccl runs one rank per GPU: {world} ranks need {world} GPUs, "
                             f"this machine has {gpus}; use --backend gloo (CPU) or fake")
@@ -76,6 +89,16 @@ class DebugOptions:
 
     def __init__(self, ranks: Optional[str], port_base: int, host: str, wait_timeout: float):
         self.ranks, self.port_base, self.host, self.wait_timeout = ranks, port_base, host, wait_timeout
+
+    def check(self, world: int) -> None:
+        """Refuse a bad option now, before any other work: every option is checked, with --debug
+        or without (as if rank 0 were asked for), so a wrong one never waits for a later run."""
+        # lazy: only commands that start ranks load the launcher's debug module (stdlib only)
+        from minitron.launcher.debug import debug_env
+        try:
+            debug_env(self.ranks or "0", world, self.port_base, self.host, self.wait_timeout)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
 
     def env(self, world: int, trace_dir=None) -> dict:
         """Every rank's session variables: these options, and tracing into ``trace_dir``."""
@@ -122,5 +145,7 @@ def rank_backend(backend: Optional[str], world: int, fake_reason: str) -> str:
 
 
 def check_world(world: int) -> None:
+    """At least one rank. Each command then asks preflight.check_world_limit how many it can
+    hold, before any other check: the layout's checks take time and memory that grow with it."""
     if world < 1:
         raise UserError(f"--world must be at least 1, got {world}")

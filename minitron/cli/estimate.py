@@ -17,6 +17,7 @@ from typing import Optional
 
 import typer
 
+from minitron.cli import preflight
 from minitron.cli.common import EXTRA, UserError, app, check_world, console, validate_pretrain
 from minitron.cli.views.fitted_table import print_fitted
 from minitron.cli.views.words import human, plural, rank_ranges
@@ -111,6 +112,7 @@ def estimate(
     if world is None:
         raise UserError("--world W is required: the number of ranks to estimate for")
     check_world(world)
+    preflight.check_world_limit(world, "estimate")  # before the layout's checks, which grow with it
     args = _args_for(list(ctx.args), world)
     costs = work_out(args)
     if as_json:

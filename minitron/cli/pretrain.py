@@ -13,6 +13,7 @@ from minitron.cli.common import (
     check_world, console, validate_pretrain,
 )
 from minitron.cli import preflight
+from minitron.cli.preflight_memory import check_fits
 
 
 @app.command(context_settings=EXTRA)
@@ -30,6 +31,11 @@ def pretrain(
     (--tensor-model-parallel-size, --num-layers, --train-iters, --lr, --mock-data, ...)."""
     fake = "--backend fake moves no data, so it cannot train: use gloo or nccl"
     check_world(world)
+    # The cheap checks first (microseconds each): the layout's checks grow with the world, and
+    # nothing a user mistyped should wait for them, or for torch.
+    preflight.check_world_limit(world, backend or "gloo")
+    debugging = DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout)
+    debugging.check(world)
     argv = list(ctx.args)
     if backend is not None:  # given: check it now, and every rank uses it
         rank_backend(backend, world, fake)
@@ -43,10 +49,12 @@ def pretrain(
     if not args.train_iters:
         raise UserError("--train-iters N or --train-samples N is required; `minitron trace` shows "
                         "initialization alone")
-    preflight.check_launch(world, args.distributed_backend or "gloo", master_port,
+    preflight.check_data_workers(args.num_workers, world)
+    backend = rank_backend(args.distributed_backend, world, fake)  # None: the accelerator's default
+    check_fits(args, backend)
+    preflight.check_launch(world, backend, master_port,
                            {"--log-dir": log_dir, "--trace": trace_dir, "--save": args.save})
     preflight.check_output_file(args.log_jsonl, "--log-jsonl")
-    backend = rank_backend(args.distributed_backend, world, fake)  # None: the accelerator's default
 
     # Lazy: the launcher and the run's console load once every check above has passed (`--help`
     # and a refusal never pay for them).
@@ -61,7 +69,7 @@ def pretrain(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
     env = {CONSOLE_ENV: str(console_jsonl)}
-    env.update(DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world, trace_dir))
+    env.update(debugging.env(world, trace_dir))
     cfg = LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env)
     started = time.perf_counter()
     with PretrainProgress(log_jsonl, console_jsonl, args.train_iters, console) as progress:

@@ -3,6 +3,7 @@ every rank, then show one rank's call tree, the groups, the checks and the pipel
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -14,13 +15,17 @@ from minitron.cli.common import (
     check_order, check_world, console, default_backend, validate_pretrain,
 )
 from minitron.cli import preflight
-from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER
+from minitron.cli.preflight_memory import check_fits
+from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate_parallel_sizes
+
+MAX_STEPS = 100  # traced iterations: a few show the steady state, and each adds its calls to every rank's trace
+
 
 def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: str, backend: Optional[str],
                   extra: List[str]) -> List[str]:
     """Megatron flags for a tiny GPT in this layout; the user's own flags (``extra``) come last
     and win. The defaults always satisfy validate_args: layers divide by pp x vp, heads by tp."""
-    layers = pp * (vp or 1)
+    layers = pp * max(vp or 1, 1)
     heads = 2 * tp
     argv = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
             "--context-parallel-size", str(cp), "--expert-model-parallel-size", str(ep),
@@ -31,7 +36,7 @@ def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: 
         argv += ["--distributed-backend", backend]
     if ep > 1:  # expert groups need experts to split; an initialization-only run builds no model
         argv += ["--num-experts", str(ep)] + (["--sequence-parallel"] if tp > 1 else [])  # MoE + tp: SP
-    if vp:
+    if vp is not None:  # 0 too: the parser refuses it in Megatron's words
         argv += ["--virtual-pipeline-model-parallel-size", str(vp)]
     if order == TP_PP_DP_ORDER:
         argv.append("--use-tp-pp-dp-mapping")
@@ -145,39 +150,53 @@ def trace(
     Megatron flags after `--` are passed to every rank (e.g. `-- --global-batch-size 8`).
     """
     check_world(world)
+    # First the sizes, each check costing microseconds: the layout's own checks grow with the
+    # world, and a user's bad --debug option must not wait for them (or for torch).
+    preflight.check_world_limit(world, backend or "gloo")
     check_order(order)
+    debugging = DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout)
+    debugging.check(world)
     if backend is not None:  # given: check it now (the default is known after validation)
         check_backend(backend, world)
+    try:  # the layout's one home (validate_args asks it again, with the flags after `--`)
+        validate_parallel_sizes(world, tp, pp, cp, ep, vp=vp, order=order)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     if not 0 <= rank < world:
         raise UserError(f"--rank {rank} is outside the world: choose 0..{world - 1}")
-    if steps < 0:
-        raise UserError(f"--steps must be 0 or more, got {steps}")
+    if not 0 <= steps <= MAX_STEPS:
+        raise UserError(f"--steps must be 0..{MAX_STEPS}, got {steps} (every step adds each call it makes to "
+                        "every rank's trace; a schedule reads well after a few)")
     if depth is not None and depth < 1:
         raise UserError(f"--depth must be 1 or more, got {depth}")
     views = _views(show, steps)
     argv = pretrain_argv(tp, pp, cp, ep, vp, order, backend, training_argv(world, tp, pp, cp, steps) + ctx.args)
-    # Every refusal happens before torch is imported; the default backend (the accelerator
-    # asks torch for a GPU) is decided last, as the ranks will decide it.
-    backend = validate_pretrain(argv, world).distributed_backend
+    # Every refusal of the flags happens before torch is imported; the default backend is
+    # decided once they pass, as the ranks will decide it (torch-free on a machine without GPUs).
+    args = validate_pretrain(argv, world)
+    backend = args.distributed_backend
+    preflight.check_data_workers(args.num_workers, world)
     if steps and backend == "fake":
         raise UserError("--steps needs real communication: the fake backend moves no data; use gloo")
     if debug and backend == "fake":
         raise UserError("--debug needs real rank processes; use --backend gloo")
-    preflight.check_launch(world, backend or "gloo", master_port, {"--out": out, "--log-dir": log_dir})
-    if backend is None:
+    if backend is None:  # torch-free where the machine has no GPU (default_backend)
         backend = default_backend()
         check_backend(backend, world)
+    if steps:  # a model is built: it must fit
+        check_fits(args, backend)
+    preflight.check_launch(world, backend, master_port, {"--out": out, "--log-dir": log_dir})
 
     # lazy: the views and the launcher load once the input has passed every check above
     from minitron.cli.views.call_tree import FocusError
     from minitron.cli.views.perfetto import write_chrome_trace
     from minitron.cli.views.show import default_depth, show_views
-    from minitron.trace.reader import load_trace
+    from minitron.trace.reader import TraceError, load_trace
     from minitron.cli.views.words import plural
     from minitron.launcher import LaunchConfig, Target, launch
     from minitron.launcher.fake import play_ranks
 
-    rank_env = DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout).env(world, out)
+    rank_env = debugging.env(world, out)
 
     out.mkdir(parents=True, exist_ok=True)
     for stale in list(out.glob("rank*.jsonl")) + [out / "trace.json"]:
@@ -197,7 +216,11 @@ def trace(
                            warm=LaunchConfig.warm if steps else ())  # no steps: no optimizer to warm for
         launch(cfg, Target(module="minitron.pretrain_gpt", argv=argv))
         elapsed = time.perf_counter() - started
-        runs = load_trace(out)
+        try:
+            runs = load_trace(out)
+        except TraceError as exc:  # the ranks ran, but what they wrote is not a trace: say so, once
+            print(f"minitron: the ranks' trace cannot be read: {exc}", file=sys.stderr)
+            raise typer.Exit(1) from None
         chrome = write_chrome_trace(out, runs, note)
     pictures = write_pictures(out, runs) if svg else []
     try:

@@ -186,3 +186,30 @@ def get_micro_batch_size() -> int:
 def update_num_microbatches(consumed_samples: int, consistency_check: bool = True, verbose: bool = False) -> None:
     """Called once per iteration by train(): moves the ramp-up along."""
     _GLOBAL_NUM_MICROBATCHES_CALCULATOR.update(consumed_samples, consistency_check, verbose)
+
+
+def rampup_stretches(global_batch_size: int, micro_batch_size: int, data_parallel_size: int,
+                     rampup_batch_size: list[int], limit: int, rank: int = 0) -> tuple[list[tuple[int, int]], int]:
+    """[(global batch, iterations)] while the consumed samples at an iteration's start stay
+    <= limit, and the samples consumed then: train()'s ramp-up without a model, so that
+    validate_args can check every batch of the ramp (and count --train-samples' iterations)
+    before any rank starts."""
+    calc = RampupBatchsizeNumMicroBatchesCalculator(global_batch_size, micro_batch_size, data_parallel_size,
+                                                    False, rank, *rampup_batch_size)
+
+    def batch_at(consumed: int) -> int:
+        calc.update(consumed, consistency_check=False)
+        return calc.get_current_global_batch_size()
+
+    stretches, consumed = [], 0
+    while consumed <= limit:
+        batch = batch_at(consumed)
+        # The batch only grows with consumed samples, so the end of a stretch of equal batches
+        # is found by bisection: n iterations of `batch` each, until it changes or passes limit.
+        lo, hi = 1, (limit - consumed) // batch + 1
+        while lo < hi:
+            n = (lo + hi) // 2
+            lo, hi = (lo, n) if batch_at(consumed + n * batch) != batch else (n + 1, hi)
+        stretches.append((batch, lo))
+        consumed += lo * batch
+    return stretches, consumed

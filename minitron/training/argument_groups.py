@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER
+from minitron.training.arguments_ranges import (CAPACITY, COUNT, EXPERTS, LAYERS, LOSS_SCALE, POSITIVE, PROBABILITY,
+                                                float_in, int_in)
 from minitron.training.tokenizer.tokenizer import TOKENIZER_TYPES
 
 
@@ -29,60 +31,22 @@ class _Parser(argparse.ArgumentParser):
         raise ArgumentError(message)
 
 
-# Each number's sensible range is stated once, with its flag: argparse applies these types to
-# what the user typed, so `--exit-interval -1` or `--lr nan` is refused while parsing, in one
-# line ("argument --lr: must be a finite number, got nan"), whichever code reads it later.
-def _int(low: int, high: int | None = None):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < low or (high is not None and value > high):
-            bound = f"at least {low}" if high is None else f"between {low} and {high}"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
-        return value
-    return parse
-
-
-def _float(low: float, high: float | None = None, *, above: bool = False, below: bool = False):
-    """A finite number >= low (> low with ``above``) and <= high (< high with ``below``)."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if value != value or value in (float("inf"), float("-inf")):
-            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-        too_low = value <= low if above else value < low
-        too_high = high is not None and (value >= high if below else value > high)
-        if too_low or too_high:
-            lo = f"{'>' if above else '>='} {low:g}"
-            hi = "" if high is None else f" and {'<' if below else '<='} {high:g}"
-            raise argparse.ArgumentTypeError(f"must be {lo}{hi}, got {value:g}")
-        return value
-    return parse
-
-
-POSITIVE, COUNT = _int(1), _int(0)  # a size or an interval (>= 1); a count that may be zero
-PROBABILITY = _float(0.0, 1.0, below=True)
-
 
 def _add_network_size_args(parser):
     g = parser.add_argument_group("network size")
-    g.add_argument("--num-layers", type=POSITIVE, default=None)
+    g.add_argument("--num-layers", type=LAYERS, default=None)
     g.add_argument("--hidden-size", type=POSITIVE, default=None)
     g.add_argument("--ffn-hidden-size", type=POSITIVE, default=None, help="default: 4 x hidden size")
     g.add_argument("--num-attention-heads", type=POSITIVE, default=None)
     g.add_argument("--kv-channels", type=POSITIVE, default=None, help="default: hidden / heads")
     g.add_argument("--max-position-embeddings", type=POSITIVE, default=None, help="default: seq length")
     g.add_argument("--make-vocab-size-divisible-by", type=POSITIVE, default=128)
-    g.add_argument("--layernorm-epsilon", type=_float(0.0, above=True), default=1e-5)
-    g.add_argument("--init-method-std", type=_float(0.0), default=0.02)
+    g.add_argument("--layernorm-epsilon", type=float_in(0.0, above=True), default=1e-5)
+    g.add_argument("--init-method-std", type=float_in(0.0), default=0.02)
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     # The modern GPT options (LLaMA-style models are rope + swiglu + RMSNorm + GQA + untied).
     g.add_argument("--position-embedding-type", default="learned_absolute", choices=["learned_absolute", "rope"])
-    g.add_argument("--rotary-percent", type=_float(0.0, 1.0, above=True), default=1.0,
+    g.add_argument("--rotary-percent", type=float_in(0.0, 1.0, above=True), default=1.0,
                    help="rope: the share of each head's channels that rotate")
     g.add_argument("--rotary-base", type=POSITIVE, default=10000, help="rope: the base of the angles")
     g.add_argument("--swiglu", action="store_true", help="gated MLP, silu(x W_gate) * (x W_up)")
@@ -96,11 +60,11 @@ def _add_regularization_args(parser):
     g = parser.add_argument_group("regularization")
     g.add_argument("--attention-dropout", type=PROBABILITY, default=0.1)
     g.add_argument("--hidden-dropout", type=PROBABILITY, default=0.1)
-    g.add_argument("--weight-decay", type=_float(0.0), default=0.01)
-    g.add_argument("--clip-grad", type=_float(0.0), default=1.0, help="0: no clipping")
+    g.add_argument("--weight-decay", type=float_in(0.0), default=0.01)
+    g.add_argument("--clip-grad", type=float_in(0.0), default=1.0, help="0: no clipping")
     g.add_argument("--adam-beta1", type=PROBABILITY, default=0.9)
     g.add_argument("--adam-beta2", type=PROBABILITY, default=0.999)
-    g.add_argument("--adam-eps", type=_float(0.0, above=True), default=1e-8)
+    g.add_argument("--adam-eps", type=float_in(0.0, above=True), default=1e-8)
     g.add_argument("--sgd-momentum", type=PROBABILITY, default=0.9)
 
 
@@ -134,27 +98,27 @@ def _add_training_args(parser):
 
 def _add_initialization_args(parser):
     g = parser.add_argument_group("initialization")
-    g.add_argument("--seed", type=_int(0, 2**31 - 1), default=1234)
+    g.add_argument("--seed", type=int_in(0, 2**31 - 1), default=1234)
     g.add_argument("--data-parallel-random-init", action="store_true")
 
 
 def _add_learning_rate_args(parser):
     g = parser.add_argument_group("learning rate")
-    g.add_argument("--lr", type=_float(0.0), default=None)
-    g.add_argument("--min-lr", type=_float(0.0), default=0.0)
+    g.add_argument("--lr", type=float_in(0.0), default=None)
+    g.add_argument("--min-lr", type=float_in(0.0), default=0.0)
     g.add_argument("--lr-decay-style", default="linear", choices=["constant", "linear", "cosine", "inverse-square-root"])
     g.add_argument("--lr-decay-iters", type=POSITIVE, default=None, help="default: --train-iters")
     g.add_argument("--lr-warmup-iters", type=COUNT, default=0)
-    g.add_argument("--lr-warmup-fraction", type=_float(0.0, 1.0), default=None)
+    g.add_argument("--lr-warmup-fraction", type=float_in(0.0, 1.0), default=None)
 
 
 def _add_mixed_precision_args(parser):
     g = parser.add_argument_group("mixed precision")
     g.add_argument("--fp16", action="store_true")
     g.add_argument("--bf16", action="store_true")
-    g.add_argument("--loss-scale", type=_float(0.0, above=True), default=None, help="static loss scale; default: dynamic")
-    g.add_argument("--initial-loss-scale", type=_float(0.0, above=True), default=2.0 ** 32)
-    g.add_argument("--min-loss-scale", type=_float(0.0, above=True), default=1.0)
+    g.add_argument("--loss-scale", type=LOSS_SCALE, default=None, help="static loss scale; default: dynamic")
+    g.add_argument("--initial-loss-scale", type=LOSS_SCALE, default=2.0 ** 32)
+    g.add_argument("--min-loss-scale", type=LOSS_SCALE, default=1.0)
     g.add_argument("--loss-scale-window", type=POSITIVE, default=1000)
     g.add_argument("--hysteresis", type=POSITIVE, default=2)
     g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true")
@@ -180,7 +144,9 @@ def _add_distributed_args(parser):
                    help=f"rank order {TP_PP_DP_ORDER} instead of {DEFAULT_ORDER}")
     g.add_argument("--distributed-backend", default=None, choices=["nccl", "gloo", "fake"],
                    help="default: nccl with GPUs, gloo without")
-    g.add_argument("--distributed-timeout-minutes", type=POSITIVE, default=10)
+    # 2**31 - 1 minutes broke torch's TCP store here ("client socket has timed out"); 10**6 ran.
+    g.add_argument("--distributed-timeout-minutes", type=int_in(1, 10**6, "about two years; far longer timeouts "
+                                                               "break torch's TCP store"), default=10)
     g.add_argument("--use-distributed-optimizer", action="store_true")
     # DeepSpeed's launch.py passes --local_rank=N (underscore), torch.distributed.launch did too.
     g.add_argument("--local-rank", "--local_rank", type=COUNT, default=None)
@@ -188,16 +154,18 @@ def _add_distributed_args(parser):
 
 def _add_moe_args(parser):
     g = parser.add_argument_group("moe")
-    g.add_argument("--num-experts", type=COUNT, default=None,
+    g.add_argument("--num-experts", type=EXPERTS, default=None,
                    help="experts per MoE layer; --expert-model-parallel-size spreads them")
-    g.add_argument("--moe-router-topk", type=POSITIVE, default=2, help="experts each token is sent to")
-    g.add_argument("--moe-aux-loss-coeff", type=_float(0.0), default=0.0,
-                   help="weight of the load-balancing loss (Megatron suggests 1e-2; 0: none)")
-    g.add_argument("--moe-layer-freq", type=POSITIVE, default=1,
-                   help="every N-th layer is an MoE layer (the first one always)")
+    # No defaults here (None: not given): validate_moe refuses these for a dense model, then
+    # fills in MOE_DEFAULTS, Megatron's.
+    g.add_argument("--moe-router-topk", type=POSITIVE, default=None, help="experts each token is sent to (default 2)")
+    g.add_argument("--moe-aux-loss-coeff", type=float_in(0.0), default=None,
+                   help="weight of the load-balancing loss (Megatron suggests 1e-2; default 0: none)")
+    g.add_argument("--moe-layer-freq", type=POSITIVE, default=None,
+                   help="every N-th layer is an MoE layer (the first one always; default 1)")
     g.add_argument("--moe-ffn-hidden-size", type=POSITIVE, default=None, help="an expert's ffn size; "
                    "default: --ffn-hidden-size")
-    g.add_argument("--moe-expert-capacity-factor", type=_float(0.0, above=True), default=None, metavar="F",
+    g.add_argument("--moe-expert-capacity-factor", type=CAPACITY, default=None, metavar="F",
                    help="an expert takes at most ceil(F x tokens x topk / experts) of a rank's tokens per "
                         "micro-batch; the rest are dropped (lowest probabilities first). Default: dropless")
     g.add_argument("--moe-pad-expert-input-to-capacity", action="store_true",

@@ -13,9 +13,11 @@ command line answers a bad layout in a fraction of a torch import.
 
 from __future__ import annotations
 
+import glob
+import os
 from functools import lru_cache
 
-from minitron.core.num_microbatches_calculator import RampupBatchsizeNumMicroBatchesCalculator
+from minitron.core.num_microbatches_calculator import rampup_stretches
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate_parallel_sizes
 from minitron.trace import traced
 from minitron.training.argument_groups import ArgumentError, build_parser, require
@@ -94,11 +96,23 @@ def validate_args(args, defaults: dict | None = None):
         from minitron.accelerator import get_accelerator
         args.distributed_backend = get_accelerator().communication_backend_name()
     if args.distributed_backend == "nccl":
+        no_gpu = ("--distributed-backend nccl needs CUDA GPUs and none is visible; use --distributed-backend "
+                  "gloo on CPU")
+        require(gpus_possible(), no_gpu)  # without torch, when the machine plainly has none
         import torch  # only nccl needs to count GPUs; gloo and fake runs never pay for it here
-        require(torch.cuda.device_count() > 0, "--distributed-backend nccl needs CUDA GPUs and none "
-                 "is visible; use --distributed-backend gloo on CPU")
+        require(torch.cuda.device_count() > 0, no_gpu)
     validate_data_args(args)
     return args
+
+
+def gpus_possible() -> bool:
+    """False when torch certainly finds no GPU here: no NVIDIA or AMD device node, or
+    CUDA_VISIBLE_DEVICES hides them all. Asked before ``import torch`` (seconds), so that a
+    GPU-less machine refuses nccl at once; True means only "ask torch"."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    return bool(glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd") or os.path.exists("/dev/dxg"))
 
 
 def _validate_layout(args):
@@ -195,7 +209,7 @@ def _validate_batch(args):
     # train() will (the same calculator, the same consumed samples), so a batch that would not
     # split into micro-batches fails now, and sizes the ramp skips over are no obstacle.
     limit = min(samples, args.train_samples) if args.train_samples else samples
-    reached = [batch for batch, _ in _rampup_stretches(args, limit)[0]] + [args.global_batch_size]
+    reached = [batch for batch, _ in _ramp(args, limit)[0]] + [args.global_batch_size]
     for batch in reached:
         require(batch % per_step == 0,
                  f"the ramp-up reaches a global batch of {batch}, not a multiple of micro batch x "
@@ -205,29 +219,9 @@ def _validate_batch(args):
 _MAX_RAMP_STEPS = 100_000  # Megatron's own examples climb in about a hundred
 
 
-def _rampup_stretches(args, limit: int) -> tuple[list[tuple[int, int]], int]:
-    """[(global batch, iterations)] while the consumed samples at an iteration's start stay
-    <= limit, and the samples consumed then: train()'s ramp-up without a model."""
-    calc = RampupBatchsizeNumMicroBatchesCalculator(
-        args.global_batch_size, args.micro_batch_size, args.data_parallel_size, False, args.rank,
-        *args.rampup_batch_size)
-
-    def batch_at(consumed: int) -> int:
-        calc.update(consumed, consistency_check=False)
-        return calc.get_current_global_batch_size()
-
-    stretches, consumed = [], 0
-    while consumed <= limit:
-        batch = batch_at(consumed)
-        # The batch only grows with consumed samples, so the end of a stretch of equal batches
-        # is found by bisection: n iterations of `batch` each, until it changes or passes limit.
-        lo, hi = 1, (limit - consumed) // batch + 1
-        while lo < hi:
-            n = (lo + hi) // 2
-            lo, hi = (lo, n) if batch_at(consumed + n * batch) != batch else (n + 1, hi)
-        stretches.append((batch, lo))
-        consumed += lo * batch
-    return stretches, consumed
+def _ramp(args, limit: int):
+    return rampup_stretches(args.global_batch_size, args.micro_batch_size, args.data_parallel_size,
+                            args.rampup_batch_size, limit, rank=args.rank)
 
 
 def _train_iters_from_samples(args) -> int:
@@ -235,7 +229,7 @@ def _train_iters_from_samples(args) -> int:
     partial global batch is dropped)."""
     if args.rampup_batch_size is None:
         return args.train_samples // args.global_batch_size
-    stretches, consumed = _rampup_stretches(args, min(args.rampup_batch_size[2], args.train_samples))
+    stretches, consumed = _ramp(args, min(args.rampup_batch_size[2], args.train_samples))
     iterations = sum(n for _, n in stretches)
     return iterations + max(args.train_samples - consumed, 0) // args.global_batch_size
 
@@ -260,6 +254,12 @@ def _validate_training(args):
     require(args.min_lr <= args.lr, f"--min-lr {args.min_lr:g} is above --lr {args.lr:g}")
     require(args.lr_warmup_fraction is None or args.lr_warmup_iters == 0,
              "give --lr-warmup-fraction or --lr-warmup-iters, not both")
+    # The scheduler's own rule (warmup steps < decay steps), said here rather than by every rank.
+    decay = args.lr_decay_iters or args.train_iters
+    require(args.lr_warmup_iters < decay, f"--lr-warmup-iters {args.lr_warmup_iters} leaves nothing of the {decay} "
+             "iterations the learning rate decays over (--lr-decay-iters, default --train-iters): warm up for fewer")
+    require(args.lr_warmup_fraction is None or args.lr_warmup_fraction < 1,
+             "--lr-warmup-fraction 1 leaves no step to decay over: give less than 1")
     vp = args.virtual_pipeline_model_parallel_size
     pp = args.pipeline_model_parallel_size
     if vp is not None:

@@ -66,13 +66,23 @@ def validate_context_parallel(args):
              "here is plain causal: drop one of --reset-attention-mask and --context-parallel-size")
 
 
+# Megatron's defaults for the MoE flags, filled in by validate_moe: the parser leaves them None
+# so that a flag given to a dense model is refused rather than ignored.
+MOE_DEFAULTS = {"moe_router_topk": 2, "moe_aux_loss_coeff": 0.0, "moe_layer_freq": 1}
+
+
 def validate_moe(args):
     """Mixture of experts (Megatron's rules; --num-experts 0 was turned into None above)."""
     capacity = args.moe_expert_capacity_factor
     if args.num_experts is None:
-        require(capacity is None and not args.moe_pad_expert_input_to_capacity,
-                 "--moe-expert-capacity-factor and --moe-pad-expert-input-to-capacity are for a mixture of "
-                 "experts: add --num-experts E, or drop them")
+        given = [name for name in (*MOE_DEFAULTS, "moe_ffn_hidden_size", "moe_expert_capacity_factor",
+                                   "moe_pad_expert_input_to_capacity") if getattr(args, name) not in (None, False)]
+        require(not given, f"--{given[0].replace('_', '-') if given else ''} is for a mixture of experts, and this "
+                 "model has none: add --num-experts E, or drop it")
+    for name, value in MOE_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.num_experts is None:
         return
     # Capacity (Megatron's token dropping, moe_utils.py; the parser keeps the factor above 0):
     # padding fills each expert up to it, so it needs one.
@@ -83,8 +93,9 @@ def validate_moe(args):
     require(k <= e, f"--moe-router-topk {k} is more than --num-experts {e}: a token cannot go to more "
              "experts than there are")
     tp = args.tensor_model_parallel_size
-    # Only a run that builds the model needs this (`minitron trace --tp 2 --ep 2` initializes only).
-    require(tp == 1 or args.sequence_parallel or not args.train_iters,
+    # Megatron checks it whether or not the run trains: `estimate` must refuse what `pretrain`
+    # refuses, and `minitron trace --tp 2 --ep 2` adds --sequence-parallel itself.
+    require(tp == 1 or args.sequence_parallel,
              f"MoE with --tensor-model-parallel-size {tp} needs --sequence-parallel (Megatron's rule: the "
              "dispatcher sends each tensor-parallel rank's own part of the sequence)")
     # The experts are plain two-matrix MLPs; a gated (SwiGLU) expert would need fc1's gate and

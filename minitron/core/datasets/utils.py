@@ -13,7 +13,6 @@ import os
 from enum import Enum
 
 import numpy as np
-import torch
 
 
 class Split(Enum):
@@ -47,9 +46,9 @@ def get_blend_from_list(blend: list[str] | None):
     if bad:
         raise ValueError(f"--data-path expects WEIGHT PREFIX pairs; {bad[0]!r} is out of place")
     weights = [float(w) for w in weights]
-    if any(not w > 0 for w in weights):
+    if any(not 0 < w < float("inf") for w in weights):
         # Megatron's BlendedDataset refuses a weight of 0 too (it asserts every weight > 0).
-        raise ValueError(f"--data-path weights {weights} must all be positive; "
+        raise ValueError(f"--data-path weights {weights} must all be positive and finite; "
                          "leave a dataset out rather than give it weight 0")
     return [p.strip() for p in prefixes], weights
 
@@ -63,6 +62,7 @@ def _is_number(text: str) -> bool:
 
 
 def is_rank_0() -> bool:
+    import torch  # lazy: the command line parses --data-path with this module, before (or without) torch
     return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
 
 
@@ -101,6 +101,7 @@ def build_or_load_indices(path_to_cache: str | None, base: str, description: str
         os.replace(tmp, path_to_description)
         return arrays, True
     if not cache_hit:
+        import torch  # lazy, as in is_rank_0
         raise RuntimeError(
             f"rank {torch.distributed.get_rank()} found no cached indices {base}-* in "
             f"{path_to_cache}: rank 0 builds them before the barrier; is --data-cache-path a "

@@ -51,8 +51,7 @@ def _check_split(split: str) -> None:
 
 
 def _check_data_path(data_path: list[str], split: str) -> None:
-    # As in _check_split: numpy and torch only when there are files to look at.
-    from minitron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetError
+    # As in _check_split: numpy only when there is a blend to read (the blend parser is torch-free).
     from minitron.core.datasets.utils import get_blend_from_list
 
     try:
@@ -63,6 +62,14 @@ def _check_data_path(data_path: list[str], split: str) -> None:
     for prefix in prefixes:
         if prefix.endswith((".bin", ".idx")):
             raise ArgumentError(f"--data-path {prefix}: give the prefix, without .bin/.idx")
+        missing = [f"{prefix}{ext}" for ext in (".idx", ".bin") if not os.path.isfile(prefix + ext)]
+        if missing:  # said before torch loads (IndexedDataset's module imports it): seconds saved
+            raise ArgumentError(f"{' and '.join(missing)} not found: --data-path takes the prefix of a .bin/.idx "
+                                "pair written by `minitron preprocess` (e.g. data/corpus_text_document)")
+    # torch, with the module that reads the files: only once they are there to be read
+    from minitron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetError
+
+    for prefix in prefixes:
         try:
             IndexedDataset(prefix)  # opens and checks both files; maps, reads nothing
         except IndexedDatasetError as err:

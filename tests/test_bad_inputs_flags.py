@@ -1,0 +1,282 @@
+"""Every bad flag of trace, pretrain, estimate, groups and the top-level command gets ONE line,
+exit code 2, no traceback, nothing left running, and no torch imported: the battery of issue
+#25, kept as a table.
+
+Each row is a command line and the words its one line must contain (the flag it is about, as
+the user spelled it or as Megatron names it). They run through tests/refusals.py: one
+torch-free interpreter forks a child per row, so "refused before torch" is seen as the user
+sees it, and a row that wrongly starts work is killed, not waited for. The rows are built
+from a few tables (each layout flag x each kind of bad number, each size flag x its bounds,
+each debug option, each divisibility rule), so that a new flag gets every variant at once.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from refusals import Case, run_cases
+
+MODEL = "--num-layers 2 --hidden-size 16 --num-attention-heads 2 --seq-length 16 --micro-batch-size 1"
+TRAIN = f"{MODEL} --train-iters 2 --lr 1e-3 --mock-data"
+NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}   # nccl is then refused on any machine, GPU or not
+DIGITS_5000 = "7" * 5000
+# What an int option must refuse, as typed: (text, words beyond the flag's name). Each command's
+# own bound answers a big one; the parser answers the rest.
+NOT_INTS = [("1e20", "whole number"), ("nan", "whole number"), ("", "whole number"), ("2.5", "whole number"),
+            ("two", "whole number"), (DIGITS_5000, "5,000 digits")]
+
+
+def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
+    """(id, argv, must_contain, env) for every case."""
+    out = []
+
+    def add(cid, argv, *words, env=None):
+        out.append((cid, argv if isinstance(argv, list) else argv.split(), words, env))
+
+    # --- the top level --------------------------------------------------------------------
+    add("top-unknown-option", "--bogus", "--bogus")
+    add("top-unknown-command", "bogus-command", "bogus-command")
+    add("top-unknown-flag-trace", "trace --world 2 --wrld 2", "--wrld")
+    add("top-typo-pretrain", f"pretrain --world 1 {TRAIN} --num-layer 2", "--num-layer")
+    add("top-typo-estimate", f"estimate --world 1 {MODEL} --hiden-size 8", "--hiden-size")
+    add("top-typo-groups", "groups --world 8 --tpp 2", "--tpp")
+
+    # --- --world on every command: the parse, zero, negative, and each command's bound ----
+    for cmd, rest in (("groups", []), ("trace", []), ("estimate", MODEL.split()), ("pretrain", TRAIN.split())):
+        for text, words in (NOT_INTS if cmd == "trace" else NOT_INTS[:2]):
+            add(f"{cmd}-world-{text[:6] or 'empty'}", [cmd, "--world", text, *rest], "--world", words)
+        add(f"{cmd}-world-0", [cmd, "--world", "0", *rest], "--world", "at least 1")
+        add(f"{cmd}-world-negative", [cmd, "--world", "-3", *rest], "--world", "at least 1")
+    add("groups-world-huge", ["groups", "--world", str(10**23)], "--world", "at most 16384")
+    add("groups-world-16385", "groups --world 16385", "--world", "at most 16384")
+    add("trace-world-1e9", "trace --world 1000000000", "--world", "at most", "per core")
+    add("trace-world-fake", "trace --world 5000 --backend fake", "--world", "at most 2048")
+    add("trace-world-gloo", "trace --world 10000 --backend gloo", "--world", "at most", "per core")
+    add("estimate-world-huge", f"estimate --world 1000000000 {MODEL}", "--world", "at most 131072")
+    add("estimate-world-131073", f"estimate --world 131073 {MODEL}", "--world", "at most 131072")
+    add("estimate-world-missing", f"estimate {MODEL}", "--world")
+    add("pretrain-world-huge", f"pretrain --world 1000000000 {TRAIN}", "--world", "at most", "per core")
+
+    # --- the layout flags of groups and trace: each bad number ------------------------------
+    layout = {"--tp": "tensor-model-parallel", "--pp": "pipeline-model-parallel", "--cp": "context-parallel",
+              "--ep": "expert-model-parallel", "--vp": "virtual-pipeline-model-parallel"}
+    for cmd, forms in (("groups", (("nan", "whole number"), ("-2", "at least 1"))), ("trace", (("", "whole number"),))):
+        for flag, name in layout.items():
+            extra = ["--pp", "2"] if flag == "--vp" else []   # a virtual pipeline needs a pipeline
+            for text, words in forms:
+                where = flag if "whole" in words else name
+                add(f"{cmd}{flag}-{text or 'empty'}", [cmd, "--world", "8", *extra, flag, text], where, words)
+            add(f"{cmd}{flag}-0", [cmd, "--world", "8", *extra, flag, "0"], name, "at least 1")
+            if flag != "--vp":
+                add(f"{cmd}{flag}-huge", [cmd, "--world", "8", flag, str(10**12)], "not divisible", "1000000000000")
+    # every divisibility rule of the layout (validate_parallel_sizes), on both commands
+    for cmd in ("groups", "trace"):
+        add(f"{cmd}-tp-divides", f"{cmd} --world 8 --tp 3", "tensor x pipeline x context", "8")
+        add(f"{cmd}-pp-divides", f"{cmd} --world 8 --tp 2 --pp 3", "tensor x pipeline x context", "8")
+        add(f"{cmd}-cp-divides", f"{cmd} --world 8 --cp 3", "tensor x pipeline x context", "8")
+        add(f"{cmd}-ep-divides", f"{cmd} --world 8 --tp 2 --pp 2 --ep 4", "expert tensor x expert model", "8")
+        add(f"{cmd}-vp-needs-pp", f"{cmd} --world 8 --vp 2", "virtual pipeline", "pipeline-model-parallel")
+        add(f"{cmd}-order", f"{cmd} --world 8 --order tp-pp", "--order", "tp-cp-ep-dp-pp")
+    add("groups-svg-too-many", "groups --world 4096 --svg", "--svg", "--json")
+
+    # --- trace's own options ---------------------------------------------------------------
+    add("trace-rank-outside", "trace --world 4 --rank 4", "--rank", "0..3")
+    add("trace-rank-negative", "trace --world 4 --rank -1", "--rank")
+    add("trace-steps-negative", "trace --world 2 --steps -1", "--steps", "0..100")
+    add("trace-steps-huge", "trace --world 2 --steps 1000000", "--steps", "0..100")
+    add("trace-steps-nan", "trace --world 2 --steps nan", "--steps", "whole number")
+    add("trace-depth-0", "trace --world 2 --depth 0", "--depth")
+    add("trace-backend-foo", "trace --world 2 --backend foo", "--backend", "gloo")
+    add("trace-backend-nccl", "trace --world 2 --backend nccl", "--backend nccl", "GPU", env=NO_GPU)
+    add("trace-show-bogus", "trace --world 2 --show bogus", "bogus")
+    add("trace-show-schedule", "trace --world 2 --show schedule", "--show schedule", "--steps")
+    add("trace-steps-fake", "trace --world 2 --steps 1 --backend fake", "--steps", "fake")
+    add("trace-debug-fake", "trace --world 2 --debug 0 --backend fake", "--debug", "gloo")
+    add("trace-master-port", "trace --world 2 --backend gloo --master-port 70000", "--master-port", "65535")
+    add("trace-moe-topk-dense", "trace --world 1 -- --moe-router-topk 2", "--moe-router-topk", "--num-experts")
+    add("trace-moe-tp-no-sp", "trace --world 2 --tp 2 -- --num-experts 4", "--sequence-parallel")
+    add("trace-megatron-layers", "trace --world 1 -- --num-layers 5000", "--num-layers", "at most 1,024")
+    add("trace-megatron-typo", "trace --world 1 -- --num-layrs 2", "--num-layrs")
+
+    # --- the debug options, on trace and pretrain --------------------------------------------
+    for cmd, rest in (("trace", ["--world", "4"]), ("pretrain", ["--world", "4", *TRAIN.split()])):
+        debug = [("rank-outside", ["--debug", "9"], ("--debug", "0..3")),
+                 ("ranks-garbage", ["--debug", "x"], ("--debug",)),
+                 ("port-70000", ["--debug-port-base", "70000"], ("--debug-port-base 70000", "65535")),
+                 ("port-0", ["--debug-port-base", "0"], ("--debug-port-base 0",)),
+                 ("port-negative", ["--debug-port-base", "-1"], ("--debug-port-base",)),
+                 ("port-past-end", ["--debug", "all", "--debug-port-base", "65534"], ("--debug-port-base", "65535")),
+                 ("port-nan", ["--debug-port-base", "nan"], ("--debug-port-base", "whole number")),
+                 ("port-1e20", ["--debug-port-base", "1e20"], ("--debug-port-base", "whole number")),
+                 ("port-empty", ["--debug-port-base", ""], ("--debug-port-base", "whole number")),
+                 ("host-empty", ["--debug-host", ""], ("--debug-host",)),
+                 ("host-blank", ["--debug-host", "   "], ("--debug-host",)),
+                 ("wait-nan", ["--debug-wait-timeout", "nan"], ("--debug-wait-timeout", "finite")),
+                 ("wait-inf", ["--debug-wait-timeout", "inf"], ("--debug-wait-timeout", "finite")),
+                 ("wait-1e400", ["--debug-wait-timeout", "1e400"], ("--debug-wait-timeout", "finite")),
+                 ("wait-0", ["--debug-wait-timeout", "0"], ("--debug-wait-timeout",)),
+                 ("wait-negative", ["--debug-wait-timeout", "-5"], ("--debug-wait-timeout",)),
+                 ("wait-text", ["--debug-wait-timeout", "soon"], ("--debug-wait-timeout", "number")),
+                 ("wait-empty", ["--debug-wait-timeout", ""], ("--debug-wait-timeout", "number"))]
+        for cid, flags, words in (debug if cmd == "trace" else debug[::3]):
+            add(f"{cmd}-debug-{cid}", [cmd, *flags, *rest], *words)
+
+    # --- pretrain: the backend, the sizes, the machine -----------------------------------------
+    add("pretrain-backend-fake", f"pretrain --world 1 --backend fake {TRAIN}", "--backend fake", "gloo")
+    add("pretrain-backend-foo", f"pretrain --world 1 --backend foo {TRAIN}", "--backend", "gloo")
+    add("pretrain-backend-nccl", f"pretrain --world 1 --backend nccl {TRAIN}", "--backend nccl", "GPU", env=NO_GPU)
+    add("pretrain-distributed-nccl", f"pretrain --world 1 {TRAIN} --distributed-backend nccl",
+        "--distributed-backend nccl", env=NO_GPU)
+    add("pretrain-no-iters", f"pretrain --world 1 {MODEL} --lr 1e-3 --mock-data", "--train-iters")
+    # each size flag: zero, negative, not a number, past its ceiling
+    sizes = ["--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size",
+             "--global-batch-size", "--vocab-size", "--ffn-hidden-size", "--kv-channels",
+             "--max-position-embeddings", "--train-iters", "--num-workers", "--log-interval",
+             "--tensor-model-parallel-size", "--pipeline-model-parallel-size"]
+    for flag in sizes:
+        low = "at least 0" if flag in ("--train-iters", "--num-workers") else "at least 1"
+        add(f"pretrain{flag}-negative", f"pretrain --world 1 {TRAIN} {flag} -4", flag, low)
+        add(f"pretrain{flag}-huge", f"pretrain --world 1 {TRAIN} {flag} {10**20}", flag, "at most")
+    for flag in sizes[:6:2]:   # the parser's one type reads them all: a sample of the other forms
+        add(f"pretrain{flag}-0", f"pretrain --world 1 {TRAIN} {flag} 0", flag, "at least 1")
+        add(f"pretrain{flag}-1e20", f"pretrain --world 1 {TRAIN} {flag} 1e20", flag, "whole number")
+        add(f"pretrain{flag}-nan", f"pretrain --world 1 {TRAIN} {flag} nan", flag, "whole number")
+    add("pretrain-layers-1025", f"pretrain --world 1 {TRAIN} --num-layers 1025", "--num-layers", "at most 1,024")
+    add("pretrain-digits", f"pretrain --world 1 {TRAIN} --seq-length {DIGITS_5000}", "--seq-length", "5,000 digits")
+    # too big for this machine: the accountant's bytes, the dataset index, the workers
+    add("pretrain-model-too-big", f"pretrain --world 1 {TRAIN} --hidden-size 1000000", "the model needs",
+        "--hidden-size")
+    add("pretrain-vocab-too-big", f"pretrain --world 1 {TRAIN} --vocab-size 2000000000", "the model needs",
+        "--vocab-size")
+    add("pretrain-seq-too-big", f"pretrain --world 1 {TRAIN} --seq-length 1000000000 --max-position-embeddings "
+        "1000000000", "the model needs", "--seq-length")
+    add("pretrain-micro-too-big", f"pretrain --world 1 {TRAIN} --micro-batch-size 1000000000", "the model needs",
+        "--micro-batch-size")
+    add("pretrain-iters-too-many", f"pretrain --world 1 {TRAIN} --train-iters 2000000000 --global-batch-size 1024",
+        "--train-iters", "at most")
+    add("pretrain-eval-too-many", f"pretrain --world 1 {TRAIN} --eval-interval 1 --eval-iters 2147483647",
+        "--eval-iters", "samples to index")
+    add("pretrain-workers-too-many", f"pretrain --world 1 {TRAIN} --num-workers 100000", "--num-workers", "per core")
+    # numbers and their ranges
+    for flag, text, words in [("--initial-loss-scale", "1e400", "finite"), ("--initial-loss-scale", "1e30", "2**64"),
+                              ("--initial-loss-scale", "0", "> 0"), ("--loss-scale", "1e30", "2**64"),
+                              ("--min-loss-scale", "-1", "> 0"), ("--lr", "nan", "finite"), ("--lr", "inf", "finite"),
+                              ("--lr", "-1", ">= 0"), ("--hidden-dropout", "1", "< 1"), ("--seed", "-1", "at least 0"),
+                              ("--seed", str(2**31), "at most"), ("--timing-log-level", "5", "choice"),
+                              ("--optimizer", "foo", "choice"), ("--adam-eps", "0", "> 0"),
+                              ("--exit-interval", "0", "at least 1"), ("--rotary-percent", "0", "> 0")]:
+        add(f"pretrain{flag}-{text}", f"pretrain --world 1 {TRAIN} {flag} {text}", flag, words)
+    # --data-path: missing files and weights that are not positive finite numbers
+    data = f"pretrain --world 1 {MODEL} --train-iters 2 --lr 1e-3 --data-path"
+    for cid, rest, words in [("missing", "missing_prefix", ("missing_prefix.idx",)),
+                             ("inf", "inf pfx", ("--data-path", "finite")),
+                             ("nan", "nan pfx 1 pfx2", ("--data-path", "finite")),
+                             ("zero", "0 pfx 1 pfx2", ("--data-path", "positive")),
+                             ("suffix", "corpus.bin", ("--data-path", ".bin")),
+                             ("mixed", "0.5 a b", ("--data-path",)),
+                             ("split", "pfx --split 1,x", ("--split",))]:
+        add(f"pretrain-data-{cid}", f"{data} {rest}", *words)
+    add("pretrain-data-and-mock", f"pretrain --world 1 {TRAIN} --data-path pfx", "--data-path", "--mock-data")
+    add("pretrain-no-data", f"pretrain --world 1 {MODEL} --train-iters 2 --lr 1e-3", "--data-path")
+
+    # --- rules between flags, on pretrain and estimate alike (one validation) ------------------
+    between = [("tp-divides", "--world 8 --tensor-model-parallel-size 3", ("tensor x pipeline",)),
+               ("layers-pp", "--world 2 --pipeline-model-parallel-size 2 --num-layers 3", ("--num-layers 3",)),
+               ("heads-tp", "--world 2 --tensor-model-parallel-size 2 --num-attention-heads 3 --hidden-size 18",
+                ("--num-attention-heads 3",)),
+               ("hidden-heads", "--world 1 --hidden-size 15", ("--hidden-size 15",)),
+               ("ffn-tp", "--world 2 --tensor-model-parallel-size 2 --ffn-hidden-size 7", ("--ffn-hidden-size 7",)),
+               ("positions", "--world 1 --max-position-embeddings 8", ("--max-position-embeddings 8",)),
+               ("sp-seq", "--world 2 --tensor-model-parallel-size 2 --sequence-parallel --seq-length 15",
+                ("--seq-length 15",)),
+               ("cp-seq", "--world 2 --context-parallel-size 2 --seq-length 6", ("--seq-length 6",)),
+               ("vp-layers", "--world 2 --pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2",
+                ("--num-layers 2",)),
+               ("vp-0", "--world 2 --pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 0",
+                ("--virtual-pipeline-model-parallel-size",)),
+               ("batch", "--world 2 --global-batch-size 3", ("--global-batch-size 3",)),
+               ("fp16-bf16", "--world 1 --fp16 --bf16", ("--fp16", "--bf16")),
+               ("ep-no-experts", "--world 2 --expert-model-parallel-size 2", ("--num-experts",)),
+               ("experts-ep", "--world 2 --expert-model-parallel-size 2 --num-experts 3", ("--num-experts 3",)),
+               ("moe-tp-no-sp", "--world 4 --tp 2 --num-experts 4 --ep 2", ("--sequence-parallel",)),
+               ("topk-experts", "--world 1 --num-experts 2 --moe-router-topk 4", ("--moe-router-topk 4",)),
+               ("swiglu-moe", "--world 1 --num-experts 2 --swiglu", ("--swiglu",)),
+               ("gqa-none", "--world 1 --group-query-attention", ("--num-query-groups",)),
+               ("groups-no-gqa", "--world 1 --num-query-groups 2", ("--group-query-attention",)),
+               ("recompute-full", "--world 1 --recompute-granularity full", ("--recompute-method",)),
+               ("rampup-zero", "--world 1 --rampup-batch-size 0 1 1", ("--rampup-batch-size",))]
+    for flag in ("--moe-router-topk 2", "--moe-aux-loss-coeff 0.1", "--moe-layer-freq 2", "--moe-ffn-hidden-size 8",
+                 "--moe-expert-capacity-factor 1", "--moe-pad-expert-input-to-capacity"):
+        between.append((f"dense{flag.split()[0]}", f"--world 1 {flag}", (flag.split()[0], "--num-experts")))
+    for number, (cid, flags, words) in enumerate(between):
+        add(f"estimate-{cid}", f"estimate {MODEL} {flags}", *words)
+        if number % 3 == 0 or cid.startswith("moe"):   # the same validate_pretrain: a sample, MoE's rule among it
+            add(f"pretrain-{cid}", f"pretrain {TRAIN} {flags}", *words)
+    for cid, flags, words in [("warmup-iters", "--lr-warmup-iters 2", ("--lr-warmup-iters",)),
+                              ("warmup-fraction", "--lr-warmup-fraction 1", ("--lr-warmup-fraction",)),
+                              ("timeout-huge", "--distributed-timeout-minutes 2147483647",
+                               ("--distributed-timeout-minutes", "at most 1,000,000")),
+                              ("both-lengths", "--train-samples 4", ("--train-iters", "--train-samples")),
+                              ("min-lr", "--min-lr 0.1", ("--min-lr",)),
+                              ("eval-iters", "--eval-interval 2 --eval-iters 0", ("--eval-iters",)),
+                              ("save-interval", "--save-interval 2", ("--save",))]:
+        add(f"pretrain-{cid}", f"pretrain --world 1 {TRAIN} {flags}", *words)
+
+    # --- estimate's own ---------------------------------------------------------------------
+    add("estimate-layers-1e9", f"estimate --world 1 {MODEL} --num-layers 1000000000", "--num-layers", "at most 1,024")
+    add("estimate-experts-2000", f"estimate --world 1 {MODEL} --num-experts 2000", "--num-experts", "at most 1,024")
+    add("estimate-capacity-1e300", f"estimate --world 1 {MODEL} --num-experts 4 --moe-expert-capacity-factor 1e300",
+        "--moe-expert-capacity-factor", "1024")
+    add("estimate-check-and-flags", f"estimate --check somewhere --world 2 {MODEL}", "--check")
+    add("estimate-check-empty", "estimate --check .", "rank*.jsonl")
+    add("estimate-seq-0", f"estimate --world 1 {MODEL} --seq-length 0", "--seq-length", "at least 1")
+    add("estimate-seq-nan", f"estimate --world 1 {MODEL} --seq-length nan", "--seq-length", "whole number")
+    return out
+
+
+ROWS = rows()
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    """All rows, in two forked-per-case harnesses side by side (the machine has 2 cores)."""
+    cases = [Case(argv, env=env, timeout=20, id=cid) for cid, argv, _, env in ROWS]
+    halves = [cases[0::2], cases[1::2]]
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(run_cases, halves))
+    by_id = {o.case.id: o for half in done for o in half}
+    return by_id
+
+
+def test_the_table_is_large_and_unique():
+    assert len(ROWS) >= 170, len(ROWS)
+    assert len({cid for cid, *_ in ROWS}) == len(ROWS), "two rows share an id"
+
+
+@pytest.mark.parametrize("cid, argv, words, env", ROWS, ids=[row[0] for row in ROWS])
+def test_refused_in_one_line_before_torch(outcomes, cid, argv, words, env):
+    outcome = outcomes[cid]
+    problems = outcome.refusal_problems(must_contain=words)
+    assert not problems, f"{problems}\n{outcome.describe()}"
+
+
+def test_nccl_ranks_are_checked_against_their_gpus(tmp_path, monkeypatch):
+    """nccl ranks hold the model on their GPUs: each rank's bytes against its GPU's free memory,
+    as nvidia-smi reports it (a stand-in here, so any machine runs the test)."""
+    from minitron.cli.common import UserError, validate_pretrain
+    from minitron.cli.preflight_memory import check_fits
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "0, 1000"\necho "1, 81000"\n')   # MiB free on GPU 0 and GPU 1
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    args = validate_pretrain(("--num-layers 2 --hidden-size 4096 --num-attention-heads 32 --seq-length 2048 "
+                              "--micro-batch-size 1 --train-iters 2 --lr 1e-3 --mock-data").split(), 2)
+    with pytest.raises(UserError, match=r"rank 0 needs [0-9.]+ GiB on its GPU .* the GPU has 1000 MiB free"):
+        check_fits(args, "nccl")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")   # both ranks see only the 81,000 MiB GPU: it fits
+    check_fits(args, "nccl")
