@@ -48,7 +48,7 @@ def check_fits(args, backend: str) -> None:
     # lazy: the accountant and the tokenizer (pure arithmetic, no torch) load only for a run
     # that builds a model, once its flags are valid
     from minitron.cli.views.words import human
-    from minitron.training.theoretical_memory_usage import estimate
+    from minitron.training.theoretical_memory_usage import report_theoretical_memory
     from minitron.training.tokenizer import build_tokenizer
 
     if getattr(args, "padded_vocab_size", None) is None:
@@ -56,7 +56,7 @@ def check_fits(args, backend: str) -> None:
             build_tokenizer(args)  # sets padded_vocab_size, as the ranks will
         except (ValueError, OSError) as exc:
             raise UserError(str(exc)) from None
-    costs, world = estimate(args), args.world_size
+    costs, world = report_theoretical_memory(args), args.world_size
     needs = [sum(c.memory.values()) for c in costs]
 
     def held(rank: int) -> str:
