@@ -31,6 +31,7 @@ BASE_OPTIMIZER_STATE = "base_optimizer_state"
 SINGLE_PARTITION_OF_FP32_GROUPS = "single_partition_of_fp32_groups"   # stages 1-2, padding cut off
 FP32_FLAT_GROUPS = "fp32_flat_groups"                                 # stage 3, padding kept
 FP32_GROUPS_FLAT = "fp32_groups_flat"                                 # stage 0 at 16 bits, unpadded
+FP32_GROUPS = "fp32_groups"                      # the same from FP16_UnfusedOptimizer, per parameter
 ZERO_STAGE = "zero_stage"
 PARTITION_COUNT = "partition_count"
 GROUP_PADDINGS = "group_paddings"

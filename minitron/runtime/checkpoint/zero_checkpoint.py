@@ -180,16 +180,23 @@ def stage0_state_dict(opt, dtype: torch.dtype, steps: int) -> dict:
 @torch.no_grad()
 def load_stage0_state_dict(opt, state: dict, dtype: torch.dtype) -> None:
     """The inverse of stage0_state_dict. In fp32 the masters are the module's weights, which the
-    caller has loaded already; at 16 bits they are ``fp32_groups_flat``."""
+    caller has loaded already; at 16 bits they are ``fp32_groups_flat``, or, from DeepSpeed
+    given a torch optimizer (FP16_UnfusedOptimizer), ``fp32_groups``: a master per parameter."""
     masters = opt.single_partition_of_fp32_groups
     if dtype == torch.float32:
         _load_per_parameter(opt, state)
+        saved = opt.bit16_groups
+    elif C.FP32_GROUPS in state:
+        _load_per_parameter(opt, state[C.OPTIMIZER_STATE_DICT])
+        saved = state[C.FP32_GROUPS]
     else:
         opt.optimizer.load_state_dict(_resized(state[C.OPTIMIZER_STATE_DICT], [m.numel() for m in masters]))
+        saved = [[flat] for flat in state[C.FP32_GROUPS_FLAT]]
+    if dtype != torch.float32:
         scaler = opt.loss_scaler
         for key in ("cur_scale", "cur_iter", *_DYNAMIC_STAGE0_KEYS) if scaler.dynamic else ("cur_scale",):
             if key in state:
                 setattr(scaler, key, state[key])
-    for i, (master, params) in enumerate(zip(masters, opt.bit16_groups)):
-        master.copy_(_glue(params if dtype == torch.float32 else [state[C.FP32_GROUPS_FLAT][i]], master))
+    for i, master in enumerate(masters):
+        master.copy_(_glue(saved[i], master))
         opt._publish(i)

@@ -1,0 +1,139 @@
+"""minitron's checkpoints held against the real DeepSpeed 0.19.8 (the ``peer`` extra), both ways:
+
+* the same run saved by both has the same file list and the same keys, ZeRO 0-3, fp32 and bf16
+  (DeepSpeed's CPU accelerator refuses fp16 on a CPU without fp16 support, so fp16 is checked
+  against the literal lists in test_ds_checkpoint.py only);
+* DeepSpeed's own ``zero_to_fp32`` rebuilds from minitron's checkpoints the weights minitron's
+  engine holds, at stages 1-3 (it reads no stage-0 checkpoint, DeepSpeed's own included);
+* a checkpoint DeepSpeed wrote loads into minitron's engine, whose next step then gives the loss
+  DeepSpeed's next step gives.
+
+DeepSpeed runs in the same forked gloo ranks as minitron (its CPU accelerator: the first run
+JIT-builds a small shared-memory op, about a minute, cached after). DeepSpeed gets
+``torch_adam: true``: its default FusedAdam would be another JIT build, and torch's AdamW is
+the optimizer minitron runs. The parent process never imports DeepSpeed.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from distributed import run_ranks
+from minitron.runtime.checkpoint.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint as rebuild
+from test_ds_checkpoint import WORLD, TiedNet, ds_config, files_under, train
+
+pytestmark = [pytest.mark.deepspeed,
+              pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                                 reason="needs the real DeepSpeed: pip install -e .[peer] (see pyproject.toml)")]
+os.environ.setdefault("DS_ACCELERATOR", "cpu")   # the forked ranks inherit it
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def _deepspeed_engine(stage: int, precision: str, seed: int = 0):
+    import deepspeed   # only in the ranks: the tests' parent process stays free of it
+    config = ds_config(stage, precision)
+    config["optimizer"]["params"]["torch_adam"] = True
+    engine, *_ = deepspeed.initialize(model=TiedNet(seed), config=config)
+    return engine
+
+
+def _both_save(root: str):
+    """Each stage and precision: DeepSpeed and minitron train the same two steps and save; then
+    DeepSpeed runs a third step, and a fresh minitron engine loads DeepSpeed's checkpoint and
+    runs it too."""
+    def body(rank):
+        from minitron.runtime import initialize
+        out = {}
+        for stage in (0, 1, 2, 3):
+            for precision in PRECISIONS:
+                ds = _deepspeed_engine(stage, precision)
+                train(ds, rank, precision, range(2))
+                ds.save_checkpoint(f"{root}/ds/{stage}_{precision}")
+                ds_third = train(ds, rank, precision, [2])
+                mine, *_ = initialize(model=TiedNet(), config=ds_config(stage, precision))
+                train(mine, rank, precision, range(2))
+                mine.save_checkpoint(f"{root}/minitron/{stage}_{precision}")
+                loaded, *_ = initialize(model=TiedNet(seed=9), config=ds_config(stage, precision))
+                path, _ = loaded.load_checkpoint(f"{root}/ds/{stage}_{precision}")
+                out[stage, precision] = {"ds_third": ds_third, "loaded_third": train(loaded, rank, precision, [2]),
+                                         "path": path, "steps": loaded.global_steps}
+        return out
+    return body
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    root = tmp_path_factory.mktemp("peer")
+    return root, run_ranks(_both_save(str(root)), world_size=WORLD, tp=None)
+
+
+def _keys(value) -> object:
+    """The key structure of a checkpoint file, two levels down (values left out)."""
+    if isinstance(value, dict):
+        return {k: sorted(map(str, v)) if isinstance(v, dict) else None for k, v in value.items()}
+    return None
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+def test_file_list_and_keys_equal_deepspeeds(both, stage, precision):
+    root, _ = both
+    ds, mine = root / "ds" / f"{stage}_{precision}", root / "minitron" / f"{stage}_{precision}"
+    assert files_under(mine) == files_under(ds)
+    for name in files_under(ds):
+        if not name.endswith(".pt"):
+            continue
+        theirs, ours = (torch.load(d / name, weights_only=False) for d in (ds, mine))
+        assert list(ours) == list(theirs), name
+        if stage == 0 and precision == "bf16":
+            # DeepSpeed with a torch optimizer wraps it in FP16_UnfusedOptimizer; minitron's
+            # config is DeepSpeed's default FusedAdam, wrapped in FP16_Optimizer. Only the
+            # top-level keys are the same run's.
+            continue
+        if "optimizer_state_dict" in ours:
+            assert list(ours["optimizer_state_dict"]) == list(theirs["optimizer_state_dict"]), name
+        for key in ("module", "param_shapes", "shared_params", "buffer_names", "frozen_param_shapes"):
+            if key in ours:
+                assert _keys({key: ours[key]}) == _keys({key: theirs[key]}), (name, key)
+
+
+_ZERO_TO_FP32 = """
+import sys, torch
+from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+torch.save(get_fp32_state_dict_from_zero_checkpoint(sys.argv[1]), sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("stage", (1, 2, 3))
+def test_deepspeeds_zero_to_fp32_reads_minitrons_checkpoint(both, stage, precision, tmp_path):
+    root, _ = both
+    where = root / "minitron" / f"{stage}_{precision}"
+    done = subprocess.run([sys.executable, "-c", _ZERO_TO_FP32, str(where), str(tmp_path / "ds.pt")],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = torch.load(tmp_path / "ds.pt")
+    ours = rebuild(str(where))   # minitron's own script, the one copied beside the checkpoint
+    assert sorted(theirs) == sorted(ours)
+    for name, tensor in ours.items():
+        assert torch.equal(theirs[name], tensor), name
+    if precision == "fp32" and stage < 3:   # the masters are the module's weights, exactly
+        module = torch.load(where / "global_step2" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+        for name, tensor in module.items():
+            assert torch.equal(theirs[name], tensor), name
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+def test_deepspeed_checkpoint_resumes_in_minitron(both, stage, precision):
+    root, results = both
+    for out in results:
+        got = out[stage, precision]
+        assert got["path"] == str(root / "ds" / f"{stage}_{precision}" / "global_step2") and got["steps"] == 3
+        # Two engines, one step apart from the same state: the same loss up to summation order.
+        assert got["loaded_third"] == pytest.approx(got["ds_third"], rel=1e-5 if precision == "fp32" else 1e-2)
