@@ -71,7 +71,7 @@ def batch(step: int, rank: int, precision: str):
 
 def train(engine, rank: int, precision: str, steps, out=None) -> list:
     """One micro-batch a step; the step's loss averaged over the ranks."""
-    import torch.distributed as dist
+    import torch.distributed as dist   # as the engine tests do: the rank's own process group
     losses = []
     for step in steps:
         x, y = batch(step, rank, precision)
@@ -101,7 +101,7 @@ def files_under(root) -> list:
 
 def _save_and_resume(root: str):
     def body(rank):
-        from minitron.runtime import initialize
+        from minitron.runtime import initialize   # in the rank: the engine needs its process group
         out = {}
         for stage in STAGES:
             for precision in PRECISIONS:
@@ -110,14 +110,19 @@ def _save_and_resume(root: str):
                 engine, *_ = initialize(model=model, config=ds_config(stage, precision))
                 train(engine, rank, precision, range(2))
                 engine.save_checkpoint(where, client_state={"epoch": 7})
-                third = train(engine, rank, precision, [2])
-                fresh, *_ = initialize(model=TiedNet(seed=9), config=ds_config(stage, precision))
-                path, client = fresh.load_checkpoint(where)
-                again = train(fresh, rank, precision, [2])
-                out[stage, precision] = {"third": third, "again": again, "client": client, "path": path,
-                                         "steps": fresh.global_steps, "lr": fresh.get_lr()}
+                out[stage, precision] = {"third": train(engine, rank, precision, [2]),
+                                         **resume(where, stage, precision, rank)}
         return out
     return body
+
+
+def resume(where: str, stage: int, precision: str, rank: int) -> dict:
+    """A fresh engine (other initial weights) loads ``where`` and runs the third step."""
+    from minitron.runtime import initialize   # in the rank: the engine needs its process group
+    fresh, *_ = initialize(model=TiedNet(seed=9), config=ds_config(stage, precision))
+    path, client = fresh.load_checkpoint(where)
+    return {"again": train(fresh, rank, precision, [2]), "client": client, "path": path,
+            "steps": fresh.global_steps}
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +215,7 @@ def test_recovery_script_rebuilds_the_weights(saved, tmp_path):
 
 def _old_layout(root: str):
     def body(rank):
-        from minitron.runtime import initialize
+        from minitron.runtime import initialize   # in the rank: the engine needs its process group
         engine, *_ = initialize(model=TiedNet(), config=ds_config(1, "fp32"))
         if rank == 0:   # what minitron wrote before: DeepSpeed's file names, not its keys
             (Path(root) / "old").mkdir(parents=True)
