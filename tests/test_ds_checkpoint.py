@@ -236,3 +236,33 @@ def _old_layout(root: str):
 def test_old_minitron_layout_is_refused_in_one_line(tmp_path):
     for said in run_ranks(_old_layout(str(tmp_path)), world_size=WORLD, tp=None):
         assert "minitron's layout from before it wrote DeepSpeed's" in said and "\n" not in said
+
+
+def _tensor_parallel(root: str):
+    """Tensor parallel 2 x data parallel 2, Megatron's parallel_state as the mpu."""
+    def body(rank):
+        from minitron.core import parallel_state as ps   # in the rank: its groups are built there
+        from minitron.runtime import initialize          # in the rank: the engine needs its process group
+        dp_rank = ps.get_data_parallel_rank()
+        engine, *_ = initialize(model=TiedNet(), mpu=ps, config=ds_config(1, "fp32"))
+        train(engine, dp_rank, "fp32", range(2))
+        engine.save_checkpoint(root)
+        next_losses = train(engine, dp_rank, "fp32", NEXT)
+        fresh, *_ = initialize(model=TiedNet(seed=9), mpu=ps, config=ds_config(1, "fp32"))
+        fresh.load_checkpoint(root)
+        return next_losses, train(fresh, dp_rank, "fp32", NEXT)
+    return body
+
+
+def test_tensor_parallel_ranks_write_their_own_files(tmp_path):
+    """Each tensor rank writes its model file (mp_rank_01 beside mp_rank_00) and its data-parallel
+    ranks their partitions, named by data-parallel rank; each reads its own back."""
+    for before, after in run_ranks(_tensor_parallel(str(tmp_path)), world_size=4, tp=2):
+        assert after == before
+    assert files_under(tmp_path) == sorted(
+        ["latest", "zero_to_fp32.py", "zero_to_torch.py"]
+        + [f"global_step2/mp_rank_0{mp}_model_states.pt" for mp in (0, 1)]
+        + [f"global_step2/zero_pp_rank_{dp}_mp_rank_0{mp}_optim_states.pt" for dp in (0, 1) for mp in (0, 1)])
+    state = torch.load(tmp_path / "global_step2" / "mp_rank_01_model_states.pt", weights_only=False)
+    assert state["mp_world_size"] == 2 and state["checkpoint_parallel_dimensions"] == {"pp_degree": 1,
+                                                                                        "tp_degree": 2}
