@@ -215,27 +215,40 @@ def test_recovery_script_rebuilds_the_weights(saved, tmp_path):
     assert "no *mp_rank_00_model_states.pt" in done.stderr
 
 
-def _old_layout(root: str):
+def _refusals(root: str):
     def body(rank):
         from minitron.runtime import initialize   # in the rank: the engine needs its process group
         engine, *_ = initialize(model=TiedNet(), config=ds_config(1, "fp32"))
+        engine.save_checkpoint(f"{root}/stage1")
         if rank == 0:   # what minitron wrote before: DeepSpeed's file names, not its keys
-            (Path(root) / "old").mkdir(parents=True)
+            (Path(root) / "old" / "old").mkdir(parents=True)
             torch.save({"module": engine.module.state_dict(), "dp_world_size": WORLD, "zero_stage": 1},
-                       Path(root) / "old" / "mp_rank_00_model_states.pt")
-            (Path(root) / "latest").write_text("old")
+                       Path(root) / "old" / "old" / "mp_rank_00_model_states.pt")
+            (Path(root) / "old" / "latest").write_text("old")
         torch.distributed.barrier()
-        try:
-            engine.load_checkpoint(root)
-        except ValueError as refusal:
-            return str(refusal)
-        return "loaded"
+        said = []
+        for where, stage, precision in (("old", 1, "fp32"), ("stage1", 0, "fp32"), ("stage1", 3, "fp32"),
+                                        ("stage1", 1, "bf16"), ("stage1", 2, "fp32")):
+            other, *_ = initialize(model=TiedNet(), config=ds_config(stage, precision))
+            try:
+                other.load_checkpoint(f"{root}/{where}")
+                said.append("loaded")
+            except ValueError as refusal:
+                said.append(str(refusal))
+        return said
     return body
 
 
-def test_old_minitron_layout_is_refused_in_one_line(tmp_path):
-    for said in run_ranks(_old_layout(str(tmp_path)), world_size=WORLD, tp=None):
-        assert "minitron's layout from before it wrote DeepSpeed's" in said and "\n" not in said
+def test_what_cannot_load_is_refused_in_one_line(tmp_path):
+    """minitron's old layout, and a checkpoint loaded at another stage or precision."""
+    for said in run_ranks(_refusals(str(tmp_path)), world_size=WORLD, tp=None):
+        assert all("\n" not in line for line in said), said
+        old, to_stage0, to_stage3, to_bf16, to_stage2 = said
+        assert "minitron's layout from before it wrote DeepSpeed's" in old
+        assert "saved at a ZeRO stage above 0 and this run has stage 0" in to_stage0
+        assert "no zero_pp_rank_" in to_stage3 and "load with the ZeRO stage, precision" in to_stage3
+        assert "no bf16_zero_pp_rank_" in to_bf16
+        assert "saved at ZeRO stage 1 with 2 partitions; this run has stage 2" in to_stage2
 
 
 def _tensor_parallel(root: str):

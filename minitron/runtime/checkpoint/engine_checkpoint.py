@@ -139,7 +139,7 @@ def save_checkpoint(engine, save_dir, tag=None, client_state: dict | None = None
         if engine.global_rank == 0:   # DeepSpeed copies its scripts beside the tags, not into one
             for script in C.RECOVERY_SCRIPTS:
                 shutil.copyfile(Path(__file__).with_name(script), Path(save_dir) / script)
-    dist.barrier()
+    dist.barrier()   # every rank's files are on disk before 'latest' names them
     if save_latest and engine.global_rank == 0:
         (Path(save_dir) / C.LATEST).write_text(tag)
     dist.barrier()
@@ -175,6 +175,9 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict: bool = True)
     else:
         engine.module.load_state_dict(state["module"], strict=load_module_strict)
     if stage == 0:
+        if state["optimizer"] is None:   # saved at 1-3: the optimizer is in partitions, not here
+            raise ValueError(f"{path} was saved at a ZeRO stage above 0 and this run has stage 0: "
+                             "resume with the stage it was saved at")
         load_stage0_state_dict(opt, state["optimizer"], _dtype(engine))
     else:
         load_zero_state_dict(opt, _read(zero_ckpt_name(engine, path), "this rank's optimizer partition")

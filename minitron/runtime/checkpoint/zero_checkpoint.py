@@ -46,6 +46,18 @@ def _scaler_state(scaler, saved) -> dict:
     return {k: saved[k] for k in scaler.state_dict() if k in saved}
 
 
+def _torch_form(optimizer_state: dict) -> dict:
+    """An optimizer state dict as torch's AdamW loads it. DeepSpeed's FusedAdam (its default
+    Adam) counts steps once per param group, ``group["step"]``; torch counts them beside each
+    parameter's moments, and without that count its bias correction would start over."""
+    state = {k: dict(v) for k, v in optimizer_state["state"].items()}
+    for group in optimizer_state["param_groups"]:
+        for k in group["params"]:
+            if "step" in group and k in state and "step" not in state[k]:
+                state[k]["step"] = torch.tensor(float(group["step"]))
+    return {**optimizer_state, "state": state}
+
+
 def _partition_bounds(opt, i: int) -> tuple[int, int, int]:
     """(start, size, padding) of my partition of group i's flat buffer (stages 1-2)."""
     size = opt.bit16_groups_flat[i].numel() // opt.partition_count
@@ -99,7 +111,7 @@ def load_zero_state_dict(opt, state: dict) -> None:
                          f"partitions; this run has stage {opt.stage} with {opt.partition_count}: resume with "
                          "the same stage and data-parallel size")
     three = opt.stage == 3
-    opt.optimizer.load_state_dict(state[C.OPTIMIZER_STATE_DICT if three else C.BASE_OPTIMIZER_STATE])
+    opt.optimizer.load_state_dict(_torch_form(state[C.OPTIMIZER_STATE_DICT if three else C.BASE_OPTIMIZER_STATE]))
     opt.loss_scaler.load_state_dict(_scaler_state(opt.loss_scaler, state[C.LOSS_SCALER]))
     saved = state[C.FP32_FLAT_GROUPS if three else C.SINGLE_PARTITION_OF_FP32_GROUPS]
     for i, (master, part) in enumerate(zip(opt.single_partition_of_fp32_groups, saved)):
@@ -138,7 +150,7 @@ def _glue(tensors: list, like: torch.Tensor) -> torch.Tensor:
 
 def _load_per_parameter(opt, saved: dict) -> None:
     """Glue per-parameter moments back into each group's flat one."""
-    state, groups = {}, []
+    saved, state, groups = _torch_form(saved), {}, []
     for i, (master, group) in enumerate(zip(opt.single_partition_of_fp32_groups, saved["param_groups"])):
         ids = group["params"]
         if ids and ids[0] in saved["state"]:
@@ -149,8 +161,9 @@ def _load_per_parameter(opt, saved: dict) -> None:
 
 
 def _resized(flat_state: dict, numels: list) -> dict:
-    """A torch state dict over one flat tensor per group, each moment cut (or zero-padded) to
-    ``numels[i]`` elements: DeepSpeed's FP16_Optimizer flattens without padding."""
+    """A torch state dict over one flat tensor per group (so state k is group k's), each moment
+    cut or zero-padded to ``numels[k]`` elements: DeepSpeed's FP16_Optimizer flattens without
+    padding, minitron pads to 2 x dp."""
     def fit(v, n):
         return _glue([v[:n]], torch.zeros(n, dtype=v.dtype)) if torch.is_tensor(v) and v.dim() > 0 else v
     return {"state": {k: {name: fit(v, numels[k]) for name, v in moments.items()}
@@ -190,7 +203,8 @@ def load_stage0_state_dict(opt, state: dict, dtype: torch.dtype) -> None:
         _load_per_parameter(opt, state[C.OPTIMIZER_STATE_DICT])
         saved = state[C.FP32_GROUPS]
     else:
-        opt.optimizer.load_state_dict(_resized(state[C.OPTIMIZER_STATE_DICT], [m.numel() for m in masters]))
+        opt.optimizer.load_state_dict(_resized(_torch_form(state[C.OPTIMIZER_STATE_DICT]),
+                                               [m.numel() for m in masters]))
         saved = [[flat] for flat in state[C.FP32_GROUPS_FLAT]]
     if dtype != torch.float32:
         scaler = opt.loss_scaler
