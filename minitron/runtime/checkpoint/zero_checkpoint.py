@@ -47,14 +47,17 @@ def _scaler_state(scaler, saved) -> dict:
 
 
 def _torch_form(optimizer_state: dict) -> dict:
-    """An optimizer state dict as torch's AdamW loads it. DeepSpeed's FusedAdam (its default
-    Adam) counts steps once per param group, ``group["step"]``; torch counts them beside each
-    parameter's moments, and without that count its bias correction would start over."""
+    """An optimizer state dict as torch's AdamW loads it: every parameter's state carries the
+    step count, a tensor, which Adam's bias correction divides by. DeepSpeed's FusedAdam (its
+    default Adam) increments only the *last* parameter's count in each group and uses it for
+    the whole group (older files kept it in the group), so its other parameters say 0; torch
+    would restart their bias correction. Each group's largest count is the group's."""
     state = {k: dict(v) for k, v in optimizer_state["state"].items()}
     for group in optimizer_state["param_groups"]:
-        for k in group["params"]:
-            if "step" in group and k in state and "step" not in state[k]:
-                state[k]["step"] = torch.tensor(float(group["step"]))
+        held = [k for k in group["params"] if k in state]
+        count = max([float(group.get("step", 0))] + [float(state[k].get("step", 0)) for k in held])
+        for k in held:
+            state[k]["step"] = torch.tensor(count)
     return {**optimizer_state, "state": state}
 
 
