@@ -29,9 +29,9 @@ from distributed import run_ranks
 from minitron.runtime.checkpoint.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint as rebuild
 from test_ds_checkpoint import NEXT, WORLD, TiedNet, ds_config, files_under, resume, train
 
+NO_DEEPSPEED = "needs the real DeepSpeed 0.19.8: the peer extra (pyproject.toml says how to install it)"
 pytestmark = [pytest.mark.deepspeed,
-              pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
-                                 reason="needs the real DeepSpeed: pip install -e .[peer] (see pyproject.toml)")]
+              pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason=NO_DEEPSPEED)]
 os.environ.setdefault("DS_ACCELERATOR", "cpu")   # the forked ranks inherit it
 
 PRECISIONS, ADAMS = ("fp32", "bf16"), ("fused", "torch")
