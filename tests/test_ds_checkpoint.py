@@ -190,8 +190,9 @@ def test_round_trip_repeats_the_next_two_steps_exactly(saved, stage, precision):
 
 
 def test_recovery_script_rebuilds_the_weights(saved, tmp_path):
-    """The copied zero_to_fp32.py, run as a script, gives back the weights the engine saved; a
-    folder that is not a checkpoint gets one line and exit code 2."""
+    """The copied zero_to_fp32.py, run as a script, gives back the weights the engine saved, and
+    zero_to_torch.py the same in bf16; a folder that is not a checkpoint gets one line and exit
+    code 2."""
     root, _ = saved
     rebuilt = {}
     for stage in (1, 2, 3):
@@ -209,6 +210,12 @@ def test_recovery_script_rebuilds_the_weights(saved, tmp_path):
     for name, tensor in rebuilt[1].items():   # the same two steps, partitioned three ways
         assert torch.allclose(rebuilt[2][name], tensor, atol=1e-6) and torch.allclose(
             rebuilt[3][name], tensor, atol=1e-6), name
+    # zero_to_torch.py: the same weights in the dtype asked for.
+    done = subprocess.run([sys.executable, str(root / "3_fp32" / "zero_to_torch.py"), str(root / "3_fp32"),
+                           str(tmp_path / "bf16.pt"), "--dtype", "bf16"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for name, tensor in torch.load(tmp_path / "bf16.pt").items():
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, rebuilt[3][name].bfloat16()), name
     done = subprocess.run([sys.executable, str(root / "1_fp32" / "zero_to_fp32.py"), str(tmp_path), "x.pt",
                            "--tag", "."], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
