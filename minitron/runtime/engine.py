@@ -16,11 +16,10 @@ its step. The ZeRO optimizer (``zero/``) does the partitioning; the engine only 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from minitron import comm as dist   # deepspeed/runtime/engine.py: from deepspeed import comm as dist
+from minitron.runtime.checkpoint import engine_checkpoint as checkpoint
 from minitron.runtime.config import DeepSpeedConfig
 from minitron.runtime.loss_scaler import CreateLossScaler
 from minitron.runtime.lr_schedules import SCHEDULERS
@@ -211,68 +210,14 @@ class DeepSpeedEngine(torch.nn.Module):
         """Parameter, gradient and optimizer-state bytes held by this rank (see zero/)."""
         return self.optimizer.bytes_held()
 
-    # --- checkpoints ----------------------------------------------------------------------------
-
-    def _mp_rank(self) -> int:
-        group = self.optimizer.model_parallel_group
-        return dist.get_rank(group=group) if group is not None else 0
-
-    def _module_state(self) -> dict:
-        if self.zero_optimization_stage() == 3:
-            return self.optimizer.full_state_dict(self.module)   # a collective: every rank gathers
-        return self.module.state_dict()
+    # --- checkpoints: DeepSpeed 0.19.8's layout (runtime/checkpoint/) ---------------------------
 
     def save_checkpoint(self, save_dir, tag=None, client_state: dict | None = None, save_latest: bool = True):
-        """DeepSpeed's layout: ``save_dir/tag/mp_rank_{mp:02d}_model_states.pt`` (the module, the
-        schedule, the counters; written by data-parallel rank 0 of each tensor-parallel rank mp)
-        and one ``zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt`` per rank (its partition
-        of the optimizer), then ``save_dir/latest`` naming the tag."""
-        tag = tag if tag is not None else f"global_step{self.global_steps}"
-        path = Path(save_dir) / str(tag)
-        dp_rank, mp = dist.get_rank(group=self.data_parallel_group), self._mp_rank()
-        module_state = self._module_state()
-        if self.global_rank == 0:
-            path.mkdir(parents=True, exist_ok=True)
-        dist.barrier()
-        if dp_rank == 0:
-            torch.save({"module": module_state, "lr_scheduler": self.lr_scheduler.state_dict()
-                        if self.lr_scheduler is not None else None,
-                        "global_steps": self.global_steps, "global_samples": self.global_samples,
-                        "skipped_steps": self.skipped_steps, "micro_steps": self.micro_steps,
-                        "dp_world_size": self.dp_world_size, "zero_stage": self.zero_optimization_stage(),
-                        **(client_state or {})}, path / f"mp_rank_{mp:02d}_model_states.pt")
-        torch.save({"optimizer_state_dict": self.optimizer.state_dict()},
-                   path / f"zero_pp_rank_{dp_rank}_mp_rank_{mp:02d}_optim_states.pt")
-        dist.barrier()
-        if save_latest and self.global_rank == 0:
-            (Path(save_dir) / "latest").write_text(str(tag))
-        return True
+        """``save_dir/tag/`` in DeepSpeed's layout, then ``save_dir/latest`` naming the tag. Every
+        rank must call it: each writes its own partition."""
+        return checkpoint.save_checkpoint(self, save_dir, tag, client_state, save_latest)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True):
-        """Returns ``(load_path, client_state)``; ``(None, None)`` when there is nothing to load."""
-        if tag is None:
-            latest = Path(load_dir) / "latest"
-            if not latest.is_file():
-                return None, None
-            tag = latest.read_text().strip()
-        path, mp = Path(load_dir) / str(tag), self._mp_rank()
-        state = torch.load(path / f"mp_rank_{mp:02d}_model_states.pt", map_location="cpu", weights_only=False)
-        if state["dp_world_size"] != self.dp_world_size:
-            raise ValueError(f"{path} was saved by {state['dp_world_size']} data-parallel ranks, this run has "
-                             f"{self.dp_world_size}: ZeRO partitions do not carry over; resume with the same size")
-        with torch.no_grad():
-            if self.zero_optimization_stage() == 3:
-                self.optimizer.load_full_state_dict(self.module, state["module"])
-            else:
-                self.module.load_state_dict(state["module"], strict=load_module_strict)
-        dp_rank = dist.get_rank(group=self.data_parallel_group)
-        optim = torch.load(path / f"zero_pp_rank_{dp_rank}_mp_rank_{mp:02d}_optim_states.pt",
-                           map_location="cpu", weights_only=False)
-        self.optimizer.load_state_dict(optim["optimizer_state_dict"])
-        if self.lr_scheduler is not None and state["lr_scheduler"] is not None:
-            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
-        for key in ("global_steps", "global_samples", "skipped_steps", "micro_steps"):
-            setattr(self, key, state[key])
-        known = {"module", "lr_scheduler", "global_steps", "global_samples", "skipped_steps", "micro_steps",
-                 "dp_world_size", "zero_stage"}
-        return str(path), {k: v for k, v in state.items() if k not in known}
+        """Returns ``(load_path, client_state)``; ``(None, None)`` when there is nothing to load.
+        Reads minitron's checkpoints and DeepSpeed's alike (without importing DeepSpeed)."""
+        return checkpoint.load_checkpoint(self, load_dir, tag, load_module_strict)

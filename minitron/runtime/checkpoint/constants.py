@@ -1,0 +1,41 @@
+"""File names and keys of DeepSpeed 0.19.8's checkpoints (``deepspeed/checkpoint/constants.py``),
+the ones this layout uses. A reader such as DeepSpeed's ``zero_to_fp32`` finds its way by these
+strings alone, so they are spelled exactly as DeepSpeed spells them."""
+
+# The DeepSpeed release whose layout minitron writes; stored as ``ds_version``, which DeepSpeed's
+# readers print and may branch on.
+DS_VERSION_WRITTEN = "0.19.8"
+
+# --- file names ----------------------------------------------------------------------------------
+MODEL_FILE_PREFIX = "mp_rank_"
+ZERO_FILE_PREFIX = "zero_pp_rank_"
+BF16_ZERO_FILE_PREFIX = "bf16_" + ZERO_FILE_PREFIX    # bf16 runs' optimizer files (fp16 has none)
+OPTIM_FILE_SUFFIX = "_optim_states.pt"
+MODEL_FILE_SUFFIX = "_model_states.pt"
+LATEST = "latest"
+RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")   # copied beside the tags
+
+# --- keys of the model-states file ---------------------------------------------------------------
+PARAM_SHAPES = "param_shapes"
+BUFFER_NAMES = "buffer_names"
+FROZEN_PARAM_SHAPES = "frozen_param_shapes"
+FROZEN_PARAM_FRAGMENTS = "frozen_param_fragments"
+SHARED_PARAMS = "shared_params"
+DS_CONFIG = "ds_config"
+DS_VERSION = "ds_version"
+CHECKPOINT_PARALLEL_DIMS = "checkpoint_parallel_dimensions"
+
+# --- keys of the optimizer state ------------------------------------------------------------------
+OPTIMIZER_STATE_DICT = "optimizer_state_dict"
+BASE_OPTIMIZER_STATE = "base_optimizer_state"
+SINGLE_PARTITION_OF_FP32_GROUPS = "single_partition_of_fp32_groups"   # stages 1-2, padding cut off
+FP32_FLAT_GROUPS = "fp32_flat_groups"                                 # stage 3, padding kept
+FP32_GROUPS_FLAT = "fp32_groups_flat"                                 # stage 0 at 16 bits, unpadded
+FP32_GROUPS = "fp32_groups"                      # the same from FP16_UnfusedOptimizer, per parameter
+ZERO_STAGE = "zero_stage"
+PARTITION_COUNT = "partition_count"
+GROUP_PADDINGS = "group_paddings"
+PARAM_ALIGNMENT_PADDINGS = "param_alignment_paddings"
+PARAM_SLICE_MAPPINGS = "param_slice_mappings"
+LOSS_SCALER = "loss_scaler"
+CLIP_GRAD = "clip_grad"

@@ -1,0 +1,219 @@
+"""The optimizer's share of a checkpoint, in the form DeepSpeed 0.19.8 gives it at each stage.
+
+Stages 1-2 (``DeepSpeedZeroOptimizer.state_dict``): my partition of each group's fp32 master,
+*without* the padding that made the partitions equal (``group_paddings`` says how much was cut),
+and the torch optimizer's own state dict, whose moments are my partition's, padding included.
+A reader glues the ranks' lean partitions end to end and walks ``param_shapes`` through them.
+
+Stage 3 (``DeepSpeedZeroOptimizer_Stage3._rigid_state_dict``): my pieces of every parameter,
+end to end, padding kept (``fp32_flat_groups``); a reader takes piece r of each parameter from
+rank r, ceil(numel / dp) elements at a time.
+
+Stage 0: DeepSpeed has no ZeRO optimizer and no optimizer files; the state goes into the
+model-states file under ``optimizer``. In fp32 the optimizer owns the module's tensors, so it is
+the optimizer's own state dict, one entry per parameter: minitron keeps one flat master per
+group at every stage, so it is cut into parameters on the way out and glued back on the way in.
+At 16 bits it is FP16_Optimizer's (below).
+
+The moments are torch AdamW's, in torch's state-dict form ('step' beside each parameter's
+moments), at every stage: that is the optimizer minitron runs. DeepSpeed's FusedAdam keeps the
+same moments with 'step' in the param group instead.
+
+Loss scalers are stored as minitron's ``state_dict()`` (a dict); DeepSpeed pickles its own
+object, whose attributes have the same names, so either loads.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minitron.runtime.checkpoint import constants as C
+from minitron.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+# The keys a dynamic scaler adds at stage 0 (FP16_Optimizer.state_dict), beside cur_scale.
+_DYNAMIC_STAGE0_KEYS = ("last_overflow_iter", "scale_factor", "scale_window")
+
+
+def optimizer_groups(opt) -> list:
+    """Each param group's parameters, in flat-buffer order (stage 3 calls them fp16_groups)."""
+    return opt.fp16_groups if isinstance(opt, DeepSpeedZeroOptimizer_Stage3) else opt.bit16_groups
+
+
+def _scaler_state(scaler, saved) -> dict:
+    """A saved scaler as a dict of the attributes ``scaler`` keeps, whether it was saved as
+    minitron's dict or pickled as DeepSpeed's object (read back by pickles.py)."""
+    saved = saved if isinstance(saved, dict) else vars(saved)
+    return {k: saved[k] for k in scaler.state_dict() if k in saved}
+
+
+def _torch_form(optimizer_state: dict) -> dict:
+    """An optimizer state dict as torch's AdamW loads it: every parameter's state carries the
+    step count, a tensor, which Adam's bias correction divides by. DeepSpeed's FusedAdam (its
+    default Adam) increments only the *last* parameter's count in each group and uses it for
+    the whole group (older files kept it in the group), so its other parameters say 0; torch
+    would restart their bias correction. Each group's largest count is the group's."""
+    state = {k: dict(v) for k, v in optimizer_state["state"].items()}
+    for group in optimizer_state["param_groups"]:
+        held = [k for k in group["params"] if k in state]
+        count = max([float(group.get("step", 0))] + [float(state[k].get("step", 0)) for k in held])
+        for k in held:
+            state[k]["step"] = torch.tensor(count)
+    return {**optimizer_state, "state": state}
+
+
+def _partition_bounds(opt, i: int) -> tuple[int, int, int]:
+    """(start, size, padding) of my partition of group i's flat buffer (stages 1-2)."""
+    size = opt.bit16_groups_flat[i].numel() // opt.partition_count
+    start = opt.partition_id * size
+    real = sum(p.numel() for p in opt.bit16_groups[i])
+    return start, size, min(max(start + size - real, 0), size)
+
+
+def _slice_mappings(opt, i: int, names: dict) -> dict:
+    """Which elements of which parameter my partition holds: name -> {start, numel}, start
+    counted from the partition's first element (DeepSpeed's fragment_address, as a plain dict
+    so that no reader needs a class of ours to unpickle it)."""
+    start, size, _ = _partition_bounds(opt, i)
+    found, offset = {}, 0
+    for p in opt.bit16_groups[i]:
+        lo, hi = max(offset, start), min(offset + p.numel(), start + size)
+        if lo < hi:
+            found[names[p]] = {"numel": hi - lo, "start": lo - start}
+        offset += p.numel()
+    return found
+
+
+def zero_state_dict(opt, names: dict) -> dict:
+    """What goes under ``optimizer_state_dict`` in my ``*_optim_states.pt`` at stages 1-3."""
+    common = {C.LOSS_SCALER: opt.loss_scaler.state_dict(), "dynamic_loss_scale": opt.loss_scaler.dynamic,
+              "overflow": opt.overflow}
+    masters = opt.single_partition_of_fp32_groups
+    if opt.stage == 3:
+        return {C.ZERO_STAGE: 3, **common, C.PARTITION_COUNT: opt.partition_count,
+                C.OPTIMIZER_STATE_DICT: opt.optimizer.state_dict(),
+                C.FP32_FLAT_GROUPS: [m.detach().clone() for m in masters]}
+    bounds = [_partition_bounds(opt, i) for i in range(len(masters))]
+    return {**common, C.CLIP_GRAD: opt.clip_grad, C.BASE_OPTIMIZER_STATE: opt.optimizer.state_dict(),
+            C.SINGLE_PARTITION_OF_FP32_GROUPS: [m.detach()[:size - pad].clone()
+                                                for m, (_, size, pad) in zip(masters, bounds)],
+            C.ZERO_STAGE: opt.stage, C.GROUP_PADDINGS: [pad for _, _, pad in bounds],
+            # Padding between parameters: none here, every parameter follows the last directly.
+            C.PARAM_ALIGNMENT_PADDINGS: [[0] * len(ps) for ps in opt.bit16_groups],
+            C.PARTITION_COUNT: [opt.partition_count] * len(masters), C.DS_VERSION: C.DS_VERSION_WRITTEN,
+            C.PARAM_SLICE_MAPPINGS: [_slice_mappings(opt, i, names) for i in range(len(masters))]}
+
+
+@torch.no_grad()
+def load_zero_state_dict(opt, state: dict) -> None:
+    """The inverse of zero_state_dict, for a file minitron or DeepSpeed wrote. The fp32 masters
+    are the truth: the 16-bit (or fp32) model weights are copied from them."""
+    saved_count = state[C.PARTITION_COUNT]
+    saved_count = max(saved_count) if isinstance(saved_count, list) else saved_count
+    if int(state[C.ZERO_STAGE]) != opt.stage or saved_count != opt.partition_count:
+        raise ValueError(f"this checkpoint was saved at ZeRO stage {int(state[C.ZERO_STAGE])} with {saved_count} "
+                         f"partitions; this run has stage {opt.stage} with {opt.partition_count}: resume with "
+                         "the same stage and data-parallel size")
+    three = opt.stage == 3
+    opt.optimizer.load_state_dict(_torch_form(state[C.OPTIMIZER_STATE_DICT if three else C.BASE_OPTIMIZER_STATE]))
+    opt.loss_scaler.load_state_dict(_scaler_state(opt.loss_scaler, state[C.LOSS_SCALER]))
+    saved = state[C.FP32_FLAT_GROUPS if three else C.SINGLE_PARTITION_OF_FP32_GROUPS]
+    for i, (master, part) in enumerate(zip(opt.single_partition_of_fp32_groups, saved)):
+        master.zero_()                      # the padding a lean partition left out
+        master[:part.numel()].copy_(part)
+        opt._publish(i)
+
+
+# --- stage 0: one state per parameter ----------------------------------------------------------
+
+def _per_parameter(opt) -> dict:
+    """The torch optimizer's state dict as if torch had been given the parameters themselves."""
+    flat = opt.optimizer.state_dict()
+    state, groups, index = {}, [], 0
+    for params, group in zip(opt.bit16_groups, flat["param_groups"]):
+        moments, ids, offset = flat["state"].get(group["params"][0], {}), [], 0
+        for p in params:
+            if moments:
+                state[index] = {k: v[offset:offset + p.numel()].view(p.shape).clone()
+                                if torch.is_tensor(v) and v.dim() > 0 else v for k, v in moments.items()}
+            ids.append(index)
+            index, offset = index + 1, offset + p.numel()
+        groups.append({**group, "params": ids})
+    return {"state": state, "param_groups": groups}
+
+
+def _glue(tensors: list, like: torch.Tensor) -> torch.Tensor:
+    """Tensors flattened end to end into a zero tensor shaped like one flat group (its tail
+    is the padding)."""
+    flat = torch.zeros_like(like)
+    if tensors:
+        joined = torch.cat([t.detach().reshape(-1) for t in tensors])
+        flat[:joined.numel()].copy_(joined)
+    return flat
+
+
+def _load_per_parameter(opt, saved: dict) -> None:
+    """Glue per-parameter moments back into each group's flat one."""
+    saved, state, groups = _torch_form(saved), {}, []
+    for i, (master, group) in enumerate(zip(opt.single_partition_of_fp32_groups, saved["param_groups"])):
+        ids = group["params"]
+        if ids and ids[0] in saved["state"]:
+            state[i] = {k: _glue([saved["state"][j][k] for j in ids], master)
+                        if torch.is_tensor(v) and v.dim() > 0 else v for k, v in saved["state"][ids[0]].items()}
+        groups.append({**group, "params": [i]})
+    opt.optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _resized(flat_state: dict, numels: list) -> dict:
+    """A torch state dict over one flat tensor per group (so state k is group k's), each moment
+    cut or zero-padded to ``numels[k]`` elements: DeepSpeed's FP16_Optimizer flattens without
+    padding, minitron pads to 2 x dp."""
+    def fit(v, n):
+        return _glue([v[:n]], torch.zeros(n, dtype=v.dtype)) if torch.is_tensor(v) and v.dim() > 0 else v
+    return {"state": {k: {name: fit(v, numels[k]) for name, v in moments.items()}
+                      for k, moments in flat_state["state"].items()},
+            "param_groups": flat_state["param_groups"]}
+
+
+def stage0_state_dict(opt, dtype: torch.dtype, steps: int) -> dict:
+    """What goes under ``optimizer`` in the model-states file at stage 0. At 16 bits, minitron's
+    Adam being DeepSpeed's default (FusedAdam), DeepSpeed wraps it in FP16_Optimizer: one flat
+    fp32 master per group, unpadded, and the loss scale only where there is one (fp16)."""
+    if dtype == torch.float32:
+        return _per_parameter(opt)
+    out, scaler = {}, opt.loss_scaler
+    if dtype == torch.float16:
+        # A fixed scaler counts no iterations of its own; DeepSpeed's counts every step.
+        out = {"dynamic_loss_scale": scaler.dynamic, "cur_scale": scaler.cur_scale,
+               "cur_iter": getattr(scaler, "cur_iter", steps)}
+        if scaler.dynamic:
+            out.update({k: getattr(scaler, k) for k in _DYNAMIC_STAGE0_KEYS})
+    lean = [sum(p.numel() for p in params) for params in opt.bit16_groups]
+    return {**out, C.OPTIMIZER_STATE_DICT: _resized(opt.optimizer.state_dict(), lean),
+            C.FP32_GROUPS_FLAT: [m.detach()[:n].clone() for m, n in zip(opt.single_partition_of_fp32_groups, lean)],
+            C.CLIP_GRAD: opt.clip_grad}
+
+
+@torch.no_grad()
+def load_stage0_state_dict(opt, state: dict, dtype: torch.dtype) -> None:
+    """The inverse of stage0_state_dict. In fp32 the masters are the module's weights, which the
+    caller has loaded already; at 16 bits they are ``fp32_groups_flat``, or, from DeepSpeed
+    given a torch optimizer (FP16_UnfusedOptimizer), ``fp32_groups``: a master per parameter."""
+    masters = opt.single_partition_of_fp32_groups
+    if dtype == torch.float32:
+        _load_per_parameter(opt, state)
+        saved = opt.bit16_groups
+    elif C.FP32_GROUPS in state:
+        _load_per_parameter(opt, state[C.OPTIMIZER_STATE_DICT])
+        saved = state[C.FP32_GROUPS]
+    else:
+        opt.optimizer.load_state_dict(_resized(_torch_form(state[C.OPTIMIZER_STATE_DICT]),
+                                               [m.numel() for m in masters]))
+        saved = [[flat] for flat in state[C.FP32_GROUPS_FLAT]]
+    if dtype != torch.float32:
+        scaler = opt.loss_scaler
+        for key in ("cur_scale", "cur_iter", *_DYNAMIC_STAGE0_KEYS) if scaler.dynamic else ("cur_scale",):
+            if key in state:
+                setattr(scaler, key, state[key])
+    for i, master in enumerate(masters):
+        master.copy_(_glue(saved[i], master))
+        opt._publish(i)

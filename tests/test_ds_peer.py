@@ -1,0 +1,139 @@
+"""minitron's checkpoints held against the real DeepSpeed 0.19.8 (the ``peer`` extra), both ways:
+
+* the same run saved by both has the same file list and the same keys, ZeRO 0-3, fp32 and bf16
+  (DeepSpeed's CPU accelerator refuses fp16 on a CPU without fp16 support, so fp16 is checked
+  against the literal lists in test_ds_checkpoint.py only);
+* DeepSpeed's own ``zero_to_fp32`` rebuilds from minitron's checkpoints the weights minitron's
+  engine holds, at stages 1-3 (it reads no stage-0 checkpoint, DeepSpeed's own included);
+* a checkpoint DeepSpeed wrote loads into minitron's engine, whose next two steps then give the
+  losses DeepSpeed's next two steps give.
+
+DeepSpeed runs in the same forked gloo ranks as minitron, on its CPU accelerator. Its first run
+JIT-builds two small ops, a shared-memory collective and the CPU FusedAdam (about two minutes
+each on two cores, cached after). Each DeepSpeed run is made twice: with its default Adam,
+FusedAdam, which minitron's config stands for, and with ``torch_adam: true``, torch's AdamW,
+whose state is kept in another form (the step count per parameter, and at stage 0 in 16 bits
+another wrapper, FP16_UnfusedOptimizer): minitron loads both. The parent process never imports
+DeepSpeed.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from distributed import run_ranks
+from minitron.runtime.checkpoint.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint as rebuild
+from test_ds_checkpoint import NEXT, WORLD, TiedNet, ds_config, files_under, resume, train
+
+NO_DEEPSPEED = "needs the real DeepSpeed 0.19.8: the peer extra (pyproject.toml says how to install it)"
+pytestmark = [pytest.mark.deepspeed,
+              pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason=NO_DEEPSPEED)]
+os.environ.setdefault("DS_ACCELERATOR", "cpu")   # the forked ranks inherit it
+
+PRECISIONS, ADAMS = ("fp32", "bf16"), ("fused", "torch")
+
+
+def _deepspeed_engine(stage: int, precision: str, adam: str):
+    import deepspeed   # only in the ranks: the tests' parent process stays free of it
+    config = ds_config(stage, precision)
+    config["optimizer"]["params"]["torch_adam"] = adam == "torch"
+    engine, *_ = deepspeed.initialize(model=TiedNet(), config=config)
+    return engine
+
+
+def _both_save(root: str):
+    """Each stage and precision: minitron trains two steps and saves; DeepSpeed (with each Adam)
+    trains the same two, saves and runs two more, and a fresh minitron engine loads DeepSpeed's
+    checkpoint and runs them too."""
+    def body(rank):
+        from minitron.runtime import initialize   # in the rank: the engine needs its process group
+        out = {}
+        for stage in (0, 1, 2, 3):
+            for precision in PRECISIONS:
+                mine, *_ = initialize(model=TiedNet(), config=ds_config(stage, precision))
+                train(mine, rank, precision, range(2))
+                mine.save_checkpoint(f"{root}/minitron/{stage}_{precision}")
+                for adam in ADAMS:
+                    where = f"{root}/ds_{adam}/{stage}_{precision}"
+                    ds = _deepspeed_engine(stage, precision, adam)
+                    train(ds, rank, precision, range(2))
+                    ds.save_checkpoint(where)
+                    out[stage, precision, adam] = {"ds_next": train(ds, rank, precision, NEXT),
+                                                   **resume(where, stage, precision, rank)}
+        return out
+    return body
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    root = tmp_path_factory.mktemp("peer")
+    return root, run_ranks(_both_save(str(root)), world_size=WORLD, tp=None)
+
+
+def _keys(value) -> object:
+    """The key structure of a checkpoint file, two levels down (values left out)."""
+    if isinstance(value, dict):
+        return {k: sorted(map(str, v)) if isinstance(v, dict) else None for k, v in value.items()}
+    return None
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+def test_file_list_and_keys_equal_deepspeeds(both, stage, precision):
+    root, _ = both
+    ds, mine = root / "ds_fused" / f"{stage}_{precision}", root / "minitron" / f"{stage}_{precision}"
+    assert files_under(mine) == files_under(ds)
+    for name in files_under(ds):
+        if not name.endswith(".pt"):
+            continue
+        theirs, ours = (torch.load(d / name, weights_only=False) for d in (ds, mine))
+        assert list(ours) == list(theirs), name
+        for key in ("optimizer_state_dict", "optimizer"):   # the optimizer's own keys, at every stage
+            if isinstance(ours.get(key), dict):
+                assert list(ours[key]) == list(theirs[key]), (name, key)
+        for key in ("module", "param_shapes", "shared_params", "buffer_names", "frozen_param_shapes"):
+            if key in ours:
+                assert _keys({key: ours[key]}) == _keys({key: theirs[key]}), (name, key)
+
+
+_ZERO_TO_FP32 = """
+import sys, torch
+from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+torch.save(get_fp32_state_dict_from_zero_checkpoint(sys.argv[1]), sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("stage", (1, 2, 3))
+def test_deepspeeds_zero_to_fp32_reads_minitrons_checkpoint(both, stage, precision, tmp_path):
+    root, _ = both
+    where = root / "minitron" / f"{stage}_{precision}"
+    done = subprocess.run([sys.executable, "-c", _ZERO_TO_FP32, str(where), str(tmp_path / "ds.pt")],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = torch.load(tmp_path / "ds.pt")
+    ours = rebuild(str(where))   # minitron's own script, the one copied beside the checkpoint
+    assert sorted(theirs) == sorted(ours)
+    for name, tensor in ours.items():
+        assert torch.equal(theirs[name], tensor), name
+    if precision == "fp32" and stage < 3:   # the masters are the module's weights, exactly
+        module = torch.load(where / "global_step2" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+        for name, tensor in module.items():
+            assert torch.equal(theirs[name], tensor), name
+
+
+@pytest.mark.parametrize("adam", ADAMS)
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("stage", (0, 1, 2, 3))
+def test_deepspeed_checkpoint_resumes_in_minitron(both, stage, precision, adam):
+    root, results = both
+    for out in results:
+        got = out[stage, precision, adam]
+        assert got["path"] == str(root / f"ds_{adam}" / f"{stage}_{precision}" / "global_step2") and got["steps"] == 4
+        # Two engines from the same state: the same losses up to rounding (the first loss shows
+        # the weights came over, the second Adam's moments and the schedule too).
+        assert got["again"] == pytest.approx(got["ds_next"], rel=1e-6)
