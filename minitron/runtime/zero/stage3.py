@@ -209,23 +209,3 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         params = gathered + sum(f.numel() * f.element_size() for f in self.fp16_partitioned_groups_flat)
         grads = sum(g.numel() * g.element_size() for g in self.averaged_gradients.values())
         return {"params": params, "grads": grads, "optimizer_states": self._optimizer_state_bytes()}
-
-    def full_state_dict(self, module: torch.nn.Module) -> dict:
-        """The whole model's state dict, gathered (a collective: every rank must call it)."""
-        params = list(self._group_of)
-        self.gather(params)
-        state = {k: v.detach().clone() for k, v in module.state_dict().items()}
-        self.release(params)
-        return state
-
-    def load_full_state_dict(self, module: torch.nn.Module, state: dict) -> None:
-        """Take my pieces of a full state dict (parameters) and the buffers as they are."""
-        names = {p: n for n, p in module.named_parameters()}
-        buffers = {n for n, _ in module.named_buffers()}
-        module.load_state_dict({n: v for n, v in state.items() if n in buffers}, strict=False)
-        with torch.no_grad():
-            for p in self._group_of:
-                piece = p.ds_tensor.numel()
-                padded = torch.zeros(piece * self.dp_world_size, dtype=p.ds_tensor.dtype)
-                padded[:p.ds_numel].copy_(state[names[p]].reshape(-1))
-                p.ds_tensor.copy_(padded[self.partition_id * piece:(self.partition_id + 1) * piece])

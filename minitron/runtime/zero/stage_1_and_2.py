@@ -234,22 +234,3 @@ class DeepSpeedZeroOptimizer:
                 if torch.is_tensor(value) and value.numel() == master.numel():   # moments, not 'step'
                     total += value.numel() * value.element_size()
         return total
-
-    def state_dict(self) -> dict:
-        return {"zero_stage": self.stage, "partition_count": self.partition_count,
-                "loss_scaler": self.loss_scaler.state_dict(),
-                "base_optimizer_state": self.optimizer.state_dict(),
-                "single_partition_of_fp32_groups": [m.detach().clone() for m in self.single_partition_of_fp32_groups]}
-
-    @torch.no_grad()
-    def load_state_dict(self, state: dict) -> None:
-        if state["partition_count"] != self.partition_count or state["zero_stage"] != self.stage:
-            raise ValueError(f"this checkpoint was saved at ZeRO stage {state['zero_stage']} with "
-                             f"{state['partition_count']} partitions; this run has stage {self.stage} with "
-                             f"{self.partition_count}: resume with the same stage and data-parallel size")
-        self.optimizer.load_state_dict(state["base_optimizer_state"])
-        self.loss_scaler.load_state_dict(state["loss_scaler"])
-        for i, (master, saved) in enumerate(zip(self.single_partition_of_fp32_groups,
-                                                state["single_partition_of_fp32_groups"])):
-            master.copy_(saved)
-            self._publish(i)   # the fp32 masters are the truth; bit16 follows from them
