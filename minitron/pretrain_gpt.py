@@ -26,7 +26,7 @@ from minitron.launcher.worker import rank_session
 from minitron.trace import traced
 from minitron.training.arguments import GPT_ARGS_DEFAULTS, core_transformer_config_from_args
 from minitron.training.global_vars import get_args, get_tokenizer
-from minitron.training.training import pretrain
+from minitron.training.training import destroy_global_state, pretrain
 from minitron.training.utils import get_batch, print_rank_0
 
 # Defaults for flags a user did not give: token-id data over a small vocabulary, so a command
@@ -124,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     # before the traced entry, since it is what starts the recorder.
     with rank_session():
         run_main(argv)
+    # Leave the world before the interpreter exits, as torch asks of every program: a gloo
+    # group's threads alive at exit can abort the process (see destroy_global_state). Only
+    # on success: a group whose peer is gone may never drain, and the failure is told anyway.
+    destroy_global_state()
     return 0
 
 

@@ -67,20 +67,47 @@ def leftovers(out: Path, world: int) -> list[str]:
     return left
 
 
+def start_children(out: Path, rank: int) -> None:
+    """Start what a rank may leave behind: a `sleep` subprocess and a daemon multiprocessing
+    child; record both in OUT/children{R} as [[pid, start time], ...]."""
+    import multiprocessing  # here: only the modes that start children need it
+    import subprocess  # likewise
+
+    sleeper = subprocess.Popen(["sleep", "120"])
+    daemon = multiprocessing.get_context("fork").Process(target=time.sleep, args=(120,), daemon=True)
+    daemon.start()
+    (out / f"children{rank}").write_text(json.dumps([[p.pid, start_time(p.pid)] for p in (sleeper, daemon)]))
+
+
+def surviving_children(out: Path, world: int, wait: float = 5.0) -> list[tuple[int, int]]:
+    """(rank, pid) of the children ``start_children`` recorded that still run (a zombie that
+    its new parent has not reaped yet counts as gone). Kills them, so none outlives the test."""
+    survivors = []
+    for r in range(world):
+        for pid, started in json.loads((out / f"children{r}").read_text()):
+            deadline = time.monotonic() + wait   # orphans are reaped by init, which may lag
+            while start_time(pid) == started and state(pid) != "Z" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if start_time(pid) == started and state(pid) != "Z":
+                survivors.append((r, pid))
+                os.kill(pid, 9)
+    return survivors
+
+
 def probe(out: Path, mode: str = "env", culprit: int = 2) -> int:
     """mode: 'env' records and returns; 'raise' / 'kill' make ``culprit`` fail once every rank
-    is up while the others sleep; 'sleep' just sleeps (to be interrupted); 'grandchild' also
-    starts a `sleep` subprocess in every rank, to check the launcher reaches those too."""
+    is up while the others sleep; 'sleep' just sleeps (to be interrupted); 'children' starts
+    processes of its own (start_children) and returns 0 once every rank is up; 'grandchild'
+    starts them too, then ``culprit`` raises: the launcher must reach those processes too."""
     rank = record(out)
     print(f"rank {rank} says hello")
     if mode == "env":
         return 0
-    if mode == "grandchild":
-        import subprocess
-
-        child = subprocess.Popen(["sleep", "120"])
-        (out / f"grandchild{rank}").write_text(json.dumps([child.pid, start_time(child.pid)]))
+    if mode in ("children", "grandchild"):
+        start_children(out, rank)
     wait_for_ranks(out, int(os.environ["WORLD_SIZE"]))
+    if mode == "children":
+        return 0
     if rank == culprit and mode in ("raise", "grandchild"):
         raise ValueError(f"rank {rank} fails on purpose")
     if rank == culprit and mode == "kill":

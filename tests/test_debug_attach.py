@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -27,7 +28,7 @@ import pytest
 from _rank_probe import start_time, state
 from dap_client import DapClient
 from minitron.core import parallel_state
-from minitron.launcher import LaunchConfig, RankFailure, Target, free_port, launch
+from minitron.launcher import LaunchConfig, RankFailure, Target, launch
 from minitron.launcher.debug import debug_env
 
 MINITRON = [sys.executable, "-m", "minitron"]
@@ -73,6 +74,31 @@ def survivors(ids: dict[int, str], timeout: float = 15.0) -> list[str]:
         time.sleep(0.05)
 
 
+class Watcher:
+    """Notes, every 20 ms from the moment it starts, the children of ``root`` and the adapters
+    serving ``port``: a process that lives a few seconds is seen even when this machine is so
+    busy that a test reads the job's output late (looking once, afterwards, would miss it)."""
+
+    def __init__(self, root: int, port: int, exclude=()):
+        self.children: dict[int, str] = {}
+        self.adapters: dict[int, str] = {}   # with the short-lived first one that daemonizes
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(root, port, set(exclude)), daemon=True)
+        self._thread.start()
+
+    def _watch(self, root: int, port: int, exclude: set) -> None:
+        while not self._done.is_set():
+            self.children.update(identities(p for p in children(root) if p not in exclude))
+            self.adapters.update(identities(adapters(port)))
+            time.sleep(0.02)
+
+    def stop(self) -> dict[int, str]:
+        """Stop watching; every process seen."""
+        self._done.set()
+        self._thread.join()
+        return {**self.children, **self.adapters}
+
+
 def no_adapter(port: int, timeout: float = 15.0) -> bool:
     """True once no adapter serves ``port`` (for jobs whose adapters we could not watch start)."""
     deadline = time.monotonic() + timeout
@@ -81,6 +107,22 @@ def no_adapter(port: int, timeout: float = 15.0) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def quiet_ports() -> int:
+    """A port P with P and P + 1 free (the ports of ranks 0 and 1), below Linux's ephemeral
+    range (32768 and up), where nobody's outgoing connections land. A free ephemeral port (what
+    binding port 0 gives) can be handed to another job's connection between our check and the
+    rank's listen: under load, with other jobs' gloo links opening, that failed a run in 20."""
+    while True:
+        base = random.randrange(20000, 32000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", base))
+                b.bind(("127.0.0.1", base + 1))
+            return base
+        except OSError:
+            continue
 
 
 # -- jobs -------------------------------------------------------------------------------------
@@ -122,7 +164,7 @@ def breakpoint_line() -> tuple[str, int]:
 
 # -- tests ------------------------------------------------------------------------------------
 def test_attach_to_rank_1_break_in_initialize_model_parallel_and_finish(tmp_path):
-    port = free_port()
+    port = quiet_ports() + 1
     job = Job(tmp_path, "--debug", "1", "--debug-port-base", str(port - 1), "--debug-wait-timeout", "60")
     job.wait_for(f"rank 1: waiting for a debugger on 127.0.0.1:{port}")
     watched = identities(children(job.proc.pid) + adapters(port))
@@ -165,12 +207,15 @@ def test_attach_to_rank_1_break_in_initialize_model_parallel_and_finish(tmp_path
 
 
 def test_nobody_attaches_within_the_wait_timeout(tmp_path):
-    port = free_port()
+    port = quiet_ports() + 1
     job = Job(tmp_path, "--debug", "1", "--debug-port-base", str(port - 1), "--debug-wait-timeout", "2")
+    # Watched from the start: rank 1 gives up 2 s after its "waiting" line, and a busy machine
+    # can let this test read that line later than that (it failed so, once, under load).
+    watcher = Watcher(job.proc.pid, port)
     job.wait_for(f"rank 1: waiting for a debugger on 127.0.0.1:{port}")
-    watched = identities(children(job.proc.pid) + adapters(port))
-    assert len(watched) == 4  # two ranks, the rendezvous-store keeper and the adapter
     assert job.finish() != 0
+    watched = watcher.stop()
+    assert len(watcher.children) == 3 and watcher.adapters  # two ranks, the rendezvous keeper; the adapter
     text = job.text()
     assert f"no debugger attached within 2 s on 127.0.0.1:{port}" in text
     assert "rank 1 exited with code 1" in text  # the launcher names the rank and stopped rank 0
@@ -182,35 +227,29 @@ def test_a_taken_port_names_the_rank_and_the_port(tmp_path):
     """Rank 1's port is taken; rank 0 (also asked to wait) is listening when the launcher stops
     it, so this also checks that a stopped rank takes its adapter with it. The launcher runs in
     this process (forked ranks, no CLI start-up); a thread notes every process as it appears."""
-    seen: dict[int, str] = {}
-    done = threading.Event()
     before = set(children(os.getpid()))  # not this launch's (the suite's site build, say)
-
-    def watch(port0: int) -> None:
-        while not done.is_set():
-            ours = [pid for pid in children(os.getpid()) if pid not in before]
-            seen.update(identities(ours + adapters(port0)))
-            time.sleep(0.02)
-
     with socket.socket() as squatter:
-        squatter.bind(("127.0.0.1", 0))
+        squatter.bind(("127.0.0.1", quiet_ports() + 1))   # rank 1's; rank 0's is free
         squatter.listen()
         taken = squatter.getsockname()[1]
-        watcher = threading.Thread(target=watch, args=(taken - 1,), daemon=True)
-        watcher.start()
-        cfg = LaunchConfig(world_size=2, log_dir=tmp_path / "logs",
+        watcher = Watcher(os.getpid(), taken - 1, exclude=before)
+        # A long grace: rank 0 holds SIGTERM until its adapter's handshake is done (see
+        # debug.py), which takes seconds on a loaded machine; SIGKILLed before, it leaves the
+        # adapter waiting for it (a run in 20 under load did, with the default 3 s).
+        cfg = LaunchConfig(world_size=2, log_dir=tmp_path / "logs", grace_seconds=60,
                            env=debug_env("all", 2, taken - 1, "127.0.0.1", 60))
         try:
             with pytest.raises(RankFailure) as failure:
                 launch(cfg, Target(function=lambda: 0))
         finally:
-            done.set()
-            watcher.join()
+            seen = watcher.stop()
     assert failure.value.rank == 1
     assert failure.value.log_tail() == (f"rank 1: port {taken} on 127.0.0.1 is already in use, so the debugger "
                                         f"cannot listen there; free it or pick another --debug-port-base "
                                         f"(MINITRON_DEBUG_PORT_BASE)")
-    assert len(seen) >= 2  # the two ranks, and rank 0's adapter if it got that far before the stop
+    # The rendezvous keeper and rank 0 (alive until the launcher stops it), rank 1 if it lived
+    # long enough to be seen, rank 0's adapter if it got that far before the stop.
+    assert len(seen) >= 2
     assert survivors(seen) == []
     assert no_adapter(taken - 1)
 
@@ -218,7 +257,7 @@ def test_a_taken_port_names_the_rank_and_the_port(tmp_path):
 def test_spawned_ranks_wait_too_and_say_so_on_the_launchers_terminal(tmp_path, capfd):
     """The nccl start method spawns fresh interpreters (this script touches no GPU). Their
     output goes to logs, yet the "waiting" line reaches our stderr through the launcher."""
-    port = free_port()
+    port = quiet_ports() + 1
     env = debug_env("1", 2, port - 1, "127.0.0.1", 1.0)
     cfg = LaunchConfig(world_size=2, backend="nccl", log_dir=tmp_path / "logs", env=env)
     with pytest.raises(RankFailure) as failure:

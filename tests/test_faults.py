@@ -111,8 +111,8 @@ def test_a_bystander_seen_first_is_not_blamed_when_it_only_lost_its_peer(tmp_pat
 
     from minitron.launcher.failures import first_failure
 
-    class Seen:  # the order the launcher saw the deaths in: rank 1 first
-        seen, tick = {1: 1, 2: 2}, 2
+    class Seen:  # when the launcher saw the deaths (time.time()): rank 1 first
+        seen = {1: 100.5, 2: 100.7}
 
         def wait(self, timeout):
             pass
@@ -122,3 +122,44 @@ def test_a_bystander_seen_first_is_not_blamed_when_it_only_lost_its_peer(tmp_pat
     assert first_failure(procs, tmp_path, Seen(), settle=0) == (2, 3)
     (tmp_path / "rank1").write_text("100.0")  # raised for a reason of its own: it came first
     assert first_failure(procs, tmp_path, Seen(), settle=0) == (1, 1)
+
+
+def _raise_then_a_peer_is_killed() -> int:
+    rank = int(os.environ["RANK"])
+    if rank == 0:
+        raise ValueError("the real failure")
+    if rank == 1:  # killed from outside a moment later (the OOM killer, a user): once rank 0 has raised
+        stamp = Path(os.environ["MINITRON_ERROR_DIR"]) / "rank0"
+        while not stamp.exists():
+            time.sleep(0.001)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+    return 0
+
+
+def test_a_rank_killed_after_another_raised_is_not_named(tmp_path):
+    # Before: rank 1 was named, as a rank killed by a signal always was ("peers fail by raising").
+    with pytest.raises(RankFailure) as failure:
+        launch(LaunchConfig(world_size=4, log_dir=tmp_path / "logs"),
+               Target(function=_raise_then_a_peer_is_killed))
+    assert (failure.value.rank, failure.value.exitcode) == (0, 1), str(failure.value)
+
+
+def _leave_early() -> int:
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    dist.barrier()
+    if dist.get_rank() == 0:
+        return 0  # done, as far as rank 0 knows: it leaves, and takes its connections with it
+    time.sleep(0.2)
+    dist.all_reduce(torch.ones(4))  # the others lose their peer here
+    return 0
+
+
+def test_a_rank_that_exits_0_before_its_peers_are_done_is_named(tmp_path):
+    # Before: one of the bystanders was named (rank 3 most often), as only failures counted.
+    with pytest.raises(RankFailure) as failure:
+        launch(LaunchConfig(world_size=4, log_dir=tmp_path / "logs"), Target(function=_leave_early))
+    assert (failure.value.rank, failure.value.exitcode) == (0, 0), str(failure.value)
+    assert str(failure.value).startswith("rank 0 exited with code 0 while the other ranks still needed it")

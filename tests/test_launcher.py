@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from _rank_probe import leftovers, probe, start_time, state
+from _rank_probe import leftovers, probe, start_children, surviving_children
 from minitron.launcher import LaunchConfig, RankFailure, Target, free_port, launch, run_on_ranks, session_env
 from minitron.launcher.fake import play_ranks
 from minitron.trace import TRACE_DIR_ENV
@@ -107,21 +107,37 @@ def test_rank_killed_by_a_signal_reports_a_negative_exit_code(out):
     assert not list(out.glob("finished*"))
 
 
-def test_processes_a_rank_started_are_stopped_too(out):
-    with pytest.raises(RankFailure):
-        launch(LaunchConfig(world_size=4, log_dir=out / "logs"),
-               Target(function=lambda: probe(out, "grandchild", culprit=3)))
-    survivors = []
-    for r in range(4):
-        pid, started = json.loads((out / f"grandchild{r}").read_text())
-        # Orphaned grandchildren are reaped by init, which may lag: dead-but-unreaped is fine.
-        deadline = time.monotonic() + 5
-        while start_time(pid) == started and state(pid) != "Z" and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if start_time(pid) == started and state(pid) != "Z":
-            survivors.append((r, pid))
-            os.kill(pid, signal.SIGKILL)  # do not leave it running after the test
-    assert survivors == [], f"(rank, pid) of `sleep` processes that outlived their rank: {survivors}"
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+@pytest.mark.parametrize("mode", ["children", "grandchild"])
+def test_processes_a_rank_started_end_with_the_run(out, backend, mode):
+    # Forked (gloo) and spawned (nccl: the ranks run no NCCL here) ranks each start a `sleep`
+    # and a daemon multiprocessing child; then all exit 0 ("children"), or rank 3 raises
+    # ("grandchild"). Before, the 8 children of a run that succeeded all outlived it.
+    target = (Target(function=lambda: probe(out, mode, culprit=3)) if backend == "gloo"
+              else Target(script=PROBE, argv=[str(out), mode]))   # the script's culprit: rank 2
+    cfg = LaunchConfig(world_size=4, backend=backend, log_dir=out / "logs")
+    if mode == "children":
+        launch(cfg, target)
+    else:
+        with pytest.raises(RankFailure):
+            launch(cfg, target)
+    assert surviving_children(out, 4) == [], "(rank, pid) of processes that outlived their rank"
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_processes_a_fake_rank_started_end_with_the_play(tmp_path, fails):
+    def rank_main():
+        rank = int(os.environ["RANK"])
+        start_children(tmp_path, rank)
+        if fails and rank == 3:
+            raise ValueError("rank 3 breaks")
+
+    if fails:
+        with pytest.raises(RuntimeError, match="1 of the 2 processes"):
+            play_ranks(4, rank_main, processes=2)
+    else:
+        play_ranks(4, rank_main, processes=2)
+    assert surviving_children(tmp_path, 4) == []
 
 
 def test_ctrl_c_in_the_parent_stops_every_rank(out):

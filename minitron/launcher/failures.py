@@ -1,8 +1,8 @@
 """When ranks fail: which one failed first, and how that is told (RankFailure).
 
-One rank's death makes its peers fail moments later in their next collective with it, so the
-first death the launcher notices is often a bystander's. This module keeps the evidence (the
-order the launcher saw the deaths, the time each raising rank wrote) and weighs it.
+One rank's leaving makes its peers fail moments later in their next collective with it, so
+the first death the launcher notices is often a bystander's. This module keeps the evidence
+(when the launcher saw each rank die, when each raising rank raised and why) and weighs it.
 """
 
 from __future__ import annotations
@@ -15,12 +15,18 @@ from pathlib import Path
 
 
 class RankFailure(RuntimeError):
-    """A rank exited non-zero; carries which one and where its output went."""
+    """A run failed; carries the rank that caused it (see first_failure), how it ended and where
+    its output went."""
 
     def __init__(self, rank: int, exitcode: int, log_path: Path | None):
         self.rank, self.exitcode, self.log_path = rank, exitcode, log_path
         self._kept: list[str] | None = None
-        how = f"was killed by {_signal_name(-exitcode)}" if exitcode < 0 else f"exited with code {exitcode}"
+        if exitcode < 0:
+            how = f"was killed by {_signal_name(-exitcode)}"
+        elif exitcode == 0:   # named because it left first: the others failed when they lost it
+            how = "exited with code 0 while the other ranks still needed it (they failed on losing it)"
+        else:
+            how = f"exited with code {exitcode}"
         where = f"; its log: {log_path}" if log_path else ""
         super().__init__(f"rank {rank} {how}{where}")
 
@@ -44,16 +50,18 @@ def _signal_name(number: int) -> str:
 
 
 class DeathOrder:
-    """The order in which ranks die, as the launcher sees it.
+    """When each rank left, as the launcher sees it: ``seen[rank]`` is a time.time(), the clock
+    the ranks stamp their failures with (worker.record_failure), so the two can be compared.
 
     A pidfd (Linux 5.3+) becomes readable the moment its process exits, so waiting on all of
-    them wakes us within microseconds of the first death, long before a peer that lost its
-    connection has raised, printed its traceback and exited. Deaths seen in the same wake-up
-    share a number. Without pidfds it falls back to noting deaths at each 10 ms poll.
+    them wakes us within microseconds of a death, long before a peer that lost its connection
+    has raised, printed its traceback and exited. A rank that exits 0 is noted too: a rank that
+    leaves early, even cleanly, is a peer the others lose. Without pidfds it falls back to
+    noting deaths at each 10 ms poll.
     """
 
     def __init__(self, procs: list):
-        self.procs, self.seen, self.tick, self.fds = procs, {}, 0, {}
+        self.procs, self.seen, self.fds = procs, {}, {}
         for rank, p in enumerate(procs):
             try:
                 self.fds[os.pidfd_open(p.pid)] = rank
@@ -67,12 +75,12 @@ class DeathOrder:
         else:
             ready = []
             time.sleep(timeout)
-        self.tick += 1
+        now = time.time()
         for fd in ready:
-            self.seen[self.fds[fd]] = self.tick
+            self.seen[self.fds[fd]] = now
         for rank, p in enumerate(self.procs):  # ranks without a pidfd: seen at this poll
             if rank not in self.seen and p.poll() is not None:
-                self.seen[rank] = self.tick
+                self.seen[rank] = now
 
     def close(self) -> None:
         for fd in self.fds:
@@ -80,45 +88,39 @@ class DeathOrder:
 
 
 def first_failure(procs: list, errors: Path, deaths: DeathOrder | None = None,
-                   settle: float = 0.3) -> tuple[int, int]:
-    """(rank, exit code) of the rank that failed first.
+                  settle: float = 0.3) -> tuple[int, int]:
+    """(rank, exit code) of the first rank to leave that explains the others' failures.
 
-    When one rank dies, its peers fail moments later in their next collective with it, and
-    any of them may be the first we notice. So wait a little for the others, then weigh two
-    kinds of evidence. A rank whose program raised wrote the time it raised into ``errors``
-    (worker.record_failure): among those, the earliest raised first. A rank that died
-    without raising (a signal such as SIGSEGV, or os._exit) wrote nothing — but its peers
-    only fail after it, by raising ("Connection reset by peer"). So a rank killed by a signal
-    is the culprit (the earliest seen, if several): its death may even be seen last, as a
-    core dump holds the process for a while after its sockets have closed. A rank gone by
-    os._exit is the culprit when the launcher saw it die no later than the first that raised,
-    or when every rank that raised says its peer had gone (a busy machine can show the
-    bystander's death first).
+    When one rank leaves, its peers fail moments later in their next collective with it, and
+    any of them may be the first we notice. So wait a little for the others, then put every
+    rank that has left on one time line: a rank whose program raised wrote when it raised
+    into ``errors`` (worker.record_failure), and whether it raised because a peer had gone;
+    any other (killed by a signal, gone by os._exit, or exited 0) left when the launcher saw
+    it die. The order of reaping says nothing: a rank printing a long traceback is reaped
+    after a bystander killed a moment later.
+
+    A rank that raised because it lost a peer is a symptom, never the cause while another
+    rank failed for a reason of its own: the earliest of those is named (its death may be
+    seen late, as a core dump holds a process, but its peers only raise once it has gone).
+    When every failure is a lost peer, the first rank to leave is the cause, even one that
+    exited 0: it left while the others still needed it.
     """
     deaths = deaths or DeathOrder(procs)
     deadline = time.monotonic() + settle
     while time.monotonic() < deadline and None in [p.poll() for p in procs]:  # poll all: no short cut
         deaths.wait(0.02)
     deaths.wait(0)
-    failed = [(rank, p.returncode) for rank, p in enumerate(procs) if p.returncode not in (None, 0)]
-    seen = {rank: deaths.seen.get(rank, deaths.tick + 1) for rank, _ in failed}
-    stamped, silent = [], []
-    for rank, code in failed:
+    now = time.time()
+    left = {}   # rank -> (when it left, exit code, whether it raised because it lost a peer)
+    for rank, p in enumerate(procs):
+        if p.returncode is None:
+            continue
+        when, lost = deaths.seen.get(rank, now), False
         stamp = errors / f"rank{rank}"
-        if stamp.exists():
-            when, _, why = stamp.read_text().partition(" ")
-            stamped.append((float(when or "inf"), seen[rank], rank, code, why == "peer-lost"))
-        else:
-            silent.append((seen[rank], rank, code))
-    signalled = sorted(x for x in silent if x[2] < 0)
-    if signalled:  # peers fail by raising, never by a signal: a signalled rank is the cause
-        _, rank, code = signalled[0]
-        return rank, code
-    if silent and (not stamped or min(silent)[0] <= min(s[1] for s in stamped)
-                   or all(s[4] for s in stamped)):
-        _, rank, code = min(silent)
-        return rank, code
-    if stamped:
-        _, _, rank, code, _ = min(stamped)
-        return rank, code
-    return failed[0]
+        if p.returncode != 0 and stamp.exists():
+            raised, _, why = stamp.read_text().partition(" ")
+            when, lost = float(raised or when), why == "peer-lost"
+        left[rank] = (when, p.returncode, lost)
+    causes = {rank: x for rank, x in left.items() if x[1] != 0 and not x[2]} or left
+    rank = min(causes, key=lambda r: (causes[r][0], r))
+    return rank, causes[rank][1]

@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from minitron import trace
 from minitron.launcher.launch import frozen_heap
+from minitron.launcher.processes import ForkedProcess, stop_process_groups
 from minitron.launcher.worker import rank_session
 from minitron.trace import TRACE_DIR_ENV
 
@@ -167,6 +168,7 @@ def _play_copy(i: int, deck: int, dealer: int, scratch: str, world_size: int, ra
     """Body of forked copy ``i``: play the ranks dealt to it, pickle what ``keep`` returned. Never returns."""
     code = 1
     try:
+        os.setsid()  # a group of its own, which the parent stops at the end with whatever a rank started
         os.close(dealer)  # or the deck would never run out: a pipe ends when every writer has closed it
         gc.enable()  # the command line turned the collector off for itself; what we inherited stays frozen
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -194,7 +196,7 @@ def _play_in_processes(world_size: int, rank_main, trace_dir, ranks: list[int], 
     shared with other work one copy can run a tenth slower than the other, and a fixed half
     each would leave a core idle for that long at the end.
     """
-    pids = []
+    copies: list[ForkedProcess] = []
     deck, dealer = os.pipe()
     # As files, so that each end is closed once, whatever happens: a closed descriptor's
     # number may already belong to something else.
@@ -208,7 +210,7 @@ def _play_in_processes(world_size: int, rank_main, trace_dir, ranks: list[int], 
                     pid = os.fork()
                     if pid == 0:
                         _play_copy(i, deck, dealer, scratch, world_size, rank_main, trace_dir, keep)
-                    pids.append(pid)
+                    copies.append(ForkedProcess(pid))
             reading.close()  # the copies read the deck; we only deal it
             try:
                 for start in range(0, len(ranks), _CARDS_PER_WRITE):
@@ -216,14 +218,11 @@ def _play_in_processes(world_size: int, rank_main, trace_dir, ranks: list[int], 
             except BrokenPipeError:
                 pass  # every copy has stopped: their exit codes below say why
             dealing.close()  # the end of the deck: a copy's next read finds nothing and it stops
-            failed = 0
-            for pid in list(pids):
-                failed += os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0
-                pids.remove(pid)
+            failed = sum(copy.wait() != 0 for copy in copies)
         finally:
-            for pid in pids:  # still running: we were interrupted
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
+            # Each copy's group, finished or not: what a played rank started there ends with it.
+            # A copy still running means we were interrupted: no grace, it is killed at once.
+            stop_process_groups(copies, grace=0)
         if failed:
             raise RuntimeError(f"{failed} of the {processes} processes playing the fake world failed "
                                f"(traceback above)")

@@ -38,6 +38,7 @@ from typing import Callable, Iterator
 
 from minitron.launcher.debug import CONSOLE_FD_ENV
 from minitron.launcher.failures import DeathOrder, RankFailure, first_failure
+from minitron.launcher.processes import ForkedProcess, stop_process_groups
 from minitron.launcher.rendezvous import StoreKeeper, die_with_parent
 from minitron.launcher.worker import ERROR_DIR_ENV, Target, run_target
 
@@ -105,20 +106,6 @@ def log_path(cfg: LaunchConfig, rank: int) -> Path | None:
     return cfg.log_dir / f"rank{rank}.log" if cfg.log_dir else None
 
 
-class _ForkedRank:
-    """A forked child with the small part of Popen's interface the supervisor needs."""
-
-    def __init__(self, pid: int):
-        self.pid, self.returncode = pid, None
-
-    def poll(self):
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-
 def _run_forked_child(rank: int, cfg: LaunchConfig, target: Target) -> None:
     """Body of a forked rank. Never returns: the child must not run the parent's code on."""
     code = 1
@@ -174,43 +161,13 @@ def _start(rank: int, cfg: LaunchConfig, target: Target):
         pid = os.fork()
         if pid == 0:
             _run_forked_child(rank, cfg, target)
-        return _ForkedRank(pid)
+        return ForkedProcess(pid)
     path = log_path(cfg, rank)
     out = open(path, "w") if path else None
     env = {**os.environ, **rank_env(rank, cfg)}
     console = [int(env[CONSOLE_FD_ENV])] if CONSOLE_FD_ENV in env else []
     return subprocess.Popen(target.command(), env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
                             start_new_session=True, pass_fds=console)
-
-
-def _stop_all(procs: list, grace: float) -> None:
-    """SIGTERM every rank's process group, wait up to ``grace`` s, then SIGKILL.
-
-    Groups of ranks that already exited are signalled too: whatever such a rank started
-    (a data-loader worker, a debugger adapter) lives on in its group after it.
-    """
-    def signal_groups(sig) -> None:
-        for p in procs:
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                # No such group yet: the rank may not have reached setsid(). Signal it alone.
-                if p.poll() is None:
-                    try:
-                        os.kill(p.pid, sig)
-                    except ProcessLookupError:
-                        pass
-            except PermissionError:
-                pass
-
-    signal_groups(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    signal_groups(signal.SIGKILL)
-    for p in procs:
-        while p.poll() is None:
-            time.sleep(0.01)
 
 
 def _warm_parent(target: Target, warm: tuple[str, ...] = ()) -> None:
@@ -285,16 +242,17 @@ def launch(cfg: LaunchConfig, target: Target, monitor: Callable[[], None] | None
                     running = True
                 elif code != 0:
                     rank, code = first_failure(procs, errors, deaths)
-                    _stop_all(procs, cfg.grace_seconds)
+                    stop_process_groups(procs, cfg.grace_seconds)
                     raise RankFailure(rank, code, log_path(cfg, rank))
             if not running:
+                stop_process_groups(procs, cfg.grace_seconds)  # what the ranks started dies with them
                 return
             if monitor is not None and time.monotonic() >= next_tick:
                 monitor()
                 next_tick = time.monotonic() + 0.2
             deaths.wait(0.01)  # wakes at once when a rank dies, and notes in which order they do
     except BaseException:
-        _stop_all(procs, cfg.grace_seconds)
+        stop_process_groups(procs, cfg.grace_seconds)
         raise
     finally:
         if deaths is not None:
