@@ -5,11 +5,11 @@ every collective call, as DeepSpeed's does through ``deepspeed.comm``."""
 from minitron.comm.comm import (
     ReduceOp, WorldInfo, all_gather_into_tensor, all_reduce, barrier, broadcast, destroy_process_group,
     discover_world_info, get_global_rank, get_rank, get_world_group, get_world_size, init_distributed,
-    reduce, reduce_scatter_tensor,
+    is_initialized, reduce, reduce_scatter_tensor,
 )
 
 __all__ = [
     "ReduceOp", "WorldInfo", "all_gather_into_tensor", "all_reduce", "barrier", "broadcast",
     "destroy_process_group", "discover_world_info", "get_global_rank", "get_rank", "get_world_group",
-    "get_world_size", "init_distributed", "reduce", "reduce_scatter_tensor",
+    "get_world_size", "init_distributed", "is_initialized", "reduce", "reduce_scatter_tensor",
 ]

@@ -204,6 +204,10 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
     return cdb
 
 
+def is_initialized() -> bool:
+    return cdb is not None and cdb.is_initialized()
+
+
 def destroy_process_group(group=None) -> None:
     global cdb
     if cdb is not None:
