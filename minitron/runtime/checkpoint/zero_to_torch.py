@@ -12,10 +12,9 @@ import sys
 
 import torch
 
-# Beside its sibling in a checkpoint folder, or inside minitron's package.
-if __package__:
+try:  # inside minitron's package
     from . import zero_to_fp32
-else:
+except ImportError:  # copied beside its sibling into a checkpoint folder, run as a script
     import zero_to_fp32
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
