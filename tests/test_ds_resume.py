@@ -67,3 +67,18 @@ def test_another_layout_is_refused_before_any_rank_starts(runs, tmp_path, world,
     line = done.stderr.strip()
     assert "\n" not in line and says in line and "resume with the stage" in line, line
     assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize("files, says", [
+    ({"latest_checkpointed_iteration.txt": "2"}, "holds Megatron's layout"),
+    ({"latest": "../elsewhere"}, "should name a tag such as global_step2"),
+    ({"latest": ""}, "should name a tag"),
+])
+def test_what_is_no_deepspeed_checkpoint_is_refused(tmp_path, files, says):
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    for name, text in files.items():
+        (ck / name).write_text(text)
+    argv = FLAGS + ["--deepspeed-config", _config(tmp_path / "ds.json", 2), "--load", str(ck)]
+    done = run_minitron("pretrain", "--world", "2", "--log-dir", str(tmp_path / "logs"), *argv, here=True)
+    assert done.returncode == 2 and says in done.stderr and done.stderr.strip().count("\n") == 0, done.stderr

@@ -124,8 +124,16 @@ def check_deepspeed_load(root, stage: int, bf16: bool, tp: int, dp: int) -> None
         raise ArgumentError(f"--load {root} is a file: give the directory a --deepspeed --save wrote (it holds 'latest')")
     latest = root / "latest"
     if not latest.is_file():
+        if (root / "latest_checkpointed_iteration.txt").is_file():   # Megatron's marker alone
+            raise ArgumentError(f"--load {root} holds Megatron's layout (no DeepSpeed 'latest'), which the engine "
+                                "does not read: resume it without --deepspeed, or give a --deepspeed --save directory")
         return
-    tag = latest.read_text().strip()
+    try:
+        tag = latest.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ArgumentError(f"--load {root}: cannot read {latest} ({exc}): give a directory a --deepspeed --save wrote")
+    if not tag or "/" in tag:
+        raise ArgumentError(f"--load {root}: {latest} should name a tag such as global_step2, found {tag[:40]!r}")
     where = root / tag
     found = {p.name for p in where.glob("*.pt")} if where.is_dir() else set()
     wanted = _engine_files(stage, bf16, tp, dp)
