@@ -10,12 +10,11 @@ DeepSpeed runs in a child process, as the other peer tests keep it out of the te
 import importlib
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from collections import OrderedDict
 
 import pytest
+
+from deepspeed_child import answer_in_child
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.skipif(
     importlib.util.find_spec("deepspeed") is None,
@@ -53,13 +52,7 @@ def answers(module_name: str) -> list:
 
 
 def test_inclusion_exclusion_equals_deepspeeds():
-    here = os.path.dirname(__file__)
-    child = subprocess.run(
-        [sys.executable, "-c", f"import sys, json; sys.path.insert(0, {here!r}); from test_ds_runner_peer import answers; "
-                               "print(json.dumps(answers('deepspeed.launcher.runner')))"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "DS_ACCELERATOR": "cpu"})
-    assert child.returncode == 0, child.stderr[-2000:]
-    theirs = json.loads(child.stdout.strip().splitlines()[-1])
+    theirs = answer_in_child("test_ds_runner_peer", "answers", "deepspeed.launcher.runner")
     ours = json.loads(json.dumps(answers("minitron.launcher.runner")))
     assert len(CASES) > 150
     differ = [(case, mine, ds) for case, mine, ds in zip(CASES, ours, theirs, strict=True) if mine != ds]

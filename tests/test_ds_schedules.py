@@ -11,12 +11,11 @@ import importlib
 import importlib.util
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from deepspeed_child import answer_in_child
 
 from minitron.runtime.config_sections import DeepSpeedConfigError, parse_scheduler
 from minitron.runtime.lr_schedules import SCHEDULERS, OneCycle, WarmupCosineLR
@@ -181,13 +180,7 @@ def test_every_case_parses_as_its_config():
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
                     reason="needs the real DeepSpeed 0.19.8: the peer extra (pyproject.toml says how to install it)")
 def test_same_steps_as_deepspeed():
-    here = os.path.dirname(__file__)
-    child = subprocess.run(
-        [sys.executable, "-c", f"import sys, json; sys.path.insert(0, {here!r}); from test_ds_schedules import trace; "
-                               "print(json.dumps(trace('deepspeed.runtime.lr_schedules')))"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "DS_ACCELERATOR": "cpu"})
-    assert child.returncode == 0, child.stderr[-2000:]
-    theirs = json.loads(child.stdout.strip().splitlines()[-1])
+    theirs = answer_in_child("test_ds_schedules", "trace", "deepspeed.runtime.lr_schedules")
     ours = json.loads(json.dumps(trace("minitron.runtime.lr_schedules")))
     for (name, params), mine, ds in zip(CASES, ours, theirs, strict=True):
         assert mine == ds, f"{name} {params}"
