@@ -184,3 +184,30 @@ def test_same_steps_as_deepspeed():
     ours = json.loads(json.dumps(trace("minitron.runtime.lr_schedules")))
     for (name, params), mine, ds in zip(CASES, ours, theirs, strict=True):
         assert mine == ds, f"{name} {params}"
+
+
+def test_the_engine_builds_each_schedule_and_one_cycle_reaches_adams_betas():
+    """From the ds_config, at every ZeRO stage: the schedule steps the torch Adam under the ZeRO
+    wrapper, betas included (OneCycle looks for them in that optimizer's defaults)."""
+    from distributed import run_ranks   # the tests' forked-rank helper, only for this test
+
+    def body(rank):
+        from minitron.runtime import initialize   # in the rank: the engine needs its process group
+        from minitron.runtime.lr_schedules_cycle import torch_optimizer   # (what OneCycle unwraps)
+        seen = {}
+        for stage in (0, 1, 2, 3):
+            config = {"train_batch_size": 2, "optimizer": {"type": "Adam", "params": {"lr": 0.01}},
+                      "zero_optimization": {"stage": stage},
+                      "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.0, "cycle_max_lr": 1e-3,
+                                                                   "cycle_first_step_size": 2}}}
+            engine, *_ = initialize(model=torch.nn.Linear(4, 2), config=config)
+            for _ in range(2):
+                engine.backward(engine(torch.ones(2, 4)).sum())
+                engine.step()
+            group = torch_optimizer(engine.optimizer).param_groups[0]
+            seen[stage] = (group["lr"], group["betas"])
+        return seen
+
+    seen = run_ranks(body, world_size=1, tp=None)[0]
+    # After two steps t = 1, the peak: lr at cycle_max_lr, beta1 at cycle_min_mom.
+    assert all(lr == pytest.approx(1e-3) and betas == (pytest.approx(0.8), 0.99) for lr, betas in seen.values()), seen
