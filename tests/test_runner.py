@@ -1,11 +1,9 @@
 """DeepSpeed's runner arithmetic (launcher/runner.py) and `minitron launch`'s DeepSpeed options.
 
-Expected values were obtained by running DeepSpeed's own runner.py functions (extracted from its
-source at commit 38327e0 and executed on these inputs): 164 of 169 include × exclude combinations
-over a three-host pool agree; the 5 that do not are the whole-host --include, where DeepSpeed's
-parse_inclusion_exclusion drops the host although its documentation keeps all its slots (we keep
-them; see the function's margin), and an --include slot beyond the hostfile's count, which
-DeepSpeed accepts because it checks the include against itself (we refuse it).
+The include/exclude values below are DeepSpeed 0.19.8's (test_ds_runner_peer.py runs its own
+functions on some 200 cases; all agree). The one place minitron goes further: an --exclude that
+leaves no slot, which DeepSpeed hands on as an empty world and then fails on with an IndexError,
+is refused in one line by active_resources.
 """
 
 from __future__ import annotations
@@ -35,15 +33,17 @@ POOL = OrderedDict([("worker-0", 4), ("worker-1", 2), ("worker-2", 4)])
     ("worker-0:1@worker-0:2", "", {"worker-0": [1, 2]}),
     ("", "worker-1", {"worker-0": [0, 1, 2, 3], "worker-2": [0, 1, 2, 3]}),
     ("", "worker-0:0,0@worker-2:1", {"worker-0": [1, 2, 3], "worker-1": [0, 1], "worker-2": [0, 2, 3]}),
-    ("worker-0", "", {"worker-0": [0, 1, 2, 3]}),  # DeepSpeed's code: {} (see the module docstring)
+    ("worker-0", "", {"worker-0": [0, 1, 2, 3]}),  # a whole host: all its slots
+    ("", "worker-0@worker-1@worker-2", {}),        # nothing left: DeepSpeed's result too (see above)
 ])
 def test_inclusion_exclusion_as_deepspeed(include, exclude, expected):
     assert dict(parse_inclusion_exclusion(POOL, include, exclude)) == expected
 
 
 @pytest.mark.parametrize("include, exclude, message", [
-    ("worker-9", "", "not in the hostfile"), ("worker-1:5", "", "has slots 0..1"), ("", "worker-1:5", "no slot 5"),
+    ("worker-9", "", "not in the hostfile"), ("worker-1:5", "", "no slot 5"), ("", "worker-1:5", "no slot 5"),
     ("worker-0", "worker-1", "mutually exclusive"), ("worker-0:x", "", "slots are numbers"),
+    ("worker-0:", "", "no slots after ':'"), ("", "worker-0:", "no slots after ':'"),
 ])
 def test_bad_filters_are_one_line(include, exclude, message):
     with pytest.raises(ResourceError, match=message):
@@ -126,3 +126,11 @@ def test_deepspeed_style_launch_passes_local_rank_unless_told_not_to(tmp_path):
     assert passed == ["0 1 --local_rank=0 x", "1 1 --local_rank=1 x"]
     # --no_local_rank, and torchrun's way (--world), add nothing: tests/test_cli_flags.py runs the latter.
     assert left_out == ["0 1 x", "1 1 x"]
+
+
+def test_an_exclude_that_leaves_nothing_is_refused(tmp_path):
+    """DeepSpeed 0.19.8 hands the empty world on and fails later (an IndexError); here one line."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a slots=2\nb slots=1\n")
+    with pytest.raises(ResourceError, match="left no slot to run on"):
+        active_resources(hosts, 1, exclude="a@b:0")

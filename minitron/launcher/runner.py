@@ -85,7 +85,10 @@ def parse_node_config_list(spec: str) -> dict[str, list[int]]:
     """``"worker-0@worker-1:0,2"`` -> ``{"worker-0": [], "worker-1": [0, 2]}`` (no slots: all of them)."""
     nodes: dict[str, list[int]] = {}
     for node in spec.split("@"):
-        host, _, slots = node.partition(":")
+        host, colon, slots = node.partition(":")
+        if colon and not slots:   # DeepSpeed fails here too: int('') of the empty slot list
+            raise ResourceError(f"{node!r}: no slots after ':'; name them, as in {host}:0,1, or drop the ':' "
+                                "for all of the host's slots")
         try:
             ids = [int(s) for s in slots.split(",")] if slots else []
         except ValueError:
@@ -117,21 +120,15 @@ def parse_resource_filter(host_info: "OrderedDict[str, list[int]]", include: str
 
 
 def parse_inclusion_exclusion(resource_pool: "OrderedDict[str, int]", include: str, exclude: str):
-    """The slots of each host as lists (an --include that names slots keeps only those), then filtered.
+    """Every host's slots as a list (the hostfile's count), then filtered: a host named without
+    slots (``--include worker-0``) keeps all of them, and a slot the host lacks is refused.
 
-    A host named without slots (``--include worker-0``) keeps all its slots, as DeepSpeed's
-    documentation says. DeepSpeed's own parse_inclusion_exclusion (checked at its commit 38327e0)
-    drops such a host instead: it gives it the empty slot list of parse_node_config_list before
-    the filter runs, and the filter then removes hosts left with no slot.
+    DeepSpeed 0.19.8 does the same. Older code (its commit 38327e0, say) seeded the lists from the
+    --include itself, which dropped a whole-host include and let ``worker-1:5`` pass on a 2-slot host.
+    An --exclude can leave nothing: the result is then empty, as DeepSpeed's is, and the caller
+    (active_resources) refuses it.
     """
-    named = parse_node_config_list(include) if include else {}
-    for host, slots in named.items():
-        # DeepSpeed builds the host's slot list from the --include itself and only then checks the
-        # include against it, so `--include worker-1:5` passes on a 2-slot host. We refuse it.
-        if host in resource_pool and any(not 0 <= s < resource_pool[host] for s in slots):
-            raise ResourceError(f"host {host!r} has slots 0..{resource_pool[host] - 1}; --include names {slots}")
-    active = OrderedDict((host, named[host] if named.get(host) else list(range(slots)))
-                         for host, slots in resource_pool.items())
+    active = OrderedDict((host, list(range(slots))) for host, slots in resource_pool.items())
     return parse_resource_filter(active, include, exclude)
 
 
@@ -155,7 +152,10 @@ def active_resources(hostfile: str | Path | None, local_slots: int, include: str
     if num_gpus > 0:
         active = OrderedDict((host, list(range(num_gpus))) for host in active)
     if not active:
-        raise ResourceError("no slots left after --include/--exclude")
+        # DeepSpeed 0.19.8 hands the empty world on, and fails later with an IndexError: in the
+        # ssh check or master-address lookup of its first host, or in launch.py's own-node lookup.
+        raise ResourceError("--include/--exclude left no slot to run on (DeepSpeed would fail on the empty "
+                            "world with an IndexError); exclude fewer")
     return active
 
 

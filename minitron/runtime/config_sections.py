@@ -70,9 +70,18 @@ def parse_precision(params: dict) -> Precision:
 # --- optimizer and scheduler ------------------------------------------------------------------
 
 OPTIMIZERS = {"Adam": ("lr", "betas", "eps", "weight_decay"), "AdamW": ("lr", "betas", "eps", "weight_decay")}
-SCHEDULERS = {"WarmupLR": ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"),
-              "WarmupDecayLR": ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
-                                "total_num_steps")}
+# DeepSpeed's five schedules and the constructor arguments a config may give each (DeepSpeed
+# validates nothing before calling the constructor: an unknown key is its TypeError).
+_WARMUP = ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type")
+SCHEDULERS = {"WarmupLR": _WARMUP,
+              "WarmupDecayLR": _WARMUP + ("total_num_steps",),
+              "WarmupCosineLR": ("total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio",
+                                 "warmup_type"),
+              "OneCycle": ("cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size",
+                           "cycle_second_step_size", "cycle_first_stair_count", "cycle_second_stair_count",
+                           "decay_step_size", "cycle_momentum", "cycle_min_mom", "cycle_max_mom", "decay_mom_rate"),
+              "LRRangeTest": ("lr_range_test_min_lr", "lr_range_test_step_size", "lr_range_test_step_rate",
+                              "lr_range_test_staircase")}
 
 
 def _typed_section(params: dict, key: str, kinds: dict, any_case: bool = False) -> tuple[Optional[str], dict]:
@@ -112,11 +121,35 @@ def parse_optimizer(params: dict) -> tuple[Optional[str], Optional[dict]]:
 
 
 def parse_scheduler(params: dict) -> tuple[Optional[str], Optional[dict]]:
+    """The schedule and its constructor's arguments, DeepSpeed's defaults filled in. DeepSpeed
+    lets its constructors find bad values (or not: a string step size fails at the first step);
+    here each is refused with its name before anything runs. Per-param-group lists, which the
+    constructors also take, are not read: one value for every group."""
     kind, sched = _typed_section(params, "scheduler", SCHEDULERS)
     if kind is None:
         return None, None
     where = "scheduler.params"
     check_keys(sched, SCHEDULERS[kind], {}, where)
+    parse = {"WarmupLR": _warmup, "WarmupDecayLR": _warmup, "WarmupCosineLR": _warmup_cosine,
+             "OneCycle": _one_cycle, "LRRangeTest": _range_test}[kind]
+    return kind, parse(kind, sched, where)
+
+
+def _warmup_type(sched: dict, where: str) -> str:
+    kind = sched.get("warmup_type", "log")
+    if kind not in ("log", "linear"):
+        # DeepSpeed warns and falls back to log; a silent change of schedule is worse than a refusal.
+        raise DeepSpeedConfigError(f"{where}.warmup_type must be \"log\" or \"linear\", got {json_value(kind)}")
+    return kind
+
+
+def _total_steps(kind: str, sched: dict, where: str) -> int:
+    if "total_num_steps" not in sched:
+        raise DeepSpeedConfigError(f"{where}.total_num_steps is required by {kind}")
+    return positive_int(sched, "total_num_steps", where=where)
+
+
+def _warmup(kind: str, sched: dict, where: str) -> dict:
     out = {"warmup_min_lr": number(sched, "warmup_min_lr", 0.0, where, low=0),
            # Absent, WarmupLR warms each param group up to its own lr (DeepSpeed 0.19.4+: None);
            # WarmupDecayLR still defaults to 0.001.
@@ -126,15 +159,53 @@ def parse_scheduler(params: dict) -> tuple[Optional[str], Optional[dict]]:
            # max(2, n) steps: the value here is the one given, as DeepSpeed's config keeps it.
            "warmup_num_steps": positive_int(sched, "warmup_num_steps", where=where)
            if "warmup_num_steps" in sched else 1000,
-           "warmup_type": sched.get("warmup_type", "log")}
-    if out["warmup_type"] not in ("log", "linear"):
-        # DeepSpeed warns and falls back to log; a silent change of schedule is worse than a refusal.
-        raise DeepSpeedConfigError(f"{where}.warmup_type must be \"log\" or \"linear\", got {json_value(out['warmup_type'])}")
+           "warmup_type": _warmup_type(sched, where)}
     if kind == "WarmupDecayLR":
-        if "total_num_steps" not in sched:
-            raise DeepSpeedConfigError(f"{where}.total_num_steps is required by WarmupDecayLR")
-        out["total_num_steps"] = positive_int(sched, "total_num_steps", where=where)
-    return kind, out
+        out["total_num_steps"] = _total_steps(kind, sched, where)
+    return out
+
+
+def _warmup_cosine(kind: str, sched: dict, where: str) -> dict:
+    return {"total_num_steps": _total_steps(kind, sched, where),
+            "warmup_min_ratio": number(sched, "warmup_min_ratio", 0.0, where, low=0),
+            "warmup_num_steps": positive_int(sched, "warmup_num_steps", where=where)
+            if "warmup_num_steps" in sched else 1000,
+            "cos_min_ratio": number(sched, "cos_min_ratio", 0.0001, where, low=0),
+            "warmup_type": _warmup_type(sched, where)}
+
+
+def _range_test(kind: str, sched: dict, where: str) -> dict:
+    return {"lr_range_test_min_lr": number(sched, "lr_range_test_min_lr", 1e-3, where, low=0),
+            "lr_range_test_step_size": positive_int(sched, "lr_range_test_step_size", where=where)
+            if "lr_range_test_step_size" in sched else 2000,
+            "lr_range_test_step_rate": number(sched, "lr_range_test_step_rate", 1.0, where),
+            "lr_range_test_staircase": flag(sched, "lr_range_test_staircase", False, where)}
+
+
+def _one_cycle(kind: str, sched: dict, where: str) -> dict:
+    for key in ("cycle_min_lr", "cycle_max_lr"):   # the constructor has no default for either
+        if key not in sched:
+            raise DeepSpeedConfigError(f"{where}.{key} is required by OneCycle")
+    out = {"cycle_min_lr": number(sched, "cycle_min_lr", 0.0, where, low=0),
+           "cycle_max_lr": number(sched, "cycle_max_lr", 0.0, where, low=0),
+           "decay_lr_rate": number(sched, "decay_lr_rate", 0.0, where),
+           # DeepSpeed float()s the half-cycle lengths and needs first > 0 (it divides by it).
+           "cycle_first_step_size": number(sched, "cycle_first_step_size", 2000, where, low=0),
+           "cycle_second_step_size": number(sched, "cycle_second_step_size", 0, where, low=0)
+           if sched.get("cycle_second_step_size") is not None else None,
+           "cycle_first_stair_count": positive_int(sched, "cycle_first_stair_count", where=where, minimum=0)
+           if "cycle_first_stair_count" in sched else 0,
+           "cycle_second_stair_count": positive_int(sched, "cycle_second_stair_count", where=where, minimum=0)
+           if sched.get("cycle_second_stair_count") is not None else None,
+           "decay_step_size": positive_int(sched, "decay_step_size", where=where, minimum=0)
+           if "decay_step_size" in sched else 0,
+           "cycle_momentum": flag(sched, "cycle_momentum", True, where),
+           "cycle_min_mom": number(sched, "cycle_min_mom", 0.8, where, low=0, high=1),
+           "cycle_max_mom": number(sched, "cycle_max_mom", 0.9, where, low=0, high=1),
+           "decay_mom_rate": number(sched, "decay_mom_rate", 0.0, where)}
+    if out["cycle_first_step_size"] == 0:
+        raise DeepSpeedConfigError(f"{where}.cycle_first_step_size must be positive, got 0")
+    return out
 
 
 # --- ZeRO ------------------------------------------------------------------------------------

@@ -226,6 +226,8 @@ def _flag(key: str) -> str:
 
 def check_resumable(args) -> None:
     """Run before any rank starts: does --load hold a whole checkpoint that fits this run?"""
+    if getattr(args, "deepspeed", False):
+        return   # the engine's layout, not this one: deepspeed_arguments.check_deepspeed_load checked it
     iteration = read_latest_iteration(args.load)
     if iteration is None:
         return  # Megatron's behaviour: nothing to load yet, start from scratch

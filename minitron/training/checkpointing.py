@@ -85,16 +85,27 @@ def _rank_dir(root, iteration: int) -> Path:
                     mpu.get_expert_model_parallel_world_size())
 
 
-@traced(args=lambda iteration, *a, **k: {"iteration": iteration})
-def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> None:
-    args = get_args()
-    where = _rank_dir(args.save, iteration)
-    # RNG states may differ across data-parallel ranks (--data-parallel-random-init): keep all.
-    # Context-parallel ranks count as data-parallel here: they hold the same weights, and the
-    # distributed optimizer shards over both (one file each, one writer of the model).
+def _rng_states_of_data_parallel_ranks() -> list:
+    """RNG states may differ across data-parallel ranks (--data-parallel-random-init): keep all.
+    Context-parallel ranks count as data-parallel here: they hold the same weights, and the
+    distributed optimizer shards over both (one file each, one writer of the model)."""
     rng_states = [None] * mpu.get_data_parallel_world_size(with_context_parallel=True)
     torch.distributed.all_gather_object(rng_states, _rng_state(),
                                         group=mpu.get_data_parallel_group(with_context_parallel=True))
+    return rng_states
+
+
+def _write_tracker(root, iteration: int) -> None:
+    _atomic_write_text(str(iteration), Path(root) / TRACKER)
+
+
+@traced(args=lambda iteration, *a, **k: {"iteration": iteration})
+def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> None:
+    args = get_args()
+    if args.deepspeed:
+        return _save_deepspeed(iteration, model[0])
+    where = _rank_dir(args.save, iteration)
+    rng_states = _rng_states_of_data_parallel_ranks()
     dp = mpu.get_data_parallel_rank(with_context_parallel=True)
     # MoE: data-parallel ranks hold different experts; the first of each expert-data-parallel
     # group writes its (tp, pp, ep) slice (validate_args keeps expert tp = tp when saving).
@@ -122,7 +133,7 @@ def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> No
         meta.update(iteration=iteration, data_parallel_size=args.data_parallel_size,
                     world_size=args.world_size, files=dict(sorted(kv for w in everyone for kv in w.items())))
         _atomic_write_text(json.dumps(meta, indent=1), iteration_dir(args.save, iteration) / METADATA)
-        _atomic_write_text(str(iteration), Path(args.save) / TRACKER)
+        _write_tracker(args.save, iteration)
     torch.distributed.barrier()
     print_rank_0(f"> saved checkpoint at iteration {iteration} to {args.save}")
 
@@ -139,6 +150,8 @@ def _load_verified(path: Path, meta: dict):
 def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
     """Restore everything save_checkpoint wrote; return the iteration to continue from (0: none)."""
     args = get_args()
+    if args.deepspeed:
+        return _load_deepspeed(model[0])
     iteration = read_latest_iteration(args.load)
     if iteration is None:
         print_rank_0(f"> no checkpoint in {args.load}: starting from scratch")
@@ -160,3 +173,36 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
     args.consumed_train_samples = state["consumed_train_samples"]
     print_rank_0(f"> loaded checkpoint from {args.load} at iteration {iteration}")
     return iteration
+
+
+# --- pretrain --deepspeed: the engine's checkpoints, as Megatron-DeepSpeed wires them --------------
+#
+# The engine writes and reads model, optimizer partitions and schedule itself, in DeepSpeed's
+# layout (minitron/runtime/checkpoint/): SAVE/latest names the tag, SAVE/global_step<N>/ holds
+# the files. What only the training loop knows rides along as the engine's client state, stored
+# in the model-states file and handed back by load_checkpoint: the iteration, the samples
+# consumed (where the data resumes) and every data-parallel rank's RNG states. Megatron-DeepSpeed
+# also writes Megatron's latest_checkpointed_iteration.txt beside DeepSpeed's ``latest``.
+
+def _save_deepspeed(iteration: int, engine) -> None:
+    args = get_args()
+    client_state = {"iteration": iteration, "checkpoint_version": 3.0, "args": _args_snapshot(args),
+                    "consumed_train_samples": args.consumed_train_samples,
+                    "rng_state": _rng_states_of_data_parallel_ranks()}
+    engine.save_checkpoint(args.save, client_state=client_state)   # tag global_step<N>; every rank
+    if torch.distributed.get_rank() == 0:
+        _write_tracker(args.save, iteration)
+    torch.distributed.barrier()
+    print_rank_0(f"> saved checkpoint at iteration {iteration} to {args.save} (DeepSpeed's layout)")
+
+
+def _load_deepspeed(engine) -> int:
+    args = get_args()
+    path, client_state = engine.load_checkpoint(args.load)
+    if path is None:   # no 'latest': Megatron-DeepSpeed's behaviour, start from scratch
+        print_rank_0(f"> no checkpoint in {args.load} (no 'latest'): starting from scratch")
+        return 0
+    _set_rng_state(client_state["rng_state"][mpu.get_data_parallel_rank(with_context_parallel=True)])
+    args.consumed_train_samples = client_state["consumed_train_samples"]
+    print_rank_0(f"> loaded checkpoint from {path} at iteration {client_state['iteration']}")
+    return client_state["iteration"]

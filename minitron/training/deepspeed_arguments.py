@@ -15,12 +15,15 @@ either describes:
                the client's optimizer wins and the config's "optimizer"/"scheduler" are
                silently dropped; here such a section is refused rather than dropped
 
-and the layouts the engine does not run are refused by name. What the config alone decides:
+and the layouts the engine does not run are refused by name. A --load must hold the engine's
+files for this run's ZeRO stage, precision and sizes (check_deepspeed_load). What the config alone decides:
 the ZeRO stage, gradient_clipping (Megatron's --clip-grad is not read on this path, as in
 Megatron-DeepSpeed), the fp16 loss-scale settings.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from minitron.training.argument_groups import ArgumentError
 
@@ -41,9 +44,6 @@ def _refuse_layout(args) -> None:
          "--num-experts / --expert-model-parallel-size with --deepspeed: the engine has no expert groups; drop one"),
         (args.rampup_batch_size is not None, "--rampup-batch-size with --deepspeed: the ds_config's "
                                              "train_batch_size is fixed; drop the ramp-up"),
-        (args.save is not None or args.load is not None,
-         "--save/--load with --deepspeed: the engine's checkpoints (engine.save_checkpoint) are not "
-         "wired into pretrain; drop them"),
     ]
     for refused, message in refusals:
         if refused:
@@ -76,6 +76,9 @@ def validate_deepspeed_args(args):
                                 "flags (--lr, --weight-decay, --lr-decay-style, ...) build the optimizer and its "
                                 "schedule, as in Megatron-DeepSpeed; drop the section")
     _check_triad(args, config, path, dp)
+    if args.load is not None:
+        check_deepspeed_load(args.load, config.zero_optimization_stage, config.bfloat16_enabled,
+                             args.tensor_model_parallel_size, dp)
     for key, flag, enabled in (("fp16", "--fp16", config.fp16_enabled), ("bf16", "--bf16", config.bfloat16_enabled)):
         if enabled != bool(getattr(args, key)):
             said = "enables" if enabled else "does not enable"
@@ -95,3 +98,49 @@ def _check_triad(args, config, path, dp: int) -> None:
             raise ArgumentError(
                 f"--deepspeed-config {path}: {key} is {theirs} but {flag} is {ours} (at data-parallel size "
                 f"{dp}): make them equal, e.g. {key}: {ours} in the ds_config")
+
+
+def _engine_files(stage: int, bf16: bool, tp: int, dp: int) -> set:
+    """The files the engine's load_checkpoint reads across all ranks (runtime/checkpoint's names;
+    pp is 1 on this path, so DeepSpeed's mp rank is the tensor rank)."""
+    from minitron.runtime.checkpoint import constants as C   # torch-free; the package only when needed
+
+    model = C.MODEL_FILE_PREFIX + "{t:02d}" + C.MODEL_FILE_SUFFIX
+    names = {(C.ZERO_FILE_PREFIX + "{d}_" + model if stage == 3 else model).format(d=d, t=t)
+             for d in range(dp) for t in range(tp)}
+    if stage >= 1:
+        prefix = C.BF16_ZERO_FILE_PREFIX if bf16 else C.ZERO_FILE_PREFIX
+        names |= {f"{prefix}{d}_{C.MODEL_FILE_PREFIX}{t:02d}{C.OPTIM_FILE_SUFFIX}" for d in range(dp) for t in range(tp)}
+    return names
+
+
+def check_deepspeed_load(root, stage: int, bf16: bool, tp: int, dp: int) -> None:
+    """Before any rank starts: does the tag ``latest`` names hold exactly the files this run's
+    ranks will read? A ZeRO partition fits only the stage, precision and sizes that cut it, so
+    any other file set is a checkpoint of another layout. No ``latest`` at all is no checkpoint
+    yet (the engine returns None, and Megatron-DeepSpeed starts from scratch)."""
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise ArgumentError(f"--load {root} is a file: give the directory a --deepspeed --save wrote (it holds 'latest')")
+    latest = root / "latest"
+    if not latest.is_file():
+        if (root / "latest_checkpointed_iteration.txt").is_file():   # Megatron's marker alone
+            raise ArgumentError(f"--load {root} holds Megatron's layout (no DeepSpeed 'latest'), which the engine "
+                                "does not read: resume it without --deepspeed, or give a --deepspeed --save directory")
+        return
+    try:
+        tag = latest.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ArgumentError(f"--load {root}: cannot read {latest} ({exc}): give a directory a --deepspeed --save wrote")
+    if not tag or "/" in tag:
+        raise ArgumentError(f"--load {root}: {latest} should name a tag such as global_step2, found {tag[:40]!r}")
+    where = root / tag
+    found = {p.name for p in where.glob("*.pt")} if where.is_dir() else set()
+    wanted = _engine_files(stage, bf16, tp, dp)
+    if found != wanted:
+        missing, extra = sorted(wanted - found), sorted(found - wanted)
+        said = f"lacks {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else "") if missing \
+            else f"has {len(extra)} file(s) this run would not read, e.g. {extra[0]}"
+        raise ArgumentError(f"--load {root}: {tag} {said} for ZeRO stage {stage}, {'bf16' if bf16 else 'fp16/fp32'}, "
+                            f"tensor-parallel {tp}, data-parallel {dp}: resume with the stage, precision and sizes "
+                            "it was saved with")

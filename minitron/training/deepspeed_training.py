@@ -14,6 +14,9 @@ What changes against Megatron's own path (training.py, model_setup.py):
                                 the loss would be divided twice); then one ``engine.step()``
                                 per global batch, the boundary set by hand, as
                                 Megatron-DeepSpeed's schedules do
+    save / load_checkpoint      the engine's own, in DeepSpeed's layout, with the iteration, the
+                                consumed samples and the RNG states as its client state
+                                (checkpointing.py)
 
 What does not change: the model, the data, forward_step and its loss_func, the log line.
 The two counts agree because validate_args refused any ds_config whose triad differs from
@@ -30,6 +33,7 @@ from minitron.core.optimizer import OptimizerConfig, _get_param_groups, _make_to
 from minitron.runtime import initialize
 from minitron.runtime.zero import register_external_parameter
 from minitron.trace import traced
+from minitron.training.checkpointing import load_checkpoint
 from minitron.training.global_vars import get_args
 from minitron.training.model_setup import get_model, get_optimizer_param_scheduler
 from minitron.training.utils import reduce_losses
@@ -63,6 +67,8 @@ def setup_model_and_optimizer(model_provider_func, model_type):
                            f"micro-batches, Megatron's batch flags make {get_num_microbatches()}")
     args.iteration = 0
     args.consumed_train_samples = 0
+    if args.load is not None:   # the engine's load_checkpoint, with the client state (checkpointing.py)
+        args.iteration = load_checkpoint([engine], optimizer, opt_param_scheduler)
     return [engine], optimizer, opt_param_scheduler
 
 
