@@ -41,7 +41,15 @@ def _add_network_size_args(parser):
     g.add_argument("--kv-channels", type=POSITIVE, default=None, help="default: hidden / heads")
     g.add_argument("--max-position-embeddings", type=POSITIVE, default=None, help="default: seq length")
     g.add_argument("--make-vocab-size-divisible-by", type=POSITIVE, default=128)
-    g.add_argument("--layernorm-epsilon", type=float_in(0.0, above=True), default=1e-5)
+    # Megatron 0.19's names; the dests are TransformerConfig's fields, as Megatron's are.
+    g.add_argument("--norm-epsilon", dest="layernorm_epsilon", type=float_in(0.0, above=True), default=1e-5,
+                   help="epsilon of every LayerNorm / RMSNorm")
+    g.add_argument("--apply-layernorm-1p", dest="layernorm_zero_centered_gamma", action="store_true",
+                   help="norms scale by (1 + weight), weight starting at 0 (weight decay pulls towards 1)")
+    g.add_argument("--disable-bias-linear", dest="add_bias_linear", action="store_false",
+                   help="no bias in linear_qkv, linear_proj, linear_fc1, linear_fc2")
+    g.add_argument("--qk-layernorm", action="store_true",
+                   help="normalise each head's query and key before the scores (per-head-size norms)")
     g.add_argument("--init-method-std", type=float_in(0.0), default=0.02)
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     # The modern GPT options (LLaMA-style models are rope + swiglu + RMSNorm + GQA + untied).

@@ -300,6 +300,8 @@ def core_transformer_config_from_args(args):
         num_attention_heads=args.num_attention_heads, ffn_hidden_size=args.ffn_hidden_size,
         kv_channels=args.kv_channels, hidden_dropout=args.hidden_dropout,
         attention_dropout=args.attention_dropout, layernorm_epsilon=args.layernorm_epsilon,
+        layernorm_zero_centered_gamma=args.layernorm_zero_centered_gamma,
+        add_bias_linear=args.add_bias_linear, qk_layernorm=args.qk_layernorm,
         init_method_std=args.init_method_std, init_seed=args.seed,
         pipeline_dtype=dtype,
         # the modern GPT options and activation recomputation

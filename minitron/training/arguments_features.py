@@ -33,6 +33,11 @@ def validate_modern_options(args):
         rot = d if args.rotary_percent >= 1.0 else int(d * args.rotary_percent)
         require(rot >= 2 and rot % 2 == 0, f"rope rotates channel pairs: --rotary-percent {args.rotary_percent:g} "
                  f"of {d} channels per head is {rot}, which must be even and at least 2")
+    # DeepSpeed's engine sums no replicated gradient over TP (hence its refusal of
+    # --sequence-parallel); the per-head norms' gradients are partial over TP in the same way.
+    require(not (args.qk_layernorm and getattr(args, "deepspeed", False) and tp > 1),
+            "--qk-layernorm with --deepspeed and --tensor-model-parallel-size > 1: the per-head norms' "
+            "gradients need a sum over the tensor-parallel group that only Megatron's path does; drop one")
     if args.recompute_activations:
         args.recompute_granularity = "selective"     # Megatron's shorthand
     granularity, method, n = args.recompute_granularity, args.recompute_method, args.recompute_num_layers
