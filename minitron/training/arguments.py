@@ -83,6 +83,10 @@ def validate_args(args, defaults: dict | None = None):
     _validate_batch(args)
     require(not (args.fp16 and args.bf16), "--fp16 and --bf16 exclude each other: choose one")
     args.params_dtype = "float16" if args.fp16 else "bfloat16" if args.bf16 else "float32"
+    # Megatron 0.19 turns fp32 accumulation on by itself for bf16 unless this flag is given;
+    # minitron reduces in bf16 unless --accumulate-allreduce-grads-in-fp32 is given.
+    require(not (args.grad_reduce_in_bf16 and args.accumulate_allreduce_grads_in_fp32),
+            "--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 exclude each other: choose one")
     _validate_training(args)  # last: a --load is compared with every shape and dtype set above
     validate_context_parallel(args)
 

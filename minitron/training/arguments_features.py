@@ -28,6 +28,9 @@ def validate_modern_options(args):
                  f"--tensor-model-parallel-size {tp}: each tensor-parallel rank computes whole query groups")
     else:
         require(args.num_query_groups is None, "--num-query-groups needs --group-query-attention")
+    require(args.add_position_embedding or args.position_embedding_type == "rope",
+            "--no-position-embedding with learned positions: minitron's GPT always has some; "
+            "add --position-embedding-type rope (Megatron's current spelling), or drop it")
     if args.position_embedding_type == "rope" and args.hidden_size % heads == 0:
         d = args.kv_channels or args.hidden_size // heads
         rot = d if args.rotary_percent >= 1.0 else int(d * args.rotary_percent)

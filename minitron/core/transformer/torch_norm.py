@@ -22,23 +22,23 @@ import torch
 import torch.nn.functional as F
 
 
-class LayerNorm1P(torch.nn.LayerNorm):
-    """LayerNorm scaled by (1 + weight): the zero-centred gamma of --apply-layernorm-1p."""
+class _ZeroCentredGamma:
+    """The weight starts at 0, so that 1 + weight, the scale used, starts at 1."""
 
     def reset_parameters(self) -> None:
         super().reset_parameters()
-        torch.nn.init.zeros_(self.weight)   # 1 + 0: the plain norm's initial scale
+        torch.nn.init.zeros_(self.weight)
+
+
+class LayerNorm1P(_ZeroCentredGamma, torch.nn.LayerNorm):
+    """LayerNorm scaled by (1 + weight): the zero-centred gamma of --apply-layernorm-1p."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, self.normalized_shape, self.weight + 1, self.bias, self.eps)
 
 
-class RMSNorm1P(torch.nn.RMSNorm):
+class RMSNorm1P(_ZeroCentredGamma, torch.nn.RMSNorm):
     """RMSNorm scaled by (1 + weight), as above."""
-
-    def reset_parameters(self) -> None:
-        super().reset_parameters()
-        torch.nn.init.zeros_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, self.normalized_shape, self.weight + 1, self.eps)
