@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 
 import pytest
 
+from cli_here import run_minitron
 from minitron.training.argument_groups import ArgumentError, build_parser
 from minitron.training.arguments_policy import NO_EFFECT, REFUSED, _NoEffect, _Refused
 
@@ -105,26 +105,15 @@ MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4
          "--micro-batch-size", "1"]
 
 
-def minitron(capsys, monkeypatch, *argv):
-    """The command in this process (as `minitron ARGV`): its exit code, stdout and stderr."""
-    from minitron.cli import main  # the app pulls typer and rich; only the command tests need it
-
-    monkeypatch.setattr(sys, "argv", ["minitron", *argv])
-    with pytest.raises(SystemExit) as stop:
-        main()
-    out = capsys.readouterr()
-    return stop.value.code, out.out, out.err
-
-
-def test_estimate_lists_each_no_effect_flag_once(capsys, monkeypatch):
+def test_estimate_lists_each_no_effect_flag_once():
     flags = ["--use-mcore-models", "--attention-backend", "auto", "--use-mcore-models", "--overlap-grad-reduce"]
-    code, out, err = minitron(capsys, monkeypatch, "estimate", "--world", "2", "--tp", "2", *MODEL, *flags)
-    assert code in (0, None), err
-    lines = [line for line in out.splitlines() if line.startswith("accepted, no effect here:")]
+    done = run_minitron("estimate", "--world", "2", "--tp", "2", *MODEL, *flags, here=True)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("accepted, no effect here:")]
     assert lines == [f"accepted, no effect here: {f}: {NO_EFFECT[f][1]}"
                      for f in ("--use-mcore-models", "--attention-backend", "--overlap-grad-reduce")]
-    code, out, err = minitron(capsys, monkeypatch, "estimate", "--world", "2", "--json", *MODEL, *flags)
-    assert json.loads(out)["no_effect"] == ["--use-mcore-models", "--attention-backend", "--overlap-grad-reduce"]
+    done = run_minitron("estimate", "--world", "2", "--json", *MODEL, *flags, here=True)
+    assert json.loads(done.stdout)["no_effect"] == ["--use-mcore-models", "--attention-backend", "--overlap-grad-reduce"]
 
 
 @pytest.mark.parametrize("argv,words", [
@@ -135,7 +124,7 @@ def test_estimate_lists_each_no_effect_flag_once(capsys, monkeypatch):
     (["--no-position-embedding"], "add --position-embedding-type rope"),
     (["--bf16", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"], "exclude each other"),
 ])
-def test_refusals_are_one_line(capsys, monkeypatch, argv, words):
-    code, out, err = minitron(capsys, monkeypatch, "estimate", "--world", "1", *MODEL, *argv)
-    assert code == 2, out + err
-    assert words in err and len(err.strip().splitlines()) == 1, err
+def test_refusals_are_one_line(argv, words):
+    done = run_minitron("estimate", "--world", "1", *MODEL, *argv, here=True)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -22,13 +22,15 @@ import argparse
 _FUSION = "a kernel fusion; minitron runs the unfused torch ops, which compute the same"
 _LOGGER = "a logger minitron lacks; its log is stdout, --log-jsonl and the trace"
 _OVERLAP = "overlaps communication with compute; minitron runs the same collectives in order"
+_PROFILER = "the GPU profiler; minitron's trace records every step instead"
+_ATTENTION = "chooses the attention kernel; minitron's is torch's"
 
 # flag: (takes a value, why it changes nothing here)
 NO_EFFECT = {
     "--use-mcore-models": (False, "minitron's one GPT is Megatron-Core's GPTModel"),
     "--transformer-impl": (True, "chooses Transformer Engine's or the local layers; minitron's are local"),
-    "--attention-backend": (True, "chooses the attention kernel; minitron's is torch's"),
-    "--use-flash-attn": (False, "chooses the attention kernel; minitron's is torch's"),
+    "--attention-backend": (True, _ATTENTION),
+    "--use-flash-attn": (False, _ATTENTION),
     "--no-masked-softmax-fusion": (False, _FUSION),
     "--no-bias-gelu-fusion": (False, _FUSION),
     "--no-bias-swiglu-fusion": (False, _FUSION),
@@ -49,9 +51,9 @@ NO_EFFECT = {
     "--wandb-project": (True, _LOGGER),
     "--wandb-exp-name": (True, _LOGGER),
     "--wandb-save-dir": (True, _LOGGER),
-    "--profile": (False, "the GPU profiler; minitron's trace records every step instead"),
-    "--profile-step-start": (True, "the GPU profiler; minitron's trace records every step instead"),
-    "--profile-step-end": (True, "the GPU profiler; minitron's trace records every step instead"),
+    "--profile": (False, _PROFILER),
+    "--profile-step-start": (True, _PROFILER),
+    "--profile-step-end": (True, _PROFILER),
     "--manual-gc": (False, "when Python collects garbage: speed only"),
     "--empty-unused-memory-level": (True, "when the CUDA allocator's cache is emptied: memory only"),
     "--no-mmap-bin-files": (False, "how the .bin file is read; the same tokens"),
@@ -60,6 +62,8 @@ NO_EFFECT = {
 
 _FP8 = "fp8 matmuls (Transformer Engine) change the math and cannot run here: train in --bf16"
 _SCHEDULE = "a schedule counted in samples"
+_DECOUPLED = ("a learning rate of its own for the embedding and output layer; minitron has one for all "
+              "parameters: drop it")
 
 # flag: (takes a value, why it is refused and what to do instead)
 REFUSED = {
@@ -71,10 +75,8 @@ REFUSED = {
     "--fp8-param-gather": (False, _FP8),
     "--lr-decay-samples": (True, f"{_SCHEDULE}; minitron's counts iterations: use --lr-decay-iters"),
     "--lr-warmup-samples": (True, f"{_SCHEDULE}; minitron's counts iterations: use --lr-warmup-iters"),
-    "--decoupled-lr": (True, "a learning rate of its own for the embedding and output layer; minitron "
-                             "has one for all parameters: drop it"),
-    "--decoupled-min-lr": (True, "a learning rate of its own for the embedding and output layer; minitron "
-                                 "has one for all parameters: drop it"),
+    "--decoupled-lr": (True, _DECOUPLED),
+    "--decoupled-min-lr": (True, _DECOUPLED),
     "--calculate-per-token-loss": (False, "the loss averaged over the global batch's tokens is not wired to "
                                           "the command line here: drop it for the per-micro-batch mean"),
     "--step-batch-size-schedule": (True, "a batch-size schedule in tokens; minitron has Megatron's "
@@ -115,4 +117,5 @@ def add_policy_args(parser) -> None:
 
 def no_effect_lines(args) -> list[str]:
     """One header line per accepted-without-effect flag the command line gave."""
-    return [f"accepted, no effect here: {flag}: {NO_EFFECT[flag][1]}" for flag in getattr(args, "no_effect", None) or ()]
+    given = getattr(args, "no_effect", None) or ()   # None: no such flag (or args from an older trace)
+    return [f"accepted, no effect here: {flag}: {NO_EFFECT[flag][1]}" for flag in given]
