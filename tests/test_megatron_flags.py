@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -123,8 +124,11 @@ def test_estimate_lists_each_no_effect_flag_once():
     (["--moe-router-load-balancing-type", "sinkhorn"], "invalid choice: 'sinkhorn'"),
     (["--no-position-embedding"], "add --position-embedding-type rope"),
     (["--bf16", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"], "exclude each other"),
+    (["--world", "2", "--tp", "2", "--qk-layernorm", "--deepspeed", "--deepspeed-config",
+      "docs/examples/ds_config_pretrain.json"], "per-head norms' gradients need a sum"),
 ])
 def test_refusals_are_one_line(argv, words):
-    done = run_minitron("estimate", "--world", "1", *MODEL, *argv, here=True)
+    world = [] if "--world" in argv else ["--world", "1"]
+    done = run_minitron("estimate", *world, *MODEL, *argv, here=True, cwd=Path(__file__).parent.parent)
     assert done.returncode == 2, done.stdout + done.stderr
     assert words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
