@@ -2,7 +2,9 @@
 
 rope, swiglu, RMSNorm, grouped-query attention and an untied output layer each change where a
 tensor-parallel rank's slice boundaries fall (swiglu's [gate | up] halves, GQA's [q.. k v]
-groups) or which reductions run (untied: no embedding-group all-reduce). Dropout is off, the
+groups) or which reductions run (untied: no embedding-group all-reduce; qk-layernorm: its
+per-head norms' gradients summed over TP). No linear biases, the norms' epsilon and the
+zero-centred (1 + weight) norms change the math each rank does on its slice. Dropout is off, the
 initial weights do not depend on the layout (init_seed), and every option must give the serial
 run's loss at every iteration within 1e-5:
 
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from distributed import pretrain_records, run_ranks
+from minitron.core import parallel_state
 from minitron.core.models.gpt import GPTModel
 from minitron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from minitron.core.transformer import TransformerConfig
@@ -30,13 +33,26 @@ OPTIONS = {  # name: (TransformerConfig fields, GPTModel arguments)
     "rmsnorm": (dict(normalization="RMSNorm"), {}),
     "gqa": (dict(num_query_groups=2), {}),
     "untied": ({}, dict(share_embeddings_and_output_weights=False)),
+    "no-bias": (dict(add_bias_linear=False), {}),
+    "qk-layernorm": (dict(qk_layernorm=True), {}),          # its gradient is partial over TP
+    "norm-epsilon": (dict(layernorm_epsilon=0.5), {}),       # large enough to move the loss
+    "layernorm-1p": (dict(layernorm_zero_centered_gamma=True), {}),
+    "rmsnorm-1p": (dict(layernorm_zero_centered_gamma=True, normalization="RMSNorm"), {}),
 }
+
+
+def _sum_qk_norm_grads(model):
+    """What finalize_model_grads does for --qk-layernorm (this loop trains the bare model): each
+    TP rank normalised only its own heads, so the shared per-head norms' gradients are partial."""
+    for name, param in model.named_parameters():
+        if "q_layernorm" in name or "k_layernorm" in name:
+            torch.distributed.all_reduce(param.grad, group=parallel_state.get_tensor_model_parallel_group())
 
 
 def _train_each_option(tp: int):
     def body(rank):
         torch.set_num_threads(1)
-        losses = {}
+        losses, norms = {}, {}
         for name, (fields, model_args) in OPTIONS.items():
             config = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=4, ffn_hidden_size=32,
                                        hidden_dropout=0.0, attention_dropout=0.0, init_seed=3,
@@ -51,23 +67,30 @@ def _train_each_option(tp: int):
                 loss = model(ids, torch.arange(SEQ).expand(BATCH, SEQ), labels=labels).mean()
                 opt.zero_grad()
                 loss.backward()
+                _sum_qk_norm_grads(model)
                 opt.step()
                 losses[name].append(loss.item())
-        return losses
+            # The norms are whole on every rank: their trained values must match the serial ones
+            # too (a partial gradient moves the loss too little to see within three steps).
+            norms[name] = {n: p.detach().clone() for n, p in model.named_parameters() if "layernorm" in n}
+        return losses, norms
     return run_ranks(body, world_size=tp, tp=tp)
 
 
 def test_each_option_at_tp2_trains_like_serial():
-    serial = _train_each_option(1)[0]
+    serial, serial_norms = _train_each_option(1)[0]
     tp2 = _train_each_option(2)
     for name in OPTIONS:
         assert serial[name][0] != serial[name][-1]                      # the weights did move
-        for rank in tp2:
+        for rank, norms in tp2:
             assert rank[name] == pytest.approx(serial[name], abs=TOL), f"{name}: {rank[name]} vs {serial[name]}"
+            for n, value in norms[name].items():
+                assert torch.allclose(value, serial_norms[name][n], atol=TOL), f"{name}: {n} differs from serial"
 
 
 ALL_OPTIONS = ["--position-embedding-type", "rope", "--swiglu", "--normalization", "RMSNorm",
-               "--group-query-attention", "--num-query-groups", "2", "--untie-embeddings-and-output-weights"]
+               "--group-query-attention", "--num-query-groups", "2", "--untie-embeddings-and-output-weights",
+               "--disable-bias-linear", "--qk-layernorm", "--norm-epsilon", "1e-6", "--apply-layernorm-1p"]
 MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
          "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "3", "--lr", "1e-2",
          "--mock-data", "--vocab-size", "127", "--make-vocab-size-divisible-by", "64",   # 128 rows at tp 1 and 2

@@ -83,6 +83,14 @@ def validate_pretrain(argv: List[str], world: int):
     return args
 
 
+def print_no_effect(args) -> None:
+    """The header's list of Megatron flags accepted without effect here (arguments_policy.py)."""
+    # lazy: arguments_policy sits with the training arguments, which only some commands load
+    from minitron.training.arguments_policy import no_effect_lines
+    for line in no_effect_lines(args):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
 class DebugOptions:
     """--debug and friends, shared by trace and launch. They travel to the ranks as environment
     variables (launcher/debug.py reads them), so torchrun users can set the same variables."""

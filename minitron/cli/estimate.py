@@ -18,7 +18,7 @@ from typing import Optional
 import typer
 
 from minitron.cli import preflight
-from minitron.cli.common import EXTRA, UserError, app, check_world, console, validate_pretrain
+from minitron.cli.common import EXTRA, UserError, app, check_world, console, print_no_effect, validate_pretrain
 from minitron.cli.views.fitted_table import print_fitted
 from minitron.cli.views.words import human, plural, rank_ranges
 
@@ -119,8 +119,11 @@ def estimate(
         out = {"total_params": total_params(args), "ranks": [c.as_json() for c in costs]}
         if expectation_keys(args):   # MoE without padding: these keys follow the routing
             out["expectation_keys"] = sorted(expectation_keys(args))
+        if args.no_effect:           # the flags accepted without effect (arguments_policy.py)
+            out["no_effect"] = args.no_effect
         print(json.dumps(out))
         return
+    print_no_effect(args)
     render(args, costs, total_params(args))
 
 

@@ -12,7 +12,7 @@ import typer
 
 from minitron.cli.common import (
     CP, EP, PP, TP, vp_option, DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, ORDERS, DebugOptions, UserError, app, check_backend,
-    check_order, check_world, console, default_backend, validate_pretrain,
+    check_order, check_world, console, default_backend, print_no_effect, validate_pretrain,
 )
 from minitron.cli import preflight
 from minitron.cli.preflight_memory import check_fits
@@ -174,6 +174,7 @@ def trace(
     # Every refusal of the flags happens before torch is imported; the default backend is
     # decided once they pass, as the ranks will decide it (torch-free on a machine without GPUs).
     args = validate_pretrain(argv, world)
+    print_no_effect(args)
     backend = args.distributed_backend
     preflight.check_data_workers(args.num_workers, world)
     if steps and backend == "fake":

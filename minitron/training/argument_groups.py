@@ -13,6 +13,7 @@ import argparse
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER
 from minitron.training.arguments_ranges import (CAPACITY, COUNT, EXPERTS, LAYERS, LOSS_SCALE, POSITIVE, PROBABILITY,
                                                 float_in, int_in)
+from minitron.training.arguments_policy import add_policy_args
 from minitron.training.tokenizer.tokenizer import TOKENIZER_TYPES
 
 
@@ -41,10 +42,20 @@ def _add_network_size_args(parser):
     g.add_argument("--kv-channels", type=POSITIVE, default=None, help="default: hidden / heads")
     g.add_argument("--max-position-embeddings", type=POSITIVE, default=None, help="default: seq length")
     g.add_argument("--make-vocab-size-divisible-by", type=POSITIVE, default=128)
-    g.add_argument("--layernorm-epsilon", type=float_in(0.0, above=True), default=1e-5)
+    # Megatron 0.19's names; the dests are TransformerConfig's fields, as Megatron's are.
+    g.add_argument("--norm-epsilon", dest="layernorm_epsilon", type=float_in(0.0, above=True), default=1e-5,
+                   help="epsilon of every LayerNorm / RMSNorm")
+    g.add_argument("--apply-layernorm-1p", dest="layernorm_zero_centered_gamma", action="store_true",
+                   help="norms scale by (1 + weight), weight starting at 0 (weight decay pulls towards 1)")
+    g.add_argument("--disable-bias-linear", dest="add_bias_linear", action="store_false",
+                   help="no bias in linear_qkv, linear_proj, linear_fc1, linear_fc2")
+    g.add_argument("--qk-layernorm", action="store_true",
+                   help="normalise each head's query and key before the scores (per-head-size norms)")
     g.add_argument("--init-method-std", type=float_in(0.0), default=0.02)
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     # The modern GPT options (LLaMA-style models are rope + swiglu + RMSNorm + GQA + untied).
+    g.add_argument("--no-position-embedding", dest="add_position_embedding", action="store_false",
+                   help="Megatron's older spelling of a model without learned positions: only with rope here")
     g.add_argument("--position-embedding-type", default="learned_absolute", choices=["learned_absolute", "rope"])
     g.add_argument("--rotary-percent", type=float_in(0.0, 1.0, above=True), default=1.0,
                    help="rope: the share of each head's channels that rotate")
@@ -122,6 +133,8 @@ def _add_mixed_precision_args(parser):
     g.add_argument("--loss-scale-window", type=POSITIVE, default=1000)
     g.add_argument("--hysteresis", type=POSITIVE, default=2)
     g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true")
+    g.add_argument("--grad-reduce-in-bf16", action="store_true",
+                   help="with --bf16: accumulate and reduce gradients in bf16 (minitron's default too)")
 
 
 def _add_distributed_args(parser):
@@ -168,6 +181,8 @@ def _add_moe_args(parser):
     g.add_argument("--moe-expert-capacity-factor", type=CAPACITY, default=None, metavar="F",
                    help="an expert takes at most ceil(F x tokens x topk / experts) of a rank's tokens per "
                         "micro-batch; the rest are dropped (lowest probabilities first). Default: dropless")
+    g.add_argument("--moe-router-load-balancing-type", default="aux_loss", choices=["aux_loss"],
+                   help="the router's balancing: the auxiliary loss (Megatron's default) is minitron's one")
     g.add_argument("--moe-pad-expert-input-to-capacity", action="store_true",
                    help="fill every expert's input up to its capacity, so each all-to-all has a fixed size")
 
@@ -238,7 +253,7 @@ ARGUMENT_GROUPS = (_add_network_size_args, _add_regularization_args, _add_traini
                    _add_initialization_args, _add_learning_rate_args, _add_checkpointing_args,
                    _add_mixed_precision_args, _add_distributed_args, _add_validation_args,
                    _add_data_args, _add_tokenizer_args, _add_moe_args, _add_logging_args,
-                   _add_deepspeed_args)
+                   _add_deepspeed_args, add_policy_args)
 
 
 def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:

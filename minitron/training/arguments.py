@@ -83,6 +83,10 @@ def validate_args(args, defaults: dict | None = None):
     _validate_batch(args)
     require(not (args.fp16 and args.bf16), "--fp16 and --bf16 exclude each other: choose one")
     args.params_dtype = "float16" if args.fp16 else "bfloat16" if args.bf16 else "float32"
+    # Megatron 0.19 turns fp32 accumulation on by itself for bf16 unless this flag is given;
+    # minitron reduces in bf16 unless --accumulate-allreduce-grads-in-fp32 is given.
+    require(not (args.grad_reduce_in_bf16 and args.accumulate_allreduce_grads_in_fp32),
+            "--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 exclude each other: choose one")
     _validate_training(args)  # last: a --load is compared with every shape and dtype set above
     validate_context_parallel(args)
 
@@ -300,6 +304,8 @@ def core_transformer_config_from_args(args):
         num_attention_heads=args.num_attention_heads, ffn_hidden_size=args.ffn_hidden_size,
         kv_channels=args.kv_channels, hidden_dropout=args.hidden_dropout,
         attention_dropout=args.attention_dropout, layernorm_epsilon=args.layernorm_epsilon,
+        layernorm_zero_centered_gamma=args.layernorm_zero_centered_gamma,
+        add_bias_linear=args.add_bias_linear, qk_layernorm=args.qk_layernorm,
         init_method_std=args.init_method_std, init_seed=args.seed,
         pipeline_dtype=dtype,
         # the modern GPT options and activation recomputation

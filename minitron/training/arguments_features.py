@@ -28,11 +28,19 @@ def validate_modern_options(args):
                  f"--tensor-model-parallel-size {tp}: each tensor-parallel rank computes whole query groups")
     else:
         require(args.num_query_groups is None, "--num-query-groups needs --group-query-attention")
+    require(args.add_position_embedding or args.position_embedding_type == "rope",
+            "--no-position-embedding with learned positions: minitron's GPT always has some; "
+            "add --position-embedding-type rope (Megatron's current spelling), or drop it")
     if args.position_embedding_type == "rope" and args.hidden_size % heads == 0:
         d = args.kv_channels or args.hidden_size // heads
         rot = d if args.rotary_percent >= 1.0 else int(d * args.rotary_percent)
         require(rot >= 2 and rot % 2 == 0, f"rope rotates channel pairs: --rotary-percent {args.rotary_percent:g} "
                  f"of {d} channels per head is {rot}, which must be even and at least 2")
+    # DeepSpeed's engine sums no replicated gradient over TP (hence its refusal of
+    # --sequence-parallel); the per-head norms' gradients are partial over TP in the same way.
+    require(not (args.qk_layernorm and getattr(args, "deepspeed", False) and tp > 1),
+            "--qk-layernorm with --deepspeed and --tensor-model-parallel-size > 1: the per-head norms' "
+            "gradients need a sum over the tensor-parallel group that only Megatron's path does; drop one")
     if args.recompute_activations:
         args.recompute_granularity = "selective"     # Megatron's shorthand
     granularity, method, n = args.recompute_granularity, args.recompute_method, args.recompute_num_layers

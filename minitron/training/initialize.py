@@ -24,8 +24,9 @@ from minitron.core import parallel_state as mpu
 from minitron.core import tensor_parallel
 from minitron.trace import traced
 from minitron.training.arguments import parse_args, validate_args
+from minitron.training.arguments_policy import no_effect_lines
 from minitron.training.global_vars import get_args, set_global_variables
-from minitron.training.utils import print_rank_0
+from minitron.training.utils import print_rank_0, print_to_console
 
 
 @traced
@@ -34,6 +35,9 @@ def initialize_megatron(extra_args_provider=None, args_defaults=None, ignore_unk
     """Set up everything a rank needs before it builds a model."""
     args = parse_args(extra_args_provider, ignore_unknown_args, argv)
     validate_args(args, args_defaults or {})
+    if args.rank == 0:   # where Megatron prints its arguments; the world is not joined yet
+        for line in no_effect_lines(args):
+            print_to_console(line)
     set_global_variables(args)
     finish_mpu_init()
 

@@ -36,7 +36,7 @@ def query_groups(args) -> int:
 def layer_params(args, layer: int) -> list[Param]:
     """One transformer layer's parameters on a tensor-parallel rank, in registration order."""
     t, h = args.tensor_model_parallel_size, args.hidden_size
-    bias = not _flag(args, "disable_bias_linear", False)
+    bias = _flag(args, "add_bias_linear", True)        # --disable-bias-linear
     sp = bool(args.sequence_parallel) and t > 1
     norm_bias = _flag(args, "normalization", "LayerNorm") != "RMSNorm"
     heads, groups = args.num_attention_heads, query_groups(args)
@@ -45,14 +45,17 @@ def layer_params(args, layer: int) -> list[Param]:
     ffn = args.ffn_hidden_size * (2 if _flag(args, "swiglu", False) else 1) // t
     p = f"decoder.layers.{layer}."
 
-    def norm(name):
-        out = [Param(p + name + ".weight", h, sequence_parallel=sp)]
-        return out + ([Param(p + name + ".bias", h, sequence_parallel=sp)] if norm_bias else [])
+    def norm(name, width=h, summed=sp):
+        out = [Param(p + name + ".weight", width, sequence_parallel=summed)]
+        return out + ([Param(p + name + ".bias", width, sequence_parallel=summed)] if norm_bias else [])
 
     out = norm("input_layernorm") + [Param(p + "self_attention.linear_qkv.weight", qkv * h)]
     out += [Param(p + "self_attention.linear_qkv.bias", qkv)] if bias else []
     out += [Param(p + "self_attention.linear_proj.weight", h * q // t)]
     out += [Param(p + "self_attention.linear_proj.bias", h, sequence_parallel=sp)] if bias else []
+    if _flag(args, "qk_layernorm", False):   # over one head's channels; each TP rank sees its heads
+        out += norm("self_attention.q_layernorm", args.kv_channels, t > 1)
+        out += norm("self_attention.k_layernorm", args.kv_channels, t > 1)
     out += norm("pre_mlp_layernorm")
     if is_moe_layer(args, layer):
         return out + moe_mlp_params(args, p)

@@ -55,12 +55,21 @@ def _allreduce_word_embedding_grads(model, config) -> None:
         torch.distributed.all_reduce(grad, group=parallel_state.get_embedding_group())
 
 
+def _is_partial_over_tp(name: str, param, config) -> bool:
+    """A replicated parameter that each TP rank trains on part of the data: its part of the
+    sequence (sequence parallelism), or its own heads (--qk-layernorm's per-head norms)."""
+    if getattr(config, "sequence_parallel", False) and getattr(param, "sequence_parallel", False):
+        return True
+    return getattr(config, "qk_layernorm", False) and ("q_layernorm" in name or "k_layernorm" in name)
+
+
 def _allreduce_layernorm_grads(model, config) -> None:
-    """Sequence parallelism: sum the partial gradients of replicated parameters over TP."""
-    if parallel_state.get_tensor_model_parallel_world_size() == 1 or not getattr(config, "sequence_parallel", False):
+    """Sum the partial gradients of replicated parameters over TP (Megatron's
+    _allreduce_non_tensor_model_parallel_grads)."""
+    if parallel_state.get_tensor_model_parallel_world_size() == 1:
         return
-    grads = [_grad_of(param) for chunk in model for param in chunk.parameters()
-             if param.requires_grad and getattr(param, "sequence_parallel", False)]
+    grads = [_grad_of(param) for chunk in model for name, param in chunk.named_parameters()
+             if param.requires_grad and _is_partial_over_tp(name, param, config)]
     grads = [g for g in grads if g is not None]
     if not grads:
         return

@@ -30,6 +30,7 @@ from minitron.core.tensor_parallel.random import get_cuda_rng_tracker
 from minitron.core.tensor_parallel.utils import divide
 from minitron.core.transformer.context_parallel import attn_forward_func_with_cp
 from minitron.core.transformer.module import MegatronModule
+from minitron.core.transformer.torch_norm import WrappedTorchNorm
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
@@ -140,6 +141,11 @@ class SelfAttention(MegatronModule):
             query_projection_size, config.hidden_size, config=config,
             init_method=config.output_layer_init_method, bias=config.add_bias_linear,
             input_is_parallel=True, skip_bias_add=True)
+        # --qk-layernorm: one norm over each head's d channels, shared by all heads (and so by
+        # all TP ranks, each of which feeds it only its own heads: finalize_model_grads sums
+        # its gradient over the TP group, as Megatron's does by these two names).
+        self.q_layernorm = WrappedTorchNorm(config, config.kv_channels) if config.qk_layernorm else None
+        self.k_layernorm = WrappedTorchNorm(config, config.kv_channels) if config.qk_layernorm else None
 
     def get_query_key_value_tensors(self, hidden_states):
         """[s, b, h] -> query [s, b, n/p, d], key and value [s, b, g/p, d]."""
@@ -150,6 +156,8 @@ class SelfAttention(MegatronModule):
         mixed_qkv = mixed_qkv.view(s, b, self.num_query_groups_per_partition, (heads_per_group + 2) * d)
         query, key, value = torch.split(mixed_qkv, [heads_per_group * d, d, d], dim=-1)
         query = query.reshape(s, b, self.num_attention_heads_per_partition, d)
+        if self.q_layernorm is not None:      # before rope, as in Megatron
+            query, key = self.q_layernorm(query), self.k_layernorm(key)
         return query, key, value
 
     @traced(args=lambda self, hidden_states, attention_mask=None, rotary_pos_emb=None: {

@@ -9,11 +9,39 @@ every parameter marked ``sequence_parallel``).
 ``--normalization RMSNorm`` (LLaMA and most models since) drops LayerNorm's centring and its
 bias: x / sqrt(mean(x^2) + eps) * weight. One reduction instead of two, and one parameter
 vector instead of two; everything said above about sequence parallelism holds unchanged.
+
+``--apply-layernorm-1p`` (Megatron's ``layernorm_zero_centered_gamma``) stores the scale as an
+offset from one: the norm multiplies by ``1 + weight`` and ``weight`` starts at zero. Weight
+decay then pulls the scale towards 1 rather than towards 0, and a bf16 weight near zero keeps
+more significant bits than one near one. The function computed at initialisation is the same.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+
+
+class _ZeroCentredGamma:
+    """The weight starts at 0, so that 1 + weight, the scale used, starts at 1."""
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        torch.nn.init.zeros_(self.weight)
+
+
+class LayerNorm1P(_ZeroCentredGamma, torch.nn.LayerNorm):
+    """LayerNorm scaled by (1 + weight): the zero-centred gamma of --apply-layernorm-1p."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.normalized_shape, self.weight + 1, self.bias, self.eps)
+
+
+class RMSNorm1P(_ZeroCentredGamma, torch.nn.RMSNorm):
+    """RMSNorm scaled by (1 + weight), as above."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.normalized_shape, self.weight + 1, self.eps)
 
 
 def WrappedTorchNorm(config, hidden_size: int, eps: float | None = None) -> torch.nn.Module:
@@ -23,7 +51,8 @@ def WrappedTorchNorm(config, hidden_size: int, eps: float | None = None) -> torc
     torch.nn.LayerNorm or torch.nn.RMSNorm from ``__new__``, chosen by ``config.normalization``.)
     """
     eps = config.layernorm_epsilon if eps is None else eps
-    norm_cls = {"LayerNorm": torch.nn.LayerNorm, "RMSNorm": torch.nn.RMSNorm}[config.normalization]
+    classes = {"LayerNorm": (torch.nn.LayerNorm, LayerNorm1P), "RMSNorm": (torch.nn.RMSNorm, RMSNorm1P)}
+    norm_cls = classes[config.normalization][bool(config.layernorm_zero_centered_gamma)]
     norm = norm_cls(hidden_size, eps=eps, dtype=config.params_dtype)
     for param in norm.parameters():
         param.sequence_parallel = config.sequence_parallel

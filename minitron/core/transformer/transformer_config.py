@@ -69,8 +69,10 @@ class TransformerConfig(ModelParallelConfig):
     kv_channels: int | None = None          # per-head size; None: hidden_size // heads
     hidden_dropout: float = 0.1             # after attention / MLP, before the residual add
     attention_dropout: float = 0.1          # on the attention probabilities
-    layernorm_epsilon: float = 1e-5
-    add_bias_linear: bool = True
+    layernorm_epsilon: float = 1e-5         # --norm-epsilon
+    layernorm_zero_centered_gamma: bool = False  # --apply-layernorm-1p: scale by (1 + weight)
+    add_bias_linear: bool = True            # --disable-bias-linear turns it off
+    qk_layernorm: bool = False              # --qk-layernorm: a norm over each head's query and key
     activation_func: Callable = F.gelu
     init_method_std: float = 0.02
     init_method: Callable | None = None              # None: N(0, init_method_std^2)

@@ -1,0 +1,121 @@
+"""What minitron does with a Megatron flag it does not implement: the policy.
+
+Megatron's example launch scripts (examples/gpt3, examples/llama, examples/mixtral) pass 25 to
+94 flags each. Many of them choose *how* a step runs on a GPU, not *what* it computes: a fused
+kernel, an attention backend, a logger, an overlap of communication with compute. minitron runs
+plain torch ops in order and computes the same numbers either way, so such a flag is
+**accepted and listed once**, with the reason it changes nothing here, in the run's header
+(rank 0, where Megatron prints its arguments; and `minitron trace` / `estimate`).
+
+A flag that changes the math (fp8 matmuls, another learning-rate or batch-size schedule) cannot
+be accepted silently: the run would not be the one asked for. It is **refused by name**, with
+the reason and what to use instead, while parsing — before any process starts.
+
+Everything else is either a flag minitron implements (argument_groups.py) or unknown, and an
+unknown flag is refused by argparse as usual.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+_FUSION = "a kernel fusion; minitron runs the unfused torch ops, which compute the same"
+_LOGGER = "a logger minitron lacks; its log is stdout, --log-jsonl and the trace"
+_OVERLAP = "overlaps communication with compute; minitron runs the same collectives in order"
+_PROFILER = "the GPU profiler; minitron's trace records every step instead"
+_ATTENTION = "chooses the attention kernel; minitron's is torch's"
+
+# flag: (takes a value, why it changes nothing here)
+NO_EFFECT = {
+    "--use-mcore-models": (False, "minitron's one GPT is Megatron-Core's GPTModel"),
+    "--transformer-impl": (True, "chooses Transformer Engine's or the local layers; minitron's are local"),
+    "--attention-backend": (True, _ATTENTION),
+    "--use-flash-attn": (False, _ATTENTION),
+    "--no-masked-softmax-fusion": (False, _FUSION),
+    "--no-bias-gelu-fusion": (False, _FUSION),
+    "--no-bias-swiglu-fusion": (False, _FUSION),
+    "--no-bias-dropout-fusion": (False, _FUSION),
+    "--no-rope-fusion": (False, _FUSION),
+    "--no-gradient-accumulation-fusion": (False, _FUSION),
+    "--cross-entropy-loss-fusion": (False, _FUSION),
+    "--no-persist-layer-norm": (False, _FUSION),
+    "--moe-grouped-gemm": (False, "one GEMM for all local experts instead of one each; the same products"),
+    "--moe-token-dispatcher-type": (True, "all-to-all, all-gather and flex move the same tokens; "
+                                          "minitron's dispatcher is the all-to-all"),
+    "--overlap-grad-reduce": (False, _OVERLAP),
+    "--overlap-param-gather": (False, _OVERLAP),
+    "--tensorboard-dir": (True, _LOGGER),
+    "--tensorboard-log-interval": (True, _LOGGER),
+    "--log-timers-to-tensorboard": (False, _LOGGER),
+    "--log-throughput": (False, _LOGGER),
+    "--wandb-project": (True, _LOGGER),
+    "--wandb-exp-name": (True, _LOGGER),
+    "--wandb-save-dir": (True, _LOGGER),
+    "--profile": (False, _PROFILER),
+    "--profile-step-start": (True, _PROFILER),
+    "--profile-step-end": (True, _PROFILER),
+    "--manual-gc": (False, "when Python collects garbage: speed only"),
+    "--empty-unused-memory-level": (True, "when the CUDA allocator's cache is emptied: memory only"),
+    "--no-mmap-bin-files": (False, "how the .bin file is read; the same tokens"),
+    "--ckpt-format": (True, "minitron's --save writes one file per (tp, pp, ep) rank (checkpointing.py)"),
+}
+
+_FP8 = "fp8 matmuls (Transformer Engine) change the math and cannot run here: train in --bf16"
+_SCHEDULE = "a schedule counted in samples"
+_DECOUPLED = ("a learning rate of its own for the embedding and output layer; minitron has one for all "
+              "parameters: drop it")
+
+# flag: (takes a value, why it is refused and what to do instead)
+REFUSED = {
+    "--fp8-format": (True, _FP8),
+    "--fp8-recipe": (True, _FP8),
+    "--fp8-margin": (True, _FP8),
+    "--fp8-amax-history-len": (True, _FP8),
+    "--fp8-amax-compute-algo": (True, _FP8),
+    "--fp8-param-gather": (False, _FP8),
+    "--lr-decay-samples": (True, f"{_SCHEDULE}; minitron's counts iterations: use --lr-decay-iters"),
+    "--lr-warmup-samples": (True, f"{_SCHEDULE}; minitron's counts iterations: use --lr-warmup-iters"),
+    "--decoupled-lr": (True, _DECOUPLED),
+    "--decoupled-min-lr": (True, _DECOUPLED),
+    "--calculate-per-token-loss": (False, "the loss averaged over the global batch's tokens is not wired to "
+                                          "the command line here: drop it for the per-micro-batch mean"),
+    "--step-batch-size-schedule": (True, "a batch-size schedule in tokens; minitron has Megatron's "
+                                         "--rampup-batch-size START INCREMENT SAMPLES"),
+    "--exit-duration-in-mins": (True, "minitron does not time its run: stop it with --exit-interval N"),
+    "--no-load-optim": (False, "minitron's --load restores the optimizer with the weights: drop it"),
+    "--no-load-rng": (False, "minitron's --load restores the random state with the weights: drop it"),
+    "--tiktoken-pattern": (True, "TikTokenizer is not among minitron's tokenizers (--tokenizer-type)"),
+}
+
+
+class _NoEffect(argparse.Action):
+    """Remember the flag (in ``args.no_effect``, once, in the order given); compute nothing."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = list(getattr(namespace, self.dest) or ())   # a new list: the default is shared
+        if option_string not in given:
+            given.append(option_string)
+        setattr(namespace, self.dest, given)
+
+
+class _Refused(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is refused: {REFUSED[option_string][1]}")
+
+
+def add_policy_args(parser) -> None:
+    """Megatron's flags that minitron accepts without effect, or refuses by name."""
+    g = parser.add_argument_group("accepted, no effect here")
+    for flag, (value, why) in NO_EFFECT.items():
+        g.add_argument(flag, dest="no_effect", action=_NoEffect, nargs=1 if value else 0, default=None,
+                       help=f"no effect here: {why}")
+    g = parser.add_argument_group("refused (they change the math and cannot run here)")
+    for flag, (value, why) in REFUSED.items():
+        g.add_argument(flag, dest="refused", action=_Refused, nargs=1 if value else 0,
+                       default=argparse.SUPPRESS, help=why)
+
+
+def no_effect_lines(args) -> list[str]:
+    """One header line per accepted-without-effect flag the command line gave."""
+    given = getattr(args, "no_effect", None) or ()   # None: no such flag (or args from an older trace)
+    return [f"accepted, no effect here: {flag}: {NO_EFFECT[flag][1]}" for flag in given]
