@@ -48,6 +48,14 @@ def _procs():
             yield int(entry.name), argv, int(stat[stat.rfind(")") + 2:].split()[1])
 
 
+def _argv(pid: int) -> str:
+    """The command line of ``pid``, to name a survivor; '' once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").replace("\0", " ")[:200]
+    except OSError:
+        return ""
+
+
 def adapters(port: int) -> list[int]:
     """debugpy adapter processes serving clients on ``port``."""
     def serves(argv: list[str]) -> bool:
@@ -63,12 +71,18 @@ def identities(pids) -> dict[int, str]:
     return {pid: start_time(pid) for pid in pids if start_time(pid)}
 
 
-def survivors(ids: dict[int, str], timeout: float = 15.0) -> list[str]:
+# How long a debugpy adapter may take to go once its rank has: a moment, but under load (two
+# busy loops and other jobs on 2 cores) it took ~15 s in 2 runs of 40, so the bound is generous.
+# It is a deadline, not a timing: a run that is quicker returns at once.
+GONE_WITHIN = 60.0
+
+
+def survivors(ids: dict[int, str], timeout: float = GONE_WITHIN) -> list[str]:
     """Which of ``ids`` still exist (zombies too), after giving them ``timeout`` s to go:
     an adapter notices its rank is gone when the socket closes, a moment after the job."""
     deadline = time.monotonic() + timeout
     while True:
-        left = [f"pid {pid} state {state(pid)}" for pid, t in ids.items() if start_time(pid) == t]
+        left = [f"pid {pid} state {state(pid)} {_argv(pid)}" for pid, t in ids.items() if start_time(pid) == t]
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)
@@ -99,7 +113,7 @@ class Watcher:
         return {**self.children, **self.adapters}
 
 
-def no_adapter(port: int, timeout: float = 15.0) -> bool:
+def no_adapter(port: int, timeout: float = GONE_WITHIN) -> bool:
     """True once no adapter serves ``port`` (for jobs whose adapters we could not watch start)."""
     deadline = time.monotonic() + timeout
     while adapters(port):
