@@ -67,8 +67,16 @@ def children(pid: int) -> list[int]:
     return [p for p, _, ppid in _procs() if ppid == pid]
 
 
+# What each process identified was running when first seen: a survivor is named by it even
+# when it is a zombie, or gone, by the time it is reported.
+_SEEN_AS: dict[tuple[int, str], str] = {}
+
+
 def identities(pids) -> dict[int, str]:
-    return {pid: start_time(pid) for pid in pids if start_time(pid)}
+    found = {pid: start_time(pid) for pid in pids if start_time(pid)}
+    for pid, started in found.items():
+        _SEEN_AS.setdefault((pid, started), _argv(pid))
+    return found
 
 
 # How long a debugpy adapter may take to go once its rank has: a moment, but under load (two
@@ -82,7 +90,8 @@ def survivors(ids: dict[int, str], timeout: float = GONE_WITHIN) -> list[str]:
     an adapter notices its rank is gone when the socket closes, a moment after the job."""
     deadline = time.monotonic() + timeout
     while True:
-        left = [f"pid {pid} state {state(pid)} {_argv(pid)}" for pid, t in ids.items() if start_time(pid) == t]
+        left = [f"pid {pid} state {state(pid)}: {_SEEN_AS.get((pid, t), '')}" for pid, t in ids.items()
+                if start_time(pid) == t]
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)
