@@ -12,10 +12,10 @@ import sys
 
 import torch
 
-try:  # inside minitron's package
-    from . import zero_to_fp32
-except ImportError:  # copied beside its sibling into a checkpoint folder, run as a script
+try:  # copied beside its sibling into a checkpoint folder, and run there as a script
     import zero_to_fp32
+except ImportError:  # imported as part of minitron's package
+    from . import zero_to_fp32
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
