@@ -189,17 +189,39 @@ def test_round_trip_repeats_the_next_two_steps_exactly(saved, stage, precision):
         assert got["path"] == str(root / f"{stage}_{precision}" / "global_step2")
 
 
+def _run_copied_script(script: Path, *argv: str) -> tuple[int, str]:
+    """A recovery script as `python SCRIPT ARGV` runs it, but in this process (which has paid
+    for torch already: five fresh interpreters were ~10 s of the suite's CPU). Its folder
+    leads sys.path, as for a script, so the copy beside it is the sibling it imports."""
+    import contextlib
+    import io
+    import runpy
+
+    err, code = io.StringIO(), 0
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv, sys.path[:0] = [str(script), *argv], [str(script.parent)]
+    sys.modules.pop("zero_to_fp32", None)   # the sibling of this copy, not of the last one
+    try:
+        with contextlib.redirect_stderr(err):
+            runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        sys.modules.pop("zero_to_fp32", None)
+    return code, err.getvalue()
+
+
 def test_recovery_script_rebuilds_the_weights(saved, tmp_path):
     """The copied zero_to_fp32.py, run as a script, gives back the weights the engine saved, and
     zero_to_torch.py the same in bf16; a folder that is not a checkpoint gets one line and exit
-    code 2."""
+    code 2. One of them runs as a fresh interpreter would, the rest in this process."""
     root, _ = saved
     rebuilt = {}
     for stage in (1, 2, 3):
         where, out = root / f"{stage}_fp32", tmp_path / f"{stage}.pt"
-        done = subprocess.run([sys.executable, str(where / "zero_to_fp32.py"), str(where), str(out)],
-                              capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
+        code, stderr = _run_copied_script(where / "zero_to_fp32.py", str(where), str(out))
+        assert code == 0, stderr
         rebuilt[stage] = torch.load(out)
         assert sorted(rebuilt[stage]) == sorted(PARAMS + ["dec.weight", "scale"])
         assert torch.equal(rebuilt[stage]["dec.weight"], rebuilt[stage]["mid.weight"])
@@ -210,16 +232,16 @@ def test_recovery_script_rebuilds_the_weights(saved, tmp_path):
     for name, tensor in rebuilt[1].items():   # the same two steps, partitioned three ways
         assert torch.allclose(rebuilt[2][name], tensor, atol=1e-6) and torch.allclose(
             rebuilt[3][name], tensor, atol=1e-6), name
-    # zero_to_torch.py: the same weights in the dtype asked for.
+    # zero_to_torch.py: the same weights in the dtype asked for; a real interpreter, run from
+    # the checkpoint folder, so its sibling import is the copy's.
     done = subprocess.run([sys.executable, str(root / "3_fp32" / "zero_to_torch.py"), str(root / "3_fp32"),
                            str(tmp_path / "bf16.pt"), "--dtype", "bf16"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     for name, tensor in torch.load(tmp_path / "bf16.pt").items():
         assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, rebuilt[3][name].bfloat16()), name
-    done = subprocess.run([sys.executable, str(root / "1_fp32" / "zero_to_fp32.py"), str(tmp_path), "x.pt",
-                           "--tag", "."], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "no *mp_rank_00_model_states.pt" in done.stderr
+    code, stderr = _run_copied_script(root / "1_fp32" / "zero_to_fp32.py", str(tmp_path), "x.pt", "--tag", ".")
+    assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert "no *mp_rank_00_model_states.pt" in stderr
 
 
 def _refusals(root: str):
