@@ -18,6 +18,7 @@ import pytest
 from minitron.launcher.launch import free_port
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+RUNS = 5
 
 # The README's section, with --pipeline-model-parallel-size 2 (4 ranks: tp 2 x pp 2) and two
 # iterations: training is what left a collective behind; initialization alone never did.
@@ -27,12 +28,12 @@ FLAGS = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", 
          "--global-batch-size", "2", "--lr", "1e-3"]
 
 
-# Once in every test run; five times in .ci/run's stress stage (`pytest -m stress`): each run is
-# five fresh interpreters importing torch, ~10 s of CPU, too much for the suite's 3 minutes.
-@pytest.mark.parametrize("runs", [pytest.param(1, id="once"),
-                                  pytest.param(5, id="five-times", marks=pytest.mark.stress)])
-def test_a_torchrun_training_job_exits_0_every_time(tmp_path, runs):
-    for run in range(runs):
+# In .ci/run's stress stage (`pytest -m stress`), not in a plain pytest run: each run is five
+# fresh interpreters importing torch, ~10 s of CPU, and five of them would take a third of the
+# suite's 3 minutes. (test_view.py runs the same entry under torchrun once, initialization only.)
+@pytest.mark.stress
+def test_a_torchrun_training_job_exits_0_every_time(tmp_path):
+    for run in range(RUNS):
         # A port of our own: torchrun's default (29500) may be in use by another job here.
         command = [TORCHRUN, "--nproc-per-node", "4", "--master-port", str(free_port()),
                    "-m", "minitron.pretrain_gpt", *FLAGS]
