@@ -13,7 +13,6 @@ each debug option, each divisibility rule), so that a new flag gets every varian
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -242,13 +241,9 @@ ROWS = rows()
 
 @pytest.fixture(scope="module")
 def outcomes():
-    """All rows, in two forked-per-case harnesses side by side (the machine has 2 cores)."""
+    """All rows, in two forked-per-case harnesses side by side (run_cases deals them)."""
     cases = [Case(argv, env=env, timeout=20, id=cid) for cid, argv, _, env in ROWS]
-    halves = [cases[0::2], cases[1::2]]
-    with ThreadPoolExecutor(2) as pool:
-        done = list(pool.map(run_cases, halves))
-    by_id = {o.case.id: o for half in done for o in half}
-    return by_id
+    return {o.case.id: o for o in run_cases(cases)}
 
 
 def test_the_table_is_large_and_unique():
