@@ -177,3 +177,13 @@ def test_the_training_log_prints_the_time_the_build_gives_it(monkeypatch):
     assert log_time() == "1970-01-02 00:00:00"
     monkeypatch.delenv("SOURCE_DATE_EPOCH")
     assert log_time() != "1970-01-02 00:00:00"
+
+
+def test_an_output_with_a_measured_time_says_so_under_it():
+    """Two builds differ only in what they timed; a block that shows a time is labelled, so a
+    page says which of its numbers are this build's measurements."""
+    text = load_hook().page_text
+    timed = text.fenced("rank 0\n└── pretrain  524.5 ms", "    ")
+    assert timed[-1] == "    " + text.MEASURED_NOTE and timed[-2] == ""
+    for steady in ("no debugger attached within 2 s", "16 ranks x 137 new_group calls", ""):
+        assert text.MEASURED_NOTE not in "\n".join(text.fenced(steady, "")), steady

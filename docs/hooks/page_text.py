@@ -29,6 +29,12 @@ FENCE_OPEN = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})")
 # CSI sequences (colours, cursor moves) and OSC sequences (hyperlinks, titles).
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 WIDTH = 120  # characters: a code block of a page at 1280 px (see the module docstring)
+# A duration as minitron prints what it timed ("524.5 ms", "0.75 s"): the one thing two builds
+# of the same commit print differently. An output holding one says so under it, so that a page
+# tells measurements of this build from everything else on it. (Whole numbers with a unit are
+# settings, "within 2 s", and are the same in every build.)
+MEASURED = re.compile(r"\b\d+\.\d+ ?(?:µs|ms|s)\b")
+MEASURED_NOTE = "*Times in the output above are what this build measured; another build's differ.*"
 
 
 def clean(text: str, places: dict[str, str] | None = None) -> str:
@@ -50,8 +56,9 @@ def fenced(text: str, indent: str) -> list[str]:
     longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
     fence = "`" * max(3, longest + 1)
     body = [part for line in text.split("\n") for part in fold(line)] if text else ["(no output)"]
-    return ([f"{indent}{fence}{{.text .no-copy}}"] + [f"{indent}{line}" if line else "" for line in body]
-            + [indent + fence])
+    block = ([f"{indent}{fence}{{.text .no-copy}}"] + [f"{indent}{line}" if line else "" for line in body]
+             + [indent + fence])
+    return block + (["", indent + MEASURED_NOTE] if MEASURED.search(text) else [])
 
 
 def fold(line: str) -> list[str]:

@@ -116,11 +116,18 @@ def on_pre_build(config):
 
 
 def source_date_epoch(root: Path) -> str:
-    """The committer time of the last commit that changed the code the commands run ("" when
-    there is no git history): what the training log prints instead of the clock."""
+    """The committer time of the last commit that changed the code the commands run: what the
+    training log prints instead of the clock. Without git history (a copy of the tree, as
+    .ci/run makes one), the newest modification time among those files, which a copy keeps:
+    the same for every build of the same tree, like the commit time."""
     done = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%ct", "--", *page_cache.SOURCES],
                           capture_output=True, text=True)
-    return done.stdout.strip() if done.returncode == 0 else ""
+    if done.returncode == 0 and done.stdout.strip():
+        return done.stdout.strip()
+    paths = [root / source for source in page_cache.SOURCES]
+    files = [p for path in paths for p in ([path] if path.is_file() else path.rglob("*"))
+             if p.is_file() and "__pycache__" not in p.parts]   # Python writes those as it runs
+    return str(int(max((p.stat().st_mtime for p in files), default=0)))
 
 
 def scratch_dir(root: Path) -> Path:
