@@ -11,6 +11,7 @@ data comes from, what one forward step and its loss are; pretrain() supplies eve
 
 from __future__ import annotations
 
+import os
 import sys
 from functools import partial
 
@@ -24,7 +25,7 @@ from minitron.core.models.gpt import GPTModel
 from minitron.core.pipeline_parallel.schedules import get_attr_wrapped_model
 from minitron.launcher.worker import rank_session
 from minitron.trace import traced
-from minitron.training.arguments import GPT_ARGS_DEFAULTS, core_transformer_config_from_args
+from minitron.training.arguments import GPT_ARGS_DEFAULTS, ArgumentError, core_transformer_config_from_args
 from minitron.training.global_vars import get_args, get_tokenizer
 from minitron.training.training import destroy_global_state, pretrain
 from minitron.training.utils import get_batch, print_rank_0
@@ -122,8 +123,16 @@ def main(argv: list[str] | None = None) -> int:
     # minitron's one addition to Megatron's entry: the per-rank session (tracing, debugger),
     # driven by environment variables so it behaves the same under any launcher. It opens
     # before the traced entry, since it is what starts the recorder.
-    with rank_session():
-        run_main(argv)
+    try:
+        with rank_session():
+            run_main(argv)
+    except ArgumentError as exc:
+        # Under torchrun no one checked the flags before the ranks started (minitron's own
+        # commands do, in the launching process), so every rank finds the same bad flag: one
+        # line from rank 0 says it, exit code 2 from all, and no traceback per rank.
+        if os.environ.get("RANK", "0") == "0":
+            print(f"minitron: error: {exc}", file=sys.stderr)
+        return 2
     # Leave the world before the interpreter exits, as torch asks of every program: a gloo
     # group's threads alive at exit can abort the process (see destroy_global_state). Only
     # on success: a group whose peer is gone may never drain, and the failure is told anyway.

@@ -42,3 +42,17 @@ def test_a_torchrun_training_job_exits_0_every_time(tmp_path):
         assert "iteration        2/       2" in out, out[-3000:]   # it did train
         assert "terminate called" not in out, f"run {run}: {out[-3000:]}"
         assert proc.returncode == 0, f"run {run} exited {proc.returncode}: {out[-3000:]}"
+
+
+@pytest.mark.parametrize("rank,says", [("0", True), ("1", False)])
+def test_a_bad_flag_under_torchrun_is_one_line_from_rank_0(rank, says, monkeypatch, capsys):
+    """Under torchrun no launching process checks the flags first: each rank's pretrain_gpt
+    refuses them itself, rank 0 in one line, every rank with exit code 2, no traceback."""
+    from minitron import pretrain_gpt
+
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", "4")    # the job's layout, tp 2 x pp 2, as torchrun sets it
+    code = pretrain_gpt.main(FLAGS[:FLAGS.index("--lr")])   # every flag of the job but --lr
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err.splitlines() == (["minitron: error: --lr is required for training (e.g. --lr 1e-3)"] if says else [])
