@@ -95,17 +95,13 @@ def write_pictures(out: Path, runs: dict) -> List[Path]:
 def play_pretrain_rank(argv: List[str]) -> None:
     """One rank of a fake world: pretrain's initialization, then nothing left for the next rank."""
     # lazy: only --backend fake loads torch and the training stack into this process
-    from minitron import comm
-    from minitron.core import parallel_state
     from minitron.pretrain_gpt import run_main
-    from minitron.training.global_vars import unset_global_variables
+    from minitron.training.training import destroy_global_state
 
     try:
         run_main(argv)  # the script's entry, as a real rank runs it (no iterations: no model)
     finally:
-        parallel_state.destroy_model_parallel()
-        comm.destroy_process_group()  # cdb's torch world, and with it every subgroup
-        unset_global_variables()
+        destroy_global_state()  # the globals, every group, the (fake) world: the next rank starts clean
 
 
 def _records_and_rows(rank: int, records: list) -> tuple:
