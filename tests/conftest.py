@@ -1,8 +1,10 @@
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -42,56 +44,99 @@ def trace16(tmp_path_factory):
     return cwd / "minitron-trace", proc
 
 
-# --- the site build, started early ------------------------------------------------------------
-# `mkdocs build --strict` runs every command the pages show: about a minute and a half of one
-# core when none of their outputs is in .cache/pages/ (docs/hooks/page_cache.py), seconds when
-# all are. The rest of the suite leaves the second core idle much of the time (ranks waiting on
-# each other, launchers on timeouts, Ctrl-C tests on signals), so the build starts as soon as
-# the tests are collected and the tests that read the site (the `site_build` fixture:
-# test_docs.py's strict build, test_pages_browser.py's measures) only wait for it. Its commands
-# pick their own ports, as the tests do, so the two do not collide; the two of chapter 1 that
-# serve on 29500 (a fixed port keeps the page the same) are below the range free ports come from.
+# --- two workers (pytest-xdist) --------------------------------------------------------------
+# The suite runs in two worker processes (`-n 2` in pyproject's addopts): half of its time is
+# spent waiting (ranks on each other, launchers on timeouts, Ctrl-C tests on signals), and the
+# second worker fills those waits. Tests travel in groups: one file per group, so a file's
+# module fixtures (a training run several tests read) run once, and the tests that share a
+# session fixture form one group across files, so that fixture runs once too.
+SHARED_GROUPS = {"site_build": "site", "trace16": "trace16"}
+
+
 def _reads_the_site(item) -> bool:
     return "site_build" in getattr(item, "fixturenames", ())
 
 
+def _group(item) -> str:
+    names = getattr(item, "fixturenames", ())
+    return next((group for fixture, group in SHARED_GROUPS.items() if fixture in names), item.nodeid.split("::")[0])
+
+
 def pytest_collection_modifyitems(session, config, items):
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
     # The tests that read the build go last, so waiting for it holds nothing else up.
     items.sort(key=_reads_the_site)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """(xdist, in the controller) every worker gets the one folder the site is built into."""
+    node.workerinput["minitron_site_scratch"] = str(_site_scratch(node.config))
+
+
+def _site_scratch(config) -> Path:
+    """The folder of this run's site build: one per run, shared by the workers."""
+    if hasattr(config, "workerinput"):
+        return Path(config.workerinput["minitron_site_scratch"])
+    if SITE_SCRATCH not in config.stash:
+        config.stash[SITE_SCRATCH] = Path(tempfile.mkdtemp(prefix="minitron-site-"))
+    return config.stash[SITE_SCRATCH]
+
+
+# --- the site build, started early ------------------------------------------------------------
+# `mkdocs build --strict` runs every command the pages show: about a minute and a half of one
+# core when none of their outputs is in .cache/pages/ (docs/hooks/page_cache.py), seconds when
+# all are. So the build starts as soon as the tests are collected, niced, filling the gaps the
+# tests leave, and the tests that read the site (the `site_build` fixture: test_docs.py's
+# strict build, test_pages_browser.py's measures) only wait for it. Under two workers the first
+# one to finish collecting starts it (both collect everything; a folder made with mkdir is the
+# lock), and the group that reads it may run in the other: so the build writes its exit code to
+# a file, and the fixture waits for that file rather than for a child of its own. Its commands
+# pick their own ports, as the tests do, so the two do not collide; the two of chapter 1 that
+# serve on 29500 (a fixed port keeps the page the same) are below the range free ports come from.
 def pytest_collection_finish(session):
     if not any(_reads_the_site(item) for item in session.items):
         return
-    scratch = Path(tempfile.mkdtemp(prefix="minitron-site-"))
-    out, err = open(scratch / "stdout", "w"), open(scratch / "stderr", "w")
+    scratch = _site_scratch(session.config)
+    try:
+        (scratch / "started").mkdir()
+    except FileExistsError:
+        return  # the other worker started it
     mkdocs = Path(sys.executable).parent / "mkdocs"
-    # One page at a time, and niced: the tests' own waits (ranks, timeouts, signals) leave
-    # a core idle much of the time, and the build should fill those gaps, not slow the tests.
+    # One page at a time, and niced: the build should fill the tests' gaps, not slow them.
     env = {**os.environ, "MINITRON_DOCS_JOBS": os.environ.get("MINITRON_DOCS_JOBS", "1")}
-    process = subprocess.Popen(["nice", "-n", "10", str(mkdocs), "build", "--strict", "-d", str(scratch / "site")],
-                               env=env,
-                               cwd=Path(__file__).resolve().parent.parent, stdout=out, stderr=err,
+    build = (f"nice -n 10 {shlex.quote(str(mkdocs))} build --strict -d {shlex.quote(str(scratch / 'site'))}"
+             f" >{shlex.quote(str(scratch / 'stdout'))} 2>{shlex.quote(str(scratch / 'stderr'))};"
+             f" echo $? >{shlex.quote(str(scratch / 'code.tmp'))};"
+             f" mv {shlex.quote(str(scratch / 'code.tmp'))} {shlex.quote(str(scratch / 'code'))}")
+    process = subprocess.Popen(["sh", "-c", build], env=env, cwd=Path(__file__).resolve().parent.parent,
                                stdin=subprocess.DEVNULL, start_new_session=True)
-    session.config.stash[SITE_BUILD] = (scratch, process)
+    session.config.stash[SITE_BUILD] = process
 
 
-def pytest_sessionfinish(session):
-    scratch, process = session.config.stash.get(SITE_BUILD, (None, None))
-    if process is None:
-        return
-    if process.poll() is None:  # the suite stopped early (-x, Ctrl-C): the build goes too
-        os.killpg(process.pid, 9)
+def pytest_sessionfinish(session, exitstatus):
+    process = session.config.stash.get(SITE_BUILD, None)
+    if process is not None and process.poll() is None:
+        if session.shouldstop or session.shouldfail or exitstatus == pytest.ExitCode.INTERRUPTED:
+            os.killpg(process.pid, 9)  # the suite stopped early (-x, Ctrl-C): the build goes too
+        # otherwise the other worker may still be waiting for it
         process.wait()
-    shutil.rmtree(scratch, ignore_errors=True)
+    if not hasattr(session.config, "workerinput") and SITE_SCRATCH in session.config.stash:
+        shutil.rmtree(session.config.stash[SITE_SCRATCH], ignore_errors=True)  # the run's end
 
 
-SITE_BUILD = pytest.StashKey[tuple]()
+SITE_BUILD = pytest.StashKey[subprocess.Popen]()
+SITE_SCRATCH = pytest.StashKey[Path]()
 
 
 @pytest.fixture(scope="session")
 def site_build(request):
     """The strict build started at collection: (its site folder, exit code, stdout, stderr)."""
-    scratch, process = request.config.stash[SITE_BUILD]
-    code = process.wait(timeout=600)
-    return scratch / "site", code, (scratch / "stdout").read_text(), (scratch / "stderr").read_text()
+    scratch = _site_scratch(request.config)
+    code, deadline = scratch / "code", time.monotonic() + 600
+    while not code.exists():
+        if time.monotonic() > deadline:
+            pytest.fail("the site build did not finish within 600 s")
+        time.sleep(0.2)
+    return scratch / "site", int(code.read_text()), (scratch / "stdout").read_text(), (scratch / "stderr").read_text()
