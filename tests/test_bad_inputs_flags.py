@@ -233,6 +233,13 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
     add("estimate-check-empty", "estimate --check .", "rank*.jsonl")
     add("estimate-seq-0", f"estimate --world 1 {MODEL} --seq-length 0", "--seq-length", "at least 1")
     add("estimate-seq-nan", f"estimate --world 1 {MODEL} --seq-length nan", "--seq-length", "whole number")
+    add("estimate-time-0", f"estimate --world 1 {MODEL} --iteration-time 0", "--iteration-time", "above 0")
+    add("estimate-time-inf", f"estimate --world 1 {MODEL} --iteration-time inf", "--iteration-time", "finite")
+    add("estimate-peak-name", f"estimate --world 1 {MODEL} --iteration-time 1 --peak-tflops b200", "--peak-tflops",
+        "h100")
+    add("estimate-peak-nan", f"estimate --world 1 {MODEL} --iteration-time 1 --peak-tflops nan", "--peak-tflops")
+    add("estimate-peak-no-time", f"estimate --world 1 {MODEL} --peak-tflops 989", "--peak-tflops", "--iteration-time")
+    add("estimate-check-time", "estimate --check . --iteration-time 1", "--iteration-time", "--check")
     return out
 
 

@@ -98,6 +98,12 @@ def estimate(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object, every rank expanded"),
     check: Optional[Path] = typer.Option(None, "--check", metavar="DIR",
                                          help="set the estimate beside what a traced run (pretrain --trace DIR) sent"),
+    iteration_time: Optional[float] = typer.Option(None, "--iteration-time", metavar="SECONDS",
+                                                   help="a measured or assumed time per iteration: prints the "
+                                                        "TFLOP/s/GPU Megatron's --log-throughput would"),
+    peak_tflops: Optional[str] = typer.Option(None, "--peak-tflops", metavar="TFLOPS|GPU",
+                                              help="the device's dense peak (a number, or h100, h200, a100) "
+                                                   "for MFU; needs --iteration-time"),
 ):
     """Predict each rank's parameters, memory and communication for pretrain's flags, starting
     nothing. Every other flag is pretrain's (--tp, --pp, --num-layers, --seq-length, ...)."""
@@ -105,6 +111,7 @@ def estimate(
     from minitron.training.theoretical_memory_usage import report_theoretical_memory as work_out, total_params
     from minitron.training.theoretical_moe import expectation_keys
 
+    peak = _peak(peak_tflops, iteration_time, check)
     if check is not None:
         if ctx.args or world is not None:
             raise UserError("--check DIR reads the run's flags and world from its trace; drop the other flags")
@@ -115,8 +122,9 @@ def estimate(
     preflight.check_world_limit(world, "estimate")  # before the layout's checks, which grow with it
     args = _args_for(list(ctx.args), world)
     costs = work_out(args)
+    compute = _compute(args, iteration_time, peak)
     if as_json:
-        out = {"total_params": total_params(args), "ranks": [c.as_json() for c in costs]}
+        out = {"total_params": total_params(args), **compute, "ranks": [c.as_json() for c in costs]}
         if expectation_keys(args):   # MoE without padding: these keys follow the routing
             out["expectation_keys"] = sorted(expectation_keys(args))
         if args.no_effect:           # the flags accepted without effect (arguments_policy.py)
@@ -125,6 +133,70 @@ def estimate(
         return
     print_no_effect(args)
     render(args, costs, total_params(args))
+    render_compute(args, compute, peak_tflops)
+
+
+def _peak(text: Optional[str], iteration_time: Optional[float], check: Optional[Path]) -> Optional[float]:
+    """--peak-tflops as a number (a GPU's name looked up), checked with --iteration-time."""
+    # lazy: loaded when the command runs, not by `minitron --help`
+    from minitron.training.theoretical_flops import PEAK_TFLOPS
+
+    if check is not None and (text is not None or iteration_time is not None):
+        raise UserError("--iteration-time and --peak-tflops go with a prediction, not with --check DIR; drop them")
+    if iteration_time is not None and not 0 < iteration_time < float("inf"):
+        raise UserError(f"--iteration-time {iteration_time:g}: give the seconds one iteration takes, above 0")
+    if text is None:
+        return None
+    if iteration_time is None:
+        raise UserError("--peak-tflops needs --iteration-time SECONDS: MFU is the achieved TFLOP/s over the peak")
+    if text.lower() in PEAK_TFLOPS:
+        return PEAK_TFLOPS[text.lower()]
+    try:
+        peak = float(text)
+    except ValueError:
+        peak = float("nan")
+    if not 0 < peak < float("inf"):
+        raise UserError(f"--peak-tflops {text!r}: give the device's dense peak in TFLOP/s (a number above 0) "
+                        f"or one of {', '.join(PEAK_TFLOPS)}")
+    return peak
+
+
+def _compute(args, iteration_time: Optional[float], peak: Optional[float]) -> dict:
+    """FLOPs and tokens of one iteration; throughput and MFU when a time (and a peak) is given."""
+    # lazy: loaded when the command runs, not by `minitron --help`
+    from minitron.training.theoretical_flops import num_floating_point_operations, throughput_per_gpu
+
+    flops = num_floating_point_operations(args, args.global_batch_size)
+    out = {"flops_per_iteration": flops, "tokens_per_iteration": args.global_batch_size * args.seq_length}
+    if iteration_time is not None:
+        out["throughput_per_gpu_tflops"] = throughput_per_gpu(flops, iteration_time, args.world_size)
+        out["iteration_time_s"] = iteration_time
+        if peak is not None:
+            out["peak_tflops"] = peak
+            out["mfu"] = out["throughput_per_gpu_tflops"] / peak
+    return out
+
+
+def flops_text(n: float) -> str:
+    """5.47e+18 FLOPs as 5.47 EFLOP, the unit chosen so the number stays short."""
+    for unit, size in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}FLOP"
+    return f"{n:.3g} FLOP"
+
+
+def render_compute(args, compute: dict, peak_name: Optional[str]) -> None:
+    console.print(f"compute: {flops_text(compute['flops_per_iteration'])} per iteration, "
+                  f"{compute['tokens_per_iteration']:,} tokens ({args.global_batch_size} × {args.seq_length}); "
+                  "model FLOPs as Megatron counts them", highlight=False)
+    if "throughput_per_gpu_tflops" in compute:
+        achieved = compute["throughput_per_gpu_tflops"]
+        line = (f"at {compute['iteration_time_s']:g} s per iteration: throughput per GPU (TFLOP/s/GPU): "
+                + (f"{achieved:.1f}" if achieved >= 1 else f"{achieved:.3g}"))
+        if "mfu" in compute:
+            named = f" ({peak_name.lower()})" if peak_name and not peak_name[0].isdigit() else ""
+            line += f", MFU {compute['mfu']:.1%} of {compute['peak_tflops']:g} TFLOP/s{named}"
+        console.print(line, highlight=False)
 
 
 def check_trace(trace_dir: Path, as_json: bool) -> None:

@@ -1,0 +1,101 @@
+"""Compute for one iteration: Megatron's ``num_floating_point_operations`` and what it feeds.
+
+Megatron prints ``throughput per GPU (TFLOP/s/GPU)`` when run with ``--log-throughput``. That
+number is not measured: it is a closed-form count of the *model's* floating-point operations
+for one global batch (megatron/training/training.py, ``num_floating_point_operations``) divided
+by the measured iteration time and the world size. This module is that count, term by term and
+under the same name, so ``minitron estimate`` can print it beside the memory, before anything
+runs. It imports nothing heavy: estimate must answer in a fraction of an ``import torch``.
+
+The count is a *model* FLOP count, the numerator of MFU (model FLOPs utilisation). Four
+conventions, all Megatron's, and each one visible below:
+
+* Only matrix multiplications count, at 2 operations per multiply-add (``FMA``). Norms,
+  softmax, activations, dropout, rotary embeddings and the optimizer are left out: they are
+  memory-bound and small beside the GEMMs.
+* The backward pass costs twice the forward (one GEMM for the input's gradient, one for the
+  weight's), so every GEMM counts 3 times (``FWD_BWD``). Recomputation is *not* counted: it
+  is work the hardware does that the model does not need, which is why MFU ignores it while
+  "hardware FLOPs utilisation" would not.
+* Core attention (``QK^T`` and ``softmax · V``) is counted for half of the s × s scores,
+  because the causal mask makes half of them zero: a kernel that skips them (flash attention)
+  does half the work. Plain ``torch.matmul`` of the full matrix does twice that.
+* The MoE router's h × E GEMM and the embedding lookup (a gather, no GEMM) are not counted.
+
+tests/test_estimate_flops.py counts every matmul of a real forward and backward with torch's
+FLOP counter and finds exactly these differences, no others.
+"""
+
+from __future__ import annotations
+
+FMA = 2        # a multiply-add is two floating-point operations
+FWD_BWD = 3    # forward, plus backward's input-gradient and weight-gradient GEMMs
+
+
+def moe_layer_pattern(args) -> list[int]:
+    """1 for each layer whose MLP is an MoE layer, 0 for a dense one (Megatron's
+    ``--moe-layer-freq``: an int k means every k-th layer from layer 0; a list gives each)."""
+    if getattr(args, "num_experts", None) is None:
+        return [0] * args.num_layers
+    freq = getattr(args, "moe_layer_freq", 1)
+    if isinstance(freq, int):
+        return [1 if i % freq == 0 else 0 for i in range(args.num_layers)]
+    return list(freq)
+
+
+def _attention_per_token(args) -> tuple[float, float]:
+    """(projection FLOPs per token, core-attention FLOPs per token per token of sequence) for
+    one layer, forward and backward."""
+    heads, h = args.num_attention_heads, args.hidden_size
+    if getattr(args, "multi_latent_attention", False):
+        # DeepSeek's MLA: queries through a low-rank "lora" (or straight from h when
+        # q_lora_rank is None), keys and values from one compressed latent of kv_lora_rank,
+        # plus a small shared rope key; the +1 terms are Megatron's count of the latent norms.
+        qk = args.qk_head_dim + args.qk_pos_emb_head_dim
+        if args.q_lora_rank is None:
+            q = h * heads * qk
+        else:
+            q = args.q_lora_rank * (h + heads * qk + 1)
+        kv = args.kv_lora_rank * (h + heads * (args.qk_head_dim + args.v_head_dim) + 1)
+        projections = q + kv + h * args.qk_pos_emb_head_dim + heads * args.v_head_dim * h
+        core = heads * qk / 2 + heads * args.v_head_dim / 2
+    else:
+        groups = args.num_query_groups if getattr(args, "group_query_attention", False) else heads
+        query = args.kv_channels * heads
+        key_value = 2 * args.kv_channels * groups
+        projections = h * (query + key_value) + query * h        # QKV in, and the output projection
+        core = query / 2 * 2   # QK^T and scores·V, each over half the scores (the causal mask)
+    return FWD_BWD * FMA * projections, FWD_BWD * FMA * core
+
+
+def num_floating_point_operations(args, batch_size: int) -> float:
+    """Model FLOPs of one iteration over ``batch_size`` sequences of ``args.seq_length``
+    tokens, as Megatron counts them (see the module's docstring for what is left out)."""
+    tokens = batch_size * args.seq_length
+    pattern = moe_layer_pattern(args)
+    moe_layers = sum(pattern)
+    dense_layers = args.num_layers - moe_layers
+    gated = 3 if args.swiglu else 2   # GEMMs in an MLP: (gate and) up, then down
+    routed = shared = 0
+    if moe_layers:
+        ffn = args.moe_ffn_hidden_size or args.ffn_hidden_size
+        routed = ffn * args.moe_router_topk * gated   # each token runs through topk experts
+        shared = (getattr(args, "moe_shared_expert_intermediate_size", None) or 0) * gated
+    mlp = FWD_BWD * FMA * args.hidden_size * (args.ffn_hidden_size * gated * dense_layers
+                                              + (routed + shared) * moe_layers)
+    projections, core = _attention_per_token(args)
+    logits = FWD_BWD * FMA * args.hidden_size * args.padded_vocab_size
+    per_token = mlp + projections * args.num_layers + logits
+    # Core attention grows with the square of the sequence: s² per sequence, not s per token.
+    return tokens * per_token + batch_size * args.seq_length ** 2 * core * args.num_layers
+
+
+def throughput_per_gpu(flops: float, iteration_seconds: float, world_size: int) -> float:
+    """TFLOP/s per GPU, the number Megatron's ``--log-throughput`` prints: the model's FLOPs
+    over the iteration's time, shared evenly by every rank of the world."""
+    return flops / (iteration_seconds * 10**12 * world_size)
+
+
+# Dense bf16 tensor-core peaks from the vendors' data sheets (TFLOP/s, no sparsity), for MFU.
+# H100 and H200 SXM share the same compute (the H200 has more and faster memory).
+PEAK_TFLOPS = {"h100": 989.0, "h200": 989.0, "a100": 312.0}
