@@ -233,6 +233,13 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
     add("estimate-check-empty", "estimate --check .", "rank*.jsonl")
     add("estimate-seq-0", f"estimate --world 1 {MODEL} --seq-length 0", "--seq-length", "at least 1")
     add("estimate-seq-nan", f"estimate --world 1 {MODEL} --seq-length nan", "--seq-length", "whole number")
+    add("estimate-window-one-number", f"estimate --world 1 {MODEL} --window-size 4", "--window-size", "LEFT,RIGHT")
+    add("estimate-window-below", f"estimate --world 1 {MODEL} --window-size=-2,0", "--window-size", "-1")
+    add("estimate-window-skip-alone", f"estimate --world 1 {MODEL} --window-attn-skip-freq 2", "--window-size")
+    add("estimate-window-skip-code", f"estimate --world 1 {MODEL} --window-size 4,0 --window-attn-skip-freq "
+        "__import__('os')", "--window-attn-skip-freq", "[1,1,0]")
+    add("estimate-window-cp", f"estimate --world 2 {MODEL} --window-size 4,0 --context-parallel-size 2",
+        "--window-size", "--context-parallel-size")
     add("estimate-time-0", f"estimate --world 1 {MODEL} --iteration-time 0", "--iteration-time", "above 0")
     add("estimate-time-inf", f"estimate --world 1 {MODEL} --iteration-time inf", "--iteration-time", "finite")
     add("estimate-peak-name", f"estimate --world 1 {MODEL} --iteration-time 1 --peak-tflops b200", "--peak-tflops",

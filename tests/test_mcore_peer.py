@@ -15,6 +15,7 @@ megatron.core does not import. minitron itself never imports megatron.
 from __future__ import annotations
 
 import socket
+from unittest import mock
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.mcore
 try:
     from megatron.core import parallel_state as mcore_parallel_state
     from megatron.core import tensor_parallel as mcore_tensor_parallel
+    from megatron.core.fusions import fused_softmax as mcore_fused_softmax
     from megatron.core.models.gpt import GPTModel as McoreGPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel import random as mcore_random
@@ -53,6 +55,9 @@ CASES = {  # name: (TransformerConfig fields both take, GPTModel arguments both 
                                                       share_embeddings_and_output_weights=False)),
     "llama-1p": (dict(add_bias_linear=False, layernorm_zero_centered_gamma=True, normalization="RMSNorm",
                       **SWIGLU), dict(position_embedding_type="rope")),
+    # layer 1 through a 3-token window, layer 2 full (every 2nd layer skips the window)
+    "sliding-window": (dict(window_size=(3, 0), window_attn_skip_freq=2), {}),
+    "sliding-window-list": (dict(window_size=(2, 0), window_attn_skip_freq=[0, 1]), {}),
 }
 
 
@@ -70,6 +75,14 @@ def one_rank(monkeypatch):
     monkeypatch.setattr(torch.cuda, "manual_seed", torch.manual_seed)
     monkeypatch.setattr(mcore_random, "_get_cuda_rng_state", lambda *a, **k: torch.get_rng_state())
     monkeypatch.setattr(mcore_random, "_set_cuda_rng_state", lambda state, *a, **k: torch.set_rng_state(state))
+    # Megatron's torch softmax builds the sliding-window mask with device="cuda" spelled out.
+    window_mask = mcore_fused_softmax.get_sliding_window_causal_mask
+    ones = torch.ones
+
+    def window_mask_on_cpu(*args):
+        with mock.patch.object(torch, "ones", lambda *a, device=None, **k: ones(*a, **k)):
+            return window_mask(*args)
+    monkeypatch.setattr(mcore_fused_softmax, "get_sliding_window_causal_mask", window_mask_on_cpu)
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     mcore_parallel_state.initialize_model_parallel(1, 1)
     parallel_state.initialize_model_parallel(1, 1)

@@ -188,7 +188,7 @@ def flops_text(n: float) -> str:
 def render_compute(args, compute: dict, peak_name: Optional[str]) -> None:
     console.print(f"compute: {flops_text(compute['flops_per_iteration'])} per iteration, "
                   f"{compute['tokens_per_iteration']:,} tokens ({args.global_batch_size} × {args.seq_length}); "
-                  "model FLOPs as Megatron counts them", highlight=False)
+                  "Megatron's count", highlight=False)
     if "throughput_per_gpu_tflops" in compute:
         achieved = compute["throughput_per_gpu_tflops"]
         line = (f"at {compute['iteration_time_s']:g} s per iteration: throughput per GPU (TFLOP/s/GPU): "

@@ -12,7 +12,7 @@ import argparse
 
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER
 from minitron.training.arguments_ranges import (CAPACITY, COUNT, EXPERTS, LAYERS, LOSS_SCALE, POSITIVE, PROBABILITY,
-                                                float_in, int_in)
+                                                float_in, int_in, layer_pattern, window_size)
 from minitron.training.arguments_policy import add_policy_args
 from minitron.training.tokenizer.tokenizer import TOKENIZER_TYPES
 
@@ -65,6 +65,14 @@ def _add_network_size_args(parser):
     g.add_argument("--group-query-attention", action="store_true",
                    help="heads share keys and values in --num-query-groups groups")
     g.add_argument("--num-query-groups", type=POSITIVE, default=None)
+
+
+def _add_window_args(parser):
+    g = parser.add_argument_group("sliding-window attention")
+    g.add_argument("--window-size", type=window_size, default=None,
+                   help="LEFT,RIGHT: each query sees LEFT tokens back and RIGHT ahead (a GPT: L,0)")
+    g.add_argument("--window-attn-skip-freq", type=layer_pattern, default=None,
+                   help="N: every N-th layer attends to everything; or a 0/1 list per layer (1 = window)")
 
 
 def _add_regularization_args(parser):
@@ -249,7 +257,7 @@ def _add_data_args(parser):
                    action="store_false", help="let the attention kernel build the causal mask")
 
 
-ARGUMENT_GROUPS = (_add_network_size_args, _add_regularization_args, _add_training_args,
+ARGUMENT_GROUPS = (_add_network_size_args, _add_window_args, _add_regularization_args, _add_training_args,
                    _add_initialization_args, _add_learning_rate_args, _add_checkpointing_args,
                    _add_mixed_precision_args, _add_distributed_args, _add_validation_args,
                    _add_data_args, _add_tokenizer_args, _add_moe_args, _add_logging_args,

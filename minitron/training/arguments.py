@@ -306,6 +306,7 @@ def core_transformer_config_from_args(args):
         attention_dropout=args.attention_dropout, layernorm_epsilon=args.layernorm_epsilon,
         layernorm_zero_centered_gamma=args.layernorm_zero_centered_gamma,
         add_bias_linear=args.add_bias_linear, qk_layernorm=args.qk_layernorm,
+        window_size=args.window_size, window_attn_skip_freq=args.window_attn_skip_freq,
         init_method_std=args.init_method_std, init_seed=args.seed,
         pipeline_dtype=dtype,
         # the modern GPT options and activation recomputation

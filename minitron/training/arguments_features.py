@@ -56,6 +56,23 @@ def validate_modern_options(args):
         require(n is not None and n <= per_stage, f"--recompute-granularity full needs --recompute-num-layers "
                  f"N between 1 and the {per_stage} layers of a pipeline stage")
 
+    validate_window(args)
+
+
+def validate_window(args):
+    """Sliding-window attention: a window to skip, a pattern the length of the model, no ring."""
+    freq = args.window_attn_skip_freq
+    if args.window_size is None:
+        require(freq is None, "--window-attn-skip-freq needs --window-size LEFT,RIGHT (the window it skips)")
+        return
+    require(not isinstance(freq, list) or len(freq) == args.num_layers,
+            f"--window-attn-skip-freq lists {len(freq or [])} layers, but the model has --num-layers "
+            f"{args.num_layers}: one 0/1 per layer")
+    # The ring of context parallelism hides the future block by block from where each chunk
+    # sits in the sequence; it has no notion of a window that ends inside a block.
+    require(args.context_parallel_size == 1, "--window-size with --context-parallel-size > 1: minitron's ring "
+            "attention has no sliding window; drop one")
+
 
 def validate_context_parallel(args):
     cp = args.context_parallel_size

@@ -78,3 +78,46 @@ CAPACITY = float_in(0.0, float(MAX_EXPERTS), above=True, why=f"with at most {MAX
 LOSS_SCALE = float_in(0.0, 2.0**64, above=True, why="2**64: the loss times the scale must stay finite in float32, "
                     "whose range ends near 2**128; Megatron starts at 2**32")
 PROBABILITY = float_in(0.0, 1.0, below=True)
+
+
+def window_size(text: str) -> tuple[int, int]:
+    """--window-size LEFT,RIGHT (Megatron's tuple form): tokens seen back and ahead; -1: no limit."""
+    parts = text.replace("(", "").replace(")", "").split(",")
+    try:
+        left, right = (int(p) for p in parts) if len(parts) == 2 else (None, None)
+    except ValueError:
+        left = right = None
+    if left is None or min(left, right) < -1 or max(left, right) > _MAX:
+        raise argparse.ArgumentTypeError(f"expected LEFT,RIGHT, two whole numbers of tokens (-1: no limit), "
+                                         f"as in 128,0; got {text[:40]!r}")
+    return left, right
+
+
+def layer_pattern(text: str) -> int | list[int]:
+    """Megatron's frequency form: N (every N-th layer), or a list of 0/1 per layer written as a
+    Python list expression such as ``[1,1,0]`` or ``([1]*3+[0])*2``. Evaluated by walking its
+    syntax tree (lists, whole numbers, + and *), never by eval()."""
+    import ast   # only for the list form
+
+    def value(node):
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, (ast.List, ast.Tuple)):
+            return [value(e) for e in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Mult) and isinstance(left, list) and isinstance(right, int) and right <= 4096:
+                return left * right
+            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+                return left + right
+        raise ValueError
+    try:
+        parsed = value(ast.parse(text.strip(), mode="eval").body) if len(text) <= 1000 else None
+    except (SyntaxError, ValueError, RecursionError):
+        parsed = None
+    if isinstance(parsed, int) and 1 <= parsed <= _MAX:
+        return parsed
+    if isinstance(parsed, list) and len(parsed) <= 4096 and parsed and all(v in (0, 1) for v in parsed):
+        return parsed
+    raise argparse.ArgumentTypeError(f"expected N (every N-th layer) or a list of 0/1 per layer such as "
+                                     f"[1,1,0] or ([1]*3+[0])*2; got {text[:40]!r}")

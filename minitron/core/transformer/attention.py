@@ -31,6 +31,7 @@ from minitron.core.tensor_parallel.utils import divide
 from minitron.core.transformer.context_parallel import attn_forward_func_with_cp
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.torch_norm import WrappedTorchNorm
+from minitron.core.transformer.utils import get_sliding_window_causal_mask, is_layer_window_attention
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
@@ -55,11 +56,19 @@ class DotProductAttention(MegatronModule):
         self.layer_number = layer_number
         self.softmax_scale = 1.0 / math.sqrt(config.kv_channels)
         self.attention_dropout = torch.nn.Dropout(config.attention_dropout)
+        # Sliding-window attention (--window-size): this layer's window, or None for full.
+        self.window_size = (config.window_size if is_layer_window_attention(
+            config.window_size, config.window_attn_skip_freq, layer_number) else None)
 
     @traced(args=lambda self, query, key, value, attention_mask=None: {"query": short_value(query)})
     def forward(self, query, key, value, attention_mask=None):
         # [s, b, n, d] -> [b, n, s, d]: batch and heads in front, as the matmuls want.
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        if self.window_size is not None:
+            # The window hides keys too far back (and ahead); what the data's mask hides stays
+            # hidden. An explicit mask sends both paths below through it.
+            window = get_sliding_window_causal_mask(q.size(2), k.size(2), self.window_size, device=q.device)
+            attention_mask = window if attention_mask is None else attention_mask | window
         if k.size(1) != q.size(1):
             # Grouped-query attention: each key/value head serves n_q / n_kv query heads (the
             # one place the copies are made, as in Megatron's core attention).

@@ -72,6 +72,9 @@ class TransformerConfig(ModelParallelConfig):
     layernorm_epsilon: float = 1e-5         # --norm-epsilon
     layernorm_zero_centered_gamma: bool = False  # --apply-layernorm-1p: scale by (1 + weight)
     add_bias_linear: bool = True            # --disable-bias-linear turns it off
+    # --window-size (left, right) and --window-attn-skip-freq: sliding-window attention
+    window_size: tuple | None = None
+    window_attn_skip_freq: int | list | None = None
     qk_layernorm: bool = False              # --qk-layernorm: a norm over each head's query and key
     activation_func: Callable = F.gelu
     init_method_std: float = 0.02
