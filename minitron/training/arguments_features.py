@@ -28,9 +28,7 @@ def validate_modern_options(args):
                  f"--tensor-model-parallel-size {tp}: each tensor-parallel rank computes whole query groups")
     else:
         require(args.num_query_groups is None, "--num-query-groups needs --group-query-attention")
-    require(args.add_position_embedding or args.position_embedding_type == "rope",
-            "--no-position-embedding with learned positions: minitron's GPT always has some; "
-            "add --position-embedding-type rope (Megatron's current spelling), or drop it")
+    validate_position_embedding(args)
     if args.position_embedding_type == "rope" and args.hidden_size % heads == 0:
         d = args.kv_channels or args.hidden_size // heads
         rot = d if args.rotary_percent >= 1.0 else int(d * args.rotary_percent)
@@ -55,6 +53,33 @@ def validate_modern_options(args):
         require(method is not None, "--recompute-granularity full needs --recompute-method uniform or block")
         require(n is not None and n <= per_stage, f"--recompute-granularity full needs --recompute-num-layers "
                  f"N between 1 and the {per_stage} layers of a pipeline stage")
+
+
+# Megatron 0.19's position types that minitron does not build, and why.
+_NOT_BUILT = {
+    "yarn": "YaRN's rope (Megatron's YarnRotaryEmbedding, used by DeepSeek's MLA) is not built here",
+    "mrope": "multimodal rope needs the image/video position ids of a vision model",
+    "relative": "T5's relative position bias needs Transformer Engine's attention in Megatron too",
+}
+
+
+def validate_position_embedding(args):
+    """Megatron's rules for the position flags, and minitron's refusals of the rest."""
+    if args.use_rotary_position_embeddings:
+        args.position_embedding_type = "rope"      # Megatron's legacy spelling wins, as there
+    kind = args.position_embedding_type
+    require(kind not in _NOT_BUILT, f"--position-embedding-type {kind}: {_NOT_BUILT.get(kind)}; "
+             "minitron has learned_absolute, rope and none")
+    require(args.add_position_embedding or kind == "rope",
+            "--no-position-embedding is deprecated (Megatron refuses it too unless the type is rope): "
+            "use --position-embedding-type none for a model without positions")
+    if kind != "rope":
+        given = [flag for flag, on in (("--rotary-interleaved", args.rotary_interleaved),
+                                       ("--rotary-seq-len-interpolation-factor",
+                                        args.rotary_seq_len_interpolation_factor is not None),
+                                       ("--use-rope-scaling", args.use_rope_scaling)) if on]
+        require(not given, f"{given[0] if given else ''} shapes rope's angles, and --position-embedding-type "
+                 f"is {kind}: add --position-embedding-type rope, or drop it")
 
 
 def validate_context_parallel(args):

@@ -166,8 +166,8 @@ class SelfAttention(MegatronModule):
         """[s, b, h] (or [s/p, b, h] with sequence parallelism) -> (output, bias) of the same shape."""
         query, key, value = self.get_query_key_value_tensors(hidden_states)
         if rotary_pos_emb is not None:                           # --position-embedding-type rope
-            query = apply_rotary_pos_emb(query, rotary_pos_emb)
-            key = apply_rotary_pos_emb(key, rotary_pos_emb)
+            query = apply_rotary_pos_emb(query, rotary_pos_emb, self.config.rotary_interleaved)
+            key = apply_rotary_pos_emb(key, rotary_pos_emb, self.config.rotary_interleaved)
         # key and value keep their g/p heads here: DotProductAttention repeats them for the
         # query heads of their group (inside the recomputed region, so the copies are not kept).
         if self.checkpoint_core_attention and self.training:

@@ -81,6 +81,7 @@ class TransformerConfig(ModelParallelConfig):
     normalization: str = "LayerNorm"        # or "RMSNorm" (--normalization)
     gated_linear_unit: bool = False         # --swiglu: fc1 makes gate and up, act(gate) * up
     num_query_groups: int | None = None     # grouped-query attention; None: one per head
+    rotary_interleaved: bool = False        # rope pairs channels (2i, 2i+1), not (i, i + d/2)
     recompute_granularity: str | None = None  # None, "full" (whole layers) or "selective"
     recompute_method: str | None = None       # "uniform" or "block" (full granularity)
     recompute_num_layers: int | None = None   # layers per chunk (uniform) / per stage (block)
