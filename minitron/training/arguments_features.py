@@ -24,8 +24,10 @@ def validate_modern_options(args):
         require(groups is not None, "--group-query-attention needs --num-query-groups G (heads per key/value)")
         require(heads % groups == 0, f"--num-attention-heads {heads} is not divisible by --num-query-groups "
                  f"{groups}: each group is the same number of query heads")
-        require(groups % tp == 0, f"--num-query-groups {groups} is not divisible by "
-                 f"--tensor-model-parallel-size {tp}: each tensor-parallel rank computes whole query groups")
+        # Megatron's rule: each rank computes whole groups (g % tp == 0), or tp/g ranks share
+        # one group's key and value (tp % g == 0; SelfAttention all-gathers them).
+        require(groups % tp == 0 or tp % groups == 0, f"--num-query-groups {groups} must be a multiple or a "
+                 f"divisor of --tensor-model-parallel-size {tp}: ranks compute whole groups, or share one")
     else:
         require(args.num_query_groups is None, "--num-query-groups needs --group-query-attention")
     validate_position_embedding(args)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from minitron.core import parallel_state
 from minitron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from minitron.core.tensor_parallel.mappings import all_gather_last_dim_from_tensor_parallel_region
 from minitron.core.models.common.embeddings.rotary_pos_embedding import apply_rotary_pos_emb
 from minitron.core.tensor_parallel.random import checkpoint as tensor_parallel_checkpoint
 from minitron.core.tensor_parallel.random import get_cuda_rng_tracker
@@ -119,13 +120,23 @@ class SelfAttention(MegatronModule):
     [q_1 .. q_{n/g} k v] per group (Megatron's order), and the column split hands each TP rank
     g/p whole groups: its query heads arrive with the one key and value they read. With g = n
     this is ordinary multi-head attention, [q k v] per head.
+
+    With fewer groups than ranks (g < p, p a multiple of g) p/g ranks share each group, and the
+    plain column split cuts a group's [q.. k v] in pieces, only one of which holds k and v.
+    Megatron keeps that split (and so the weights' layout) and repairs it after the matmul:
+    every rank all-gathers the whole output, keeps its group's [q.. k v], and of the group's
+    query heads its own n/p. Key and value are then computed on all p/g ranks of the group; the
+    all-gather's backward sums their gradients (``_my_group_of_qkv``).
     """
 
     def __init__(self, config, layer_number: int):
         super().__init__(config)
         tp = parallel_state.get_tensor_model_parallel_world_size()
         self.num_attention_heads_per_partition = divide(config.num_attention_heads, tp, "attention heads")
-        self.num_query_groups_per_partition = divide(config.num_query_groups, tp, "query groups")
+        # g < p: p/g ranks share one group (see the class docstring); else each has g/p groups.
+        self.ranks_per_query_group = tp // config.num_query_groups if config.num_query_groups < tp else 1
+        self.num_query_groups_per_partition = (1 if self.ranks_per_query_group > 1
+                                               else divide(config.num_query_groups, tp, "query groups"))
         self.hidden_size_per_attention_head = config.kv_channels
         query_projection_size = config.kv_channels * config.num_attention_heads
         kv_projection_size = config.kv_channels * config.num_query_groups
@@ -150,15 +161,28 @@ class SelfAttention(MegatronModule):
     def get_query_key_value_tensors(self, hidden_states):
         """[s, b, h] -> query [s, b, n/p, d], key and value [s, b, g/p, d]."""
         mixed_qkv, _ = self.linear_qkv(hidden_states)            # [s, b, g/p * (n/g + 2) * d]
+        if self.ranks_per_query_group > 1:
+            mixed_qkv = self._my_group_of_qkv(mixed_qkv)         # [s, b, (n/g + 2) * d]
         s, b = mixed_qkv.shape[:2]
         d = self.hidden_size_per_attention_head
-        heads_per_group = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
+        heads_per_group = self.config.num_attention_heads // self.config.num_query_groups
         mixed_qkv = mixed_qkv.view(s, b, self.num_query_groups_per_partition, (heads_per_group + 2) * d)
         query, key, value = torch.split(mixed_qkv, [heads_per_group * d, d, d], dim=-1)
-        query = query.reshape(s, b, self.num_attention_heads_per_partition, d)
+        query = query.reshape(s, b, self.num_query_groups_per_partition * heads_per_group, d)
+        if self.ranks_per_query_group > 1:                       # my n/p of the group's n/g queries
+            mine = parallel_state.get_tensor_model_parallel_rank() % self.ranks_per_query_group
+            n_p = self.num_attention_heads_per_partition
+            query = query[:, :, mine * n_p:(mine + 1) * n_p]
         if self.q_layernorm is not None:      # before rope, as in Megatron
             query, key = self.q_layernorm(query), self.k_layernorm(key)
         return query, key, value
+
+    def _my_group_of_qkv(self, mixed_qkv):
+        """g < p: the whole [s, b, g * (n/g + 2) * d] from every rank's piece, cut to my group's."""
+        whole = all_gather_last_dim_from_tensor_parallel_region(mixed_qkv)
+        group = parallel_state.get_tensor_model_parallel_rank() // self.ranks_per_query_group
+        size = whole.size(-1) // self.config.num_query_groups
+        return whole[..., group * size:(group + 1) * size]
 
     @traced(args=lambda self, hidden_states, attention_mask=None, rotary_pos_emb=None: {
         "hidden_states": short_value(hidden_states)})

@@ -143,9 +143,9 @@ class TransformerConfig(ModelParallelConfig):
         if self.num_attention_heads % self.num_query_groups:
             raise ValueError(f"num_attention_heads {self.num_attention_heads} is not divisible by "
                              f"num_query_groups {self.num_query_groups}: each group shares one key and value")
-        if self.num_query_groups % tp:
-            raise ValueError(f"num_query_groups {self.num_query_groups} is not divisible by "
-                             f"tensor_model_parallel_size {tp}: each TP rank must own whole query groups")
+        if self.num_query_groups % tp and tp % self.num_query_groups:
+            raise ValueError(f"num_query_groups {self.num_query_groups} must be a multiple or a divisor of "
+                             f"tensor_model_parallel_size {tp}: ranks own whole groups, or share one")
         if self.distribute_saved_activations:
             raise ValueError("distribute_saved_activations (Megatron's split of checkpointed inputs "
                              "across TP ranks) is not available in minitron")

@@ -97,7 +97,9 @@ class RotaryEmbedding(torch.nn.Module):
             # Channel i and channel i + dim/2 form a pair and turn by the same angle.
             emb = torch.cat((freqs, freqs), dim=-1)
         emb = emb[:, None, None, :]                                 # [s, 1, 1, dim]
-        if parallel_state.get_context_parallel_world_size() > 1:
+        # Outside a run (no groups built) there is no context parallelism to cut for, as
+        # Megatron's get_context_parallel_group(check_initialized=False) has it.
+        if parallel_state.is_initialized() and parallel_state.get_context_parallel_world_size() > 1:
             emb = get_pos_emb_on_this_cp_rank(emb, 0)
         return emb
 
