@@ -133,6 +133,8 @@ CP_LAYOUTS = {
     "cp2-tp2": (4, ["--tensor-model-parallel-size", "2"]),
     "cp2-pp2": (4, ["--pipeline-model-parallel-size", "2"]),
     "cp2-dp2-tp2-sp": (8, ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
+    # all-to-all in the first layer, the ring in the second (Megatron's per-layer list)
+    "cp2-tp2-a2a-p2p": (4, ["--tensor-model-parallel-size", "2", "--cp-comm-type", "a2a", "p2p"]),
 }
 
 

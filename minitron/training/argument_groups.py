@@ -169,9 +169,12 @@ def _add_distributed_args(parser):
                    dest="virtual_pipeline_model_parallel_size", type=POSITIVE, default=None,
                    help="model chunks per pipeline rank (the interleaved schedule)")
     g.add_argument("--context-parallel-size", type=POSITIVE, default=1)
-    # Megatron's other kinds (a2a, allgather, a2a+p2p) are not built: the ring is the one taught.
-    g.add_argument("--cp-comm-type", default="p2p", choices=["p2p"],
-                   help="how context-parallel attention exchanges keys/values: p2p, a ring")
+    # Megatron's four kinds; validate_args refuses the two minitron does not build, by name.
+    g.add_argument("--cp-comm-type", nargs="+", default=["p2p"], choices=["p2p", "a2a", "a2a+p2p", "allgather"],
+                   help="context-parallel attention: p2p (a ring of keys/values) or a2a (all-to-all, heads <-> "
+                        "sequence); one for all layers or one per layer")
+    g.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=POSITIVE, default=None,
+                   help="a2a+p2p's two levels (not built here)")
     g.add_argument("--expert-model-parallel-size", type=POSITIVE, default=1)
     g.add_argument("--expert-tensor-parallel-size", type=POSITIVE, default=None, help="default: tp size")
     g.add_argument("--sequence-parallel", action="store_true")

@@ -84,10 +84,27 @@ def validate_position_embedding(args):
                  f"is {kind}: add --position-embedding-type rope, or drop it")
 
 
+_CP_NOT_BUILT = {"allgather": "all-gathers every key and value before attention",
+                 "a2a+p2p": "all-to-all inside sub-groups and a ring across them"}
+
+
 def validate_context_parallel(args):
-    cp = args.context_parallel_size
+    if isinstance(args.cp_comm_type, str):   # an older run's saved args (one kind, unlisted)
+        args.cp_comm_type = [args.cp_comm_type]
+    cp, kinds = args.context_parallel_size, args.cp_comm_type
+    for kind in kinds:
+        require(kind not in _CP_NOT_BUILT, f"--cp-comm-type {kind} ({_CP_NOT_BUILT.get(kind)}) is not built in "
+                 "minitron: use p2p (the ring) or a2a (all-to-all)")
+    require(args.hierarchical_context_parallel_sizes is None,
+             "--hierarchical-context-parallel-sizes is for --cp-comm-type a2a+p2p, which minitron does not build: drop it")
+    require(len(kinds) in (1, args.num_layers), f"--cp-comm-type takes one kind for every layer or one per layer "
+             f"({args.num_layers}), got {len(kinds)}")
     if cp == 1:
         return
+    heads = args.num_attention_heads // args.tensor_model_parallel_size
+    require("a2a" not in kinds or heads % cp == 0,
+             f"--cp-comm-type a2a gives each context-parallel rank whole heads: the {heads} heads of a "
+             f"tensor-parallel rank do not split across --context-parallel-size {cp}")
     require(args.seq_length % (2 * cp) == 0,
              f"--seq-length {args.seq_length} must be a multiple of 2 x --context-parallel-size "
              f"= {2 * cp}: each sequence is cut into 2 x cp equal chunks")

@@ -36,7 +36,7 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
     s = args.seq_length // args.context_parallel_size        # cp: each rank its share of s
     local = s // t if (args.sequence_parallel and t > 1) else s   # the replicated regions' rows
     heads, q = args.num_attention_heads // t, args.kv_channels * args.num_attention_heads // t
-    groups = query_groups(args) // t
+    groups = max(query_groups(args) // t, 1)   # g < t: a rank computes its group's one key and value
     ffn = args.ffn_hidden_size // t
     pre, post = chunk_ends(args, pp_rank, chunk)
     hd, ad, m = args.hidden_dropout, args.attention_dropout, mask_bytes(args)
@@ -46,7 +46,10 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
     else:
         norm = local * b * h * e + 2 * local * b * 4         # input, mean and 1/std
     layer = 2 * norm + 2 * local * b * h * e                 # two norms, qkv and fc1 inputs
-    layer += s * b * (q + 2 * args.kv_channels * groups) * e  # q, k, v (one tensor)
+    if query_groups(args) >= t:
+        layer += s * b * (q + 2 * args.kv_channels * groups) * e  # q, k, v (one tensor)
+    else:   # g < t: q, k, v are views of the all-gathered linear_qkv output, which they keep whole
+        layer += s * b * (args.num_attention_heads + 2 * query_groups(args)) * args.kv_channels * e
     if _flag(args, "position_embedding_type") == "rope":     # rotated q and k, cos and sin twice
         rotated = int(args.kv_channels * args.rotary_percent)
         layer += s * b * (q + args.kv_channels * groups) * e + 4 * s * rotated * 4

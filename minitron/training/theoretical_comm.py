@@ -15,7 +15,7 @@ parallelism its all-to-alls (key ep) here, beside the calls they change.
 from __future__ import annotations
 
 from minitron.training.theoretical_params import (
-    DTYPE_BYTES, chunk_ends, chunk_layers, chunks_of, is_moe_layer, num_microbatches, recomputed_layers,
+    DTYPE_BYTES, chunk_ends, chunk_layers, chunks_of, is_moe_layer, num_microbatches, query_groups, recomputed_layers,
 )
 from minitron.training.theoretical_zero import zero_comm
 from minitron.training.theoretical_moe import expert_key, moe_traffic, shards, step_traffic
@@ -77,6 +77,11 @@ def _tp_traffic(args, pre: bool, post: bool, chunk: range, tally: _Tally, times:
     else:
         tally.add("tp", whole, times * 2 * pairs)         # proj, fc2 forward; qkv, fc1 backward
         tally.add("tp", whole, times * (1 if post else 0))   # output layer input, backward
+    g = query_groups(args)
+    if g < t:   # fewer kv groups than ranks: linear_qkv's output all-gathered, reduce-scattered back
+        qkv = s * b * (args.num_attention_heads + 2 * g) * args.kv_channels * e
+        tally.add("tp", qkv // t, times * (len(chunk) + recomputed_layers(args, len(chunk))))   # forward
+        tally.add("tp", qkv, times * len(chunk))                                            # backward
     if args.sequence_parallel:                             # full recomputation: forward again
         tally.add("tp", whole // t, times * again)
         tally.add("tp", whole, times * again)

@@ -30,6 +30,7 @@ from minitron.core.tensor_parallel.random import checkpoint as tensor_parallel_c
 from minitron.core.tensor_parallel.random import get_cuda_rng_tracker
 from minitron.core.tensor_parallel.utils import divide
 from minitron.core.transformer.context_parallel import attn_forward_func_with_cp
+from minitron.core.transformer.context_parallel_a2a import attn_forward_func_with_cp_a2a
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.torch_norm import WrappedTorchNorm
 from minitron.trace import traced
@@ -56,6 +57,9 @@ class DotProductAttention(MegatronModule):
         self.layer_number = layer_number
         self.softmax_scale = 1.0 / math.sqrt(config.kv_channels)
         self.attention_dropout = torch.nn.Dropout(config.attention_dropout)
+        # --cp-comm-type: one kind for every layer, or one per layer (Megatron's list form).
+        comm = config.cp_comm_type
+        self.cp_comm_type = comm[layer_number - 1] if isinstance(comm, (list, tuple)) else comm
 
     @traced(args=lambda self, query, key, value, attention_mask=None: {"query": short_value(query)})
     def forward(self, query, key, value, attention_mask=None):
@@ -67,27 +71,35 @@ class DotProductAttention(MegatronModule):
             k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
         if parallel_state.get_context_parallel_world_size() > 1:
             context = self._context_parallel(q, k, v)
-        elif self.training and self.attention_dropout.p > 0:
-            context = self._unfused(q, k, v, attention_mask)
         else:
-            # torch's fused kernel, where it gives the same numbers: without dropout it matches
-            # the unfused path to fp32 rounding (a few 1e-7: it sums in another order; the test
-            # test_fused_attention_gives_the_unfused_numbers holds it under 1e-6). With dropout
-            # the kernel draws its own mask, not nn.Dropout's, so we take the unfused path.
-            # Megatron's mask says True = "hide"; torch's boolean attn_mask says True = "attend".
-            context = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=None if attention_mask is None else ~attention_mask,
-                is_causal=attention_mask is None, scale=self.softmax_scale)
+            context = self._attention(q, k, v, attention_mask)
         b, n, s, d = context.shape
         return context.permute(2, 0, 1, 3).reshape(s, b, n * d)  # [s, b, h/p]
 
-    def _context_parallel(self, q, k, v):
-        """This rank holds two chunks of the sequence; the others' keys come round the ring.
+    def _attention(self, q, k, v, attention_mask):
+        """The whole sequence's attention for these heads, [b, n, s, d]; None mask: causal."""
+        if self.training and self.attention_dropout.p > 0:
+            return self._unfused(q, k, v, attention_mask)
+        # torch's fused kernel, where it gives the same numbers: without dropout it matches
+        # the unfused path to fp32 rounding (a few 1e-7: it sums in another order; the test
+        # test_fused_attention_gives_the_unfused_numbers holds it under 1e-6). With dropout
+        # the kernel draws its own mask, not nn.Dropout's, so we take the unfused path.
+        # Megatron's mask says True = "hide"; torch's boolean attn_mask says True = "attend".
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None if attention_mask is None else ~attention_mask,
+            is_causal=attention_mask is None, scale=self.softmax_scale)
 
-        The mask is not consulted: the ring knows where each chunk sits in the sequence and hides
-        the future block by block (context_parallel.py). validate_args refuses the one dataloader
-        mask that is not plain causal, --reset-attention-mask, when context parallelism is on.
+    def _context_parallel(self, q, k, v):
+        """This rank holds two chunks of the sequence. p2p: the others' keys come round the
+        ring; a2a: an all-to-all trades the sequence split for a head split, and the unsplit
+        attention runs on whole sequences of n/cp heads (context_parallel_a2a.py).
+
+        The mask is not consulted: both know where each chunk sits in the sequence and hide the
+        future accordingly. validate_args refuses the one dataloader mask that is not plain
+        causal, --reset-attention-mask, when context parallelism is on.
         """
+        if self.cp_comm_type == "a2a":
+            return attn_forward_func_with_cp_a2a(q, k, v, lambda q, k, v: self._attention(q, k, v, None))
         dropout_p = self.attention_dropout.p if self.training else 0.0
         # The same RNG stream the unsplit attention draws its dropout from (see _unfused).
         fork = contextlib.nullcontext if self.config.sequence_parallel else get_cuda_rng_tracker().fork

@@ -55,6 +55,9 @@ class ModelParallelConfig:
     finalize_model_grads_func: Callable | None = None  # reduce gradients once all micro-batches are done
     pipeline_dtype: torch.dtype | None = None        # dtype of activations sent between stages
     deallocate_pipeline_outputs: bool = True         # free sent activations, keep their graph
+    # How context-parallel attention communicates: "p2p" (the ring) or "a2a" (Ulysses); one
+    # for all layers, or a list with one per layer. None: p2p.
+    cp_comm_type: str | list[str] | None = None
 
 
 # --8<-- [start:config]

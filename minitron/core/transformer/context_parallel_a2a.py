@@ -1,0 +1,97 @@
+"""Context parallelism by all-to-all (``--cp-comm-type a2a``): DeepSpeed-Ulysses' idea.
+
+The ring (context_parallel.py) keeps each rank's queries and passes the keys and values round.
+Ulysses turns the split around instead: attention heads are independent of one another, so if a
+rank held *every* token of *some* heads, it could run ordinary causal attention on them with no
+further exchange. One all-to-all gets there from the sequence split,
+
+    before   rank r: all n heads,  its 2 chunks of the sequence    [b, n,    2c,      d]
+    after    rank r: heads r·n/cp .. (r+1)·n/cp - 1,  all 2cp chunks  [b, n/cp, 2cp·c, d]
+
+and one more brings the attention's output back to the sequence split. Each all-to-all moves
+(cp-1)/cp of a tensor; the ring instead hands on the keys and values cp - 1 times. Megatron
+hands this to Transformer Engine (AttnFuncWithCPAndQKVOA2A); the names here follow it.
+
+The chunks arrive in rank order, rank i's being chunks i and 2cp-1-i (the balanced layout,
+``chunk_ids``), so they are put back in sequence order before the causal attention and taken
+out of it again after. The heads must split evenly: n/tp divisible by cp (validate_args).
+
+With ``--cp-comm-type a2a+p2p`` (Megatron's hierarchical variant) the same all-to-all runs over
+a sub-group of the cp ranks and the ring over the rest; minitron builds the two pure forms.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minitron.core import parallel_state
+from minitron.core.transformer.context_parallel import chunk_ids
+from minitron.trace import traced
+
+
+def _held_chunks(cp_size: int) -> list[int]:
+    """The sequence chunk in each piece after the all-to-all: piece 2i + j is chunk_ids(i)[j]."""
+    return [chunk for rank in range(cp_size) for chunk in chunk_ids(rank, cp_size)]
+
+
+def _exchange(blocks: torch.Tensor, group) -> torch.Tensor:
+    """blocks [cp, ...]: block j goes to cp rank j; the answer's block i came from cp rank i."""
+    received = torch.empty_like(blocks)
+    torch.distributed.all_to_all_single(received, blocks, group=group)
+    return received
+
+
+def _seq_to_heads(t: torch.Tensor, group, cp_size: int) -> torch.Tensor:
+    """[b, n, 2c, d] (all heads, my two chunks) -> [b, n/cp, 2cp·c, d] (my heads, whole sequence)."""
+    b, n, two_c, d = t.shape
+    blocks = t.reshape(b, cp_size, n // cp_size, two_c, d).transpose(0, 1).contiguous()  # head part j -> rank j
+    received = _exchange(blocks, group)                                  # [cp, b, n/cp, 2c, d], by source
+    pieces = received.unflatten(3, (2, two_c // 2)).permute(0, 3, 1, 2, 4, 5).flatten(0, 1)   # [2cp, b, n/cp, c, d]
+    order = sorted(range(len(pieces)), key=_held_chunks(cp_size).__getitem__)   # pieces by chunk
+    return pieces[order].permute(1, 2, 0, 3, 4).flatten(2, 3)
+
+
+def _heads_to_seq(t: torch.Tensor, group, cp_size: int) -> torch.Tensor:
+    """The inverse: [b, n/cp, 2cp·c, d] (my heads, whole sequence) -> [b, n, 2c, d] (my two chunks)."""
+    b, heads, s, d = t.shape
+    chunks = t.unflatten(2, (2 * cp_size, s // (2 * cp_size))).permute(2, 0, 1, 3, 4)   # [2cp, b, n/cp, c, d]
+    pieces = chunks[_held_chunks(cp_size)]                              # piece 2i + j: rank i's j-th chunk
+    blocks = pieces.unflatten(0, (cp_size, 2)).permute(0, 2, 3, 1, 4, 5).flatten(3, 4).contiguous()
+    received = _exchange(blocks, group)                                  # [cp, b, n/cp, 2c, d], by head part
+    return received.transpose(0, 1).flatten(1, 2)
+
+
+class _SeqToHeads(torch.autograd.Function):
+    """The forward all-to-all; its gradient goes back by the inverse one."""
+
+    @staticmethod
+    def forward(ctx, t, group, cp_size):
+        ctx.group, ctx.cp_size = group, cp_size
+        return _seq_to_heads(t, group, cp_size)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _heads_to_seq(grad, ctx.group, ctx.cp_size), None, None
+
+
+class _HeadsToSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t, group, cp_size):
+        ctx.group, ctx.cp_size = group, cp_size
+        return _heads_to_seq(t, group, cp_size)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _seq_to_heads(grad, ctx.group, ctx.cp_size), None, None
+
+
+@traced(args=lambda query, key, value, attention: {"cp_rank": parallel_state.get_context_parallel_rank(),
+                                                   "heads": query.size(1)})
+def attn_forward_func_with_cp_a2a(query, key, value, attention):
+    """Causal attention over the whole sequence for ``query``, ``key``, ``value`` [b, n, 2c, d]
+    (this rank's two chunks, all heads): all-to-all to whole-sequence heads, ``attention(q, k, v)``
+    (the unsplit core attention, on [b, n/cp, s, d]), all-to-all back. Returns [b, n, 2c, d]."""
+    group = parallel_state.get_context_parallel_group()
+    cp_size = parallel_state.get_context_parallel_world_size()
+    q, k, v = (_SeqToHeads.apply(t, group, cp_size) for t in (query, key, value))
+    return _HeadsToSeq.apply(attention(q, k, v), group, cp_size)

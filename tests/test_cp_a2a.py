@@ -1,0 +1,44 @@
+"""Context parallelism by all-to-all (--cp-comm-type a2a) equals plain causal attention.
+
+The kernel on 4 context-parallel ranks, values and gradients of q, k and v against the whole
+sequence's attention (every permutation the two all-to-alls make must undo itself exactly);
+the training run with tensor parallelism beside it is test_context_parallel.py's table.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from distributed import run_ranks
+from minitron.core import parallel_state as ps
+from minitron.core.transformer.context_parallel_a2a import attn_forward_func_with_cp_a2a
+from minitron.training.utils import get_batch_on_this_cp_rank
+
+
+def _causal(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _a2a_vs_serial(rank: int) -> float:
+    torch.set_num_threads(1)
+    cp = ps.get_context_parallel_world_size()
+    b, n, s, d = 2, 2 * cp, 4 * cp, 4
+    g = torch.Generator().manual_seed(11)
+    q, k, v, grad = (torch.randn(b, n, s, d, generator=g) for _ in range(4))
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = _causal(*full)
+    out.backward(grad)
+
+    def mine(t):   # this rank's two chunks, as get_batch hands them out
+        return get_batch_on_this_cp_rank({"x": t.transpose(1, 2)})["x"].transpose(1, 2)
+    local = [mine(t).clone().requires_grad_() for t in (q, k, v)]
+    ours = attn_forward_func_with_cp_a2a(*local, _causal)
+    ours.backward(mine(grad))
+    errors = [(ours - mine(out)).abs().max()] + [(a.grad - mine(f.grad)).abs().max() for a, f in zip(local, full)]
+    return max(e.item() for e in errors)
+
+
+def test_all_to_all_attention_equals_causal_attention():
+    errors = run_ranks(_a2a_vs_serial, world_size=4, cp=4)
+    assert max(errors) < 1e-5, errors
