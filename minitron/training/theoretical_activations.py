@@ -47,12 +47,18 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
         norm = local * b * h * e + 2 * local * b * 4         # input, mean and 1/std
     layer = 2 * norm + 2 * local * b * h * e                 # two norms, qkv and fc1 inputs
     if query_groups(args) >= t:
-        layer += s * b * (q + 2 * args.kv_channels * groups) * e  # q, k, v (one tensor)
+        qkv = s * b * (q + 2 * args.kv_channels * groups) * e  # q, k, v (one tensor)
     else:   # g < t: q, k, v are views of the all-gathered linear_qkv output, which they keep whole
-        layer += s * b * (args.num_attention_heads + 2 * query_groups(args)) * args.kv_channels * e
+        qkv = s * b * (args.num_attention_heads + 2 * query_groups(args)) * args.kv_channels * e
+    layer += qkv
+    entering = qkv   # what the core attention keeps of its own inputs (a2a's all-to-all keeps none)
     if _flag(args, "position_embedding_type") == "rope":     # rotated q and k, cos and sin twice
         rotated = int(args.kv_channels * args.rotary_percent)
-        layer += s * b * (q + args.kv_channels * groups) * e + 4 * s * rotated * 4
+        # rope keeps views of the one tensor itself; its outputs are what attention then keeps
+        entering = s * b * (q + args.kv_channels * groups) * e
+        layer += entering + 4 * s * rotated * 4
+    elif _flag(args, "qk_layernorm", False):
+        entering = 0     # the norms keep the one tensor; what attention keeps of theirs is counted there
     cp = args.context_parallel_size
     if cp > 1:   # the ring (context_parallel.py): fp32 output and log-sum-exp, fp32 masks by block
         core = s * b * q * 4 + heads * b * s * 4
@@ -63,6 +69,13 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
         core = s * b * q * e + heads * b * s * 4
     if groups * t != args.num_attention_heads:   # GQA: keys and values repeated per query head
         core += 2 * s * b * q * e
+    if cp > 1:   # --cp-comm-type a2a instead: the unsplit attention on heads/cp over all cp·s tokens
+        whole = s * cp
+        a2a = 3 * s * b * q * e                              # q, k, v as the all-to-all made them
+        if ad > 0:   # unfused, as without cp: mask, fp32 softmax, dropout mask, dropped probabilities
+            a2a += whole * whole + heads * b * s * whole * (4 + m + e)
+        else:        # fused kernel: output and log-sum-exp (heads/cp x cp·s = heads x s)
+            a2a += s * b * q * e + heads * b * s * 4
     layer += core + s * b * q * e                            # + linear_proj's input (context)
     if _flag(args, "swiglu", False):   # fc1's [gate | up], silu(gate), their product (fc2's input)
         layer += 4 * s * b * ffn * e
@@ -72,15 +85,19 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
     granularity = _flag(args, "recompute_granularity")
     if granularity == "selective":     # core attention recomputed: only its q, k, v stay
         layer -= core
-    layers = len(chunk_layers(args, pp_rank, chunk))
-    total = layers * layer
+    kinds = _flag(args, "cp_comm_type") or ["p2p"]
+    kinds = [kinds] if isinstance(kinds, str) else kinds
+    each = [layer - core - entering + a2a if cp > 1 and kinds[i % len(kinds)] == "a2a" and granularity != "selective"
+            else layer for i in chunk_layers(args, pp_rank, chunk)]
+    layers = len(each)
+    total = sum(each)
     if granularity == "full":          # a checkpointed run of layers keeps only its input
         n = args.recompute_num_layers
         kept = local * b * h * e
         if args.recompute_method == "uniform":
             total = -(-layers // n) * kept
         else:                          # block: the first n layers of the stage, one by one
-            total = min(n, layers) * kept + max(layers - n, 0) * layer
+            total = min(n, layers) * kept + sum(each[n:])
     total += activation_delta(args, pp_rank, chunk)          # experts instead of the MLP
     if pre:
         keys = 2 + (1 if post else 0)                        # tokens, position ids (labels)
