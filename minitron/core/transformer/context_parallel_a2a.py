@@ -41,6 +41,7 @@ def _exchange(blocks: torch.Tensor, group) -> torch.Tensor:
     return received
 
 
+@traced(args=lambda t, group, cp_size: {"shape": list(t.shape)})
 def _seq_to_heads(t: torch.Tensor, group, cp_size: int) -> torch.Tensor:
     """[b, n, 2c, d] (all heads, my two chunks) -> [b, n/cp, 2cp·c, d] (my heads, whole sequence)."""
     b, n, two_c, d = t.shape
@@ -51,6 +52,7 @@ def _seq_to_heads(t: torch.Tensor, group, cp_size: int) -> torch.Tensor:
     return pieces[order].permute(1, 2, 0, 3, 4).flatten(2, 3)
 
 
+@traced(args=lambda t, group, cp_size: {"shape": list(t.shape)})
 def _heads_to_seq(t: torch.Tensor, group, cp_size: int) -> torch.Tensor:
     """The inverse: [b, n/cp, 2cp·c, d] (my heads, whole sequence) -> [b, n, 2c, d] (my two chunks)."""
     b, heads, s, d = t.shape
