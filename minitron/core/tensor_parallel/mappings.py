@@ -147,16 +147,11 @@ class _GatherFromModelParallelRegion(torch.autograd.Function):
         return _split_along_last_dim(grad_output, ctx.group), None
 
 
-class _AllGatherFromTensorParallelRegion(torch.autograd.Function):
-    """Concatenate the slices along the last dimension; backward *sums* the gradients over the
-    group before keeping my slice: unlike gather_output's, every rank here goes on to use
-    parts of the whole (attention with fewer key/value heads than ranks), so each slice's
-    gradient has a share from every rank."""
-
-    @staticmethod
-    def forward(ctx, input_, group):
-        ctx.group = group
-        return _gather_along_last_dim(input_, group)
+class _AllGatherFromTensorParallelRegion(_GatherFromModelParallelRegion):
+    """The same gather forward; backward *sums* the gradients over the group before keeping my
+    slice: unlike gather_output's, every rank here goes on to use parts of the whole
+    (attention with fewer key/value heads than ranks), so each slice's gradient has a share
+    from every rank."""
 
     @staticmethod
     @traced(args=_grad_args)
