@@ -37,20 +37,9 @@ TRAIN = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "8
 def gqa() -> None:
     """pretrain_gpt with 8 heads in 2 key/value groups, serially and on 4 tensor-parallel ranks
     (two ranks per group); each run's lm loss per iteration from its iterations.jsonl."""
-    import json
-    import tempfile
-    from pathlib import Path
+    from cp_demo import losses_of   # the same runner as chapter 15's (this folder is on sys.path)
 
-    from minitron.launcher import LaunchConfig, Target, launch
-
-    runs = {"serial": (1, []), "tp 4": (4, ["--tensor-model-parallel-size", "4"])}
-    losses = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, (world, flags) in runs.items():
-            out = Path(tmp) / name.replace(" ", "")
-            argv = TRAIN + flags + ["--log-jsonl", str(out / "iterations.jsonl")]
-            launch(LaunchConfig(world_size=world, log_dir=out / "logs"), Target(module="minitron.pretrain_gpt", argv=argv))
-            losses[name] = [json.loads(line)["lm_loss"] for line in (out / "iterations.jsonl").open()]
+    losses = losses_of({"serial": (1, []), "tp 4": (4, ["--tensor-model-parallel-size", "4"])}, TRAIN)
     print(f"iteration  {'serial':>12}  {'tp 4':>12}  relative difference")
     for i, (a, b) in enumerate(zip(*losses.values()), start=1):
         print(f"{i:>9}  {a:>12.9f}  {b:>12.9f}  {abs(b - a) / abs(a):.1e}")

@@ -63,28 +63,18 @@ def _heads_to_seq(t: torch.Tensor, group, cp_size: int) -> torch.Tensor:
     return received.transpose(0, 1).flatten(1, 2)
 
 
-class _SeqToHeads(torch.autograd.Function):
-    """The forward all-to-all; its gradient goes back by the inverse one."""
+class _AllToAll(torch.autograd.Function):
+    """One of the two all-to-alls (``to_heads``: sequence split -> head split, else back); each
+    is a permutation of data, so its gradient goes back by the other."""
 
     @staticmethod
-    def forward(ctx, t, group, cp_size):
-        ctx.group, ctx.cp_size = group, cp_size
-        return _seq_to_heads(t, group, cp_size)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _heads_to_seq(grad, ctx.group, ctx.cp_size), None, None
-
-
-class _HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, t, group, cp_size):
-        ctx.group, ctx.cp_size = group, cp_size
-        return _heads_to_seq(t, group, cp_size)
+    def forward(ctx, t, group, cp_size, to_heads: bool):
+        ctx.group, ctx.cp_size, ctx.to_heads = group, cp_size, to_heads
+        return (_seq_to_heads if to_heads else _heads_to_seq)(t, group, cp_size)
 
     @staticmethod
     def backward(ctx, grad):
-        return _seq_to_heads(grad, ctx.group, ctx.cp_size), None, None
+        return (_heads_to_seq if ctx.to_heads else _seq_to_heads)(grad, ctx.group, ctx.cp_size), None, None, None
 
 
 @traced(args=lambda query, key, value, attention: {"cp_rank": parallel_state.get_context_parallel_rank(),
@@ -95,5 +85,5 @@ def attn_forward_func_with_cp_a2a(query, key, value, attention):
     (the unsplit core attention, on [b, n/cp, s, d]), all-to-all back. Returns [b, n, 2c, d]."""
     group = parallel_state.get_context_parallel_group()
     cp_size = parallel_state.get_context_parallel_world_size()
-    q, k, v = (_SeqToHeads.apply(t, group, cp_size) for t in (query, key, value))
-    return _HeadsToSeq.apply(attention(q, k, v), group, cp_size)
+    q, k, v = (_AllToAll.apply(t, group, cp_size, True) for t in (query, key, value))
+    return _AllToAll.apply(attention(q, k, v), group, cp_size, False)
