@@ -133,9 +133,11 @@ CP_LAYOUTS = {
     "cp2-tp2": (4, ["--tensor-model-parallel-size", "2"]),
     "cp2-pp2": (4, ["--pipeline-model-parallel-size", "2"]),
     "cp2-dp2-tp2-sp": (8, ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
-    # all-to-all in the first layer, the ring in the second (Megatron's per-layer list); cp 4
-    # so that the all-to-all's reordering of 8 chunks is exercised, not just of 4
-    "cp4-a2a-p2p": (4, ["--context-parallel-size", "4", "--cp-comm-type", "a2a", "p2p"]),
+    # Megatron's per-layer list: the hierarchical kind (all-to-all in pairs, a ring of two
+    # pairs) in the first layer, the all-to-all over all four in the second; cp 4 so that the
+    # all-to-all reorders 8 chunks, not just 4
+    "cp4-a2a+p2p-a2a": (4, ["--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p", "a2a",
+                            "--hierarchical-context-parallel-sizes", "2", "2"]),
 }
 
 

@@ -171,10 +171,10 @@ def _add_distributed_args(parser):
     g.add_argument("--context-parallel-size", type=POSITIVE, default=1)
     # Megatron's four kinds; validate_args refuses the two minitron does not build, by name.
     g.add_argument("--cp-comm-type", nargs="+", default=["p2p"], choices=["p2p", "a2a", "a2a+p2p", "allgather"],
-                   help="context-parallel attention: p2p (a ring of keys/values) or a2a (all-to-all, heads <-> "
-                        "sequence); one for all layers or one per layer")
-    g.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=POSITIVE, default=None,
-                   help="a2a+p2p's two levels (not built here)")
+                   help="context-parallel attention: p2p (a ring of keys/values), a2a (all-to-all, heads <-> "
+                        "sequence) or a2a+p2p (both, in two levels); one for all layers or one per layer")
+    g.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=POSITIVE, default=None, metavar="N",
+                   help="a2a+p2p's levels: all-to-all groups of the first size, a ring of the second")
     g.add_argument("--expert-model-parallel-size", type=POSITIVE, default=1)
     g.add_argument("--expert-tensor-parallel-size", type=POSITIVE, default=None, help="default: tp size")
     g.add_argument("--sequence-parallel", action="store_true")

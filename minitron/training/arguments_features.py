@@ -8,6 +8,8 @@ ArgumentError with one line a user can act on, before any rank starts.
 
 from __future__ import annotations
 
+import math
+
 from minitron.training.argument_groups import require
 
 
@@ -84,8 +86,7 @@ def validate_position_embedding(args):
                  f"is {kind}: add --position-embedding-type rope, or drop it")
 
 
-_CP_NOT_BUILT = {"allgather": "all-gathers every key and value before attention",
-                 "a2a+p2p": "all-to-all inside sub-groups and a ring across them"}
+_CP_NOT_BUILT = {"allgather": "all-gathers every key and value before attention"}
 
 
 def validate_context_parallel(args):
@@ -94,9 +95,14 @@ def validate_context_parallel(args):
     cp, kinds = args.context_parallel_size, args.cp_comm_type
     for kind in kinds:
         require(kind not in _CP_NOT_BUILT, f"--cp-comm-type {kind} ({_CP_NOT_BUILT.get(kind)}) is not built in "
-                 "minitron: use p2p (the ring) or a2a (all-to-all)")
-    require(args.hierarchical_context_parallel_sizes is None,
-             "--hierarchical-context-parallel-sizes is for --cp-comm-type a2a+p2p, which minitron does not build: drop it")
+                 "minitron: use p2p (the ring), a2a (all-to-all) or a2a+p2p")
+    levels = args.hierarchical_context_parallel_sizes
+    require(levels is None or math.prod(levels) == cp, f"--hierarchical-context-parallel-sizes "
+             f"{' '.join(map(str, levels or ()))} must multiply to --context-parallel-size {cp}")
+    # Megatron's rule; and its a2a+p2p takes exactly two levels: the all-to-all's, the ring's.
+    require("a2a+p2p" not in kinds or (levels is not None and len(levels) == 2),
+             "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes A P (all-to-all groups of A, "
+             "a ring of P of them; A x P = --context-parallel-size)")
     require(len(kinds) in (1, args.num_layers), f"--cp-comm-type takes one kind for every layer or one per layer "
              f"({args.num_layers}), got {len(kinds)}")
     if cp == 1:
@@ -105,6 +111,9 @@ def validate_context_parallel(args):
     require("a2a" not in kinds or heads % cp == 0,
              f"--cp-comm-type a2a gives each context-parallel rank whole heads: the {heads} heads of a "
              f"tensor-parallel rank do not split across --context-parallel-size {cp}")
+    require("a2a+p2p" not in kinds or heads % levels[0] == 0,
+             f"--cp-comm-type a2a+p2p gives each rank of an all-to-all group whole heads: the {heads} heads of a "
+             f"tensor-parallel rank do not split across {levels[0] if levels else 0} (--hierarchical-context-parallel-sizes)")
     require(args.seq_length % (2 * cp) == 0,
              f"--seq-length {args.seq_length} must be a multiple of 2 x --context-parallel-size "
              f"= {2 * cp}: each sequence is cut into 2 x cp equal chunks")

@@ -30,7 +30,8 @@ from minitron.core.tensor_parallel.random import checkpoint as tensor_parallel_c
 from minitron.core.tensor_parallel.random import get_cuda_rng_tracker
 from minitron.core.tensor_parallel.utils import divide
 from minitron.core.transformer.context_parallel import attn_forward_func_with_cp
-from minitron.core.transformer.context_parallel_a2a import attn_forward_func_with_cp_a2a
+from minitron.core.transformer.context_parallel_a2a import (attn_forward_func_with_cp_a2a,
+                                                            attn_forward_func_with_cp_a2a_p2p)
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.torch_norm import WrappedTorchNorm
 from minitron.trace import traced
@@ -103,7 +104,12 @@ class DotProductAttention(MegatronModule):
         dropout_p = self.attention_dropout.p if self.training else 0.0
         # The same RNG stream the unsplit attention draws its dropout from (see _unfused).
         fork = contextlib.nullcontext if self.config.sequence_parallel else get_cuda_rng_tracker().fork
-        return attn_forward_func_with_cp(q, k, v, self.softmax_scale, dropout_p, fork_rng=fork)
+
+        def ring(q, k, v, group=None):
+            return attn_forward_func_with_cp(q, k, v, self.softmax_scale, dropout_p, fork_rng=fork, cp_group=group)
+        if self.cp_comm_type == "a2a+p2p":   # all-to-all inside sub-groups, the ring across them
+            return attn_forward_func_with_cp_a2a_p2p(q, k, v, ring)
+        return ring(q, k, v)
 
     def _unfused(self, q, k, v, attention_mask):
         scores = torch.matmul(q, k.transpose(-2, -1)) * self.softmax_scale  # [b, n, s, s]
