@@ -15,8 +15,8 @@ from datetime import timedelta
 
 import torch
 
-from minitron.core.rank_generator import (DEFAULT_ORDER, all_groups, generators, hierarchical_group_ranks,
-                                         validate_parallel_sizes)
+from minitron.core.rank_generator import (DEFAULT_ORDER, HIERARCHICAL_CP_DESC, all_groups, generators,
+                                         hierarchical_group_ranks, validate_parallel_sizes)
 from minitron.core.utils import GlobalMemoryBuffer
 from minitron.trace import traced
 
@@ -315,10 +315,10 @@ def is_rank_in_position_embedding_group() -> bool:
 
 def _create_hierarchical_groups(ranks, sizes, timeout) -> None:
     """Right after each context-parallel group, as Megatron does, its sub-groups level by level
-    (rank_generator.hierarchical_group_ranks), under the cp group's description."""
+    (rank_generator.hierarchical_group_ranks)."""
     for level, subgroups in enumerate(hierarchical_group_ranks(ranks, sizes)):
         for sub in subgroups:
-            group = create_group(sub, timeout=timeout, group_desc="CONTEXT_PARALLEL_GROUP")
+            group = create_group(sub, timeout=timeout, group_desc=HIERARCHICAL_CP_DESC)
             if _RANK in sub:
                 _keep(f"hcp-{level}", sub, group)
 

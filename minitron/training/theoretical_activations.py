@@ -22,6 +22,26 @@ def mask_bytes(args) -> int:
     return DTYPE_BYTES[args.params_dtype] if args.distributed_backend in ("gloo", "fake") else 1
 
 
+def _all_to_all_cores(args, s: int, b: int, q: int, heads: int, e: int, m: int) -> dict[str, int]:
+    """What the core attention keeps per layer with --cp-comm-type a2a (and a2a+p2p), in place
+    of the ring's: the q, k, v the all-to-all made (new tensors; what went in is kept by no one),
+    then a2a's unsplit kernel on heads/cp heads of all cp·s tokens, or a2a+p2p's ring over P
+    groups, on heads/A heads of A·s tokens each (fp32 output, log-sum-exp, masks by block)."""
+    cp, dropout = args.context_parallel_size, args.attention_dropout > 0
+    made = 3 * s * b * q * e
+    whole = s * cp
+    if dropout:   # unfused, as without cp: mask, fp32 softmax, dropout mask, dropped probabilities
+        cores = {"a2a": made + whole * whole + heads * b * s * whole * (4 + m + e)}
+    else:         # fused kernel: output and log-sum-exp (heads/cp x cp·s = heads x s)
+        cores = {"a2a": made + s * b * q * e + heads * b * s * 4}
+    levels = _flag(args, "hierarchical_context_parallel_sizes")
+    if levels and len(levels) == 2:
+        a, p = levels
+        cores["a2a+p2p"] = made + s * b * q * 4 + heads * b * s * 4
+        cores["a2a+p2p"] += (2 * p + 1) * b * heads * a * (s // 2) ** 2 * 4 if dropout else 0
+    return cores
+
+
 def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
     """Bytes autograd keeps for backward from one micro-batch's forward through one chunk.
 
@@ -69,13 +89,7 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
         core = s * b * q * e + heads * b * s * 4
     if groups * t != args.num_attention_heads:   # GQA: keys and values repeated per query head
         core += 2 * s * b * q * e
-    if cp > 1:   # --cp-comm-type a2a instead: the unsplit attention on heads/cp over all cp·s tokens
-        whole = s * cp
-        a2a = 3 * s * b * q * e                              # q, k, v as the all-to-all made them
-        if ad > 0:   # unfused, as without cp: mask, fp32 softmax, dropout mask, dropped probabilities
-            a2a += whole * whole + heads * b * s * whole * (4 + m + e)
-        else:        # fused kernel: output and log-sum-exp (heads/cp x cp·s = heads x s)
-            a2a += s * b * q * e + heads * b * s * 4
+    others = _all_to_all_cores(args, s, b, q, heads, e, m) if cp > 1 else {}
     layer += core + s * b * q * e                            # + linear_proj's input (context)
     if _flag(args, "swiglu", False):   # fc1's [gate | up], silu(gate), their product (fc2's input)
         layer += 4 * s * b * ffn * e
@@ -87,8 +101,9 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
         layer -= core
     kinds = _flag(args, "cp_comm_type") or ["p2p"]
     kinds = [kinds] if isinstance(kinds, str) else kinds
-    each = [layer - core - entering + a2a if cp > 1 and kinds[i % len(kinds)] == "a2a" and granularity != "selective"
-            else layer for i in chunk_layers(args, pp_rank, chunk)]
+    each = [layer - core - entering + others[kinds[i % len(kinds)]]
+            if kinds[i % len(kinds)] in others and granularity != "selective" else layer
+            for i in chunk_layers(args, pp_rank, chunk)]
     layers = len(each)
     total = sum(each)
     if granularity == "full":          # a checkpointed run of layers keeps only its input

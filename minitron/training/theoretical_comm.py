@@ -100,7 +100,8 @@ def _cp_ring(args, chunk, again: int, tally: _Tally, times: int) -> None:
     times; backward passes them on cp - 1 times more and their gradient cp times. One message:
     [2, b, heads/t, s/cp, d] in fp32, keys repeated per head.
     a2a (context_parallel_a2a.py): forward hands q, k, v and then the output to one all-to-all
-    each, backward their gradients, each [b, heads/t, s/cp, d] in the model's dtype."""
+    each, backward their gradients, each [b, heads/t, s/cp, d] in the model's dtype.
+    a2a+p2p: those all-to-alls in the first level's groups, then the ring over the second's."""
     cp = args.context_parallel_size
     if cp == 1:
         return
@@ -111,10 +112,13 @@ def _cp_ring(args, chunk, again: int, tally: _Tally, times: int) -> None:
     for index, layer in enumerate(chunk):
         kind = kinds[layer % len(kinds)]                        # one for all, or one per layer
         forwards = (2 if selective else 1) + (1 if index < again else 0)   # recomputed attention too
-        if kind == "a2a":
-            tally.add("cp", local * DTYPE_BYTES[args.params_dtype], times * 4 * (forwards + 1))
-        else:
-            tally.add("cp", 2 * local * 4, times * (forwards * (cp - 1) + (2 * cp - 1)))
+        ring, key = cp, "cp"
+        if kind in ("a2a", "a2a+p2p"):
+            key = "cp" if kind == "a2a" else "hcp"              # a2a+p2p: its sub-groups, both levels
+            tally.add(key, local * DTYPE_BYTES[args.params_dtype], times * 4 * (forwards + 1))
+            ring = args.hierarchical_context_parallel_sizes[1] if kind == "a2a+p2p" else 1
+        if ring > 1:   # the same message size after a2a+p2p's all-to-all: heads/A of A times the tokens
+            tally.add(key, 2 * local * 4, times * (forwards * (ring - 1) + (2 * ring - 1)))
 
 
 
