@@ -79,11 +79,12 @@ GROUP_KINDS = (
 # The groups `minitron groups --json` prints, in creation order.
 LAYOUT_KEYS = tuple(kind.key for kind in GROUP_KINDS if kind.shown)
 # new_group's group_desc (Megatron's names) -> our short key, for reading traces.
-# --hierarchical-context-parallel-sizes' sub-groups of each cp group (a2a+p2p). Megatron files
-# them under the cp group's own description; minitron names them apart, so that a trace tells
-# the sub-groups from the group (and a rank's cp group is still the one it kept).
+DESC_TO_KEY = {kind.desc: kind.key for kind in GROUP_KINDS}
+# --hierarchical-context-parallel-sizes' sub-groups of each cp group (a2a+p2p), outside the
+# layout's kinds. Megatron files them under the cp group's own description; minitron names them
+# apart, so that a trace tells the sub-groups from the group (and a rank's cp group is still
+# the one it kept). Traces and estimates key their traffic by this name.
 HIERARCHICAL_CP_DESC = "HIERARCHICAL_CONTEXT_PARALLEL_GROUP"
-DESC_TO_KEY = {**{kind.desc: kind.key for kind in GROUP_KINDS}, HIERARCHICAL_CP_DESC: "hcp"}
 
 
 def parse_order(order: str) -> tuple[str, ...]:

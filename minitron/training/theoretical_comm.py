@@ -17,6 +17,7 @@ from __future__ import annotations
 from minitron.training.theoretical_params import (
     DTYPE_BYTES, chunk_ends, chunk_layers, chunks_of, is_moe_layer, num_microbatches, query_groups, recomputed_layers,
 )
+from minitron.core.rank_generator import HIERARCHICAL_CP_DESC
 from minitron.training.theoretical_zero import zero_comm
 from minitron.training.theoretical_moe import expert_key, moe_traffic, shards, step_traffic
 
@@ -114,7 +115,7 @@ def _cp_ring(args, chunk, again: int, tally: _Tally, times: int) -> None:
         forwards = (2 if selective else 1) + (1 if index < again else 0)   # recomputed attention too
         ring, key = cp, "cp"
         if kind in ("a2a", "a2a+p2p"):
-            key = "cp" if kind == "a2a" else "hcp"              # a2a+p2p: its sub-groups, both levels
+            key = "cp" if kind == "a2a" else HIERARCHICAL_CP_DESC   # a2a+p2p: its sub-groups, both levels
             tally.add(key, local * DTYPE_BYTES[args.params_dtype], times * 4 * (forwards + 1))
             ring = args.hierarchical_context_parallel_sizes[1] if kind == "a2a+p2p" else 1
         if ring > 1:   # the same message size after a2a+p2p's all-to-all: heads/A of A times the tokens
