@@ -73,3 +73,62 @@ def test_logits_equal_megatron_cores_for_each_position_option(one_rank, name):
         ours, theirs = model(ids, positions, causal), twin(ids, positions, causal)
     diff = (ours - theirs).abs().max().item()
     assert diff <= TOL, f"{name}: logits differ from Megatron-Core 0.19.2's by {diff:.2e}"
+
+
+# --- GQA with fewer groups than tensor-parallel ranks: two ranks, both libraries ---------------
+def _gqa_rank(rank: int, port: int, out) -> None:
+    """One of two spawned ranks: minitron's tp-2 GPT with 1 key/value group, its shard loaded
+    into Megatron-Core's tp-2 GPT; this rank's vocabulary-parallel logits from each."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mcore_ps
+    from megatron.core import tensor_parallel as mcore_tp
+    from megatron.core.models.gpt import GPTModel as McoreGPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel import random as mcore_random
+    from megatron.core.transformer.transformer_config import TransformerConfig as McoreConfig
+
+    from minitron.core import parallel_state
+    from minitron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    torch.set_num_threads(1)
+    torch.cuda.current_device = lambda: "cpu"                      # as test_mcore_peer's fixture
+    torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
+    torch.cuda.manual_seed = torch.manual_seed
+    mcore_random._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    mcore_random._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    mcore_ps.initialize_model_parallel(2, 1)
+    parallel_state.initialize_model_parallel(2, 1)
+    mcore_tp.model_parallel_cuda_manual_seed(5)
+    model_parallel_cuda_manual_seed(5)
+    fields = dict(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=1, ffn_hidden_size=64,
+                  hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=2)
+    ours = GPTModel(TransformerConfig(**fields, init_seed=3), VOCAB, SEQ, position_embedding_type="rope").eval()
+    with torch.no_grad():
+        for name, param in ours.named_parameters():   # the same nudge on every rank's slice of it
+            param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(param.numel())) * 0.1)
+    config = McoreConfig(**fields, use_cpu_initialization=True, params_dtype=torch.float32)
+    twin = McoreGPTModel(config, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=SEQ,
+                         position_embedding_type="rope").eval()
+    missing, unexpected = twin.load_state_dict(ours.state_dict(), strict=False)
+    assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(SEQ).expand(BATCH, SEQ)
+    causal = torch.ones(SEQ, SEQ, dtype=torch.bool).triu(1).expand(BATCH, 1, SEQ, SEQ)
+    with torch.no_grad():
+        out[rank] = (ours(ids, positions, causal) - twin(ids, positions, causal)).abs().max().item()
+    dist.destroy_process_group()
+
+
+def test_gqa_with_fewer_groups_than_tp_ranks_equals_megatron_cores():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = mp.get_context("spawn").Manager().dict()
+    mp.start_processes(_gqa_rank, args=(port, out), nprocs=2, start_method="spawn")
+    assert dict(out).keys() == {0, 1}
+    assert max(out.values()) <= TOL, f"tp 2, 1 key/value group: logits differ from Megatron-Core's by {dict(out)}"
