@@ -44,8 +44,8 @@ CASES = [
     (2, f"{TRAIN} --recompute-granularity full --recompute-method block --recompute-num-layers 3",
      "between 1 and the 2 layers"),
     (2, f"{TRAIN} --recompute-activations --recompute-method uniform", "drop --recompute-method"),
-    (2, f"{TRAIN} --tensor-model-parallel-size 2 --group-query-attention --num-query-groups 1",
-     "--num-query-groups 1 is not divisible by --tensor-model-parallel-size 2"),
+    (2, f"{TRAIN} --num-attention-heads 12 --hidden-size 24 --tensor-model-parallel-size 2 --group-query-attention "
+        "--num-query-groups 3", "--num-query-groups 3 must be a multiple or a divisor of --tensor-model-parallel-size 2"),
     (2, f"{TRAIN} --num-query-groups 2", "needs --group-query-attention"),
     (2, f"{TRAIN} --num-experts 2 --swiglu --ffn-hidden-size 32", "experts are not gated yet"),
 ]

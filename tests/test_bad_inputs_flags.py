@@ -206,6 +206,16 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
                ("gqa-none", "--world 1 --group-query-attention", ("--num-query-groups",)),
                ("groups-no-gqa", "--world 1 --num-query-groups 2", ("--group-query-attention",)),
                ("recompute-full", "--world 1 --recompute-granularity full", ("--recompute-method",)),
+               ("mrope", "--world 1 --position-embedding-type mrope", ("--position-embedding-type mrope",)),
+               ("rope-scaling-learned", "--world 1 --use-rope-scaling", ("--use-rope-scaling", "rope")),
+               ("interleaved-none", "--world 1 --position-embedding-type none --rotary-interleaved",
+                ("--rotary-interleaved", "none")),
+               ("cp-allgather", "--world 2 --cp 2 --cp-comm-type allgather", ("--cp-comm-type allgather",)),
+               ("cp-a2a-heads", "--world 4 --cp 4 --cp-comm-type a2a", ("--cp-comm-type a2a", "2 heads")),
+               ("cp-hier-none", "--world 4 --cp 4 --cp-comm-type a2a+p2p", ("--hierarchical-context-parallel-sizes",)),
+               ("cp-hier-product", "--world 4 --cp 4 --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 4",
+                ("--hierarchical-context-parallel-sizes 2 4", "multiply")),
+               ("cp-per-layer", "--world 2 --cp 2 --cp-comm-type a2a p2p p2p", ("--cp-comm-type", "got 3")),
                ("rampup-zero", "--world 1 --rampup-batch-size 0 1 1", ("--rampup-batch-size",))]
     for flag in ("--moe-router-topk 2", "--moe-aux-loss-coeff 0.1", "--moe-layer-freq 2", "--moe-ffn-hidden-size 8",
                  "--moe-expert-capacity-factor 1", "--moe-pad-expert-input-to-capacity"):

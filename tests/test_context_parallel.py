@@ -133,6 +133,11 @@ CP_LAYOUTS = {
     "cp2-tp2": (4, ["--tensor-model-parallel-size", "2"]),
     "cp2-pp2": (4, ["--pipeline-model-parallel-size", "2"]),
     "cp2-dp2-tp2-sp": (8, ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
+    # Megatron's per-layer list: the hierarchical kind (all-to-all in pairs, a ring of two
+    # pairs) in the first layer, the all-to-all over all four in the second; cp 4 so that the
+    # all-to-all reorders 8 chunks, not just 4
+    "cp4-a2a+p2p-a2a": (4, ["--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p", "a2a",
+                            "--hierarchical-context-parallel-sizes", "2", "2"]),
 }
 
 

@@ -124,9 +124,22 @@ LAYOUTS = {
     "pp2-vp2-dp2-distopt-fp16": (4, ["--pp", "2", "--vp", "2", "--use-distributed-optimizer", "--global-batch-size",
                                      "8", "--fp16", "--loss-scale", "1"]),
 }
+# Stress only (four ranks each, the default run's budget is spent): all-to-all context
+# parallelism beside fewer key/value groups than tensor-parallel ranks, unfused and fused, and
+# its hierarchical form.
+STRESS = {
+    "cp2-tp2-a2a-gqa1": (4, ["--cp", "2", "--tp", "2", "--cp-comm-type", "a2a", "--group-query-attention",
+                             "--num-query-groups", "1", "--position-embedding-type", "rope"]),
+    "cp4-a2a+p2p": (4, ["--cp", "4", "--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", "2",
+                        "2", "--seq-length", "32"]),
+    "cp2-tp2-a2a-p2p-fused": (4, ["--cp", "2", "--tp", "2", "--cp-comm-type", "a2a", "p2p", "a2a", "p2p",
+                                  "--attention-dropout", "0", "--group-query-attention", "--num-query-groups", "1"]),
+}
+LAYOUTS.update(STRESS)
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
+@pytest.mark.parametrize("name", [name if name not in STRESS else pytest.param(name, marks=pytest.mark.stress)
+                                  for name in LAYOUTS])
 def test_estimate_matches_execution(tmp_path, capsys, name):
     world, flags = LAYOUTS[name]
     from minitron.cli.command import expand_aliases

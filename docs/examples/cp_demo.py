@@ -110,7 +110,8 @@ def balance(saved: str | None = None) -> None:
 
 def messages(trace_dir: str) -> None:
     """Every batch_isend_irecv on the context-parallel group, by rank and by the step that
-    posted it (the ring's forward or its backward), with each op's peer and shape."""
+    posted it (the ring's forward or its backward), with each op's peer and shape; and every
+    all_to_all_single there (--cp-comm-type a2a), by the step that called it, with its shape."""
     import json
     from collections import Counter
     from pathlib import Path
@@ -126,6 +127,9 @@ def messages(trace_dir: str) -> None:
                                 for o in r["args"]["ops"])
                 shapes = {str(o["shape"]) for o in r["args"]["ops"]}
                 seen[(caller, ops, " / ".join(sorted(shapes)))] += 1
+            elif r["name"].endswith("all_to_all_single") and r["args"].get("group") == "CONTEXT_PARALLEL_GROUP":
+                caller = ".".join(n for n in names[r["parent"]] if n != "context_parallel_a2a")
+                seen[(caller, "all_to_all_single", str(r["args"]["input_shape"]))] += 1
         print(f"rank {records[0]['rank']}:")
         for (caller, ops, shapes), count in seen.items():
             print(f"  {count:>2} x {caller:<31} {ops}, {shapes} each")
@@ -139,26 +143,33 @@ TRAIN = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4
          "--seed", "7", "--distributed-backend", "gloo"]
 
 
-def train() -> None:
-    """pretrain_gpt on forked gloo ranks (the launcher's API, as the tests run it), serially and
-    with cp 2 x tp 2; each run's lm loss per iteration from its iterations.jsonl."""
+def losses_of(runs: dict, common: list) -> dict:
+    """{name: lm loss per iteration} of pretrain_gpt run on forked gloo ranks (the launcher's
+    API, as the tests run it) for each name: (world, flags), read from its iterations.jsonl."""
     import json
     import tempfile
     from pathlib import Path
 
     from minitron.launcher import LaunchConfig, Target, launch
 
-    runs = {"serial": (1, []), "cp 2 x tp 2": (4, ["--context-parallel-size", "2", "--tensor-model-parallel-size", "2"])}
     losses = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, (world, flags) in runs.items():
-            out = Path(tmp) / name.replace(" ", "")
-            argv = TRAIN + flags + ["--log-jsonl", str(out / "iterations.jsonl")]
+            out = Path(tmp) / name.replace(" ", "").replace(",", "")
+            argv = common + flags + ["--log-jsonl", str(out / "iterations.jsonl")]
             launch(LaunchConfig(world_size=world, log_dir=out / "logs"), Target(module="minitron.pretrain_gpt", argv=argv))
             losses[name] = [json.loads(line)["lm_loss"] for line in (out / "iterations.jsonl").open()]
-    print(f"iteration  {'serial':>14}  {'cp 2 x tp 2':>14}  relative difference")
-    for i, (a, b) in enumerate(zip(*losses.values()), start=1):
-        print(f"{i:>9}  {a:>14.9f}  {b:>14.9f}  {abs(b - a) / abs(a):.1e}")
+    return losses
+
+
+def train() -> None:
+    """pretrain_gpt serially, with cp 2 x tp 2, and the same with the all-to-all."""
+    cp_tp = ["--context-parallel-size", "2", "--tensor-model-parallel-size", "2"]
+    runs = {"serial": (1, []), "cp 2 x tp 2": (4, cp_tp), "the same, a2a": (4, cp_tp + ["--cp-comm-type", "a2a"])}
+    losses = losses_of(runs, TRAIN)
+    print(f"iteration  {'serial':>12}  {'cp 2 x tp 2':>12}  {'the same, a2a':>13}  largest relative difference")
+    for i, (a, b, c) in enumerate(zip(*losses.values()), start=1):
+        print(f"{i:>9}  {a:>12.9f}  {b:>12.9f}  {c:>13.9f}  {max(abs(b - a), abs(c - a)) / abs(a):.1e}")
 
 
 if __name__ == "__main__":

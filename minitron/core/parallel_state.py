@@ -15,7 +15,8 @@ from datetime import timedelta
 
 import torch
 
-from minitron.core.rank_generator import DEFAULT_ORDER, all_groups, generators, validate_parallel_sizes
+from minitron.core.rank_generator import (DEFAULT_ORDER, HIERARCHICAL_CP_DESC, all_groups, generators,
+                                         hierarchical_group_ranks, validate_parallel_sizes)
 from minitron.core.utils import GlobalMemoryBuffer
 from minitron.trace import traced
 
@@ -52,6 +53,7 @@ def initialize_model_parallel(
     expert_tensor_parallel_size: int | None = None,
     distributed_timeout_minutes: int = 30,
     order: str = DEFAULT_ORDER,
+    hierarchical_context_parallel_sizes: list[int] | None = None,
 ) -> None:
     """Create every group, in Megatron's order, and keep this rank's.
 
@@ -83,6 +85,8 @@ def initialize_model_parallel(
             group = create_group(ranks, timeout=timeout, group_desc=desc)
             if _RANK in ranks:
                 _keep(key, ranks, group)
+            if key == "cp" and hierarchical_context_parallel_sizes:   # --cp-comm-type a2a+p2p's levels
+                _create_hierarchical_groups(ranks, hierarchical_context_parallel_sizes, timeout)
             if gloo:
                 # CPU-side collectives (checkpoint metadata, the distributed optimizer's state
                 # gathering) run on a gloo group even when the main groups are NCCL.
@@ -307,6 +311,21 @@ def is_rank_in_embedding_group(ignore_virtual: bool = True, vp_stage: int | None
 
 def is_rank_in_position_embedding_group() -> bool:
     return torch.distributed.get_rank() in _GLOBAL_RANKS.get("pos-embd", [])
+
+
+def _create_hierarchical_groups(ranks, sizes, timeout) -> None:
+    """Right after each context-parallel group, as Megatron does, its sub-groups level by level
+    (rank_generator.hierarchical_group_ranks)."""
+    for level, subgroups in enumerate(hierarchical_group_ranks(ranks, sizes)):
+        for sub in subgroups:
+            group = create_group(sub, timeout=timeout, group_desc=HIERARCHICAL_CP_DESC)
+            if _RANK in sub:
+                _keep(f"hcp-{level}", sub, group)
+
+
+def get_hierarchical_context_parallel_groups() -> list:
+    """This rank's context-parallel sub-group at each level (a2a+p2p: [a2a group, p2p group])."""
+    return [_GROUP[key] for key in sorted(key for key in _GROUP if key.startswith("hcp-"))]
 
 
 def destroy_model_parallel() -> None:

@@ -22,6 +22,8 @@ validate_args and initialize_model_parallel all call.
 
 from __future__ import annotations
 
+import math
+
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -78,6 +80,11 @@ GROUP_KINDS = (
 LAYOUT_KEYS = tuple(kind.key for kind in GROUP_KINDS if kind.shown)
 # new_group's group_desc (Megatron's names) -> our short key, for reading traces.
 DESC_TO_KEY = {kind.desc: kind.key for kind in GROUP_KINDS}
+# --hierarchical-context-parallel-sizes' sub-groups of each cp group (a2a+p2p), outside the
+# layout's kinds. Megatron files them under the cp group's own description; minitron names them
+# apart, so that a trace tells the sub-groups from the group (and a rank's cp group is still
+# the one it kept). Traces and estimates key their traffic by this name.
+HIERARCHICAL_CP_DESC = "HIERARCHICAL_CONTEXT_PARALLEL_GROUP"
 
 
 def parse_order(order: str) -> tuple[str, ...]:
@@ -252,6 +259,20 @@ def all_groups(dense: RankGenerator, expert: RankGenerator):
             yield kind, (ranks,)
             for stage_kind in cut_from_stage:
                 yield stage_kind, (STAGE_RANKS[stage_kind.key](ranks),)
+
+
+def hierarchical_group_ranks(ranks, sizes) -> list[list[list[int]]]:
+    """Megatron's create_hierarchical_groups, the rank arithmetic only: for each level of
+    ``sizes``, the sub-groups of one context-parallel group ``ranks`` (in cp-rank order).
+    Level 0 groups sizes[0] neighbours, level 1 takes one from each of those, and so on: with
+    sizes [2, 2], cp ranks [0 1 2 3] give [[0 1] [2 3]] and [[0 2] [1 3]]."""
+    levels = []
+    for level, size in enumerate(sizes):
+        inner = math.prod(sizes[:level])      # the stride: the levels below's sizes
+        outer = math.prod(sizes[level + 1:])
+        levels.append([[ranks[(o * size + i) * inner + u] for i in range(size)]
+                       for o in range(outer) for u in range(inner)])
+    return levels
 
 
 def layout(world_size: int, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,

@@ -54,12 +54,7 @@ def _add_network_size_args(parser):
     g.add_argument("--init-method-std", type=float_in(0.0), default=0.02)
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     # The modern GPT options (LLaMA-style models are rope + swiglu + RMSNorm + GQA + untied).
-    g.add_argument("--no-position-embedding", dest="add_position_embedding", action="store_false",
-                   help="Megatron's older spelling of a model without learned positions: only with rope here")
-    g.add_argument("--position-embedding-type", default="learned_absolute", choices=["learned_absolute", "rope"])
-    g.add_argument("--rotary-percent", type=float_in(0.0, 1.0, above=True), default=1.0,
-                   help="rope: the share of each head's channels that rotate")
-    g.add_argument("--rotary-base", type=POSITIVE, default=10000, help="rope: the base of the angles")
+    _add_position_embedding_args(g)
     g.add_argument("--swiglu", action="store_true", help="gated MLP, silu(x W_gate) * (x W_up)")
     g.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
     g.add_argument("--group-query-attention", action="store_true",
@@ -73,6 +68,31 @@ def _add_window_args(parser):
                    help="LEFT,RIGHT: each query sees LEFT tokens back and RIGHT ahead (a GPT: L,0)")
     g.add_argument("--window-attn-skip-freq", type=layer_pattern, default=None,
                    help="N: every N-th layer attends to everything; or a 0/1 list per layer (1 = window)")
+# Megatron 0.19's --position-embedding-type choices. minitron builds the first three; the
+# others are taken by the parser so that validate_args can refuse them by name.
+POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none", "yarn", "mrope", "relative")
+
+
+def _add_position_embedding_args(g):
+    """Where a token's position enters the model (core/models/common/embeddings/)."""
+    g.add_argument("--position-embedding-type", default="learned_absolute", choices=POSITION_EMBEDDING_TYPES,
+                   help="learned_absolute: a table added to the input; rope: q and k rotated; none: no positions")
+    # Megatron's two deprecated spellings, still taken there (and so here).
+    g.add_argument("--no-position-embedding", dest="add_position_embedding", action="store_false",
+                   help="deprecated in Megatron: refused unless the type is rope (use --position-embedding-type)")
+    g.add_argument("--use-rotary-position-embeddings", action="store_true",
+                   help="deprecated in Megatron: --position-embedding-type rope")
+    g.add_argument("--rotary-percent", type=float_in(0.0, 1.0, above=True), default=1.0,
+                   help="rope: the share of each head's channels that rotate")
+    g.add_argument("--rotary-base", type=POSITIVE, default=10000, help="rope: the base of the angles")
+    g.add_argument("--rotary-interleaved", action="store_true",
+                   help="rope: rotate channel pairs (2i, 2i+1) instead of (i, i + d/2)")
+    g.add_argument("--rotary-seq-len-interpolation-factor", type=POSITIVE, default=None, metavar="F",
+                   help="rope: positions divided by F (position interpolation)")
+    g.add_argument("--use-rope-scaling", action="store_true",
+                   help="rope: Llama 3.1's scaling of the slow angles")
+    g.add_argument("--rope-scaling-factor", type=float_in(0.0, above=True), default=8.0,
+                   help="rope: how much --use-rope-scaling slows the slow angles")
 
 
 def _add_regularization_args(parser):
@@ -155,9 +175,12 @@ def _add_distributed_args(parser):
                    dest="virtual_pipeline_model_parallel_size", type=POSITIVE, default=None,
                    help="model chunks per pipeline rank (the interleaved schedule)")
     g.add_argument("--context-parallel-size", type=POSITIVE, default=1)
-    # Megatron's other kinds (a2a, allgather, a2a+p2p) are not built: the ring is the one taught.
-    g.add_argument("--cp-comm-type", default="p2p", choices=["p2p"],
-                   help="how context-parallel attention exchanges keys/values: p2p, a ring")
+    # Megatron's four kinds; validate_args refuses the two minitron does not build, by name.
+    g.add_argument("--cp-comm-type", nargs="+", default=["p2p"], choices=["p2p", "a2a", "a2a+p2p", "allgather"],
+                   help="context-parallel attention: p2p (a ring of keys/values), a2a (all-to-all, heads <-> "
+                        "sequence) or a2a+p2p (both, in two levels); one for all layers or one per layer")
+    g.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=POSITIVE, default=None, metavar="N",
+                   help="a2a+p2p's levels: all-to-all groups of the first size, a ring of the second")
     g.add_argument("--expert-model-parallel-size", type=POSITIVE, default=1)
     g.add_argument("--expert-tensor-parallel-size", type=POSITIVE, default=None, help="default: tp size")
     g.add_argument("--sequence-parallel", action="store_true")

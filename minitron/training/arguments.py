@@ -313,6 +313,8 @@ def core_transformer_config_from_args(args):
         normalization=args.normalization, gated_linear_unit=args.swiglu,
         activation_func=torch.nn.functional.silu if args.swiglu else torch.nn.functional.gelu,
         num_query_groups=args.num_query_groups if args.group_query_attention else None,
+        rotary_interleaved=args.rotary_interleaved,
+        cp_comm_type=args.cp_comm_type[0] if len(args.cp_comm_type) == 1 else list(args.cp_comm_type),
         recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
         recompute_num_layers=args.recompute_num_layers,
         # mixture of experts

@@ -8,6 +8,8 @@ ArgumentError with one line a user can act on, before any rank starts.
 
 from __future__ import annotations
 
+import math
+
 from minitron.training.argument_groups import require
 
 
@@ -24,13 +26,13 @@ def validate_modern_options(args):
         require(groups is not None, "--group-query-attention needs --num-query-groups G (heads per key/value)")
         require(heads % groups == 0, f"--num-attention-heads {heads} is not divisible by --num-query-groups "
                  f"{groups}: each group is the same number of query heads")
-        require(groups % tp == 0, f"--num-query-groups {groups} is not divisible by "
-                 f"--tensor-model-parallel-size {tp}: each tensor-parallel rank computes whole query groups")
+        # Megatron's rule: each rank computes whole groups (g % tp == 0), or tp/g ranks share
+        # one group's key and value (tp % g == 0; SelfAttention all-gathers them).
+        require(groups % tp == 0 or tp % groups == 0, f"--num-query-groups {groups} must be a multiple or a "
+                 f"divisor of --tensor-model-parallel-size {tp}: ranks compute whole groups, or share one")
     else:
         require(args.num_query_groups is None, "--num-query-groups needs --group-query-attention")
-    require(args.add_position_embedding or args.position_embedding_type == "rope",
-            "--no-position-embedding with learned positions: minitron's GPT always has some; "
-            "add --position-embedding-type rope (Megatron's current spelling), or drop it")
+    validate_position_embedding(args)
     if args.position_embedding_type == "rope" and args.hidden_size % heads == 0:
         d = args.kv_channels or args.hidden_size // heads
         rot = d if args.rotary_percent >= 1.0 else int(d * args.rotary_percent)
@@ -74,10 +76,61 @@ def validate_window(args):
             "attention has no sliding window; drop one")
 
 
+# Megatron 0.19's position types that minitron does not build, and why.
+_NOT_BUILT = {
+    "yarn": "YaRN's rope (Megatron's YarnRotaryEmbedding, used by DeepSeek's MLA) is not built here",
+    "mrope": "multimodal rope needs the image/video position ids of a vision model",
+    "relative": "T5's relative position bias needs Transformer Engine's attention in Megatron too",
+}
+
+
+def validate_position_embedding(args):
+    """Megatron's rules for the position flags, and minitron's refusals of the rest."""
+    if args.use_rotary_position_embeddings:
+        args.position_embedding_type = "rope"      # Megatron's legacy spelling wins, as there
+    kind = args.position_embedding_type
+    require(kind not in _NOT_BUILT, f"--position-embedding-type {kind}: {_NOT_BUILT.get(kind)}; "
+             "minitron has learned_absolute, rope and none")
+    require(args.add_position_embedding or kind == "rope",
+            "--no-position-embedding is deprecated (Megatron refuses it too unless the type is rope): "
+            "use --position-embedding-type none for a model without positions")
+    if kind != "rope":
+        given = [flag for flag, on in (("--rotary-interleaved", args.rotary_interleaved),
+                                       ("--rotary-seq-len-interpolation-factor",
+                                        args.rotary_seq_len_interpolation_factor is not None),
+                                       ("--use-rope-scaling", args.use_rope_scaling)) if on]
+        require(not given, f"{given[0] if given else ''} shapes rope's angles, and --position-embedding-type "
+                 f"is {kind}: add --position-embedding-type rope, or drop it")
+
+
+_CP_NOT_BUILT = {"allgather": "all-gathers every key and value before attention"}
+
+
 def validate_context_parallel(args):
-    cp = args.context_parallel_size
+    if isinstance(args.cp_comm_type, str):   # an older run's saved args (one kind, unlisted)
+        args.cp_comm_type = [args.cp_comm_type]
+    cp, kinds = args.context_parallel_size, args.cp_comm_type
+    for kind in kinds:
+        require(kind not in _CP_NOT_BUILT, f"--cp-comm-type {kind} ({_CP_NOT_BUILT.get(kind)}) is not built in "
+                 "minitron: use p2p (the ring), a2a (all-to-all) or a2a+p2p")
+    levels = args.hierarchical_context_parallel_sizes
+    require(levels is None or math.prod(levels) == cp, f"--hierarchical-context-parallel-sizes "
+             f"{' '.join(map(str, levels or ()))} must multiply to --context-parallel-size {cp}")
+    # Megatron's rule; and its a2a+p2p takes exactly two levels: the all-to-all's, the ring's.
+    require("a2a+p2p" not in kinds or (levels is not None and len(levels) == 2),
+             "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes A P (all-to-all groups of A, "
+             "a ring of P of them; A x P = --context-parallel-size)")
+    require(len(kinds) in (1, args.num_layers), f"--cp-comm-type takes one kind for every layer or one per layer "
+             f"({args.num_layers}), got {len(kinds)}")
     if cp == 1:
         return
+    heads = args.num_attention_heads // args.tensor_model_parallel_size
+    require("a2a" not in kinds or heads % cp == 0,
+             f"--cp-comm-type a2a gives each context-parallel rank whole heads: the {heads} heads of a "
+             f"tensor-parallel rank do not split across --context-parallel-size {cp}")
+    require("a2a+p2p" not in kinds or heads % levels[0] == 0,
+             f"--cp-comm-type a2a+p2p gives each rank of an all-to-all group whole heads: the {heads} heads of a "
+             f"tensor-parallel rank do not split across {levels[0] if levels else 0} (--hierarchical-context-parallel-sizes)")
     require(args.seq_length % (2 * cp) == 0,
              f"--seq-length {args.seq_length} must be a multiple of 2 x --context-parallel-size "
              f"= {2 * cp}: each sequence is cut into 2 x cp equal chunks")

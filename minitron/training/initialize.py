@@ -86,6 +86,7 @@ def _initialize_distributed():
             expert_tensor_parallel_size=args.expert_tensor_parallel_size,
             distributed_timeout_minutes=args.distributed_timeout_minutes,
             order=args.order,
+            hierarchical_context_parallel_sizes=args.hierarchical_context_parallel_sizes,
         )
 
 

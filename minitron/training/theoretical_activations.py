@@ -22,6 +22,26 @@ def mask_bytes(args) -> int:
     return DTYPE_BYTES[args.params_dtype] if args.distributed_backend in ("gloo", "fake") else 1
 
 
+def _all_to_all_cores(args, s: int, b: int, q: int, heads: int, e: int, m: int) -> dict[str, int]:
+    """What the core attention keeps per layer with --cp-comm-type a2a (and a2a+p2p), in place
+    of the ring's: the q, k, v the all-to-all made (new tensors; what went in is kept by no one),
+    then a2a's unsplit kernel on heads/cp heads of all cp·s tokens, or a2a+p2p's ring over P
+    groups, on heads/A heads of A·s tokens each (fp32 output, log-sum-exp, masks by block)."""
+    cp, dropout = args.context_parallel_size, args.attention_dropout > 0
+    made = 3 * s * b * q * e
+    whole = s * cp
+    if dropout:   # unfused, as without cp: mask, fp32 softmax, dropout mask, dropped probabilities
+        cores = {"a2a": made + whole * whole + heads * b * s * whole * (4 + m + e)}
+    else:         # fused kernel: output and log-sum-exp (heads/cp x cp·s = heads x s)
+        cores = {"a2a": made + s * b * q * e + heads * b * s * 4}
+    levels = _flag(args, "hierarchical_context_parallel_sizes")
+    if levels and len(levels) == 2:
+        a, p = levels
+        cores["a2a+p2p"] = made + s * b * q * 4 + heads * b * s * 4
+        cores["a2a+p2p"] += (2 * p + 1) * b * heads * a * (s // 2) ** 2 * 4 if dropout else 0
+    return cores
+
+
 def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
     """Bytes autograd keeps for backward from one micro-batch's forward through one chunk.
 
@@ -36,7 +56,7 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
     s = args.seq_length // args.context_parallel_size        # cp: each rank its share of s
     local = s // t if (args.sequence_parallel and t > 1) else s   # the replicated regions' rows
     heads, q = args.num_attention_heads // t, args.kv_channels * args.num_attention_heads // t
-    groups = query_groups(args) // t
+    groups = max(query_groups(args) // t, 1)   # g < t: a rank computes its group's one key and value
     ffn = args.ffn_hidden_size // t
     pre, post = chunk_ends(args, pp_rank, chunk)
     hd, ad, m = args.hidden_dropout, args.attention_dropout, mask_bytes(args)
@@ -46,10 +66,19 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
     else:
         norm = local * b * h * e + 2 * local * b * 4         # input, mean and 1/std
     layer = 2 * norm + 2 * local * b * h * e                 # two norms, qkv and fc1 inputs
-    layer += s * b * (q + 2 * args.kv_channels * groups) * e  # q, k, v (one tensor)
+    if query_groups(args) >= t:
+        qkv = s * b * (q + 2 * args.kv_channels * groups) * e  # q, k, v (one tensor)
+    else:   # g < t: q, k, v are views of the all-gathered linear_qkv output, which they keep whole
+        qkv = s * b * (args.num_attention_heads + 2 * query_groups(args)) * args.kv_channels * e
+    layer += qkv
+    entering = qkv   # what the core attention keeps of its own inputs (a2a's all-to-all keeps none)
     if _flag(args, "position_embedding_type") == "rope":     # rotated q and k, cos and sin twice
         rotated = int(args.kv_channels * args.rotary_percent)
-        layer += s * b * (q + args.kv_channels * groups) * e + 4 * s * rotated * 4
+        # rope keeps views of the one tensor itself; its outputs are what attention then keeps
+        entering = s * b * (q + args.kv_channels * groups) * e
+        layer += entering + 4 * s * rotated * 4
+    elif _flag(args, "qk_layernorm", False):
+        entering = 0     # the norms keep the one tensor; what attention keeps of theirs is counted there
     cp = args.context_parallel_size
     if cp > 1:   # the ring (context_parallel.py): fp32 output and log-sum-exp, fp32 masks by block
         core = s * b * q * 4 + heads * b * s * 4
@@ -60,6 +89,7 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
         core = s * b * q * e + heads * b * s * 4
     if groups * t != args.num_attention_heads:   # GQA: keys and values repeated per query head
         core += 2 * s * b * q * e
+    others = _all_to_all_cores(args, s, b, q, heads, e, m) if cp > 1 else {}
     layer += core + s * b * q * e                            # + linear_proj's input (context)
     if _flag(args, "swiglu", False):   # fc1's [gate | up], silu(gate), their product (fc2's input)
         layer += 4 * s * b * ffn * e
@@ -69,15 +99,20 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
     granularity = _flag(args, "recompute_granularity")
     if granularity == "selective":     # core attention recomputed: only its q, k, v stay
         layer -= core
-    layers = len(chunk_layers(args, pp_rank, chunk))
-    total = layers * layer
+    kinds = _flag(args, "cp_comm_type") or ["p2p"]
+    kinds = [kinds] if isinstance(kinds, str) else kinds
+    each = [layer - core - entering + others[kinds[i % len(kinds)]]
+            if kinds[i % len(kinds)] in others and granularity != "selective" else layer
+            for i in chunk_layers(args, pp_rank, chunk)]
+    layers = len(each)
+    total = sum(each)
     if granularity == "full":          # a checkpointed run of layers keeps only its input
         n = args.recompute_num_layers
         kept = local * b * h * e
         if args.recompute_method == "uniform":
             total = -(-layers // n) * kept
         else:                          # block: the first n layers of the stage, one by one
-            total = min(n, layers) * kept + max(layers - n, 0) * layer
+            total = min(n, layers) * kept + sum(each[n:])
     total += activation_delta(args, pp_rank, chunk)          # experts instead of the MLP
     if pre:
         keys = 2 + (1 if post else 0)                        # tokens, position ids (labels)

@@ -15,8 +15,9 @@ parallelism its all-to-alls (key ep) here, beside the calls they change.
 from __future__ import annotations
 
 from minitron.training.theoretical_params import (
-    DTYPE_BYTES, chunk_ends, chunk_layers, chunks_of, is_moe_layer, num_microbatches, recomputed_layers,
+    DTYPE_BYTES, chunk_ends, chunk_layers, chunks_of, is_moe_layer, num_microbatches, query_groups, recomputed_layers,
 )
+from minitron.core.rank_generator import HIERARCHICAL_CP_DESC
 from minitron.training.theoretical_zero import zero_comm
 from minitron.training.theoretical_moe import expert_key, moe_traffic, shards, step_traffic
 
@@ -77,6 +78,11 @@ def _tp_traffic(args, pre: bool, post: bool, chunk: range, tally: _Tally, times:
     else:
         tally.add("tp", whole, times * 2 * pairs)         # proj, fc2 forward; qkv, fc1 backward
         tally.add("tp", whole, times * (1 if post else 0))   # output layer input, backward
+    g = query_groups(args)
+    if g < t:   # fewer kv groups than ranks: linear_qkv's output all-gathered, reduce-scattered back
+        qkv = s * b * (args.num_attention_heads + 2 * g) * args.kv_channels * e
+        tally.add("tp", qkv // t, times * (len(chunk) + recomputed_layers(args, len(chunk))))   # forward
+        tally.add("tp", qkv, times * len(chunk))                                            # backward
     if args.sequence_parallel:                             # full recomputation: forward again
         tally.add("tp", whole // t, times * again)
         tally.add("tp", whole, times * again)
@@ -88,18 +94,32 @@ def _tp_traffic(args, pre: bool, post: bool, chunk: range, tally: _Tally, times:
         tally.add("tp", s * b * 4, times * 3)             # cross entropy: max, target logit, sum exp
 
 
-def _cp_ring(args, layers: int, again: int, tally: _Tally, times: int) -> None:
-    """Context parallelism's ring (context_parallel.py), per layer: forward passes this rank's
-    keys and values on cp - 1 times; backward passes them on cp - 1 times more and their
-    gradient cp times. One message: [2, b, heads/t, s/cp, d] in fp32, keys repeated per head."""
+def _cp_ring(args, chunk, again: int, tally: _Tally, times: int) -> None:
+    """Context parallelism's attention, per layer of the chunk, by its --cp-comm-type.
+
+    p2p, the ring (context_parallel.py): forward passes this rank's keys and values on cp - 1
+    times; backward passes them on cp - 1 times more and their gradient cp times. One message:
+    [2, b, heads/t, s/cp, d] in fp32, keys repeated per head.
+    a2a (context_parallel_a2a.py): forward hands q, k, v and then the output to one all-to-all
+    each, backward their gradients, each [b, heads/t, s/cp, d] in the model's dtype.
+    a2a+p2p: those all-to-alls in the first level's groups, then the ring over the second's."""
     cp = args.context_parallel_size
     if cp == 1:
         return
-    kv = 2 * args.micro_batch_size * args.num_attention_heads // args.tensor_model_parallel_size \
-        * (args.seq_length // cp) * args.kv_channels * 4
+    kinds = args.cp_comm_type if isinstance(args.cp_comm_type, list) else [args.cp_comm_type]
+    local = args.micro_batch_size * args.num_attention_heads // args.tensor_model_parallel_size \
+        * (args.seq_length // cp) * args.kv_channels
     selective = getattr(args, "recompute_granularity", None) == "selective"
-    forwards = layers * (2 if selective else 1) + again      # recomputed attention rings again
-    tally.add("cp", kv, times * (forwards * (cp - 1) + layers * (2 * cp - 1)))
+    for index, layer in enumerate(chunk):
+        kind = kinds[layer % len(kinds)]                        # one for all, or one per layer
+        forwards = (2 if selective else 1) + (1 if index < again else 0)   # recomputed attention too
+        ring, key = cp, "cp"
+        if kind in ("a2a", "a2a+p2p"):
+            key = "cp" if kind == "a2a" else HIERARCHICAL_CP_DESC   # a2a+p2p: its sub-groups, both levels
+            tally.add(key, local * DTYPE_BYTES[args.params_dtype], times * 4 * (forwards + 1))
+            ring = args.hierarchical_context_parallel_sizes[1] if kind == "a2a+p2p" else 1
+        if ring > 1:   # the same message size after a2a+p2p's all-to-all: heads/A of A times the tokens
+            tally.add(key, 2 * local * 4, times * (forwards * (ring - 1) + (2 * ring - 1)))
 
 
 
@@ -122,7 +142,7 @@ def comm_bytes(args, pp_rank: int, stage: list) -> _Tally:
         layers = len(chunk_layers(args, pp_rank, chunk))
         _tp_traffic(args, pre, post, chunk_layers(args, pp_rank, chunk), tally, m)
         moe_traffic(args, pp_rank, chunk, tally, m)              # experts: ep, expt-tp, tp-ep
-        _cp_ring(args, layers, recomputed_layers(args, layers), tally, m)
+        _cp_ring(args, chunk_layers(args, pp_rank, chunk), recomputed_layers(args, layers), tally, m)
         if pp > 1:
             tally.add("pp", p2p, m * (0 if post else 1))       # activation forward
             tally.add("pp", p2p, m * (0 if pre else 1))        # its gradient backward

@@ -10,6 +10,7 @@ gradient of a communication step is the communication that undoes its data flow:
     all-reduce                 <->  identity                 RowParallelLinear output    ("g")
     split last dim             <->  all-gather last dim      RowParallelLinear, input not parallel
     all-gather last dim        <->  split last dim           ColumnParallelLinear, gather_output
+    all-gather last dim        <->  reduce-scatter last dim  attention, fewer kv heads than tp
     split first dim (seq)      <->  all-gather first dim     embedding output, sequence parallel
     all-gather first dim (seq) <->  reduce-scatter first dim a column-parallel input, seq. par.*
     reduce-scatter first dim   <->  all-gather first dim     RowParallelLinear output, seq. par.
@@ -18,7 +19,7 @@ gradient of a communication step is the communication that undoes its data flow:
   (layers.py: LinearWithGradAccumulationAndAsyncCommunication), so that it can overlap them
   with its weight gradient and, with sequence parallelism, keep only its rows of the input.
 
-The first four live here; the three that cut the first dimension, with their uneven variants
+The first five live here; the three that cut the first dimension, with their uneven variants
 and the all-to-all of MoE's dispatcher, live in sequence_mappings.py (a file of its own to keep
 each readable in one sitting) and are re-exported here under Megatron's names.
 
@@ -35,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from minitron.core.tensor_parallel.sequence_mappings import (  # noqa: F401  (re-exported: Megatron's names)
-    _gather_along_first_dim, _grad_args, _tp_group, all_to_all, gather_from_sequence_parallel_region,
+    _gather_along_first_dim, _grad_args, _reduce_scatter_along_first_dim, _tp_group, all_to_all, gather_from_sequence_parallel_region,
     reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region,
 )
 from minitron.core.tensor_parallel.utils import split_tensor_along_last_dim
@@ -72,6 +73,15 @@ def _gather_along_last_dim(input_: torch.Tensor, group) -> torch.Tensor:
         return input_
     stacked = _gather_along_first_dim(input_, group)
     return torch.cat(stacked.chunk(world_size, dim=0), dim=-1).contiguous()
+
+
+def _reduce_scatter_along_last_dim(input_: torch.Tensor, group) -> torch.Tensor:
+    """Sum over the group and keep this rank's slice of the last dimension of the sum: the
+    last-dimension blocks are moved to the front, where the collective cuts."""
+    world_size = group.size()
+    if world_size == 1:
+        return input_
+    return _reduce_scatter_along_first_dim(torch.cat(input_.chunk(world_size, dim=-1), dim=0), group)
 
 
 # --- the autograd functions ---------------------------------------------------------------
@@ -137,6 +147,18 @@ class _GatherFromModelParallelRegion(torch.autograd.Function):
         return _split_along_last_dim(grad_output, ctx.group), None
 
 
+class _AllGatherFromTensorParallelRegion(_GatherFromModelParallelRegion):
+    """The same gather forward; backward *sums* the gradients over the group before keeping my
+    slice: unlike gather_output's, every rank here goes on to use parts of the whole
+    (attention with fewer key/value heads than ranks), so each slice's gradient has a share
+    from every rank."""
+
+    @staticmethod
+    @traced(args=_grad_args)
+    def backward(ctx, grad_output):
+        return _reduce_scatter_along_last_dim(grad_output, ctx.group), None
+
+
 # --- the public names the layers call -----------------------------------------------------
 @traced
 def copy_to_tensor_model_parallel_region(input_, group=None):
@@ -160,3 +182,9 @@ def scatter_to_tensor_model_parallel_region(input_, group=None):
 def gather_from_tensor_model_parallel_region(input_, group=None):
     """all-gather the last dim forward, split it backward."""
     return _GatherFromModelParallelRegion.apply(input_, _tp_group(group))
+
+
+@traced
+def all_gather_last_dim_from_tensor_parallel_region(input_, group=None):
+    """all-gather the last dim forward, reduce-scatter it backward."""
+    return _AllGatherFromTensorParallelRegion.apply(input_, _tp_group(group))

@@ -24,11 +24,14 @@ import torch.nn.functional as F
 
 from minitron.core import parallel_state
 from minitron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from minitron.core.tensor_parallel.mappings import all_gather_last_dim_from_tensor_parallel_region
 from minitron.core.models.common.embeddings.rotary_pos_embedding import apply_rotary_pos_emb
 from minitron.core.tensor_parallel.random import checkpoint as tensor_parallel_checkpoint
 from minitron.core.tensor_parallel.random import get_cuda_rng_tracker
 from minitron.core.tensor_parallel.utils import divide
 from minitron.core.transformer.context_parallel import attn_forward_func_with_cp
+from minitron.core.transformer.context_parallel_a2a import (attn_forward_func_with_cp_a2a,
+                                                            attn_forward_func_with_cp_a2a_p2p)
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.torch_norm import WrappedTorchNorm
 from minitron.core.transformer.utils import get_sliding_window_causal_mask, is_layer_window_attention
@@ -59,6 +62,9 @@ class DotProductAttention(MegatronModule):
         # Sliding-window attention (--window-size): this layer's window, or None for full.
         self.window_size = (config.window_size if is_layer_window_attention(
             config.window_size, config.window_attn_skip_freq, layer_number) else None)
+        # --cp-comm-type: one kind for every layer, or one per layer (Megatron's list form).
+        comm = config.cp_comm_type
+        self.cp_comm_type = comm[layer_number - 1] if isinstance(comm, (list, tuple)) else comm
 
     @traced(args=lambda self, query, key, value, attention_mask=None: {"query": short_value(query)})
     def forward(self, query, key, value, attention_mask=None):
@@ -75,31 +81,44 @@ class DotProductAttention(MegatronModule):
             k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
         if parallel_state.get_context_parallel_world_size() > 1:
             context = self._context_parallel(q, k, v)
-        elif self.training and self.attention_dropout.p > 0:
-            context = self._unfused(q, k, v, attention_mask)
         else:
-            # torch's fused kernel, where it gives the same numbers: without dropout it matches
-            # the unfused path to fp32 rounding (a few 1e-7: it sums in another order; the test
-            # test_fused_attention_gives_the_unfused_numbers holds it under 1e-6). With dropout
-            # the kernel draws its own mask, not nn.Dropout's, so we take the unfused path.
-            # Megatron's mask says True = "hide"; torch's boolean attn_mask says True = "attend".
-            context = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=None if attention_mask is None else ~attention_mask,
-                is_causal=attention_mask is None, scale=self.softmax_scale)
+            context = self._attention(q, k, v, attention_mask)
         b, n, s, d = context.shape
         return context.permute(2, 0, 1, 3).reshape(s, b, n * d)  # [s, b, h/p]
 
-    def _context_parallel(self, q, k, v):
-        """This rank holds two chunks of the sequence; the others' keys come round the ring.
+    def _attention(self, q, k, v, attention_mask):
+        """The whole sequence's attention for these heads, [b, n, s, d]; None mask: causal."""
+        if self.training and self.attention_dropout.p > 0:
+            return self._unfused(q, k, v, attention_mask)
+        # torch's fused kernel, where it gives the same numbers: without dropout it matches
+        # the unfused path to fp32 rounding (a few 1e-7: it sums in another order; the test
+        # test_fused_attention_gives_the_unfused_numbers holds it under 1e-6). With dropout
+        # the kernel draws its own mask, not nn.Dropout's, so we take the unfused path.
+        # Megatron's mask says True = "hide"; torch's boolean attn_mask says True = "attend".
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None if attention_mask is None else ~attention_mask,
+            is_causal=attention_mask is None, scale=self.softmax_scale)
 
-        The mask is not consulted: the ring knows where each chunk sits in the sequence and hides
-        the future block by block (context_parallel.py). validate_args refuses the one dataloader
-        mask that is not plain causal, --reset-attention-mask, when context parallelism is on.
+    def _context_parallel(self, q, k, v):
+        """This rank holds two chunks of the sequence. p2p: the others' keys come round the
+        ring; a2a: an all-to-all trades the sequence split for a head split, and the unsplit
+        attention runs on whole sequences of n/cp heads (context_parallel_a2a.py).
+
+        The mask is not consulted: both know where each chunk sits in the sequence and hide the
+        future accordingly. validate_args refuses the one dataloader mask that is not plain
+        causal, --reset-attention-mask, when context parallelism is on.
         """
+        if self.cp_comm_type == "a2a":
+            return attn_forward_func_with_cp_a2a(q, k, v, lambda q, k, v: self._attention(q, k, v, None))
         dropout_p = self.attention_dropout.p if self.training else 0.0
         # The same RNG stream the unsplit attention draws its dropout from (see _unfused).
         fork = contextlib.nullcontext if self.config.sequence_parallel else get_cuda_rng_tracker().fork
-        return attn_forward_func_with_cp(q, k, v, self.softmax_scale, dropout_p, fork_rng=fork)
+
+        def ring(q, k, v, group=None):
+            return attn_forward_func_with_cp(q, k, v, self.softmax_scale, dropout_p, fork_rng=fork, cp_group=group)
+        if self.cp_comm_type == "a2a+p2p":   # all-to-all inside sub-groups, the ring across them
+            return attn_forward_func_with_cp_a2a_p2p(q, k, v, ring)
+        return ring(q, k, v)
 
     def _unfused(self, q, k, v, attention_mask):
         scores = torch.matmul(q, k.transpose(-2, -1)) * self.softmax_scale  # [b, n, s, s]
@@ -128,13 +147,23 @@ class SelfAttention(MegatronModule):
     [q_1 .. q_{n/g} k v] per group (Megatron's order), and the column split hands each TP rank
     g/p whole groups: its query heads arrive with the one key and value they read. With g = n
     this is ordinary multi-head attention, [q k v] per head.
+
+    With fewer groups than ranks (g < p, p a multiple of g) p/g ranks share each group, and the
+    plain column split cuts a group's [q.. k v] in pieces, only one of which holds k and v.
+    Megatron keeps that split (and so the weights' layout) and repairs it after the matmul:
+    every rank all-gathers the whole output, keeps its group's [q.. k v], and of the group's
+    query heads its own n/p. Key and value are then computed on all p/g ranks of the group; the
+    all-gather's backward sums their gradients (``_my_group_of_qkv``).
     """
 
     def __init__(self, config, layer_number: int):
         super().__init__(config)
         tp = parallel_state.get_tensor_model_parallel_world_size()
         self.num_attention_heads_per_partition = divide(config.num_attention_heads, tp, "attention heads")
-        self.num_query_groups_per_partition = divide(config.num_query_groups, tp, "query groups")
+        # g < p: p/g ranks share one group (see the class docstring); else each has g/p groups.
+        self.ranks_per_query_group = tp // config.num_query_groups if config.num_query_groups < tp else 1
+        self.num_query_groups_per_partition = (1 if self.ranks_per_query_group > 1
+                                               else divide(config.num_query_groups, tp, "query groups"))
         self.hidden_size_per_attention_head = config.kv_channels
         query_projection_size = config.kv_channels * config.num_attention_heads
         kv_projection_size = config.kv_channels * config.num_query_groups
@@ -159,15 +188,28 @@ class SelfAttention(MegatronModule):
     def get_query_key_value_tensors(self, hidden_states):
         """[s, b, h] -> query [s, b, n/p, d], key and value [s, b, g/p, d]."""
         mixed_qkv, _ = self.linear_qkv(hidden_states)            # [s, b, g/p * (n/g + 2) * d]
+        if self.ranks_per_query_group > 1:
+            mixed_qkv = self._my_group_of_qkv(mixed_qkv)         # [s, b, (n/g + 2) * d]
         s, b = mixed_qkv.shape[:2]
         d = self.hidden_size_per_attention_head
-        heads_per_group = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
+        heads_per_group = self.config.num_attention_heads // self.config.num_query_groups
         mixed_qkv = mixed_qkv.view(s, b, self.num_query_groups_per_partition, (heads_per_group + 2) * d)
         query, key, value = torch.split(mixed_qkv, [heads_per_group * d, d, d], dim=-1)
-        query = query.reshape(s, b, self.num_attention_heads_per_partition, d)
+        query = query.reshape(s, b, self.num_query_groups_per_partition * heads_per_group, d)
+        if self.ranks_per_query_group > 1:                       # my n/p of the group's n/g queries
+            mine = parallel_state.get_tensor_model_parallel_rank() % self.ranks_per_query_group
+            n_p = self.num_attention_heads_per_partition
+            query = query[:, :, mine * n_p:(mine + 1) * n_p]
         if self.q_layernorm is not None:      # before rope, as in Megatron
             query, key = self.q_layernorm(query), self.k_layernorm(key)
         return query, key, value
+
+    def _my_group_of_qkv(self, mixed_qkv):
+        """g < p: the whole [s, b, g * (n/g + 2) * d] from every rank's piece, cut to my group's."""
+        whole = all_gather_last_dim_from_tensor_parallel_region(mixed_qkv)
+        group = parallel_state.get_tensor_model_parallel_rank() // self.ranks_per_query_group
+        size = whole.size(-1) // self.config.num_query_groups
+        return whole[..., group * size:(group + 1) * size]
 
     @traced(args=lambda self, hidden_states, attention_mask=None, rotary_pos_emb=None: {
         "hidden_states": short_value(hidden_states)})
@@ -175,8 +217,8 @@ class SelfAttention(MegatronModule):
         """[s, b, h] (or [s/p, b, h] with sequence parallelism) -> (output, bias) of the same shape."""
         query, key, value = self.get_query_key_value_tensors(hidden_states)
         if rotary_pos_emb is not None:                           # --position-embedding-type rope
-            query = apply_rotary_pos_emb(query, rotary_pos_emb)
-            key = apply_rotary_pos_emb(key, rotary_pos_emb)
+            query = apply_rotary_pos_emb(query, rotary_pos_emb, self.config.rotary_interleaved)
+            key = apply_rotary_pos_emb(key, rotary_pos_emb, self.config.rotary_interleaved)
         # key and value keep their g/p heads here: DotProductAttention repeats them for the
         # query heads of their group (inside the recomputed region, so the copies are not kept).
         if self.checkpoint_core_attention and self.training:

@@ -208,26 +208,33 @@ def _ring_backward(ctx, grad_out):
     return dq, dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None, None, None, None
 
 
-def _plan_args(query, key, value, softmax_scale, dropout_p=0.0, layout="balanced", fork_rng=None, stats=None):
-    cp_rank, cp_size = parallel_state.get_context_parallel_rank(), parallel_state.get_context_parallel_world_size()
-    return {"cp_rank": cp_rank, "chunks": list(chunk_ids(cp_rank, cp_size, layout)),
-            "blocks": count_blocks(ring_plan(cp_rank, cp_size, layout))}
+def _ring_group(cp_group=None):
+    """(group, its global ranks, my place in it): the cp group's, or a2a+p2p's ring level's."""
+    group = cp_group if cp_group is not None else parallel_state.get_context_parallel_group()
+    return group, torch.distributed.get_process_group_ranks(group), torch.distributed.get_rank(group)
+
+
+def _plan_args(query, key, value, softmax_scale, dropout_p=0.0, layout="balanced", fork_rng=None, stats=None,
+               cp_group=None):
+    _, ranks, cp_rank = _ring_group(cp_group)
+    return {"cp_rank": cp_rank, "chunks": list(chunk_ids(cp_rank, len(ranks), layout)),
+            "blocks": count_blocks(ring_plan(cp_rank, len(ranks), layout))}
 
 
 @traced(args=_plan_args)
 def attn_forward_func_with_cp(query, key, value, softmax_scale: float, dropout_p: float = 0.0,
-                               layout: str = "balanced", fork_rng=None, stats: dict | None = None) -> torch.Tensor:
+                               layout: str = "balanced", fork_rng=None, stats: dict | None = None,
+                               cp_group=None) -> torch.Tensor:
     """Causal attention of this cp rank's queries over the whole sequence's keys and values.
 
     query, key, value: [b, n, 2c, d], this rank's two chunks in ``chunk_ids`` order (the keys
     and values with as many heads as the queries). Returns [b, n, 2c, d] in query's dtype.
     ``fork_rng``: the context under which dropout draws its masks (default: the model-parallel
     RNG tracker's, as the unsplit attention does). ``stats``: a dict the forward fills with the
-    number of blocks it computed or skipped, by kind.
+    number of blocks it computed or skipped, by kind. ``cp_group``: the ring's group when it is
+    not the whole context-parallel group (a2a+p2p's second level, context_parallel_a2a.py).
     """
-    group = parallel_state.get_context_parallel_group()
-    ranks = torch.distributed.get_process_group_ranks(group)
-    cp_rank = parallel_state.get_context_parallel_rank()
+    group, ranks, cp_rank = _ring_group(cp_group)
     plan = ring_plan(cp_rank, len(ranks), layout)
     fork_rng = fork_rng or get_cuda_rng_tracker().fork
     return AttnFuncWithCPAndKVP2P.apply(query, key, value, softmax_scale, dropout_p, plan, group, ranks, cp_rank,

@@ -55,6 +55,9 @@ class ModelParallelConfig:
     finalize_model_grads_func: Callable | None = None  # reduce gradients once all micro-batches are done
     pipeline_dtype: torch.dtype | None = None        # dtype of activations sent between stages
     deallocate_pipeline_outputs: bool = True         # free sent activations, keep their graph
+    # How context-parallel attention communicates: "p2p" (the ring) or "a2a" (Ulysses); one
+    # for all layers, or a list with one per layer. None: p2p.
+    cp_comm_type: str | list[str] | None = None
 
 
 # --8<-- [start:config]
@@ -84,6 +87,7 @@ class TransformerConfig(ModelParallelConfig):
     normalization: str = "LayerNorm"        # or "RMSNorm" (--normalization)
     gated_linear_unit: bool = False         # --swiglu: fc1 makes gate and up, act(gate) * up
     num_query_groups: int | None = None     # grouped-query attention; None: one per head
+    rotary_interleaved: bool = False        # rope pairs channels (2i, 2i+1), not (i, i + d/2)
     recompute_granularity: str | None = None  # None, "full" (whole layers) or "selective"
     recompute_method: str | None = None       # "uniform" or "block" (full granularity)
     recompute_num_layers: int | None = None   # layers per chunk (uniform) / per stage (block)
@@ -145,9 +149,9 @@ class TransformerConfig(ModelParallelConfig):
         if self.num_attention_heads % self.num_query_groups:
             raise ValueError(f"num_attention_heads {self.num_attention_heads} is not divisible by "
                              f"num_query_groups {self.num_query_groups}: each group shares one key and value")
-        if self.num_query_groups % tp:
-            raise ValueError(f"num_query_groups {self.num_query_groups} is not divisible by "
-                             f"tensor_model_parallel_size {tp}: each TP rank must own whole query groups")
+        if self.num_query_groups % tp and tp % self.num_query_groups:
+            raise ValueError(f"num_query_groups {self.num_query_groups} must be a multiple or a divisor of "
+                             f"tensor_model_parallel_size {tp}: ranks own whole groups, or share one")
         if self.distribute_saved_activations:
             raise ValueError("distribute_saved_activations (Megatron's split of checkpointed inputs "
                              "across TP ranks) is not available in minitron")

@@ -29,7 +29,8 @@ class GPTModel(LanguageModule):
                  pre_process: bool = True, post_process: bool = True,
                  parallel_output: bool = True, share_embeddings_and_output_weights: bool = False,
                  position_embedding_type: str = "learned_absolute", rotary_percent: float = 1.0,
-                 rotary_base: float = 10000, vp_stage: int | None = None):
+                 rotary_base: float = 10000, rope_scaling: bool = False, rope_scaling_factor: float = 8.0,
+                 seq_len_interpolation_factor: float | None = None, vp_stage: int | None = None):
         super().__init__(config)
         tp = parallel_state.get_tensor_model_parallel_world_size()
         if config.tensor_model_parallel_size != tp:
@@ -51,7 +52,10 @@ class GPTModel(LanguageModule):
         self.position_embedding_type = position_embedding_type
         if position_embedding_type == "rope":
             # No weights: every stage makes its own angles (the layers of every stage need them).
-            self.rotary_pos_emb = RotaryEmbedding(config.kv_channels, rotary_percent, rotary_base)
+            self.rotary_pos_emb = RotaryEmbedding(
+                config.kv_channels, rotary_percent, rotary_interleaved=config.rotary_interleaved,
+                seq_len_interpolation_factor=seq_len_interpolation_factor, rotary_base=rotary_base,
+                rope_scaling=rope_scaling, rope_scaling_factor=rope_scaling_factor)
         self.decoder = TransformerBlock(config, pre_process, post_process, vp_stage)
         if post_process:
             # Column-parallel over the vocabulary: rank r computes logits for its ids only.

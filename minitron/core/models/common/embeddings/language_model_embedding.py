@@ -1,7 +1,8 @@
 """Token ids -> the first hidden states: word embedding + learned position embedding.
 
 (With ``--position-embedding-type rope`` there is no position table: position enters inside
-attention instead, see rotary_pos_embedding.py.)
+attention instead, see rotary_pos_embedding.py. With ``none`` there is none at all: a causal
+model can still tell positions apart, since token i sees exactly i + 1 tokens.)
 
     input_ids [b, s] --VocabParallelEmbedding--> [b, s, h]   (vocabulary split, all-reduced)
     position_ids [b, s] --Embedding-------------> [b, s, h]   (small: replicated on every rank)
@@ -23,18 +24,22 @@ from minitron.core.transformer.module import MegatronModule
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
+# Megatron 0.19's choices that minitron builds (its yarn, mrope and relative are refused by
+# validate_args, by name).
+POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none")
+
 
 class LanguageModelEmbedding(MegatronModule):
     def __init__(self, config, vocab_size: int, max_sequence_length: int,
                  position_embedding_type: str = "learned_absolute"):
         super().__init__(config)
-        if position_embedding_type not in ("learned_absolute", "rope"):
+        if position_embedding_type not in POSITION_EMBEDDING_TYPES:
             raise ValueError(f"position_embedding_type {position_embedding_type!r} is not available; "
-                             "minitron has 'learned_absolute' and 'rope'")
+                             f"minitron has {', '.join(POSITION_EMBEDDING_TYPES)}")
         self.vocab_size, self.max_sequence_length = vocab_size, max_sequence_length
         self.word_embeddings = VocabParallelEmbedding(
             vocab_size, config.hidden_size, init_method=config.init_method, config=config)
-        # With rope, position enters inside attention (RotaryEmbedding), not here.
+        # Only learned positions live here: rope enters inside attention (RotaryEmbedding), none nowhere.
         self.add_position_embedding = position_embedding_type == "learned_absolute"
         if self.add_position_embedding:
             self.position_embeddings = torch.nn.Embedding(max_sequence_length, config.hidden_size,
