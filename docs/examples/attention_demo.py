@@ -2,6 +2,7 @@
 
     python docs/examples/attention_demo.py rope   # Llama 3.1's rope scaling, channel pair by pair
     python docs/examples/attention_demo.py gqa    # fewer key/value groups than tp ranks, vs serial
+    python docs/examples/attention_demo.py window # a sliding window's mask, and which layers use it
 """
 
 from __future__ import annotations
@@ -45,5 +46,18 @@ def gqa() -> None:
         print(f"{i:>9}  {a:>12.9f}  {b:>12.9f}  {abs(b - a) / abs(a):.1e}")
 
 
+def window() -> None:
+    """--window-size 3,0 over 8 tokens: the mask DotProductAttention adds (● seen, · hidden), and
+    which of 6 layers use it with --window-attn-skip-freq 3 (the layers ask the same helper)."""
+    from minitron.core.transformer.utils import get_sliding_window_causal_mask, is_layer_window_attention
+
+    hidden = get_sliding_window_causal_mask(8, 8, (3, 0))
+    print("query  keys 0..7")
+    for i in range(8):
+        print(f"{i:>5}  " + " ".join("·" if hidden[i, j] else "●" for j in range(8)))
+    print("layers 1..6: " + " ".join("window" if is_layer_window_attention((3, 0), 3, n) else "full"
+                                     for n in range(1, 7)))
+
+
 if __name__ == "__main__":
-    {"rope": rope, "gqa": gqa}[sys.argv[1]]()
+    {"rope": rope, "gqa": gqa, "window": window}[sys.argv[1]]()
