@@ -141,7 +141,7 @@ class StepBatchsizeNumMicroBatchesCalculator(NumMicroBatchesCalculator):
             raise ValueError("a step batch-size schedule cannot decrease its batches to fit (decrease_batch_size_if_needed)")
         self.seq_length = seq_length
         self.schedule = self._parse_schedule(schedule, seq_length)
-        _check(self.schedule[0][0] == 0, f"the first step of the schedule must start at 0, got {self.schedule[0][0]}")
+        _check(self.schedule[0][0] == 0, f"the first step of the schedule must start at 0, got {self.schedule[0][0]} samples")
         for (before, _), (after, _) in zip(self.schedule, self.schedule[1:]):
             _check(after > before, f"schedule thresholds must be strictly increasing, got {before} before {after}")
         for _, batch in self.schedule:
@@ -155,7 +155,10 @@ class StepBatchsizeNumMicroBatchesCalculator(NumMicroBatchesCalculator):
     def _parse_numeric_value(cls, text: str) -> int:
         text = text.strip().upper()
         scale = cls._SUFFIXES.get(text[-1:], 1)
-        return int(float(text[:-1] if scale > 1 else text) * scale)
+        try:
+            return int(float(text[:-1] if scale > 1 else text) * scale)
+        except ValueError:
+            raise ValueError(f'"{text}" is not a number (a number with a K, M, B or T suffix is)') from None
 
     @classmethod
     def _parse_schedule(cls, schedule: str, seq_length: int | None) -> list[tuple[int, int]]:
