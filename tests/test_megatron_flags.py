@@ -120,7 +120,7 @@ def test_estimate_lists_each_no_effect_flag_once():
 @pytest.mark.parametrize("argv,words", [
     (["--fp8-format", "hybrid"], "--fp8-format is refused: fp8 matmuls"),
     (["--fp8-param-gather"], "--fp8-param-gather is refused"),
-    (["--lr-decay-samples", "100"], "use --lr-decay-iters"),
+    (["--exit-duration-in-mins", "100"], "stop it with --exit-interval N"),
     (["--moe-router-load-balancing-type", "sinkhorn"], "invalid choice: 'sinkhorn'"),
     (["--no-position-embedding"], "add --position-embedding-type rope"),
     (["--bf16", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"], "exclude each other"),
