@@ -67,6 +67,8 @@ LAYOUTS = {
     "tp2-pp2-dp2": (8, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]),
     "pp2-vp2-dp2": (4, ["--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2"]),
     "tp2-dp2-distopt": (4, ["--tensor-model-parallel-size", "2", "--use-distributed-optimizer"]),
+    # Context parallelism: each cp rank holds part of every sequence, so part of its loss tokens.
+    "tp2-cp2-sp": (4, ["--tensor-model-parallel-size", "2", "--context-parallel-size", "2", "--sequence-parallel"]),
 }
 # One layout in the default run (pipeline and data parallel: where the token count travels); the
 # others with the stress tests, to keep the default run's budget.

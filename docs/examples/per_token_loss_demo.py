@@ -1,4 +1,4 @@
-"""The two loss normalisations, trained serially and on pp 2 x dp 2. Chapter 10 runs this.
+"""The two loss normalisations, trained serially, on pp 2 x dp 2 and on cp 2. Chapter 10 runs this.
 
     python docs/examples/per_token_loss_demo.py
 
@@ -19,7 +19,8 @@ TRAIN = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4
          "--micro-batch-size", "1", "--global-batch-size", "8", "--train-iters", "3", "--lr", "1e-2",
          "--mock-data", "--vocab-size", "1023", "--hidden-dropout", "0", "--attention-dropout", "0",
          "--seed", "7", "--distributed-backend", "gloo", "--eod-mask-loss"]
-LAYOUTS = {"serial": (1, []), "pp 2 x dp 2": (4, ["--pipeline-model-parallel-size", "2"])}
+LAYOUTS = {"serial": (1, []), "pp 2 x dp 2": (4, ["--pipeline-model-parallel-size", "2"]),
+           "cp 2": (2, ["--context-parallel-size", "2"])}
 LOSSES = {"mean of means": [], "per token": ["--calculate-per-token-loss"]}
 
 
