@@ -117,10 +117,14 @@ class OptimizerParamScheduler:
         anneal_start = self.lr_decay_steps - self.wsd_decay_steps
         if n <= anneal_start:
             return 1.0
-        r = (n - anneal_start) / self.wsd_decay_steps
-        return {"linear": lambda: 1.0 - r, "cosine": lambda: 0.5 * (math.cos(math.pi * r) + 1.0),
-                "exponential": lambda: 2.0 * 0.5 ** r - 1.0,
-                "minus_sqrt": lambda: 1.0 - math.sqrt(r)}[self.lr_wsd_decay_style]()
+        r = (n - anneal_start) / self.wsd_decay_steps   # 0 -> 1 over the anneal; each coeff goes 1 -> 0
+        if self.lr_wsd_decay_style == "linear":
+            return 1.0 - r
+        if self.lr_wsd_decay_style == "cosine":
+            return 0.5 * (math.cos(math.pi * r) + 1.0)
+        if self.lr_wsd_decay_style == "exponential":   # halves the distance to 0 ... shifted to end at 0
+            return 2.0 * 0.5 ** r - 1.0
+        return 1.0 - math.sqrt(r)                       # minus_sqrt: falls fastest at the start
 
     @traced(args=lambda self, increment: {"increment": increment, "num_steps": self.num_steps + increment})
     def step(self, increment: int) -> None:

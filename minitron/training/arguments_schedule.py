@@ -18,12 +18,12 @@ from minitron.training.argument_groups import ArgumentError, require
 
 _MAX_RAMP_STEPS = 100_000  # Megatron's own examples climb in about a hundred
 
-_ITER_FLAGS = ("lr_decay_iters", "lr_wsd_decay_iters")
-_SAMPLE_FLAGS = ("lr_decay_samples", "lr_wsd_decay_samples")
 
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+def _given(args, unit: str) -> list[str]:
+    """The learning-rate flags counted in ``unit`` (iters or samples) that the command line set."""
+    given = [f"--lr-decay-{unit}"] if getattr(args, f"lr_decay_{unit}") is not None else []
+    given += [f"--lr-wsd-decay-{unit}"] if getattr(args, f"lr_wsd_decay_{unit}") is not None else []
+    return given + ([f"--lr-warmup-{unit}"] if getattr(args, f"lr_warmup_{unit}") else [])
 
 
 def validate_batch(args) -> None:
@@ -122,15 +122,13 @@ def validate_run_length(args) -> None:
         require(args.rampup_batch_size is None,
                 "--rampup-batch-size counts samples: train with --train-samples N instead of --train-iters "
                 "(Megatron: expected no batch-size rampup for iteration-based training)")
-        given = [_flag(name) for name in _SAMPLE_FLAGS if getattr(args, name) is not None]
-        given += ["--lr-warmup-samples"] if args.lr_warmup_samples else []
-        require(not given, f"{given[0] if given else ''} counts samples but --train-iters counts iterations: "
-                "use the --lr-*-iters flag (Megatron: expected iteration-based learning rate schedule)")
+        for flag in _given(args, "samples"):
+            raise ArgumentError(f"{flag} counts samples but --train-iters counts iterations: use the "
+                                "--lr-*-iters flag (Megatron: expected iteration-based learning rate schedule)")
     if args.train_samples:
-        given = [_flag(name) for name in _ITER_FLAGS if getattr(args, name) is not None]
-        given += ["--lr-warmup-iters"] if args.lr_warmup_iters else []
-        require(not given, f"{given[0] if given else ''} counts iterations but --train-samples counts samples: "
-                "use the --lr-*-samples flag (or --lr-warmup-fraction)")
+        for flag in _given(args, "iters"):
+            raise ArgumentError(f"{flag} counts iterations but --train-samples counts samples: use the "
+                                "--lr-*-samples flag (or --lr-warmup-fraction)")
         args.train_iters = train_iters_from_samples(args)
         require(args.train_iters >= 1, f"--train-samples {args.train_samples} is less than one global "
                 f"batch ({args.global_batch_size})")
