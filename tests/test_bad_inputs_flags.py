@@ -226,26 +226,19 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
 
     # --- the schedule flags (issue #27): units, WSD, decoupled lr, step schedules ------------
     samples = f"pretrain --world 1 {MODEL} --lr 1e-3 --mock-data --train-samples 8"
+    iters = f"pretrain --world 1 {TRAIN}"
     for cid, argv, words in [
-            ("decay-samples-iters", f"pretrain --world 1 {TRAIN} --lr-decay-samples 8", ("--lr-decay-samples", "--train-iters")),
-            ("warmup-samples-iters", f"pretrain --world 1 {TRAIN} --lr-warmup-samples 4", ("--lr-warmup-samples",)),
+            ("decay-samples-iters", f"{iters} --lr-decay-samples 8", ("--lr-decay-samples", "--train-iters")),
             ("decay-iters-samples", f"{samples} --lr-decay-iters 2", ("--lr-decay-iters", "--train-samples")),
             ("warmup-samples-long", f"{samples} --lr-warmup-samples 8", ("--lr-warmup-samples", "warm up for fewer")),
-            ("wsd-missing", f"pretrain --world 1 {TRAIN} --lr-decay-style WSD", ("--lr-wsd-decay-iters",)),
-            ("wsd-unused", f"pretrain --world 1 {TRAIN} --lr-wsd-decay-iters 1", ("--lr-wsd-decay-iters", "WSD")),
-            ("wsd-style", f"pretrain --world 1 {TRAIN} --lr-wsd-decay-style steep", ("--lr-wsd-decay-style",)),
-            ("warmup-init", f"pretrain --world 1 {TRAIN} --lr-warmup-init 1", ("--lr-warmup-init", "--lr")),
-            ("decoupled-negative", f"pretrain --world 1 {TRAIN} --decoupled-lr -1", ("--decoupled-lr", ">= 0")),
-            ("decoupled-min-alone", f"pretrain --world 1 {TRAIN} --decoupled-min-lr 1e-4", ("--decoupled-min-lr",
-                                                                                          "--decoupled-lr")),
-            ("decoupled-floor", f"pretrain --world 1 {TRAIN} --decoupled-lr 1e-4 --decoupled-min-lr 1e-3",
-             ("--decoupled-min-lr",)),
-            ("step-iters", f"pretrain --world 1 {TRAIN} --step-batch-size-schedule 0:1", ("--step-batch-size-schedule",
-                                                                                        "--train-samples")),
+            ("wsd-missing", f"{iters} --lr-decay-style WSD", ("--lr-wsd-decay-iters",)),
+            ("wsd-unused", f"{iters} --lr-wsd-decay-iters 1", ("--lr-wsd-decay-iters", "WSD")),
+            ("warmup-init", f"{iters} --lr-warmup-init 1", ("--lr-warmup-init", "--lr")),
+            ("decoupled-min-alone", f"{iters} --decoupled-min-lr 1e-4", ("--decoupled-min-lr", "--decoupled-lr")),
+            ("decoupled-floor", f"{iters} --decoupled-lr 1e-4 --decoupled-min-lr 1e-3", ("--decoupled-min-lr",)),
+            ("step-iters", f"{iters} --step-batch-size-schedule 0:1", ("--step-batch-size-schedule", "--train-samples")),
             ("step-gbs", f"{samples} --global-batch-size 2 --step-batch-size-schedule 0:2", ("--global-batch-size",)),
             ("step-format", f"{samples} --step-batch-size-schedule 16", ("--step-batch-size-schedule", "THRESHOLD")),
-            ("step-start", f"{samples} --step-batch-size-schedule 32:2", ("--step-batch-size-schedule", "start at 0")),
-            ("step-number", f"{samples} --step-batch-size-schedule 0:two", ("--step-batch-size-schedule", "two")),
             ("step-split", f"pretrain --world 2 {MODEL} --lr 1e-3 --mock-data --train-samples 8 "
                            "--step-batch-size-schedule 0:2,32:3", ("--step-batch-size-schedule", "global batch of 3"))]:
         add(f"pretrain-{cid}", argv, *words)
