@@ -234,6 +234,25 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
                               ("save-interval", "--save-interval 2", ("--save",))]:
         add(f"pretrain-{cid}", f"pretrain --world 1 {TRAIN} {flags}", *words)
 
+    # --- the schedule flags (issue #27): units, WSD, decoupled lr, step schedules ------------
+    samples = f"pretrain --world 1 {MODEL} --lr 1e-3 --mock-data --train-samples 8"
+    iters = f"pretrain --world 1 {TRAIN}"
+    for cid, argv, words in [
+            ("decay-samples-iters", f"{iters} --lr-decay-samples 8", ("--lr-decay-samples", "--train-iters")),
+            ("decay-iters-samples", f"{samples} --lr-decay-iters 2", ("--lr-decay-iters", "--train-samples")),
+            ("warmup-samples-long", f"{samples} --lr-warmup-samples 8", ("--lr-warmup-samples", "warm up for fewer")),
+            ("wsd-missing", f"{iters} --lr-decay-style WSD", ("--lr-wsd-decay-iters",)),
+            ("wsd-unused", f"{iters} --lr-wsd-decay-iters 1", ("--lr-wsd-decay-iters", "WSD")),
+            ("warmup-init", f"{iters} --lr-warmup-init 1", ("--lr-warmup-init", "--lr")),
+            ("decoupled-min-alone", f"{iters} --decoupled-min-lr 1e-4", ("--decoupled-min-lr", "--decoupled-lr")),
+            ("decoupled-floor", f"{iters} --decoupled-lr 1e-4 --decoupled-min-lr 1e-3", ("--decoupled-min-lr",)),
+            ("step-iters", f"{iters} --step-batch-size-schedule 0:1", ("--step-batch-size-schedule", "--train-samples")),
+            ("step-gbs", f"{samples} --global-batch-size 2 --step-batch-size-schedule 0:2", ("--global-batch-size",)),
+            ("step-format", f"{samples} --step-batch-size-schedule 16", ("--step-batch-size-schedule", "THRESHOLD")),
+            ("step-split", f"pretrain --world 2 {MODEL} --lr 1e-3 --mock-data --train-samples 8 "
+                           "--step-batch-size-schedule 0:2,32:3", ("--step-batch-size-schedule", "global batch of 3"))]:
+        add(f"pretrain-{cid}", argv, *words)
+
     # --- estimate's own ---------------------------------------------------------------------
     add("estimate-layers-1e9", f"estimate --world 1 {MODEL} --num-layers 1000000000", "--num-layers", "at most 1,024")
     add("estimate-experts-2000", f"estimate --world 1 {MODEL} --num-experts 2000", "--num-experts", "at most 1,024")

@@ -1,5 +1,5 @@
 """OptimizerParamScheduler: warm-up, linear / cosine / inverse-square-root decay, weight-decay
-increase, per-group multipliers, steps counted in samples, and resuming from a state dict."""
+increase, per-group peaks and multipliers, steps counted in samples, and resuming from a state dict."""
 
 import math
 
@@ -12,7 +12,9 @@ class _Opt:
     """Anything with param_groups will do: the scheduler only writes 'lr' and 'weight_decay'."""
 
     def __init__(self):
-        self.param_groups = [{"wd_mult": 1.0, "lr_mult": 1.0}, {"wd_mult": 0.0, "lr_mult": 2.0}]
+        # The second group has a peak of its own (--decoupled-lr's form), and an lr_mult that
+        # Megatron-Core 0.19 no longer reads.
+        self.param_groups = [{"wd_mult": 1.0}, {"wd_mult": 0.0, "max_lr": 2.0, "min_lr": 0.2, "lr_mult": 3.0}]
 
 
 def _sched(style="cosine", **kw):
@@ -46,7 +48,7 @@ def test_step_counts_samples_and_sets_every_group():
         sched.step(increment=global_batch)
     assert sched.num_steps == 96
     decay, no_decay = sched.optimizer.param_groups
-    assert decay["lr"] == pytest.approx(0.96) and no_decay["lr"] == pytest.approx(1.92)   # lr_mult 2
+    assert decay["lr"] == pytest.approx(0.96) and no_decay["lr"] == pytest.approx(1.92)   # its own peak
     assert decay["weight_decay"] == pytest.approx(0.1 * 96 / 1000)
     assert no_decay["weight_decay"] == 0.0  # wd_mult 0: biases and norms
 

@@ -30,12 +30,14 @@ def forward_backward_all_forward_all_backward(*, forward_step_func, data_iterato
     config = s.get_model_config(model)
     shape = s.get_tensor_shape(config, seq_length, micro_batch_size)
     inputs, outputs, losses = [], [], []
+    total_num_tokens = 0   # the loss tokens, for --calculate-per-token-loss
     no_sync = s._no_sync(config)
     no_sync.__enter__()  # the data-parallel reduction waits for the last backward, as in 1F1B
     for mb in range(num_microbatches):  # every forward: all activations stay alive
         input_tensor = p2p.recv_forward(shape, config)
-        output_tensor = s.forward_step(forward_step_func, data_iterator, model, num_microbatches, input_tensor,
-                                       losses, config, current_microbatch=mb)
+        output_tensor, num_tokens = s.forward_step(forward_step_func, data_iterator, model, num_microbatches,
+                                                   input_tensor, losses, config, current_microbatch=mb)
+        total_num_tokens = total_num_tokens + num_tokens
         p2p.send_forward(output_tensor, config)
         inputs.append(input_tensor)
         outputs.append(output_tensor)
@@ -46,7 +48,7 @@ def forward_backward_all_forward_all_backward(*, forward_step_func, data_iterato
         output_grad = p2p.recv_backward(shape, config)
         input_grad = s.backward_step(inputs.pop(0), outputs.pop(0), output_grad, config, current_microbatch=mb)
         p2p.send_backward(input_grad, config)
-    s._finalize(config, [model], forward_only)
+    s._finalize(config, [model], forward_only, total_num_tokens)
     return losses
 
 

@@ -2,10 +2,11 @@
 
     python docs/examples/batch_demo.py validate   # what validate_args derives, or rejects
     python docs/examples/batch_demo.py rampup     # the global batch growing during ramp-up
+    python docs/examples/batch_demo.py step       # the batches of a --step-batch-size-schedule
 
 Each case goes through the real functions: parse_args, validate_args, set_global_variables and
 get_num_microbatches for `validate`; the ramp-up calculator, moved along as train() does, for
-`rampup`.
+`rampup`; for `step`, the walk validate_args makes of a step schedule before launch.
 """
 
 from __future__ import annotations
@@ -75,11 +76,30 @@ def rampup(start: int = 16, increment: int = 16, samples: int = 1000,
         seen = f"{c0}-{c1}" if batch < global_batch else f"{c0}-"
         print(f"{its:>12}  {seen:>16}  {batch:>12}  {micro_batches:>13}")
 
+
+def step(schedule: str = "0:16 4K:32 16K:64", seq_length: int = 32, train_samples: int = 1000,
+         micro: int = 2, dp: int = 4) -> None:
+    from minitron.core.num_microbatches_calculator import step_schedule_stretches
+
+    print(f'--step-batch-size-schedule "{schedule}"  --seq-length {seq_length}  --train-samples {train_samples}  '
+          f"--micro-batch-size {micro}  (data-parallel size {dp})\n")
+    stretches, consumed = step_schedule_stretches(micro, dp, schedule, seq_length, train_samples)
+    print(f"{'iterations':>12}  {'consumed samples':>16}  {'global batch':>12}  {'micro-batches':>13}")
+    iteration, seen = 0, 0
+    for batch, n in stretches:
+        its, samples = f"{iteration}-{iteration + n - 1}", f"{seen}-{seen + (n - 1) * batch}"
+        print(f"{its:>12}  {samples:>16}  {batch:>12}  {batch // (micro * dp):>13}")
+        iteration, seen = iteration + n, seen + n * batch
+    print(f"\n{iteration} iterations, {consumed} samples consumed")
+
+
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "validate"
     if mode == "validate":
         validate()
     elif mode == "rampup":
         rampup()
+    elif mode == "step":
+        step()
     else:
-        raise SystemExit(f"unknown mode {mode!r}: use validate or rampup")
+        raise SystemExit(f"unknown mode {mode!r}: use validate, rampup or step")

@@ -114,6 +114,12 @@ def _add_training_args(parser):
                    help="default: micro batch size x data-parallel size")
     g.add_argument("--rampup-batch-size", nargs=3, type=COUNT, default=None, metavar=("START", "INCREMENT", "SAMPLES"),
                    help="grow the global batch over the first SAMPLES samples (needs --train-samples)")
+    g.add_argument("--step-batch-size-schedule", default=None, metavar='"TOKENS:BATCH ..."',
+                   help='global batch by progress, e.g. "0:16 1M:32": from 0 tokens 16, from 1M 32 (K, M, B, T '
+                        "suffixes; needs --train-samples; the last batch is the global batch)")
+    g.add_argument("--calculate-per-token-loss", action="store_true",
+                   help="divide the summed loss by the global batch's loss tokens (over micro-batches and dp) "
+                        "instead of averaging each micro-batch's mean")
     g.add_argument("--train-iters", type=COUNT, default=None, help="iterations to train (or --train-samples)")
     g.add_argument("--train-samples", type=POSITIVE, default=None,
                    help="samples to train; the iterations follow from the batch (and its ramp-up)")
@@ -145,10 +151,23 @@ def _add_learning_rate_args(parser):
     g = parser.add_argument_group("learning rate")
     g.add_argument("--lr", type=float_in(0.0), default=None)
     g.add_argument("--min-lr", type=float_in(0.0), default=0.0)
-    g.add_argument("--lr-decay-style", default="linear", choices=["constant", "linear", "cosine", "inverse-square-root"])
+    g.add_argument("--lr-decay-style", default="linear",
+                   choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
+    g.add_argument("--lr-wsd-decay-style", default="exponential", choices=["exponential", "linear", "cosine", "minus_sqrt"],
+                   help="WSD: how the last --lr-wsd-decay-iters/-samples anneal")
     g.add_argument("--lr-decay-iters", type=POSITIVE, default=None, help="default: --train-iters")
+    g.add_argument("--lr-decay-samples", type=POSITIVE, default=None, help="default: --train-samples")
+    g.add_argument("--lr-wsd-decay-iters", type=POSITIVE, default=None, help="WSD: iterations of the final anneal")
+    g.add_argument("--lr-wsd-decay-samples", type=POSITIVE, default=None, help="WSD: samples of the final anneal")
+    g.add_argument("--lr-warmup-fraction", type=float_in(0.0, 1.0), default=None,
+                   help="warm up over this share of the decay steps")
     g.add_argument("--lr-warmup-iters", type=COUNT, default=0)
-    g.add_argument("--lr-warmup-fraction", type=float_in(0.0, 1.0), default=None)
+    g.add_argument("--lr-warmup-samples", type=COUNT, default=0)
+    g.add_argument("--lr-warmup-init", type=float_in(0.0), default=0.0, help="the learning rate warm-up starts from")
+    g.add_argument("--decoupled-lr", type=float_in(0.0), default=None,
+                   help="the word embedding's and output layer's own peak learning rate")
+    g.add_argument("--decoupled-min-lr", type=float_in(0.0), default=None,
+                   help="... and their floor (default: --min-lr)")
 
 
 def _add_mixed_precision_args(parser):

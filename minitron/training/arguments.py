@@ -17,12 +17,12 @@ import glob
 import os
 from functools import lru_cache
 
-from minitron.core.num_microbatches_calculator import rampup_stretches
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate_parallel_sizes
 from minitron.trace import traced
 from minitron.training.argument_groups import ArgumentError, build_parser, require
 from minitron.training.arguments_features import (validate_context_parallel, validate_modern_options,
                                                    validate_moe)
+from minitron.training.arguments_schedule import validate_batch, validate_lr_schedule, validate_run_length
 from minitron.training.datasets.arguments import validate_data_args
 
 __all__ = ["ArgumentError", "GPT_ARGS_DEFAULTS", "build_parser", "parse_args", "validate_args",
@@ -80,7 +80,7 @@ def validate_args(args, defaults: dict | None = None):
     validate_modern_options(args)
     _validate_model_shape(args)
     validate_moe(args)
-    _validate_batch(args)
+    validate_batch(args)
     require(not (args.fp16 and args.bf16), "--fp16 and --bf16 exclude each other: choose one")
     args.params_dtype = "float16" if args.fp16 else "bfloat16" if args.bf16 else "float32"
     # Megatron 0.19 turns fp32 accumulation on by itself for bf16 unless this flag is given;
@@ -189,81 +189,11 @@ def _validate_model_shape(args):
                  f"--seq-length {args.seq_length} must be divisible by {tp}")
 
 
-def _validate_batch(args):
-    micro, dp = args.micro_batch_size, args.data_parallel_size
-    per_step = micro * dp
-    if args.global_batch_size is None:
-        args.global_batch_size = per_step
-    if args.rampup_batch_size is None:
-        require(args.global_batch_size % per_step == 0,
-                 f"--global-batch-size {args.global_batch_size} is not a multiple of micro batch x "
-                 f"data-parallel size = {micro} x {dp} = {per_step}")
-        return
-    start, increment, samples = args.rampup_batch_size
-    # Megatron divides by SAMPLES and by the number of steps: zero of either is a crash there.
-    require(start >= 1 and increment >= 1 and samples >= 1,
-             "--rampup-batch-size needs START >= 1, INCREMENT >= 1 and SAMPLES >= 1")
-    require(args.global_batch_size > start and (args.global_batch_size - start) % increment == 0,
-             f"--rampup-batch-size must climb from {start} to --global-batch-size "
-             f"{args.global_batch_size} in whole steps of {increment}")
-    steps = (args.global_batch_size - start) // increment
-    require(steps <= _MAX_RAMP_STEPS, f"--rampup-batch-size climbs in {steps} steps; minitron walks the "
-             f"ramp before launch and takes at most {_MAX_RAMP_STEPS}: use a larger INCREMENT")
-    # Megatron checks each batch of the ramp when training reaches it; we walk the ramp the way
-    # train() will (the same calculator, the same consumed samples), so a batch that would not
-    # split into micro-batches fails now, and sizes the ramp skips over are no obstacle.
-    limit = min(samples, args.train_samples) if args.train_samples else samples
-    reached = [batch for batch, _ in _ramp(args, limit)[0]] + [args.global_batch_size]
-    for batch in reached:
-        require(batch % per_step == 0,
-                 f"the ramp-up reaches a global batch of {batch}, not a multiple of micro batch x "
-                 f"data-parallel size = {micro} x {dp} = {per_step}; choose the sizes so every batch of the ramp is")
-
-
-_MAX_RAMP_STEPS = 100_000  # Megatron's own examples climb in about a hundred
-
-
-def _ramp(args, limit: int):
-    return rampup_stretches(args.global_batch_size, args.micro_batch_size, args.data_parallel_size,
-                            args.rampup_batch_size, limit, rank=args.rank)
-
-
-def _train_iters_from_samples(args) -> int:
-    """Megatron's update_train_iters: the iterations that consume --train-samples (a last,
-    partial global batch is dropped)."""
-    if args.rampup_batch_size is None:
-        return args.train_samples // args.global_batch_size
-    stretches, consumed = _ramp(args, min(args.rampup_batch_size[2], args.train_samples))
-    iterations = sum(n for _, n in stretches)
-    return iterations + max(args.train_samples - consumed, 0) // args.global_batch_size
-
-
 def _validate_training(args):
-    if args.train_iters and args.train_samples:
-        raise ArgumentError("give --train-iters or --train-samples, not both")
-    if args.train_iters:
-        require(args.rampup_batch_size is None,
-                 "--rampup-batch-size counts samples: train with --train-samples N instead of --train-iters "
-                 "(Megatron: expected no batch-size rampup for iteration-based training)")
-    if args.train_samples:
-        require(args.lr_decay_iters is None and args.lr_warmup_iters == 0,
-                 "--train-samples counts samples: the learning rate then decays over them; drop "
-                 "--lr-decay-iters and --lr-warmup-iters (--lr-warmup-fraction works)")
-        args.train_iters = _train_iters_from_samples(args)
-        require(args.train_iters >= 1, f"--train-samples {args.train_samples} is less than one global "
-                 f"batch ({args.global_batch_size})")
+    validate_run_length(args)
     if not args.train_iters:
         return  # initialization only (what `minitron trace` runs)
-    require(args.lr is not None, "--lr is required for training (e.g. --lr 1e-3)")
-    require(args.min_lr <= args.lr, f"--min-lr {args.min_lr:g} is above --lr {args.lr:g}")
-    require(args.lr_warmup_fraction is None or args.lr_warmup_iters == 0,
-             "give --lr-warmup-fraction or --lr-warmup-iters, not both")
-    # The scheduler's own rule (warmup steps < decay steps), said here rather than by every rank.
-    decay = args.lr_decay_iters or args.train_iters
-    require(args.lr_warmup_iters < decay, f"--lr-warmup-iters {args.lr_warmup_iters} leaves nothing of the {decay} "
-             "iterations the learning rate decays over (--lr-decay-iters, default --train-iters): warm up for fewer")
-    require(args.lr_warmup_fraction is None or args.lr_warmup_fraction < 1,
-             "--lr-warmup-fraction 1 leaves no step to decay over: give less than 1")
+    validate_lr_schedule(args)
     vp = args.virtual_pipeline_model_parallel_size
     pp = args.pipeline_model_parallel_size
     if vp is not None:
@@ -308,7 +238,7 @@ def core_transformer_config_from_args(args):
         add_bias_linear=args.add_bias_linear, qk_layernorm=args.qk_layernorm,
         window_size=args.window_size, window_attn_skip_freq=args.window_attn_skip_freq,
         init_method_std=args.init_method_std, init_seed=args.seed,
-        pipeline_dtype=dtype,
+        pipeline_dtype=dtype, calculate_per_token_loss=args.calculate_per_token_loss,
         # the modern GPT options and activation recomputation
         normalization=args.normalization, gated_linear_unit=args.swiglu,
         activation_func=torch.nn.functional.silu if args.swiglu else torch.nn.functional.gelu,

@@ -61,9 +61,6 @@ NO_EFFECT = {
 }
 
 _FP8 = "fp8 matmuls (Transformer Engine) change the math and cannot run here: train in --bf16"
-_SCHEDULE = "a schedule counted in samples"
-_DECOUPLED = ("a learning rate of its own for the embedding and output layer; minitron has one for all "
-              "parameters: drop it")
 
 # flag: (takes a value, why it is refused and what to do instead)
 REFUSED = {
@@ -73,14 +70,6 @@ REFUSED = {
     "--fp8-amax-history-len": (True, _FP8),
     "--fp8-amax-compute-algo": (True, _FP8),
     "--fp8-param-gather": (False, _FP8),
-    "--lr-decay-samples": (True, f"{_SCHEDULE}; minitron's counts iterations: use --lr-decay-iters"),
-    "--lr-warmup-samples": (True, f"{_SCHEDULE}; minitron's counts iterations: use --lr-warmup-iters"),
-    "--decoupled-lr": (True, _DECOUPLED),
-    "--decoupled-min-lr": (True, _DECOUPLED),
-    "--calculate-per-token-loss": (False, "the loss averaged over the global batch's tokens is not wired to "
-                                          "the command line here: drop it for the per-micro-batch mean"),
-    "--step-batch-size-schedule": (True, "a batch-size schedule in tokens; minitron has Megatron's "
-                                         "--rampup-batch-size START INCREMENT SAMPLES"),
     "--exit-duration-in-mins": (True, "minitron does not time its run: stop it with --exit-interval N"),
     "--no-load-optim": (False, "minitron's --load restores the optimizer with the weights: drop it"),
     "--no-load-rng": (False, "minitron's --load restores the random state with the weights: drop it"),

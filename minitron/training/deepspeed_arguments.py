@@ -44,6 +44,12 @@ def _refuse_layout(args) -> None:
          "--num-experts / --expert-model-parallel-size with --deepspeed: the engine has no expert groups; drop one"),
         (args.rampup_batch_size is not None, "--rampup-batch-size with --deepspeed: the ds_config's "
                                              "train_batch_size is fixed; drop the ramp-up"),
+        (args.step_batch_size_schedule is not None, "--step-batch-size-schedule with --deepspeed: the ds_config's "
+                                                    "train_batch_size is fixed; drop the schedule"),
+        (args.calculate_per_token_loss, "--calculate-per-token-loss with --deepspeed: the engine divides the loss "
+                                        "by its accumulation steps, not by the global batch's tokens; drop one"),
+        (args.decoupled_lr is not None, "--decoupled-lr with --deepspeed: the engine's optimizer has no group of "
+                                        "its own for the embedding; drop one"),
     ]
     for refused, message in refusals:
         if refused:

@@ -101,7 +101,7 @@ def forward_backward_step(forward_step_func, data_iterator, engine, i: int) -> d
     # Megatron's normalisation (the mean over the micro-batch's tokens), with one micro-batch and
     # no context parallelism: the engine divides by its accumulation steps itself. No config:
     # the MoE aux-loss scale is Megatron's schedules' business, not the engine's.
-    loss = forward_step_calc_loss(output_tensor, loss_func, None, None, 1, reduced,
-                                  cp_group_size=1, is_last_stage=True)
+    loss, _ = forward_step_calc_loss(output_tensor, loss_func, None, None, 1, reduced,
+                                     cp_group_size=1, is_last_stage=True)
     engine.backward(loss)
     return reduced[0]

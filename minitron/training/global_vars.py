@@ -53,6 +53,8 @@ def set_global_variables(args, build_tokenizer: bool = True):
     init_num_microbatches_calculator(
         args.rank, args.rampup_batch_size, args.global_batch_size,
         args.micro_batch_size, args.data_parallel_size,
+        # Megatron passes the sequence length: the schedule's thresholds count tokens.
+        step_batch_size_schedule=args.step_batch_size_schedule, seq_length=args.seq_length,
     )
     if build_tokenizer and args.tokenizer_type is not None:
         _build_tokenizer(args)

@@ -66,19 +66,25 @@ def get_optimizer_param_scheduler(optimizer):
     from minitron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     args = get_args()
-    # --train-samples (sample-based training) decays over those samples; validate_args refused
-    # --lr-decay-iters and --lr-warmup-iters beside it, as Megatron does.
-    train_steps = args.train_samples or args.train_iters * args.global_batch_size
-    decay_steps = train_steps if args.train_samples else (args.lr_decay_iters or args.train_iters) * args.global_batch_size
+    if args.train_samples:   # sample-based: the --lr-*-samples flags are the steps themselves
+        decay_steps = args.lr_decay_samples or args.train_samples
+        wd_incr_steps = args.train_samples
+        wsd_decay_steps = args.lr_wsd_decay_samples
+        warmup_steps = args.lr_warmup_samples
+    else:                    # iteration-based: an iteration is a global batch of samples
+        gbs = args.global_batch_size
+        decay_steps = (args.lr_decay_iters or args.train_iters) * gbs
+        wd_incr_steps = args.train_iters * gbs
+        wsd_decay_steps = args.lr_wsd_decay_iters * gbs if args.lr_wsd_decay_iters is not None else None
+        warmup_steps = args.lr_warmup_iters * gbs
     if args.lr_warmup_fraction is not None:
-        warmup_steps = int(args.lr_warmup_fraction * decay_steps)
-    else:
-        warmup_steps = args.lr_warmup_iters * args.global_batch_size
+        warmup_steps = args.lr_warmup_fraction * decay_steps   # a float, as in Megatron
     return OptimizerParamScheduler(
-        optimizer, init_lr=0.0 if warmup_steps else args.lr, max_lr=args.lr, min_lr=args.min_lr,
+        optimizer, init_lr=args.lr_warmup_init, max_lr=args.lr, min_lr=args.min_lr,
         lr_warmup_steps=warmup_steps, lr_decay_steps=decay_steps, lr_decay_style=args.lr_decay_style,
         start_wd=args.weight_decay, end_wd=args.weight_decay,
-        wd_incr_steps=train_steps, wd_incr_style="constant")
+        wd_incr_steps=wd_incr_steps, wd_incr_style="constant",
+        wsd_decay_steps=wsd_decay_steps, lr_wsd_decay_style=args.lr_wsd_decay_style)
 
 
 @traced
@@ -90,6 +96,7 @@ def setup_model_and_optimizer(model_provider_func, model_type):
     model = get_model(model_provider_func, model_type)
     config = OptimizerConfig(
         optimizer=args.optimizer, lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
+        decoupled_lr=args.decoupled_lr, decoupled_min_lr=args.decoupled_min_lr,
         adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
         sgd_momentum=args.sgd_momentum, fp16=args.fp16, bf16=args.bf16,
         loss_scale=args.loss_scale, initial_loss_scale=args.initial_loss_scale,

@@ -19,6 +19,7 @@ import time
 
 from minitron.core import parallel_state as mpu
 from minitron.core.num_microbatches_calculator import get_num_microbatches
+from minitron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 from minitron.training.tokenizer import _vocab_size_with_padding
 from minitron.training.utils import is_last_rank, print_rank_0, print_rank_last, print_to_console
 
@@ -67,7 +68,7 @@ class IterationLog:
         if not self.speaker:
             return
         args = self.args
-        lr = optimizer.param_groups[0]["lr"]
+        lr = get_canonical_lr_for_logging(optimizer.param_groups)
         scale = float(optimizer.get_loss_scale())
         # A stepped iteration adds its loss to the interval's mean; a skipped one (fp16 overflow)
         # adds nothing, and counts as a nan iteration if its loss was not finite.

@@ -24,7 +24,8 @@ WIDTH, LEFT, RIGHT, PANEL_H, GAP = 660, 64, 16, 110, 34
 # Tick labels as large as the page's small print, in full ink: at 9 px and 75 % opacity they
 # were grey specks once the picture shrank to a narrow column.
 TICK_SIZE = 11
-NAMES = {"lm_loss": "lm loss", "lr": "learning rate", "grad_norm": "grad norm", "loss_scale": "loss scale"}
+NAMES = {"lm_loss": "lm loss", "lr": "learning rate", "grad_norm": "grad norm", "loss_scale": "loss scale",
+         "global_batch_size": "global batch"}
 
 
 def _ticks(lo: float, hi: float, count: int = 4) -> list[float]:

@@ -30,15 +30,21 @@ __all__ = ["get_megatron_optimizer", "OptimizerConfig", "MegatronOptimizer", "FP
            "ConstantGradScaler", "DynamicGradScaler"]
 
 
-def _get_param_groups(model_chunks, no_weight_decay_cond=None, scale_lr_cond=None,
-                      lr_mult: float = 1.0) -> list[dict]:
-    """Split parameters by (wd_mult, lr_mult): biases and 1-D parameters get no weight decay.
+def _get_param_groups(model_chunks, config: OptimizerConfig | None = None, no_weight_decay_cond=None) -> list[dict]:
+    """Group the parameters by what the schedule does to them (Megatron-Core 0.19's overrides).
 
-    Decay pulls a weight towards zero. For a matrix that is regularisation; for a layernorm
-    gain (whose neutral value is 1) or a bias it only fights the model, so Megatron exempts
-    every parameter that is 1-D or named ``*.bias``.
+    Weight decay pulls a weight towards zero. For a matrix that is regularisation; for a
+    layernorm gain (whose neutral value is 1) or a bias it only fights the model, so Megatron
+    exempts every parameter that is 1-D or named ``*.bias`` (``wd_mult`` 0).
+
+    ``config.decoupled_lr`` (--decoupled-lr) gives the word embedding and the output layer
+    (the parameters marked ``is_embedding_or_output_parameter``) a peak learning rate of their
+    own, and ``decoupled_min_lr`` a floor: their group carries ``max_lr`` / ``min_lr``, which
+    the OptimizerParamScheduler reads in place of its own. The other groups carry the config's
+    lr and min_lr, and ``default_config`` True: the logged lr is theirs.
     """
-    groups: dict[tuple[float, float], list] = {}
+    decoupled = config is not None and config.decoupled_lr is not None
+    groups: dict[tuple, list] = {}
     for chunk in model_chunks:
         for name, param in chunk.named_parameters():
             if not param.requires_grad:
@@ -47,12 +53,18 @@ def _get_param_groups(model_chunks, no_weight_decay_cond=None, scale_lr_cond=Non
                 no_wd = no_weight_decay_cond(name, param)
             else:
                 no_wd = name.endswith(".bias") or param.dim() == 1
-            scale_lr = scale_lr_cond is not None and scale_lr_cond(name, param)
-            key = (0.0 if no_wd else 1.0, lr_mult if scale_lr else 1.0)
-            groups.setdefault(key, []).append(param)
-    # Sorted keys: every rank builds its groups in the same order (checkpoints rely on it).
-    return [{"params": params, "wd_mult": wd_mult, "lr_mult": mult}
-            for (wd_mult, mult), params in sorted(groups.items(), reverse=True)]
+            override = {"wd_mult": 0.0} if no_wd else {}
+            if decoupled and getattr(param, "is_embedding_or_output_parameter", False):
+                override["max_lr"] = config.decoupled_lr
+                if config.decoupled_min_lr is not None:
+                    override["min_lr"] = config.decoupled_min_lr
+            groups.setdefault(tuple(sorted(override.items())), []).append(param)
+    # Sorted as Megatron sorts them (no override first): every rank builds its groups in the
+    # same order, and checkpoints rely on it.
+    base = {"wd_mult": 1.0, "max_lr": getattr(config, "lr", None), "min_lr": getattr(config, "min_lr", None)}
+    base = {k: v for k, v in base.items() if v is not None}   # unset: the scheduler's own value
+    return [{"params": params, **base, **dict(key), "default_config": not any("lr" in k for k, _ in key)}
+            for key, params in sorted(groups.items())]
 
 
 def _make_torch_optimizer(config: OptimizerConfig, param_groups) -> torch.optim.Optimizer:
@@ -77,12 +89,11 @@ def _make_grad_scaler(config: OptimizerConfig):
 @traced(args=lambda config, model_chunks, *a, **k: {"optimizer": config.optimizer, "fp16": config.fp16,
                                                      "bf16": config.bf16, "chunks": len(model_chunks),
                                                      "distributed": config.use_distributed_optimizer})
-def get_megatron_optimizer(config: OptimizerConfig, model_chunks, no_weight_decay_cond=None,
-                           scale_lr_cond=None, lr_mult: float = 1.0) -> MegatronOptimizer:
+def get_megatron_optimizer(config: OptimizerConfig, model_chunks, no_weight_decay_cond=None) -> MegatronOptimizer:
     """Build the optimizer for this rank's model chunks (a list of DDP-wrapped modules)."""
     if config.lr is None:
         raise ValueError("OptimizerConfig.lr is not set: give the peak learning rate (--lr)")
-    param_groups = _get_param_groups(model_chunks, no_weight_decay_cond, scale_lr_cond, lr_mult)
+    param_groups = _get_param_groups(model_chunks, config, no_weight_decay_cond)
     optimizer = _make_torch_optimizer(config, param_groups)
     grad_scaler = _make_grad_scaler(config)
     if config.use_distributed_optimizer:

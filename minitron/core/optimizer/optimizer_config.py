@@ -17,6 +17,8 @@ class OptimizerConfig:
     optimizer: str = "adam"                 # 'adam' (decoupled weight decay, i.e. AdamW) or 'sgd'
     lr: float | None = None
     min_lr: float | None = None
+    decoupled_lr: float | None = None       # the embedding's and output layer's own peak lr
+    decoupled_min_lr: float | None = None   # ... and floor (default: min_lr)
     weight_decay: float = 0.01
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999

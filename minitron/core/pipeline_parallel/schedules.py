@@ -11,7 +11,9 @@ it needs all three, and the interleaved one builds on the steps defined here.
 
 All three return the last stage's per-micro-batch loss dicts and leave the gradients of the
 whole global batch in the model, reduced across data-parallel ranks
-(``config.finalize_model_grads_func``), ready for optimizer.step().
+(``config.finalize_model_grads_func``), ready for optimizer.step(). With
+``config.calculate_per_token_loss`` they also add up the micro-batches' loss tokens and hand the
+count to finalize_model_grads, which divides the gradients by the global batch's total.
 """
 
 from __future__ import annotations
@@ -83,7 +85,8 @@ def _step_args(*args, current_microbatch=None, vp_stage=None, **kwargs):
 @traced(args=_step_args)
 def forward_step(forward_step_func, data_iterator, model, num_microbatches, input_tensor,
                  forward_data_store, config, current_microbatch=None, vp_stage=None):
-    """Run the user's forward step on one micro-batch; on the last stage, turn output into loss."""
+    """Run the user's forward step on one micro-batch; on the last stage, turn output into loss.
+    Returns (output, the micro-batch's loss tokens: 0 except on the stage that computes the loss)."""
     _unwrap(model).set_input_tensor(input_tensor)  # non-first stages start from the received activation
     output_tensor, loss_func = forward_step_func(data_iterator, model)
     return forward_step_calc_loss(output_tensor, loss_func, config, vp_stage, num_microbatches, forward_data_store)
@@ -92,7 +95,15 @@ def forward_step(forward_step_func, data_iterator, model, num_microbatches, inpu
 def forward_step_calc_loss(output_tensor, loss_func, config, vp_stage, num_microbatches, forward_data_store,
                            cp_group_size=None, is_last_stage=None):
     """On the chunk that computes the loss, turn the model's output into the tensor backward
-    starts from: the micro-batch's mean loss over its tokens, over ``num_microbatches``.
+    starts from, and count the micro-batch's loss tokens: returns (loss, num_tokens).
+
+    Two normalisations (Megatron's). By default each micro-batch's loss is its mean over its
+    tokens, over ``num_microbatches``, and DDP averages over the data-parallel ranks: a mean of
+    means, where a token in a short micro-batch weighs more than one in a long one. With
+    ``config.calculate_per_token_loss`` the loss stays the *sum* over the micro-batch's tokens;
+    the schedule adds up ``num_tokens`` and finalize_model_grads divides the gradients by their
+    total over every micro-batch and data-parallel rank: every token of the global batch weighs
+    the same, whatever the layout. (The logged loss is token-weighted either way: reduce_losses.)
 
     The sizes come from parallel_state unless given: DeepSpeed's train_step (training/
     deepspeed_training.py) passes its own (one micro-batch at a time, no context parallelism),
@@ -102,26 +113,28 @@ def forward_step_calc_loss(output_tensor, loss_func, config, vp_stage, num_micro
         is_last_stage = mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
     if cp_group_size is None:
         cp_group_size = mpu.get_context_parallel_world_size()
+    per_token = getattr(config, "calculate_per_token_loss", False)   # no config: DeepSpeed's path
+    num_tokens = torch.tensor(0, dtype=torch.int)
     if is_last_stage:
         outputs = loss_func(output_tensor)
-        if len(outputs) == 3:  # (sum, token count, report): the mean over this micro-batch's tokens
-            loss, num_tokens, loss_reduced = outputs
-            loss = loss / torch.clamp(num_tokens, min=1)
+        if len(outputs) == 3:  # (sum, token count, report)
+            output_tensor, num_tokens, loss_reduced = outputs
+            if not per_token:  # the mean over this micro-batch's tokens, over the micro-batches
+                output_tensor = output_tensor / torch.clamp(num_tokens, min=1) / num_microbatches
         else:  # (mean, report), the older form: each cp rank's mean is of 1/cp of the tokens
-            loss, loss_reduced = outputs
-            loss = loss * cp_group_size
-        # Each micro-batch's loss is divided here, so the gradients summed over micro-batches
-        # are those of the mean loss over the global batch.
-        output_tensor = loss / num_microbatches
+            output_tensor, loss_reduced = outputs
+            output_tensor = output_tensor * cp_group_size / num_microbatches
         forward_data_store.append(loss_reduced)
     if getattr(config, "num_moe_experts", None) is not None and config.moe_aux_loss_coeff > 0:
         # MoE: the load-balancing losses get the main loss's backward scale (moe_utils.py),
         # times cp as in Megatron: a cp rank's switch loss is its share of the micro-batch's
         # (its tokens over all the tokens), and the gradient reduction over dp-cp averages.
+        # Per-token loss: Megatron gives them the plain scale, and the division by the global
+        # token count in finalize_model_grads then applies to them too.
         from minitron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
         scale = config.grad_scale_func(torch.ones(1)) if config.grad_scale_func is not None else torch.ones(1)
-        MoEAuxLossAutoScaler.set_loss_scale(scale * cp_group_size / num_microbatches)
-    return output_tensor
+        MoEAuxLossAutoScaler.set_loss_scale(scale if per_token else scale * cp_group_size / num_microbatches)
+    return output_tensor, num_tokens
 
 
 @traced(args=_step_args)
@@ -143,9 +156,10 @@ def _no_sync(config):
     return config.no_sync_func() if config.no_sync_func is not None else contextlib.nullcontext()
 
 
-def _finalize(config, model_chunks, forward_only: bool):
+def _finalize(config, model_chunks, forward_only: bool, total_num_tokens):
+    """Reduce the gradients; with per-token loss, divide them by the global batch's token count."""
     if not forward_only and config.finalize_model_grads_func is not None:
-        config.finalize_model_grads_func(model_chunks)
+        config.finalize_model_grads_func(model_chunks, total_num_tokens if config.calculate_per_token_loss else None)
 
 
 @traced(args=lambda **kw: {"num_microbatches": kw.get("num_microbatches"), "forward_only": kw.get("forward_only", False)})
@@ -161,10 +175,13 @@ def forward_backward_no_pipelining(*, forward_step_func, data_iterator, model, n
     data_iterator = data_iterator[0] if isinstance(data_iterator, list) else data_iterator
     config = get_model_config(model)
     losses = []
+    total_num_tokens = torch.zeros([], dtype=torch.int)
 
     def one(i):
-        output = forward_step(forward_step_func, data_iterator, model, num_microbatches, None, losses,
-                              config, current_microbatch=i)
+        nonlocal total_num_tokens
+        output, num_tokens = forward_step(forward_step_func, data_iterator, model, num_microbatches, None, losses,
+                                          config, current_microbatch=i)
+        total_num_tokens = total_num_tokens + num_tokens
         if not forward_only:
             backward_step(None, output, None, config, current_microbatch=i)
 
@@ -172,7 +189,7 @@ def forward_backward_no_pipelining(*, forward_step_func, data_iterator, model, n
         for i in range(num_microbatches - 1):
             one(i)
     one(num_microbatches - 1)
-    _finalize(config, [model], forward_only)
+    _finalize(config, [model], forward_only, total_num_tokens)
     return losses
 
 
@@ -203,11 +220,13 @@ def forward_backward_pipelining_without_interleaving(*, forward_step_func, data_
     if not forward_only:
         no_sync.__enter__()
     fwd_id = bwd_id = 0
+    total_num_tokens = torch.zeros([], dtype=torch.int)
 
     def forward(input_tensor):
-        nonlocal fwd_id
-        out = forward_step(forward_step_func, data_iterator, model, num_microbatches, input_tensor,
-                           losses, config, current_microbatch=fwd_id)
+        nonlocal fwd_id, total_num_tokens
+        out, num_tokens = forward_step(forward_step_func, data_iterator, model, num_microbatches, input_tensor,
+                                       losses, config, current_microbatch=fwd_id)
+        total_num_tokens = total_num_tokens + num_tokens
         fwd_id += 1
         return out
 
@@ -251,5 +270,5 @@ def forward_backward_pipelining_without_interleaving(*, forward_step_func, data_
             output_grad = p2p.recv_backward(shape, config)
             input_grad = backward(input_tensors.pop(0), output_tensors.pop(0), output_grad)
             p2p.send_backward(input_grad, config)
-    _finalize(config, [model], forward_only)
+    _finalize(config, [model], forward_only, total_num_tokens)
     return losses

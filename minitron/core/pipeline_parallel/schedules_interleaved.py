@@ -19,11 +19,13 @@ micro-batches (0 .. num_microbatches-1); ``model_chunk_id`` the chunks (0 .. v-1
 
 from __future__ import annotations
 
+import torch
+
 from minitron.core import parallel_state as mpu
 from minitron.core.pipeline_parallel import p2p_communication as p2p
 from minitron.core.pipeline_parallel.pp_rank_microbatches import get_pp_rank_microbatches
 from minitron.core.pipeline_parallel.schedules import (
-    backward_step, deallocate_output_tensor, forward_step, get_model_config, get_tensor_shape,
+    _finalize, backward_step, deallocate_output_tensor, forward_step, get_model_config, get_tensor_shape,
 )
 from minitron.trace import traced
 
@@ -53,6 +55,7 @@ class _InterleavedSchedule:
         self.output_tensors = [[] for _ in model]
         self.output_tensor_grads = [[] for _ in model]
         self.forward_data_store = []
+        self.total_num_tokens = torch.zeros([], dtype=torch.int)   # loss tokens, for per-token loss
         self.no_sync_context = None
         self._count_warmup()
 
@@ -124,10 +127,11 @@ class _InterleavedSchedule:
         inputs = self.input_tensors[chunk]
         if self.is_first_stage(chunk) and len(inputs) == len(self.output_tensors[chunk]):
             inputs.append(None)  # chunk 0 of the first rank reads data: it receives no input
-        output_tensor = forward_step(
+        output_tensor, num_tokens = forward_step(
             self.forward_step_func, self.data_iterator[chunk], self.model[chunk], self.num_microbatches,
             inputs[-1], self.forward_data_store, self.config,
             current_microbatch=self.get_microbatch_id_in_model_chunk(virtual_microbatch_id), vp_stage=chunk)
+        self.total_num_tokens = self.total_num_tokens + num_tokens   # nonzero on the loss chunk only
         self.output_tensors[chunk].append(output_tensor)
         return output_tensor
 
@@ -222,6 +226,5 @@ def forward_backward_pipelining_with_interleaving(*, forward_step_func, data_ite
     if not forward_only:
         schedule.run_cooldown()
     schedule.enable_grad_sync()  # a no-op unless something left it disabled
-    if not forward_only and schedule.config.finalize_model_grads_func is not None:
-        schedule.config.finalize_model_grads_func(model)
+    _finalize(schedule.config, model, forward_only, schedule.total_num_tokens)
     return schedule.forward_data_store

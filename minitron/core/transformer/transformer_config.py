@@ -94,6 +94,10 @@ class TransformerConfig(ModelParallelConfig):
     distribute_saved_activations: bool = False  # Megatron's; not available in minitron
 # --8<-- [end:config]
 
+    # --calculate-per-token-loss: the loss of a global batch is its summed token losses over its
+    # token count (the schedules and finalize_model_grads divide), not a mean of micro-batch means.
+    calculate_per_token_loss: bool = False
+
     # Mixture of experts (moe/): None experts is a dense model. Megatron's field names.
     num_moe_experts: int | None = None
     moe_router_topk: int = 2                 # experts each token is sent to
