@@ -43,6 +43,17 @@ def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: 
     return argv + list(extra)
 
 
+def _chosen_ranks(spec: Optional[str], world: int, backend: Optional[str]) -> Optional[List[int]]:
+    """--ranks: a few ranks of a fake world, played alone (each one's groups follow from the
+    layout, and a fake collective needs no peer); None: every rank."""
+    if spec is None:
+        return None
+    if backend != "fake":
+        raise UserError("--ranks plays chosen ranks of a fake world, without their peers: add --backend fake "
+                        "(gloo and nccl run every rank, which talk to each other)")
+    return preflight.parse_ranks(spec, world)
+
+
 def _views(show: str, steps: int) -> set:
     # lazy, as every import below: `minitron --help` and bad input never load the views
     from minitron.cli.views.show import VIEWS, parse_views
@@ -125,7 +136,9 @@ def trace(
     backend: Optional[str] = typer.Option(None, "--backend", help="gloo (CPU ranks), nccl (GPU ranks) or fake "
                                                                   "(ranks played in turn, one process per core; no communication)"),
     out: Path = typer.Option(Path("minitron-trace"), "--out", "-o", help="trace directory"),
-    rank: int = typer.Option(0, "--rank", help="whose call tree to print"),
+    ranks: Optional[str] = typer.Option(None, "--ranks", help="fake backend: play only these ranks of the world "
+                                                               "(0,12345,131071 or 0-3; worlds up to 131072)"),
+    rank: Optional[int] = typer.Option(None, "--rank", help="whose call tree to print (default: the first rank)"),
     steps: int = typer.Option(0, "--steps", help="training iterations to run and trace after initialization "
                                                   "(mock data); 0: initialization only"),
     show: str = typer.Option("", "--show", help="comma list of views: tree, groups, checks, schedule "
@@ -148,7 +161,8 @@ def trace(
     check_world(world)
     # First the sizes, each check costing microseconds: the layout's own checks grow with the
     # world, and a user's bad --debug option must not wait for them (or for torch).
-    preflight.check_world_limit(world, backend or "gloo")
+    chosen = _chosen_ranks(ranks, world, backend)
+    preflight.check_world_limit(world, backend or "gloo", played=len(chosen) if chosen else None)
     check_order(order)
     debugging = DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout)
     debugging.check(world)
@@ -158,8 +172,11 @@ def trace(
         validate_parallel_sizes(world, tp, pp, cp, ep, vp=vp, order=order)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    rank = (chosen[0] if chosen else 0) if rank is None else rank
     if not 0 <= rank < world:
         raise UserError(f"--rank {rank} is outside the world: choose 0..{world - 1}")
+    if chosen and rank not in chosen:
+        raise UserError(f"--rank {rank} is not one of --ranks {ranks}: choose one of the ranks played")
     if not 0 <= steps <= MAX_STEPS:
         raise UserError(f"--steps must be 0..{MAX_STEPS}, got {steps} (every step adds each call it makes to "
                         "every rank's trace; a schedule reads well after a few)")
@@ -182,7 +199,8 @@ def trace(
         check_backend(backend, world)
     if steps:  # a model is built: it must fit
         check_fits(args, backend)
-    preflight.check_launch(world, backend, master_port, {"--out": out, "--log-dir": log_dir})
+    preflight.check_launch(world, backend, master_port, {"--out": out, "--log-dir": log_dir},
+                           played=len(chosen) if chosen else None)
 
     # lazy: the views and the launcher load once the input has passed every check above
     from minitron.cli.views.call_tree import FocusError
@@ -203,7 +221,7 @@ def trace(
     if backend == "fake":
         # The processes that play the ranks hand back each rank's records and its encoded
         # rows of trace.json: a thousand ranks' files are not parsed again here.
-        kept = play_ranks(world, lambda: play_pretrain_rank(argv), out, keep=_records_and_rows)
+        kept = play_ranks(world, lambda: play_pretrain_rank(argv), out, ranks=chosen, keep=_records_and_rows)
         elapsed = time.perf_counter() - started
         runs = {r: records for r, (records, _) in kept.items()}
         chrome = write_chrome_trace(out, runs, note, encoded={r: text for r, (_, text) in kept.items()})
@@ -219,7 +237,7 @@ def trace(
             print(f"minitron: the ranks' trace cannot be read: {exc}", file=sys.stderr)
             raise typer.Exit(1) from None
         chrome = write_chrome_trace(out, runs, note)
-    pictures = write_pictures(out, runs) if svg else []
+    pictures = write_pictures(out, runs) if svg and not chosen else []
     try:
         checks = show_views(console, runs, views, rank, focus=focus,
                             depth=depth if depth is not None else default_depth(runs, focus),
@@ -227,7 +245,8 @@ def trace(
     except FocusError as exc:
         raise UserError(f"{exc} (the trace is in {out}: `minitron view {out} --focus ...` reads it again)") from None
     pids = len({recs[0]["pid"] for recs in runs.values() if recs})
-    console.print(f"{plural(world, 'rank')} ({backend}, {plural(pids, 'process', 'processes')}) in {elapsed:.2f} s "
+    played = f"{len(runs)} of {world:,} ranks" if chosen else plural(world, 'rank')
+    console.print(f"{played} ({backend}, {plural(pids, 'process', 'processes')}) in {elapsed:.2f} s "
                   f"→ {out}/rank*.jsonl, {chrome} (open in https://ui.perfetto.dev)")
     if pictures:
         console.print("pictures: " + ", ".join(str(p) for p in pictures))

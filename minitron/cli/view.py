@@ -44,7 +44,7 @@ def view(
     """
     # Lazy: the reader and the views (rich's tables and trees) load when the command runs, not
     # for `--help`; the reader first, so that a bad trace is refused before the views load.
-    from minitron.trace.reader import TraceError, backend_of, iterations, read_trace
+    from minitron.trace.reader import TraceError, backend_of, iterations, played_ranks, read_trace, world_size_of
 
     if depth is not None and depth < 1:
         raise UserError(f"--depth must be 1 or more, got {depth}")
@@ -89,7 +89,9 @@ def view(
                       f"(stopped mid-write) and is skipped[/yellow]")
     pids = len({recs[0]["pid"] for recs in runs.values() if recs})
     backend = backend_of(runs) or "backend not recorded"
-    console.print(f"{plural(len(runs), 'rank')} ({backend}, {plural(pids, 'process', 'processes')}) "
+    held = f"{len(runs)} of {world_size_of(runs):,} ranks, played by choice" if played_ranks(runs) else \
+        plural(len(runs), 'rank')
+    console.print(f"{held} ({backend}, {plural(pids, 'process', 'processes')}) "
                   f"→ {chrome} (open in https://ui.perfetto.dev)")
     if fake:
         console.print("[yellow]fake backend: ranks played in turn, no process of their own; collectives moved no data[/yellow]")

@@ -28,7 +28,7 @@ from rich.tree import Tree
 
 from minitron.cli.views.words import duration, fitted_name, plural, rank_ranges, short_name
 from minitron.core.rank_generator import DESC_TO_KEY
-from minitron.trace.schema import NEW_GROUP
+from minitron.trace.schema import NEW_GROUP, PLAYED
 
 GUIDE = 4  # columns that rich's Tree indents each level by
 
@@ -89,6 +89,11 @@ def _args_segments(record: dict) -> list[tuple[str, str]]:
     if name == "torch.distributed.init_process_group":
         world = [(f" world_size={args['world_size']}", "dim")] if isinstance(args.get("world_size"), int) else []
         return [(f"  backend={args.get('backend')}", "dim")] + world
+    if name == PLAYED:  # the fake launcher's note: what this trace holds, and what it only counted
+        played = "all" if args["ranks"] == "all" else rank_ranges(args["ranks"])
+        skipped = sum(args.get("unrecorded_new_groups", {}).values())
+        return [(f"  world {args['world_size']:,}, ranks played {played}", "dim"),
+                (f"; {skipped:,} new_group calls of groups without this rank, answered at once, counted only", "dim")]
     if "group" not in args or not name.startswith("torch.distributed."):
         return []
     pieces = [(f"  {args['group']}", "magenta"), (f" {rank_ranges(args.get('ranks'))}", "magenta")]
