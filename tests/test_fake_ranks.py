@@ -123,3 +123,34 @@ def test_view_diff_and_estimate_read_a_partial_trace(plays, tmp_path):
     checked = minitron_here("estimate", "--check", str(some))   # no iteration in it: one line, exit 2
     assert checked.returncode == 2 and len(checked.stderr.strip().splitlines()) == 1, checked.stderr
     assert "train" in checked.stderr
+
+
+# --- production sizes: out of the default run (pytest -m stress) ------------------------------
+
+@pytest.mark.stress
+def test_chosen_ranks_of_2048_do_what_they_do_in_a_full_play(tmp_path):
+    layout = dict(tp=8, pp=8, cp=2, ep=4)
+    chosen = [0, 1, 777, 1024, 2047]
+    full = play(2048, tmp_path / "full", layout=layout)   # ~50 s of CPU, 1.2 GB: the full play's limit
+    some = play(2048, tmp_path / "some", ranks=chosen, layout=layout)
+    assert list(load_trace(tmp_path / "some")) == chosen
+    for rank in chosen:
+        assert what_a_rank_did(some[rank]) == what_a_rank_did(full[rank]), rank
+
+
+@pytest.mark.stress
+def test_chosen_ranks_of_131072_keep_the_groups_the_layout_gives(tmp_path):
+    """No full play of 131,072 ranks is possible here: the arithmetic is the reference."""
+    from minitron.cli.views.checks import check_trace
+    from minitron.core.rank_generator import DESC_TO_KEY, rank_layout
+
+    layout = dict(tp=8, pp=16, cp=2, ep=8)
+    chosen = [12345, 131071]
+    runs = play(131072, tmp_path, ranks=chosen, layout=layout)
+    assert load_trace(tmp_path) == runs
+    for rank in chosen:
+        _, groups, counted = what_a_rank_did(runs[rank])
+        kept = {DESC_TO_KEY[desc]: ranks for ranks, desc, _ in groups if desc in DESC_TO_KEY}
+        assert kept == rank_layout(rank, 131072, **layout)
+        assert counted["TENSOR_MODEL_PARALLEL_GROUP"] == 131072 // 8 - 1
+    assert [c.ok for c in check_trace(runs)] == [True, None, True]

@@ -20,10 +20,12 @@ from pathlib import Path
 from minitron.cli.common import UserError
 
 # --- sizes ---------------------------------------------------------------------------------
-# `groups` builds every group as Python lists of ints, so its cost grows like world x kinds.
-# Measured on the 2-core machine: 16,384 ranks print in 0.9 s of CPU (70 MB), 65,536 in 6.2 s
-# (170 MB), 10^8 ate gigabytes. 16,384 is above the largest published Megatron runs.
-GROUPS_MAX_WORLD = 16384
+# `groups` builds every group as Python lists of ints, so its cost grows like world x kinds; it
+# prints the first dozen groups of each kind (--json: all of them, --rank N: one rank's, from its
+# digits). Measured on the 2-core machine at 131,072 ranks: 0.5 s of CPU and 140 MB to print,
+# 0.6 s and 160 MB for the 12 MB of --json; 10^8 ate gigabytes. 131,072 is the largest world a
+# trace may claim (trace/schema.py MAX_WORLD), above the largest published Megatron runs.
+GROUPS_MAX_WORLD = 131072
 # fake plays the ranks one after another (a worker per core), and each rank builds every group,
 # so the cost grows with the square of the world. Measured (CPU time, peak memory): 1,024
 # ranks ~10 s; 2,048 ranks 48 s, 1.2 GB; 4,096 ranks 162 s, 3.6 GB. Past 2,048 a layout is
