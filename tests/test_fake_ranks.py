@@ -127,6 +127,21 @@ def test_view_diff_and_estimate_read_a_partial_trace(plays, tmp_path):
     assert "train" in checked.stderr
 
 
+
+def test_svg_of_a_partial_trace_draws_the_nodes_of_the_shown_ranks_executed_groups(plays, tmp_path):
+    import re
+
+    from minitron.cli.trace import write_pictures
+    from minitron.core.rank_generator import rank_layout
+
+    _, some = plays
+    [picture] = write_pictures(tmp_path, load_trace(some), 40)
+    own = rank_layout(40, 64, **LAYOUT)
+    panels = dict(re.findall(r'<g data-kind="(\w+)" data-nodes="(\d+)">', picture.read_text()))
+    assert picture.name == "nodes.svg" and panels   # the groups that leave rank 40's node of 8
+    assert all(int(n) == len({r // 8 for r in own[kind]}) > 1 for kind, n in panels.items())
+
+
 # --- production sizes: out of the default run (pytest -m stress) ------------------------------
 
 @pytest.mark.stress
