@@ -125,7 +125,7 @@ def main() -> None:
             goals[RANKS] = 3.0
         paths = {name: None for name in commands}
         if opts.compare:
-            for name in list(goals):
+            for name in [g for g in goals if g != RANKS]:  # --ranks may be newer than the other checkout
                 commands[f"{name} [compare]"] = commands[name]
                 paths[f"{name} [compare]"] = str(Path(opts.compare).resolve())
         times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in commands}

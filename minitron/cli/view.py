@@ -28,7 +28,8 @@ def _layout_problem(runs):
 @app.command()
 def view(
     trace_dir: Path = typer.Argument(..., metavar="DIR", help="a trace directory (rank*.jsonl files)"),
-    rank: int = typer.Option(0, "--rank", help="whose call tree to print"),
+    rank: Optional[int] = typer.Option(None, "--rank", help="whose call tree to print (default: the first rank "
+                                                           "the directory holds)"),
     focus: Optional[str] = typer.Option(None, "--focus", help="show only the calls named NAME (a function name "
                                                               "or pattern: train_step, '*forward*') and what ran inside"),
     depth: Optional[int] = typer.Option(None, "--depth", help="call-tree depth (default: all; 7 when the trace "
@@ -62,6 +63,7 @@ def view(
         views = parse_views(show)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    rank = min(runs) if rank is None else rank  # a partial trace (trace --ranks) may hold no rank 0
     if rank not in runs:
         raise UserError(f"--rank {rank}: {trace_dir} holds the files of ranks {rank_ranges(list(runs))}")
     done = iterations(runs)
