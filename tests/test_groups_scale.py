@@ -70,6 +70,7 @@ def test_the_node_picture_lights_the_nodes_of_each_group(nodes_svg):
     assert len(nodes_svg) < 64_000   # the grid is a pattern: only the lit nodes are drawn
 
 
+@pytest.mark.stress   # a browser start is ~2 s; in the default run test_pages_browser.py checks chapter 6's copy
 @pytest.mark.skipif(find_chromium() is None, reason="no chromium installed (apt-get install chromium)")
 def test_the_node_picture_reads_at_1280_px(nodes_svg, tmp_path):
     """Opened on its own at 1280 x 800: no sideways scroll, every text inside the picture, no
