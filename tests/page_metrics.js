@@ -50,6 +50,18 @@
   const tables = [...typeset.querySelectorAll(".md-typeset__scrollwrap")]
     .filter((box) => box.scrollWidth > box.clientWidth + 1)
     .map((box) => ({over: box.scrollWidth - box.clientWidth, first: text(box).slice(0, 70)}));
-  return {blocks: blocks.length, scrolling, small, split, tables, reference,
+  // A picture's text that runs past the picture's edge is cut off there (svg.text_width guesses
+  // widths; a bold face runs wider than it guesses).
+  const clipped = [];
+  for (const svg of typeset.querySelectorAll("figure svg")) {
+    const edge = svg.getBoundingClientRect();
+    for (const t of svg.querySelectorAll("text")) {
+      const r = t.getBoundingClientRect();
+      if (r.width > 0 && (r.right > edge.right + 0.5 || r.left < edge.left - 0.5)) {
+        clipped.push({over: Math.round(Math.max(r.right - edge.right, edge.left - r.left)), first: t.textContent.slice(0, 70)});
+      }
+    }
+  }
+  return {blocks: blocks.length, scrolling, small, split, tables, clipped, reference,
           column: typeset.clientWidth, window: window.innerWidth};
 })()

@@ -5,7 +5,8 @@ Chromium at 1280 x 800, laid out, and counted (tests/page_metrics.js does the co
   does not hold): none;
 * output blocks set smaller than the page's code (output shrunk to fit): none;
 * table cells that split a word across two lines (a group name as ``TENSOR_MODEL_PARA`` /
-  ``LLEL_GROUP``): none.
+  ``LLEL_GROUP``): none;
+* text of a picture (an SVG figure) that runs past the picture's edge: none.
 
 It reads the site that the suite builds once (tests/conftest.py starts the build when the
 tests are collected), served over HTTP from a thread, so no page is built twice. Without
@@ -75,6 +76,7 @@ CHECKS = {
     "small": ("output blocks are set below the code's size",
               lambda b, m: f"{b['size']} px against {m['reference']} px: {b['first']!r}"),
     "split": ("words are split across two lines in table cells", lambda word, m: repr(word)),
+    "clipped": ("picture texts run past their picture's edge", lambda t, m: _where(t)),
 }
 
 
