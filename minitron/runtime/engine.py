@@ -29,7 +29,7 @@ from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
 def initialize(args=None, model: torch.nn.Module = None, optimizer=None, model_parameters=None,
                training_data=None, lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None,
-               config=None, config_params=None):
+               config=None, config_params=None, engine_class=None):
     """Returns ``(engine, optimizer, training_dataloader, lr_scheduler)``, as DeepSpeed does.
 
     ``optimizer``/``lr_scheduler`` may be objects or callables (DeepSpeed accepts both); when
@@ -38,6 +38,7 @@ def initialize(args=None, model: torch.nn.Module = None, optimizer=None, model_p
     """
     if model is None:
         raise ValueError("initialize() needs a model")
+    engine_class = engine_class or DeepSpeedEngine   # the package's initialize picks PipelineEngine
     dist.init_distributed(dist_init_required=dist_init_required)   # from the environment, if not yet
     config = config if config is not None else config_params
     if config is None and getattr(args, "deepspeed_config", None) is not None:
@@ -45,14 +46,6 @@ def initialize(args=None, model: torch.nn.Module = None, optimizer=None, model_p
     if config is None:
         raise ValueError("initialize() needs a ds_config: pass config= (a dict or a JSON path) "
                          "or args.deepspeed_config")
-    # Here, not at the top: pipe/engine.py builds on this module (its engine is a subclass).
-    from minitron.runtime.pipe import PipelineEngine, PipelineModule
-
-    engine_class = DeepSpeedEngine
-    if isinstance(model, PipelineModule):   # as DeepSpeed: the module's grid is the mpu
-        if mpu is not None:
-            raise ValueError("initialize() with a PipelineModule takes no mpu: the module's topology is it")
-        engine_class, mpu = PipelineEngine, model.mpu()
     engine = engine_class(model, optimizer, model_parameters, training_data, lr_scheduler, mpu, collate_fn,
                           DeepSpeedConfig(config, mpu))
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

@@ -91,7 +91,7 @@ class DeepSpeedZeroOptimizer:
         # Stage 2 reduces in backward, bucket by bucket (buckets.py); stages 0 and 1 at the boundary.
         self.buckets = GradientBuckets(self, reduce_bucket_size) if self.partition_gradients else None
 
-    def _init_model_parallel(self, model_parallel_group, model_parallel_rank: int | None) -> None:
+    def _init_model_parallel(self, model_parallel_group, model_parallel_rank: int | None = None) -> None:
         """With tensor parallelism, each rank's gradient is a slice of some parameters and a
         copy of the others; the norm counts a slice on every rank, a copy on tensor rank 0 only,
         and sums over the tensor-parallel group too (DeepSpeed's get_grad_norm_direct). Under
