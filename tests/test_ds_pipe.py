@@ -8,6 +8,7 @@ own classes for many (micro_batches, stages, stage_id).
 
 import importlib.util
 import json
+import re
 
 import pytest
 
@@ -89,7 +90,7 @@ def test_topology_axis_order():
 MODEL = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "8",
          "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "2", "--lr", "1e-3",
          "--mock-data", "--vocab-size", "127", "--hidden-dropout", "0", "--attention-dropout", "0",
-         "--seed", "7", "--distributed-backend", "gloo"]
+         "--seed", "7", "--distributed-backend", "gloo", "--eval-interval", "2", "--eval-iters", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +105,7 @@ def runs(tmp_path_factory):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", "1")
         serial = pretrain_records(root / "serial", 1, MODEL)
-    return {"serial": serial,
+    return {"root": root, "serial": serial,
             "pp2-dp1": pretrain_records(root / "pp2", 2, [*MODEL, *flags], trace_dir=root / "trace"),
             "pp2-dp2": pretrain_records(root / "pp2dp2", 4, [*MODEL, *flags]),
             "trace": root / "trace"}
@@ -117,6 +118,20 @@ def test_pipeline_engine_matches_serial(runs, layout):
     assert losses == pytest.approx([r["lm_loss"] for r in serial], abs=1e-5)
     assert [r["grad_norm"] for r in records] == pytest.approx([r["grad_norm"] for r in serial], rel=1e-4)
     assert losses[-1] != losses[0]   # the weights moved
+
+
+def _validation_loss(log_dir) -> float:
+    """The loss the last rank printed for the evaluation after iteration 2."""
+    last = max(log_dir.glob("rank*.log"), key=lambda p: int(p.stem[4:]))
+    return float(re.search(r"validation loss at iteration 2 \| lm loss value: (\S+)", last.read_text()).group(1))
+
+
+def test_evaluation_runs_the_inference_schedule(runs):
+    """--eval-interval through eval_batch (InferenceSchedule): the serial run's validation loss."""
+    root = runs["root"]
+    expected = _validation_loss(root / "serial" / "logs")
+    for name in ("pp2", "pp2dp2"):
+        assert _validation_loss(root / name / "logs") == pytest.approx(expected, abs=1e-5), name
 
 
 def test_the_trace_holds_the_executed_stream(runs):

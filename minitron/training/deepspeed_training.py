@@ -142,3 +142,10 @@ def forward_backward_step(forward_step_func, data_iterator, engine, i: int) -> d
                                   cp_group_size=1, is_last_stage=True)
     engine.backward(loss)
     return reduced[0]
+
+
+def evaluate_pipeline(data_iterator, engine, eval_iters: int) -> dict:
+    """Megatron-DeepSpeed's evaluate with a pipeline: ``eval_iters`` calls of eval_batch (the
+    InferenceSchedule's stream, no gradients), each the mean loss of one global batch."""
+    losses = [float(engine.eval_batch(data_iterator)) for _ in range(eval_iters)]
+    return {"lm loss": sum(losses) / len(losses)}

@@ -34,9 +34,11 @@ def instruction_name(record: dict) -> str | None:
     return INSTRUCTIONS.get(record["name"][len(PREFIX):])
 
 
-def deepspeed_streams(runs: dict[int, list[dict]], iteration: int | None = None) -> dict[int, list[dict]]:
-    """pp stage -> its executed instructions (data rank 0, tensor rank 0), in order; only the
-    ``iteration``-th train_batch when given (counted from the first the trace holds)."""
+def deepspeed_streams(runs: dict[int, list[dict]], iteration: int | None = None,
+                      schedule: str = "TrainSchedule") -> dict[int, list[dict]]:
+    """pp stage -> its executed instructions (data rank 0, tensor rank 0), in order, of the last
+    ``schedule`` batch, or of the ``iteration``-th when given (counted from the first the trace
+    holds). An evaluation's batches are InferenceSchedule's."""
     world = world_size_of(runs)
     sizes = layout_args(next(iter(runs.values())))
     streams = {}
@@ -44,7 +46,7 @@ def deepspeed_streams(runs: dict[int, list[dict]], iteration: int | None = None)
         c = rank_coordinates(rank, world, sizes["tp"], sizes["pp"], sizes["cp"], sizes["order"])
         if c["tp"] or c["dp"] or c["cp"]:
             continue
-        executed = [r for r in records if instruction_name(r)]
+        executed = [r for r in records if instruction_name(r) and r["args"].get("schedule") == schedule]
         batches, batch = [], []
         for r in executed:   # a new batch starts where the step count goes back to 0
             if batch and r["args"]["step"] < batch[-1]["args"]["step"]:

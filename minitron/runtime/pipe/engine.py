@@ -30,9 +30,11 @@ from minitron.trace import traced
 
 
 def _instruction_args(self, buffer_id=None) -> dict:
-    """What the trace keeps of an executed instruction: the schedule's step, the buffer slot,
-    and which micro-batch it concerns (the n-th instruction of a kind is micro-batch n)."""
-    return {"step": self._step_id, "buffer_id": buffer_id, "microbatch": self._microbatch}
+    """What the trace keeps of an executed instruction: the schedule (train or inference) and
+    its step, the buffer slot, and which micro-batch it concerns (the n-th instruction of a kind
+    is micro-batch n)."""
+    return {"schedule": self._schedule_name, "step": self._step_id, "buffer_id": buffer_id,
+            "microbatch": self._microbatch}
 
 
 def _floats(tensors) -> list:
@@ -62,7 +64,7 @@ class PipelineEngine(DeepSpeedEngine):
         self.pipe_recv_buf, self.grad_layer = None, None
         self.first_output_send = True
         self.loss, self.total_loss, self.agg_train_loss = None, None, None
-        self._step_id, self._microbatch = None, None
+        self._schedule_name, self._step_id, self._microbatch = None, None, None
 
     # --- the client's calls ----------------------------------------------------------------
 
@@ -121,6 +123,7 @@ class PipelineEngine(DeepSpeedEngine):
         for key in self.pipe_buffers:
             self.pipe_buffers[key] = [None] * slots
         counts: dict[str, int] = {}
+        self._schedule_name = type(pipe_schedule).__name__
         for self._step_id, step_cmds in enumerate(pipe_schedule):
             for cmd in step_cmds:
                 if type(cmd) not in self._INSTRUCTION_MAP:
