@@ -146,6 +146,22 @@ def test_the_trace_holds_the_executed_stream(runs):
         expected = [(step, c.name, c.kwargs.get("buffer_id")) for step, cmds in enumerate(TrainSchedule(4, 2, stage))
                     for c in cmds]
         assert executed == expected, stage
+    # ...and the view draws them as a step grid: stage 0 waits out step 1 (it only sends).
+    from minitron.cli.views.schedule_deepspeed import render_steps   # the view under test
+    rows = [line.rstrip() for line in render_steps(streams).plain.splitlines()[:2]]
+    assert rows == ["stage 0 F0 ·  F1 B0 F2 B1 F3 B2 ·  B3", "stage 1 ·  F0 B0 F1 B1 F2 B2 F3 B3 ·"]
+
+
+def test_megatron_1f1b_order_beside_it():
+    """Megatron's order per stage, from its warm-up count: stage 0 of 2 runs one forward ahead."""
+    from minitron.cli.views.schedule_deepspeed import megatron_1f1b_order   # the view under test
+
+    order = megatron_1f1b_order(2, 4)
+    label = {"minitron.core.pipeline_parallel.schedules.forward_step": "F",
+             "minitron.core.pipeline_parallel.schedules.backward_step": "B"}
+    as_text = {stage: " ".join(label[s["name"]] + str(s["args"]["microbatch"]) for s in steps)
+               for stage, steps in order.items()}
+    assert as_text == {0: "F0 F1 B0 F2 B1 F3 B2 B3", 1: "F0 B0 F1 B1 F2 B2 F3 B3"}
 
 
 # --- against DeepSpeed 0.19.8 ----------------------------------------------------------------------

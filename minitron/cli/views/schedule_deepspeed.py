@@ -13,10 +13,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from minitron.cli.views.schedule import BACKWARD, FORWARD, render_slots
+from minitron.cli.views.schedule import BACKWARD, FORWARD, first_pipeline, render_slots
 from minitron.core.pipeline_parallel.pp_rank_microbatches import get_pp_rank_microbatches
-from minitron.core.rank_generator import rank_coordinates
-from minitron.trace.reader import layout_args, world_size_of
 
 PREFIX = "minitron.runtime.pipe.engine.PipelineEngine._exec_"
 # The engine's method for each instruction, and how the stream names it (DeepSpeed's classes).
@@ -39,13 +37,8 @@ def deepspeed_streams(runs: dict[int, list[dict]], iteration: int | None = None,
     """pp stage -> its executed instructions (data rank 0, tensor rank 0), in order, of the last
     ``schedule`` batch, or of the ``iteration``-th when given (counted from the first the trace
     holds). An evaluation's batches are InferenceSchedule's."""
-    world = world_size_of(runs)
-    sizes = layout_args(next(iter(runs.values())))
     streams = {}
-    for rank, records in runs.items():
-        c = rank_coordinates(rank, world, sizes["tp"], sizes["pp"], sizes["cp"], sizes["order"])
-        if c["tp"] or c["dp"] or c["cp"]:
-            continue
+    for stage, records in first_pipeline(runs).items():
         executed = [r for r in records if instruction_name(r) and r["args"].get("schedule") == schedule]
         batches, batch = [], []
         for r in executed:   # a new batch starts where the step count goes back to 0
@@ -55,8 +48,8 @@ def deepspeed_streams(runs: dict[int, list[dict]], iteration: int | None = None,
             batch.append(r)
         batches += [batch] if batch else []
         if batches:
-            streams[c["pp"]] = batches[-1 if iteration is None else min(iteration, len(batches) - 1)]
-    return dict(sorted(streams.items()))
+            streams[stage] = batches[-1 if iteration is None else min(iteration, len(batches) - 1)]
+    return streams
 
 
 def _cell(step_records: list[dict]) -> tuple[str, str | None]:

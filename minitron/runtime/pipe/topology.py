@@ -131,8 +131,7 @@ class PipelineParallelGrid:
     def get_stage_id(self) -> int:
         return self.stage_id
 
-    def get_pipe_parallel_rank(self) -> int:
-        return self.stage_id
+    get_pipe_parallel_rank = get_stage_id
 
     def get_pipe_parallel_world_size(self) -> int:
         return self.pipe_parallel_size
