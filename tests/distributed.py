@@ -36,14 +36,16 @@ def run_ranks(body, world_size: int, tp: int | None = 1, pp: int = 1, cp: int = 
         raise AssertionError(f"{failure}\n{failure.log_tail(40)}") from None
 
 
-def pretrain_records(out: Path, world: int, argv: list[str]) -> list[dict]:
-    """Run pretrain_gpt with ``argv`` on ``world`` forked ranks; return its iterations.jsonl records.
+def pretrain_records(out: Path, world: int, argv: list[str], trace_dir: Path | None = None) -> list[dict]:
+    """Run pretrain_gpt with ``argv`` on ``world`` forked ranks; return its iterations.jsonl records
+    (``trace_dir``: the ranks also trace into it).
 
     A failing rank fails the test with the tail of that rank's log, not the launcher's summary."""
     out.mkdir(parents=True)
     argv = [*argv, "--log-jsonl", str(out / "iterations.jsonl")]
+    cfg = LaunchConfig(world_size=world, log_dir=out / "logs", env=session_env(world, trace_dir))
     try:
-        launch(LaunchConfig(world_size=world, log_dir=out / "logs"), Target(module="minitron.pretrain_gpt", argv=argv))
+        launch(cfg, Target(module="minitron.pretrain_gpt", argv=argv))
     except RankFailure as failure:
         raise AssertionError(f"{failure}\n{failure.log_tail(30)}") from None
     return [json.loads(line) for line in open(out / "iterations.jsonl")]

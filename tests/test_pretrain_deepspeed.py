@@ -91,7 +91,16 @@ def test_refusals_before_any_rank(tmp_path):
     only_train.write_text(json.dumps({"train_batch_size": 8}))   # at dp 4: micro 2
     opt = str(write_config(tmp_path / "opt.json", 1, optimizer={"type": "Adam", "params": {"lr": 1e-3}}))
     cases = [   # (world, flags, words the line must hold)
-        (4, ["--num-layers", "2", "--pipeline-model-parallel-size", "2", "--deepspeed", "--deepspeed-config", z1], "PipelineEngine"),
+        (4, ["--num-layers", "2", "--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
+             "--deepspeed", "--deepspeed-config", z1], "PipelineModule GPT has no tensor-parallel layers"),
+        (2, ["--num-layers", "2", "--pipeline-model-parallel-size", "2", "--deepspeed", "--deepspeed-config",
+             str(write_config(tmp_path / "z2.json", 2))], "PipelineEngine runs ZeRO stage 0 or 1 only"),
+        (2, ["--num-layers", "2", "--pipeline-model-parallel-size", "2", "--save", str(tmp_path / "ck"),
+             "--deepspeed", "--deepspeed-config", z1], "per-layer checkpoint files are not built"),
+        (2, ["--num-layers", "4", "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage",
+             "1", "--deepspeed", "--deepspeed-config", z1], "TrainSchedule has one chunk per stage"),
+        (2, ["--num-layers", "2", "--pipeline-model-parallel-size", "2", "--position-embedding-type", "rope",
+             "--deepspeed", "--deepspeed-config", z1], "learned absolute positions only"),
         (2, ["--micro-batch-size", "2", "--deepspeed", "--deepspeed-config", z1],
          "train_micro_batch_size_per_gpu is 1 but --micro-batch-size is 2"),
         (4, ["--deepspeed", "--deepspeed-config", str(only_train)], "train_micro_batch_size_per_gpu is 2 but --micro-batch-size is 1"),

@@ -283,4 +283,19 @@ def all_gather_into_tensor(output_tensor, tensor, group=None, async_op=False):
 @_forwards
 def barrier(group=None):
     return _cdb().barrier(group)
+
+
+@_forwards
+def send(tensor, dst, group=None, tag=0):
+    return _cdb().send(tensor, dst, group, tag)
+
+
+@_forwards
+def recv(tensor, src=None, group=None, tag=0):
+    return _cdb().recv(tensor, src, group, tag)
+
+
+def new_group(ranks):
+    """A group over ``ranks`` (world ranks). Collective: every rank calls it for every group."""
+    return _cdb().new_group(list(ranks))
 # --8<-- [end:module-api]

@@ -80,5 +80,15 @@ class TorchBackend:
     def barrier(self, group=None):
         return torch.distributed.barrier(group=group)
 
+    # Point to point, for DeepSpeed's pipeline engine (runtime/pipe/p2p.py): blocking, world ranks.
+    def send(self, tensor, dst, group=None, tag=0):
+        return torch.distributed.send(tensor=tensor, dst=dst, group=group, tag=tag)
+
+    def recv(self, tensor, src=None, group=None, tag=0):
+        return torch.distributed.recv(tensor=tensor, src=src, group=group, tag=tag)
+
+    def new_group(self, ranks):
+        return torch.distributed.new_group(ranks=ranks)
+
     def destroy_process_group(self, group=None):
         torch.distributed.destroy_process_group(group)

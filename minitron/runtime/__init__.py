@@ -9,10 +9,17 @@ from minitron.runtime.config import DeepSpeedConfig, resolve_batch_triad  # noqa
 from minitron.runtime.config_sections import DeepSpeedConfigError  # noqa: F401
 
 
-def initialize(*args, **kwargs):
+def initialize(*args, model=None, mpu=None, **kwargs):
     """``deepspeed.initialize``: see minitron/runtime/engine.py. The engine needs torch, which
     this package must not import when it is only asked to resolve a config, so the import waits
-    for the first call."""
-    # Lazy: torch comes with the engine (see the docstring).
+    for the first call. A PipelineModule gets the PipelineEngine (runtime/pipe/engine.py), and
+    its own grid as the mpu, as in DeepSpeed."""
+    # Lazy: torch comes with the engines (see the docstring).
     from minitron.runtime.engine import initialize as _initialize
-    return _initialize(*args, **kwargs)
+    from minitron.runtime.pipe import PipelineEngine, PipelineModule
+
+    if isinstance(model, PipelineModule):
+        if mpu is not None:
+            raise ValueError("initialize() with a PipelineModule takes no mpu: the module's topology is it")
+        return _initialize(*args, model=model, mpu=model.mpu(), engine_class=PipelineEngine, **kwargs)
+    return _initialize(*args, model=model, mpu=mpu, **kwargs)

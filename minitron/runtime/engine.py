@@ -29,7 +29,7 @@ from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
 def initialize(args=None, model: torch.nn.Module = None, optimizer=None, model_parameters=None,
                training_data=None, lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None,
-               config=None, config_params=None):
+               config=None, config_params=None, engine_class=None):
     """Returns ``(engine, optimizer, training_dataloader, lr_scheduler)``, as DeepSpeed does.
 
     ``optimizer``/``lr_scheduler`` may be objects or callables (DeepSpeed accepts both); when
@@ -38,6 +38,7 @@ def initialize(args=None, model: torch.nn.Module = None, optimizer=None, model_p
     """
     if model is None:
         raise ValueError("initialize() needs a model")
+    engine_class = engine_class or DeepSpeedEngine   # the package's initialize picks PipelineEngine
     dist.init_distributed(dist_init_required=dist_init_required)   # from the environment, if not yet
     config = config if config is not None else config_params
     if config is None and getattr(args, "deepspeed_config", None) is not None:
@@ -45,8 +46,8 @@ def initialize(args=None, model: torch.nn.Module = None, optimizer=None, model_p
     if config is None:
         raise ValueError("initialize() needs a ds_config: pass config= (a dict or a JSON path) "
                          "or args.deepspeed_config")
-    engine = DeepSpeedEngine(model, optimizer, model_parameters, training_data, lr_scheduler, mpu, collate_fn,
-                             DeepSpeedConfig(config, mpu))
+    engine = engine_class(model, optimizer, model_parameters, training_data, lr_scheduler, mpu, collate_fn,
+                          DeepSpeedConfig(config, mpu))
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 
 
@@ -63,7 +64,21 @@ def _model_parallel_group(mpu):
     return group() if size > 1 else None
 
 
+def _tensor_parallel_rank(mpu) -> int:
+    """Which slice of a tensor-parallel weight this rank holds (DeepSpeed's
+    bwc_tensor_model_parallel_rank): a pipeline grid's "model parallel" group spans the
+    stages too, so its rank in that group is not the answer there."""
+    if mpu is None:
+        return 0
+    for getter in ("get_slice_parallel_rank", "get_tensor_model_parallel_rank", "get_model_parallel_rank"):
+        if hasattr(mpu, getter):
+            return getattr(mpu, getter)()
+    return 0
+
+
 class DeepSpeedEngine(torch.nn.Module):
+    runs_pipelines = False   # PipelineEngine (runtime/pipe/engine.py) says True
+
     def __init__(self, model, optimizer, model_parameters, training_data, lr_scheduler, mpu, collate_fn,
                  config: DeepSpeedConfig):
         super().__init__()
@@ -73,9 +88,9 @@ class DeepSpeedEngine(torch.nn.Module):
         self.global_rank = dist.get_rank()
         pp = mpu.get_pipeline_model_parallel_world_size() if hasattr(
             mpu, "get_pipeline_model_parallel_world_size") else 1
-        if pp > 1:   # DeepSpeed runs pipelines in a different engine (PipelineEngine), not built here
+        if pp > 1 and not self.runs_pipelines:   # DeepSpeed runs pipelines in its PipelineEngine
             raise ValueError(f"the mpu has pipeline-parallel size {pp}, and this engine runs data and tensor "
-                             "parallelism only (DeepSpeed's PipelineEngine is not built): use pipeline size 1")
+                             "parallelism only: build the model as a PipelineModule (runtime/pipe)")
         # The clipping norm and the overflow check also span the tensor-parallel group.
         mp_group = _model_parallel_group(mpu)
         self.global_steps = self.global_samples = self.micro_steps = self.skipped_steps = 0
@@ -94,7 +109,7 @@ class DeepSpeedEngine(torch.nn.Module):
         else:
             self.optimizer = DeepSpeedZeroOptimizer(basic, self.data_parallel_group, self.zero_optimization_stage(),
                                                     scaler, config.gradient_clipping, mp_group,
-                                                    config.zero_config.reduce_bucket_size)
+                                                    config.zero_config.reduce_bucket_size, _tensor_parallel_rank(mpu))
         self.basic_optimizer = basic
         self.lr_scheduler = self._configure_lr_scheduler(lr_scheduler)
         self.training_dataloader = None

@@ -32,8 +32,24 @@ def _refuse_layout(args) -> None:
     """The engine runs tensor and data parallelism; everything else has a reason to stop."""
     pp = args.pipeline_model_parallel_size
     refusals = [
-        (pp > 1, f"--pipeline-model-parallel-size {pp} with --deepspeed: DeepSpeed runs pipelines in its "
-                 "PipelineEngine, which minitron does not build; use pipeline size 1 or drop --deepspeed"),
+        (pp > 1 and args.tensor_model_parallel_size > 1,
+         f"--pipeline-model-parallel-size {pp} with --tensor-model-parallel-size {args.tensor_model_parallel_size} "
+         "and --deepspeed: minitron's PipelineModule GPT has no tensor-parallel layers; drop one of the two"),
+        (pp > 1 and args.virtual_pipeline_model_parallel_size is not None,
+         "--num-layers-per-virtual-pipeline-stage with --deepspeed: DeepSpeed's TrainSchedule has one "
+         "chunk per stage; drop the flag"),
+        (pp > 1 and args.position_embedding_type == "rope",
+         "--position-embedding-type rope with --deepspeed and a pipeline: minitron's PipelineModule GPT has "
+         "learned absolute positions only; use learned_absolute or pipeline size 1"),
+        (pp > 1 and (args.reset_attention_mask or args.reset_position_ids),
+         "--reset-attention-mask / --reset-position-ids with --deepspeed and a pipeline: its layers run "
+         "plain causal attention; drop the flag or use pipeline size 1"),
+        (pp > 1 and args.recompute_granularity is not None,
+         "--recompute-granularity with --deepspeed and a pipeline: DeepSpeed's activation checkpointing "
+         "is not built here; drop the flag"),
+        (pp > 1 and (args.save is not None or args.load is not None),
+         "--save / --load with --deepspeed and a pipeline: DeepSpeed's per-layer checkpoint files are not "
+         "built here; drop them or use pipeline size 1"),
         (args.context_parallel_size > 1, f"--context-parallel-size {args.context_parallel_size} with --deepspeed: "
                                          "the engine reduces gradients over the data-parallel group only; drop one"),
         (args.sequence_parallel, "--sequence-parallel with --deepspeed: its layernorm gradients need a "
@@ -82,6 +98,11 @@ def validate_deepspeed_args(args):
                                 "flags (--lr, --weight-decay, --lr-decay-style, ...) build the optimizer and its "
                                 "schedule, as in Megatron-DeepSpeed; drop the section")
     _check_triad(args, config, path, dp)
+    if args.pipeline_model_parallel_size > 1 and config.zero_optimization_stage >= 2:
+        raise ArgumentError(f"--deepspeed-config {path}: zero_optimization.stage {config.zero_optimization_stage} "
+                            "with --pipeline-model-parallel-size "
+                            f"{args.pipeline_model_parallel_size}: DeepSpeed's PipelineEngine runs ZeRO stage 0 or "
+                            "1 only (stages 2 and 3 split gradients the pipeline accumulates); use stage 0 or 1")
     if args.load is not None:
         check_deepspeed_load(args.load, config.zero_optimization_stage, config.bfloat16_enabled,
                              args.tensor_model_parallel_size, dp)

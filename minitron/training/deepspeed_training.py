@@ -18,7 +18,13 @@ What changes against Megatron's own path (training.py, model_setup.py):
                                 consumed samples and the RNG states as its client state
                                 (checkpointing.py)
 
-What does not change: the model, the data, forward_step and its loss_func, the log line.
+With a pipeline (--pipeline-model-parallel-size > 1) the model is built as a PipelineModule
+(gpt_model_pipe.py), ``initialize`` returns DeepSpeed's PipelineEngine (runtime/pipe/), and
+train_step is one ``engine.train_batch(data_iterator)``: the engine's instruction stream runs the
+micro-batches, the reductions and the step, so forward_step is not called on this path (the
+PipelineModule's loss_fn plays loss_func's part, ``get_batch_pipe`` get_batch's).
+
+What does not change: the model's weights and numbers, the data, the log line.
 The two counts agree because validate_args refused any ds_config whose triad differs from
 --micro-batch-size / --global-batch-size (deepspeed_arguments.py): gradient_accumulation_steps
 is the number of micro-batches.
@@ -34,9 +40,11 @@ from minitron.runtime import initialize
 from minitron.runtime.zero import register_external_parameter
 from minitron.trace import traced
 from minitron.training.checkpointing import load_checkpoint
+from minitron.training.arguments import core_transformer_config_from_args
 from minitron.training.global_vars import get_args
+from minitron.training.gpt_model_pipe import gpt_model_pipe
 from minitron.training.model_setup import get_model, get_optimizer_param_scheduler
-from minitron.training.utils import reduce_losses
+from minitron.training.utils import get_batch, reduce_losses
 
 
 def _register_tied_weight(model) -> None:
@@ -46,10 +54,31 @@ def _register_tied_weight(model) -> None:
         register_external_parameter(model.output_layer, model.shared_embedding_or_output_weight())
 
 
+def get_batch_pipe(data: dict | None):
+    """Megatron-DeepSpeed's batch function: one micro-batch from the data loader as the pair
+    LoadMicroBatch wants, ((tokens, position_ids), (labels, loss_mask)); get_batch keeps for
+    each stage its own keys (the first stage's inputs, the last stage's labels)."""
+    tokens, labels, loss_mask, _, position_ids = get_batch(iter((data,)))
+    return (tokens, position_ids), (labels, loss_mask)
+
+
+def _pipeline_model(args):
+    """Megatron-DeepSpeed's model_provider builds GPTModelPipe under --deepspeed with a
+    pipeline; here the --deepspeed path makes that choice, so pretrain_gpt.py stays Megatron's."""
+    model = gpt_model_pipe(core_transformer_config_from_args(args), args.padded_vocab_size,
+                           args.max_position_embeddings, not args.untie_embeddings_and_output_weights,
+                           args.pipeline_model_parallel_size, args.data_parallel_size)
+    if model.stage_id != mpu.get_pipeline_model_parallel_rank():   # one rank order for both views
+        raise RuntimeError(f"DeepSpeed's topology puts rank {model.global_rank} at stage {model.stage_id}, "
+                           f"Megatron's groups at stage {mpu.get_pipeline_model_parallel_rank()}")
+    return [model]
+
+
 @traced
 def setup_model_and_optimizer(model_provider_func, model_type):
     args = get_args()
-    model = get_model(model_provider_func, model_type, wrap_with_ddp=False)
+    pipelined = args.pipeline_model_parallel_size > 1
+    model = _pipeline_model(args) if pipelined else get_model(model_provider_func, model_type, wrap_with_ddp=False)
     config = OptimizerConfig(optimizer=args.optimizer, lr=args.lr, min_lr=args.min_lr,
                              weight_decay=args.weight_decay, adam_beta1=args.adam_beta1,
                              adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
@@ -59,9 +88,12 @@ def setup_model_and_optimizer(model_provider_func, model_type):
     optimizer = _make_torch_optimizer(config, _get_param_groups(model))
     opt_param_scheduler = get_optimizer_param_scheduler(optimizer)
     _register_tied_weight(model[0])
+    # A PipelineModule brings its own grid as the mpu (DeepSpeed asserts that none is passed).
     engine, optimizer, _, opt_param_scheduler = initialize(
-        model=model[0], optimizer=optimizer, args=args, lr_scheduler=opt_param_scheduler, mpu=mpu,
-        config=args.deepspeed_config)
+        model=model[0], optimizer=optimizer, args=args, lr_scheduler=opt_param_scheduler,
+        mpu=None if pipelined else mpu, config=args.deepspeed_config)
+    if pipelined:
+        engine.set_batch_fn(get_batch_pipe)
     if engine.gradient_accumulation_steps() != get_num_microbatches():   # validate_args made sure
         raise RuntimeError(f"the ds_config accumulates {engine.gradient_accumulation_steps()} "
                            f"micro-batches, Megatron's batch flags make {get_num_microbatches()}")
@@ -79,12 +111,17 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
     args = get_args()
     engine = model[0]
     num_microbatches = get_num_microbatches()
+    increment = num_microbatches * args.micro_batch_size * args.data_parallel_size
+    if engine.runs_pipelines:   # the whole batch is one instruction stream (runtime/pipe/engine.py)
+        loss = engine.train_batch(data_iter=data_iterator, lr_kwargs={"increment": increment})
+        applied = engine.was_step_applied()
+        grad_norm = engine.get_global_grad_norm() if applied else None
+        return {"lm loss": float(loss)}, int(not applied), grad_norm, None
     losses_reduced = []
     for i in range(num_microbatches):
         # Only the last backward is a boundary: ZeRO 0/1 reduce there, ZeRO 2/3 every time.
         engine.set_gradient_accumulation_boundary(i == num_microbatches - 1)
         losses_reduced.append(forward_backward_step(forward_step_func, data_iterator, engine, i))
-    increment = num_microbatches * args.micro_batch_size * args.data_parallel_size
     engine.step(lr_kwargs={"increment": increment})   # the schedule counts samples, as Megatron's
     applied = engine.was_step_applied()
     grad_norm = engine.get_global_grad_norm() if applied else None
@@ -105,3 +142,10 @@ def forward_backward_step(forward_step_func, data_iterator, engine, i: int) -> d
                                      cp_group_size=1, is_last_stage=True)
     engine.backward(loss)
     return reduced[0]
+
+
+def evaluate_pipeline(data_iterator, engine, eval_iters: int) -> dict:
+    """Megatron-DeepSpeed's evaluate with a pipeline: ``eval_iters`` calls of eval_batch (the
+    InferenceSchedule's stream, no gradients), each the mean loss of one global batch."""
+    losses = [float(engine.eval_batch(data_iterator)) for _ in range(eval_iters)]
+    return {"lm loss": sum(losses) / len(losses)}

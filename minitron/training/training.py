@@ -157,6 +157,10 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_data_i
 def evaluate(forward_step_func, data_iterator, model, eval_iters: int) -> dict:
     """Forward only, no gradients, over eval_iters global batches; mean of each loss."""
     args = get_args()
+    if args.deepspeed and model[0].runs_pipelines:   # the PipelineEngine's InferenceSchedule
+        # lazy: only --deepspeed runs load DeepSpeed's engine
+        from minitron.training.deepspeed_training import evaluate_pipeline
+        return evaluate_pipeline(data_iterator, model[0], eval_iters)
     for chunk in model:
         chunk.eval()
     reports = []

@@ -23,21 +23,28 @@ FORWARD = "minitron.core.pipeline_parallel.schedules.forward_step"
 BACKWARD = "minitron.core.pipeline_parallel.schedules.backward_step"
 
 
-def pipeline_steps(runs: dict[int, list[dict]], iteration: int | None = None) -> dict[int, list[dict]]:
-    """pp stage -> its steps, for the pipeline of tensor rank 0 and data rank 0."""
+def first_pipeline(runs: dict[int, list[dict]]) -> dict[int, list[dict]]:
+    """pp stage -> its rank's records, for the pipeline of tensor, data and context rank 0."""
     world = world_size_of(runs)
     sizes = layout_args(next(iter(runs.values())))
     stages = {}
     for rank, records in runs.items():
         c = rank_coordinates(rank, world, sizes["tp"], sizes["pp"], sizes["cp"], sizes["order"])
-        if c["tp"] or c["dp"] or c["cp"]:
-            continue
+        if not (c["tp"] or c["dp"] or c["cp"]):
+            stages[c["pp"]] = records
+    return dict(sorted(stages.items()))
+
+
+def pipeline_steps(runs: dict[int, list[dict]], iteration: int | None = None) -> dict[int, list[dict]]:
+    """pp stage -> its steps, for the pipeline of tensor rank 0 and data rank 0."""
+    stages = {}
+    for stage, records in first_pipeline(runs).items():
         steps = [r for r in records if r["name"] in (FORWARD, BACKWARD)]
         if iteration is not None:
             by_id = {r["id"]: r for r in records}
             steps = [s for s in steps if _iteration_of(by_id, s) == iteration]
-        stages[c["pp"]] = steps
-    return dict(sorted(stages.items()))
+        stages[stage] = steps
+    return stages
 
 
 def _iteration_of(by_id: dict, step: dict):

@@ -9,6 +9,7 @@ from minitron.cli.views.call_tree import call_tree
 from minitron.cli.views.checks import NEW_GROUP, Check, check_lines, check_trace
 from minitron.cli.views.group_table import group_table
 from minitron.cli.views.schedule import pipeline_steps, render_slots
+from minitron.cli.views.schedule_deepspeed import deepspeed_streams, render_beside_1f1b
 from minitron.trace.reader import iterations, layout_args
 
 VIEWS = ("tree", "groups", "checks", "schedule")
@@ -62,6 +63,11 @@ def _schedule(console: Console, runs: dict[int, list[dict]], iteration: int | No
         console.print("[dim](no training iteration in this trace: no schedule to show)[/dim]")
         return
     iteration = done[-1] if iteration is None else iteration
+    streams = deepspeed_streams(runs, iteration=done.index(iteration) if iteration in done else None)
+    if streams:   # a --deepspeed run with a pipeline: the PipelineEngine's stream, beside 1F1B
+        console.print(f"[bold]pipeline schedule of iteration {iteration}[/bold] (tensor rank 0, data rank 0):")
+        console.print(render_beside_1f1b(streams, width=console.width))
+        return
     console.print(f"[bold]pipeline schedule of iteration {iteration}[/bold] "
                   f"(tensor rank 0, data rank 0; executed order):")
     try:

@@ -52,9 +52,10 @@ def flatten_dense_tensors_aligned(tensors: list, alignment: int) -> torch.Tensor
 
 class DeepSpeedZeroOptimizer:
     def __init__(self, init_optimizer: torch.optim.Optimizer, dp_process_group, stage: int, loss_scaler,
-                 clip_grad: float = 0.0, model_parallel_group=None, reduce_bucket_size: int = 500_000_000):
+                 clip_grad: float = 0.0, model_parallel_group=None, reduce_bucket_size: int = 500_000_000,
+                 model_parallel_rank: int | None = None):
         self.optimizer = init_optimizer
-        self._init_model_parallel(model_parallel_group)
+        self._init_model_parallel(model_parallel_group, model_parallel_rank)
         self.dp_process_group = dp_process_group
         self.dp_world_size = dist.get_world_size(group=dp_process_group)
         self.stage = stage
@@ -90,16 +91,22 @@ class DeepSpeedZeroOptimizer:
         # Stage 2 reduces in backward, bucket by bucket (buckets.py); stages 0 and 1 at the boundary.
         self.buckets = GradientBuckets(self, reduce_bucket_size) if self.partition_gradients else None
 
-    def _init_model_parallel(self, model_parallel_group) -> None:
+    def _init_model_parallel(self, model_parallel_group, model_parallel_rank: int | None = None) -> None:
         """With tensor parallelism, each rank's gradient is a slice of some parameters and a
         copy of the others; the norm counts a slice on every rank, a copy on tensor rank 0 only,
-        and sums over the tensor-parallel group too (DeepSpeed's get_grad_norm_direct)."""
+        and sums over the tensor-parallel group too (DeepSpeed's get_grad_norm_direct). Under
+        a PipelineEngine that group spans the pipeline's stages as well, so the tensor rank
+        comes separately (``model_parallel_rank``), and a tied weight's second copy (marked
+        ``ds_pipe_replicated`` by the PipelineModule) is not counted again."""
         self.model_parallel_group = model_parallel_group
-        self.model_parallel_rank = dist.get_rank(group=model_parallel_group) if model_parallel_group else 0
+        if model_parallel_rank is None:
+            model_parallel_rank = dist.get_rank(group=model_parallel_group) if model_parallel_group else 0
+        self.model_parallel_rank = model_parallel_rank
         self.norm_mask = []   # per group, over my partition: 1.0 where an element counts
 
     def _counted(self, p: torch.Tensor) -> torch.Tensor:
-        counts = getattr(p, "tensor_model_parallel", False) or self.model_parallel_rank == 0
+        counts = (getattr(p, "tensor_model_parallel", False) or self.model_parallel_rank == 0) and not getattr(
+            p, "ds_pipe_replicated", False)
         return torch.tensor([1.0 if counts else 0.0], dtype=torch.float64)
 
     # --- gradients ------------------------------------------------------------------------
