@@ -1,0 +1,76 @@
+"""Megatron's torch_dist checkpoint: a model saved at one layout is read by another.
+
+A GPT with SwiGLU (fc1's [gate | up] halves, a ShardedTensorFactory) and grouped-query
+attention is saved at tp 2 x pp 2 (4 forked ranks) and loaded at tp 1 x pp 1 and at pp 2 x
+tp 1: every weight equals the serial model's. The sharded state dict's keys do not depend on
+the layout; DCP's files are what a torch_dist checkpoint holds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distributed import run_ranks
+from minitron.core import dist_checkpointing, parallel_state
+from minitron.core.models.gpt import GPTModel
+from minitron.core.tensor_parallel import model_parallel_cuda_manual_seed
+from minitron.core.transformer import TransformerConfig
+
+SIZES = dict(num_layers=2, hidden_size=16, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=32,
+             gated_linear_unit=True)
+VOCAB, SEQ = 64, 8
+
+
+def build(tp: int, pp: int, seed: int) -> GPTModel:
+    torch.set_num_threads(1)
+    config = TransformerConfig(**SIZES, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                               activation_func=torch.nn.functional.silu, init_seed=seed)
+    model_parallel_cuda_manual_seed(seed)
+    return GPTModel(config, VOCAB, SEQ, pre_process=parallel_state.is_pipeline_first_stage(),
+                    post_process=parallel_state.is_pipeline_last_stage())
+
+
+def _weights(model) -> dict:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def save_at(tp: int, pp: int, where, world: int = 4):
+    def body(rank):
+        model = build(tp, pp, seed=1)
+        dist_checkpointing.save(model.sharded_state_dict(), where, {"iteration": 7})
+        return sorted({sh.key for sh in model.sharded_state_dict().values()})
+    return run_ranks(body, world_size=world, tp=tp, pp=pp)
+
+
+def load_at(tp: int, pp: int, where, world: int):
+    def body(rank):
+        model = build(tp, pp, seed=99)   # other weights: all must come from the checkpoint
+        dist_checkpointing.load(model.sharded_state_dict(), where)
+        return _weights(model)
+    return run_ranks(body, world_size=world, tp=tp, pp=pp)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    where = tmp_path_factory.mktemp("dist_ckpt")
+    keys = save_at(2, 2, where)
+    serial = run_ranks(lambda rank: _weights(build(1, 1, seed=1)), world_size=1)[0]
+    return where, keys, serial
+
+
+def test_files_are_dcps(saved):
+    where, keys, _ = saved
+    names = sorted(p.name for p in where.iterdir())
+    assert names == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp",
+                     "common.pt", "metadata.json"]
+    # The layers' keys carry no layer number: both stages write slices of one tensor.
+    assert "decoder.layers.self_attention.linear_qkv.weight" in keys[0] + keys[2]
+
+
+def test_tp2_pp2_checkpoint_loads_at_tp1_pp1(saved):
+    where, _, serial = saved
+    loaded = load_at(1, 1, where, world=1)[0]
+    assert loaded.keys() == serial.keys()
+    for key, value in serial.items():
+        assert torch.equal(loaded[key], value), key
