@@ -74,3 +74,20 @@ def test_tp2_pp2_checkpoint_loads_at_tp1_pp1(saved):
     assert loaded.keys() == serial.keys()
     for key, value in serial.items():
         assert torch.equal(loaded[key], value), key
+
+
+def test_ckpt_inspect_names_each_chunk_and_its_writer(saved):
+    from cli_here import minitron_here   # the CLI in this process: inspect starts no rank
+
+    done = minitron_here("ckpt", "inspect", saved[0], "--match", "linear_fc1.weight")
+    assert done.returncode == 0, done.stderr
+    # SwiGLU's fc1 at tp 2 x pp 2: each of 4 ranks wrote its gate and its up half, 8 chunks of (2, 64, 16).
+    assert "8 chunks of 1 tensors shown" in done.stdout
+    assert done.stdout.count("2×64×16") == 8 and "__3_0.distcp" in done.stdout
+
+
+def test_ckpt_inspect_refuses_what_is_not_a_checkpoint(tmp_path):
+    from cli_here import minitron_here   # the CLI in this process: a refusal starts no rank
+
+    done = minitron_here("ckpt", "inspect", tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "holds no checkpoint" in done.stderr

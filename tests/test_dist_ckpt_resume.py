@@ -1,9 +1,11 @@
 """Save with --ckpt-format torch_dist at one layout, resume at another: the resumed losses are
 the serial run's at the same iterations (rel 1e-5, as test_training_equivalence.py).
 
-Default suite (world <= 4): saved at tp 2 x pp 2 with the distributed optimizer (world 4),
-resumed at tp 1 x pp 1 x dp 4 with the distributed optimizer and at tp 1 with the plain one.
-The world-8 matrix is a stress test (.ci/run's stress stage).
+Saved at world 8 (tp 2, pp 2, dp 2) with the distributed optimizer; resumed at tp 1 x pp 4,
+tp 4 x pp 1, tp 1 x dp 8 (with and without the distributed optimizer), pp 2 x vp 2, and
+serially. --no-load-optim resumes with fresh moments (the losses leave the serial run's: the
+check can fail), and a save killed half-way leaves the previous checkpoint the latest.
+A stress test (.ci/run's stress stage): about a minute and a half of 8-rank runs on 2 cores.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import pytest
 
 from distributed import pretrain_records
 from minitron.training.checkpoint_files import TRACKER, iteration_dir
+
+pytestmark = pytest.mark.stress
 
 MODEL = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
          "--micro-batch-size", "1", "--global-batch-size", "8", "--train-iters", "4", "--lr", "1e-3",
@@ -29,7 +33,7 @@ def layout(tp: int, pp: int, *extra) -> list[str]:
 def saved(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("resume")
     serial = pretrain_records(tmp / "serial", 1, MODEL)
-    first = pretrain_records(tmp / "first", 4, MODEL + layout(2, 2, "--use-distributed-optimizer") + [
+    first = pretrain_records(tmp / "first", 8, MODEL + layout(2, 2, "--use-distributed-optimizer") + [
         "--exit-interval", "2", "--save", str(tmp / "ck"), "--ckpt-format", "torch_dist"])
     return tmp, serial, first
 
@@ -47,11 +51,39 @@ def test_the_first_half_is_the_serial_run(saved):
     assert meta["sharded_backend"] == "torch_dist"
 
 
-@pytest.mark.parametrize("world, flags", [(4, layout(1, 1, "--use-distributed-optimizer")), (1, layout(1, 1))],
-                         ids=["tp1-dp4-distopt", "serial"])
-def test_resumed_at_another_layout_continues_the_serial_run(saved, world, flags):
+RESUMES = {
+    "tp1-pp4": (4, layout(1, 4)),
+    "tp4-pp1-distopt": (4, layout(4, 1, "--use-distributed-optimizer")),
+    "tp1-pp1-dp8-distopt": (8, layout(1, 1, "--use-distributed-optimizer")),
+    "tp1-pp1-dp8": (8, layout(1, 1)),
+    "pp2-vp2": (2, layout(1, 2, "--virtual-pipeline-model-parallel-size", "2")),
+    "serial": (1, layout(1, 1)),
+}
+
+
+@pytest.mark.parametrize("name", list(RESUMES))
+def test_resumed_at_another_layout_continues_the_serial_run(saved, name):
     tmp, serial, _ = saved
-    name = "-".join(flags)
-    second = pretrain_records(tmp / name, world, MODEL + flags + ["--load", str(tmp / "ck")])
+    world, flags = RESUMES[name]
+    second = pretrain_records(tmp / f"resumed-{name}", world, MODEL + flags + ["--load", str(tmp / "ck")])
     assert [r["iteration"] for r in second] == [3, 4]
+    assert _losses(second) == pytest.approx(_losses(serial)[2:], rel=1e-5)
+
+
+def test_no_load_optim_starts_fresh_moments(saved):
+    tmp, serial, _ = saved
+    second = pretrain_records(tmp / "fresh", 1, MODEL + ["--load", str(tmp / "ck"), "--no-load-optim"])
+    assert _losses(second)[1] != pytest.approx(_losses(serial)[3], rel=1e-5)
+
+
+def test_a_killed_save_leaves_the_previous_checkpoint_latest(saved):
+    import shutil
+    tmp, serial, _ = saved
+    ck = tmp / "killed"
+    shutil.copytree(tmp / "ck", ck)
+    # A save of iteration 4 killed half-way: its .tmp directory exists, the marker never moved.
+    broken = iteration_dir(ck, 4).with_name("iter_0000004.tmp")
+    broken.mkdir()
+    (broken / "__0_0.distcp").write_bytes(b"partial")
+    second = pretrain_records(tmp / "after-kill", 1, MODEL + ["--load", str(ck)])
     assert _losses(second) == pytest.approx(_losses(serial)[2:], rel=1e-5)
