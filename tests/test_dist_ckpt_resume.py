@@ -87,3 +87,21 @@ def test_a_killed_save_leaves_the_previous_checkpoint_latest(saved):
     (broken / "__0_0.distcp").write_bytes(b"partial")
     second = pretrain_records(tmp / "after-kill", 1, MODEL + ["--load", str(ck)])
     assert _losses(second) == pytest.approx(_losses(serial)[2:], rel=1e-5)
+
+
+MOE = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "8",
+       "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "4", "--lr", "1e-2",
+       "--mock-data", "--vocab-size", "127", "--make-vocab-size-divisible-by", "32",
+       "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "7", "--distributed-backend", "gloo",
+       "--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "1e-2", "--moe-layer-freq", "2"]
+
+
+def test_moe_saved_at_ep2_resumes_at_ep1(tmp_path):
+    """Experts are keyed by their global index: the ep 2 run's experts 2 and 3 (on expert rank 1)
+    are experts 2 and 3 of a serial resume."""
+    serial = pretrain_records(tmp_path / "moe-serial", 1, MOE)
+    pretrain_records(tmp_path / "moe-ep2", 4, MOE + ["--expert-model-parallel-size", "2", "--use-distributed-optimizer",
+                                                     "--exit-interval", "2", "--save", str(tmp_path / "ck"),
+                                                     "--ckpt-format", "torch_dist"])
+    resumed = pretrain_records(tmp_path / "moe-resumed", 1, MOE + ["--load", str(tmp_path / "ck")])
+    assert _losses(resumed) == pytest.approx(_losses(serial)[2:], abs=1e-5)

@@ -114,9 +114,6 @@ def validate_moe(args):
     if args.moe_ffn_hidden_size is None:
         args.moe_ffn_hidden_size = args.ffn_hidden_size
     etp = args.expert_tensor_parallel_size
-    require(args.ckpt_format == "torch" or not args.save,
-             "--ckpt-format torch_dist does not hold experts yet: save a mixture-of-experts model with "
-             "--ckpt-format torch")
     require(etp == tp or not (args.save or args.load),
              f"--save/--load keep one file per (tensor, pipeline, expert) rank, which holds whole "
              f"expert slices only when --expert-tensor-parallel-size {etp} equals --tensor-model-parallel-size {tp}")

@@ -99,18 +99,36 @@ def module_sharded_state_dict(module, prefix: str = "", sharded_offsets: tuple =
     return out
 
 
+# Megatron's local layer spec (gpt_layer_specs.py, sharded_state_dict_keys_map) stores a dense
+# layer's norms under the names Transformer Engine's fused norm+linear layers give them, so that a
+# checkpoint reads the same with either spec. minitron keeps those names, and with them Megatron's
+# checkpoints and its own stay interchangeable.
+LOCAL_SPEC_KEYS_MAP = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_",
+                       "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
+
+
 def block_sharded_state_dict(block, prefix: str = "", sharded_offsets: tuple = (), metadata=None) -> dict:
     """TransformerBlock: layer i of this stage is global layer ``layer_number - 1``, so its
     tensors become slices of one (num_layers, ...) tensor per name, keyed without the index:
     the same key and place at any pipeline or virtual-pipeline size (Megatron's layout for a
-    stack of identical layers)."""
+    stack of identical layers; layers that differ are keyed by their global index instead)."""
     out = {}
     num_layers = block.config.num_layers
+    # MoE every f-th layer (f > 1): the layers differ, so each keeps its own keys
+    # (decoder.layers.<global index>.*), as Megatron's non_homogeneous_layers does.
+    homogeneous = block.config.num_moe_experts is None or block.config.moe_layer_freq == 1
     for i, layer in enumerate(block.layers):
-        offsets = (*sharded_offsets, (len(sharded_offsets), layer.layer_number - 1, num_layers))
-        # The dict keeps the module's own path (layers.<i>., as state_dict); the checkpoint key drops <i>.
+        offsets, key = sharded_offsets, f"{prefix}layers.{layer.layer_number - 1}."
+        if homogeneous:
+            offsets, key = (*sharded_offsets, (len(sharded_offsets), layer.layer_number - 1, num_layers)), \
+                f"{prefix}layers."
+        # The dict keeps the module's own path (layers.<i>., as state_dict); the checkpoint key is global.
         layer_dict = sharded_state_dict_default(layer, f"{prefix}layers.{i}.", offsets, metadata)
-        out.update(replace_prefix_for_sharding(layer_dict, f"{prefix}layers.{i}.", f"{prefix}layers."))
+        replace_prefix_for_sharding(layer_dict, f"{prefix}layers.{i}.", key)
+        if not hasattr(layer.mlp, "router"):   # a dense layer: Megatron's local spec renames its norms
+            for old, new in LOCAL_SPEC_KEYS_MAP.items():
+                replace_prefix_for_sharding(layer_dict, key + old, key + new)
+        out.update(layer_dict)
     for name, child in block.named_children():
         if child is not block.layers:
             out.update(sharded_state_dict_default(child, f"{prefix}{name}.", sharded_offsets, metadata))
