@@ -26,7 +26,7 @@ def _ranks(tensor) -> tuple[int, int, int, int]:
     if expert:
         tp_group = parallel_state.get_expert_tensor_parallel_group()
         return (torch.distributed.get_rank(tp_group), torch.distributed.get_world_size(tp_group),
-                parallel_state.get_expert_data_parallel_rank())
+                torch.distributed.get_rank(parallel_state.get_expert_data_parallel_group()))
     return (parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size(),
             parallel_state.get_data_parallel_rank(with_context_parallel=True))
 
