@@ -92,10 +92,11 @@ def load_common_state_dict(checkpoint_dir) -> dict:
     return torch.load(Path(checkpoint_dir) / COMMON, map_location="cpu", weights_only=True)
 
 
-def load(sharded_state_dict, checkpoint_dir, strict: bool = True):
+def load(sharded_state_dict, checkpoint_dir, strict: bool = True, bytes_read: dict | None = None):
     """Read every piece ``sharded_state_dict`` describes into its data; return the same tree
     with each ShardedTensor replaced by its (loaded) tensor, each ShardedObject by its value
     and each factory by its merged tensor. ``strict``: a key the checkpoint lacks is an error.
+    ``bytes_read``, if given, is filled with {file: bytes this rank read from it}.
     """
     checkpoint_dir = Path(checkpoint_dir)
     meta = read_dcp_metadata(checkpoint_dir)
@@ -109,7 +110,10 @@ def load(sharded_state_dict, checkpoint_dir, strict: bool = True):
     built = map_leaves(lambda x: None if isinstance(x, (ShardedTensor, ShardedObject)) and
                        (x.unique_key if isinstance(x, ShardedObject) else x.key) in missing else x, built)
     flat = _to_dcp(built, saving=False, saved_sizes=saved_sizes)
-    dcp.load(flat, storage_reader=dcp.FileSystemReader(checkpoint_dir), planner=WeightsOnlyLoadPlanner())
+    planner = WeightsOnlyLoadPlanner()
+    dcp.load(flat, storage_reader=dcp.FileSystemReader(checkpoint_dir), planner=planner)
+    if bytes_read is not None:
+        bytes_read.update(planner.bytes_read())
 
     def unwrap(x):
         if isinstance(x, ShardedTensor):

@@ -65,6 +65,22 @@ class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
         self.state_dict[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
 
+    def create_local_plan(self):
+        """DCP's plan, remembered: which stored chunks this rank reads (``bytes_read``)."""
+        self.plan = super().create_local_plan()
+        return self.plan
+
+    def bytes_read(self) -> dict[str, int]:
+        """file -> bytes this rank read from it. DCP reads each stored chunk it needs whole and
+        cuts the overlap out in memory, so a chunk counts once, with its full length."""
+        chunks = {(item.storage_index.fqn, tuple(item.storage_index.offset or ()))
+                  for item in self.plan.items}
+        read: dict[str, int] = {}
+        for index, info in self.metadata.storage_data.items():
+            if (index.fqn, tuple(index.offset or ())) in chunks:
+                read[info.relative_path] = read.get(info.relative_path, 0) + info.length
+        return read
+
 
 def object_bytes(obj) -> io.BytesIO:
     """A ShardedObject's value as DCP stores objects: torch.save into bytes."""
