@@ -79,7 +79,7 @@ def test_tp2_pp2_checkpoint_loads_at_tp1_pp1(saved):
 def test_ckpt_inspect_names_each_chunk_and_its_writer(saved):
     from cli_here import minitron_here   # the CLI in this process: inspect starts no rank
 
-    done = minitron_here("ckpt", "inspect", saved[0], "--match", "linear_fc1.weight")
+    done = minitron_here("ckpt", "inspect", saved[0], "--match", "decoder.layers.mlp.linear_fc1.weight")
     assert done.returncode == 0, done.stderr
     # SwiGLU's fc1 at tp 2 x pp 2: each of 4 ranks wrote its gate and its up half, 8 chunks of (2, 64, 16).
     assert "8 chunks of 1 tensors shown" in done.stdout

@@ -64,7 +64,7 @@ def chunk_rows(where: Path, meta: dict, match: str) -> list[list[str]]:
     dcp_meta = read_dcp_metadata(where)
     rows = []
     for index, info in sorted(dcp_meta.storage_data.items(), key=lambda kv: (kv[0].fqn, tuple(kv[0].offset or ()))):
-        if match not in index.fqn or index.offset is None:
+        if not index.fqn.startswith(match) or index.offset is None:
             continue
         md = dcp_meta.state_dict_metadata[index.fqn]
         size = next(c.sizes for c in md.chunks if c.offsets == index.offset)
@@ -79,7 +79,7 @@ def chunk_rows(where: Path, meta: dict, match: str) -> list[list[str]]:
 def ckpt(
     action: str = typer.Argument(..., metavar="inspect", help="what to do: inspect"),
     directory: Path = typer.Argument(..., metavar="DIR", help="a --save directory or one iter_* in it"),
-    match: str = typer.Option("", "--match", help="only the tensors whose key contains this text"),
+    match: str = typer.Option("", "--match", help="only the tensors whose key starts with this text"),
 ):
     """Inspect a torch_dist checkpoint: each tensor's global shape, its chunks, and which rank wrote each."""
     if action != "inspect":
@@ -92,7 +92,7 @@ def ckpt(
                       highlight=False)
     rows = chunk_rows(where, meta, match)
     if not rows:
-        raise UserError(f"no tensor key in {where} contains {match!r}")
+        raise UserError(f"no tensor key in {where} starts with {match!r}")
     print_fitted(console, "chunks", ["key", "global shape", "offset", "chunk", "file", "written by", "bytes"], rows,
                  justify={2: "left", 3: "left", 4: "left", 5: "left"})
     files = sorted(where.glob("__*_*.distcp"))

@@ -19,12 +19,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from minitron.core.dist_checkpointing.mapping import (
     CheckpointingException, ShardedObject, ShardedTensor, apply_factories, apply_factory_merges, is_main_replica,
     leaves, map_leaves,
 )
-from minitron.core.dist_checkpointing.torch_dist import LocalChunks, WeightsOnlyLoadPlanner, object_bytes
+from minitron.core.dist_checkpointing.torch_dist import LocalChunks, WeightsOnlyLoadPlanner
 
 COMMON = "common.pt"
 CONFIG = "metadata.json"
@@ -46,7 +47,7 @@ def _to_dcp(sharded_state_dict, saving: bool, saved_sizes: dict | None = None) -
     for sh in leaves(sharded_state_dict):
         if isinstance(sh, ShardedObject):
             if not saving or is_main_replica(sh.replica_id):
-                flat[sh.unique_key] = object_bytes(sh.data) if saving else None
+                flat[sh.unique_key] = sh.data if saving else None   # DCP torch.saves a non-tensor
             continue
         if not isinstance(sh, ShardedTensor):
             continue
@@ -76,7 +77,10 @@ def save(sharded_state_dict, checkpoint_dir, common_state_dict: dict | None = No
     """Write this rank's main-replica chunks; rank 0 also writes common.pt and metadata.json."""
     checkpoint_dir = Path(checkpoint_dir)
     flat = _to_dcp(apply_factories(sharded_state_dict), saving=True)
-    dcp.save(flat, storage_writer=dcp.FileSystemWriter(checkpoint_dir, thread_count=1))
+    # flatten_state_dict=False: our dict is flat already, and an object (a dict of RNG states)
+    # must stay one value under its key, not be taken apart into one entry per field.
+    dcp.save(flat, storage_writer=dcp.FileSystemWriter(checkpoint_dir, thread_count=1),
+             planner=DefaultSavePlanner(flatten_state_dict=False))
     if torch.distributed.get_rank() == 0:
         torch.save(common_state_dict or {}, checkpoint_dir / COMMON)
         (checkpoint_dir / CONFIG).write_text(json.dumps(BACKEND))
@@ -110,7 +114,7 @@ def load(sharded_state_dict, checkpoint_dir, strict: bool = True, bytes_read: di
     built = map_leaves(lambda x: None if isinstance(x, (ShardedTensor, ShardedObject)) and
                        (x.unique_key if isinstance(x, ShardedObject) else x.key) in missing else x, built)
     flat = _to_dcp(built, saving=False, saved_sizes=saved_sizes)
-    planner = WeightsOnlyLoadPlanner()
+    planner = WeightsOnlyLoadPlanner(flatten_state_dict=False)
     dcp.load(flat, storage_reader=dcp.FileSystemReader(checkpoint_dir), planner=planner)
     if bytes_read is not None:
         bytes_read.update(planner.bytes_read())
@@ -119,6 +123,6 @@ def load(sharded_state_dict, checkpoint_dir, strict: bool = True, bytes_read: di
         if isinstance(x, ShardedTensor):
             return x.data
         if isinstance(x, ShardedObject):
-            return flat[x.unique_key]
+            return planner.objects[x.unique_key]
         return x
     return apply_factory_merges(map_leaves(unwrap, built), sharded_state_dict)

@@ -62,8 +62,13 @@ class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
     format does), so objects go through the weights-only unpickler: tensors, numbers,
     strings, containers."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.objects: dict = {}   # key -> each stored object this rank read
+
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
-        self.state_dict[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
+        # Kept here: the planner works on its own flattened copy of the state dict, not ours.
+        self.objects[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
 
     def create_local_plan(self):
         """DCP's plan, remembered: which stored chunks this rank reads (``bytes_read``)."""
@@ -80,11 +85,3 @@ class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
             if (index.fqn, tuple(index.offset or ())) in chunks:
                 read[info.relative_path] = read.get(info.relative_path, 0) + info.length
         return read
-
-
-def object_bytes(obj) -> io.BytesIO:
-    """A ShardedObject's value as DCP stores objects: torch.save into bytes."""
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    buffer.seek(0)
-    return buffer
