@@ -91,3 +91,52 @@ def test_ckpt_inspect_refuses_what_is_not_a_checkpoint(tmp_path):
 
     done = minitron_here("ckpt", "inspect", tmp_path)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "holds no checkpoint" in done.stderr
+
+
+def _resumable_copy(saved_dir, root):
+    """The fixture's checkpoint as a --save directory would hold it: iter_0000001 and a
+    metadata.json that lists every file's size and sha256 (what save_checkpoint_dist writes)."""
+    import json
+    import shutil
+
+    from minitron.training.checkpoint_files import TRACKER, file_digest
+
+    where = root / "iter_0000001"
+    shutil.copytree(saved_dir, where)
+    meta = json.loads((where / "metadata.json").read_text())
+    meta.update(iteration=1, files={p.name: {"bytes": p.stat().st_size, "sha256": file_digest(p)}
+                                    for p in sorted(where.iterdir()) if p.name != "metadata.json"})
+    (where / "metadata.json").write_text(json.dumps(meta))
+    (root / TRACKER).write_text("1")
+    return where, meta
+
+
+def _restamp(where, meta, name):
+    """What an attacker who can write the directory does: the checksum follows the new bytes."""
+    import json
+
+    from minitron.training.checkpoint_files import file_digest
+
+    path = where / name
+    meta["files"][name] = {"bytes": path.stat().st_size, "sha256": file_digest(path)}
+    (where / "metadata.json").write_text(json.dumps(meta))
+
+
+def test_a_damaged_torch_dist_checkpoint_is_one_line(saved, tmp_path):
+    import pickle
+
+    from cli_here import minitron_here   # the CLI in this process: a refusal starts no rank
+
+    where, meta = _resumable_copy(saved[0], tmp_path / "ck")
+    assert minitron_here("ckpt", "inspect", tmp_path / "ck").returncode == 0
+    shard = bytearray((where / "__1_0.distcp").read_bytes())
+    shard[100] ^= 1
+    (where / "__1_0.distcp").write_bytes(bytes(shard))
+    done = minitron_here("ckpt", "inspect", tmp_path / "ck")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "sha256" in done.stderr, done.stderr
+    # DCP unpickles .metadata with pickle.load: a planted one would run code. Refused unread.
+    where, meta = _resumable_copy(saved[0], tmp_path / "planted")
+    (where / ".metadata").write_bytes(pickle.dumps(print))
+    _restamp(where, meta, ".metadata")
+    done = minitron_here("ckpt", "inspect", tmp_path / "planted")
+    assert done.returncode == 2 and "builtins.print, which is not DCP's metadata" in done.stderr, done.stderr
