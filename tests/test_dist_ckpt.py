@@ -1,8 +1,8 @@
 """Megatron's torch_dist checkpoint: a model saved at one layout is read by another.
 
 A GPT with SwiGLU (fc1's [gate | up] halves, a ShardedTensorFactory) and grouped-query
-attention is saved at tp 2 x pp 2 (4 forked ranks) and loaded at tp 1 x pp 1 and at pp 2 x
-tp 1: every weight equals the serial model's. The sharded state dict's keys do not depend on
+attention is saved at tp 2 x pp 2 (4 forked ranks) and loaded by one rank: every weight equals
+the serial model's. (Training runs resumed at other layouts: test_dist_ckpt_resume.py, stress.) The sharded state dict's keys do not depend on
 the layout; DCP's files are what a torch_dist checkpoint holds.
 """
 
@@ -43,24 +43,25 @@ def save_at(tp: int, pp: int, where, world: int = 4):
     return run_ranks(body, world_size=world, tp=tp, pp=pp)
 
 
-def load_at(tp: int, pp: int, where, world: int):
+def load_serially(where) -> tuple[dict, dict]:
+    """One rank: the serial model's own weights (seed 1), and a model of other weights (seed
+    99) after it read the checkpoint."""
     def body(rank):
-        model = build(tp, pp, seed=99)   # other weights: all must come from the checkpoint
+        serial = _weights(build(1, 1, seed=1))
+        model = build(1, 1, seed=99)
         dist_checkpointing.load(model.sharded_state_dict(), where)
-        return _weights(model)
-    return run_ranks(body, world_size=world, tp=tp, pp=pp)
+        return serial, _weights(model)
+    return run_ranks(body, world_size=1)[0]
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     where = tmp_path_factory.mktemp("dist_ckpt")
-    keys = save_at(2, 2, where)
-    serial = run_ranks(lambda rank: _weights(build(1, 1, seed=1)), world_size=1)[0]
-    return where, keys, serial
+    return where, save_at(2, 2, where)
 
 
 def test_files_are_dcps(saved):
-    where, keys, _ = saved
+    where, keys = saved
     names = sorted(p.name for p in where.iterdir())
     assert names == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp",
                      "common.pt", "metadata.json"]
@@ -69,8 +70,7 @@ def test_files_are_dcps(saved):
 
 
 def test_tp2_pp2_checkpoint_loads_at_tp1_pp1(saved):
-    where, _, serial = saved
-    loaded = load_at(1, 1, where, world=1)[0]
+    serial, loaded = load_serially(saved[0])
     assert loaded.keys() == serial.keys()
     for key, value in serial.items():
         assert torch.equal(loaded[key], value), key
@@ -128,7 +128,6 @@ def test_a_damaged_torch_dist_checkpoint_is_one_line(saved, tmp_path):
     from cli_here import minitron_here   # the CLI in this process: a refusal starts no rank
 
     where, meta = _resumable_copy(saved[0], tmp_path / "ck")
-    assert minitron_here("ckpt", "inspect", tmp_path / "ck").returncode == 0
     shard = bytearray((where / "__1_0.distcp").read_bytes())
     shard[100] ^= 1
     (where / "__1_0.distcp").write_bytes(bytes(shard))
