@@ -20,7 +20,7 @@ the one whose id is all zeros, writes; the others only read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -84,14 +84,6 @@ class ShardedTensor:
         return cls(key, data, data.dtype, tuple(data.shape), tuple(global_shape), tuple(offset),
                    tuple(fragments), replica_id, prepend_axis_num, **kwargs)
 
-    def global_slice(self) -> tuple[slice, ...]:
-        """Where the local data sits in the global tensor (prepended axes included)."""
-        local = (1,) * self.prepend_axis_num + self.local_shape
-        return tuple(slice(o, o + n) for o, n in zip(self.global_offset, local))
-
-    def without_data(self) -> "ShardedTensor":
-        return replace(self, data=None)
-
 
 @dataclass
 class ShardedObject:
@@ -109,9 +101,6 @@ class ShardedObject:
         return (f"{self.key}/shard_{'.'.join(map(str, self.global_offset))}_"
                 f"{'.'.join(map(str, self.global_shape))}")
 
-    def without_data(self) -> "ShardedObject":
-        return replace(self, data=None)
-
 
 @dataclass
 class ShardedTensorFactory:
@@ -127,12 +116,6 @@ class ShardedTensorFactory:
 
     def build(self):
         return self.build_fn(self.key, self.data, self.replica_id)
-
-    def without_data(self) -> "ShardedTensorFactory":
-        return replace(self, data=None)
-
-
-ShardedBase = (ShardedTensor, ShardedObject, ShardedTensorFactory)
 
 
 def map_leaves(fn: Callable, tree):

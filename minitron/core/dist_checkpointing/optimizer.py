@@ -49,7 +49,7 @@ def _model_space(param, flat_range, value: torch.Tensor | None) -> torch.Tensor:
     """A tensor of the parameter's shape holding ``value`` (the whole state, or this rank's
     flat slice of it; every data-parallel rank's slices summed give the whole)."""
     if flat_range is None:
-        return value.detach().clone().float().reshape(param.shape)
+        return (torch.zeros(param.shape) if value is None else value.detach().clone().float().reshape(param.shape))
     full = torch.zeros(param.numel(), dtype=torch.float32)
     if value is not None:
         full[flat_range[0]:flat_range[1]] = value.detach().float().view(-1)
