@@ -82,7 +82,7 @@ def test_ckpt_inspect_names_each_chunk_and_its_writer(saved):
     done = minitron_here("ckpt", "inspect", saved[0], "--match", "decoder.layers.mlp.linear_fc1.weight")
     assert done.returncode == 0, done.stderr
     # SwiGLU's fc1 at tp 2 x pp 2: each of 4 ranks wrote its gate and its up half, 8 chunks of (2, 64, 16).
-    assert "8 chunks of 1 tensors shown" in done.stdout
+    assert "8 chunks of 1 tensor shown" in done.stdout
     assert done.stdout.count("2×64×16") == 8 and "__3_0.distcp" in done.stdout
 
 

@@ -18,6 +18,7 @@ import typer
 
 from minitron.cli.common import UserError, app, console
 from minitron.cli.views.fitted_table import print_fitted
+from minitron.cli.views.words import plural
 
 
 def _iteration_dir(directory: Path) -> tuple[Path, dict]:
@@ -96,5 +97,5 @@ def ckpt(
     print_fitted(console, "chunks", ["key", "global shape", "offset", "chunk", "file", "written by", "bytes"], rows,
                  justify={2: "left", 3: "left", 4: "left", 5: "left"})
     files = sorted(where.glob("__*_*.distcp"))
-    console.print(f"{len(rows)} chunks of {len({r[0] for r in rows})} tensors shown; the checkpoint's "
+    console.print(f"{plural(len(rows), 'chunk')} of {plural(len({r[0] for r in rows}), 'tensor')} shown; the checkpoint's "
                   f"{len(files)} .distcp files hold {sum(f.stat().st_size for f in files):,} bytes", highlight=False)
