@@ -4,7 +4,8 @@ the serial run's at the same iterations (rel 1e-5, as test_training_equivalence.
 Saved at world 8 (tp 2, pp 2, dp 2) with the distributed optimizer; resumed at tp 1 x pp 4,
 tp 4 x pp 1, tp 1 x dp 8 (with and without the distributed optimizer), pp 2 x vp 2, and
 serially. --no-load-optim resumes with fresh moments (the losses leave the serial run's: the
-check can fail), and a save killed half-way leaves the previous checkpoint the latest.
+check can fail), and a save killed half-way leaves the previous checkpoint the latest. The legacy
+format honours --no-load-optim and --no-load-rng too; an MoE model saved at ep 2 resumes serially.
 A stress test (.ci/run's stress stage): about a minute and a half of 8-rank runs on 2 cores.
 """
 
@@ -116,3 +117,15 @@ def test_same_layout_resume_with_dropout_is_exact(tmp_path):
     first = pretrain_records(tmp_path / "first", 4, flags + ["--exit-interval", "2", "--save", str(tmp_path / "ck")])
     second = pretrain_records(tmp_path / "second", 4, flags + ["--load", str(tmp_path / "ck")])
     assert [(r["lm_loss"], r["grad_norm"]) for r in full] == [(r["lm_loss"], r["grad_norm"]) for r in first + second]
+
+
+def test_legacy_format_honours_no_load_optim_and_no_load_rng(saved):
+    """--ckpt-format torch reads the same two flags: fresh moments leave the serial run; the
+    weights and moments without the random states (dropout off) repeat it."""
+    tmp, serial, _ = saved
+    pretrain_records(tmp / "legacy-first", 1, MODEL + ["--exit-interval", "2", "--save", str(tmp / "legacy"),
+                                                       "--ckpt-format", "torch"])
+    fresh = pretrain_records(tmp / "legacy-fresh", 1, MODEL + ["--load", str(tmp / "legacy"), "--no-load-optim"])
+    assert _losses(fresh)[1] != pytest.approx(_losses(serial)[3], rel=1e-5)
+    no_rng = pretrain_records(tmp / "legacy-no-rng", 1, MODEL + ["--load", str(tmp / "legacy"), "--no-load-rng"])
+    assert _losses(no_rng) == pytest.approx(_losses(serial)[2:], rel=1e-5)
