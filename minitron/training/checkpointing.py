@@ -1,6 +1,10 @@
 """Save and resume: everything a run needs to continue exactly where it stopped.
 
-Layout on disk (Megatron's names)::
+Two formats, as in Megatron: ``--ckpt-format torch_dist`` (the default) writes global tensors
+through torch.distributed.checkpoint and any layout resumes it (checkpointing_dist.py);
+``--ckpt-format torch``, this file, is the legacy one. --load reads either (metadata.json says).
+
+The legacy layout on disk (Megatron's names)::
 
     SAVE/latest_checkpointed_iteration.txt   "40" — written last, by rank 0, atomically
     SAVE/iter_0000040/metadata.json           layout, model shape, each file's size and sha256
