@@ -16,6 +16,7 @@ import json
 import pytest
 
 from distributed import pretrain_records
+from minitron.launcher import LaunchConfig, Target, launch
 from minitron.training.checkpoint_files import TRACKER, iteration_dir
 
 pytestmark = pytest.mark.stress
@@ -129,3 +130,21 @@ def test_legacy_format_honours_no_load_optim_and_no_load_rng(saved):
     assert _losses(fresh)[1] != pytest.approx(_losses(serial)[3], rel=1e-5)
     no_rng = pretrain_records(tmp / "legacy-no-rng", 1, MODEL + ["--load", str(tmp / "legacy"), "--no-load-rng"])
     assert _losses(no_rng) == pytest.approx(_losses(serial)[2:], rel=1e-5)
+
+
+def test_ckpt_convert_format_turns_a_legacy_checkpoint_into_one_any_layout_resumes(saved):
+    """Megatron's --ckpt-convert-format / --ckpt-convert-save: the legacy checkpoint of
+    test_legacy_format_... (world 1), converted, resumes at pp 2 x dp 2 on the serial losses."""
+    tmp, serial, _ = saved
+    if not (tmp / "legacy").exists():
+        pretrain_records(tmp / "legacy-first", 1, MODEL + ["--exit-interval", "2", "--save", str(tmp / "legacy"),
+                                                           "--ckpt-format", "torch"])
+    # A run that trains nothing writes no records: launched as is, its log read.
+    launch(LaunchConfig(world_size=1, log_dir=tmp / "convert"), Target(module="minitron.pretrain_gpt", argv=MODEL + [
+        "--load", str(tmp / "legacy"), "--ckpt-convert-format", "torch_dist", "--ckpt-convert-save", str(tmp / "converted")]))
+    assert "> converted checkpoint: torch -> torch_dist" in (tmp / "convert" / "rank0.log").read_text()
+    assert json.loads((iteration_dir(tmp / "converted" / "torch_dist", 2) / "metadata.json").read_text())[
+        "sharded_backend"] == "torch_dist"
+    resumed = pretrain_records(tmp / "from-converted", 4, MODEL + layout(1, 2) + [
+        "--load", str(tmp / "converted" / "torch_dist")])
+    assert _losses(resumed) == pytest.approx(_losses(serial)[2:], rel=1e-5)

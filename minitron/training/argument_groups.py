@@ -224,6 +224,9 @@ def _add_checkpointing_args(parser):
     g.add_argument("--no-load-optim", action="store_true",
                    help="--load the weights only: fresh optimizer state and learning-rate schedule")
     g.add_argument("--no-load-rng", action="store_true", help="--load without the saved random states")
+    g.add_argument("--ckpt-convert-format", default=None, choices=["torch", "torch_dist"],
+                   help="load --load, save it in this format under --ckpt-convert-save DIR/<format>, and stop")
+    g.add_argument("--ckpt-convert-save", default=None, metavar="DIR", help="where --ckpt-convert-format writes")
 
 
 def _add_tokenizer_args(parser):

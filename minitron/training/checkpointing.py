@@ -133,6 +133,20 @@ def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> No
     print_rank_0(f"> saved checkpoint at iteration {iteration} to {args.save}")
 
 
+def convert_checkpoint(model, optimizer, opt_param_scheduler) -> None:
+    """--ckpt-convert-format F: save what --load just read in format F under
+    --ckpt-convert-save/F (Megatron's place), at the same iteration; the run then stops."""
+    args = get_args()
+    if args.iteration == 0:
+        print_rank_0(f"> --ckpt-convert-format: {args.load} holds no checkpoint, nothing to convert")
+        return
+    loaded_format = "torch_dist" if read_metadata(args.load, args.iteration).get("sharded_backend") else "torch"
+    args.ckpt_format, args.save = args.ckpt_convert_format, os.path.join(args.ckpt_convert_save,
+                                                                          args.ckpt_convert_format)
+    save_checkpoint(args.iteration, model, optimizer, opt_param_scheduler)
+    print_rank_0(f"> converted checkpoint: {loaded_format} -> {args.ckpt_format} ({args.save})")
+
+
 def _load_verified(path: Path, meta: dict):
     verify_file(path, meta)
     try:
