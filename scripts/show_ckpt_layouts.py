@@ -72,11 +72,14 @@ def layer_table(where: Path) -> str:
         return {k: describe(v) for k, v in sharded.items() if k.startswith("decoder.layers.0.")} if rank < tp else None
     lines = []
     for rank, entries in enumerate(on_ranks(tp, pp, body)[:tp]):
-        lines.append(f"tp rank {rank} (stage 0): decoder.layers.<key>  local shape -> global shape @ offset  replica id")
+        lines.append(f"tp rank {rank} (stage 0): decoder.layers.<key>  local shape -> global shape @ offset  "
+                     f"replica id")
         for path, entry in entries.items():
             for piece in entry["pieces"]:
-                shapes = f"{str(tuple(piece['local'])):>8} -> {str(tuple(piece['global'])):13} @ {tuple(piece['offset'])}"
-                lines.append(f"  {entry['key'].removeprefix('decoder.layers.'):44} {shapes:42} {tuple(piece['replica'])}")
+                local, whole = str(tuple(piece["local"])), str(tuple(piece["global"]))
+                shapes = f"{local:>8} -> {whole:13} @ {tuple(piece['offset'])}"
+                key = entry["key"].removeprefix("decoder.layers.")
+                lines.append(f"  {key:44} {shapes:42} {tuple(piece['replica'])}")
     return "\n".join(lines)
 
 
@@ -116,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     elif options.svg:
         from minitron.cli.views.svg_curves import bars_svg
 
-        named = {row: {f"written by rank {f.split('_')[2]}": n for f, n in files.items()} for row, files in rows.items()}
+        named = {row: {f"written by rank {f.split('_')[2]}": n for f, n in files.items()}
+                 for row, files in rows.items()}
         print(bars_svg(named, heading=f"bytes each rank reads of one tp {SAVED[0]} × pp {SAVED[1]} checkpoint"))
     else:
         print(f"saved at tp {SAVED[0]} x pp {SAVED[1]}: {stored:,} bytes in 4 .distcp files")

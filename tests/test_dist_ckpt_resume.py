@@ -141,7 +141,8 @@ def test_ckpt_convert_format_turns_a_legacy_checkpoint_into_one_any_layout_resum
                                                            "--ckpt-format", "torch"])
     # A run that trains nothing writes no records: launched as is, its log read.
     launch(LaunchConfig(world_size=1, log_dir=tmp / "convert"), Target(module="minitron.pretrain_gpt", argv=MODEL + [
-        "--load", str(tmp / "legacy"), "--ckpt-convert-format", "torch_dist", "--ckpt-convert-save", str(tmp / "converted")]))
+        "--load", str(tmp / "legacy"), "--ckpt-convert-format", "torch_dist",
+        "--ckpt-convert-save", str(tmp / "converted")]))
     assert "> converted checkpoint: torch -> torch_dist" in (tmp / "convert" / "rank0.log").read_text()
     assert json.loads((iteration_dir(tmp / "converted" / "torch_dist", 2) / "metadata.json").read_text())[
         "sharded_backend"] == "torch_dist"

@@ -97,5 +97,6 @@ def ckpt(
     print_fitted(console, "chunks", ["key", "global shape", "offset", "chunk", "file", "written by", "bytes"], rows,
                  justify={2: "left", 3: "left", 4: "left", 5: "left"})
     files = sorted(where.glob("__*_*.distcp"))
-    console.print(f"{plural(len(rows), 'chunk')} of {plural(len({r[0] for r in rows}), 'tensor')} shown; the checkpoint's "
+    tensors = plural(len({r[0] for r in rows}), "tensor")
+    console.print(f"{plural(len(rows), 'chunk')} of {tensors} shown; the checkpoint's "
                   f"{len(files)} .distcp files hold {sum(f.stat().st_size for f in files):,} bytes", highlight=False)

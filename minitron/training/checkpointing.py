@@ -169,7 +169,7 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
     # rank checks what it reads (sha256 against metadata.json) before torch sees a byte.
     meta = read_metadata(args.load, iteration)
     if meta.get("sharded_backend") == "torch_dist":   # the format is read from the checkpoint
-        _, rng_state = load_checkpoint_dist(iteration_dir(args.load, iteration), meta, model, optimizer,
+        _, rng_state = load_checkpoint_dist(iteration_dir(args.load, iteration), model, optimizer,
                                             opt_param_scheduler, args)
         if rng_state is not None:
             _set_rng_state(rng_state)

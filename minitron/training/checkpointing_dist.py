@@ -30,15 +30,11 @@ from minitron.core.dist_checkpointing import ShardedObject
 from minitron.core.dist_checkpointing.optimizer import (
     optimizer_sharded_state_dict, restore_optimizer_state, state_names,
 )
-from minitron.core.dist_checkpointing.serialization import BACKEND, CONFIG, load_common_state_dict
+from minitron.core.dist_checkpointing.serialization import BACKEND, CONFIG, load_common_state_dict, read_dcp_metadata
 from minitron.training.checkpoint_files import (
     LAYOUT_KEYS, TRACKER, CheckpointError, args_snapshot, atomic_write_text, file_digest, iteration_dir,
 )
 from minitron.training.utils import print_rank_0
-
-PARALLEL_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size",
-                 "virtual_pipeline_model_parallel_size", "expert_model_parallel_size", "use_distributed_optimizer")
-
 
 def _layout_cell() -> tuple[tuple[int, ...], tuple[int, ...]]:
     """This rank's place in the (pp, tp, dp) grid, and the grid's shape."""
@@ -79,27 +75,24 @@ def save_checkpoint_dist(iteration: int, model, optimizer, opt_param_scheduler, 
                             if getattr(optimizer, "grad_scaler", None) is not None else None}}
     dist_checkpointing.save(sharded, tmp, common)
     if torch.distributed.get_rank() == 0:
-        meta = dict(BACKEND, iteration=iteration, world_size=args.world_size, **{k: getattr(args, k) for k in LAYOUT_KEYS},
-                    data_parallel_size=args.data_parallel_size)
+        meta = dict(BACKEND, iteration=iteration, world_size=args.world_size,
+                    data_parallel_size=args.data_parallel_size, **{k: getattr(args, k) for k in LAYOUT_KEYS})
         meta["files"] = {p.name: {"bytes": p.stat().st_size, "sha256": file_digest(p)}
                          for p in sorted(tmp.iterdir()) if p.name != CONFIG}
         (tmp / CONFIG).write_text(json.dumps(meta, indent=1))
-        shutil.rmtree(final, ignore_errors=True)
+        shutil.rmtree(final, ignore_errors=True)     # an older save of this same iteration
         os.replace(tmp, final)                       # the directory appears whole, or not at all
         atomic_write_text(str(iteration), Path(args.save) / TRACKER)
     torch.distributed.barrier()
     print_rank_0(f"> saved checkpoint at iteration {iteration} to {args.save} (torch_dist)")
 
 
-def same_layout(meta: dict, args) -> bool:
-    return all(meta.get(k) == getattr(args, k) for k in PARALLEL_KEYS)
-
-
-def load_checkpoint_dist(where: Path, meta: dict, model, optimizer, opt_param_scheduler, args):
+def load_checkpoint_dist(where: Path, model, optimizer, opt_param_scheduler, args):
     """Load into this layout; return (iteration, this rank's saved RNG state or None)."""
     common = load_common_state_dict(where)
     sharded = {"model": _model_sharded(model)}
-    load_rng = not args.no_load_rng and same_layout(meta, args)
+    # The RNG cells fit only the (pp, tp, dp) grid that wrote them: is this rank's cell there?
+    load_rng = not args.no_load_rng and _rng_object(None).unique_key in read_dcp_metadata(where).state_dict_metadata
     if load_rng:
         sharded["rng_state"] = _rng_object(None)
     described = {}
