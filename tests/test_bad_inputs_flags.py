@@ -197,6 +197,9 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
                              ("split", "pfx --split 1,x", ("--split",))]:
         add(f"pretrain-data-{cid}", f"{data} {rest}", *words)
     add("pretrain-data-and-mock", f"pretrain --world 1 {TRAIN} --data-path pfx", "--data-path", "--mock-data")
+    add("pretrain-ckpt-format", f"pretrain --world 1 {TRAIN} --ckpt-format zarr", "--ckpt-format", "torch_dist")
+    add("pretrain-ckpt-convert-no-load", f"pretrain --world 1 {TRAIN} --ckpt-convert-format torch_dist",
+        "--ckpt-convert-format", "--load", "--ckpt-convert-save")
     add("pretrain-no-data", f"pretrain --world 1 {MODEL} --train-iters 2 --lr 1e-3", "--data-path")
 
     # --- rules between flags, on pretrain and estimate alike (one validation) ------------------

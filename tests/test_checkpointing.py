@@ -17,7 +17,8 @@ from cli_here import run_minitron
 FLAGS = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
          "--micro-batch-size", "1", "--global-batch-size", "8", "--train-iters", "4", "--lr", "1e-3",
          "--mock-data", "--vocab-size", "1023", "--hidden-dropout", "0.1", "--seed", "3",
-         "--pipeline-model-parallel-size", "2", "--use-distributed-optimizer", "--distributed-backend", "gloo"]
+         "--pipeline-model-parallel-size", "2", "--use-distributed-optimizer", "--distributed-backend", "gloo",
+         "--ckpt-format", "torch"]   # the legacy format: one file per rank (test_dist_ckpt*.py: torch_dist)
 
 
 def train(out: Path, *extra) -> list[dict]:

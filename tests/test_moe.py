@@ -38,7 +38,7 @@ def run(tmp_path, name, world, *flags):
     out.mkdir()
     argv = MODEL + ["--log-jsonl", str(out / "iterations.jsonl"), *flags]
     if "--save-interval" in flags:
-        argv += ["--save", str(tmp_path / "checkpoints")]
+        argv += ["--save", str(tmp_path / "checkpoints"), "--ckpt-format", "torch"]   # one directory per ep rank
     try:
         launch(LaunchConfig(world_size=world, log_dir=out / "logs"), Target(module="minitron.pretrain_gpt", argv=argv))
     except RankFailure as failure:

@@ -10,6 +10,7 @@
     ds-config  resolve a DeepSpeed config as deepspeed.initialize would (ds_config.py)
     estimate   memory and communication per rank for a layout, predicted (and --check'ed)
     diff       compare two trace directories
+    ckpt       inspect a torch_dist checkpoint: its tensors, chunks and who wrote each
 
 Every command validates its input in this process, before any rank starts: a bad layout or
 batch size is one line on stderr and exit code 2, never a traceback from 16 ranks.
@@ -26,7 +27,7 @@ import typer
 
 # Each module registers its commands on the app; this order is the order `--help` lists them.
 from minitron.cli import trace, view, groups, vscode, launch, pretrain, preprocess  # noqa: F401,I001
-from minitron.cli import ds_config, estimate, diff  # noqa: F401,I001
+from minitron.cli import ds_config, estimate, diff, ckpt  # noqa: F401,I001
 from minitron.cli.command import MinitronCommand, UsageError
 from minitron.cli.common import UserError, app
 

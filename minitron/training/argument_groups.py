@@ -267,6 +267,16 @@ def _add_checkpointing_args(parser):
     g.add_argument("--save", default=None, metavar="DIR", help="save checkpoints into DIR")
     g.add_argument("--save-interval", type=POSITIVE, default=None, help="save every N iterations (and at the end)")
     g.add_argument("--load", default=None, metavar="DIR", help="resume from the latest checkpoint in DIR")
+    g.add_argument("--ckpt-format", default="torch_dist", choices=["torch", "torch_dist"],
+                   help="what --save writes: torch_dist (Megatron's default), a sharded checkpoint through "
+                        "torch.distributed.checkpoint that any layout resumes; torch, one file per (tp, pp, "
+                        "ep) rank that only the same layout resumes. --load reads either")
+    g.add_argument("--no-load-optim", action="store_true",
+                   help="--load the weights only: fresh optimizer state and learning-rate schedule")
+    g.add_argument("--no-load-rng", action="store_true", help="--load without the saved random states")
+    g.add_argument("--ckpt-convert-format", default=None, choices=["torch", "torch_dist"],
+                   help="load --load, save it in this format under --ckpt-convert-save DIR/<format>, and stop")
+    g.add_argument("--ckpt-convert-save", default=None, metavar="DIR", help="where --ckpt-convert-format writes")
 
 
 def _add_tokenizer_args(parser):

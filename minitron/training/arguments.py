@@ -206,6 +206,10 @@ def _validate_training(args):
         require(args.eval_iters >= 1, f"--eval-interval {args.eval_interval} needs --eval-iters N >= 1")
     if args.save_interval is not None:
         require(args.save is not None, "--save-interval N needs --save DIR")
+    if args.ckpt_convert_format is not None:
+        require(args.load is not None and args.ckpt_convert_save is not None,
+                f"--ckpt-convert-format {args.ckpt_convert_format} converts a checkpoint: give --load DIR (what to "
+                f"convert) and --ckpt-convert-save DIR (where)")
     if args.load is not None:
         # torch-free: a --load is checked here, before any rank starts
         from minitron.training.checkpoint_files import CheckpointError, check_resumable  # torch-free

@@ -57,7 +57,6 @@ NO_EFFECT = {
     "--manual-gc": (False, "when Python collects garbage: speed only"),
     "--empty-unused-memory-level": (True, "when the CUDA allocator's cache is emptied: memory only"),
     "--no-mmap-bin-files": (False, "how the .bin file is read; the same tokens"),
-    "--ckpt-format": (True, "minitron's --save writes one file per (tp, pp, ep) rank (checkpointing.py)"),
 }
 
 _FP8 = "fp8 matmuls (Transformer Engine) change the math and cannot run here: train in --bf16"
@@ -71,8 +70,6 @@ REFUSED = {
     "--fp8-amax-compute-algo": (True, _FP8),
     "--fp8-param-gather": (False, _FP8),
     "--exit-duration-in-mins": (True, "minitron does not time its run: stop it with --exit-interval N"),
-    "--no-load-optim": (False, "minitron's --load restores the optimizer with the weights: drop it"),
-    "--no-load-rng": (False, "minitron's --load restores the random state with the weights: drop it"),
     "--tiktoken-pattern": (True, "TikTokenizer is not among minitron's tokenizers (--tokenizer-type)"),
 }
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import zipfile
 from pathlib import Path
@@ -38,8 +39,28 @@ LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "nu
                "num_query_groups")
 
 
+# What a torch_dist checkpoint lets change on resume: the layout (each rank reads its own pieces).
+RESHARDABLE = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+               "use_distributed_optimizer", "expert_model_parallel_size")
+
+
 class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed here; the message says why and what would fix it."""
+
+
+def args_snapshot(args) -> dict:
+    """The run's arguments as plain data (numbers, strings, lists of them): what a weights-only
+    load accepts."""
+    keep = (int, float, str, bool, type(None))
+    return {k: v for k, v in vars(args).items()
+            if isinstance(v, keep) or (isinstance(v, list) and all(isinstance(x, keep) for x in v))}
+
+
+def atomic_write_text(text: str, path: Path) -> None:
+    """Write under a temporary name, then rename: a reader sees the old text or the new, whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def iteration_dir(root, iteration: int) -> Path:
@@ -106,7 +127,7 @@ def read_metadata(root, iteration: int) -> dict:
 # flags, is only compared with this run's values, which works for any JSON value).
 COUNTS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_SHARD = re.compile(r"mp_rank_\d{2}(_\d{3}){0,2}/[A-Za-z0-9_.]+\.pt")
+_SHARD = re.compile(r"mp_rank_\d{2}(_\d{3}){0,2}/[A-Za-z0-9_.]+\.pt|__\d+_\d+\.distcp|\.metadata|common\.pt")
 
 
 def check_metadata(meta: dict, path: Path) -> None:
@@ -145,12 +166,13 @@ def _json_kind(value) -> str:
         type(value), "number")
 
 
-def verify_file(path: Path, meta: dict) -> None:
+def verify_file(path: Path, meta: dict, rel: str | None = None) -> None:
     """Is ``path`` the file the save wrote? Size and sha256 against metadata.json; a checkpoint
-    from before checksums gets the weaker test that it is a whole torch (zip) file."""
+    from before checksums gets the weaker test that it is a whole torch (zip) file. ``rel``:
+    its name in metadata.json (a torch_dist file, whose bytes are DCP's, not a torch zip)."""
     if not path.is_file():
         raise CheckpointError(f"{path} is missing: was the checkpoint saved with this tp/pp layout?")
-    rel = path.relative_to(path.parent.parent).as_posix()
+    sharded, rel = rel is not None, rel or path.relative_to(path.parent.parent).as_posix()
     info = meta.get("files", {}).get(rel)
     size = path.stat().st_size
     if info is None:
@@ -162,7 +184,34 @@ def verify_file(path: Path, meta: dict) -> None:
     if file_digest(path) != info["sha256"]:
         raise CheckpointError(f"{path} does not match the sha256 saved with the checkpoint: its bytes "
                               f"changed since the save; resume from another checkpoint")
-    check_torch_file(path, size)  # the metadata may vouch for a foreign file: its own checksum
+    if not sharded:
+        check_torch_file(path, size)  # the metadata may vouch for a foreign file: its own checksum
+
+
+def check_sharded_files(root, iteration: int, meta: dict) -> None:
+    """A torch_dist checkpoint: every file its metadata.json lists, whole (size and sha256); then
+    DCP's .metadata, unpickled by a reader that admits only DCP's own metadata classes (DCP
+    itself would run any pickle); then common.pt through torch's weights-only load."""
+    where = iteration_dir(root, iteration)
+    for rel in sorted(meta.get("files", {})):
+        verify_file(where / rel, meta, rel)
+    import pickle   # lazy, as torch below: only a torch_dist checkpoint needs either
+    import torch  # lazy: the checks above are torch-free, and the launcher refuses them first
+
+    class DCPMetadataOnly(pickle.Unpickler):
+        def find_class(self, module, name):
+            if module.startswith("torch.distributed.checkpoint.") or module in ("pathlib", "collections") or \
+                    (module, name) in {("torch", "Size"), ("torch.serialization", "_get_layout")} or \
+                    (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+                return super().find_class(module, name)
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which is not DCP's metadata")
+    try:
+        with open(where / ".metadata", "rb") as f:
+            DCPMetadataOnly(f).load()
+    except (pickle.UnpicklingError, EOFError, OSError, AttributeError, ImportError) as exc:
+        raise CheckpointError(f"{where / '.metadata'} is not readable DCP metadata ({exc}): resume from another "
+                              f"checkpoint") from None
+    check_loadable(where / "common.pt")
 
 
 def check_torch_file(path: Path, size: int) -> None:
@@ -232,12 +281,15 @@ def check_resumable(args) -> None:
     if iteration is None:
         return  # Megatron's behaviour: nothing to load yet, start from scratch
     meta = read_metadata(args.load, iteration)
+    sharded = meta.get("sharded_backend") == "torch_dist"
     differ = [(key, meta[key], getattr(args, key)) for key in LAYOUT_KEYS
-              if key in meta and meta[key] != getattr(args, key)]
+              if key in meta and meta[key] != getattr(args, key) and not (sharded and key in RESHARDABLE)]
     if differ:
         said = "; ".join(f"{_flag(k)} {saved} in the checkpoint, {mine} here" for k, saved, mine in differ)
         raise CheckpointError(f"--load {args.load} (iteration {iteration}) was saved with another layout or "
                               f"model: {said}; resume with the checkpoint's values")
+    if sharded:
+        return check_sharded_files(args.load, iteration, meta)
     if args.use_distributed_optimizer and meta.get("data_parallel_size") != args.data_parallel_size:
         raise CheckpointError(f"--load {args.load}: distributed-optimizer shards were saved for "
                               f"{meta.get('data_parallel_size')} data-parallel ranks, this run has "

@@ -1,6 +1,10 @@
 """Save and resume: everything a run needs to continue exactly where it stopped.
 
-Layout on disk (Megatron's names)::
+Two formats, as in Megatron: ``--ckpt-format torch_dist`` (the default) writes global tensors
+through torch.distributed.checkpoint and any layout resumes it (checkpointing_dist.py);
+``--ckpt-format torch``, this file, is the legacy one. --load reads either (metadata.json says).
+
+The legacy layout on disk (Megatron's names)::
 
     SAVE/latest_checkpointed_iteration.txt   "40" — written last, by rank 0, atomically
     SAVE/iter_0000040/metadata.json           layout, model shape, each file's size and sha256
@@ -36,9 +40,10 @@ from minitron.core import parallel_state as mpu
 from minitron.core.tensor_parallel import get_cuda_rng_tracker
 from minitron.trace import traced
 from minitron.training.checkpoint_files import (  # noqa: F401 -- the torch-free half, re-exported
-    LAYOUT_KEYS, METADATA, TRACKER, CheckpointError, check_resumable, file_digest, iteration_dir,
-    load_problem, rank_dir, read_latest_iteration, read_metadata, verify_file,
+    LAYOUT_KEYS, METADATA, TRACKER, CheckpointError, args_snapshot, atomic_write_text, check_resumable,
+    file_digest, iteration_dir, load_problem, rank_dir, read_latest_iteration, read_metadata, verify_file,
 )
+from minitron.training.checkpointing_dist import load_checkpoint_dist, save_checkpoint_dist
 from minitron.training.global_vars import get_args
 from minitron.training.utils import print_rank_0
 
@@ -67,18 +72,6 @@ def _atomic_save(obj, path: Path) -> dict:
     return entry
 
 
-def _atomic_write_text(text: str, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _args_snapshot(args) -> dict:
-    keep = (int, float, str, bool, type(None))
-    return {k: v for k, v in vars(args).items()
-            if isinstance(v, keep) or (isinstance(v, list) and all(isinstance(x, keep) for x in v))}
-
-
 def _rank_dir(root, iteration: int) -> Path:
     return rank_dir(root, iteration, mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank(),
                     mpu.get_pipeline_model_parallel_world_size(), mpu.get_expert_model_parallel_rank(),
@@ -96,7 +89,7 @@ def _rng_states_of_data_parallel_ranks() -> list:
 
 
 def _write_tracker(root, iteration: int) -> None:
-    _atomic_write_text(str(iteration), Path(root) / TRACKER)
+    atomic_write_text(str(iteration), Path(root) / TRACKER)
 
 
 @traced(args=lambda iteration, *a, **k: {"iteration": iteration})
@@ -104,6 +97,8 @@ def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> No
     args = get_args()
     if args.deepspeed:
         return _save_deepspeed(iteration, model[0])
+    if args.ckpt_format == "torch_dist":
+        return save_checkpoint_dist(iteration, model, optimizer, opt_param_scheduler, args, _rng_state())
     where = _rank_dir(args.save, iteration)
     rng_states = _rng_states_of_data_parallel_ranks()
     dp = mpu.get_data_parallel_rank(with_context_parallel=True)
@@ -115,7 +110,7 @@ def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> No
     if writer or args.use_distributed_optimizer:
         where.mkdir(parents=True, exist_ok=True)
     if writer:
-        state = {"iteration": iteration, "checkpoint_version": 3.0, "args": _args_snapshot(args),
+        state = {"iteration": iteration, "checkpoint_version": 3.0, "args": args_snapshot(args),
                  "consumed_train_samples": args.consumed_train_samples,
                  "opt_param_scheduler": opt_param_scheduler.state_dict(), "rng_state": rng_states}
         for i, chunk in enumerate(model):
@@ -132,10 +127,24 @@ def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> No
         meta = {k: getattr(args, k) for k in LAYOUT_KEYS}
         meta.update(iteration=iteration, data_parallel_size=args.data_parallel_size,
                     world_size=args.world_size, files=dict(sorted(kv for w in everyone for kv in w.items())))
-        _atomic_write_text(json.dumps(meta, indent=1), iteration_dir(args.save, iteration) / METADATA)
+        atomic_write_text(json.dumps(meta, indent=1), iteration_dir(args.save, iteration) / METADATA)
         _write_tracker(args.save, iteration)
     torch.distributed.barrier()
     print_rank_0(f"> saved checkpoint at iteration {iteration} to {args.save}")
+
+
+def convert_checkpoint(model, optimizer, opt_param_scheduler) -> None:
+    """--ckpt-convert-format F: save what --load just read in format F under
+    --ckpt-convert-save/F (Megatron's place), at the same iteration; the run then stops."""
+    args = get_args()
+    if args.iteration == 0:
+        print_rank_0(f"> --ckpt-convert-format: {args.load} holds no checkpoint, nothing to convert")
+        return
+    loaded_format = "torch_dist" if read_metadata(args.load, args.iteration).get("sharded_backend") else "torch"
+    args.ckpt_format, args.save = args.ckpt_convert_format, os.path.join(args.ckpt_convert_save,
+                                                                          args.ckpt_convert_format)
+    save_checkpoint(args.iteration, model, optimizer, opt_param_scheduler)
+    print_rank_0(f"> converted checkpoint: {loaded_format} -> {args.ckpt_format} ({args.save})")
 
 
 def _load_verified(path: Path, meta: dict):
@@ -156,20 +165,31 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
     if iteration is None:
         print_rank_0(f"> no checkpoint in {args.load}: starting from scratch")
         return 0
-    where = _rank_dir(args.load, iteration)
     # The launcher checked every file before starting us; under torchrun nobody did, so each
     # rank checks what it reads (sha256 against metadata.json) before torch sees a byte.
     meta = read_metadata(args.load, iteration)
+    if meta.get("sharded_backend") == "torch_dist":   # the format is read from the checkpoint
+        _, rng_state = load_checkpoint_dist(iteration_dir(args.load, iteration), model, optimizer,
+                                            opt_param_scheduler, args)
+        if rng_state is not None:
+            _set_rng_state(rng_state)
+        print_rank_0(f"> loaded checkpoint from {args.load} at iteration {iteration} (torch_dist)")
+        return iteration
+    where = _rank_dir(args.load, iteration)
     state = _load_verified(where / "model_optim_rng.pt", meta)
     for i, chunk in enumerate(model):
         chunk.load_state_dict(state["model" if len(model) == 1 else f"model{i}"])
-    if args.use_distributed_optimizer:
+    if args.no_load_optim:
+        optimizer.reload_model_params()   # Megatron's --no-load-optim: fresh moments, fp32 copies of these weights
+    elif args.use_distributed_optimizer:
         shard = where / f"distrib_optim_dp{mpu.get_data_parallel_rank(with_context_parallel=True):03d}.pt"
         optimizer.load_state_dict(_load_verified(shard, meta))
     else:
         optimizer.load_state_dict(state["optimizer"])
-    opt_param_scheduler.load_state_dict(state["opt_param_scheduler"])
-    _set_rng_state(state["rng_state"][mpu.get_data_parallel_rank(with_context_parallel=True)])
+    if not args.no_load_optim:
+        opt_param_scheduler.load_state_dict(state["opt_param_scheduler"])
+    if not args.no_load_rng:
+        _set_rng_state(state["rng_state"][mpu.get_data_parallel_rank(with_context_parallel=True)])
     args.consumed_train_samples = state["consumed_train_samples"]
     print_rank_0(f"> loaded checkpoint from {args.load} at iteration {iteration}")
     return iteration
@@ -186,7 +206,7 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
 
 def _save_deepspeed(iteration: int, engine) -> None:
     args = get_args()
-    client_state = {"iteration": iteration, "checkpoint_version": 3.0, "args": _args_snapshot(args),
+    client_state = {"iteration": iteration, "checkpoint_version": 3.0, "args": args_snapshot(args),
                     "consumed_train_samples": args.consumed_train_samples,
                     "rng_state": _rng_states_of_data_parallel_ranks()}
     engine.save_checkpoint(args.save, client_state=client_state)   # tag global_step<N>; every rank

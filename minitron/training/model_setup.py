@@ -16,7 +16,7 @@ from contextlib import ExitStack, contextmanager
 from minitron.core import parallel_state as mpu
 from minitron.core.transformer.module import Float16Module
 from minitron.trace import traced
-from minitron.training.checkpointing import load_checkpoint
+from minitron.training.checkpointing import convert_checkpoint, load_checkpoint
 from minitron.training.global_vars import get_args
 from minitron.training.training_log import print_parameter_count
 
@@ -116,6 +116,8 @@ def setup_model_and_optimizer(model_provider_func, model_type):
     args.consumed_train_samples = 0
     if args.load is not None:
         args.iteration = load_checkpoint(model, optimizer, opt_param_scheduler)
+    if args.ckpt_convert_format is not None:   # Megatron's conversion: what was loaded, saved again
+        convert_checkpoint(model, optimizer, opt_param_scheduler)
     return model, optimizer, opt_param_scheduler
 
 

@@ -52,6 +52,8 @@ def pretrain(train_valid_test_dataset_provider, model_provider, model_type, forw
         # lazy: only --deepspeed runs load DeepSpeed's engine and ZeRO
         from minitron.training.deepspeed_training import setup_model_and_optimizer as setup
     model, optimizer, opt_param_scheduler = setup(model_provider, model_type)
+    if args.ckpt_convert_format is not None:
+        return   # the checkpoint was converted (setup_model_and_optimizer): nothing to train
     # lazy: `minitron trace` (no --train-iters) never builds data iterators
     from minitron.training.data import build_train_valid_test_data_iterators
     train_iter, valid_iter, _ = build_train_valid_test_data_iterators(train_valid_test_dataset_provider)

@@ -192,3 +192,6 @@ class DistributedDataParallel(MegatronModule):
 
     def load_state_dict(self, state_dict, strict: bool = True):
         return self.module.load_state_dict(state_dict, strict=strict)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        return self.module.sharded_state_dict(prefix, sharded_offsets, metadata)

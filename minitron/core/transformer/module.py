@@ -23,12 +23,17 @@ from __future__ import annotations
 import torch
 
 from minitron.core import parallel_state as mpu
+from minitron.core.transformer.utils import module_sharded_state_dict
 
 
 class MegatronModule(torch.nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """Each tensor by its place in the global model (dist_checkpointing; transformer/utils.py)."""
+        return module_sharded_state_dict(self, prefix, sharded_offsets, metadata)
 
 
 _HALF_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -85,3 +90,6 @@ class Float16Module(MegatronModule):
 
     def load_state_dict(self, state_dict, strict: bool = True):
         return self.module.load_state_dict(state_dict, strict=strict)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        return self.module.sharded_state_dict(prefix, sharded_offsets, metadata)

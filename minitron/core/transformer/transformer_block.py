@@ -24,6 +24,7 @@ from minitron.core.transformer.attention import is_causal_mask
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.torch_norm import WrappedTorchNorm
 from minitron.core.transformer.transformer_layer import TransformerLayer
+from minitron.core.transformer.utils import block_sharded_state_dict
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
@@ -62,6 +63,10 @@ class TransformerBlock(MegatronModule):
         self.layers = torch.nn.ModuleList(layers)
         self.final_layernorm = WrappedTorchNorm(config, config.hidden_size) if post_process else None
         self.input_tensor = None
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """Layers keyed by their global number: the same keys at any pp / vp (transformer/utils.py)."""
+        return block_sharded_state_dict(self, prefix, sharded_offsets, metadata)
 
     def set_input_tensor(self, input_tensor: torch.Tensor) -> None:
         """The activations received from the previous pipeline stage, used instead of forward's."""

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from minitron.core import parallel_state
 from minitron.core.transformer.module import MegatronModule
+from minitron.core.transformer.utils import experts_sharded_state_dict
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
@@ -93,6 +94,10 @@ class SequentialMLP(MegatronModule):
                 experts.append(ExpertMLP(config, ffn))
         self.local_experts = torch.nn.ModuleList(experts)
         self.num_local_experts = num_local_experts
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """Experts keyed by their global index: the same keys at any expert-parallel size."""
+        return experts_sharded_state_dict(self, prefix, sharded_offsets, metadata)
 
     @traced(args=lambda self, permuted_local_hidden_states, tokens_per_expert: {
         "tokens": short_value(permuted_local_hidden_states),

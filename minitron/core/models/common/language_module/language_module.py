@@ -16,6 +16,7 @@ import torch
 from minitron.core import parallel_state
 from minitron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from minitron.core.transformer.module import MegatronModule
+from minitron.core.transformer.utils import module_sharded_state_dict, tie_output_layer
 
 
 class LanguageModule(MegatronModule):
@@ -24,6 +25,10 @@ class LanguageModule(MegatronModule):
         """labels [b, s], this rank's logits [s, b, V/p] -> per-token loss [b, s]."""
         loss = vocab_parallel_cross_entropy(logits, labels.transpose(0, 1).contiguous())
         return loss.transpose(0, 1).contiguous()
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """The default, with a tied output layer read from the embedding's key."""
+        return tie_output_layer(module_sharded_state_dict(self, prefix, sharded_offsets, metadata), self, prefix)
 
     def shared_embedding_or_output_weight(self) -> torch.Tensor | None:
         """The tied matrix as this stage holds it: the embedding's, else the output layer's copy."""
