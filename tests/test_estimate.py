@@ -275,7 +275,8 @@ def test_json_is_instant_and_torch_free():
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "False"   # torch never imported
     out = json.loads(done.stdout)
-    assert set(out) == {"total_params", "ranks"} and len(out["ranks"]) == 1024
+    assert set(out) == {"total_params", "flops_per_iteration", "tokens_per_iteration", "ranks"}
+    assert len(out["ranks"]) == 1024
     rank = out["ranks"][1023]
     assert set(rank) == {"rank", "params", "memory_bytes", "comm_bytes"} and rank["rank"] == 1023
     assert set(rank["memory_bytes"]) == {"params", "grads", "optimizer", "activations"}
