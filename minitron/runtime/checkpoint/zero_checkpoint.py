@@ -25,6 +25,8 @@ object, whose attributes have the same names, so either loads.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from minitron.runtime.checkpoint import constants as C
@@ -70,15 +72,16 @@ def _partition_bounds(opt, i: int) -> tuple[int, int, int]:
 
 
 def _slice_mappings(opt, i: int, names: dict) -> dict:
-    """Which elements of which parameter my partition holds: name -> {start, numel}, start
-    counted from the partition's first element (DeepSpeed's fragment_address, as a plain dict
-    so that no reader needs a class of ours to unpickle it)."""
+    """Which elements of which parameter my partition holds: name -> (numel, start), start
+    counted from the partition's first element. DeepSpeed pickles its own fragment_address
+    dataclass, and its ds_to_universal reads ``.start`` and ``.numel``; a SimpleNamespace has
+    the same attributes and needs no class of ours (or theirs) to unpickle."""
     start, size, _ = _partition_bounds(opt, i)
     found, offset = {}, 0
     for p in opt.bit16_groups[i]:
         lo, hi = max(offset, start), min(offset + p.numel(), start + size)
         if lo < hi:
-            found[names[p]] = {"numel": hi - lo, "start": lo - start}
+            found[names[p]] = SimpleNamespace(numel=hi - lo, start=lo - start)
         offset += p.numel()
     return found
 
