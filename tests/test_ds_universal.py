@@ -21,8 +21,10 @@ from minitron.runtime.checkpoint.ds_to_universal import main as ds_to_universal
 from test_ds_checkpoint import IN, OUT, PARAMS, TiedNet, ds_config
 
 SOURCES = (1, 3)                  # the stages the two-rank run saves at
-ONE_RANK = (0, 1, 2, 3)           # one rank loads each source at every stage
-TWO_RANKS = {1: 3, 3: 0}          # two ranks load each source at another stage
+# (source stage, stage loaded at), by the number of ranks that load: every stage 0-3 loads
+# from one rank or two, and from stages 1-2 (a lean partition a rank) and 3 (a piece of
+# each parameter a rank), whose files differ.
+PLAN = {1: [(1, 0), (1, 3), (3, 1)], 2: [(1, 2), (3, 0)]}
 INFO = {C.UNIVERSAL_CHECKPOINT_INFO: {C.UNIVERSAL_CHECKPOINT_VERSION_KEY: C.UNIVERSAL_CHECKPOINT_VERSION_VALUE}}
 
 
@@ -80,9 +82,8 @@ def runs(tmp_path_factory):
     for stage in SOURCES:
         ds_to_universal(["--input_folder", str(root / str(stage) / "global_step2"),
                          "--output_folder", str(root / f"uni{stage}" / "global_step2")])
-    one = run_ranks(_load(str(root), [(s, t) for s in SOURCES for t in ONE_RANK]), world_size=1, tp=None)[0]
-    two = run_ranks(_load(str(root), list(TWO_RANKS.items())), world_size=2, tp=None)
-    return root, full, one, two
+    loaded = {world: run_ranks(_load(str(root), plan), world_size=world, tp=None) for world, plan in PLAN.items()}
+    return root, full, loaded
 
 
 def test_the_layout_is_deepspeeds(runs):
@@ -108,16 +109,15 @@ def test_the_layout_is_deepspeeds(runs):
             assert torch.is_tensor(fp32) and fp32.shape == (7 * IN,)
 
 
-def test_any_size_and_stage_resumes_the_run(runs):
-    _, full, one, two = runs
-    for source in SOURCES:
-        for stage in ONE_RANK:
-            got = one[f"{source}->{stage}"]
-            assert got["losses"] == pytest.approx(full[source], rel=1e-6), (source, stage)
-            assert got["steps"] == 4 and got["client"] == [C.UNIVERSAL_CHECKPOINT_INFO]
-    for rank in two:
-        for source, stage in TWO_RANKS.items():
-            assert rank[f"{source}->{stage}"]["losses"] == pytest.approx(full[source], rel=1e-6), (source, stage)
+def test_another_size_and_stage_resumes_the_run(runs):
+    root, full, loaded = runs
+    for world, plan in PLAN.items():
+        for rank in loaded[world]:
+            for source, stage in plan:
+                got = rank[f"{source}->{stage}"]
+                assert got["losses"] == pytest.approx(full[source], rel=1e-6), (world, source, stage)
+                assert got["steps"] == 4 and got["client"] == [C.UNIVERSAL_CHECKPOINT_INFO]
+                assert got["path"] == str(root / f"uni{source}" / "global_step2")
 
 
 def _convert(*argv) -> tuple:

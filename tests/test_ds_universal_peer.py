@@ -102,7 +102,7 @@ def _deepspeed_loads(root: str):
 
 @pytest.fixture(scope="module")
 def deepspeed_loads(runs):  # noqa: F811 -- the imported fixture, asked for by name
-    root, full, _, _ = runs
+    root, full, _ = runs
     return full, run_ranks(_deepspeed_loads(str(root)), world_size=2, tp=None)
 
 
