@@ -71,6 +71,13 @@ def _load(root: str, plan: list):
             path, client = engine.load_checkpoint(f"{root}/uni{source}")
             out[f"{source}->{stage}"] = {"losses": train(engine, (2, 3)), "steps": engine.global_steps,
                                          "client": sorted(client), "path": path}
+        out["refused"] = []
+        for where in ("1", "not_universal"):   # a plain checkpoint; a tag without zero/
+            try:
+                engine.load_checkpoint(f"{root}/{where}")
+                out["refused"].append("loaded")
+            except ValueError as refusal:
+                out["refused"].append(str(refusal))
         return out
     return body
 
@@ -79,6 +86,8 @@ def _load(root: str, plan: list):
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("universal")
     full = run_ranks(_save(str(root)), world_size=2, tp=None)[0]
+    (root / "not_universal" / "global_step2").mkdir(parents=True)
+    (root / "not_universal" / C.LATEST_UNIVERSAL).write_text("global_step2")
     for stage in SOURCES:
         ds_to_universal(["--input_folder", str(root / str(stage) / "global_step2"),
                          "--output_folder", str(root / f"uni{stage}" / "global_step2")])
@@ -118,6 +127,13 @@ def test_another_size_and_stage_resumes_the_run(runs):
                 assert got["losses"] == pytest.approx(full[source], rel=1e-6), (world, source, stage)
                 assert got["steps"] == 4 and got["client"] == [C.UNIVERSAL_CHECKPOINT_INFO]
                 assert got["path"] == str(root / f"uni{source}" / "global_step2")
+
+
+def test_what_is_no_universal_checkpoint_is_refused_in_one_line(runs):
+    for rank in runs[2][1]:
+        plain, empty = rank["refused"]
+        assert plain.startswith("no ") and C.LATEST_UNIVERSAL in plain and "ds_to_universal" in plain and "\n" not in plain
+        assert "has no zero/ folder" in empty and "\n" not in empty
 
 
 def _convert(*argv) -> tuple:
