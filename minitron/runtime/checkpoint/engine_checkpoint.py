@@ -214,9 +214,10 @@ def _load_universal(engine, path: Path) -> tuple:
     if not (path / C.UNIVERSAL_ZERO_FOLDER).is_dir():
         raise ValueError(f"{path} has no {C.UNIVERSAL_ZERO_FOLDER}/ folder, so it is no universal checkpoint: "
                          "convert it with python -m minitron.runtime.checkpoint.ds_to_universal")
-    mp = f"{C.MODEL_FILE_PREFIX}00{C.MODEL_FILE_SUFFIX}"
-    state = _read(next((f for f in (path / mp, path / f"{C.ZERO_FILE_PREFIX}0_{mp}") if f.is_file()), path / mp),
-                  "the model states ds_to_universal copied")
+    mp = path / f"{C.MODEL_FILE_PREFIX}00{C.MODEL_FILE_SUFFIX}"
+    if not mp.is_file():   # converted from stage 3: every rank's file was copied; rank 0's will do
+        mp = path / f"{C.ZERO_FILE_PREFIX}0_{mp.name}"
+    state = _read(mp, "the model states ds_to_universal copied")
     engine.module.load_state_dict({n: state["module"][n] for n in state[C.BUFFER_NAMES] if n in state["module"]},
                                   strict=False)
     names = {p: n for n, p in engine.module.named_parameters()}   # a tied weight under its first name

@@ -26,7 +26,7 @@ import torch
 
 from minitron.runtime.checkpoint import constants as C
 from minitron.runtime.checkpoint.pickles import load_state
-from minitron.runtime.checkpoint.zero_checkpoint import _scaler_state, optimizer_groups
+from minitron.runtime.checkpoint.zero_checkpoint import optimizer_groups, scaler_state
 from minitron.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
 
@@ -90,8 +90,9 @@ def load_universal_state(opt, zero: Path, names: dict) -> None:
     current = opt.optimizer.state_dict()["param_groups"]
     state, param_groups = {}, []
     for i, params in enumerate(groups):
-        parts = {key: _my_partition(opt, i, [_whole(zero, names[p], key, p.ds_numel if hasattr(p, "ds_numel")
-                                                    else p.numel()) for p in params])
+        # At stage 3 a released parameter's own numel is 0; ds_numel is its whole size.
+        parts = {key: _my_partition(opt, i, [_whole(zero, names[p], key, getattr(p, "ds_numel", p.numel()))
+                                             for p in params])
                  for key in C.UNIVERSAL_STATES}
         opt.single_partition_of_fp32_groups[i].copy_(parts[C.FP32_WEIGHT_KEY])
         state[i] = {"step": step.clone(), "exp_avg": parts["exp_avg"], "exp_avg_sq": parts["exp_avg_sq"]}
@@ -99,6 +100,6 @@ def load_universal_state(opt, zero: Path, names: dict) -> None:
         hyper = {k: v for k, v in saved_groups[i].items() if k != "params"}
         param_groups.append({**current[i], **hyper, "params": [i]})
     opt.optimizer.load_state_dict({"state": state, "param_groups": param_groups})
-    opt.loss_scaler.load_state_dict(_scaler_state(opt.loss_scaler, common[C.LOSS_SCALER]))
+    opt.loss_scaler.load_state_dict(scaler_state(opt.loss_scaler, common[C.LOSS_SCALER]))
     for i in range(len(groups)):
         opt._publish(i)

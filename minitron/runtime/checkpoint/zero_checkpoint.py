@@ -41,7 +41,7 @@ def optimizer_groups(opt) -> list:
     return opt.fp16_groups if isinstance(opt, DeepSpeedZeroOptimizer_Stage3) else opt.bit16_groups
 
 
-def _scaler_state(scaler, saved) -> dict:
+def scaler_state(scaler, saved) -> dict:
     """A saved scaler as a dict of the attributes ``scaler`` keeps, whether it was saved as
     minitron's dict or pickled as DeepSpeed's object (read back by pickles.py)."""
     saved = saved if isinstance(saved, dict) else vars(saved)
@@ -118,7 +118,7 @@ def load_zero_state_dict(opt, state: dict) -> None:
                          "the same stage and data-parallel size")
     three = opt.stage == 3
     opt.optimizer.load_state_dict(_torch_form(state[C.OPTIMIZER_STATE_DICT if three else C.BASE_OPTIMIZER_STATE]))
-    opt.loss_scaler.load_state_dict(_scaler_state(opt.loss_scaler, state[C.LOSS_SCALER]))
+    opt.loss_scaler.load_state_dict(scaler_state(opt.loss_scaler, state[C.LOSS_SCALER]))
     saved = state[C.FP32_FLAT_GROUPS if three else C.SINGLE_PARTITION_OF_FP32_GROUPS]
     for i, (master, part) in enumerate(zip(opt.single_partition_of_fp32_groups, saved)):
         master.zero_()                      # the padding a lean partition left out
