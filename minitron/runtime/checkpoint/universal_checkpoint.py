@@ -46,7 +46,8 @@ def _whole(zero: Path, name: str, key: str, numel: int) -> torch.Tensor:
 
 
 def _my_partition(opt, i: int, whole: list) -> torch.Tensor:
-    """This rank's partition of group i, cut from the group's whole tensors (the margin above)."""
+    """This rank's partition of group i, cut from the group's whole tensors as its optimizer
+    cut the model's (stage 3: zero/stage3.py; stages 0-2: zero/stage_1_and_2.py)."""
     if isinstance(opt, DeepSpeedZeroOptimizer_Stage3):
         dp, r, pieces = opt.partition_count, opt.partition_id, []
         for tensor in whole:
