@@ -10,11 +10,11 @@ test_ds_peer.py's, for two engines started from one state).
 
 import contextlib
 import io
-import json
 
 import pytest
 import torch
 
+import minitron.runtime.engine  # noqa: F401  (imported here once, inherited by the forked ranks)
 from distributed import run_ranks
 from minitron.runtime.checkpoint import constants as C
 from minitron.runtime.checkpoint.ds_to_universal import main as ds_to_universal
@@ -49,7 +49,9 @@ def train(engine, steps) -> list:
     return losses
 
 
-def _save(root: str):
+def _save(root: str, then_load: list | None = None):
+    """Save at each source stage and run on (the run that never stopped); with ``then_load``,
+    rank 0 converts and the same ranks load the universal checkpoints as planned."""
     def body(rank):
         from minitron.runtime import initialize   # in the rank: the engine needs its process group
         out = {}
@@ -57,9 +59,21 @@ def _save(root: str):
             engine, *_ = initialize(model=TiedNet(), config=ds_config(stage, "fp32"))
             train(engine, range(2))
             engine.save_checkpoint(f"{root}/{stage}", client_state=INFO)
-            out[stage] = train(engine, (2, 3))   # the run that never stopped
+            out[stage] = train(engine, (2, 3))
+        if then_load is not None:
+            if rank == 0:
+                _convert_all(root)
+            torch.distributed.barrier()
+            out["loaded"] = _load(root, then_load)(rank)
         return out
     return body
+
+
+def _convert_all(root: str) -> None:
+    for stage in SOURCES:
+        with contextlib.redirect_stdout(io.StringIO()):
+            ds_to_universal(["--input_folder", f"{root}/{stage}/global_step2",
+                             "--output_folder", f"{root}/uni{stage}/global_step2"])
 
 
 def _load(root: str, plan: list):
@@ -85,14 +99,11 @@ def _load(root: str, plan: list):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("universal")
-    full = run_ranks(_save(str(root)), world_size=2, tp=None)[0]
     (root / "not_universal" / "global_step2").mkdir(parents=True)
     (root / "not_universal" / C.LATEST_UNIVERSAL).write_text("global_step2")
-    for stage in SOURCES:
-        ds_to_universal(["--input_folder", str(root / str(stage) / "global_step2"),
-                         "--output_folder", str(root / f"uni{stage}" / "global_step2")])
-    loaded = {world: run_ranks(_load(str(root), plan), world_size=world, tp=None) for world, plan in PLAN.items()}
-    return root, full, loaded
+    two = run_ranks(_save(str(root), PLAN[2]), world_size=2, tp=None)   # saves, converts, loads
+    loaded = {1: run_ranks(_load(str(root), PLAN[1]), world_size=1, tp=None), 2: [r["loaded"] for r in two]}
+    return root, {stage: two[0][stage] for stage in SOURCES}, loaded
 
 
 def test_the_layout_is_deepspeeds(runs):
