@@ -20,6 +20,8 @@ from refusals import Case, run_cases
 
 MODEL = "--num-layers 2 --hidden-size 16 --num-attention-heads 2 --seq-length 16 --micro-batch-size 1"
 TRAIN = f"{MODEL} --train-iters 2 --lr 1e-3 --mock-data"
+UNIVERSAL_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "docs", "examples", "ds_config_universal.json")
 NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}   # nccl is then refused on any machine, GPU or not
 DIGITS_5000 = "7" * 5000
 # What an int option must refuse, as typed: (text, words beyond the flag's name). Each command's
@@ -273,6 +275,12 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
             ("step-split", f"pretrain --world 2 {MODEL} --lr 1e-3 --mock-data --train-samples 8 "
                            "--step-batch-size-schedule 0:2,32:3", ("--step-batch-size-schedule", "global batch of 3"))]:
         add(f"pretrain-{cid}", argv, *words)
+    # --- --deepspeed --load with the ds_config's checkpoint.load_universal --------------------
+    universal = f"--global-batch-size 4 --deepspeed --deepspeed-config {UNIVERSAL_CONFIG}"
+    add("pretrain-universal-no-latest", f"pretrain --world 1 {TRAIN} {universal} --load {os.devnull}-none",
+        "--load", "no latest_universal", "ds_to_universal")
+    add("pretrain-universal-tp2", f"pretrain --world 2 {TRAIN} {universal} --tensor-model-parallel-size 2 --load x",
+        "--tensor-model-parallel-size 2", "tensor-parallel size 1")
 
     # --- estimate's own ---------------------------------------------------------------------
     add("estimate-layers-1e9", f"estimate --world 1 {MODEL} --num-layers 1000000000", "--num-layers", "at most 1,024")

@@ -173,7 +173,7 @@ def test_file_list_and_keys_are_deepspeeds(saved, stage, precision):
     assert list(inner) == (ZERO3_KEYS if stage == 3 else ZERO12_KEYS) and inner["zero_stage"] == stage
     if stage < 3:   # 150 elements, padded to 152 (a multiple of 2 x dp): 76 a rank, rank 1's last 2 cut off
         assert inner["single_partition_of_fp32_groups"][0].numel() == 74 and inner["group_paddings"] == [2]
-        assert sum(m["numel"] for m in inner["param_slice_mappings"][0].values()) == 74
+        assert sum(m.numel for m in inner["param_slice_mappings"][0].values()) == 74
     else:           # every parameter cut on its own, ceil(numel / 2) a rank, padding kept
         assert inner["fp32_flat_groups"][0].numel() == 21 + 4 + 4 + 4 + 25 + 4 + 4 + 11 + 2
 

@@ -82,3 +82,21 @@ def test_what_is_no_deepspeed_checkpoint_is_refused(tmp_path, files, says):
     argv = FLAGS + ["--deepspeed-config", _config(tmp_path / "ds.json", 2), "--load", str(ck)]
     done = run_minitron("pretrain", "--world", "2", "--log-dir", str(tmp_path / "logs"), *argv, here=True)
     assert done.returncode == 2 and says in done.stderr and done.stderr.strip().count("\n") == 0, done.stderr
+
+
+def test_a_universal_checkpoint_resumes_at_another_stage(runs, tmp_path):
+    """The same checkpoint converted to a universal one (ds_to_universal) and loaded with the
+    ds_config's checkpoint.load_universal at ZeRO 3: iterations 3-4 as the uninterrupted run's
+    (test_ds_universal.py changes the data-parallel size too; here dropout's RNG states must
+    map rank to rank, so the size stays)."""
+    from minitron.runtime.checkpoint.ds_to_universal import main as ds_to_universal   # this test only
+    tmp, full, _, _ = runs
+    ds_to_universal(["--input_folder", str(tmp / "ck" / "global_step2"),
+                     "--output_folder", str(tmp_path / "uni" / "global_step2")])
+    config = json.loads(Path(_config(tmp_path / "ds.json", 3)).read_text())
+    (tmp_path / "ds.json").write_text(json.dumps({**config, "checkpoint": {"load_universal": True}}))
+    resumed = pretrain_records(tmp_path / "resumed", 2, FLAGS + ["--deepspeed-config", str(tmp_path / "ds.json"),
+                                                                 "--load", str(tmp_path / "uni")])
+    assert [r["iteration"] for r in resumed] == [3, 4]
+    for a, b in zip(full[2:], resumed, strict=True):
+        assert (a["lm_loss"], a["lr"], a["grad_norm"]) == (b["lm_loss"], b["lr"], b["grad_norm"])

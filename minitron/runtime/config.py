@@ -31,13 +31,13 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from minitron.runtime.config_sections import parse_optimizer, parse_precision, parse_scheduler, parse_zero
-from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, number, positive_int
+from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, flag, json_value, number, positive_int
 
 TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 # Top-level keys minitron reads; anything else is refused (see check_keys for keys accepted only
 # at DeepSpeed's default value, such as the seed notes' "wall_clock_breakdown": false).
 TOP_LEVEL = TRIAD + ("steps_per_print", "gradient_clipping", "fp16", "bf16", "bfloat16", "optimizer",
-                     "scheduler", "zero_optimization")
+                     "scheduler", "zero_optimization", "checkpoint")
 DEFAULT_ONLY = {"prescale_gradients": False, "wall_clock_breakdown": False, "gradient_predivide_factor": 1.0,
                 "zero_allow_untested_optimizer": False, "sparse_gradients": False}
 
@@ -175,6 +175,14 @@ class DeepSpeedConfig:
         self.zero_config = parse_zero(params)
         self.zero_optimization_stage = self.zero_config.stage
         self.zero_enabled = self.zero_optimization_stage > 0
+        # "checkpoint": {"load_universal": true}: load_checkpoint reads a universal checkpoint
+        # (runtime/checkpoint/universal_checkpoint.py). DeepSpeed's other checkpoint keys (tag
+        # validation, node-local storage, parallel writes) are not built, so they are refused.
+        checkpoint = params.get("checkpoint", {})
+        if not isinstance(checkpoint, dict):
+            raise DeepSpeedConfigError(f"checkpoint must be an object, got {json_value(checkpoint)}")
+        check_keys(checkpoint, ("load_universal",), {}, "checkpoint")
+        self.load_universal_checkpoint = flag(checkpoint, "load_universal", False, "checkpoint")
 
     @staticmethod
     def _data_parallel_size(mpu: Any, world_size: Optional[int]) -> int:

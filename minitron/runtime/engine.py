@@ -234,5 +234,6 @@ class DeepSpeedEngine(torch.nn.Module):
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True):
         """Returns ``(load_path, client_state)``; ``(None, None)`` when there is nothing to load.
-        Reads minitron's checkpoints and DeepSpeed's alike (without importing DeepSpeed)."""
+        Reads minitron's checkpoints and DeepSpeed's alike (without importing DeepSpeed), and,
+        with ``"checkpoint": {"load_universal": true}``, universal ones at any dp size and stage."""
         return checkpoint.load_checkpoint(self, load_dir, tag, load_module_strict)

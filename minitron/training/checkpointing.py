@@ -38,6 +38,8 @@ import torch
 
 from minitron.core import parallel_state as mpu
 from minitron.core.tensor_parallel import get_cuda_rng_tracker
+from minitron.runtime.checkpoint.constants import (UNIVERSAL_CHECKPOINT_INFO, UNIVERSAL_CHECKPOINT_VERSION_KEY,
+                                                   UNIVERSAL_CHECKPOINT_VERSION_VALUE)
 from minitron.trace import traced
 from minitron.training.checkpoint_files import (  # noqa: F401 -- the torch-free half, re-exported
     LAYOUT_KEYS, METADATA, TRACKER, CheckpointError, args_snapshot, atomic_write_text, check_resumable,
@@ -208,7 +210,10 @@ def _save_deepspeed(iteration: int, engine) -> None:
     args = get_args()
     client_state = {"iteration": iteration, "checkpoint_version": 3.0, "args": args_snapshot(args),
                     "consumed_train_samples": args.consumed_train_samples,
-                    "rng_state": _rng_states_of_data_parallel_ranks()}
+                    "rng_state": _rng_states_of_data_parallel_ranks(),
+                    # What DeepSpeed's ds_to_universal asks of a client before converting (its
+                    # version only: at tensor-parallel size 1 no slice needs a joining rule).
+                    UNIVERSAL_CHECKPOINT_INFO: {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}}
     engine.save_checkpoint(args.save, client_state=client_state)   # tag global_step<N>; every rank
     if torch.distributed.get_rank() == 0:
         _write_tracker(args.save, iteration)
@@ -222,7 +227,12 @@ def _load_deepspeed(engine) -> int:
     if path is None:   # no 'latest': Megatron-DeepSpeed's behaviour, start from scratch
         print_rank_0(f"> no checkpoint in {args.load} (no 'latest'): starting from scratch")
         return 0
-    _set_rng_state(client_state["rng_state"][mpu.get_data_parallel_rank(with_context_parallel=True)])
+    states, dp_rank = client_state["rng_state"], mpu.get_data_parallel_rank(with_context_parallel=True)
+    # A universal checkpoint may come from another data-parallel size, whose ranks' states do not
+    # map onto ours. Unless --data-parallel-random-init, every data-parallel rank was seeded alike,
+    # so rank 0's state is everyone's (the one Megatron's loader reads then).
+    same_size = len(states) == mpu.get_data_parallel_world_size(with_context_parallel=True)
+    _set_rng_state(states[dp_rank] if same_size else states[0])
     args.consumed_train_samples = client_state["consumed_train_samples"]
     print_rank_0(f"> loaded checkpoint from {path} at iteration {client_state['iteration']}")
     return client_state["iteration"]

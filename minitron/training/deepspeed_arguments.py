@@ -105,7 +105,7 @@ def validate_deepspeed_args(args):
                             "1 only (stages 2 and 3 split gradients the pipeline accumulates); use stage 0 or 1")
     if args.load is not None:
         check_deepspeed_load(args.load, config.zero_optimization_stage, config.bfloat16_enabled,
-                             args.tensor_model_parallel_size, dp)
+                             args.tensor_model_parallel_size, dp, config.load_universal_checkpoint)
     for key, flag, enabled in (("fp16", "--fp16", config.fp16_enabled), ("bf16", "--bf16", config.bfloat16_enabled)):
         if enabled != bool(getattr(args, key)):
             said = "enables" if enabled else "does not enable"
@@ -141,14 +141,18 @@ def _engine_files(stage: int, bf16: bool, tp: int, dp: int) -> set:
     return names
 
 
-def check_deepspeed_load(root, stage: int, bf16: bool, tp: int, dp: int) -> None:
+def check_deepspeed_load(root, stage: int, bf16: bool, tp: int, dp: int, universal: bool = False) -> None:
     """Before any rank starts: does the tag ``latest`` names hold exactly the files this run's
     ranks will read? A ZeRO partition fits only the stage, precision and sizes that cut it, so
     any other file set is a checkpoint of another layout. No ``latest`` at all is no checkpoint
-    yet (the engine returns None, and Megatron-DeepSpeed starts from scratch)."""
+    yet (the engine returns None, and Megatron-DeepSpeed starts from scratch). A universal
+    checkpoint (the ds_config's checkpoint.load_universal) fits any stage and size: see
+    _check_universal_load."""
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise ArgumentError(f"--load {root} is a file: give the directory a --deepspeed --save wrote (it holds 'latest')")
+    if universal:
+        return _check_universal_load(root, tp)
     latest = root / "latest"
     if not latest.is_file():
         if (root / "latest_checkpointed_iteration.txt").is_file():   # Megatron's marker alone
@@ -171,3 +175,28 @@ def check_deepspeed_load(root, stage: int, bf16: bool, tp: int, dp: int) -> None
         raise ArgumentError(f"--load {root}: {tag} {said} for ZeRO stage {stage}, {'bf16' if bf16 else 'fp16/fp32'}, "
                             f"tensor-parallel {tp}, data-parallel {dp}: resume with the stage, precision and sizes "
                             "it was saved with")
+
+
+def _check_universal_load(root: Path, tp: int) -> None:
+    """A universal checkpoint: ``latest_universal`` names a tag holding ``zero/`` (one folder per
+    parameter) and the model-states file(s) ds_to_universal copied. The engine refuses to start
+    from scratch without one, as DeepSpeed does, so its absence is refused here, in one line."""
+    from minitron.runtime.checkpoint import constants as C   # torch-free; the package only when needed
+
+    convert = ("convert a --deepspeed --save tag with python -m minitron.runtime.checkpoint.ds_to_universal "
+               "--input_folder SAVE/global_stepN --output_folder OUT/global_stepN and --load OUT")
+    if tp != 1:
+        raise ArgumentError(f"--load {root} with checkpoint.load_universal at --tensor-model-parallel-size {tp}: "
+                            "a universal checkpoint loads at tensor-parallel size 1 here; use 1")
+    latest = root / C.LATEST_UNIVERSAL
+    if not latest.is_file():
+        raise ArgumentError(f"--load {root} has no {C.LATEST_UNIVERSAL}, and the ds_config sets checkpoint."
+                            f"load_universal: {convert}")
+    tag = latest.read_text(errors="replace").strip()
+    if not tag or "/" in tag:
+        raise ArgumentError(f"--load {root}: {latest} should name a tag such as global_step2, found {tag[:40]!r}")
+    mp = f"{C.MODEL_FILE_PREFIX}00{C.MODEL_FILE_SUFFIX}"
+    models = [root / tag / mp, root / tag / f"{C.ZERO_FILE_PREFIX}0_{mp}"]
+    if not (root / tag / C.UNIVERSAL_ZERO_FOLDER).is_dir() or not any(f.is_file() for f in models):
+        raise ArgumentError(f"--load {root}: {tag} lacks {C.UNIVERSAL_ZERO_FOLDER}/ or {mp}, so it is no "
+                            f"universal checkpoint: {convert}")

@@ -16,4 +16,16 @@ constants.py names the files and keys, engine_checkpoint.py writes and reads the
 files, zero_checkpoint.py the optimizer's state at each stage, pickles.py reads the DeepSpeed
 objects inside a DeepSpeed-written file without importing DeepSpeed; zero_to_fp32.py and
 zero_to_torch.py are the scripts copied beside the tags (minitron's own, torch only).
+
+The universal checkpoint, which any data-parallel size and ZeRO stage loads:
+
+    uni_dir/latest_universal                         the converted tag
+    uni_dir/tag/*_model_states.pt                    copied from the checkpoint
+    uni_dir/tag/zero/<parameter>/fp32.pt, exp_avg.pt, exp_avg_sq.pt[, step.pt]
+                                                     each parameter whole, in fp32, with its moments
+    uni_dir/tag/zero/optimizer_state.pt              loss scaler and param groups
+
+ds_to_universal.py writes it from a ZeRO 1-3 checkpoint (DeepSpeed's converter and CLI);
+universal_checkpoint.py cuts each rank's partitions out of it when the ds_config says
+``"checkpoint": {"load_universal": true}``.
 """

@@ -13,6 +13,7 @@ BF16_ZERO_FILE_PREFIX = "bf16_" + ZERO_FILE_PREFIX    # bf16 runs' optimizer fil
 OPTIM_FILE_SUFFIX = "_optim_states.pt"
 MODEL_FILE_SUFFIX = "_model_states.pt"
 LATEST = "latest"
+LATEST_UNIVERSAL = "latest_universal"   # beside the converted tag, naming it (universal checkpoints)
 RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")   # copied beside the tags
 
 # --- keys of the model-states file ---------------------------------------------------------------
@@ -39,3 +40,15 @@ PARAM_ALIGNMENT_PADDINGS = "param_alignment_paddings"
 PARAM_SLICE_MAPPINGS = "param_slice_mappings"
 LOSS_SCALER = "loss_scaler"
 CLIP_GRAD = "clip_grad"
+
+# --- the universal checkpoint (ds_to_universal.py, universal_checkpoint.py) -------------------------
+UNIVERSAL_CHECKPOINT_INFO = "universal_checkpoint_info"   # in the model-states file; the client writes it
+UNIVERSAL_CHECKPOINT_VERSION_KEY = "universal_checkpoint_version"
+UNIVERSAL_CHECKPOINT_VERSION_VALUE = 0.4
+UNIVERSAL_ZERO_FOLDER = "zero"                    # OUT/zero/<parameter name>/<state>.pt
+UNIVERSAL_OPTIMIZER_STATE = "optimizer_state.pt"  # OUT/zero/optimizer_state.pt: what is not per parameter
+FP32_WEIGHT_KEY = "fp32"
+UNIVERSAL_STATES = (FP32_WEIGHT_KEY, "exp_avg", "exp_avg_sq")   # one file each per parameter, plus step.pt
+PARAM = "param"            # the whole tensor, inside each state's file (stages 1-2)
+CAT_DIM = "cat_dim"        # the dimension tensor-parallel slices were joined along (0 without them)
+PARAM_GROUPS = "param_groups"

@@ -24,6 +24,7 @@ import torch
 from minitron import comm as dist   # deepspeed/runtime/engine.py: from deepspeed import comm as dist
 from minitron.runtime.checkpoint import constants as C
 from minitron.runtime.checkpoint.pickles import load_state
+from minitron.runtime.checkpoint.universal_checkpoint import load_universal_state
 from minitron.runtime.checkpoint.zero_checkpoint import (load_stage0_state_dict, load_zero_state_dict,
                                                          optimizer_groups, stage0_state_dict, zero_state_dict)
 
@@ -156,12 +157,20 @@ def _read(file: Path, what: str) -> dict:
 
 @torch.no_grad()
 def load_checkpoint(engine, load_dir, tag=None, load_module_strict: bool = True):
-    """Returns ``(load_path, client_state)``, or ``(None, None)`` when there is no ``latest``."""
+    """Returns ``(load_path, client_state)``, or ``(None, None)`` when there is no ``latest``.
+    With ``"checkpoint": {"load_universal": true}`` the tag is ``latest_universal``'s and the
+    checkpoint a universal one (ds_to_universal.py), which any dp size and stage can load."""
+    universal = engine._config.load_universal_checkpoint
     if tag is None:
-        latest = Path(load_dir) / C.LATEST
+        latest = Path(load_dir) / (C.LATEST_UNIVERSAL if universal else C.LATEST)
         if not latest.is_file():
+            if universal:   # DeepSpeed refuses too: there is no "start from scratch" here
+                raise ValueError(f"no {latest}: convert a checkpoint first (python -m minitron.runtime.checkpoint."
+                                 "ds_to_universal writes it), or drop checkpoint.load_universal from the ds_config")
             return None, None
         tag = latest.read_text().strip()
+    if universal:
+        return _load_universal(engine, Path(load_dir) / str(tag))
     path, stage, opt = Path(load_dir) / str(tag), engine.zero_optimization_stage(), engine.optimizer
     state = _read(ckpt_name(engine, path), "the model states")
     if C.DS_VERSION not in state:
@@ -182,9 +191,35 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict: bool = True)
     else:
         load_zero_state_dict(opt, _read(zero_ckpt_name(engine, path), "this rank's optimizer partition")
                              [C.OPTIMIZER_STATE_DICT])
+    return _restore_counters(engine, path, state)
+
+
+def _restore_counters(engine, path: Path, state: dict) -> tuple:
+    """The schedule and the counters, from the model-states file; the rest is the client's."""
     if engine.lr_scheduler is not None and state["lr_scheduler"] is not None:
         engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
     # DeepSpeed restores these three; micro_steps restarts, which is the same at a step's boundary.
     engine.global_steps, engine.skipped_steps = state["global_steps"], state["skipped_steps"]
     engine.global_samples = state.get("global_samples", engine.global_steps * engine.train_batch_size())
     return str(path), {k: v for k, v in state.items() if k not in _ENGINE_KEYS}
+
+
+def _load_universal(engine, path: Path) -> tuple:
+    """Weights and moments from ``path/zero/`` (universal_checkpoint.py), buffers, schedule and
+    counters from the copied model-states file: the saving run's stage decides its name, and a
+    universal checkpoint is loaded at any stage, so either name is read."""
+    if engine.optimizer.model_parallel_group is not None:
+        raise ValueError("a universal checkpoint loads at tensor-parallel size 1 here (ds_to_universal converts "
+                         "no tensor slices): resume with --tensor-model-parallel-size 1")
+    if not (path / C.UNIVERSAL_ZERO_FOLDER).is_dir():
+        raise ValueError(f"{path} has no {C.UNIVERSAL_ZERO_FOLDER}/ folder, so it is no universal checkpoint: "
+                         "convert it with python -m minitron.runtime.checkpoint.ds_to_universal")
+    mp = path / f"{C.MODEL_FILE_PREFIX}00{C.MODEL_FILE_SUFFIX}"
+    if not mp.is_file():   # converted from stage 3: every rank's file was copied; rank 0's will do
+        mp = path / f"{C.ZERO_FILE_PREFIX}0_{mp.name}"
+    state = _read(mp, "the model states ds_to_universal copied")
+    engine.module.load_state_dict({n: state["module"][n] for n in state[C.BUFFER_NAMES] if n in state["module"]},
+                                  strict=False)
+    names = {p: n for n, p in engine.module.named_parameters()}   # a tied weight under its first name
+    load_universal_state(engine.optimizer, path / C.UNIVERSAL_ZERO_FOLDER, names)
+    return _restore_counters(engine, path, state)

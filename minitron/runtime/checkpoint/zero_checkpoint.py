@@ -25,6 +25,8 @@ object, whose attributes have the same names, so either loads.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from minitron.runtime.checkpoint import constants as C
@@ -39,7 +41,7 @@ def optimizer_groups(opt) -> list:
     return opt.fp16_groups if isinstance(opt, DeepSpeedZeroOptimizer_Stage3) else opt.bit16_groups
 
 
-def _scaler_state(scaler, saved) -> dict:
+def scaler_state(scaler, saved) -> dict:
     """A saved scaler as a dict of the attributes ``scaler`` keeps, whether it was saved as
     minitron's dict or pickled as DeepSpeed's object (read back by pickles.py)."""
     saved = saved if isinstance(saved, dict) else vars(saved)
@@ -70,15 +72,16 @@ def _partition_bounds(opt, i: int) -> tuple[int, int, int]:
 
 
 def _slice_mappings(opt, i: int, names: dict) -> dict:
-    """Which elements of which parameter my partition holds: name -> {start, numel}, start
-    counted from the partition's first element (DeepSpeed's fragment_address, as a plain dict
-    so that no reader needs a class of ours to unpickle it)."""
+    """Which elements of which parameter my partition holds: name -> (numel, start), start
+    counted from the partition's first element. DeepSpeed pickles its own fragment_address
+    dataclass, and its ds_to_universal reads ``.start`` and ``.numel``; a SimpleNamespace has
+    the same attributes and needs no class of ours (or theirs) to unpickle."""
     start, size, _ = _partition_bounds(opt, i)
     found, offset = {}, 0
     for p in opt.bit16_groups[i]:
         lo, hi = max(offset, start), min(offset + p.numel(), start + size)
         if lo < hi:
-            found[names[p]] = {"numel": hi - lo, "start": lo - start}
+            found[names[p]] = SimpleNamespace(numel=hi - lo, start=lo - start)
         offset += p.numel()
     return found
 
@@ -115,7 +118,7 @@ def load_zero_state_dict(opt, state: dict) -> None:
                          "the same stage and data-parallel size")
     three = opt.stage == 3
     opt.optimizer.load_state_dict(_torch_form(state[C.OPTIMIZER_STATE_DICT if three else C.BASE_OPTIMIZER_STATE]))
-    opt.loss_scaler.load_state_dict(_scaler_state(opt.loss_scaler, state[C.LOSS_SCALER]))
+    opt.loss_scaler.load_state_dict(scaler_state(opt.loss_scaler, state[C.LOSS_SCALER]))
     saved = state[C.FP32_FLAT_GROUPS if three else C.SINGLE_PARTITION_OF_FP32_GROUPS]
     for i, (master, part) in enumerate(zip(opt.single_partition_of_fp32_groups, saved)):
         master.zero_()                      # the padding a lean partition left out
