@@ -30,20 +30,25 @@ MODEL = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2
          "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", str(ITERS), "--lr", "1e-2",
          "--mock-data", "--vocab-size", "127", "--make-vocab-size-divisible-by", "32",  # 128 rows at tp 1 and 2
          "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "7", "--distributed-backend", "gloo",
-         *MOE]
+         "--disable-bias-linear", *MOE]   # no biases: expert tp 2 allows none (the router test below has them)
 
 
-def run(tmp_path, name, world, *flags):
-    out = tmp_path / name
+def train(out, world, argv) -> list[dict]:
+    """pretrain_gpt on ``world`` forked gloo ranks; its iteration records."""
     out.mkdir()
-    argv = MODEL + ["--log-jsonl", str(out / "iterations.jsonl"), *flags]
-    if "--save-interval" in flags:
-        argv += ["--save", str(tmp_path / "checkpoints")]
+    argv = argv + ["--log-jsonl", str(out / "iterations.jsonl")]
     try:
         launch(LaunchConfig(world_size=world, log_dir=out / "logs"), Target(module="minitron.pretrain_gpt", argv=argv))
     except RankFailure as failure:
         raise AssertionError(f"{failure}\n{failure.log_tail(30)}") from None
-    records = [json.loads(line) for line in open(out / "iterations.jsonl")]
+    return [json.loads(line) for line in open(out / "iterations.jsonl")]
+
+
+def run(tmp_path, name, world, *flags):
+    argv = MODEL + list(flags)
+    if "--save-interval" in flags:
+        argv += ["--save", str(tmp_path / "checkpoints")]
+    records = train(tmp_path / name, world, argv)
     return [r["lm_loss"] for r in records], [r["load_balancing_loss"] for r in records]
 
 
