@@ -23,7 +23,9 @@ MOE = ["--num-layers", "2", "--num-experts", "4", "--moe-router-topk", "2", "--m
        "--hidden-dropout", "0", "--attention-dropout", "0"]
 PAD = ["--moe-expert-capacity-factor", "1.5", "--moe-pad-expert-input-to-capacity"]
 LAYOUTS = {   # name: (world, flags, exact communication)
-    "ep2-tp2-sp-pad": (4, ["--tp", "2", "--sequence-parallel", "--ep", "2", *PAD], True),
+    # expert tp 2 allows no biases; a shared expert (split over tp like the dense MLP) instead
+    "ep2-tp2-sp-pad": (4, ["--tp", "2", "--sequence-parallel", "--ep", "2", "--disable-bias-linear",
+                           "--moe-shared-expert-intermediate-size", "32", *PAD], True),
     "dp4-ep2-distopt-pad": (4, ["--ep", "2", "--use-distributed-optimizer", "--global-batch-size", "4", *PAD], True),
     "ep2-dropless": (2, ["--ep", "2", "--global-batch-size", "4"], False),
 }
@@ -55,7 +57,8 @@ def test_moe_estimate_matches_execution(tmp_path, capsys, name):
 
 
 def test_moe_params_against_closed_form():
-    """E experts of 2 x h x ffn each in every MoE layer, plus the router's E x h; ep divides them."""
+    """E experts of 2 x h x ffn (and their biases) in every MoE layer, plus the router's E x h and
+    E biases; ep divides the experts."""
     from test_estimate import estimate_args
 
     h, ffn, e, layers = 64, 256, 8, 4
@@ -65,10 +68,11 @@ def test_moe_params_against_closed_form():
     dense = tmu.total_params(estimate_args(1, *flags[:-2]))
     moe = tmu.total_params(estimate_args(8, "--ep", "4", *flags))
     mlp = 2 * h * ffn + ffn + h   # the dense MLP's weights and biases
-    assert moe - dense == layers * (e * 2 * h * ffn + e * h - mlp)
+    # each expert an MLP with its biases (expert tp 1), the router's weight and bias
+    assert moe - dense == layers * (e * mlp + e * h + e - mlp)
     per_rank = tmu.report_theoretical_memory(estimate_args(8, "--ep", "4", *flags))[0].params
     serial = tmu.report_theoretical_memory(estimate_args(1, *flags))[0].params
-    assert serial - per_rank == layers * (e - e // 4) * 2 * h * ffn   # 3/4 of the experts elsewhere
+    assert serial - per_rank == layers * (e - e // 4) * mlp   # 3/4 of the experts elsewhere
 
 
 def test_estimate_refuses_padding_without_capacity(capsys, monkeypatch):

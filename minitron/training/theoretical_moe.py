@@ -1,7 +1,7 @@
 """What the experts add to a rank's cost: the estimate's mixture-of-experts terms.
 
-The parameters are the easy part (theoretical_params.moe_mlp_params: the router, and E/ep
-experts cut by expert tp). They live in a gradient buffer of their own, reduced and, with the
+The parameters are the easy part (theoretical_params.moe_mlp_params: the router, the shared
+expert, and E/ep experts cut by expert tp, with their biases when expert tp is 1). They live in a gradient buffer of their own, reduced and, with the
 distributed optimizer, sharded over the *expert*-data-parallel group: the ranks that hold the
 same experts, world / (expert tp x ep x pp) of them.
 
@@ -178,4 +178,7 @@ def activation_delta(args, pp_rank: int, chunk: int) -> int:
     t = args.tensor_model_parallel_size
     s = args.seq_length // args.context_parallel_size
     dense = s * args.micro_batch_size * (h + 2 * args.ffn_hidden_size // t) * e
+    shared = _flag(args, "moe_shared_expert_intermediate_size")
+    if shared:   # the shared expert saves what a dense MLP of its width saves
+        moe += s * args.micro_batch_size * (h + 2 * shared // t) * e
     return n * (moe - dense)
