@@ -227,11 +227,16 @@ def get_updated_expert_bias(tokens_per_expert: torch.Tensor, expert_bias: torch.
         return expert_bias + torch.sign(average - tokens_per_expert) * expert_bias_update_rate
 
 
+def _biased_routers(model) -> list:
+    """The routers of these model chunks that carry an expert bias and are training."""
+    return [m for chunk in model for m in chunk.modules()
+            if getattr(m, "expert_bias", None) is not None and m.training]
+
+
 def update_router_expert_bias(model, config) -> None:
     """Every router's expert bias moves one step: one stacked all-reduce of the counts for all
     of a rank's MoE layers (Megatron's _update_router_expert_bias)."""
-    routers = [m for chunk in model for m in chunk.modules()
-               if getattr(m, "expert_bias", None) is not None and m.training]
+    routers = _biased_routers(model)
     if not routers:   # a stage without MoE layers
         return
     counts = torch.stack([r.local_tokens_per_expert for r in routers])
@@ -242,8 +247,10 @@ def update_router_expert_bias(model, config) -> None:
         router.expert_bias.copy_(bias)
 
 
-@traced(args=lambda model, config: {"expert_bias": config.moe_router_enable_expert_bias,
-                                    "balance": config.moe_router_load_balancing_type})
+# The trace shows, per MoE layer of the rank, the bias this step routed with and this rank's counts.
+@traced(args=lambda model, config: {
+    "expert_bias": [[round(b, 6) for b in r.expert_bias.tolist()] for r in _biased_routers(model)],
+    "tokens_per_expert": [[int(n) for n in r.local_tokens_per_expert.tolist()] for r in _biased_routers(model)]})
 def finish_router_step(model, config) -> None:
     """After the step's backward (finalize_model_grads): the aux-loss-free bias update, then
     the routers' per-step counts start again (Megatron's reset_model_temporary_tensors)."""
