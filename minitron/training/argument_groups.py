@@ -204,6 +204,11 @@ def _add_moe_args(parser):
                    help="aux-loss-free balancing: a per-expert bias on the choice, moved after each step")
     g.add_argument("--moe-router-bias-update-rate", type=float_in(0.0), default=1e-3,
                    help="the expert bias's step per global batch (default 1e-3, DeepSeek-V3's)")
+    g.add_argument("--moe-token-dispatcher-type", default="allgather", choices=["allgather", "alltoall"],
+                   help="how tokens reach their experts: all-gather the group's tokens (Megatron's default) "
+                        "or send each rank only its experts' rows (all-to-all); flex (DeepEP) is not built")
+    g.add_argument("--moe-grouped-gemm", action="store_true",
+                   help="run the local experts as one batched matmul instead of one after another")
     g.add_argument("--moe-shared-expert-intermediate-size", type=POSITIVE, default=None,
                    help="width of an MLP every token goes through beside the routed experts "
                         "(n shared experts of width f: n x f)")

@@ -80,7 +80,7 @@ MOE_DEFAULTS = {"moe_router_topk": 2, "moe_aux_loss_coeff": 0.0, "moe_layer_freq
 # MoE flags whose default (None or off) says "not given": refused for a dense model too.
 _MOE_ONLY = ("moe_ffn_hidden_size", "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
              "moe_router_pre_softmax", "moe_router_topk_scaling_factor", "moe_router_dtype", "moe_z_loss_coeff",
-             "moe_router_enable_expert_bias", "moe_shared_expert_intermediate_size")
+             "moe_router_enable_expert_bias", "moe_shared_expert_intermediate_size", "moe_grouped_gemm")
 
 
 def validate_moe(args):
@@ -127,10 +127,10 @@ def validate_moe(args):
 
 
 # Flags that reach TransformerConfig under the same name (core_transformer_config_from_args).
-MOE_ROUTER_FIELDS = ("moe_token_drop_policy", "moe_router_load_balancing_type", "moe_router_score_function",
+MOE_CONFIG_FIELDS = ("moe_token_drop_policy", "moe_router_load_balancing_type", "moe_router_score_function",
                      "moe_router_pre_softmax", "moe_router_topk_scaling_factor", "moe_router_dtype",
                      "moe_z_loss_coeff", "moe_router_enable_expert_bias", "moe_router_bias_update_rate",
-                     "moe_shared_expert_intermediate_size")
+                     "moe_shared_expert_intermediate_size", "moe_token_dispatcher_type", "moe_grouped_gemm")
 
 
 def validate_moe_router(args):

@@ -40,9 +40,6 @@ NO_EFFECT = {
     "--cross-entropy-loss-fusion": (False, _FUSION),
     "--no-persist-layer-norm": (False, _FUSION),
     "--moe-shared-expert-overlap": (False, "runs the shared experts while the tokens travel; the same sum"),
-    "--moe-grouped-gemm": (False, "one GEMM for all local experts instead of one each; the same products"),
-    "--moe-token-dispatcher-type": (True, "all-to-all, all-gather and flex move the same tokens; "
-                                          "minitron's dispatcher is the all-to-all"),
     "--overlap-grad-reduce": (False, _OVERLAP),
     "--overlap-param-gather": (False, _OVERLAP),
     "--tensorboard-dir": (True, _LOGGER),

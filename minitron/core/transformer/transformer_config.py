@@ -105,6 +105,8 @@ class TransformerConfig(ModelParallelConfig):
     moe_router_enable_expert_bias: bool = False   # aux-loss-free balancing: a bias on the choice only
     moe_router_bias_update_rate: float = 1e-3     # the bias's step after each global batch
     moe_shared_expert_intermediate_size: int | None = None   # one always-on MLP of this width beside the experts
+    moe_token_dispatcher_type: str = "allgather"  # or "alltoall" (moe/token_dispatcher.py)
+    moe_grouped_gemm: bool = False           # the local experts as one batched matmul (experts_grouped.py)
     expert_model_parallel_size: int = 1
     expert_tensor_parallel_size: int | None = None  # None: tensor_model_parallel_size
 

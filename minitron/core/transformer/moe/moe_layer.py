@@ -17,9 +17,10 @@ from __future__ import annotations
 from minitron.core import parallel_state
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.moe.experts import SequentialMLP
+from minitron.core.transformer.moe.experts_grouped import GroupedMLP
 from minitron.core.transformer.moe.router import TopKRouter
 from minitron.core.transformer.moe.shared_experts import SharedExpertMLP
-from minitron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+from minitron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher, MoEAlltoAllTokenDispatcher
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
@@ -36,9 +37,11 @@ class MoELayer(MegatronModule):
         self.num_local_experts = config.num_moe_experts // ep_size
         self.local_expert_indices = [ep_rank * self.num_local_experts + i for i in range(self.num_local_experts)]
         self.router = TopKRouter(config, layer_number)
-        self.token_dispatcher = MoEAlltoAllTokenDispatcher(self.num_local_experts, self.local_expert_indices,
-                                                           config)
-        self.experts = SequentialMLP(self.num_local_experts, config, layer_number, self.local_expert_indices)
+        dispatcher = {"allgather": MoEAllGatherTokenDispatcher,
+                      "alltoall": MoEAlltoAllTokenDispatcher}[config.moe_token_dispatcher_type]
+        self.token_dispatcher = dispatcher(self.num_local_experts, self.local_expert_indices, config)
+        experts = GroupedMLP if config.moe_grouped_gemm else SequentialMLP
+        self.experts = experts(self.num_local_experts, config, layer_number, self.local_expert_indices)
         self.shared_experts = (SharedExpertMLP(config) if config.moe_shared_expert_intermediate_size
                                else None)
 
