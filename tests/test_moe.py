@@ -20,9 +20,8 @@ import json
 
 import pytest
 import torch
-from distributed import run_ranks
+from distributed import pretrain_records, run_ranks
 
-from minitron.launcher import LaunchConfig, RankFailure, Target, launch
 from minitron.training.arguments import ArgumentError, build_parser, validate_args
 
 ITERS = 3
@@ -37,22 +36,11 @@ MODEL = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2
          "--disable-bias-linear", *MOE]   # no biases: expert tp 2 allows none (the router test below has them)
 
 
-def train(out, world, argv) -> list[dict]:
-    """pretrain_gpt on ``world`` forked gloo ranks; its iteration records."""
-    out.mkdir()
-    argv = argv + ["--log-jsonl", str(out / "iterations.jsonl")]
-    try:
-        launch(LaunchConfig(world_size=world, log_dir=out / "logs"), Target(module="minitron.pretrain_gpt", argv=argv))
-    except RankFailure as failure:
-        raise AssertionError(f"{failure}\n{failure.log_tail(30)}") from None
-    return [json.loads(line) for line in open(out / "iterations.jsonl")]
-
-
 def run(tmp_path, name, world, *flags):
     argv = MODEL + list(flags)
     if "--save-interval" in flags:
         argv += ["--save", str(tmp_path / "checkpoints")]
-    records = train(tmp_path / name, world, argv)
+    records = pretrain_records(tmp_path / name, world, argv)
     return [r["lm_loss"] for r in records], [r["load_balancing_loss"] for r in records]
 
 

@@ -12,7 +12,8 @@ them against Megatron-Core itself).
 
 import pytest
 import torch
-from test_moe import MODEL, train
+from distributed import pretrain_records
+from test_moe import MODEL
 
 from minitron.training.arguments import ArgumentError, build_parser, validate_args
 
@@ -28,8 +29,8 @@ BIASED = [flag for flag in MODEL if flag != "--disable-bias-linear"] + DEEPSEEK 
 
 def test_deepseek_router_tp2_ep2_matches_serial(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")   # the serial rank alone would take every core's thread
-    serial = train(tmp_path / "serial", 1, BIASED)
-    layout = train(tmp_path / "tp2-ep2", 2, BIASED + ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+    serial = pretrain_records(tmp_path / "serial", 1, BIASED)
+    layout = pretrain_records(tmp_path / "tp2-ep2", 2, BIASED + ["--tensor-model-parallel-size", "2", "--sequence-parallel",
                                                       "--expert-model-parallel-size", "2",
                                                       "--expert-tensor-parallel-size", "1"])
     for key in ("lm_loss", "seq_load_balancing_loss", "z_loss"):
