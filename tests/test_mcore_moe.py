@@ -51,6 +51,47 @@ ROUTERS = {   # name: TransformerConfig fields both take
 }
 
 
+def _both_all_gather_dispatchers(rank):
+    """On each of 2 expert-parallel ranks: Megatron's all-gather dispatcher and minitron's, fed
+    the same tokens and routing; what reaches the local experts, and what comes home."""
+    from megatron.core import parallel_state as mcore_parallel_state
+    from megatron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher as McoreAllGather
+
+    from minitron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher
+
+    torch.cuda.current_device = lambda: "cpu"   # a forked rank of its own: nothing to restore
+    mcore_parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=2)
+    fields = dict(SHAPE, num_moe_experts=4, moe_token_dispatcher_type="allgather")
+    local = [2 * rank, 2 * rank + 1]
+    ours = MoEAllGatherTokenDispatcher(2, local, TransformerConfig(**fields))
+    theirs = McoreAllGather(2, local, McoreConfig(**fields, use_cpu_initialization=True),
+                            pg_collection=get_default_pg_collection())
+    generator = torch.Generator().manual_seed(rank)
+    hidden = torch.randn(SEQ, 1, SHAPE["hidden_size"], generator=generator)
+    top = torch.randn(SEQ, 4, generator=generator).topk(2, dim=1)
+    routing_map = torch.zeros(SEQ, 4, dtype=torch.bool).scatter(1, top.indices, True)
+    probs = torch.zeros(SEQ, 4).scatter(1, top.indices, torch.softmax(top.values, dim=1))
+    tokens, counts = ours.token_permutation(hidden, probs, routing_map)
+    h, p = theirs.dispatch_preprocess(hidden, routing_map, probs)
+    their_tokens, their_counts, their_probs = theirs.dispatch_postprocess(*theirs.token_dispatch(h, p))
+    expert_output = torch.tanh(tokens) * 3   # any function of the rows, the same for both
+    home = ours.token_unpermutation(expert_output)
+    # Megatron's experts weight their own rows (the routing weight travels with them)
+    their_home = theirs.combine_preprocess(expert_output * their_probs.unsqueeze(-1))
+    their_home = theirs.combine_postprocess(theirs.token_combine(their_home))
+    mcore_parallel_state.destroy_model_parallel()
+    return {"tokens": torch.equal(tokens, their_tokens), "counts": counts.tolist() == their_counts.tolist(),
+            "home": (home - their_home).abs().max().item()}
+
+
+def test_all_gather_dispatcher_equals_megatron_cores_on_two_ranks():
+    """First in the file: forked after the one-rank tests below, the ranks hung here."""
+    from distributed import run_ranks
+
+    for rank in run_ranks(_both_all_gather_dispatchers, world_size=2, ep=2):
+        assert rank["tokens"] and rank["counts"] and rank["home"] <= TOL, rank
+
+
 @pytest.fixture
 def trackers():
     """Both libraries' aux-loss records, empty before and after; the autoscalers at scale 1."""
@@ -147,42 +188,3 @@ def test_moe_layer_equals_megatron_cores(one_rank, trackers, monkeypatch, name):
     worst = max((w1[k] - w2[k]).abs().max().item() for k in w1)
     assert worst <= 1e-5, f"{name}: gradients differ from Megatron-Core 0.19.2's by {worst:.2e}"
 
-
-def _both_all_gather_dispatchers(rank):
-    """On each of 2 expert-parallel ranks: Megatron's all-gather dispatcher and minitron's, fed
-    the same tokens and routing; what reaches the local experts, and what comes home."""
-    from megatron.core import parallel_state as mcore_parallel_state
-    from megatron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher as McoreAllGather
-
-    from minitron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher
-
-    torch.cuda.current_device = lambda: "cpu"   # a forked rank of its own: nothing to restore
-    mcore_parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=2)
-    fields = dict(SHAPE, num_moe_experts=4, moe_token_dispatcher_type="allgather")
-    local = [2 * rank, 2 * rank + 1]
-    ours = MoEAllGatherTokenDispatcher(2, local, TransformerConfig(**fields))
-    theirs = McoreAllGather(2, local, McoreConfig(**fields, use_cpu_initialization=True),
-                            pg_collection=get_default_pg_collection())
-    generator = torch.Generator().manual_seed(rank)
-    hidden = torch.randn(SEQ, 1, SHAPE["hidden_size"], generator=generator)
-    top = torch.randn(SEQ, 4, generator=generator).topk(2, dim=1)
-    routing_map = torch.zeros(SEQ, 4, dtype=torch.bool).scatter(1, top.indices, True)
-    probs = torch.zeros(SEQ, 4).scatter(1, top.indices, torch.softmax(top.values, dim=1))
-    tokens, counts = ours.token_permutation(hidden, probs, routing_map)
-    h, p = theirs.dispatch_preprocess(hidden, routing_map, probs)
-    their_tokens, their_counts, their_probs = theirs.dispatch_postprocess(*theirs.token_dispatch(h, p))
-    expert_output = torch.tanh(tokens) * 3   # any function of the rows, the same for both
-    home = ours.token_unpermutation(expert_output)
-    # Megatron's experts weight their own rows (the routing weight travels with them)
-    their_home = theirs.combine_preprocess(expert_output * their_probs.unsqueeze(-1))
-    their_home = theirs.combine_postprocess(theirs.token_combine(their_home))
-    mcore_parallel_state.destroy_model_parallel()
-    return {"tokens": torch.equal(tokens, their_tokens), "counts": counts.tolist() == their_counts.tolist(),
-            "home": (home - their_home).abs().max().item()}
-
-
-def test_all_gather_dispatcher_equals_megatron_cores_on_two_ranks():
-    from distributed import run_ranks
-
-    for rank in run_ranks(_both_all_gather_dispatchers, world_size=2, ep=2):
-        assert rank["tokens"] and rank["counts"] and rank["home"] <= TOL, rank
