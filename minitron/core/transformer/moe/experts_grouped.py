@@ -60,12 +60,11 @@ class GroupedMLP(MegatronModule):
         "tokens_per_expert": [int(n) for n in tokens_per_expert]})
     def forward(self, permuted_local_hidden_states, tokens_per_expert):
         """Rows grouped by local expert -> the same rows' outputs, in the same order."""
-        counts = [int(n) for n in tokens_per_expert]
+        x, counts = permuted_local_hidden_states, [int(n) for n in tokens_per_expert]
         # Expert e's rows go to [e, :counts[e]] of a zero-padded [E_local, max, h] block.
-        rows = max(counts + [1])
-        expert_of_row = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
-        slot_of_row = torch.cat([torch.arange(n) for n in counts]) if counts else torch.zeros(0, dtype=torch.long)
-        block = permuted_local_hidden_states.new_zeros(len(counts), rows, permuted_local_hidden_states.shape[-1])
-        block = block.index_put((expert_of_row, slot_of_row), permuted_local_hidden_states)
+        expert_of_row = torch.repeat_interleave(torch.arange(len(counts), device=x.device),
+                                                torch.tensor(counts, device=x.device))
+        slot_of_row = torch.cat([torch.arange(n, device=x.device) for n in counts])
+        block = x.new_zeros(len(counts), max(counts + [1]), x.shape[-1]).index_put((expert_of_row, slot_of_row), x)
         out = self.linear_fc2(self.activation_func(self.linear_fc1(block)))
         return out[expert_of_row, slot_of_row], None
