@@ -146,7 +146,8 @@ def validate_moe_router(args):
             f"experts have biases only with --expert-tensor-parallel-size 1 (Megatron's rule), got {etp}: "
             "add --disable-bias-linear, or --expert-tensor-parallel-size 1")
     require(args.moe_shared_expert_intermediate_size is None or not args.add_bias_linear,
-            "--moe-shared-expert-intermediate-size: Megatron's shared experts have no biases; add --disable-bias-linear")
+            "--moe-shared-expert-intermediate-size: Megatron's shared experts have no biases; "
+            "add --disable-bias-linear")
     shared = args.moe_shared_expert_intermediate_size
     require(shared is None or shared % args.tensor_model_parallel_size == 0,
             f"--moe-shared-expert-intermediate-size {shared} is not divisible by --tensor-model-parallel-size "

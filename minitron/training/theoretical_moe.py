@@ -1,14 +1,17 @@
 """What the experts add to a rank's cost: the estimate's mixture-of-experts terms.
 
 The parameters are the easy part (theoretical_params.moe_mlp_params: the router, the shared
-expert, and E/ep experts cut by expert tp, with their biases when expert tp is 1). They live in a gradient buffer of their own, reduced and, with the
-distributed optimizer, sharded over the *expert*-data-parallel group: the ranks that hold the
-same experts, world / (expert tp x ep x pp) of them.
+expert, and E/ep experts cut by expert tp, with their biases when expert tp is 1). The experts
+live in a gradient buffer of their own, reduced and, with the distributed optimizer, sharded
+over the *expert*-data-parallel group: the ranks that hold the same experts, world / (expert
+tp x ep x pp) of them.
 
-The traffic is the hard part. Per MoE layer and micro-batch the dispatcher (moe/token_dispatcher.py)
-hands the all-to-all over ep the rows this rank sends to the experts, and in the combine the rows
-it received; backward sends both back. How many rows an expert receives is the router's choice,
-known only when the step runs. Two cases:
+The traffic is the hard part only for the all-to-all dispatcher. The all-gather one (Megatron's
+default) gathers every token of the expert tp x ep group and reduce-scatters the outputs back:
+sizes fixed by the layout, exact. The all-to-all, per MoE layer and micro-batch, hands over ep
+the rows this rank sends to the experts, and in the combine the rows it received; backward
+sends both back. How many rows an expert receives is the router's choice, known only when the
+step runs. Two cases:
 
 * ``--moe-expert-capacity-factor F --moe-pad-expert-input-to-capacity``: every expert gets
   exactly ``capacity = ceil(F x T x k / E)`` rows from each rank (T: the rank's tokens in a

@@ -13,8 +13,9 @@ sort_chunks_by_idxs
 
 get_capacity, apply_router_token_dropping
     Optional capacity (--moe-expert-capacity-factor): an expert takes at most its share of the
-    tokens times a factor; the rest are dropped (the least probable, or the last in the batch). With --moe-pad-expert-input-to-capacity every
-    expert gets exactly its capacity, so the dispatcher's messages have sizes known in advance.
+    tokens times a factor; the rest are dropped (the least probable, or by position). With
+    --moe-pad-expert-input-to-capacity every expert gets exactly its capacity, so the
+    dispatcher's messages have sizes known in advance.
 
 switch_load_balancing_loss_func, MoEAuxLossAutoScaler
     Left alone, a router learns to favour a few experts and the others starve. The Switch
@@ -71,9 +72,9 @@ def apply_router_token_dropping(probs: torch.Tensor, routing_map: torch.Tensor, 
     "probs", those with the largest routing probabilities; with "position", ``capacity`` of the
     tokens that chose it, whatever their probabilities: the column's top-k of the 0/1 map, as
     Megatron computes it. (Megatron's help says the last tokens are dropped; which of the equal
-    ones torch.topk keeps is its own choice, on the CPU not always the first.) A token chosen by the router but beyond the capacity
-    is dropped (its probability for that expert becomes 0, so its output lacks that expert's
-    share; the residual connection still carries it). Padding keeps ``capacity`` rows per
+    ones torch.topk keeps is its own choice, on the CPU not always the first.) A token chosen
+    by the router but beyond the capacity is dropped (its probability for that expert becomes
+    0, so its output lacks that expert's share; the residual connection still carries it). Padding keeps ``capacity`` rows per
     column whatever the router chose: the extra rows are tokens with probability 0, computed by
     the expert and weighted by nothing, so every expert's input, and so every all-to-all, has
     one fixed size. When the capacity exceeds the rank's tokens, nothing is dropped, and
