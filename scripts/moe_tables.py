@@ -5,6 +5,7 @@ with experts.
     python scripts/moe_tables.py capacity TRACE_DIR   the router's choices per expert, and what the capacity kept
     python scripts/moe_tables.py grads TRACE_DIR      which group each gradient reduction ran on
     python scripts/moe_tables.py log TRACE_DIR        the losses of the last rank's iteration line
+    python scripts/moe_tables.py bias TRACE_DIR       the expert bias of aux-loss-free balancing, step by step
 
 Every number comes from the trace: the split sizes and shapes the all-to-all wrapper recorded
 (minitron/trace/torch_hooks.py), the token counts SequentialMLP.forward recorded.
@@ -106,5 +107,18 @@ def log(trace_dir: Path) -> None:
     print(" | ".join(fields))
 
 
+def bias(trace_dir: Path) -> None:
+    """Rank 0's first MoE layer after each step (finish_router_step's record): the bias it
+    routed with, and the tokens it sent each expert."""
+    records = load(trace_dir)[0]
+    steps = [r["args"] for r in records if r["name"].endswith("finish_router_step")]
+    experts = len(steps[0]["expert_bias"][0])
+    print_heading("The first MoE layer on rank 0, step by step (finish_router_step's record):\n",
+                  f"{'step':>4}  {'tokens per expert (rank 0)':<28}expert bias it routed with")
+    for step, args in enumerate(steps, start=1):
+        counts, bias = args["tokens_per_expert"][0], args["expert_bias"][0]
+        print(f"{step:>4}  {str(counts):<28}{' '.join(f'{b:+.3f}' for b in bias[:experts])}")
+
+
 if __name__ == "__main__":
-    {"dispatch": dispatch, "capacity": capacity, "grads": grads, "log": log}[sys.argv[1]](Path(sys.argv[2]))
+    {"dispatch": dispatch, "capacity": capacity, "grads": grads, "log": log, "bias": bias}[sys.argv[1]](Path(sys.argv[2]))

@@ -2,7 +2,8 @@
 
 * padded to capacity (--moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity), the
   bytes handed to every group kind (ep's all-to-alls, expert tp's gathers, expt-dp's reductions)
-  equal the traced run's exactly, and --check says so;
+  equal the traced run's exactly, and --check says so; with the all-gather dispatcher (Megatron's
+  default) too, whose messages over the expert tp x ep group always carry every token;
 * with or without padding, the parameters, gradient buffers and optimizer state equal what the
   ranks hold (the experts' buffer over the expert-data-parallel group, sharded by the
   distributed optimizer), and activations are within 10% of the bytes saved for backward;
@@ -21,11 +22,16 @@ from minitron.training.theoretical_moe import expectation_keys
 
 MOE = ["--num-layers", "2", "--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "1e-2", "--moe-layer-freq", "2",
        "--hidden-dropout", "0", "--attention-dropout", "0"]
+A2A = ["--moe-token-dispatcher-type", "alltoall"]   # else Megatron's default, the all-gather
 PAD = ["--moe-expert-capacity-factor", "1.5", "--moe-pad-expert-input-to-capacity"]
 LAYOUTS = {   # name: (world, flags, exact communication)
-    "ep2-tp2-sp-pad": (4, ["--tp", "2", "--sequence-parallel", "--ep", "2", *PAD], True),
-    "dp4-ep2-distopt-pad": (4, ["--ep", "2", "--use-distributed-optimizer", "--global-batch-size", "4", *PAD], True),
-    "ep2-dropless": (2, ["--ep", "2", "--global-batch-size", "4"], False),
+    # expert tp 2 allows no biases; a shared expert (split over tp like the dense MLP) instead
+    "ep2-tp2-sp-pad": (4, ["--tp", "2", "--sequence-parallel", "--ep", "2", "--disable-bias-linear",
+                           "--moe-shared-expert-intermediate-size", "32", *PAD, *A2A], True),
+    # the all-gather dispatcher: every message carries all tokens, padded or not
+    "dp4-ep2-distopt-pad-allgather": (4, ["--ep", "2", "--use-distributed-optimizer", "--global-batch-size", "4",
+                                          *PAD], True),
+    "ep2-dropless": (2, ["--ep", "2", "--global-batch-size", "4", *A2A], False),
 }
 
 
@@ -55,7 +61,8 @@ def test_moe_estimate_matches_execution(tmp_path, capsys, name):
 
 
 def test_moe_params_against_closed_form():
-    """E experts of 2 x h x ffn each in every MoE layer, plus the router's E x h; ep divides them."""
+    """E experts of 2 x h x ffn (and their biases) in every MoE layer, plus the router's E x h and
+    E biases; ep divides the experts."""
     from test_estimate import estimate_args
 
     h, ffn, e, layers = 64, 256, 8, 4
@@ -65,10 +72,11 @@ def test_moe_params_against_closed_form():
     dense = tmu.total_params(estimate_args(1, *flags[:-2]))
     moe = tmu.total_params(estimate_args(8, "--ep", "4", *flags))
     mlp = 2 * h * ffn + ffn + h   # the dense MLP's weights and biases
-    assert moe - dense == layers * (e * 2 * h * ffn + e * h - mlp)
+    # each expert an MLP with its biases (expert tp 1), the router's weight and bias
+    assert moe - dense == layers * (e * mlp + e * h + e - mlp)
     per_rank = tmu.report_theoretical_memory(estimate_args(8, "--ep", "4", *flags))[0].params
     serial = tmu.report_theoretical_memory(estimate_args(1, *flags))[0].params
-    assert serial - per_rank == layers * (e - e // 4) * 2 * h * ffn   # 3/4 of the experts elsewhere
+    assert serial - per_rank == layers * (e - e // 4) * mlp   # 3/4 of the experts elsewhere
 
 
 def test_estimate_refuses_padding_without_capacity(capsys, monkeypatch):

@@ -5,7 +5,9 @@ and the dispatcher's pieces do what the chapter says.
    load-balancing loss on (coefficient 1e-2, so its gradient moves the router): per-iteration lm
    loss within 1e-5 of the serial run, the logged load_balancing_loss too, in layouts with expert
    parallelism alone, with tensor (and expert tensor) parallelism, inside data parallelism (with
-   the distributed optimizer), and across pipeline stages, the second of which holds no MoE layer.
+   the distributed optimizer), and across pipeline stages, the second of which holds no MoE layer
+   (there with --moe-grouped-gemm); with the all-to-all dispatcher, and at tp 2 x ep 2 with the
+   all-gather one too, so the two dispatchers compute the same.
 2. permute / unpermute: rows grouped by expert, and back.
 3. the all-to-all dispatcher on 2 ranks with identity experts: every token comes home whole.
 4. the switch loss against a hand computation, and the autoscaler's gradient.
@@ -18,32 +20,27 @@ import json
 
 import pytest
 import torch
-from distributed import run_ranks
+from distributed import pretrain_records, run_ranks
 
-from minitron.launcher import LaunchConfig, RankFailure, Target, launch
 from minitron.training.arguments import ArgumentError, build_parser, validate_args
 
 ITERS = 3
 # Layer 1 is an MoE layer, layer 2 dense (--moe-layer-freq 2): with pp 2 the second stage has none.
-MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "1e-2", "--moe-layer-freq", "2"]
+# The all-to-all dispatcher unless a layout says otherwise (Megatron's default is the all-gather).
+MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "1e-2", "--moe-layer-freq", "2",
+       "--moe-token-dispatcher-type", "alltoall"]
 MODEL = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "8",
          "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", str(ITERS), "--lr", "1e-2",
          "--mock-data", "--vocab-size", "127", "--make-vocab-size-divisible-by", "32",  # 128 rows at tp 1 and 2
          "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "7", "--distributed-backend", "gloo",
-         *MOE]
+         "--disable-bias-linear", *MOE]   # no biases: expert tp 2 allows none (the router test below has them)
 
 
 def run(tmp_path, name, world, *flags):
-    out = tmp_path / name
-    out.mkdir()
-    argv = MODEL + ["--log-jsonl", str(out / "iterations.jsonl"), *flags]
+    argv = MODEL + list(flags)
     if "--save-interval" in flags:
         argv += ["--save", str(tmp_path / "checkpoints"), "--ckpt-format", "torch"]   # one directory per ep rank
-    try:
-        launch(LaunchConfig(world_size=world, log_dir=out / "logs"), Target(module="minitron.pretrain_gpt", argv=argv))
-    except RankFailure as failure:
-        raise AssertionError(f"{failure}\n{failure.log_tail(30)}") from None
-    records = [json.loads(line) for line in open(out / "iterations.jsonl")]
+    records = pretrain_records(tmp_path / name, world, argv)
     return [r["lm_loss"] for r in records], [r["load_balancing_loss"] for r in records]
 
 
@@ -57,7 +54,10 @@ LAYOUTS = {   # name: (world, flags)
     "ep2": (2, EP),
     "ep2-tp2": (4, EP + ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),   # expert tp 2 too
     "dp4-ep2-distopt": (4, EP + ["--use-distributed-optimizer", "--save-interval", "2"]),   # saves (below)
-    "ep2-pp2": (4, EP + ["--pipeline-model-parallel-size", "2"]),
+    "ep2-pp2": (4, EP + ["--pipeline-model-parallel-size", "2", "--moe-grouped-gemm"]),   # 2 experts, one bmm
+    # every rank of the tp x ep group (4) gathers all its tokens; expert tp 2 slices each expert
+    "ep2-tp2-allgather": (4, EP + ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                   "--moe-token-dispatcher-type", "allgather"]),
     "cp2-ep2": (4, EP + ["--context-parallel-size", "2"]),   # the switch loss scaled by cp
 }
 

@@ -35,7 +35,8 @@ def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: 
     if backend:
         argv += ["--distributed-backend", backend]
     if ep > 1:  # expert groups need experts to split; an initialization-only run builds no model
-        argv += ["--num-experts", str(ep)] + (["--sequence-parallel"] if tp > 1 else [])  # MoE + tp: SP
+        # MoE + tp: sequence parallel, and (expert tp = tp) no expert biases: Megatron's rules
+        argv += ["--num-experts", str(ep)] + (["--sequence-parallel", "--disable-bias-linear"] if tp > 1 else [])
     if vp is not None:  # 0 too: the parser refuses it in Megatron's words
         argv += ["--virtual-pipeline-model-parallel-size", str(vp)]
     if order == TP_PP_DP_ORDER:

@@ -231,10 +231,37 @@ def _add_moe_args(parser):
     g.add_argument("--moe-expert-capacity-factor", type=CAPACITY, default=None, metavar="F",
                    help="an expert takes at most ceil(F x tokens x topk / experts) of a rank's tokens per "
                         "micro-batch; the rest are dropped (lowest probabilities first). Default: dropless")
-    g.add_argument("--moe-router-load-balancing-type", default="aux_loss", choices=["aux_loss"],
-                   help="the router's balancing: the auxiliary loss (Megatron's default) is minitron's one")
     g.add_argument("--moe-pad-expert-input-to-capacity", action="store_true",
                    help="fill every expert's input up to its capacity, so each all-to-all has a fixed size")
+    g.add_argument("--moe-token-drop-policy", default="probs", choices=["probs", "position"],
+                   help="beyond capacity, drop the least probable tokens (probs) or the last ones (position)")
+    # Routing (moe/router.py, moe_utils.topk_routing_with_score_function); Megatron's defaults.
+    g.add_argument("--moe-router-load-balancing-type", default="aux_loss",
+                   choices=["aux_loss", "seq_aux_loss", "global_aux_loss", "none"],
+                   help="the balance loss weighted by --moe-aux-loss-coeff: per micro-batch, per sequence, "
+                        "per global batch, or none (Sinkhorn is not built)")
+    g.add_argument("--moe-router-score-function", default="softmax", choices=["softmax", "sigmoid"],
+                   help="how logits become scores: softmax over experts, or one sigmoid each")
+    g.add_argument("--moe-router-pre-softmax", action="store_true",
+                   help="softmax over all experts before the top-k (default: over the chosen k after)")
+    g.add_argument("--moe-router-topk-scaling-factor", type=float_in(0.0, above=True), default=None,
+                   help="multiply the chosen experts' weights by this (default: no scaling)")
+    g.add_argument("--moe-router-dtype", default=None, choices=["fp32", "fp64"],
+                   help="run the router's matmul and scores in this precision (default: the model's)")
+    g.add_argument("--moe-z-loss-coeff", type=float_in(0.0), default=None,
+                   help="weight of the router z-loss, mean logsumexp(logits)^2 (Megatron suggests 1e-3)")
+    g.add_argument("--moe-router-enable-expert-bias", action="store_true",
+                   help="aux-loss-free balancing: a per-expert bias on the choice, moved after each step")
+    g.add_argument("--moe-router-bias-update-rate", type=float_in(0.0), default=1e-3,
+                   help="the expert bias's step per global batch (default 1e-3, DeepSeek-V3's)")
+    g.add_argument("--moe-token-dispatcher-type", default="allgather", choices=["allgather", "alltoall"],
+                   help="how tokens reach their experts: all-gather the group's tokens (Megatron's default) "
+                        "or send each rank only its experts' rows (all-to-all); flex (DeepEP) is not built")
+    g.add_argument("--moe-grouped-gemm", action="store_true",
+                   help="run the local experts as one batched matmul instead of one after another")
+    g.add_argument("--moe-shared-expert-intermediate-size", type=POSITIVE, default=None,
+                   help="width of an MLP every token goes through beside the routed experts "
+                        "(n shared experts of width f: n x f)")
 
 
 def _add_deepspeed_args(parser):

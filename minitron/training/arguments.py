@@ -20,8 +20,8 @@ from functools import lru_cache
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate_parallel_sizes
 from minitron.trace import traced
 from minitron.training.argument_groups import ArgumentError, build_parser, require
-from minitron.training.arguments_features import (validate_context_parallel, validate_modern_options,
-                                                   validate_moe)
+from minitron.training.arguments_features import (MOE_CONFIG_FIELDS, validate_context_parallel,
+                                                   validate_modern_options, validate_moe)
 from minitron.training.arguments_schedule import validate_batch, validate_lr_schedule, validate_run_length
 from minitron.training.datasets.arguments import validate_data_args
 
@@ -257,6 +257,7 @@ def core_transformer_config_from_args(args):
         moe_ffn_hidden_size=args.moe_ffn_hidden_size,
         moe_expert_capacity_factor=args.moe_expert_capacity_factor,
         moe_pad_expert_input_to_capacity=args.moe_pad_expert_input_to_capacity,
+        **{name: getattr(args, name) for name in MOE_CONFIG_FIELDS},
         expert_model_parallel_size=args.expert_model_parallel_size,
         expert_tensor_parallel_size=args.expert_tensor_parallel_size,
     )

@@ -147,14 +147,17 @@ def validate_context_parallel(args):
 # Megatron's defaults for the MoE flags, filled in by validate_moe: the parser leaves them None
 # so that a flag given to a dense model is refused rather than ignored.
 MOE_DEFAULTS = {"moe_router_topk": 2, "moe_aux_loss_coeff": 0.0, "moe_layer_freq": 1}
+# MoE flags whose default (None or off) says "not given": refused for a dense model too.
+_MOE_ONLY = ("moe_ffn_hidden_size", "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
+             "moe_router_pre_softmax", "moe_router_topk_scaling_factor", "moe_router_dtype", "moe_z_loss_coeff",
+             "moe_router_enable_expert_bias", "moe_shared_expert_intermediate_size", "moe_grouped_gemm")
 
 
 def validate_moe(args):
     """Mixture of experts (Megatron's rules; --num-experts 0 was turned into None above)."""
     capacity = args.moe_expert_capacity_factor
     if args.num_experts is None:
-        given = [name for name in (*MOE_DEFAULTS, "moe_ffn_hidden_size", "moe_expert_capacity_factor",
-                                   "moe_pad_expert_input_to_capacity") if getattr(args, name) not in (None, False)]
+        given = [name for name in (*MOE_DEFAULTS, *_MOE_ONLY) if getattr(args, name) not in (None, False)]
         require(not given, f"--{given[0].replace('_', '-') if given else ''} is for a mixture of experts, and this "
                  "model has none: add --num-experts E, or drop it")
     for name, value in MOE_DEFAULTS.items():
@@ -190,3 +193,32 @@ def validate_moe(args):
     require(args.moe_ffn_hidden_size % etp == 0,
              f"the experts' ffn size {args.moe_ffn_hidden_size} (--moe-ffn-hidden-size, default "
              f"--ffn-hidden-size) is not divisible by --expert-tensor-parallel-size {etp}")
+    validate_moe_router(args)
+
+
+# Flags that reach TransformerConfig under the same name (core_transformer_config_from_args).
+MOE_CONFIG_FIELDS = ("moe_token_drop_policy", "moe_router_load_balancing_type", "moe_router_score_function",
+                     "moe_router_pre_softmax", "moe_router_topk_scaling_factor", "moe_router_dtype",
+                     "moe_z_loss_coeff", "moe_router_enable_expert_bias", "moe_router_bias_update_rate",
+                     "moe_shared_expert_intermediate_size", "moe_token_dispatcher_type", "moe_grouped_gemm")
+
+
+def validate_moe_router(args):
+    """The router's and the experts' options: Megatron's TransformerConfig rules, as one line each."""
+    require(args.moe_router_topk > 1 or args.moe_router_score_function != "softmax" or args.moe_router_pre_softmax,
+            "--moe-router-topk 1 with a softmax after the top-k gives every token the weight 1 and the router "
+            "no gradient: add --moe-router-pre-softmax (Megatron's rule)")
+    require(not args.moe_router_enable_expert_bias or args.moe_router_score_function == "sigmoid",
+            "--moe-router-enable-expert-bias biases the sigmoid scores: add --moe-router-score-function sigmoid")
+    # A bias on an expert-tensor-parallel slice would be added once per slice (experts.py).
+    etp = args.expert_tensor_parallel_size
+    require(not args.add_bias_linear or etp == 1,
+            f"experts have biases only with --expert-tensor-parallel-size 1 (Megatron's rule), got {etp}: "
+            "add --disable-bias-linear, or --expert-tensor-parallel-size 1")
+    require(args.moe_shared_expert_intermediate_size is None or not args.add_bias_linear,
+            "--moe-shared-expert-intermediate-size: Megatron's shared experts have no biases; "
+            "add --disable-bias-linear")
+    shared = args.moe_shared_expert_intermediate_size
+    require(shared is None or shared % args.tensor_model_parallel_size == 0,
+            f"--moe-shared-expert-intermediate-size {shared} is not divisible by --tensor-model-parallel-size "
+            f"{args.tensor_model_parallel_size}: the shared expert is split like the dense MLP")

@@ -39,9 +39,7 @@ NO_EFFECT = {
     "--no-gradient-accumulation-fusion": (False, _FUSION),
     "--cross-entropy-loss-fusion": (False, _FUSION),
     "--no-persist-layer-norm": (False, _FUSION),
-    "--moe-grouped-gemm": (False, "one GEMM for all local experts instead of one each; the same products"),
-    "--moe-token-dispatcher-type": (True, "all-to-all, all-gather and flex move the same tokens; "
-                                          "minitron's dispatcher is the all-to-all"),
+    "--moe-shared-expert-overlap": (False, "runs the shared experts while the tokens travel; the same sum"),
     "--overlap-grad-reduce": (False, _OVERLAP),
     "--overlap-param-gather": (False, _OVERLAP),
     "--tensorboard-dir": (True, _LOGGER),

@@ -50,8 +50,9 @@ def _batch_broadcasts(args, first: bool, last: bool, tally: _Tally, times: int) 
 def _linear_pairs(args, layers) -> int:
     """Column-then-row linear pairs in these layers: attention's qkv -> proj in each, and the
     MLP's fc1 -> fc2 where the MLP is dense (an MoE layer's experts are cut by expert tp, and
-    their traffic is theoretical_moe's)."""
-    return sum(1 if is_moe_layer(args, layer) else 2 for layer in layers)
+    their traffic is theoretical_moe's; its shared expert, if any, is a dense MLP's pair)."""
+    shared = 2 if getattr(args, "moe_shared_expert_intermediate_size", None) else 1
+    return sum(shared if is_moe_layer(args, layer) else 2 for layer in layers)
 
 
 def _tp_traffic(args, pre: bool, post: bool, chunk: range, tally: _Tally, times: int) -> None:

@@ -1,14 +1,17 @@
 """What the experts add to a rank's cost: the estimate's mixture-of-experts terms.
 
-The parameters are the easy part (theoretical_params.moe_mlp_params: the router, and E/ep
-experts cut by expert tp). They live in a gradient buffer of their own, reduced and, with the
-distributed optimizer, sharded over the *expert*-data-parallel group: the ranks that hold the
-same experts, world / (expert tp x ep x pp) of them.
+The parameters are the easy part (theoretical_params.moe_mlp_params: the router, the shared
+expert, and E/ep experts cut by expert tp, with their biases when expert tp is 1). The experts
+live in a gradient buffer of their own, reduced and, with the distributed optimizer, sharded
+over the *expert*-data-parallel group: the ranks that hold the same experts, world / (expert
+tp x ep x pp) of them.
 
-The traffic is the hard part. Per MoE layer and micro-batch the dispatcher (moe/token_dispatcher.py)
-hands the all-to-all over ep the rows this rank sends to the experts, and in the combine the rows
-it received; backward sends both back. How many rows an expert receives is the router's choice,
-known only when the step runs. Two cases:
+The traffic is the hard part only for the all-to-all dispatcher. The all-gather one (Megatron's
+default) gathers every token of the expert tp x ep group and reduce-scatters the outputs back:
+sizes fixed by the layout, exact. The all-to-all, per MoE layer and micro-batch, hands over ep
+the rows this rank sends to the experts, and in the combine the rows it received; backward
+sends both back. How many rows an expert receives is the router's choice, known only when the
+step runs. Two cases:
 
 * ``--moe-expert-capacity-factor F --moe-pad-expert-input-to-capacity``: every expert gets
   exactly ``capacity = ceil(F x T x k / E)`` rows from each rank (T: the rank's tokens in a
@@ -38,9 +41,15 @@ def padded(args) -> bool:
     return bool(_flag(args, "moe_pad_expert_input_to_capacity"))
 
 
+def all_gather(args) -> bool:
+    """The all-gather dispatcher (Megatron's default): its messages carry every token, always."""
+    return _flag(args, "moe_token_dispatcher_type", "allgather") == "allgather"
+
+
 def expectation_keys(args) -> set[str]:
-    """Group keys whose bytes follow the routing (empty when padded to capacity)."""
-    if not has_experts(args) or padded(args):
+    """Group keys whose bytes follow the routing (empty when padded to capacity, or with the
+    all-gather dispatcher, whose message sizes the layout alone fixes)."""
+    if not has_experts(args) or padded(args) or all_gather(args):
         return set()
     keys = {"ep"} if args.expert_model_parallel_size > 1 else set()
     return keys | ({"expt-tp"} if args.expert_tensor_parallel_size > 1 else set())
@@ -90,6 +99,9 @@ def moe_traffic(args, pp_rank: int, chunk: int, tally, times: int) -> None:
     if args.moe_aux_loss_coeff > 0 and args.tensor_model_parallel_size * args.context_parallel_size > 1:
         tally.add("tp-cp", experts * 4, times * forwards)
     ep, etp = args.expert_model_parallel_size, args.expert_tensor_parallel_size
+    if all_gather(args):
+        _all_gather_traffic(args, tally, times * forwards, times * n)
+        return
     if not padded(args) and ep * etp > 1:   # the dispatcher's exchange of counts (int64)
         tally.add("tp-ep", experts * 8, times * forwards)
     # Rows this rank sends to all E experts, and (balanced: as many) receives for its own.
@@ -99,6 +111,25 @@ def moe_traffic(args, pp_rank: int, chunk: int, tally, times: int) -> None:
     if etp > 1:   # gather to the expert-tp slices, reduce-scatter back (and the reverse backward)
         tally.add("expt-tp", rows * h * e, times * (forwards + n))
         tally.add("expt-tp", rows * etp * h * e, times * (forwards + n))
+
+
+def _all_gather_traffic(args, tally, forwards: int, backwards: int) -> None:
+    """The all-gather dispatcher over the expert tp x ep group (G ranks), per layer and pass.
+    Forward: the routing map (bool), probs and tokens gathered ([T, E], [T, E], [T, h] each
+    rank), the outputs reduce-scattered ([T x G, h]). Backward: the probs' and tokens'
+    gradients reduce-scattered ([T x G, .]), the outputs' all-gathered ([T, h]); the map has none."""
+    group = args.expert_model_parallel_size * args.expert_tensor_parallel_size
+    if group == 1:
+        return
+    e, h, experts, tokens = DTYPE_BYTES[args.params_dtype], args.hidden_size, args.num_experts, local_tokens(args)
+    p = {"fp32": 4, "fp64": 8}.get(_flag(args, "moe_router_dtype"), e)   # probs: the router's dtype
+    tally.add("tp-ep", tokens * experts, forwards)                            # the map
+    tally.add("tp-ep", tokens * experts * p, forwards)                        # probs
+    tally.add("tp-ep", tokens * h * e, forwards)                              # tokens
+    tally.add("tp-ep", tokens * group * h * e, forwards)                      # outputs
+    tally.add("tp-ep", tokens * group * experts * p, backwards)               # probs' gradient
+    tally.add("tp-ep", tokens * group * h * e, backwards)                     # tokens' gradient
+    tally.add("tp-ep", tokens * h * e, backwards)                             # outputs' gradient
 
 
 def step_traffic(args, tally) -> None:
@@ -167,15 +198,24 @@ def activation_delta(args, pp_rank: int, chunk: int) -> int:
     tokens, etp = local_tokens(args), args.expert_tensor_parallel_size
     sent = round(rows_per_expert(args) * experts)          # rows this rank dispatches
     arrived = sent * etp                                   # rows its expert slices compute
+    gathered = tokens * etp * args.expert_model_parallel_size if all_gather(args) else tokens
     ffn = args.moe_ffn_hidden_size // etp
     moe = tokens * h * e + tokens * k * (8 + 4)            # router: input; top-k indices, softmax
     if args.moe_aux_loss_coeff > 0:
         moe += tokens * experts * 4 + experts * 4 + 4      # full softmax, counts, the loss
     if _flag(args, "moe_expert_capacity_factor") is not None:
         moe += tokens * experts                            # the keep mask (bool)
-    moe += sent * 8 + arrived * (h + 2 * ffn) * e          # permute's indices; the experts
-    moe += tokens * experts + sent * h * e + sent * e      # unpermute: mask, rows, weights
+    if all_gather(args):   # permute and unpermute run on the expert side, over the gathered tokens
+        local = experts // args.expert_model_parallel_size
+        moe += arrived * 8 + arrived * (h + 2 * ffn) * e   # permute's indices; the experts
+        moe += gathered * local + arrived * h * e + arrived * e   # unpermute: mask, rows, weights
+    else:
+        moe += sent * 8 + arrived * (h + 2 * ffn) * e      # permute's indices; the experts
+        moe += tokens * experts + sent * h * e + sent * e  # unpermute: mask, rows, weights
     t = args.tensor_model_parallel_size
     s = args.seq_length // args.context_parallel_size
     dense = s * args.micro_batch_size * (h + 2 * args.ffn_hidden_size // t) * e
+    shared = _flag(args, "moe_shared_expert_intermediate_size")
+    if shared:   # the shared expert saves what a dense MLP of its width saves
+        moe += s * args.micro_batch_size * (h + 2 * shared // t) * e
     return n * (moe - dense)

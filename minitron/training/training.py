@@ -20,7 +20,7 @@ from minitron.comm.timer_slack import slack_timers_for_new_threads
 from minitron.core import parallel_state as mpu
 from minitron.core.num_microbatches_calculator import get_num_microbatches, update_num_microbatches
 from minitron.core.pipeline_parallel import get_forward_backward_func
-from minitron.core.transformer.moe.moe_utils import track_moe_metrics
+from minitron.core.transformer.moe.moe_logging import logged_losses, track_moe_metrics
 from minitron.trace import traced
 from minitron.training.global_vars import get_args, get_timers, get_tokenizer, unset_global_variables
 from minitron.training.checkpointing import save_checkpoint
@@ -104,8 +104,9 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
     loss = {}
     if mpu.is_pipeline_last_stage(ignore_virtual=True):
         loss = reduce_losses(losses_reduced)
-    if args.num_experts is not None and args.moe_aux_loss_coeff > 0:   # MoE: every rank joins
-        moe = track_moe_metrics(1.0 / get_num_microbatches(), _num_moe_layers(args), args.num_layers)
+    if args.num_experts is not None and logged_losses(args):   # MoE: every rank joins
+        moe = track_moe_metrics(1.0 / get_num_microbatches(), _num_moe_layers(args), args.num_layers,
+                                logged_losses(args))
         loss.update(moe if mpu.is_pipeline_last_stage(ignore_virtual=True) else {})
     return loss, skipped_iter, grad_norm, num_zeros_in_grad
 

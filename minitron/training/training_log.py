@@ -20,6 +20,7 @@ import time
 from minitron.core import parallel_state as mpu
 from minitron.core.num_microbatches_calculator import get_num_microbatches
 from minitron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
+from minitron.core.transformer.moe.moe_logging import REDUCTION_OF as MOE_LOSSES
 from minitron.training.tokenizer import _vocab_size_with_padding
 from minitron.training.utils import is_last_rank, print_rank_0, print_rank_last, print_to_console
 
@@ -89,8 +90,9 @@ class IterationLog:
             "consumed_samples": args.consumed_train_samples, "elapsed_ms": seconds * 1000.0,
             "tokens_per_s": batch_size * args.seq_length / seconds if seconds > 0 else 0.0,
         }
-        if "load_balancing_loss" in loss:   # MoE (moe/moe_utils.track_moe_metrics)
-            record["load_balancing_loss"] = loss["load_balancing_loss"]
+        for name in MOE_LOSSES:   # MoE (moe/moe_logging.track_moe_metrics)
+            if name in loss:
+                record[name] = loss[name]
         if self.file:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()

@@ -19,6 +19,7 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from minitron.core import parallel_state
+from minitron.core.transformer.moe.moe_utils import finish_router_step
 from minitron.trace import traced
 
 
@@ -93,6 +94,8 @@ def finalize_model_grads(model, num_tokens: torch.Tensor | None = None) -> None:
         chunk.finish_grad_sync()
     _allreduce_layernorm_grads(model, config)
     _allreduce_word_embedding_grads(model, config)
+    if getattr(config, "num_moe_experts", None):   # the routers' per-step state (moe_utils)
+        finish_router_step(model, config)
     if num_tokens is not None:
         # Only the last stage computes the loss and knows the count: it tells its stage peers.
         last = parallel_state.get_pipeline_model_parallel_last_rank()

@@ -125,7 +125,7 @@ def forward_step_calc_loss(output_tensor, loss_func, config, vp_stage, num_micro
             output_tensor, loss_reduced = outputs
             output_tensor = output_tensor * cp_group_size / num_microbatches
         forward_data_store.append(loss_reduced)
-    if getattr(config, "num_moe_experts", None) is not None and config.moe_aux_loss_coeff > 0:
+    if getattr(config, "num_moe_experts", None) is not None:   # whatever losses it has (z-loss too)
         # MoE: the load-balancing losses get the main loss's backward scale (moe_utils.py),
         # times cp as in Megatron: a cp rank's switch loss is its share of the micro-batch's
         # (its tokens over all the tokens), and the gradient reduction over dp-cp averages.

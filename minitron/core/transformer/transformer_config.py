@@ -106,6 +106,18 @@ class TransformerConfig(ModelParallelConfig):
     moe_ffn_hidden_size: int | None = None   # an expert's ffn size; None: ffn_hidden_size
     moe_expert_capacity_factor: float | None = None   # None: dropless; else tokens per expert capped
     moe_pad_expert_input_to_capacity: bool = False    # every expert's input filled up to its capacity
+    moe_token_drop_policy: str = "probs"     # beyond capacity, drop the least probable ("probs") or the last ("position")
+    moe_router_load_balancing_type: str = "aux_loss"   # or seq_aux_loss, global_aux_loss, none
+    moe_router_score_function: str = "softmax"         # or sigmoid
+    moe_router_pre_softmax: bool = False     # score all E experts before the top-k, not the k after
+    moe_router_topk_scaling_factor: float | None = None   # the chosen weights times this
+    moe_router_dtype: str | None = None      # "fp32" / "fp64": the router's matmul and scores in it
+    moe_z_loss_coeff: float | None = None    # weight of the router's z-loss (None: none)
+    moe_router_enable_expert_bias: bool = False   # aux-loss-free balancing: a bias on the choice only
+    moe_router_bias_update_rate: float = 1e-3     # the bias's step after each global batch
+    moe_shared_expert_intermediate_size: int | None = None   # one always-on MLP of this width beside the experts
+    moe_token_dispatcher_type: str = "allgather"  # or "alltoall" (moe/token_dispatcher.py)
+    moe_grouped_gemm: bool = False           # the local experts as one batched matmul (experts_grouped.py)
     expert_model_parallel_size: int = 1
     expert_tensor_parallel_size: int | None = None  # None: tensor_model_parallel_size
 

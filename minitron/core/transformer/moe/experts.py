@@ -1,15 +1,19 @@
 """SequentialMLP: this rank's experts, each an MLP of its own, run one after the other.
 
-An expert is the dense MLP's shape (h -> ffn -> h) without biases. Rank j of the expert-parallel
-group holds experts [j*E/ep, (j+1)*E/ep); with expert tensor parallelism each of them is split
-like a tensor-parallel MLP: fc1 by output columns, fc2 by input rows, so fc2 yields a partial
-sum that the dispatcher's reduce-scatter completes (no collective inside the expert).
+An expert is the dense MLP's shape (h -> ffn -> h). Rank j of the expert-parallel group holds
+experts [j*E/ep, (j+1)*E/ep); with expert tensor parallelism each of them is split like a
+tensor-parallel MLP: fc1 by output columns, fc2 by input rows, so fc2 yields a partial sum that
+the dispatcher's reduce-scatter completes (no collective inside the expert).
 
 (Megatron has both: GroupedMLP runs all local experts in one grouped GEMM, SequentialMLP loops
-over them. The loop reads better and computes the same.)
+over them. The loop reads better and computes the same; --moe-grouped-gemm runs
+experts_grouped.GroupedMLP, one batched matmul over the local experts.)
 
-Why no biases: fc2's output on an expert-tensor-parallel slice is a partial sum, and a bias added
-there would be added once per slice. Megatron's MoE layer refuses an expert bias as well.
+Biases (with --add-bias-linear, Megatron's default) are allowed only with expert-tensor-parallel
+size 1, as in Megatron: fc2's output on an expert-tensor-parallel slice is a partial sum, and a
+bias added there would be added once per slice. With whole experts, each expert's fc1 and fc2
+carry a bias like the dense MLP's (zeros at the start). The routing weight multiplies the whole
+expert output, bias included (unpermute applies it): p * (W2 act(W1 x + b1) + b2).
 
 Expert parameters carry ``allreduce = False`` (Megatron's mark). DDP reads it: their gradients
 are averaged over the expert-data-parallel group, the ranks holding the *same* experts, not
@@ -60,24 +64,41 @@ def _expert_weight(full_shape, partition_dim: int, init_method, config) -> torch
     return weight
 
 
-class ExpertLinear(torch.nn.Module):
-    """A bias-free linear layer whose weight is this rank's slice of an expert's."""
+def _expert_bias(size: int, config) -> torch.nn.Parameter | None:
+    """A whole expert's bias (expert tp is 1 whenever there is one: validate_moe), zeros as
+    Megatron's linear layers start them."""
+    if not config.add_bias_linear:
+        return None
+    bias = torch.nn.Parameter(torch.zeros(size, dtype=config.params_dtype))
+    bias.allreduce = False
+    return bias
 
-    def __init__(self, weight: torch.nn.Parameter):
+
+class ExpertLinear(torch.nn.Module):
+    """A linear layer whose weight is this rank's slice of an expert's (and its bias, if any)."""
+
+    def __init__(self, weight: torch.nn.Parameter, bias: torch.nn.Parameter | None = None):
         super().__init__()
         self.weight = weight
+        self.bias = bias
 
     def forward(self, x):
-        return F.linear(x, self.weight)
+        return F.linear(x, self.weight, self.bias)
 
 
 class ExpertMLP(MegatronModule):
     def __init__(self, config, ffn_hidden_size: int):
         super().__init__(config)
         h = config.hidden_size
-        self.linear_fc1 = ExpertLinear(_expert_weight((ffn_hidden_size, h), 0, config.init_method, config))
+        etp = parallel_state.get_expert_tensor_parallel_group().size()
+        if config.add_bias_linear and etp > 1:
+            raise ValueError(f"expert biases need expert_tensor_parallel_size 1, got {etp}: "
+                             "a slice's partial sum would add its bias once per slice")
+        self.linear_fc1 = ExpertLinear(_expert_weight((ffn_hidden_size, h), 0, config.init_method, config),
+                                       _expert_bias(ffn_hidden_size, config))
         self.linear_fc2 = ExpertLinear(_expert_weight((h, ffn_hidden_size), 1,
-                                                      config.output_layer_init_method, config))
+                                                      config.output_layer_init_method, config),
+                                       _expert_bias(h, config))
         self.activation_func = config.activation_func
 
     def forward(self, x):

@@ -1,9 +1,11 @@
 """MoELayer: the MLP of a transformer layer replaced by E experts, k of which see each token.
 
+    [shared = shared_experts(x)]                       an MLP every token goes through
     probs, routing_map = router(x)                     which experts, with what weights
     tokens, counts     = dispatcher.token_permutation  to the ranks that hold those experts
     outputs            = experts(tokens, counts)       each local expert on its own rows
     y                  = dispatcher.token_unpermutation back home, weighted, summed per token
+    [y = y + shared]
 
 The layer takes and returns [s, b, h] (with sequence parallelism [s/tp, b, h], this rank's part
 of the sequence: the dispatcher is built for it), and returns Megatron's (output, bias) pair
@@ -15,8 +17,10 @@ from __future__ import annotations
 from minitron.core import parallel_state
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.moe.experts import SequentialMLP
+from minitron.core.transformer.moe.experts_grouped import GroupedMLP
 from minitron.core.transformer.moe.router import TopKRouter
-from minitron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+from minitron.core.transformer.moe.shared_experts import SharedExpertMLP
+from minitron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher, MoEAlltoAllTokenDispatcher
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
@@ -33,17 +37,25 @@ class MoELayer(MegatronModule):
         self.num_local_experts = config.num_moe_experts // ep_size
         self.local_expert_indices = [ep_rank * self.num_local_experts + i for i in range(self.num_local_experts)]
         self.router = TopKRouter(config, layer_number)
-        self.token_dispatcher = MoEAlltoAllTokenDispatcher(self.num_local_experts, self.local_expert_indices,
-                                                           config)
-        self.experts = SequentialMLP(self.num_local_experts, config, layer_number, self.local_expert_indices)
+        dispatcher = {"allgather": MoEAllGatherTokenDispatcher,
+                      "alltoall": MoEAlltoAllTokenDispatcher}[config.moe_token_dispatcher_type]
+        self.token_dispatcher = dispatcher(self.num_local_experts, self.local_expert_indices, config)
+        experts = GroupedMLP if config.moe_grouped_gemm else SequentialMLP
+        self.experts = experts(self.num_local_experts, config, layer_number, self.local_expert_indices)
+        self.shared_experts = (SharedExpertMLP(config) if config.moe_shared_expert_intermediate_size
+                               else None)
 
     @traced(args=lambda self, hidden_states: {"layer_number": self.layer_number,
                                               "hidden_states": short_value(hidden_states),
                                               "local_experts": self.local_expert_indices})
     def forward(self, hidden_states):
+        # Megatron's order: the shared experts first (without overlap), then the routed ones.
+        shared = self.shared_experts(hidden_states) if self.shared_experts is not None else None
         probs, routing_map = self.router(hidden_states)
         dispatched_input, tokens_per_expert = self.token_dispatcher.token_permutation(
             hidden_states, probs, routing_map)
         expert_output, mlp_bias = self.experts(dispatched_input, tokens_per_expert)
         output = self.token_dispatcher.token_unpermutation(expert_output)
+        if shared is not None:
+            output = output + shared
         return output, mlp_bias

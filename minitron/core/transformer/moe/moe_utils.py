@@ -13,8 +13,9 @@ sort_chunks_by_idxs
 
 get_capacity, apply_router_token_dropping
     Optional capacity (--moe-expert-capacity-factor): an expert takes at most its share of the
-    tokens times a factor; the rest are dropped. With --moe-pad-expert-input-to-capacity every
-    expert gets exactly its capacity, so the dispatcher's messages have sizes known in advance.
+    tokens times a factor; the rest are dropped (the least probable, or by position). With
+    --moe-pad-expert-input-to-capacity every expert gets exactly its capacity, so the
+    dispatcher's messages have sizes known in advance.
 
 switch_load_balancing_loss_func, MoEAuxLossAutoScaler
     Left alone, a router learns to favour a few experts and the others starve. The Switch
@@ -24,10 +25,15 @@ switch_load_balancing_loss_func, MoEAuxLossAutoScaler
     autoscaler hangs it on the router's output, so backward through the layer also runs
     backward from the aux loss (scaled like the main loss: 1 / micro-batches, x fp16 scale).
 
-the aux-loss tracker
-    Each MoE layer records its (unweighted) load-balancing loss per micro-batch; after the step,
-    ``track_moe_metrics`` sums them over the ranks that split a micro-batch's tokens, averages
-    over data-parallel replicas and layers, and returns what the iteration log prints.
+topk_routing_with_score_function, compute_routing_scores_for_aux_loss
+    The router's scores (softmax or sigmoid), its top-k choice (optionally on scores plus the
+    aux-loss-free expert bias), and the weights of the chosen experts.
+
+z_loss_func, get_updated_expert_bias
+    The z-loss keeps the router's logits small; the expert bias of aux-loss-free balancing
+    moves by a fixed step after each global batch, up for starved experts, down for busy ones.
+
+(The per-layer record of these losses, what the iteration log prints, is moe_logging.py.)
 """
 
 from __future__ import annotations
@@ -53,28 +59,34 @@ def get_capacity(num_tokens: int, num_experts: int, capacity_factor: float) -> i
     return math.ceil(num_tokens / num_experts * capacity_factor)
 
 
-@traced(args=lambda probs, routing_map, topk, capacity_factor, pad_to_capacity=False: {
+@traced(args=lambda probs, routing_map, topk, capacity_factor, pad_to_capacity=False, drop_policy="probs": {
     "tokens": probs.shape[0], "chosen_per_expert": routing_map.sum(dim=0).tolist(),
-    "capacity": get_capacity(probs.shape[0] * topk, probs.shape[1], capacity_factor), "pad": pad_to_capacity})
+    "capacity": get_capacity(probs.shape[0] * topk, probs.shape[1], capacity_factor), "pad": pad_to_capacity,
+    "drop_policy": drop_policy})
 def apply_router_token_dropping(probs: torch.Tensor, routing_map: torch.Tensor, topk: int,
-                                capacity_factor: float, pad_to_capacity: bool = False):
+                                capacity_factor: float, pad_to_capacity: bool = False,
+                                drop_policy: str = "probs"):
     """Cap each expert at its capacity; with ``pad_to_capacity`` fill it up to exactly that.
 
-    Megatron's default drop policy, "probs": per expert (a column of ``probs``), the tokens it
-    keeps are those with the largest routing probabilities; a token chosen by the router but
-    beyond the capacity is dropped (its probability for that expert becomes 0, so its output
-    lacks that expert's share; the residual connection still carries it). Padding keeps
-    ``capacity`` rows per column whatever the router chose: the extra rows are tokens with
-    probability 0, computed by the expert and weighted by nothing, so every expert's input,
-    and so every all-to-all, has one fixed size. When the capacity exceeds the rank's tokens,
-    nothing is dropped, and padding sends every token to every expert.
+    Per expert (a column), the tokens it keeps are, with Megatron's default drop policy
+    "probs", those with the largest routing probabilities; with "position", ``capacity`` of the
+    tokens that chose it, whatever their probabilities: the column's top-k of the 0/1 map, as
+    Megatron computes it. (Megatron's help says the last tokens are dropped; which of the equal
+    ones torch.topk keeps is its own choice, on the CPU not always the first.) A token chosen
+    by the router but beyond the capacity is dropped (its probability for that expert becomes
+    0, so its output lacks that expert's share; the residual connection still carries it). Padding keeps ``capacity`` rows per
+    column whatever the router chose: the extra rows are tokens with probability 0, computed by
+    the expert and weighted by nothing, so every expert's input, and so every all-to-all, has
+    one fixed size. When the capacity exceeds the rank's tokens, nothing is dropped, and
+    padding sends every token to every expert.
     """
     num_tokens, num_experts = probs.shape
     capacity = get_capacity(num_tokens * topk, num_experts, capacity_factor)
     if capacity >= num_tokens:
         keep = torch.ones_like(routing_map)
     else:
-        _, rows = torch.topk(probs.detach(), k=capacity, dim=0, sorted=False)
+        ranked = probs.detach() if drop_policy == "probs" else routing_map.int()
+        _, rows = torch.topk(ranked, k=capacity, dim=0, sorted=False)
         keep = torch.zeros_like(routing_map).scatter(0, rows, True)
     final_map = keep if pad_to_capacity else routing_map & keep
     return probs * final_map, final_map
@@ -149,44 +161,105 @@ class MoEAuxLossAutoScaler(torch.autograd.Function):
         MoEAuxLossAutoScaler.main_loss_backward_scale = scale.detach().reshape(())
 
 
-# The tracker: name -> one value per layer of the whole model, summed over this step's micro-batches.
-_MOE_LAYER_WISE_LOGGING_TRACKER: dict[str, torch.Tensor] = {}
+def topk_routing_with_score_function(logits: torch.Tensor, topk: int, use_pre_softmax: bool = False,
+                                     scaling_factor: float | None = None, score_function: str = "softmax",
+                                     expert_bias: torch.Tensor | None = None):
+    """logits [T, E] -> (probs [T, E], zero off the chosen experts; routing_map [T, E] bool).
 
-
-def save_to_aux_losses_tracker(name: str, loss: torch.Tensor, layer_number: int, num_layers: int) -> None:
-    """Add this micro-batch's ``loss`` of layer ``layer_number`` (1-based) to the step's record."""
-    values = _MOE_LAYER_WISE_LOGGING_TRACKER.get(name)
-    if values is None:
-        values = _MOE_LAYER_WISE_LOGGING_TRACKER[name] = torch.zeros(num_layers, device=loss.device)
-    values[layer_number - 1] += loss.detach().float()
-
-
-def clear_aux_losses_tracker() -> None:
-    for values in _MOE_LAYER_WISE_LOGGING_TRACKER.values():
-        values.zero_()
-
-
-def reduce_aux_losses_tracker_across_ranks() -> None:
-    """Every rank ends with the model's per-layer values: the stages' layers collected over the
-    pipeline, each micro-batch's shares summed over tp x cp, the replicas averaged over dp."""
-    for values in _MOE_LAYER_WISE_LOGGING_TRACKER.values():
-        torch.distributed.all_reduce(values, group=parallel_state.get_pipeline_model_parallel_group())
-        torch.distributed.all_reduce(values, group=parallel_state.get_tensor_and_context_parallel_group())
-        torch.distributed.all_reduce(values, group=parallel_state.get_data_parallel_group())
-        values /= parallel_state.get_data_parallel_world_size()
-
-
-def track_moe_metrics(loss_scale: float, num_moe_layers: int, num_layers: int) -> dict[str, float]:
-    """After a step: {'load_balancing_loss': its mean over micro-batches and MoE layers}.
-
-    Collective over the whole world (every rank calls it, with the same model): a stage
-    without MoE layers still joins the pipeline all-reduce, with zeros.
+    softmax, Megatron's default order: pick the k largest *logits*, then a softmax over just
+    those k, so a token's weights sum to one. With ``use_pre_softmax`` the softmax runs over
+    all E first and the k chosen keep their (smaller) shares of it.
+    sigmoid (DeepSeek-V3): each expert's score is sigmoid(logit), independent of the others;
+    the k largest are chosen and, for k > 1, divided by their sum. The expert bias of
+    aux-loss-free balancing is added to the scores for the *choice* only: the weights come
+    from the unbiased scores, so the bias steers traffic without entering the gradient.
+    ``scaling_factor`` then multiplies the weights (a top-k with weights summing to one would
+    otherwise shrink the layer's output as k grows). Scores are fp32; probs leave in logits' dtype.
     """
-    if not _MOE_LAYER_WISE_LOGGING_TRACKER:   # this stage has no MoE layer: join with zeros
-        device = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"
-        _MOE_LAYER_WISE_LOGGING_TRACKER["load_balancing_loss"] = torch.zeros(num_layers, device=device)
-    reduce_aux_losses_tracker_across_ranks()
-    metrics = {name: (values.sum() * loss_scale / num_moe_layers).item()
-               for name, values in _MOE_LAYER_WISE_LOGGING_TRACKER.items()}
-    clear_aux_losses_tracker()
-    return metrics
+    if score_function == "softmax":
+        if use_pre_softmax:
+            probs, top_indices = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float32), k=topk, dim=1)
+        else:
+            top_logits, top_indices = torch.topk(logits, k=topk, dim=1)
+            probs = torch.softmax(top_logits, dim=-1, dtype=torch.float32)
+    else:   # sigmoid
+        scores = torch.sigmoid(logits.float())
+        choose_by = scores if expert_bias is None else scores + expert_bias.float()
+        _, top_indices = torch.topk(choose_by, k=topk, dim=1)
+        probs = torch.gather(scores, 1, top_indices)
+        # 1e-20: Megatron's guard against a sum of zero
+        probs = probs / (probs.sum(dim=-1, keepdim=True) + 1e-20) if topk > 1 else probs
+    if scaling_factor:
+        probs = probs * scaling_factor
+    probs = probs.type_as(logits)
+    routing_probs = torch.zeros_like(logits).scatter(1, top_indices, probs)
+    routing_map = torch.zeros_like(logits, dtype=torch.bool).scatter(1, top_indices, True)
+    return routing_probs, routing_map
+
+
+def compute_routing_scores_for_aux_loss(logits: torch.Tensor, topk: int, score_function: str):
+    """What the balance losses judge: every expert's score (the softmax over all E, or the
+    sigmoids normalised to sum to one) and the top-k of those scores, without the expert bias,
+    before any capacity drop."""
+    if score_function == "softmax":
+        scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    else:
+        scores = torch.sigmoid(logits.float())
+        scores = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
+    _, top_indices = torch.topk(scores, k=topk, dim=1)
+    routing_map = torch.zeros_like(logits, dtype=torch.bool).scatter(1, top_indices, True)
+    return routing_map, scores
+
+
+def z_loss_func(logits: torch.Tensor, z_loss_coeff: float) -> torch.Tensor:
+    """ST-MoE's z-loss, coeff * mean over tokens of logsumexp(logits)^2: large logits make the
+    softmax brittle (and overflow in low precision); this pulls them towards zero."""
+    return torch.mean(torch.square(torch.logsumexp(logits, dim=-1))) * z_loss_coeff
+
+
+def get_updated_expert_bias(tokens_per_expert: torch.Tensor, expert_bias: torch.Tensor,
+                            expert_bias_update_rate: float, group) -> torch.Tensor:
+    """Aux-loss-free balancing's step (DeepSeek-V3): sum the step's counts over every rank that
+    routed tokens (tensor x data x context parallel), then move each expert's bias by
+    ``rate`` towards balance: up if it got fewer than the mean, down if more (sign, not size)."""
+    with torch.no_grad():
+        torch.distributed.all_reduce(tokens_per_expert, group=group)
+        average = tokens_per_expert.sum(dim=-1, keepdim=True) / tokens_per_expert.shape[-1]
+        return expert_bias + torch.sign(average - tokens_per_expert) * expert_bias_update_rate
+
+
+def _biased_routers(model) -> list:
+    """The routers of these model chunks that carry an expert bias and are training."""
+    return [m for chunk in model for m in chunk.modules()
+            if getattr(m, "expert_bias", None) is not None and m.training]
+
+
+def update_router_expert_bias(model, config) -> None:
+    """Every router's expert bias moves one step: one stacked all-reduce of the counts for all
+    of a rank's MoE layers (Megatron's _update_router_expert_bias)."""
+    routers = _biased_routers(model)
+    if not routers:   # a stage without MoE layers
+        return
+    counts = torch.stack([r.local_tokens_per_expert for r in routers])
+    biases = torch.stack([r.expert_bias for r in routers])
+    group = parallel_state.get_tensor_and_data_parallel_group(with_context_parallel=True)
+    updated = get_updated_expert_bias(counts, biases, config.moe_router_bias_update_rate, group)
+    for router, bias in zip(routers, updated):
+        router.expert_bias.copy_(bias)
+
+
+# The trace shows, per MoE layer of the rank, the bias this step routed with and this rank's counts.
+@traced(args=lambda model, config: {
+    "expert_bias": [[round(b, 6) for b in r.expert_bias.tolist()] for r in _biased_routers(model)],
+    "tokens_per_expert": [[int(n) for n in r.local_tokens_per_expert.tolist()] for r in _biased_routers(model)]})
+def finish_router_step(model, config) -> None:
+    """After the step's backward (finalize_model_grads): the aux-loss-free bias update, then
+    the routers' per-step counts start again (Megatron's reset_model_temporary_tensors)."""
+    if config.moe_router_enable_expert_bias:
+        update_router_expert_bias(model, config)
+    for chunk in model:
+        for module in chunk.modules():
+            if getattr(module, "local_tokens_per_expert", None) is not None:
+                module.local_tokens_per_expert.zero_()
+            if hasattr(module, "reset_global_aux_loss_tracker"):
+                module.reset_global_aux_loss_tracker()

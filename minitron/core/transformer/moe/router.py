@@ -1,21 +1,21 @@
 """TopKRouter: which k experts each token goes to, and with what weight.
 
-    logits = x W^T                       [T, E]   one score per token and expert
-    top-k of each row                    the k experts a token is sent to (routing_map)
-    softmax over those k logits          the weights of their outputs (probs)
-
-(Megatron's default order, ``moe_router_pre_softmax`` off: choose on the raw logits, then
-normalise over the chosen k, so a token's weights always sum to one.)
+    logits = x W^T (+ b)                 [T, E]   one score per token and expert
+    [z-loss]                             keeps the logits small (--moe-z-loss-coeff)
+    scores, top-k                        the k experts a token is sent to (routing_map)
+    weights of the chosen k              softmax over their logits, or normalised sigmoids (probs)
+    [capacity]                           tokens beyond an expert's capacity dropped
+    [balance loss]                       aux_loss, seq_aux_loss or global_aux_loss, hung on probs
 
 The router is a dense parameter: it is replicated on every rank and reduced over data parallel
 like a layernorm. Under sequence parallelism each tensor-parallel rank routes only its part of
 the sequence, so its gradient is partial and is summed over tp (``sequence_parallel`` mark).
+Its bias (with Megatron's default --add-bias-linear) is a learned per-expert constant added to
+every token's logit: it moves an expert's share of the traffic up or down for all tokens alike.
 
-With --moe-expert-capacity-factor the choices are then capped per expert (tokens beyond an
-expert's capacity dropped, lowest probability first; moe_utils.apply_router_token_dropping).
-
-While training, the load-balancing loss is computed from the *full* softmax over all E experts
-and attached to ``probs`` (moe_utils.MoEAuxLossAutoScaler).
+The *expert bias* of aux-loss-free balancing (--moe-router-enable-expert-bias) is another
+thing: not a parameter but a buffer, added to the sigmoid scores for the choice only, and moved
+after each step by the counts of tokens each expert got (moe_utils.update_router_expert_bias).
 """
 
 from __future__ import annotations
@@ -25,12 +25,18 @@ import torch.nn.functional as F
 
 from minitron.core import parallel_state
 from minitron.core.transformer.module import MegatronModule
+from minitron.core.transformer.moe.moe_logging import save_to_aux_losses_tracker
 from minitron.core.transformer.moe.moe_utils import (
-    MoEAuxLossAutoScaler, apply_router_token_dropping, save_to_aux_losses_tracker,
-    switch_load_balancing_loss_func,
+    MoEAuxLossAutoScaler, apply_router_token_dropping, compute_routing_scores_for_aux_loss,
+    switch_load_balancing_loss_func, topk_routing_with_score_function, z_loss_func,
 )
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
+
+_ROUTER_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
+# load-balancing type -> the name its loss is logged under
+_BALANCE_LOSS_NAMES = {"aux_loss": "load_balancing_loss", "seq_aux_loss": "seq_load_balancing_loss",
+                       "global_aux_loss": "global_load_balancing_loss"}
 
 
 class TopKRouter(MegatronModule):
@@ -39,54 +45,116 @@ class TopKRouter(MegatronModule):
         self.topk = config.moe_router_topk
         self.num_experts = config.num_moe_experts
         self.layer_number = layer_number
-        # No bias: a per-expert constant would shift every token's choice alike.
-        self.weight = torch.nn.Parameter(torch.empty(self.num_experts, config.hidden_size,
-                                                     dtype=config.params_dtype))
+        self.routing_type = config.moe_router_load_balancing_type
+        self.score_function = config.moe_router_score_function
+        # Drawn in fp32 and then cast, as Megatron does, so a bf16 run starts from the same values.
+        self.weight = torch.nn.Parameter(torch.empty(self.num_experts, config.hidden_size, dtype=torch.float32))
+        self.bias = torch.nn.Parameter(torch.empty(self.num_experts)) if config.add_bias_linear else None
         if config.perform_initialization:
             with torch.no_grad():
                 config.init_method(self.weight)
-        self.weight.sequence_parallel = config.sequence_parallel
+                if self.bias is not None:   # Megatron draws the bias like the weight, not zeros
+                    config.init_method(self.bias)
+        for param in (self.weight, self.bias):
+            if param is not None:
+                param.data = param.data.to(config.params_dtype)
+                param.sequence_parallel = config.sequence_parallel
+        if config.moe_router_enable_expert_bias:
+            # Buffers, not parameters: no gradient, no optimizer. The counts are the step's
+            # (not saved); the bias is the model's state (saved, and kept in fp32 whatever the
+            # model's dtype, since steps of 1e-3 vanish in bf16).
+            self.register_buffer("local_tokens_per_expert", torch.zeros(self.num_experts), persistent=False)
+            self.register_buffer("expert_bias", torch.zeros(self.num_experts))
+        else:
+            self.local_tokens_per_expert = self.expert_bias = None
+        if self.routing_type == "global_aux_loss":   # the step's counts so far, and micro-batches
+            self.register_buffer("global_tokens_per_expert", torch.zeros(self.num_experts), persistent=False)
+            self.register_buffer("ga_steps", torch.tensor(0.0), persistent=False)
 
     def gating(self, input: torch.Tensor) -> torch.Tensor:
-        """[s, b, h] -> logits [s*b, E]."""
-        return F.linear(input.reshape(-1, input.shape[-1]), self.weight)
+        """[s, b, h] -> logits [s, b, E], in --moe-router-dtype when given (fp32 routing of a bf16
+        model: E small differences decide the top-k, and bf16 has 8 bits of mantissa)."""
+        dtype = _ROUTER_DTYPES.get(self.config.moe_router_dtype, input.dtype)
+        bias = None if self.bias is None else self.bias.to(dtype)
+        return F.linear(input.to(dtype), self.weight.to(dtype), bias)
 
     def routing(self, logits: torch.Tensor):
-        """logits [T, E] -> (probs [T, E], zero off the chosen experts; routing_map [T, E] bool)."""
-        top_logits, top_indices = torch.topk(logits, k=self.topk, dim=1)
-        top_probs = torch.softmax(top_logits, dim=-1, dtype=torch.float32).type_as(logits)
-        probs = torch.zeros_like(logits).scatter(1, top_indices, top_probs)
-        routing_map = torch.zeros_like(logits, dtype=torch.bool).scatter(1, top_indices, True)
-        chosen = routing_map   # the balance loss judges the router's choices, before any drop
+        """logits [s, b, E] -> (probs [T, E], zero off the chosen experts; routing_map [T, E] bool)."""
+        seq_length, batch = logits.shape[:2]
+        logits = logits.reshape(-1, self.num_experts)
+        logits = self.apply_z_loss(logits)
+        probs, routing_map = topk_routing_with_score_function(
+            logits, self.topk, use_pre_softmax=self.config.moe_router_pre_softmax,
+            scaling_factor=self.config.moe_router_topk_scaling_factor, score_function=self.score_function,
+            expert_bias=self.expert_bias)
         if self.config.moe_expert_capacity_factor is not None:
             probs, routing_map = apply_router_token_dropping(
                 probs, routing_map, self.topk, self.config.moe_expert_capacity_factor,
-                self.config.moe_pad_expert_input_to_capacity)
-        if self.training and torch.is_grad_enabled() and self.config.moe_aux_loss_coeff > 0:
-            probs = self.apply_load_balancing_loss(logits, chosen, probs)
+                self.config.moe_pad_expert_input_to_capacity, self.config.moe_token_drop_policy)
+        coeff = self.config.moe_aux_loss_coeff
+        if self.training and torch.is_grad_enabled() and self.routing_type in _BALANCE_LOSS_NAMES and coeff > 0:
+            # The balance loss judges the router's own choice: unbiased scores, before any drop.
+            chosen, scores = compute_routing_scores_for_aux_loss(logits, self.topk, self.score_function)
+            probs = self.apply_load_balancing_loss(probs, scores, chosen, seq_length, batch)
+        if self.expert_bias is not None and torch.is_grad_enabled():   # not in eval or a recompute
+            self.local_tokens_per_expert += routing_map.sum(dim=0)
         return probs, routing_map
 
-    def apply_load_balancing_loss(self, logits, routing_map, probs):
-        """Compute the switch loss over the micro-batch's tokens and hang it on ``probs``.
+    def apply_load_balancing_loss(self, probs, scores, routing_map, seq_length: int, batch: int):
+        """The balance loss of ``self.routing_type``, hung on ``probs``.
 
-        The tokens of one micro-batch may be spread over the tensor-parallel ranks (sequence
-        parallel) and the context-parallel ranks: the counts per expert are summed over that
-        tp x cp group, so f_i is the micro-batch's, as in the serial model.
+        aux_loss: the switch loss over the micro-batch's tokens. They may be spread over the
+        tensor-parallel ranks (sequence parallel) and the context-parallel ranks: the counts per
+        expert are summed over that tp x cp group, so f_i is the micro-batch's, as in the serial
+        model. seq_aux_loss (DeepSeek-V2/V3): the same loss for each sequence on its own,
+        averaged over the micro-batch's sequences; [s*b, E] viewed as [s, b*E] makes each
+        sequence's experts columns of their own. global_aux_loss: the counts are the global
+        batch's so far (summed over tensor x data x context parallel and the micro-batches).
         """
-        scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        coeff, topk, experts = self.config.moe_aux_loss_coeff, self.topk, self.num_experts
         group = parallel_state.get_tensor_and_context_parallel_group()
+        if self.routing_type == "seq_aux_loss":
+            scores, routing_map = scores.reshape(seq_length, -1), routing_map.reshape(seq_length, -1)
+        elif self.routing_type == "global_aux_loss":
+            group = parallel_state.get_tensor_and_data_parallel_group(with_context_parallel=True)
         tokens_per_expert = routing_map.sum(dim=0).float()
         if group.size() > 1:
             torch.distributed.all_reduce(tokens_per_expert, group=group)
-        total_num_tokens = logits.shape[0] * group.size()
-        coeff = self.config.moe_aux_loss_coeff
-        aux_loss = switch_load_balancing_loss_func(scores, tokens_per_expert, total_num_tokens, self.topk,
-                                                   self.num_experts, coeff)
-        save_to_aux_losses_tracker("load_balancing_loss", aux_loss / coeff, self.layer_number,
-                                   self.config.num_layers)
+        total_num_tokens = scores.shape[0] * group.size()
+        if self.routing_type == "global_aux_loss":
+            self.global_tokens_per_expert += tokens_per_expert
+            self.ga_steps += 1
+            tokens_per_expert = self.global_tokens_per_expert / self.ga_steps
+        aux_loss = switch_load_balancing_loss_func(scores, tokens_per_expert, total_num_tokens, topk, experts, coeff)
+        if self.routing_type == "seq_aux_loss":
+            aux_loss = aux_loss / batch
+        save_to_aux_losses_tracker(_BALANCE_LOSS_NAMES[self.routing_type], aux_loss / coeff,
+                                   self.layer_number, self.config.num_layers)
         return MoEAuxLossAutoScaler.apply(probs, aux_loss)
 
+    def apply_z_loss(self, logits):
+        """With --moe-z-loss-coeff, while training: the z-loss hung on the logits. Each tp x cp
+        rank's loss is a mean over its own tokens; the coefficient is divided by that group's
+        size so that the ranks' gradients add up to the serial mean's."""
+        if self.config.moe_z_loss_coeff is None or not (self.training and torch.is_grad_enabled()):
+            return logits
+        coeff = self.config.moe_z_loss_coeff / parallel_state.get_tensor_and_context_parallel_group().size()
+        z_loss = z_loss_func(logits, coeff)
+        save_to_aux_losses_tracker("z_loss", z_loss / coeff, self.layer_number, self.config.num_layers)
+        return MoEAuxLossAutoScaler.apply(logits, z_loss)
+
+    def reset_global_aux_loss_tracker(self) -> None:
+        """After each step (finalize_model_grads): the global batch's counts start again."""
+        if self.routing_type == "global_aux_loss":
+            self.global_tokens_per_expert.zero_()
+            self.ga_steps.zero_()
+
     @traced(args=lambda self, input: {"input": short_value(input), "experts": self.num_experts,
-                                      "topk": self.topk})
+                                      "topk": self.topk, "score_function": self.score_function})
     def forward(self, input: torch.Tensor):
+        if self.expert_bias is not None and self.expert_bias.dtype != torch.float32:
+            # Float16Module cast every floating buffer; a bias moving in steps of 1e-3 and counts
+            # above 256 need fp32 (Megatron's _maintain_float32_expert_bias).
+            self.expert_bias.data = self.expert_bias.data.float()
+            self.local_tokens_per_expert.data = self.local_tokens_per_expert.data.float()
         return self.routing(self.gating(input))

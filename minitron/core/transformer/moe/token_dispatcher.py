@@ -1,4 +1,16 @@
-"""MoEAlltoAllTokenDispatcher: carry each token to the rank that holds its expert, and back.
+"""The token dispatchers: carry each token to the rank that holds its expert, and back.
+
+MoEAllGatherTokenDispatcher (--moe-token-dispatcher-type allgather, Megatron's default) is the
+simple one. Every rank of the expert tensor x expert model group all-gathers the whole group's
+tokens, with their routing maps and probabilities; each rank then runs its experts on the rows
+routed to them, weights and sums the outputs per token (unpermute), and a reduce-scatter over the
+same group adds up every rank's contributions and hands each rank back its own tokens. Every
+message has a size fixed by the layout (all tokens, always), no counts are exchanged, and each
+rank's experts see every token of the group even though only k/E of them are routed there:
+cheap when the group is small, wasteful when it is large. The all-to-all below sends only the
+routed rows.
+
+MoEAlltoAllTokenDispatcher (--moe-token-dispatcher-type alltoall):
 
 With expert parallelism (ep ranks, E experts) rank j of the expert-parallel group holds experts
 [j*E/ep, (j+1)*E/ep). A token routed on rank i to an expert on rank j has to travel there:
@@ -115,4 +127,43 @@ class MoEAlltoAllTokenDispatcher:
         permuted = all_to_all(self.ep_group, hidden_states, self.input_splits, self.output_splits)
         output = unpermute(permuted, self.reversed_local_input_permutation_mapping, self.probs,
                            self.routing_map, restore_shape=(self.routing_map.shape[0], self.hidden_shape[-1]))
+        return output.view(self.hidden_shape)
+
+
+class MoEAllGatherTokenDispatcher:
+    def __init__(self, num_local_experts: int, local_expert_indices: list[int], config):
+        self.config = config
+        self.num_local_experts = num_local_experts
+        self.local_expert_indices = local_expert_indices
+        self.tp_ep_group = parallel_state.get_expert_tensor_and_model_parallel_group()
+
+    @traced(args=lambda self, hidden_states, probs, routing_map: {
+        "hidden_states": short_value(hidden_states), "tp_x_ep": self.tp_ep_group.size(),
+        "rows_per_expert": routing_map.sum(dim=0).tolist()})
+    def token_permutation(self, hidden_states, probs, routing_map):
+        """[s, b, h] -> (the group's tokens routed to my local experts, grouped by expert; their
+        count per expert)."""
+        self.hidden_shape = hidden_states.shape
+        hidden_states = hidden_states.reshape(-1, self.hidden_shape[-1])
+        if self.tp_ep_group.size() > 1:   # [T, .] -> [T x group, .], in the group's rank order
+            with torch.no_grad():   # the map is the router's choice: integers, no gradient
+                routing_map = gather_from_sequence_parallel_region(routing_map, group=self.tp_ep_group)
+            probs = gather_from_sequence_parallel_region(probs, group=self.tp_ep_group)
+            hidden_states = gather_from_sequence_parallel_region(hidden_states, group=self.tp_ep_group)
+        self.gathered_shape = hidden_states.shape
+        first, last = self.local_expert_indices[0], self.local_expert_indices[-1] + 1
+        self.local_map = routing_map[:, first:last].contiguous()
+        self.local_probs = probs[:, first:last].contiguous()
+        tokens_per_expert = self.local_map.sum(dim=0).long()
+        permuted, self.reversed_local_input_permutation_mapping = permute(hidden_states, self.local_map)
+        return permuted, tokens_per_expert
+
+    @traced(args=lambda self, hidden_states: {"hidden_states": short_value(hidden_states)})
+    def token_unpermutation(self, hidden_states):
+        """My experts' outputs, weighted and summed per token of the whole group; the reduce-
+        scatter adds every rank's part (other experts, other expert-tp slices) and keeps mine."""
+        output = unpermute(hidden_states, self.reversed_local_input_permutation_mapping, self.local_probs,
+                           self.local_map, restore_shape=self.gathered_shape)
+        if self.tp_ep_group.size() > 1:
+            output = reduce_scatter_to_sequence_parallel_region(output, group=self.tp_ep_group)
         return output.view(self.hidden_shape)

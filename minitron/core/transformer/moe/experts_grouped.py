@@ -1,0 +1,70 @@
+"""GroupedMLP (--moe-grouped-gemm): this rank's experts as one batched matmul.
+
+SequentialMLP runs its E_local experts one after the other, E_local small matrix products per
+linear layer; on a GPU each is a kernel launch too small to fill the device. Megatron's grouped
+GEMM runs them as one. Here the same idea in plain torch: the rows of each expert, padded with
+zero rows to the busiest expert's count, make one [E_local, rows, h] tensor, and the experts'
+weights one [E_local, ffn, h] stack; torch.bmm multiplies all of them at once. The padding rows
+are cut off after fc2, so they change nothing: the same products as SequentialMLP's, in one call.
+
+The parameters are Megatron's TEGroupedMLP's: ``linear_fc1.weight0``, ``linear_fc1.weight1``, ...
+(one per local expert, each drawn exactly as SequentialMLP draws that expert's), so a run gives
+the same numbers with and without --moe-grouped-gemm; the checkpoints name them differently,
+as Megatron's do.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minitron.core.transformer.module import MegatronModule
+from minitron.core.transformer.moe.experts import ExpertMLP, expert_init_rng
+from minitron.trace import traced
+from minitron.trace.recorder import short_value
+
+
+class _GroupedLinear(torch.nn.Module):
+    """weight0..weight{E_local-1} (and bias0..) of one linear layer of every local expert."""
+
+    def __init__(self, linears):
+        super().__init__()
+        for i, linear in enumerate(linears):
+            self.register_parameter(f"weight{i}", linear.weight)
+            self.register_parameter(f"bias{i}", linear.bias)
+        self.num_gemms = len(linears)
+
+    def forward(self, x):
+        """x [E_local, rows, in] -> [E_local, rows, out]: one batched product, then the biases."""
+        weights = torch.stack([getattr(self, f"weight{i}") for i in range(self.num_gemms)])
+        out = torch.bmm(x, weights.transpose(1, 2))
+        if self.bias0 is not None:
+            out = out + torch.stack([getattr(self, f"bias{i}") for i in range(self.num_gemms)]).unsqueeze(1)
+        return out
+
+
+class GroupedMLP(MegatronModule):
+    def __init__(self, num_local_experts: int, config, layer_number: int, local_expert_indices: list[int]):
+        super().__init__(config)
+        ffn = config.moe_ffn_hidden_size or config.ffn_hidden_size
+        experts = []
+        for index in local_expert_indices:   # the same draws as SequentialMLP's
+            with expert_init_rng(config, layer_number, index):
+                experts.append(ExpertMLP(config, ffn))
+        self.linear_fc1 = _GroupedLinear([e.linear_fc1 for e in experts])
+        self.linear_fc2 = _GroupedLinear([e.linear_fc2 for e in experts])
+        self.activation_func = config.activation_func
+        self.num_local_experts = num_local_experts
+
+    @traced(args=lambda self, permuted_local_hidden_states, tokens_per_expert: {
+        "tokens": short_value(permuted_local_hidden_states),
+        "tokens_per_expert": [int(n) for n in tokens_per_expert]})
+    def forward(self, permuted_local_hidden_states, tokens_per_expert):
+        """Rows grouped by local expert -> the same rows' outputs, in the same order."""
+        x, counts = permuted_local_hidden_states, [int(n) for n in tokens_per_expert]
+        # Expert e's rows go to [e, :counts[e]] of a zero-padded [E_local, max, h] block.
+        expert_of_row = torch.repeat_interleave(torch.arange(len(counts), device=x.device),
+                                                torch.tensor(counts, device=x.device))
+        slot_of_row = torch.cat([torch.arange(n, device=x.device) for n in counts])
+        block = x.new_zeros(len(counts), max(counts + [1]), x.shape[-1]).index_put((expert_of_row, slot_of_row), x)
+        out = self.linear_fc2(self.activation_func(self.linear_fc1(block)))
+        return out[expert_of_row, slot_of_row], None
