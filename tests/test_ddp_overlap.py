@@ -11,13 +11,18 @@ The traced run shows where the collectives went, iteration by iteration:
   launched and waited for inside the next forward.
 """
 
+import argparse
 import json
 
 import pytest
 
 from distributed import pretrain_records
+from minitron.cli.estimate import _grad_elements, _traced_buffer
+from minitron.cli.views.diff import comm_by_key, recorded_args
 from minitron.launcher import LaunchConfig, RankFailure, Target, launch, session_env
 from minitron.trace.reader import load_trace
+from minitron.training.theoretical_memory_usage import report_theoretical_memory
+from minitron.training.tokenizer import build_tokenizer
 
 MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
          "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "2", "--lr", "1e-3",
@@ -34,7 +39,7 @@ def _losses(tmp_path, name, *flags):
 
 @pytest.fixture(scope="module")
 def traced_run(tmp_path_factory):
-    """dp 2, ZeRO-1, both overlaps, traced: (losses, rank 0's records)."""
+    """dp 2, ZeRO-1, both overlaps, traced: (losses, rank 0's records, the trace directory)."""
     out = tmp_path_factory.mktemp("overlap")
     argv = [*MODEL, *DISTOPT, *OVERLAP, "--overlap-param-gather", "--log-jsonl", str(out / "it.jsonl")]
     config = LaunchConfig(world_size=2, log_dir=out / "logs", env=session_env(2, out / "trace"))
@@ -43,7 +48,7 @@ def traced_run(tmp_path_factory):
     except RankFailure as failure:
         raise AssertionError(f"{failure}\n{failure.log_tail(30)}") from None
     losses = [json.loads(line)["lm_loss"] for line in open(out / "it.jsonl")]
-    return losses, load_trace(out / "trace")[0]
+    return losses, load_trace(out / "trace")[0], out / "trace"
 
 
 def _ancestors(record, by_id):
@@ -62,7 +67,7 @@ def test_overlap_keeps_the_losses(tmp_path, traced_run):
 
 
 def test_trace_shows_collectives_inside_backward_and_forward(traced_run):
-    _, records = traced_run
+    _, records, _ = traced_run
     by_id = {r["id"]: r for r in records}
     steps = [r for r in records if r["name"].endswith("training.train_step")]
     assert len(steps) == 2
@@ -91,3 +96,16 @@ def test_trace_shows_collectives_inside_backward_and_forward(traced_run):
     assert not any("MegatronOptimizer.step" in by_id[r["parent"]]["name"] or "step" in _ancestors(r, by_id)
                    for r in every_gather if r["parent"] in by_id)
     assert any(r["args"]["in_flight"] for r in inside(second, "finish_param_sync"))
+
+
+def test_estimate_lays_out_the_same_buckets(traced_run):
+    """`minitron estimate`'s buffer (bucketed, every bucket padded for ZeRO-1) is the one the
+    run built, and the bytes each group kind moved are the prediction's, once per train_step."""
+    runs = load_trace(traced_run[2])
+    args = argparse.Namespace(**recorded_args(runs))
+    build_tokenizer(args)   # sets padded_vocab_size, as estimate does for a recorded run
+    costs = {c.rank: c for c in report_theoretical_memory(args)}
+    for rank, records in runs.items():
+        assert _traced_buffer(records) == _grad_elements(args, costs[rank])
+        traced = {key: sent for key, (sent, _) in comm_by_key(records, args.params_dtype).items()}
+        assert traced == {key: 2 * sent for key, sent in costs[rank].comm.items()}   # two iterations
