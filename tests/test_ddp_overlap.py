@@ -1,7 +1,7 @@
 """--overlap-grad-reduce and --overlap-param-gather: the same numbers, communication moved.
 
-pretrain_gpt on 2 forked gloo ranks (dp 2), two iterations, small buckets so that the toy
-GPT has several. Overlapping changes *when* each bucket's collective runs, not what it sums:
+pretrain_gpt on 2 forked gloo ranks (dp 2), two iterations of a bf16 toy GPT (its gradient
+buckets fp32, Megatron's default), small buckets so that it has several. Overlapping changes *when* each bucket's collective runs, not what it sums:
 the losses equal the synchronous run's bit for bit, with and without the distributed optimizer
 (dp 2: each element is one a + b either way; ZeRO-1's fp32 shards step as the whole does).
 The traced run shows where the collectives went, iteration by iteration:
@@ -27,7 +27,7 @@ from minitron.training.tokenizer import build_tokenizer
 MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
          "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "2", "--lr", "1e-3",
          "--mock-data", "--vocab-size", "1023", "--hidden-dropout", "0", "--attention-dropout", "0",
-         "--seed", "7", "--distributed-backend", "gloo"]
+         "--seed", "7", "--distributed-backend", "gloo", "--bf16"]
 OVERLAP = ["--overlap-grad-reduce", "--ddp-bucket-size", "20000"]
 DISTOPT = ["--use-distributed-optimizer"]
 GROUP = "minitron.core.distributed.param_and_grad_buffer._ParamAndGradBucketGroup."
@@ -79,6 +79,8 @@ def test_trace_shows_collectives_inside_backward_and_forward(traced_run):
     first, second = steps[0], steps[1]
     launches = inside(second, "start_grad_sync")
     assert len(launches) > 1 and all(r["args"]["async"] for r in launches)
+    # bf16 weights, fp32 gradient buckets: Megatron's default (--grad-reduce-in-bf16 not given).
+    assert {r["args"]["dtype"] for r in launches} == {"float32"}
     # From the second iteration on, each bucket's reduction is launched by a backward hook...
     assert all("backward_step" in _ancestors(r, by_id) for r in launches)
     # ...and finalize_model_grads only waits for it (it was in flight when the wait began).
