@@ -97,7 +97,10 @@ def test_trace_shows_collectives_inside_backward_and_forward(traced_run):
     every_gather = [r for r in records if r["name"] == GROUP + "start_param_sync"]
     assert not any("MegatronOptimizer.step" in by_id[r["parent"]]["name"] or "step" in _ancestors(r, by_id)
                    for r in every_gather if r["parent"] in by_id)
-    assert any(r["args"]["in_flight"] for r in inside(second, "finish_param_sync"))
+    # Each was waited for once, inside forward_step too (the first at once: nothing ran ahead of it).
+    param_waits = inside(second, "_wait_param_gather")
+    assert sorted(r["args"]["bucket"] for r in param_waits) == sorted(r["args"]["bucket"] for r in gathers)
+    assert all("forward_step" in _ancestors(r, by_id) for r in param_waits)
 
 
 def test_estimate_lays_out_the_same_buckets(traced_run):

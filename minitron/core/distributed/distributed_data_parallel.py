@@ -144,9 +144,10 @@ class DistributedDataParallel(MegatronModule):
     def _make_forward_pre_hook(self):
         def hook(module, *unused):
             # Only the module's own parameters: its children have hooks of their own.
-            for param in module.parameters(recurse=False):
-                if param in self.param_to_bucket_group:
-                    self.param_to_bucket_group[param].finish_param_sync()
+            groups = dict.fromkeys(self.param_to_bucket_group[p] for p in module.parameters(recurse=False)
+                                   if p in self.param_to_bucket_group)
+            for bucket_group in groups:
+                bucket_group.finish_param_sync()
         return hook
     # --8<-- [end:forward-pre-hook]
 

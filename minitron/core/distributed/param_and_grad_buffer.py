@@ -121,8 +121,7 @@ class _ParamAndGradBucketGroup:
     @traced(args=lambda self: {"bucket": self.buckets[0].bucket_id,
                                "numel": sum(b.grad_data.numel() for b in self.buckets),
                                "dtype": str(self.buckets[0].grad_data.dtype).replace("torch.", ""),
-                               "async": self.ddp_config.overlap_grad_reduce,
-                               "distributed_optimizer": self.ddp_config.use_distributed_optimizer})
+                               "async": self.ddp_config.overlap_grad_reduce})
     def start_grad_sync(self) -> None:
         """Average this group's gradients over the DP ranks: all-reduce, or reduce-scatter.
 
@@ -200,13 +199,13 @@ class _ParamAndGradBucketGroup:
             self.param_gather_handle = handles
         self.param_gather_dispatched = True
 
+    @traced(args=lambda self: {"bucket": self.buckets[0].bucket_id})
     def _wait_param_gather(self) -> None:
+        """The wait, traced: its record is where the forward pass stood when it needed the bucket."""
         for handle in self.param_gather_handle:
             handle.wait()
         self.param_gather_handle = None
 
-    @traced(args=lambda self: {"bucket": self.buckets[0].bucket_id,
-                               "in_flight": self.param_gather_handle is not None})
     def finish_param_sync(self) -> None:
         """Forward pre-hook (overlap_param_gather): make this bucket's parameters current, and
         launch the next bucket's all-gather so that it travels while this bucket's layers compute."""
