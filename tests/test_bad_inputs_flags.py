@@ -165,6 +165,8 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
     add("pretrain-overlap-gather-no-overlap-reduce",
         f"pretrain --world 2 {TRAIN} --use-distributed-optimizer --overlap-param-gather",
         "--overlap-param-gather", "--overlap-grad-reduce")
+    add("pretrain-overlap-reduce-deepspeed", f"pretrain --world 2 {TRAIN} --overlap-grad-reduce --deepspeed "
+        "--deepspeed-config docs/examples/ds_config_pretrain.json", "--overlap-grad-reduce", "overlap_comm")
     add("pretrain-ddp-bucket-size-0", f"pretrain --world 2 {TRAIN} --overlap-grad-reduce --ddp-bucket-size 0",
         "--ddp-bucket-size", "at least 1")
     # numbers and their ranges

@@ -132,15 +132,6 @@ class DistributedDataParallel(MegatronModule):
             self.remove_forward_pre_hook_handles[module] = module.register_forward_pre_hook(
                 self._make_forward_pre_hook())
 
-    def disable_forward_pre_hook(self, param_sync: bool = True) -> None:
-        """Remove the pre-hooks (and, with ``param_sync``, gather every bucket now): for a
-        checkpoint, or when training is over, the parameters must be whole without a forward."""
-        for handle in self.remove_forward_pre_hook_handles.values():
-            handle.remove()
-        self.remove_forward_pre_hook_handles = {}
-        if param_sync:
-            self.start_param_sync(force_sync=True)
-
     def _make_forward_pre_hook(self):
         def hook(module, *unused):
             # Only the module's own parameters: its children have hooks of their own.
