@@ -9,10 +9,17 @@ afterwards; at stage 3 (where DeepSpeed's default is on) each gradient's reduce-
 launched in backward and waited for in reduce_gradients.
 """
 
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from distributed import run_ranks
+from minitron.runtime import DeepSpeedConfig
 from minitron.trace.reader import load_trace
 from toy_models import toy_mlp
 
@@ -103,3 +110,43 @@ def test_trace_shows_where_the_reductions_went(runs):
         assert not any(r.get("args", {}).get("async_op") for r in plain)
     stage3 = [r for r in _within(records, run_of[(3, True)]) if r["name"].startswith("torch.distributed.reduce_scatter")]
     assert stage3 and all(r["args"].get("async_op") for r in stage3)
+
+
+# --- against DeepSpeed 0.19.8 (marked deepspeed) ----------------------------------------------
+PROBE = """
+import json, os, socket
+from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+out = {}
+for stage in (0, 1, 2, 3):
+    for given in (None, True, False):
+        zero = {"stage": stage, **({} if given is None else {"overlap_comm": given})}
+        out[f"{stage} {given}"] = DeepSpeedZeroConfig(**zero).overlap_comm
+import deepspeed
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+deepspeed.init_distributed(dist_backend="gloo")
+out["has_all_gather_into_tensor"] = deepspeed.comm.has_all_gather_into_tensor()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.deepspeed
+def test_deepspeed_resolves_and_gathers_the_same():
+    """overlap_comm resolves as DeepSpeed's validator resolves it, at every stage, given or not;
+    and DeepSpeed's comm has all_gather_into_tensor, so its all_gather_dp_groups never reads
+    allgather_bucket_size (one call per flat group), which is why minitron accepts and ignores it.
+    DeepSpeed runs in a child process: the tests' parent, which forks the ranks, stays free of it."""
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed: DS_BUILD_OPS=0 pip install --no-deps deepspeed==0.19.8")
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"}
+    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    assert theirs.pop("has_all_gather_into_tensor") is True
+    for key, overlap in theirs.items():
+        stage, given = key.split()
+        zero = {"stage": int(stage), **({} if given == "None" else {"overlap_comm": given == "True"})}
+        mine = DeepSpeedConfig({"train_batch_size": 8, "zero_optimization": zero}).zero_config.overlap_comm
+        assert mine == overlap, key
