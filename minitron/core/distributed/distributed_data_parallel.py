@@ -10,10 +10,13 @@ the whole global batch. This wrapper owns that average:
   into the buffer by the last micro-batch's hook), without talking;
 * ``finish_grad_sync()`` (called by finalize_model_grads after the last micro-batch) runs the
   all-reduce, or the reduce-scatter when the distributed optimizer owns shards of the state;
-* ``zero_grad_buffer()`` clears the buffer before the next step.
+  with ``overlap_grad_reduce`` the hooks have launched each bucket's already, and it waits;
+* ``zero_grad_buffer()`` clears the buffer before the next step;
+* with ``overlap_param_gather`` (ZeRO-1), forward pre-hooks wait for each bucket's parameter
+  all-gather, launched one bucket ahead of the forward pass.
 
-Unlike torch's DDP, nothing happens inside ``forward``: Megatron's schedules decide when the
-reduction runs, so this class is a passive container with explicit entry points.
+Unlike torch's DDP, ``forward`` itself starts nothing: Megatron's schedules and hooks decide
+when each collective runs, and this class holds the buffers and the explicit entry points.
 """
 
 from __future__ import annotations
