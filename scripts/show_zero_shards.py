@@ -4,9 +4,10 @@
     python scripts/show_zero_shards.py --dp 2 --bucket-size 300 # dp=2, buckets of >= 300
 
 Runs a small MLP on forked gloo ranks with DistributedDataParallel(use_distributed_optimizer)
-and the DistributedOptimizer, takes one training step with tracing on, and prints what the
+and the DistributedOptimizer, takes two training steps with tracing on, and prints what the
 ranks report: the buffer layout, each rank's shard, the Adam state each rank holds, and the
-collectives of that step on rank 0.
+collectives of the second step on rank 0 (with buckets, the first step only learns when each
+bucket is complete).
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ def rank_main(bucket_size: int | None) -> dict:
             finalize_model_grads([model])
             return optimizer.step()
 
+        # Two steps: with overlap, the first only learns which gradients each bucket waits
+        # for and reduces after backward; the second launches each bucket from backward.
+        train_step()
         train_step()
         buffer = model.buffers[0]
         names = {p: n for n, p in mlp.named_parameters()}
@@ -106,7 +110,7 @@ def tree(records: list[dict]) -> list[str]:
     children: dict = {}
     for r in records:
         children.setdefault(r["parent"], []).append(r)
-    root = next(r for r in records if r["name"] == STEP)
+    root = [r for r in records if r["name"] == STEP][-1]   # the last step: overlap at work
 
     def label(r: dict) -> str:
         a = r["args"]
@@ -168,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     held = sum(r["state"] for r in reports)
     print(f"  together: {held} = 2 x {held // 2} (every parameter once); "
           f"without ZeRO-1 each rank would hold 2 x {sum(e - s for _, s, e in first['params'])}")
-    print("\none training step on rank 0 (traced):")
+    print("\nthe second training step on rank 0 (traced):")
     print("\n".join(tree(records)))
     return 0
 

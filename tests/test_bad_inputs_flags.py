@@ -179,6 +179,16 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
     add("pretrain-eval-too-many", f"pretrain --world 1 {TRAIN} --eval-interval 1 --eval-iters 2147483647",
         "--eval-iters", "samples to index")
     add("pretrain-workers-too-many", f"pretrain --world 1 {TRAIN} --num-workers 100000", "--num-workers", "per core")
+    # the overlapped parameter all-gather: Megatron's two rules, and a bucket of no elements
+    add("pretrain-overlap-gather-no-distopt", f"pretrain --world 2 {TRAIN} --overlap-grad-reduce --overlap-param-gather",
+        "--overlap-param-gather", "--use-distributed-optimizer")
+    add("pretrain-overlap-gather-no-overlap-reduce",
+        f"pretrain --world 2 {TRAIN} --use-distributed-optimizer --overlap-param-gather",
+        "--overlap-param-gather", "--overlap-grad-reduce")
+    add("pretrain-overlap-reduce-deepspeed", f"pretrain --world 2 {TRAIN} --overlap-grad-reduce --deepspeed "
+        "--deepspeed-config docs/examples/ds_config_pretrain.json", "--overlap-grad-reduce", "overlap_comm")
+    add("pretrain-ddp-bucket-size-0", f"pretrain --world 2 {TRAIN} --overlap-grad-reduce --ddp-bucket-size 0",
+        "--ddp-bucket-size", "at least 1")
     # numbers and their ranges
     for flag, text, words in [("--initial-loss-scale", "1e400", "finite"), ("--initial-loss-scale", "1e30", "2**64"),
                               ("--initial-loss-scale", "0", "> 0"), ("--loss-scale", "1e30", "2**64"),

@@ -53,7 +53,9 @@ def _body(world: int, ddp_kwargs: dict):
         mine = slice(dp_rank * PER_RANK, (dp_rank + 1) * PER_RANK)
         ddp.zero_grad_buffer()
         _loss(ddp, x[mine], y[mine]).backward()
-        in_flight = sum(len(g.grad_reduce_handles) for g in ddp.bucket_groups)
+        # The first iteration only learns which gradients each bucket waits for (Megatron's
+        # rule): nothing is launched from backward yet.
+        assert all(g.grad_reduce_handle is None for g in ddp.bucket_groups)
         finalize_model_grads([ddp])
         for param, ref in zip(ddp.module.parameters(), _serial_grads(x, y)):
             assert param.grad is None   # the hook moved it into the buffer
@@ -70,14 +72,40 @@ def _body(world: int, ddp_kwargs: dict):
                 with ddp.no_sync():
                     (_loss(ddp, x[rows], y[rows]) / m).backward()
                 # Nothing may have been sent while accumulating.
-                assert all(not g.grad_reduce_handles for g in ddp.bucket_groups)
+                assert all(g.grad_reduce_handle is None for g in ddp.bucket_groups)
             else:
                 (_loss(ddp, x[rows], y[rows]) / m).backward()
+                in_flight = sum(g.grad_reduce_handle is not None for g in ddp.bucket_groups)
         finalize_model_grads([ddp])
         for param, ref in zip(ddp.module.parameters(), _serial_grads(x, y)):
             torch.testing.assert_close(param.main_grad, ref, rtol=0, atol=1e-6)
+        if overlap:
+            _same_steps_as_synchronous(ddp, DistributedDataParallel, DistributedDataParallelConfig,
+                                       finalize_model_grads, dp_rank)
         return {"buckets": len(ddp.bucket_groups), "in_flight": in_flight, "overlap": overlap}
     return body
+
+
+def _same_steps_as_synchronous(ddp, DDP, Config, finalize, dp_rank):
+    """Overlapping moves when each bucket is reduced, not what it sums: three SGD steps with the
+    overlapped buckets and with one synchronous all-reduce give equal gradients and weights, bit
+    for bit (dp 2: each element is one a + b either way)."""
+    sync = DDP(SimpleNamespace(sequence_parallel=False), Config(), _toy(seed=0))
+    with torch.no_grad():
+        for mine, theirs in zip(sync.module.parameters(), ddp.module.parameters()):
+            mine.copy_(theirs)
+    for step in range(3):
+        x, y = _batch(PER_RANK * 2, seed=10 + step)
+        rows = slice(dp_rank * PER_RANK, (dp_rank + 1) * PER_RANK)
+        for model in (ddp, sync):
+            model.zero_grad_buffer()
+            _loss(model, x[rows], y[rows]).backward()
+            finalize([model])
+            with torch.no_grad():
+                for param in model.module.parameters():
+                    param -= 0.1 * param.main_grad
+        for mine, theirs in zip(ddp.module.parameters(), sync.module.parameters()):
+            assert torch.equal(mine.main_grad, theirs.main_grad) and torch.equal(mine, theirs)
 
 
 @pytest.mark.parametrize("world, ddp_kwargs", [
@@ -88,7 +116,8 @@ def test_ddp_average_equals_serial(world, ddp_kwargs):
     results = run_ranks(_body(world, ddp_kwargs), world_size=world)
     for r in results:
         if r["overlap"]:
-            # Small buckets, and their all-reduces were launched during backward already.
+            # Small buckets, and (from the second iteration on) their all-reduces were
+            # launched during backward already.
             assert r["buckets"] > 1 and r["in_flight"] == r["buckets"]
         else:
             assert r["buckets"] == 1 and r["in_flight"] == 0

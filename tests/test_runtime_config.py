@@ -123,7 +123,7 @@ def test_deepspeed_defaults():
     ({"train_batch_size": 8, "fp16": {"enabled": True, "min_loss_scale": 0.5}}, "fp16.min_loss_scale"),
     ({"train_batch_size": 8, "zero_optimization": {"stage": 2, "reduce_bucket_size": 0}}, "reduce_bucket_size"),
     ({"train_batch_size": 8, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}}, "warmup_num_steps"),
-    ({"train_batch_size": 8, "zero_optimization": {"stage": 2, "overlap_comm": True}}, "not modelled"),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 2, "contiguous_gradients": False}}, "not modelled"),
     ({"train_batch_size": "16"}, "whole number"),
     ({"train_batch_size": 8, "fp16": {"enabled": "maybe"}}, "true or false"),
     ({"train_batch_size": 8, "fp16": {"enabled": 2}}, "true or false"),

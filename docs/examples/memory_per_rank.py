@@ -6,8 +6,8 @@ runs `minitron pretrain` with the flags given (at least one iteration, so that A
 exists) and, on every rank, measures what its model and optimizer hold once training is done:
 
 * parameters: the model's own tensors, in their training dtype (bf16 with --bf16);
-* gradients: DDP's ``main_grad`` buffers, in the parameters' dtype (fp32 with
-  --accumulate-allreduce-grads-in-fp32);
+* gradients: DDP's ``main_grad`` buffers: fp32 with --bf16 (Megatron's default) or
+  --accumulate-allreduce-grads-in-fp32, else the parameters' dtype;
 * fp32 main params: the optimizer's fp32 copies of 16-bit parameters (a shard of them with
   --use-distributed-optimizer); an fp32 model's own parameters, which the optimizer steps in
   place, are not counted twice;

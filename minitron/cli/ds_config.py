@@ -49,3 +49,6 @@ def ds_config(
     zero = config.zero_config
     console.print(f"ZeRO stage {zero.stage}; gradient clipping {config.gradient_clipping:g}; optimizer "
                   f"{config.optimizer_name or '(the program’s own)'}; scheduler {config.scheduler_name or 'none'}")
+    if zero.stage > 0:
+        # overlap_comm's default depends on the stage (on at 3 only): say what it resolved to.
+        console.print(f"overlap_comm {str(zero.overlap_comm).lower()}; reduce_bucket_size {zero.reduce_bucket_size:,}")

@@ -252,22 +252,20 @@ def parse_zero(params: dict) -> ZeroConfig:
     overlap = model_flag(zero, "overlap_comm", stage == 3, where) if zero.get("overlap_comm") is not None \
         else stage == 3
     contiguous = model_flag(zero, "contiguous_gradients", True, where)
+    # overlap_comm runs at every ZeRO stage (zero/buckets.py, zero/stage3.py): the reductions
+    # are launched during backward and waited for after it. allgather_bucket_size is accepted
+    # and, as in DeepSpeed 0.19.8, read by nothing: with torch's all_gather_into_tensor (any
+    # torch since 1.13) its all_gather_dp_groups gathers each flat group in one call.
     if stage > 0:  # at stage 0 DeepSpeed runs no ZeRO optimizer, and reads none of them either
-        # overlap_comm: false is what minitron does at every stage (no second stream), so it is
-        # taken as given; an explicit true asks for what is not there. Absent, it resolves to
-        # DeepSpeed's default, as `ds-config` shows DeepSpeed's resolution.
-        asked_overlap = zero.get("overlap_comm") is not None and overlap
-        _not_modelled(where, {"allgather_bucket_size": (allgather, DEFAULT_BUCKET),
-                              "overlap_comm": (True if asked_overlap else False, False),
-                              "contiguous_gradients": (contiguous, True)}, stage)
+        _not_modelled(where, {"contiguous_gradients": (contiguous, True)}, stage)
     return ZeroConfig(stage, reduce_size, allgather, overlap, contiguous)
 
 
 def _not_modelled(where: str, given: dict, stage: int) -> None:
-    """Keys minitron parses and runs nothing for: minitron's ZeRO all-gathers updated weights
-    in one call per group, reduces each gradient bucket as it fills (no second stream to overlap
-    on) and keeps each gradient where autograd put it. Each is accepted only at the value that
-    says what minitron does (DeepSpeed's default, or false for overlap_comm)."""
+    """Keys minitron parses and runs nothing for. contiguous_gradients=false would keep each
+    gradient where autograd put it until its bucket is reduced; minitron copies every bucket
+    into one tensor to reduce it, which is what true does. Each such key is accepted only at the
+    value that says what minitron does (DeepSpeed's default)."""
     for key, (value, default) in given.items():
         if value != default:
             raise DeepSpeedConfigError(f"{where}.{key}: {json_value(value)} is not modelled in minitron, which "

@@ -25,6 +25,7 @@ from minitron.runtime.loss_scaler import CreateLossScaler
 from minitron.runtime.lr_schedules import SCHEDULERS
 from minitron.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+from minitron.trace import traced
 
 
 def initialize(args=None, model: torch.nn.Module = None, optimizer=None, model_parameters=None,
@@ -105,11 +106,14 @@ class DeepSpeedEngine(torch.nn.Module):
         scaler = CreateLossScaler(dtype, config.loss_scale, config.loss_scale == 0, config.dynamic_loss_scale_args)
         if self.zero_optimization_stage() == 3:
             self.optimizer = DeepSpeedZeroOptimizer_Stage3(self.module, basic, self.data_parallel_group, scaler,
-                                                           config.gradient_clipping, mp_group)
+                                                           config.gradient_clipping, mp_group,
+                                                           config.zero_config.overlap_comm)
         else:
             self.optimizer = DeepSpeedZeroOptimizer(basic, self.data_parallel_group, self.zero_optimization_stage(),
                                                     scaler, config.gradient_clipping, mp_group,
-                                                    config.zero_config.reduce_bucket_size, _tensor_parallel_rank(mpu))
+                                                    config.zero_config.reduce_bucket_size,
+                                                    model_parallel_rank=_tensor_parallel_rank(mpu),
+                                                    overlap_comm=config.zero_config.overlap_comm)
         self.basic_optimizer = basic
         self.lr_scheduler = self._configure_lr_scheduler(lr_scheduler)
         self.training_dataloader = None
@@ -185,11 +189,14 @@ class DeepSpeedEngine(torch.nn.Module):
         self._is_gradient_accumulation_boundary = is_boundary
 
     # --8<-- [start:backward-step]
+    @traced(args=lambda self, loss: {"boundary": self.is_gradient_accumulation_boundary()})
     def backward(self, loss: torch.Tensor) -> torch.Tensor:
         # Each micro-batch's loss is a mean over its samples; dividing by the number of
         # micro-batches makes the accumulated gradient the mean over the whole step's batch.
         if self.gradient_accumulation_steps() > 1:
             loss = loss.float() / self.gradient_accumulation_steps()
+        # ZeRO's gradient hooks must know, during backward, whether this micro-batch ends the step.
+        self.optimizer.is_gradient_accumulation_boundary = self.is_gradient_accumulation_boundary()
         self.optimizer.backward(loss)    # times the loss scale (1 unless fp16), then backward
         self.optimizer.reduce_gradients(self.is_gradient_accumulation_boundary())
         return loss

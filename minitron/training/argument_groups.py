@@ -181,7 +181,7 @@ def _add_mixed_precision_args(parser):
     g.add_argument("--hysteresis", type=POSITIVE, default=2)
     g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true")
     g.add_argument("--grad-reduce-in-bf16", action="store_true",
-                   help="with --bf16: accumulate and reduce gradients in bf16 (minitron's default too)")
+                   help="with --bf16: accumulate and reduce gradients in bf16 instead of the default fp32")
 
 
 def _add_distributed_args(parser):
@@ -211,6 +211,13 @@ def _add_distributed_args(parser):
     g.add_argument("--distributed-timeout-minutes", type=int_in(1, 10**6, "about two years; far longer timeouts "
                                                                "break torch's TCP store"), default=10)
     g.add_argument("--use-distributed-optimizer", action="store_true")
+    g.add_argument("--overlap-grad-reduce", action="store_true",
+                   help="cut the gradient buffer into buckets, each reduced (async) as soon as backward fills it")
+    g.add_argument("--overlap-param-gather", action="store_true",
+                   help="with --use-distributed-optimizer and --overlap-grad-reduce: all-gather each "
+                        "bucket's parameters during the next forward instead of at the end of the step")
+    g.add_argument("--ddp-bucket-size", type=POSITIVE, default=None, metavar="ELEMENTS",
+                   help="elements per gradient bucket with --overlap-grad-reduce (default max(40M, 1M x dp))")
     # DeepSpeed's launch.py passes --local_rank=N (underscore), torch.distributed.launch did too.
     g.add_argument("--local-rank", "--local_rank", type=COUNT, default=None)
 

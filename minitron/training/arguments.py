@@ -83,10 +83,22 @@ def validate_args(args, defaults: dict | None = None):
     validate_batch(args)
     require(not (args.fp16 and args.bf16), "--fp16 and --bf16 exclude each other: choose one")
     args.params_dtype = "float16" if args.fp16 else "bfloat16" if args.bf16 else "float32"
-    # Megatron 0.19 turns fp32 accumulation on by itself for bf16 unless this flag is given;
-    # minitron reduces in bf16 unless --accumulate-allreduce-grads-in-fp32 is given.
+    # --8<-- [start:grad-reduce-dtype]
     require(not (args.grad_reduce_in_bf16 and args.accumulate_allreduce_grads_in_fp32),
             "--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 exclude each other: choose one")
+    if args.bf16 and not args.grad_reduce_in_bf16:
+        # Megatron's default for bf16: accumulate and reduce gradients in fp32. bf16 keeps 7 bits
+        # of mantissa, so summing many micro-batches' or replicas' gradients in it loses the small
+        # ones; --grad-reduce-in-bf16 trades that for half the buffer and half the traffic.
+        # (fp16 keeps its 16-bit buffer unless asked: its loss scale already guards small values.)
+        args.accumulate_allreduce_grads_in_fp32 = True
+    # --8<-- [end:grad-reduce-dtype]
+    # Megatron's two rules for the overlapped all-gather: only sharded parameters are gathered,
+    # and they are gathered by the buckets that overlap_grad_reduce cuts.
+    require(not args.overlap_param_gather or args.use_distributed_optimizer,
+            "--overlap-param-gather gathers the distributed optimizer's shards: add --use-distributed-optimizer")
+    require(not args.overlap_param_gather or args.overlap_grad_reduce,
+            "--overlap-param-gather works bucket by bucket: add --overlap-grad-reduce")
     _validate_training(args)  # last: a --load is compared with every shape and dtype set above
     validate_context_parallel(args)
 

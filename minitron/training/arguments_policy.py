@@ -2,10 +2,10 @@
 
 Megatron's example launch scripts (examples/gpt3, examples/llama, examples/mixtral) pass 25 to
 94 flags each. Many of them choose *how* a step runs on a GPU, not *what* it computes: a fused
-kernel, an attention backend, a logger, an overlap of communication with compute. minitron runs
-plain torch ops in order and computes the same numbers either way, so such a flag is
-**accepted and listed once**, with the reason it changes nothing here, in the run's header
-(rank 0, where Megatron prints its arguments; and `minitron trace` / `estimate`).
+kernel, an attention backend, a logger, a profiler. minitron runs plain torch ops in order and
+computes the same numbers either way, so such a flag is **accepted and listed once**, with the
+reason it changes nothing here, in the run's header (rank 0, where Megatron prints its
+arguments; and `minitron trace` / `estimate`).
 
 A flag that changes the math (fp8 matmuls, another learning-rate or batch-size schedule) cannot
 be accepted silently: the run would not be the one asked for. It is **refused by name**, with
@@ -21,7 +21,6 @@ import argparse
 
 _FUSION = "a kernel fusion; minitron runs the unfused torch ops, which compute the same"
 _LOGGER = "a logger minitron lacks; its log is stdout, --log-jsonl and the trace"
-_OVERLAP = "overlaps communication with compute; minitron runs the same collectives in order"
 _PROFILER = "the GPU profiler; minitron's trace records every step instead"
 _ATTENTION = "chooses the attention kernel; minitron's is torch's"
 
@@ -40,8 +39,6 @@ NO_EFFECT = {
     "--cross-entropy-loss-fusion": (False, _FUSION),
     "--no-persist-layer-norm": (False, _FUSION),
     "--moe-shared-expert-overlap": (False, "runs the shared experts while the tokens travel; the same sum"),
-    "--overlap-grad-reduce": (False, _OVERLAP),
-    "--overlap-param-gather": (False, _OVERLAP),
     "--tensorboard-dir": (True, _LOGGER),
     "--tensorboard-log-interval": (True, _LOGGER),
     "--log-timers-to-tensorboard": (False, _LOGGER),

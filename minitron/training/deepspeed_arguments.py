@@ -56,6 +56,8 @@ def _refuse_layout(args) -> None:
                                  "tensor-parallel all-reduce the engine does not do; drop one"),
         (args.use_distributed_optimizer, "--use-distributed-optimizer with --deepspeed: ZeRO partitions the "
                                          "optimizer there (zero_optimization.stage >= 1); drop the flag"),
+        (args.overlap_grad_reduce, "--overlap-grad-reduce with --deepspeed: the engine reduces the gradients "
+                                   "there; set zero_optimization.overlap_comm in the ds_config and drop the flag"),
         (args.expert_model_parallel_size > 1 or args.num_experts,
          "--num-experts / --expert-model-parallel-size with --deepspeed: the engine has no expert groups; drop one"),
         (args.rampup_batch_size is not None, "--rampup-batch-size with --deepspeed: the ds_config's "

@@ -51,8 +51,12 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
 
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
-        use_distributed_optimizer=args.use_distributed_optimizer)
-    wrapped = [DistributedDataParallel(chunk.config, ddp_config, chunk) for chunk in model]
+        overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
+        use_distributed_optimizer=args.use_distributed_optimizer, bucket_size=args.ddp_bucket_size)
+    # Megatron buckets the first model chunk only: with virtual stages the other chunks'
+    # reductions run while the first chunk still computes (DDP also skips stages after the first).
+    wrapped = [DistributedDataParallel(chunk.config, ddp_config, chunk, disable_bucketing=index > 0)
+               for index, chunk in enumerate(model)]
     if args.data_parallel_random_init:
         # Replicas seeded differently drew different weights: make rank 0's everyone's.
         for chunk in wrapped:

@@ -35,7 +35,9 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from minitron.core.distributed.distributed_data_parallel_config import BUCKET_END_ALIGN, PARAM_START_ALIGN
+from minitron.core.distributed.distributed_data_parallel_config import (
+    BUCKET_END_ALIGN, PARAM_START_ALIGN, resolve_bucket_size,
+)
 from minitron.core.rank_generator import RankGenerator
 from minitron.training.theoretical_activations import in_flight_chunks, unit_activation_bytes
 from minitron.training.theoretical_comm import comm_bytes
@@ -62,11 +64,13 @@ class RankCost:
 
 
 # --- the gradient buffer ----------------------------------------------------------------------
-def buffer_layout(params: list[Param], dp: int, dist_opt: bool) -> tuple[list[tuple[int, int]], dict]:
+def buffer_layout(params: list[Param], dp: int, dist_opt: bool,
+                  bucket_size: int | None = None) -> tuple[list[tuple[int, int]], dict]:
     """param_and_grad_buffer._lay_out without tensors: the buckets [(start, end)] and each
-    parameter's (start, end). Parameters are laid out last first; with the distributed
-    optimizer each starts on a 64-element boundary, each bucket ends on lcm(dp, 128), and the
-    tied embedding has a bucket of its own."""
+    parameter's (start, end). Parameters are laid out last first; a bucket closes once it holds
+    ``bucket_size`` elements (None: one bucket); with the distributed optimizer each parameter
+    starts on a 64-element boundary, each bucket ends on lcm(dp, 128), and the tied embedding
+    has a bucket of its own."""
     align = math.lcm(dp, BUCKET_END_ALIGN)
     buckets, where, next_free, bucket_start, in_bucket = [], {}, 0, 0, 0
 
@@ -84,7 +88,8 @@ def buffer_layout(params: list[Param], dp: int, dist_opt: bool) -> tuple[list[tu
             start = close(start)
         where[param.name] = (start, start + param.numel)
         in_bucket += 1
-        next_free = close(start + param.numel) if alone else start + param.numel
+        full = bucket_size is not None and start + param.numel - bucket_start >= bucket_size
+        next_free = close(start + param.numel) if alone or full else start + param.numel
     if in_bucket:
         close(next_free)
     return buckets, where
@@ -111,10 +116,16 @@ def owned_numel(layout: tuple[list, dict], dp: int, dp_rank: int) -> int:
 # --- memory -----------------------------------------------------------------------------------
 def stage_buffers(args, pp_rank: int) -> list[tuple[list[Param], tuple]]:
     """Each model chunk of a pipeline stage: its parameters and its buffer layout."""
-    def layout(plist, dp):
-        return buffer_layout(plist, dp, args.use_distributed_optimizer)
+    def layout_for(chunk):
+        # DDP's rule (resolve_bucket_size): buckets with --overlap-grad-reduce, on the first
+        # stage's first chunk only, sized from the dense data-parallel group, experts' too.
+        dense_dp = args.data_parallel_size * args.context_parallel_size
+        size = resolve_bucket_size(getattr(args, "ddp_bucket_size", None), getattr(args, "overlap_grad_reduce", False),
+                                   dense_dp, disable_bucketing=pp_rank > 0 or chunk > 0)
+        return lambda plist, dp: buffer_layout(plist, dp, args.use_distributed_optimizer, size)
     # Experts (theoretical_moe.py) get a buffer of their own, over the expert-data-parallel group.
-    return [entry for chunk in chunks_of(args) for entry in split_buffers(args, model_params(args, pp_rank, chunk), layout)]
+    return [entry for chunk in chunks_of(args)
+            for entry in split_buffers(args, model_params(args, pp_rank, chunk), layout_for(chunk))]
 
 
 def compute_weight_and_optimizer_memory(args, stage: list, dp_rank: int, expert_dp_rank: int = 0) -> tuple[int, dict]:

@@ -24,8 +24,9 @@ and k the optimizer's fp32 moments (2 for Adam), a rank holds between micro-batc
 
 Communication on the data-parallel group (key ``dp``, the engine's mpu group) in one iteration
 of m micro-batches: stage 0 all-reduces, stage 1 reduce-scatters each flat gradient once, at the
-last micro-batch; stage 2 reduces every gradient during each backward, bucket by bucket, to the
-ranks owning its elements (P x e per micro-batch); stage 3 all-gathers each module's pieces
+last micro-batch (with overlap_comm: reduces it bucket by bucket during that backward, as stage 2
+does); stage 2 reduces every gradient during each backward, bucket by bucket, to the ranks owning
+its elements (P x e per micro-batch); stage 3 all-gathers each module's pieces
 before its forward and again before its backward, and reduce-scatters each gradient (padded to
 dp pieces); with full recomputation the recomputed layers gather a third time. The step then
 all-reduces the overflow flag (fp32) and the squared norm (fp64) over dp and tp, and stages 1
@@ -195,9 +196,10 @@ def zero_comm(args, plist: list[Param], tally) -> None:
             tally.add("dp", piece["embedding.word_embeddings.weight"] * e, m)   # gathered again
         for p in plist:                                  # each gradient, padded to dp pieces
             tally.add("dp", piece[p.name] * dp * e, m)
-    elif stage == 2:
+    elif stage == 2 or (stage == 1 and cfg.zero_config.overlap_comm):
+        # stage 2 in every backward; stage 1 with overlap_comm in the last micro-batch's only
         for n in _bucket_reduces(plist, groups, dp, cfg.zero_config.reduce_bucket_size):
-            tally.add("dp", n * e, m)
+            tally.add("dp", n * e, m if stage == 2 else 1)
     else:                                                # once, after the last micro-batch
         for flat in flats:
             tally.add("dp", flat * e)                    # all-reduce (0) or reduce-scatter (1)

@@ -146,14 +146,24 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_data_i
             evaluate_and_print_results(f"iteration {iteration}", forward_step_func, valid_data_iterator, model)
         saved = bool(args.save and args.save_interval and iteration % args.save_interval == 0)
         if saved:
+            force_param_sync(model)
             save_checkpoint(iteration, model, optimizer, opt_param_scheduler)
         if args.exit_interval and iteration % args.exit_interval == 0:
             break  # a planned stop (a job's time slot ends): the checkpoint below resumes it
+    force_param_sync(model)   # training is over: no next forward will gather the last step's shards
     if args.save and not saved:
         save_checkpoint(iteration, model, optimizer, opt_param_scheduler)  # always keep the end
     args.iteration = iteration
     log.close()
     return iteration
+
+
+def force_param_sync(model) -> None:
+    """--overlap-param-gather leaves each step's updated shards to the next forward's pre-hooks.
+    A checkpoint, or the end of training, needs whole parameters now: gather every bucket."""
+    if get_args().overlap_param_gather:
+        for chunk in model:
+            chunk.start_param_sync(force_sync=True)
 
 
 @traced

@@ -10,10 +10,13 @@ the whole global batch. This wrapper owns that average:
   into the buffer by the last micro-batch's hook), without talking;
 * ``finish_grad_sync()`` (called by finalize_model_grads after the last micro-batch) runs the
   all-reduce, or the reduce-scatter when the distributed optimizer owns shards of the state;
-* ``zero_grad_buffer()`` clears the buffer before the next step.
+  with ``overlap_grad_reduce`` the hooks have launched each bucket's already, and it waits;
+* ``zero_grad_buffer()`` clears the buffer before the next step;
+* with ``overlap_param_gather`` (ZeRO-1), forward pre-hooks wait for each bucket's parameter
+  all-gather, launched one bucket ahead of the forward pass.
 
-Unlike torch's DDP, nothing happens inside ``forward``: Megatron's schedules decide when the
-reduction runs, so this class is a passive container with explicit entry points.
+Unlike torch's DDP, ``forward`` itself starts nothing: Megatron's schedules and hooks decide
+when each collective runs, and this class holds the buffers and the explicit entry points.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from contextlib import contextmanager
 import torch
 
 from minitron.core import parallel_state
+from minitron.core.distributed.distributed_data_parallel_config import resolve_bucket_size
 from minitron.core.distributed.param_and_grad_buffer import _ParamAndGradBuffer, partition_buckets
 from minitron.core.transformer.module import MegatronModule
 from minitron.trace import traced
@@ -39,15 +43,9 @@ class DistributedDataParallel(MegatronModule):
         dp_size = torch.distributed.get_world_size(group=self.dp_cp_group)
 
         # --8<-- [start:bucket-size]
-        # Buckets only pay off when their collectives overlap backward. Megatron also turns
-        # them off on pipeline stages after the first: those stages' reductions are not on the
-        # critical path (the first stage finishes backward last).
-        bucket_size = ddp_config.bucket_size
-        if bucket_size is None:
-            bucket_size = max(40_000_000, 1_000_000 * dp_size)
-        if (not ddp_config.overlap_grad_reduce or disable_bucketing
-                or parallel_state.get_pipeline_model_parallel_rank() > 0):
-            bucket_size = None
+        disable_bucketing = disable_bucketing or parallel_state.get_pipeline_model_parallel_rank() > 0
+        bucket_size = resolve_bucket_size(ddp_config.bucket_size, ddp_config.overlap_grad_reduce,
+                                          dp_size, disable_bucketing)
         self.bucket_size = bucket_size
         # --8<-- [end:bucket-size]
 
@@ -79,9 +77,15 @@ class DistributedDataParallel(MegatronModule):
             self.expt_dp_group = parallel_state.get_expert_data_parallel_group()
             self.expert_parallel_buffers = self._make_buffers(expert_params, self.expt_dp_group, bucket_size,
                                                               param_to_name, gradient_scaling_factor)
-        self.bucket_groups = partition_buckets(self.buffers) + partition_buckets(self.expert_parallel_buffers)
+        dense_groups, expert_groups = partition_buckets(self.buffers), partition_buckets(self.expert_parallel_buffers)
+        self.bucket_groups = dense_groups + expert_groups
         # --8<-- [end:expert-buffers]
         self.param_to_bucket_group = {p: g for g in self.bucket_groups for p in g.params}
+        # The forward pass meets the buckets in reverse (they are laid out last layer first):
+        # each bucket's all-gather, once waited for, launches the one the forward needs next.
+        for groups in (dense_groups, expert_groups):
+            for later, earlier in zip(groups[1:], groups[:-1]):
+                later.next_param_gather_bucket_group = earlier
 
         # --8<-- [start:hook]
         # The hook fires after autograd has accumulated a parameter's gradient into .grad
@@ -90,6 +94,9 @@ class DistributedDataParallel(MegatronModule):
         for param in params:
             param.register_post_accumulate_grad_hook(self._make_backward_post_hook(param))
         # --8<-- [end:hook]
+        self.remove_forward_pre_hook_handles = {}
+        if ddp_config.overlap_param_gather:
+            self.enable_forward_pre_hook()
 
     def _make_buffers(self, params, group, bucket_size, param_to_name, gradient_scaling_factor):
         """One buffer per (param dtype, grad dtype): a bf16 model with fp32 gradient reduction
@@ -118,6 +125,25 @@ class DistributedDataParallel(MegatronModule):
             if self.ddp_config.overlap_grad_reduce:
                 self.param_to_bucket_group[param].register_grad_ready(param)
         return hook
+
+    # --8<-- [start:forward-pre-hook]
+    def enable_forward_pre_hook(self) -> None:
+        """overlap_param_gather: before any submodule runs, its parameters must be gathered."""
+        if self.remove_forward_pre_hook_handles:
+            raise RuntimeError("the forward pre-hooks are enabled already")
+        for module in self.module.modules():
+            self.remove_forward_pre_hook_handles[module] = module.register_forward_pre_hook(
+                self._make_forward_pre_hook())
+
+    def _make_forward_pre_hook(self):
+        def hook(module, *unused):
+            # Only the module's own parameters: its children have hooks of their own.
+            groups = dict.fromkeys(self.param_to_bucket_group[p] for p in module.parameters(recurse=False)
+                                   if p in self.param_to_bucket_group)
+            for bucket_group in groups:
+                bucket_group.finish_param_sync()
+        return hook
+    # --8<-- [end:forward-pre-hook]
 
     def forward(self, *inputs, **kwargs):
         return self.module(*inputs, **kwargs)
@@ -151,18 +177,18 @@ class DistributedDataParallel(MegatronModule):
         for bucket_group in self.bucket_groups:
             bucket_group.finish_grad_sync()
 
-    @traced
+    @traced(args=lambda self, *unused, force_sync=False: {"force_sync": force_sync})
     def start_param_sync(self, *unused, force_sync: bool = False) -> None:
         """Distributed optimizer: all-gather the updated parameter shards of every bucket.
 
-        minitron always gathers synchronously (Megatron can overlap it with the next forward);
-        ``force_sync`` is accepted for the same calls to read the same.
+        Synchronous, unless overlap_param_gather: then each bucket's all-gather is launched
+        and waited for by the forward pre-hooks; ``force_sync`` gathers (or finishes) them now.
         """
         if not self.ddp_config.use_distributed_optimizer:
             raise RuntimeError("start_param_sync is for the distributed optimizer: "
                                "set DistributedDataParallelConfig.use_distributed_optimizer")
         for bucket_group in self.bucket_groups:
-            bucket_group.start_param_sync()
+            bucket_group.start_param_sync(force_sync=force_sync)
 
     def scale_gradients(self, scaling_factor: float) -> None:
         for buffer in self.buffers + self.expert_parallel_buffers:

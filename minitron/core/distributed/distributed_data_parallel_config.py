@@ -31,8 +31,13 @@ class DistributedDataParallelConfig:
     # DistributedOptimizer step that slice; parameters are all-gathered after the step.
     use_distributed_optimizer: bool = False
 
+    # ZeRO-1 with overlap_grad_reduce: all-gather each bucket's updated parameters during the
+    # next forward pass (launched bucket by bucket, waited for in forward pre-hooks) instead of
+    # at the end of optimizer.step().
+    overlap_param_gather: bool = False
+
     # Elements per bucket. None: Megatron's default, max(40M, 1M x dp) when overlapping,
-    # else one bucket for the whole buffer.
+    # else one bucket for the whole buffer (see resolve_bucket_size).
     bucket_size: int | None = None
 
     # Average with the collective itself (ReduceOp.AVG) instead of pre-scaling by 1/dp and
@@ -46,3 +51,22 @@ class DistributedDataParallelConfig:
         if self.bucket_size is not None and self.bucket_size < 1:
             raise ValueError(f"DistributedDataParallelConfig.bucket_size must be a positive number "
                              f"of elements or None, got {self.bucket_size}")
+        if self.overlap_param_gather and not (self.use_distributed_optimizer and self.overlap_grad_reduce):
+            raise ValueError("overlap_param_gather needs use_distributed_optimizer and overlap_grad_reduce "
+                             "(Megatron's rule: only sharded parameters are gathered, bucket by bucket)")
+
+
+def resolve_bucket_size(bucket_size: int | None, overlap_grad_reduce: bool, dp_size: int,
+                        disable_bucketing: bool = False) -> int | None:
+    """Elements per bucket for one model chunk; None means one bucket for the whole buffer.
+
+    Buckets only pay off when their collectives overlap backward. Megatron's default is large
+    (a bucket must be big enough for the collective to run at full bandwidth, and bigger still
+    at large dp, where each rank's piece of it shrinks). It also turns bucketing off
+    (``disable_bucketing``) for every chunk but the first of an interleaved pipeline and on
+    pipeline stages after the first: those reductions are not on the critical path (the first
+    stage's first chunk finishes backward last). Torch-free: the estimator lays out the same
+    buffer."""
+    if not overlap_grad_reduce or disable_bucketing:
+        return None
+    return bucket_size if bucket_size is not None else max(40_000_000, 1_000_000 * dp_size)

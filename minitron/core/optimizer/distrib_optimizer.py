@@ -136,7 +136,9 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
     def step_with_ready_grads(self) -> bool:
         update_successful = super().step_with_ready_grads()
         for model_chunk in self.model_chunks:
-            model_chunk.start_param_sync(force_sync=True)
+            # With overlap_param_gather the next forward's pre-hooks gather, bucket by bucket.
+            if not model_chunk.ddp_config.overlap_param_gather:
+                model_chunk.start_param_sync(force_sync=True)
         return update_successful
 
     def state_dict(self) -> dict:

@@ -21,13 +21,20 @@ from __future__ import annotations
 import torch
 
 from minitron import comm as dist   # as DeepSpeed's ZeRO: from deepspeed import comm as dist
+from minitron.trace import traced
 
 
 class GradientBuckets:
-    def __init__(self, optimizer, reduce_bucket_size: int):
-        self.opt, self.bucket_size = optimizer, reduce_bucket_size
+    """``overlap_comm``: each bucket's reduces are launched (async_op=True) and left in flight
+    while backward goes on; DeepSpeed runs them on a second stream, with two bucket buffers, so
+    at most two buckets travel at once and the rest of backward waits only to reuse a buffer.
+    The last ones are waited for after backward (``finish``, DeepSpeed's epilogue)."""
+
+    def __init__(self, optimizer, reduce_bucket_size: int, overlap_comm: bool = False):
+        self.opt, self.bucket_size, self.overlap_comm = optimizer, reduce_bucket_size, overlap_comm
         self.params: list = []
         self.elements = 0
+        self.in_flight: list = []   # launched buckets: (pieces I own, their sum, handles)
         self.where: dict = {}   # param -> (group index, its offset in the group's flat buffer)
         for i, params in enumerate(optimizer.bit16_groups):
             offset = 0
@@ -37,14 +44,22 @@ class GradientBuckets:
                 p.register_post_accumulate_grad_hook(self.grad_ready)
 
     def grad_ready(self, p: torch.Tensor) -> None:
+        # Stage 1 (overlap_comm) reduces in backward only at the accumulation boundary: before
+        # it, gradients add up in p.grad as plain PyTorch leaves them (DeepSpeed's
+        # reduce_ready_partitions_and_remove_grads).
+        if not self.opt.partition_gradients and not self.opt.is_gradient_accumulation_boundary:
+            return
         if self.params and self.elements + p.numel() > self.bucket_size:
             self.reduce()
         self.params.append(p)
         self.elements += p.numel()
 
+    @traced(args=lambda self: {"params": len(self.params), "elements": self.elements,
+                               "async": self.overlap_comm})
     @torch.no_grad()
     def reduce(self) -> None:
-        """Sum the bucket onto the partitions' owners; drop its gradients."""
+        """Sum the bucket onto the partitions' owners (launched only, with overlap_comm); drop
+        its gradients."""
         if not self.params:
             return
         opt = self.opt
@@ -62,18 +77,47 @@ class GradientBuckets:
                 owned.setdefault(owner, []).append((i, first - owner * size, at + first - start, n))
                 first += n
             at += p.numel()
+        if self.overlap_comm and len(self.in_flight) == 2:
+            self._wait(*self.in_flight.pop(0))   # both bucket buffers busy: wait for the older
+        mine, handles = None, []
         for owner in sorted(owned):
             pieces = owned[owner]
             summed = torch.cat([bucket[b:b + n] for _, _, b, n in pieces])
-            dist.reduce(summed, dst=dist.get_global_rank(group, owner), group=group)
+            handles.append(dist.reduce(summed, dst=dist.get_global_rank(group, owner), group=group,
+                                       async_op=self.overlap_comm))
             if owner == opt.partition_id:
-                summed.div_(opt.dp_world_size)   # the sum over ranks -> the mean over the batch
-                k = 0
-                for i, offset, _, n in pieces:
-                    size = opt.bit16_groups_flat[i].numel() // opt.partition_count
-                    mine = opt.averaged_gradients.setdefault(i, torch.zeros(size, dtype=summed.dtype))
-                    mine[offset:offset + n].add_(summed[k:k + n])
-                    k += n
+                mine = (pieces, summed)
+        launched = (mine, [h for h in handles if h is not None])
+        if self.overlap_comm:
+            self.in_flight.append(launched)
+        else:
+            self._add(mine)
         for p in self.params:
             p.grad = None
         self.params, self.elements = [], 0
+
+    @traced(args=lambda self, mine, handles: {"handles": len(handles)})
+    def _wait(self, mine, handles) -> None:
+        """An overlapped bucket: wait for its reduces, then take my pieces of the sum."""
+        for handle in handles:
+            handle.wait()
+        self._add(mine)
+
+    def _add(self, mine) -> None:
+        """My pieces of a reduced bucket, averaged, into my partition's gradient."""
+        if mine is None:
+            return
+        opt, (pieces, summed) = self.opt, mine
+        summed.div_(opt.dp_world_size)   # the sum over ranks -> the mean over the batch
+        k = 0
+        for i, offset, _, n in pieces:
+            size = opt.bit16_groups_flat[i].numel() // opt.partition_count
+            held = opt.averaged_gradients.setdefault(i, torch.zeros(size, dtype=summed.dtype))
+            held[offset:offset + n].add_(summed[k:k + n])
+            k += n
+
+    def finish(self) -> None:
+        """After backward: reduce the last, partial bucket and wait for every one in flight."""
+        self.reduce()
+        while self.in_flight:
+            self._wait(*self.in_flight.pop(0))

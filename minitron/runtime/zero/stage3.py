@@ -37,6 +37,7 @@ import torch
 
 from minitron import comm as dist   # as DeepSpeed's ZeRO: from deepspeed import comm as dist
 from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+from minitron.trace import traced
 
 AVAILABLE, NOT_AVAILABLE = "AVAILABLE", "NOT_AVAILABLE"   # DeepSpeed's ZeroParamStatus
 
@@ -71,7 +72,7 @@ class _GatherBeforeBackward(torch.autograd.Function):
 
 class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
     def __init__(self, module: torch.nn.Module, init_optimizer: torch.optim.Optimizer, dp_process_group,
-                 loss_scaler, clip_grad: float = 0.0, model_parallel_group=None):
+                 loss_scaler, clip_grad: float = 0.0, model_parallel_group=None, overlap_comm: bool = True):
         self.optimizer = init_optimizer
         self._init_model_parallel(model_parallel_group)
         self.dp_process_group = dp_process_group
@@ -83,6 +84,9 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         self.overflow, self._global_grad_norm = False, None
         self.fp16_groups, self.fp16_partitioned_groups_flat, self.single_partition_of_fp32_groups = [], [], []
         self.averaged_gradients: dict = {}
+        # overlap_comm (DeepSpeed's default at stage 3): each reduce-scatter is launched and left
+        # in flight while backward goes on; reduce_gradients waits for them all.
+        self.overlap_comm, self.in_flight = overlap_comm, []
         self._group_of: dict = {}   # param -> (group index, offset of its piece in my flat partition)
         dp, r = self.dp_world_size, self.partition_id
         for i, group in enumerate(init_optimizer.param_groups):
@@ -185,15 +189,27 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         padded = torch.zeros(piece * self.dp_world_size, dtype=p.grad.dtype)
         padded[:p.ds_numel].copy_(p.grad.reshape(-1))
         mine = torch.empty(piece, dtype=p.grad.dtype)
-        dist.reduce_scatter_tensor(mine, padded, group=self.dp_process_group)
-        if i not in self.averaged_gradients:
-            self.averaged_gradients[i] = torch.zeros_like(self.fp16_partitioned_groups_flat[i])
-        self.averaged_gradients[i][offset:offset + piece].add_(mine.div_(self.dp_world_size))
+        handle = dist.reduce_scatter_tensor(mine, padded, group=self.dp_process_group, async_op=self.overlap_comm)
+        if self.overlap_comm:
+            self.in_flight.append((i, offset, mine, handle))
+        else:
+            self._add(i, offset, mine)
         p.grad = None
         self.release([p])
 
+    def _add(self, i: int, offset: int, mine: torch.Tensor) -> None:
+        if i not in self.averaged_gradients:
+            self.averaged_gradients[i] = torch.zeros_like(self.fp16_partitioned_groups_flat[i])
+        self.averaged_gradients[i][offset:offset + mine.numel()].add_(mine.div_(self.dp_world_size))
+
+    @traced(args=lambda self, *a: {"in_flight": len(self.in_flight)})
     def reduce_gradients(self, is_gradient_accumulation_boundary: bool) -> None:
-        pass   # done parameter by parameter, in backward, by the hooks above
+        """The hooks above reduced parameter by parameter, in backward; with overlap_comm, wait
+        for those still in flight (DeepSpeed's independent_gradient_partition_epilogue)."""
+        for i, offset, mine, handle in self.in_flight:
+            handle.wait()
+            self._add(i, offset, mine)
+        self.in_flight = []
 
     # --- the step's last move, bytes, full parameters ---------------------------------------
 

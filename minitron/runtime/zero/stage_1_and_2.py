@@ -53,7 +53,7 @@ def flatten_dense_tensors_aligned(tensors: list, alignment: int) -> torch.Tensor
 class DeepSpeedZeroOptimizer:
     def __init__(self, init_optimizer: torch.optim.Optimizer, dp_process_group, stage: int, loss_scaler,
                  clip_grad: float = 0.0, model_parallel_group=None, reduce_bucket_size: int = 500_000_000,
-                 model_parallel_rank: int | None = None):
+                 model_parallel_rank: int | None = None, overlap_comm: bool = False):
         self.optimizer = init_optimizer
         self._init_model_parallel(model_parallel_group, model_parallel_rank)
         self.dp_process_group = dp_process_group
@@ -88,8 +88,13 @@ class DeepSpeedZeroOptimizer:
             counted = torch.cat([self._counted(p).expand(p.numel()) for p in params]
                                 + [torch.zeros(flat.numel() - offset)])
             self.norm_mask.append(counted.narrow(0, self.partition_id * size, size))
-        # Stage 2 reduces in backward, bucket by bucket (buckets.py); stages 0 and 1 at the boundary.
-        self.buckets = GradientBuckets(self, reduce_bucket_size) if self.partition_gradients else None
+        # Stage 2 reduces in backward, bucket by bucket (buckets.py); so does stage 1 with
+        # overlap_comm, in the boundary's backward only. Otherwise stages 0 and 1 reduce once,
+        # after the boundary's backward. The engine sets the flag before each backward.
+        self.overlap_comm = overlap_comm and stage >= 1
+        self.is_gradient_accumulation_boundary = True
+        in_backward = self.partition_gradients or self.overlap_comm
+        self.buckets = GradientBuckets(self, reduce_bucket_size, self.overlap_comm) if in_backward else None
 
     def _init_model_parallel(self, model_parallel_group, model_parallel_rank: int | None = None) -> None:
         """With tensor parallelism, each rank's gradient is a slice of some parameters and a
@@ -133,12 +138,13 @@ class DeepSpeedZeroOptimizer:
     def reduce_gradients(self, is_gradient_accumulation_boundary: bool) -> None:
         """Called after every backward. Stages 0 and 1 let gradients accumulate in ``p.grad`` and
         reduce once, at the boundary: an all-reduce (stage 0) or a reduce-scatter into each
-        rank's partition (stage 1). Stage 2 has reduced all but its last bucket during backward;
-        the last one goes now, so the full gradient never outlives its micro-batch."""
-        if self.partition_gradients:
-            self.buckets.reduce()
+        rank's partition (stage 1). Stage 2 (and stage 1 with overlap_comm, at the boundary) has
+        reduced all but its last bucket during backward; the last one goes now, so the full
+        gradient never outlives its micro-batch."""
+        if self.partition_gradients or (self.buckets and is_gradient_accumulation_boundary):
+            self.buckets.finish()   # the last bucket, and the wait for those in flight
             return
-        if not is_gradient_accumulation_boundary:
+        if not is_gradient_accumulation_boundary or self.buckets:
             return
         for i in range(len(self.bit16_groups)):
             flat = self._flat_grad(i)
