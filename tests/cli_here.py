@@ -46,8 +46,14 @@ def minitron_here(*argv, cwd=None, env=None) -> subprocess.CompletedProcess:
     import traceback
 
     from minitron.cli import main
+    from minitron.cli.common import console
 
     out, err = io.StringIO(), io.StringIO()
+    # The console is made once per process, its width read then: give it this run's COLUMNS
+    # as a fresh `minitron` would read it (80 when there is none and no terminal).
+    saved_width = console._width
+    columns = (env if env is not None else os.environ).get("COLUMNS", "")
+    console._width = int(columns) if columns.isdigit() else None
     saved_argv, saved_cwd, saved_env = sys.argv, os.getcwd(), dict(os.environ)
     code = 0
     try:
@@ -70,6 +76,7 @@ def minitron_here(*argv, cwd=None, env=None) -> subprocess.CompletedProcess:
                 traceback.print_exc()
                 code = 1
     finally:
+        console._width = saved_width
         sys.argv = saved_argv
         os.chdir(saved_cwd)
         if env is not None:
