@@ -71,6 +71,15 @@ class MLASelfAttention(MegatronModule):
         n = config.num_attention_heads
         self.num_attention_heads_per_partition = divide(n, tp, "attention heads")
         self.q_head_dim = config.qk_head_dim + config.qk_pos_emb_head_dim
+        # Megatron's order of registration (its Attention base builds these two first), which is
+        # also the order of the state_dict and of the gradient buffer.
+        self.core_attention = DotProductAttention(config, layer_number)
+        # A head's q·k runs over qk_head_dim + qk_pos_emb_head_dim channels, not kv_channels.
+        self.core_attention.softmax_scale = 1.0 / math.sqrt(self.q_head_dim)
+        self.checkpoint_core_attention = config.recompute_granularity == "selective"
+        self.linear_proj = RowParallelLinear(
+            n * config.v_head_dim, config.hidden_size, config=config, init_method=config.output_layer_init_method,
+            bias=config.add_bias_linear, input_is_parallel=True, skip_bias_add=True)
         if config.q_lora_rank is None:
             self.linear_q_proj = _column(config, config.hidden_size, n * self.q_head_dim)
         else:
@@ -89,13 +98,6 @@ class MLASelfAttention(MegatronModule):
         # Built with the default channel pairing and applied with the config's, as Megatron does.
         self.rotary_pos_emb = RotaryEmbedding(config.qk_pos_emb_head_dim, config.rotary_percent,
                                               rotary_base=config.rotary_base)
-        self.core_attention = DotProductAttention(config, layer_number)
-        # A head's q·k runs over qk_head_dim + qk_pos_emb_head_dim channels, not kv_channels.
-        self.core_attention.softmax_scale = 1.0 / math.sqrt(self.q_head_dim)
-        self.checkpoint_core_attention = config.recompute_granularity == "selective"
-        self.linear_proj = RowParallelLinear(
-            n * config.v_head_dim, config.hidden_size, config=config, init_method=config.output_layer_init_method,
-            bias=config.add_bias_linear, input_is_parallel=True, skip_bias_add=True)
 
     def _whole_latent(self, out: torch.Tensor, size: int) -> torch.Tensor:
         """A down projection's column slices -> the whole latent on every rank."""
