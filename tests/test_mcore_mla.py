@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_mcore_peer import BATCH, SEQ, TOL, VOCAB, one_rank  # noqa: F401  (one_rank: the fixture)
+from test_mcore_peer import SEQ, VOCAB, assert_same_logits, nudged, one_rank  # noqa: F401  (one_rank: the fixture)
 
 pytestmark = pytest.mark.mcore
 try:
@@ -50,10 +50,7 @@ class _LocalCoreAttention(McoreDotProductAttention):
 def _models(fields, model_args):
     fields = {**SHAPE, **fields}   # MLATransformerConfig's own q_lora_rank default is 512: say None
     config = TransformerConfig(**fields, init_seed=3)
-    ours = GPTModel(config, VOCAB, SEQ, share_embeddings_and_output_weights=True, **model_args).eval()
-    with torch.no_grad():   # nudge every weight off its initial value (norms start at 1, biases at 0)
-        for param in ours.parameters():
-            param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(param.numel())) * 0.1)
+    ours = nudged(GPTModel(config, VOCAB, SEQ, share_embeddings_and_output_weights=True, **model_args))
     mconfig = MLATransformerConfig(**fields, kv_channels=SHAPE["v_head_dim"],
                                    use_cpu_initialization=True, params_dtype=torch.float32)
     spec = get_gpt_layer_local_spec(qk_layernorm=mconfig.qk_layernorm, multi_latent_attention=True,
@@ -71,12 +68,4 @@ def test_mla_logits_and_state_dict_equal_megatron_cores(one_rank, name):
     megatrons = {k: tuple(v.shape) for k, v in theirs.state_dict().items() if not k.endswith("_extra_state")}
     assert mine == megatrons, f"{name}: state_dict names/shapes differ: {set(mine) ^ set(megatrons)}"
     theirs.load_state_dict(ours.state_dict(), strict=False)
-
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
-    positions = torch.arange(SEQ).expand(BATCH, SEQ)
-    causal = torch.ones(SEQ, SEQ, dtype=torch.bool).triu(1).expand(BATCH, 1, SEQ, SEQ)   # True: hidden
-    with torch.no_grad():
-        a, b = ours(ids, positions, causal), theirs(ids, positions, causal)
-    assert a.shape == b.shape == (BATCH, SEQ, VOCAB)
-    diff = (a - b).abs().max().item()
-    assert diff <= TOL, f"{name}: logits differ from Megatron-Core 0.19.2's by {diff:.2e}"
+    assert_same_logits(name, ours, theirs)

@@ -11,19 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from distributed import pretrain_records, run_ranks
+from distributed import pretrain_records, rope_gpt_loss_backward, run_ranks, tp_shard
 from minitron.core import parallel_state
-from minitron.core.models.gpt import GPTModel
-from minitron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from minitron.core.transformer import TransformerConfig
 
 VOCAB, SEQ, BATCH, TOL = 64, 8, 2, 1e-5
 MLA = dict(multi_latent_attention=True, q_lora_rank=6, kv_lora_rank=8, qk_head_dim=4, qk_pos_emb_head_dim=4,
            v_head_dim=6, qk_layernorm=True, normalization="RMSNorm")
-
-
-def _shard(full, param, rank, tp):
-    return full.chunk(tp, dim=param.partition_dim)[rank] if getattr(param, "tensor_model_parallel", False) else full
 
 
 def _runs(tp: int):
@@ -32,12 +26,7 @@ def _runs(tp: int):
         config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=4, ffn_hidden_size=32,
                                    hidden_dropout=0.0, attention_dropout=0.0, init_seed=3, init_method_std=0.3,
                                    tensor_model_parallel_size=tp, sequence_parallel=True, **MLA)
-        model_parallel_cuda_manual_seed(5)
-        model = GPTModel(config, VOCAB, SEQ, position_embedding_type="rope")
-        g = torch.Generator().manual_seed(1)
-        ids, labels = (torch.randint(0, VOCAB, (BATCH, SEQ), generator=g) for _ in range(2))
-        loss = model(ids, torch.arange(SEQ).expand(BATCH, SEQ), labels=labels)
-        loss.mean().backward()
+        model, loss = rope_gpt_loss_backward(config, VOCAB, SEQ, BATCH)
         for p in model.parameters():   # finalize_model_grads' sum of the sequence-parallel norms
             if tp > 1 and getattr(p, "sequence_parallel", False):
                 torch.distributed.all_reduce(p.grad, group=parallel_state.get_tensor_model_parallel_group())
@@ -47,8 +36,8 @@ def _runs(tp: int):
                     "grads": {n: p.grad for n, p in params.items()}}
         r, serial = parallel_state.get_tensor_model_parallel_rank(), _runs.serial
         return {"loss": (loss.detach() - serial["loss"]).abs().max().item(),
-                "exact": all(torch.equal(p.detach(), _shard(serial["weights"][n], p, r, tp)) for n, p in params.items()),
-                "grad": {n: (p.grad - _shard(serial["grads"][n], p, r, tp)).abs().max().item()
+                "exact": all(torch.equal(p.detach(), tp_shard(serial["weights"][n], p, r, tp)) for n, p in params.items()),
+                "grad": {n: (p.grad - tp_shard(serial["grads"][n], p, r, tp)).abs().max().item()
                          for n, p in params.items()}}
     return run_ranks(body, world_size=tp, tp=tp)
 
