@@ -15,7 +15,6 @@ import torch
 
 from distributed import pretrain_records, rope_gpt_loss_backward, run_ranks, tp_shard
 from minitron.core import parallel_state
-from minitron.core.distributed.finalize_model_grads import _allreduce_layernorm_grads
 from minitron.core.transformer import TransformerConfig
 
 VOCAB, SEQ, BATCH, TOL = 64, 8, 2, 1e-5
@@ -25,6 +24,9 @@ MLA = dict(multi_latent_attention=True, q_lora_rank=6, kv_lora_rank=8, qk_head_d
 
 def _runs(tp: int):
     def body(rank):
+        # In the rank, not at the top: importing the submodule in pytest's process would make the
+        # package's attribute finalize_model_grads the module, hiding its lazily loaded function.
+        from minitron.core.distributed.finalize_model_grads import _allreduce_layernorm_grads
         torch.set_num_threads(1)
         out = {}
         for sp in (True, False):
