@@ -13,7 +13,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from minitron.core import parallel_state as ps
+from minitron.core.models.gpt import GPTModel
+from minitron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from minitron.launcher import LaunchConfig, RankFailure, Target, launch, run_on_ranks, session_env
 
 
@@ -49,3 +53,20 @@ def pretrain_records(out: Path, world: int, argv: list[str], trace_dir: Path | N
     except RankFailure as failure:
         raise AssertionError(f"{failure}\n{failure.log_tail(30)}") from None
     return [json.loads(line) for line in open(out / "iterations.jsonl")]
+
+
+def rope_gpt_loss_backward(config, vocab: int, seq: int, batch: int):
+    """A rope GPT of ``config`` on this rank, one seeded batch forward and backward: (model, loss).
+    The tensor-parallel equivalence tests compare what it leaves against the serial run's."""
+    model_parallel_cuda_manual_seed(5)
+    model = GPTModel(config, vocab, seq, position_embedding_type="rope")
+    g = torch.Generator().manual_seed(1)
+    ids, labels = (torch.randint(0, vocab, (batch, seq), generator=g) for _ in range(2))
+    loss = model(ids, torch.arange(seq).expand(batch, seq), labels=labels)
+    loss.mean().backward()
+    return model, loss
+
+
+def tp_shard(full, param, rank: int, tp: int):
+    """This rank's slice of the serial tensor ``full``, cut as ``param`` is (whole if replicated)."""
+    return full.chunk(tp, dim=param.partition_dim)[rank] if getattr(param, "tensor_model_parallel", False) else full

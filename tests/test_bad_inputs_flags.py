@@ -315,6 +315,21 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
     add("estimate-peak-nan", f"estimate --world 1 {MODEL} --iteration-time 1 --peak-tflops nan", "--peak-tflops")
     add("estimate-peak-no-time", f"estimate --world 1 {MODEL} --peak-tflops 989", "--peak-tflops", "--iteration-time")
     add("estimate-check-time", "estimate --check . --iteration-time 1", "--iteration-time", "--check")
+    # --- multi-latent attention -------------------------------------------------------------
+    mla = f"{MODEL} --multi-latent-attention --rope-type rope --kv-lora-rank 8 --qk-head-dim 8 --qk-pos-emb-head-dim 4"
+    add("mla-gqa", f"pretrain --world 1 {TRAIN} --multi-latent-attention --rope-type rope --group-query-attention "
+        "--num-query-groups 1", "--multi-latent-attention", "--group-query-attention")
+    add("mla-yarn-default", f"estimate --world 1 {MODEL} --multi-latent-attention", "--rope-type rope", "yarn")
+    add("mla-rope-type-alone", f"estimate --world 1 {MODEL} --rope-type yarn", "--rope-type", "--multi-latent-attention")
+    add("mla-q-lora-alone", f"estimate --world 1 {MODEL} --q-lora-rank 8", "--q-lora-rank", "--multi-latent-attention")
+    add("mla-cp", f"estimate --world 2 {mla} --context-parallel-size 2", "--multi-latent-attention",
+        "--context-parallel-size")
+    add("mla-pe-odd", f"estimate --world 1 {mla} --qk-pos-emb-head-dim 3", "--qk-pos-emb-head-dim", "even")
+    add("mla-kv-rank-0", f"estimate --world 1 {mla} --kv-lora-rank 0", "--kv-lora-rank")
+    add("mla-q-rank-tp", f"estimate --world 2 {mla} --tensor-model-parallel-size 2 --q-lora-rank 5", "--q-lora-rank",
+        "--tensor-model-parallel-size")
+    add("mla-kv-rank-tp", f"estimate --world 2 {mla} --tensor-model-parallel-size 2 --kv-lora-rank 7",
+        "--kv-lora-rank", "divisible")
     return out
 
 

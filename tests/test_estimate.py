@@ -123,6 +123,9 @@ LAYOUTS = {
                             "--hidden-dropout", "0"]),
     "pp2-vp2-dp2-distopt-fp16": (4, ["--pp", "2", "--vp", "2", "--use-distributed-optimizer", "--global-batch-size",
                                      "8", "--fp16", "--loss-scale", "1"]),
+    "dp2-mla": (2, ["--multi-latent-attention", "--rope-type", "rope", "--q-lora-rank", "8", "--kv-lora-rank", "12",
+                    "--qk-head-dim", "4", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "6", "--qk-layernorm",
+                    "--normalization", "RMSNorm", "--global-batch-size", "2"]),
 }
 # Stress only (four ranks each, the default run's budget is spent): all-to-all context
 # parallelism beside fewer key/value groups than tensor-parallel ranks, unfused and fused, and

@@ -12,18 +12,12 @@ from __future__ import annotations
 
 import torch
 
-from distributed import run_ranks
+from distributed import rope_gpt_loss_backward, run_ranks, tp_shard
 from minitron.core import parallel_state
-from minitron.core.models.gpt import GPTModel
-from minitron.core.tensor_parallel import model_parallel_cuda_manual_seed
 from minitron.core.transformer import TransformerConfig
 
 VOCAB, SEQ, BATCH, TOL = 64, 8, 2, 1e-5
 CASES = {"2 groups, sp": dict(num_query_groups=2, sequence_parallel=True)}   # one case: 4 ranks cost ~1.5 s
-
-
-def _shard(full, param, rank, tp):
-    return full.chunk(tp, dim=param.partition_dim)[rank] if getattr(param, "tensor_model_parallel", False) else full
 
 
 def _runs(tp: int):
@@ -34,12 +28,7 @@ def _runs(tp: int):
             config = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=8, ffn_hidden_size=32,
                                        hidden_dropout=0.0, attention_dropout=0.0, init_seed=3, qk_layernorm=True,
                                        tensor_model_parallel_size=tp, **fields)
-            model_parallel_cuda_manual_seed(5)
-            model = GPTModel(config, VOCAB, SEQ, position_embedding_type="rope")
-            g = torch.Generator().manual_seed(1)
-            ids, labels = (torch.randint(0, VOCAB, (BATCH, SEQ), generator=g) for _ in range(2))
-            loss = model(ids, torch.arange(SEQ).expand(BATCH, SEQ), labels=labels)
-            loss.mean().backward()
+            model, loss = rope_gpt_loss_backward(config, VOCAB, SEQ, BATCH)
             for n, p in model.named_parameters():   # finalize_model_grads' sums (partial over TP)
                 if tp > 1 and ("layernorm" in n and ("q_" in n or "k_" in n) or getattr(p, "sequence_parallel", 0)):
                     torch.distributed.all_reduce(p.grad, group=parallel_state.get_tensor_model_parallel_group())
@@ -51,9 +40,9 @@ def _runs(tp: int):
         r = parallel_state.get_tensor_model_parallel_rank()
         serial = _runs.serial
         return {name: {"loss": (o["loss"] - serial[name]["loss"]).abs().max().item(),
-                       "exact": all(torch.equal(w, _shard(serial[name]["weights"][n], o["params"][n], r, tp))
+                       "exact": all(torch.equal(w, tp_shard(serial[name]["weights"][n], o["params"][n], r, tp))
                                     for n, w in o["weights"].items()),
-                       "grad": max((g - _shard(serial[name]["grads"][n], o["params"][n], r, tp)).abs().max().item()
+                       "grad": max((g - tp_shard(serial[name]["grads"][n], o["params"][n], r, tp)).abs().max().item()
                                    for n, g in o["grads"].items())}
                 for name, o in out.items()}
     return run_ranks(body, world_size=tp, tp=tp)

@@ -119,12 +119,20 @@ def _megatron_twin(fields, model_args, state):
 def test_logits_equal_megatron_cores(one_rank, name):
     fields, model_args = CASES[name]
     config = TransformerConfig(**SHAPE, **fields, init_seed=3)
-    model = GPTModel(config, VOCAB, SEQ, **{"share_embeddings_and_output_weights": True, **model_args}).eval()
-    with torch.no_grad():   # nudge every weight off its initial value: norms start at 1 (or 0), biases at 0
+    model = nudged(GPTModel(config, VOCAB, SEQ, **{"share_embeddings_and_output_weights": True, **model_args}))
+    assert_same_logits(name, model, _megatron_twin(fields, model_args, model.state_dict()))
+
+
+def nudged(model):
+    """The model in eval mode, every weight moved off its initial value (norms start at 1 or 0, biases at 0)."""
+    with torch.no_grad():
         for param in model.parameters():
             param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(param.numel())) * 0.1)
-    twin = _megatron_twin(fields, model_args, model.state_dict())
+    return model.eval()
 
+
+def assert_same_logits(name, model, twin):
+    """minitron's model and Megatron's twin give the same logits on one causal batch, within TOL."""
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
     positions = torch.arange(SEQ).expand(BATCH, SEQ)
     causal = torch.ones(SEQ, SEQ, dtype=torch.bool).triu(1).expand(BATCH, 1, SEQ, SEQ)   # True: hidden

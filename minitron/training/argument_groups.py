@@ -95,6 +95,21 @@ def _add_position_embedding_args(g):
                    help="rope: how much --use-rope-scaling slows the slow angles")
 
 
+def _add_mla_args(parser):
+    """Multi-latent attention (core/transformer/multi_latent_attention.py), Megatron's defaults."""
+    g = parser.add_argument_group("multi-latent attention")
+    g.add_argument("--multi-latent-attention", action="store_true",
+                   help="DeepSeek-V2's attention: keys and values rebuilt from one small latent per token")
+    g.add_argument("--q-lora-rank", type=POSITIVE, default=None, help="queries through a latent of this size too")
+    g.add_argument("--kv-lora-rank", type=POSITIVE, default=32, help="the key/value latent's size")
+    g.add_argument("--qk-head-dim", type=POSITIVE, default=128, help="a head's query/key channels without rope")
+    g.add_argument("--qk-pos-emb-head-dim", type=POSITIVE, default=64, help="a head's rope channels")
+    g.add_argument("--v-head-dim", type=POSITIVE, default=128)
+    # Megatron lists it with its training flags; None lets MLA take its own default, YaRN.
+    g.add_argument("--rope-type", default=None, choices=["rope", "yarn"],
+                   help="MLA's rope: minitron implements rope (Megatron's MLA default is yarn)")
+
+
 def _add_regularization_args(parser):
     g = parser.add_argument_group("regularization")
     g.add_argument("--attention-dropout", type=PROBABILITY, default=0.1)
@@ -343,7 +358,7 @@ def _add_data_args(parser):
                    action="store_false", help="let the attention kernel build the causal mask")
 
 
-ARGUMENT_GROUPS = (_add_network_size_args, _add_window_args, _add_regularization_args, _add_training_args,
+ARGUMENT_GROUPS = (_add_network_size_args, _add_window_args, _add_mla_args, _add_regularization_args, _add_training_args,
                    _add_initialization_args, _add_learning_rate_args, _add_checkpointing_args,
                    _add_mixed_precision_args, _add_distributed_args, _add_validation_args,
                    _add_data_args, _add_tokenizer_args, _add_moe_args, _add_logging_args,

@@ -263,6 +263,11 @@ def core_transformer_config_from_args(args):
         cp_comm_type=args.cp_comm_type[0] if len(args.cp_comm_type) == 1 else list(args.cp_comm_type),
         recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
         recompute_num_layers=args.recompute_num_layers,
+        # multi-latent attention
+        multi_latent_attention=args.multi_latent_attention, q_lora_rank=args.q_lora_rank,
+        kv_lora_rank=args.kv_lora_rank, qk_head_dim=args.qk_head_dim,
+        qk_pos_emb_head_dim=args.qk_pos_emb_head_dim, v_head_dim=args.v_head_dim,
+        rope_type=args.rope_type or "rope", rotary_base=args.rotary_base, rotary_percent=args.rotary_percent,
         # mixture of experts
         num_moe_experts=args.num_experts, moe_router_topk=args.moe_router_topk,
         moe_aux_loss_coeff=args.moe_aux_loss_coeff, moe_layer_freq=args.moe_layer_freq,

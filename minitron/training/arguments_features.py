@@ -59,6 +59,7 @@ def validate_modern_options(args):
                  f"N between 1 and the {per_stage} layers of a pipeline stage")
 
     validate_window(args)
+    validate_mla(args)
 
 
 def validate_window(args):
@@ -101,6 +102,30 @@ def validate_position_embedding(args):
                                        ("--use-rope-scaling", args.use_rope_scaling)) if on]
         require(not given, f"{given[0] if given else ''} shapes rope's angles, and --position-embedding-type "
                  f"is {kind}: add --position-embedding-type rope, or drop it")
+
+
+def validate_mla(args):
+    """Multi-latent attention: Megatron's asserts, and what minitron's MLA does not do."""
+    if args.rope_type is not None:    # Megatron: only MLA has a choice
+        require(args.multi_latent_attention or args.rope_type == "rope", f"--rope-type {args.rope_type} is for "
+                 "--multi-latent-attention; other attention uses plain rope: drop --rope-type")
+    if not args.multi_latent_attention:
+        require(args.q_lora_rank is None, "--q-lora-rank is for --multi-latent-attention: add it, or drop the rank")
+        return
+    require(not args.group_query_attention, "--multi-latent-attention excludes --group-query-attention "
+             "(Megatron's rule: all heads already share one key/value latent): drop one")
+    require(args.rope_type == "rope", f"--multi-latent-attention rotates with {args.rope_type or 'yarn'} "
+             "(Megatron's MLA default is yarn), and minitron's MLA implements plain rope only: add --rope-type rope")
+    require(args.context_parallel_size == 1, "--multi-latent-attention with --context-parallel-size > 1: "
+             "minitron's MLA does not cut its rope for context-parallel chunks; drop one")
+    require(args.qk_pos_emb_head_dim % 2 == 0, f"--qk-pos-emb-head-dim {args.qk_pos_emb_head_dim} must be "
+             "even: rope rotates channel pairs")
+    tp = args.tensor_model_parallel_size
+    for flag, size in (("--q-lora-rank", args.q_lora_rank),
+                       ("--kv-lora-rank + --qk-pos-emb-head-dim", args.kv_lora_rank + args.qk_pos_emb_head_dim)):
+        # The down projections are column-parallel (Megatron's local spec): whole columns per rank.
+        require(size is None or size % tp == 0, f"{flag} ({size}) is not divisible by "
+                 f"--tensor-model-parallel-size {tp}: the down projection splits its output columns")
 
 
 _CP_NOT_BUILT = {"allgather": "all-gathers every key and value before attention"}

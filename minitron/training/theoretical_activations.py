@@ -42,6 +42,29 @@ def _all_to_all_cores(args, s: int, b: int, q: int, heads: int, e: int, m: int) 
     return cores
 
 
+def _mla_saved(args, s: int, local: int, b: int, e: int) -> int:
+    """What multi-latent attention keeps between its input and the core attention (one layer):
+    the latents as their norms and up projections keep them, rope's rotated channels and angles,
+    and the query, key and value it builds (new tensors: concatenations and a copy of v)."""
+    t = args.tensor_model_parallel_size
+    n, pe, rkv, rq = args.num_attention_heads // t, args.qk_pos_emb_head_dim, args.kv_lora_rank, args.q_lora_rank
+    normed = _flag(args, "qk_layernorm", False)
+    rms = _flag(args, "normalization", "LayerNorm") == "RMSNorm"
+
+    def latent(width: int, kept_input: int) -> int:
+        """A latent's input as kept, and with a norm: its statistics and output (the up projection's input)."""
+        if not normed:
+            return kept_input
+        stats = local * b * width * e + local * b * 4 if rms else 2 * local * b * 4
+        return kept_input + stats + local * b * width * e
+    # kv: without sequence parallelism the norm keeps a view of the whole [c_kv | k_pe] output.
+    kept = latent(rkv, s * b * (rkv + pe) * e if local == s else local * b * rkv * e)
+    kept += latent(rq, local * b * rq * e) if rq is not None else 0
+    rot = int(pe * args.rotary_percent)
+    kept += 2 * s * b * (n + 1) * pe * e + 4 * s * rot * 4   # q_pe and k_pe rotated, twice; cos, sin
+    return kept + s * b * n * (2 * (args.qk_head_dim + pe) + args.v_head_dim) * e   # query, key, value
+
+
 def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
     """Bytes autograd keeps for backward from one micro-batch's forward through one chunk.
 
@@ -56,6 +79,9 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
     s = args.seq_length // args.context_parallel_size        # cp: each rank its share of s
     local = s // t if (args.sequence_parallel and t > 1) else s   # the replicated regions' rows
     heads, q = args.num_attention_heads // t, args.kv_channels * args.num_attention_heads // t
+    mla = _flag(args, "multi_latent_attention", False)
+    if mla:                                                  # the context is n value heads wide
+        q = args.v_head_dim * args.num_attention_heads // t
     groups = max(query_groups(args) // t, 1)   # g < t: a rank computes its group's one key and value
     ffn = args.ffn_hidden_size // t
     pre, post = chunk_ends(args, pp_rank, chunk)
@@ -66,13 +92,17 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
     else:
         norm = local * b * h * e + 2 * local * b * 4         # input, mean and 1/std
     layer = 2 * norm + 2 * local * b * h * e                 # two norms, qkv and fc1 inputs
-    if query_groups(args) >= t:
+    if mla:
+        qkv = _mla_saved(args, s, local, b, e)
+    elif query_groups(args) >= t:
         qkv = s * b * (q + 2 * args.kv_channels * groups) * e  # q, k, v (one tensor)
     else:   # g < t: q, k, v are views of the all-gathered linear_qkv output, which they keep whole
         qkv = s * b * (args.num_attention_heads + 2 * query_groups(args)) * args.kv_channels * e
     layer += qkv
     entering = qkv   # what the core attention keeps of its own inputs (a2a's all-to-all keeps none)
-    if _flag(args, "position_embedding_type") == "rope":     # rotated q and k, cos and sin twice
+    if mla:   # its rope is counted in _mla_saved, and GPTModel makes none for it
+        pass
+    elif _flag(args, "position_embedding_type") == "rope":     # rotated q and k, cos and sin twice
         rotated = int(args.kv_channels * args.rotary_percent)
         # rope keeps views of the one tensor itself; its outputs are what attention then keeps
         entering = s * b * (q + args.kv_channels * groups) * e

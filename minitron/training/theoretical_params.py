@@ -49,11 +49,16 @@ def layer_params(args, layer: int) -> list[Param]:
         out = [Param(p + name + ".weight", width, sequence_parallel=summed)]
         return out + ([Param(p + name + ".bias", width, sequence_parallel=summed)] if norm_bias else [])
 
-    out = norm("input_layernorm") + [Param(p + "self_attention.linear_qkv.weight", qkv * h)]
-    out += [Param(p + "self_attention.linear_qkv.bias", qkv)] if bias else []
+    mla = _flag(args, "multi_latent_attention", False)
+    if mla:
+        q = args.v_head_dim * heads                    # linear_proj reads n value heads
+    out = norm("input_layernorm")
+    out += [] if mla else [Param(p + "self_attention.linear_qkv.weight", qkv * h)]
+    out += [Param(p + "self_attention.linear_qkv.bias", qkv)] if bias and not mla else []
     out += [Param(p + "self_attention.linear_proj.weight", h * q // t)]
     out += [Param(p + "self_attention.linear_proj.bias", h, sequence_parallel=sp)] if bias else []
-    if _flag(args, "qk_layernorm", False):   # over one head's channels; each TP rank sees its heads
+    out += mla_params(args, p + "self_attention.", norm) if mla else []
+    if _flag(args, "qk_layernorm", False) and not mla:   # over one head's channels; each TP rank sees its heads
         out += norm("self_attention.q_layernorm", args.kv_channels, t > 1)
         out += norm("self_attention.k_layernorm", args.kv_channels, t > 1)
     out += norm("pre_mlp_layernorm")
@@ -63,6 +68,25 @@ def layer_params(args, layer: int) -> list[Param]:
     out += [Param(p + "mlp.linear_fc1.bias", ffn)] if bias else []
     out += [Param(p + "mlp.linear_fc2.weight", h * args.ffn_hidden_size // t)]
     out += [Param(p + "mlp.linear_fc2.bias", h, sequence_parallel=sp)] if bias else []
+    return out
+
+
+def mla_params(args, p: str, norm) -> list[Param]:
+    """Multi-latent attention's projections on a TP rank, after linear_proj: all column-parallel
+    and bias-free, the down projections cut by output columns too; with --qk-layernorm the
+    latents' norms, replicated (each rank normalises the whole latent)."""
+    t, h, heads = args.tensor_model_parallel_size, args.hidden_size, args.num_attention_heads
+    q_head, rank = args.qk_head_dim + args.qk_pos_emb_head_dim, args.q_lora_rank
+    if rank is None:
+        out = [Param(p + "linear_q_proj.weight", h * heads * q_head // t)]
+    else:
+        out = [Param(p + "linear_q_down_proj.weight", h * rank // t),
+               Param(p + "linear_q_up_proj.weight", rank * heads * q_head // t)]
+    out += [Param(p + "linear_kv_down_proj.weight", h * (args.kv_lora_rank + args.qk_pos_emb_head_dim) // t),
+            Param(p + "linear_kv_up_proj.weight", args.kv_lora_rank * heads * (args.qk_head_dim + args.v_head_dim) // t)]
+    if _flag(args, "qk_layernorm", False):
+        out += norm("self_attention.q_layernorm", rank) if rank is not None else []
+        out += norm("self_attention.kv_layernorm", args.kv_lora_rank)
     return out
 
 

@@ -61,7 +61,10 @@ def _is_partial_over_tp(name: str, param, config) -> bool:
     sequence (sequence parallelism), or its own heads (--qk-layernorm's per-head norms)."""
     if getattr(config, "sequence_parallel", False) and getattr(param, "sequence_parallel", False):
         return True
-    return getattr(config, "qk_layernorm", False) and ("q_layernorm" in name or "k_layernorm" in name)
+    # Multi-latent attention's q_layernorm / kv_layernorm normalise the whole latent on every
+    # rank (its gradient arrives complete, through the up projection's all-reduce): not partial.
+    per_head = getattr(config, "qk_layernorm", False) and not getattr(config, "multi_latent_attention", False)
+    return per_head and ("q_layernorm" in name or "k_layernorm" in name)
 
 
 def _allreduce_layernorm_grads(model, config) -> None:

@@ -121,6 +121,18 @@ class TransformerConfig(ModelParallelConfig):
     expert_model_parallel_size: int = 1
     expert_tensor_parallel_size: int | None = None  # None: tensor_model_parallel_size
 
+    # Multi-latent attention (multi_latent_attention.py), the fields of Megatron's
+    # MLATransformerConfig; the defaults are its arguments.py's (--kv-lora-rank 32, ...).
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None          # None: queries straight from the hidden states
+    kv_lora_rank: int = 32                  # the latent that keys and values are rebuilt from
+    qk_head_dim: int = 128                  # a head's query/key channels without position
+    qk_pos_emb_head_dim: int = 64           # its rope channels (one key part shared by all heads)
+    v_head_dim: int = 128
+    rope_type: str = "rope"                 # Megatron's MLA default is "yarn", which minitron lacks
+    rotary_base: float = 10000              # MLA builds its own rope from these two
+    rotary_percent: float = 1.0
+
     def __post_init__(self):
         for name in ("num_layers", "hidden_size", "num_attention_heads", "tensor_model_parallel_size",
                      "pipeline_model_parallel_size"):
@@ -154,6 +166,20 @@ class TransformerConfig(ModelParallelConfig):
         if self.output_layer_init_method is None:
             self.output_layer_init_method = scaled_init_method_normal(self.init_method_std, self.num_layers)
         self._check_modern_options()
+        if self.multi_latent_attention:
+            self._check_mla()
+
+    def _check_mla(self) -> None:
+        """What Megatron's MLA asserts, and the one thing minitron's lacks (YaRN)."""
+        if self.num_query_groups != self.num_attention_heads:
+            raise ValueError("multi_latent_attention excludes grouped-query attention: its heads already "
+                             "share one latent; leave num_query_groups unset")
+        if self.rope_type != "rope":
+            raise ValueError(f"multi_latent_attention with rope_type {self.rope_type!r}: minitron's MLA "
+                             "implements rope_type 'rope' only (no YaRN)")
+        for name in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
 
     def _check_modern_options(self) -> None:
         """The rules of Megatron's TransformerConfig for normalization, GQA and recomputation."""

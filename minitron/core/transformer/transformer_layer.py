@@ -19,6 +19,7 @@ from minitron.core.transformer.attention import SelfAttention
 from minitron.core.transformer.mlp import MLP
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.moe.moe_layer import MoELayer
+from minitron.core.transformer.multi_latent_attention import MLASelfAttention
 from minitron.core.transformer.torch_norm import WrappedTorchNorm
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
@@ -47,7 +48,9 @@ class TransformerLayer(MegatronModule):
         super().__init__(config)
         self.layer_number = layer_number  # 1-based, counted over the whole model
         self.input_layernorm = WrappedTorchNorm(config, config.hidden_size)
-        self.self_attention = SelfAttention(config, layer_number)
+        # Megatron's layer spec picks the attention: MLA (--multi-latent-attention) or the usual one.
+        attention = MLASelfAttention if config.multi_latent_attention else SelfAttention
+        self.self_attention = attention(config, layer_number)
         self.pre_mlp_layernorm = WrappedTorchNorm(config, config.hidden_size)
         self.mlp = MoELayer(config, layer_number) if is_moe_layer(config, layer_number) else MLP(config)
 

@@ -50,7 +50,7 @@ class GPTModel(LanguageModule):
                 self.embedding = LanguageModelEmbedding(config, vocab_size, max_sequence_length,
                                                         position_embedding_type)
         self.position_embedding_type = position_embedding_type
-        if position_embedding_type == "rope":
+        if position_embedding_type == "rope" and not config.multi_latent_attention:   # MLA makes its own
             # No weights: every stage makes its own angles (the layers of every stage need them).
             self.rotary_pos_emb = RotaryEmbedding(
                 config.kv_channels, rotary_percent, rotary_interleaved=config.rotary_interleaved,
@@ -97,7 +97,7 @@ class GPTModel(LanguageModule):
         if decoder_input is None and self.pre_process:
             decoder_input = self.embedding(input_ids, position_ids)
         rotary_pos_emb = None
-        if self.position_embedding_type == "rope":
+        if self.position_embedding_type == "rope" and not self.config.multi_latent_attention:
             rotary_pos_emb = self.rotary_pos_emb(self._rotary_seq_len(decoder_input))
         hidden_states = self.decoder(decoder_input, attention_mask, rotary_pos_emb=rotary_pos_emb)
         if not self.post_process:
