@@ -114,7 +114,9 @@ def setup_model_and_optimizer(model_provider_func, model_type):
     model_config = model[0].config if hasattr(model[0], "config") else model[0].module.config
     model_config.grad_scale_func = optimizer.scale_loss
     model_config.no_sync_func = model[0].no_sync if len(model) == 1 else _no_sync_all(model)
-    from minitron.core.distributed import finalize_model_grads  # lazy, as DDP in get_model
+    # lazy, as DDP in get_model; from the submodule itself: once anything has imported the
+    # submodule, the package's name finalize_model_grads means the module, not the function
+    from minitron.core.distributed.finalize_model_grads import finalize_model_grads
     model_config.finalize_model_grads_func = finalize_model_grads
     args.iteration = 0
     args.consumed_train_samples = 0
