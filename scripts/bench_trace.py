@@ -2,10 +2,13 @@
 
     python scripts/bench_trace.py [--repeat 5] [--skip-fake] [--compare OTHER_CHECKOUT]
 
-Goals (issue 10):
+Goals (issues 10 and 30):
   minitron trace --tp 2 --pp 4 --world 16                      <= 1.3 x python -c "import torch"
   minitron trace --world 1024 --tp 8 --pp 8 --backend fake     <= 3   x python -c "import torch"
-and @traced with tracing off costs next to nothing.
+  minitron trace --backend fake --world 131072 --tp 8 --pp 16 --cp 2 --ep 8 --ranks 0,12345,65536,131071
+                                                               <= 3   x python -c "import torch", < 1 GB
+and @traced with tracing off costs next to nothing. Peak RSS is that of the largest process of a
+run (the forked players share the parent's pages, so a sum would count them twice).
 
 Each round runs every command once, in turn, so that a busy machine slows all of them alike;
 the figures are medians over the rounds. Wall times are of the whole command: Python start-up,
@@ -39,7 +42,6 @@ from __future__ import annotations
 import argparse
 import compileall
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -49,19 +51,25 @@ from pathlib import Path
 
 BIN = Path(sys.executable).parent
 LIKE = "import torch, collector as minitron's"
+RANKS = "trace, 4 of 131072 ranks (fake)"
+MAX_RSS_MB = 1024  # the --ranks goal: under 1 GB
 
 
-def run(cmd: list[str], pythonpath: str | None = None) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of the command and its children) of one run of ``cmd``."""
+def run(cmd: list[str], pythonpath: str | None = None) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds of the command and its children, peak RSS in MB of the largest
+    of its processes) of one run of ``cmd``. wait4 gives this run's own figures: the process-wide
+    RUSAGE_CHILDREN would keep the largest RSS of every run so far."""
     env = dict(os.environ, PYTHONPATH=pythonpath) if pythonpath else None
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode:
-        sys.exit(f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    with tempfile.TemporaryFile() as out:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+        if proc.returncode:
+            out.seek(0)
+            sys.exit(f"{' '.join(cmd)} failed:\n{out.read()[-4000:].decode(errors='replace')}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
 def traced_call_overhead(calls: int = 1_000_000) -> tuple[float, float]:
@@ -84,7 +92,7 @@ def traced_call_overhead(calls: int = 1_000_000) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5, help="rounds (default 5)")
-    parser.add_argument("--skip-fake", action="store_true", help="leave out the 1024-rank fake world")
+    parser.add_argument("--skip-fake", action="store_true", help="leave out the fake worlds (1024 ranks; 4 of 131072)")
     parser.add_argument("--compare", metavar="DIR", help="also run the minitron commands from this checkout")
     parser.add_argument("--no-compile", action="store_true", help="leave minitron's bytecode as it is")
     opts = parser.parse_args()
@@ -111,12 +119,16 @@ def main() -> None:
             commands["trace, world 1024 (fake)"] = [minitron, "trace", "--backend", "fake", "--tp", "8",
                                                     "--pp", "8", "--world", "1024", "--out", f"{tmp}/f1024"]
             goals["trace, world 1024 (fake)"] = 3.0
+            # Four ranks of a production layout, alone (issue 30): tp 8, pp 16, cp 2, ep 8.
+            commands[RANKS] = [minitron, "trace", "--backend", "fake", "--world", "131072", "--tp", "8", "--pp", "16",
+                               "--cp", "2", "--ep", "8", "--ranks", "0,12345,65536,131071", "--out", f"{tmp}/r131k"]
+            goals[RANKS] = 3.0
         paths = {name: None for name in commands}
         if opts.compare:
-            for name in list(goals):
+            for name in [g for g in goals if g != RANKS]:  # --ranks may be newer than the other checkout
                 commands[f"{name} [compare]"] = commands[name]
                 paths[f"{name} [compare]"] = str(Path(opts.compare).resolve())
-        times: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
+        times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in commands}
         loads = [os.getloadavg()[0]]
         for round_ in range(opts.repeat):
             for name, cmd in commands.items():
@@ -126,25 +138,29 @@ def main() -> None:
                 f"{name} {times[name][-1][0]:.2f} s / {times[name][-1][1]:.2f} s CPU" for name in commands),
                 file=sys.stderr)
 
-    wall = {name: statistics.median(w for w, _ in t) for name, t in times.items()}
-    cpu = {name: statistics.median(c for _, c in t) for name, t in times.items()}
+    wall = {name: statistics.median(w for w, _, _ in t) for name, t in times.items()}
+    cpu = {name: statistics.median(c for _, c, _ in t) for name, t in times.items()}
+    rss = {name: max(m for _, _, m in t) for name, t in times.items()}
     base = "import torch"
     print(f"{os.cpu_count()} cores; medians of {opts.repeat} rounds; 1-minute load average "
           f"{min(loads):.1f}..{max(loads):.1f} while measuring (a busy machine inflates wall ratios; "
           "the CPU ratios move less)")
-    print(f"{'':37s} {'wall':>8s} {'ratio':>7s} {'goal':>6s}   {'CPU':>8s} {'ratio':>7s}")
+    print(f"{'':37s} {'wall':>8s} {'ratio':>7s} {'goal':>6s}   {'CPU':>8s} {'ratio':>7s} {'peak RSS':>9s}")
     for name in commands:
         ratio = wall[name] / wall[base]
-        per_round = statistics.median(w / b for (w, _), (b, _) in zip(times[name], times[base]))
+        per_round = statistics.median(w / b for (w, _, _), (b, _, _) in zip(times[name], times[base]))
         goal = goals.get(name.removesuffix(" [compare]"))
         mark = "" if goal is None else ("  ok" if ratio <= goal else "  over")
         print(f"{name:37s} {wall[name]:7.2f}s {ratio:6.2f}x {'' if goal is None else f'{goal:.1f}x':>6s}   "
-              f"{cpu[name]:7.2f}s {cpu[name] / cpu[base]:6.2f}x{mark}"
+              f"{cpu[name]:7.2f}s {cpu[name] / cpu[base]:6.2f}x {rss[name]:7.0f}MB{mark}"
               + ("" if name == base else f"   (median of per-round ratios {per_round:.2f}x)"))
     for name, goal in goals.items():
         wall_ratio, cpu_ratio = wall[name] / wall[base], cpu[name] / cpu[base]
         print(f"GOAL {name}: {wall_ratio:.2f}x wall, {cpu_ratio:.2f}x CPU of `import torch` (goal <= {goal:.1f}x): "
               f"{'met' if wall_ratio <= goal else 'over'}")
+    if RANKS in rss:
+        print(f"GOAL {RANKS}: peak RSS {rss[RANKS]:.0f} MB, the largest of its processes (goal < {MAX_RSS_MB} MB): "
+              f"{'met' if rss[RANKS] < MAX_RSS_MB else 'over'}")
     for name in goals:
         print(f"like for like, {name}: {wall[name] / wall[LIKE]:.2f}x wall, {cpu[name] / cpu[LIKE]:.2f}x CPU of "
               f"`{commands[LIKE][-1]}`")

@@ -25,12 +25,13 @@ from cli_here import minitron_here
 from refusals import Case, run_cases
 
 from minitron.trace.reader import TraceError, read_trace
-from minitron.trace.schema import FIELDS, MAX_CALL_DEPTH, new_record
+from minitron.trace.schema import FIELDS, MAX_CALL_DEPTH, MAX_WORLD, new_record
 
 BIN = Path(sys.executable).parent
 DIST = "torch.distributed."
 INIT_MP = "minitron.core.parallel_state.initialize_model_parallel"
 STEP = "minitron.training.training.train_step"
+BEYOND = MAX_WORLD + 4464  # a rank no trace may hold
 
 
 def good_rank(rank: int, world: int = 2) -> list[dict]:
@@ -142,9 +143,9 @@ BROKEN = [
     ("parent a string", field(2, "parent", "2"), 2, "parent is '2'"),
     ("call tree too deep", deep_chain, 1, f"more than {MAX_CALL_DEPTH} calls deep"),
     ("world a string", arg(1, "world_size", "2"), 1, "world_size of torch.distributed.init_process_group"),
-    ("world zero", arg(1, "world_size", 0), 1, "from 1 to 65536"),
+    ("world zero", arg(1, "world_size", 0), 1, f"from 1 to {MAX_WORLD}"),
     ("world -2", arg(1, "world_size", -2), 1, "-1 or a whole number"),
-    ("world of a billion", arg(1, "world_size", 10**9), 1, "from 1 to 65536"),
+    ("world of a billion", arg(1, "world_size", 10**9), 1, f"from 1 to {MAX_WORLD}"),
     ("world disagrees", arg(1, "world_size", 4), 1, "disagrees with world_size 2"),
     ("backend a number", arg(1, "backend", 3), 1, "argument backend"),
     ("new_group without ranks", lambda r: r[1]["args"].pop("ranks"), 2, "has no argument 'ranks'"),
@@ -180,7 +181,7 @@ def dirs(tmp_path_factory):
     made["rank beyond the world"] = good_trace(root / "beyond")
     write(made["rank beyond the world"], 5, good_rank(5))
     made["rank beyond any world"] = root / "no_world"   # no init_process_group to name the world
-    write(made["rank beyond any world"], 70_000, [new_record(70_000, 1, 0, None, "f", {}, 0, 1)])
+    write(made["rank beyond any world"], BEYOND, [new_record(BEYOND, 1, 0, None, "f", {}, 0, 1)])
     made["good"] = good_trace(root / "good")
     made["no such directory"] = root / "missing"
     made["a file, not a directory"] = made["good"] / "rank0.jsonl"
@@ -203,7 +204,7 @@ def test_every_broken_trace_is_one_line_naming_its_file_and_line(dirs):
     expected = [(name, f"rank1.jsonl:{line}:", words) for name, _, line, words in BROKEN]
     expected += [(name, "rank1.jsonl:", words) for name, words in FILE_KINDS]
     expected.append(("rank beyond the world", "rank5.jsonl:1:", "outside the world of 2 ranks"))
-    expected.append(("rank beyond any world", "rank70000.jsonl:1:", "beyond the 65536 ranks"))
+    expected.append(("rank beyond any world", f"rank{BEYOND}.jsonl:1:", f"beyond the {MAX_WORLD} ranks"))
     expected += [(name, "", words) for name, words in DIRECTORIES]
     cases, musts = [], []
     for command, argv in COMMANDS.items():

@@ -141,7 +141,7 @@ class MinitronCommand(TyperCommand):
 # tested with, and older typers (no ``type_descriptor``) are left alone.
 #
 # Any whole number that int() reads fast is taken (Python refuses past 4,300 digits): each
-# command bounds its own sizes and says why (`groups --world 10**23`: at most 16384).
+# command bounds its own sizes and says why (`groups --world 10**23`: at most 131072).
 _DIGITS = 4000
 _INT = re.compile(r"[-+]?[0-9]{1,%d}" % _DIGITS)
 _PLAIN = (int, float, str, Path, bool)   # bool: --help and the flags, whose value is None when absent

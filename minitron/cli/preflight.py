@@ -20,15 +20,23 @@ from pathlib import Path
 from minitron.cli.common import UserError
 
 # --- sizes ---------------------------------------------------------------------------------
-# `groups` builds every group as Python lists of ints, so its cost grows like world x kinds.
-# Measured on the 2-core machine: 16,384 ranks print in 0.9 s of CPU (70 MB), 65,536 in 6.2 s
-# (170 MB), 10^8 ate gigabytes. 16,384 is above the largest published Megatron runs.
-GROUPS_MAX_WORLD = 16384
+# `groups` builds every group as Python lists of ints, so its cost grows like world x kinds; it
+# prints the first dozen groups of each kind (--json: all of them, --rank N: one rank's, from its
+# digits). Measured on the 2-core machine at 131,072 ranks: 0.5 s of CPU and 140 MB to print,
+# 0.6 s and 160 MB for the 12 MB of --json; 10^8 ate gigabytes. 131,072 is the largest world a
+# trace may claim (trace/schema.py MAX_WORLD), above the largest published Megatron runs.
+GROUPS_MAX_WORLD = 131072
 # fake plays the ranks one after another (a worker per core), and each rank builds every group,
 # so the cost grows with the square of the world. Measured (CPU time, peak memory): 1,024
 # ranks ~10 s; 2,048 ranks 48 s, 1.2 GB; 4,096 ranks 162 s, 3.6 GB. Past 2,048 a layout is
 # better studied with `groups`, which shows the same groups at once.
 FAKE_MAX_WORLD = 2048
+# --ranks plays only the chosen ranks. Each still walks every group of the world, as Megatron's
+# initialize_model_parallel does: ~0.25 s of CPU a rank at 131,072 (tp 8, pp 16, cp 2, ep 8),
+# so the cost is ranks played x world, and the budget is the whole play's at FAKE_MAX_WORLD.
+# The world stops at the most a trace may claim (trace/schema.py MAX_WORLD).
+FAKE_RANKS_MAX_WORLD = 131072
+FAKE_MAX_RANKS_X_WORLD = FAKE_MAX_WORLD * FAKE_MAX_WORLD
 # A forked gloo rank that has joined a group holds 4 threads and ~5 MB of private memory (it
 # shares the parent's torch); a training rank holds its model and optimizer on top. The limits:
 RANKS_PER_CORE = 32      # 64 ranks on 2 (busy) cores: initialised in 27 s, 47 s in all; twice that, minutes
@@ -74,8 +82,11 @@ def gloo_world_limit() -> tuple[int, str]:
     return min(limits)
 
 
-def check_world_limit(world: int, backend: str) -> None:
-    """Refuse a world this machine (or this command) cannot hold, naming the limit."""
+def check_world_limit(world: int, backend: str, played: int | None = None) -> None:
+    """Refuse a world this machine (or this command) cannot hold, naming the limit. ``played``:
+    how many ranks of a fake world `trace --ranks` plays (None: all of them)."""
+    if backend == "fake" and played is not None:
+        return _check_fake_ranks(world, played)
     if backend == "groups":
         limit, why = GROUPS_MAX_WORLD, "beyond it the tables take minutes and gigabytes to print"
     elif backend == "fake":
@@ -89,9 +100,51 @@ def check_world_limit(world: int, backend: str) -> None:
     if world > limit:
         fix = {"groups": "the groups repeat with the same pattern at any size: study a smaller world",
                "estimate": "ranks of one pipeline stage and optimizer shard cost the same: estimate a smaller "
-                           "data-parallel size"}.get(backend, "use `minitron groups` to see a layout that large")
+                           "data-parallel size",
+               "fake": f"play a few of its ranks with --ranks (worlds up to {FAKE_RANKS_MAX_WORLD}), or see the "
+                       "layout with `minitron groups`"}.get(backend, "use `minitron groups` to see a layout that large")
         raise UserError(f"--world {world} is more than {backend} can {'run' if backend in ('gloo', 'fake') else 'show'} "
                         f"here: at most {limit} ({why}); {fix}")
+
+
+def _check_fake_ranks(world: int, played: int) -> None:
+    if world > FAKE_RANKS_MAX_WORLD:
+        raise UserError(f"--world {world} is more than fake can play here, even a few ranks of it: at most "
+                        f"{FAKE_RANKS_MAX_WORLD} (the largest world a trace may claim); study a smaller world")
+    most = max(FAKE_MAX_RANKS_X_WORLD // world, 1)
+    if played > most:
+        raise UserError(f"--ranks names {played} ranks of a {world}-rank world: fake plays at most {most} here "
+                        f"(each walks every group of the world: ranks x world <= {FAKE_MAX_WORLD}²); "
+                        f"choose fewer ranks")
+
+
+def parse_ranks(spec: str, world: int) -> list[int]:
+    """``--ranks 0,12345,131071`` or ``0-3`` (or both, mixed): the ranks, ascending. Each must be
+    inside the world and named once; a range is checked before it is counted out, so that
+    ``0-10**12`` is refused, not built."""
+    example = "give ranks and ranges like 0,12345,131071 or 0-3"
+    parts = [p.strip() for p in spec.split(",")]
+    if not any(parts):
+        raise UserError(f"--ranks {spec!r} names no rank; {example}")
+    chosen: list[int] = []
+    for part in parts:
+        first, dash, last = part.partition("-")
+        if not (first.isdigit() and (not dash or last.isdigit())):
+            raise UserError(f"--ranks {spec!r}: {part!r} is not a rank or a range; {example}")
+        lo, hi = int(first), int(last) if dash else int(first)
+        if lo > hi:
+            raise UserError(f"--ranks {spec!r}: {part} runs backwards; write it {hi}-{lo}")
+        if hi >= world:
+            raise UserError(f"--ranks {spec!r}: rank {hi} is outside the world of {world} ranks; choose 0..{world - 1}")
+        chosen.extend(range(lo, hi + 1))
+        if len(chosen) > FAKE_MAX_RANKS_X_WORLD:  # an absurd list: refuse before it grows further
+            break
+    seen: set[int] = set()
+    for rank in chosen:
+        if rank in seen:
+            raise UserError(f"--ranks {spec!r} names rank {rank} twice; name each rank once")
+        seen.add(rank)
+    return sorted(chosen)
 
 
 def check_workers(workers: int) -> None:
@@ -181,10 +234,11 @@ def check_module(name: str) -> None:
         raise UserError(f"-m {name}: no such module on this Python's path; check the name and PYTHONPATH")
 
 
-def check_launch(world: int, backend: str, master_port: int | None = None, places: dict | None = None) -> None:
+def check_launch(world: int, backend: str, master_port: int | None = None, places: dict | None = None,
+                 played: int | None = None) -> None:
     """What every command that starts ranks checks last, before the first fork: the world
     fits the machine, the port is free, and each output place (flag -> path) is writable."""
-    check_world_limit(world, backend)
+    check_world_limit(world, backend, played)
     if backend != "fake":
         check_master_port(master_port)
     for flag, path in (places or {}).items():

@@ -43,6 +43,17 @@ def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: 
     return argv + list(extra)
 
 
+def _chosen_ranks(spec: Optional[str], world: int, backend: Optional[str]) -> Optional[List[int]]:
+    """--ranks: a few ranks of a fake world, played alone (each one's groups follow from the
+    layout, and a fake collective needs no peer); None: every rank."""
+    if spec is None:
+        return None
+    if backend != "fake":
+        raise UserError("--ranks plays chosen ranks of a fake world, without their peers: add --backend fake "
+                        "(gloo and nccl run every rank, which talk to each other)")
+    return preflight.parse_ranks(spec, world)
+
+
 def _views(show: str, steps: int) -> set:
     # lazy, as every import below: `minitron --help` and bad input never load the views
     from minitron.cli.views.show import VIEWS, parse_views
@@ -68,17 +79,20 @@ def training_argv(world: int, tp: int, pp: int, cp: int, steps: int) -> List[str
             "--attention-dropout", "0", "--global-batch-size", str(dp * 2 * pp)]
 
 
-def write_pictures(out: Path, runs: dict) -> List[Path]:
+def write_pictures(out: Path, runs: dict, rank: int) -> List[Path]:
     """--svg: the executed groups as rank grids, and the last traced iteration's schedule as a
     timeline (minitron/cli/views/svg_grid.py, svg_timeline.py); what the trace cannot show
-    (more ranks than a grid draws, no iteration) is left out."""
+    (more ranks than a grid draws, no iteration) is left out. A play of chosen ranks (--ranks)
+    draws the nodes holding ``rank``'s executed groups instead (svg_nodes.py)."""
     # lazy: only --svg draws
     from minitron.cli.views.schedule import pipeline_steps
     from minitron.cli.views.svg_grid import MAX_RANKS_DRAWN, grid_svg, groups_from_trace
     from minitron.cli.views.svg_timeline import timeline_svg
-    from minitron.trace.reader import iterations
+    from minitron.trace.reader import iterations, played_ranks
 
     written = []
+    if played_ranks(runs):  # a few ranks of a large world: the nodes holding the shown rank's groups
+        return [_nodes_picture(out, runs, rank)]
     groups = groups_from_trace(runs[min(runs)])
     if "pp" in groups and len(runs) <= MAX_RANKS_DRAWN:
         (out / "groups.svg").write_text(grid_svg(groups, heading=f"{len(runs)} ranks: the groups they created"))
@@ -90,6 +104,22 @@ def write_pictures(out: Path, runs: dict) -> List[Path]:
         (out / "schedule.svg").write_text(timeline_svg([(f"iteration {done[-1]}, {pp} stages", stages)]))
         written.append(out / "schedule.svg")
     return written
+
+
+def _nodes_picture(out: Path, runs: dict, rank: int) -> Path:
+    # lazy: only --svg with --ranks draws this
+    from minitron.cli.views.checks import group_calls
+    from minitron.cli.views.rank_groups import layout_line
+    from minitron.cli.views.svg_nodes import nodes_svg
+    from minitron.core.rank_generator import DESC_TO_KEY, parse_order
+    from minitron.trace.reader import layout_args, world_size_of
+
+    sizes, world = layout_args(runs[rank]), world_size_of(runs)
+    own = {DESC_TO_KEY[desc]: list(ranks) for ranks, desc, _ in group_calls(runs[rank]) if desc in DESC_TO_KEY}
+    heading = f"rank {rank} of {layout_line(world, sizes['tp'], sizes['pp'], sizes['cp'], sizes['ep'], sizes['order'])}"
+    picture = out / "nodes.svg"
+    picture.write_text(nodes_svg(world, rank, own, sizes["pp"], parse_order(sizes["order"])[-1] == "pp", heading))
+    return picture
 
 
 def play_pretrain_rank(argv: List[str]) -> None:
@@ -125,12 +155,15 @@ def trace(
     backend: Optional[str] = typer.Option(None, "--backend", help="gloo (CPU ranks), nccl (GPU ranks) or fake "
                                                                   "(ranks played in turn, one process per core; no communication)"),
     out: Path = typer.Option(Path("minitron-trace"), "--out", "-o", help="trace directory"),
-    rank: int = typer.Option(0, "--rank", help="whose call tree to print"),
+    ranks: Optional[str] = typer.Option(None, "--ranks", help="fake backend: play only these ranks of the world "
+                                                               "(0,12345,131071 or 0-3; worlds up to 131072)"),
+    rank: Optional[int] = typer.Option(None, "--rank", help="whose call tree to print (default: the first rank)"),
     steps: int = typer.Option(0, "--steps", help="training iterations to run and trace after initialization "
                                                   "(mock data); 0: initialization only"),
     show: str = typer.Option("", "--show", help="comma list of views: tree, groups, checks, schedule "
                                                "(default: all that apply)"),
-    svg: bool = typer.Option(False, "--svg", help="also draw the groups (groups.svg) and, with --steps, the "
+    svg: bool = typer.Option(False, "--svg", help="also draw the groups (groups.svg; with --ranks, nodes.svg: the "
+                                                  "nodes holding --rank's groups) and, with --steps, the "
                                                   "schedule (schedule.svg) next to trace.json"),
     depth: Optional[int] = typer.Option(None, "--depth", help="call-tree depth (default: all; 7 with --steps "
                                                                      "unless --focus)"),
@@ -148,7 +181,8 @@ def trace(
     check_world(world)
     # First the sizes, each check costing microseconds: the layout's own checks grow with the
     # world, and a user's bad --debug option must not wait for them (or for torch).
-    preflight.check_world_limit(world, backend or "gloo")
+    chosen = _chosen_ranks(ranks, world, backend)
+    preflight.check_world_limit(world, backend or "gloo", played=len(chosen) if chosen else None)
     check_order(order)
     debugging = DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout)
     debugging.check(world)
@@ -158,8 +192,11 @@ def trace(
         validate_parallel_sizes(world, tp, pp, cp, ep, vp=vp, order=order)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    rank = (chosen[0] if chosen else 0) if rank is None else rank
     if not 0 <= rank < world:
         raise UserError(f"--rank {rank} is outside the world: choose 0..{world - 1}")
+    if chosen and rank not in chosen:
+        raise UserError(f"--rank {rank} is not one of --ranks {ranks}: choose one of the ranks played")
     if not 0 <= steps <= MAX_STEPS:
         raise UserError(f"--steps must be 0..{MAX_STEPS}, got {steps} (every step adds each call it makes to "
                         "every rank's trace; a schedule reads well after a few)")
@@ -182,7 +219,8 @@ def trace(
         check_backend(backend, world)
     if steps:  # a model is built: it must fit
         check_fits(args, backend)
-    preflight.check_launch(world, backend, master_port, {"--out": out, "--log-dir": log_dir})
+    preflight.check_launch(world, backend, master_port, {"--out": out, "--log-dir": log_dir},
+                           played=len(chosen) if chosen else None)
 
     # lazy: the views and the launcher load once the input has passed every check above
     from minitron.cli.views.call_tree import FocusError
@@ -203,7 +241,7 @@ def trace(
     if backend == "fake":
         # The processes that play the ranks hand back each rank's records and its encoded
         # rows of trace.json: a thousand ranks' files are not parsed again here.
-        kept = play_ranks(world, lambda: play_pretrain_rank(argv), out, keep=_records_and_rows)
+        kept = play_ranks(world, lambda: play_pretrain_rank(argv), out, ranks=chosen, keep=_records_and_rows)
         elapsed = time.perf_counter() - started
         runs = {r: records for r, (records, _) in kept.items()}
         chrome = write_chrome_trace(out, runs, note, encoded={r: text for r, (_, text) in kept.items()})
@@ -219,7 +257,7 @@ def trace(
             print(f"minitron: the ranks' trace cannot be read: {exc}", file=sys.stderr)
             raise typer.Exit(1) from None
         chrome = write_chrome_trace(out, runs, note)
-    pictures = write_pictures(out, runs) if svg else []
+    pictures = write_pictures(out, runs, rank) if svg else []
     try:
         checks = show_views(console, runs, views, rank, focus=focus,
                             depth=depth if depth is not None else default_depth(runs, focus),
@@ -227,7 +265,8 @@ def trace(
     except FocusError as exc:
         raise UserError(f"{exc} (the trace is in {out}: `minitron view {out} --focus ...` reads it again)") from None
     pids = len({recs[0]["pid"] for recs in runs.values() if recs})
-    console.print(f"{plural(world, 'rank')} ({backend}, {plural(pids, 'process', 'processes')}) in {elapsed:.2f} s "
+    played = f"{len(runs)} of {world:,} ranks" if chosen else plural(world, 'rank')
+    console.print(f"{played} ({backend}, {plural(pids, 'process', 'processes')}) in {elapsed:.2f} s "
                   f"→ {out}/rank*.jsonl, {chrome} (open in https://ui.perfetto.dev)")
     if pictures:
         console.print("pictures: " + ", ".join(str(p) for p in pictures))

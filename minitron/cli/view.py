@@ -28,7 +28,8 @@ def _layout_problem(runs):
 @app.command()
 def view(
     trace_dir: Path = typer.Argument(..., metavar="DIR", help="a trace directory (rank*.jsonl files)"),
-    rank: int = typer.Option(0, "--rank", help="whose call tree to print"),
+    rank: Optional[int] = typer.Option(None, "--rank", help="whose call tree to print (default: the first rank "
+                                                           "the directory holds)"),
     focus: Optional[str] = typer.Option(None, "--focus", help="show only the calls named NAME (a function name "
                                                               "or pattern: train_step, '*forward*') and what ran inside"),
     depth: Optional[int] = typer.Option(None, "--depth", help="call-tree depth (default: all; 7 when the trace "
@@ -44,7 +45,7 @@ def view(
     """
     # Lazy: the reader and the views (rich's tables and trees) load when the command runs, not
     # for `--help`; the reader first, so that a bad trace is refused before the views load.
-    from minitron.trace.reader import TraceError, backend_of, iterations, read_trace
+    from minitron.trace.reader import TraceError, backend_of, iterations, played_ranks, read_trace, world_size_of
 
     if depth is not None and depth < 1:
         raise UserError(f"--depth must be 1 or more, got {depth}")
@@ -62,6 +63,7 @@ def view(
         views = parse_views(show)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    rank = min(runs) if rank is None else rank  # a partial trace (trace --ranks) may hold no rank 0
     if rank not in runs:
         raise UserError(f"--rank {rank}: {trace_dir} holds the files of ranks {rank_ranges(list(runs))}")
     done = iterations(runs)
@@ -89,7 +91,9 @@ def view(
                       f"(stopped mid-write) and is skipped[/yellow]")
     pids = len({recs[0]["pid"] for recs in runs.values() if recs})
     backend = backend_of(runs) or "backend not recorded"
-    console.print(f"{plural(len(runs), 'rank')} ({backend}, {plural(pids, 'process', 'processes')}) "
+    held = f"{len(runs)} of {world_size_of(runs):,} ranks, played by choice" if played_ranks(runs) else \
+        plural(len(runs), 'rank')
+    console.print(f"{held} ({backend}, {plural(pids, 'process', 'processes')}) "
                   f"→ {chrome} (open in https://ui.perfetto.dev)")
     if fake:
         console.print("[yellow]fake backend: ranks played in turn, no process of their own; collectives moved no data[/yellow]")

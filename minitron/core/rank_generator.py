@@ -284,6 +284,45 @@ def layout(world_size: int, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
     return groups
 
 
+def rank_layout(rank: int, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
+                order: str = DEFAULT_ORDER, expert_tp: int | None = None) -> dict[str, list[int]]:
+    """One rank's view of ``layout``: kind -> the group of that kind holding ``rank`` (a kind
+    none of whose groups holds it, such as the embedding group of a middle stage, is left out).
+
+    Worked out from the rank's own digits, not by enumerating the world: its group along some
+    dimensions is every rank that shares its other digits, members counted fastest digit first,
+    as orthogonal_groups counts them. So one rank of a 131,072-rank world costs microseconds,
+    and a partial trace is checked without laying out the world. (The joined kind, every
+    tp-ep-pp group in one, is the exception: it is the whole world, in the generator's order.)
+    """
+    dense, expert = generators(world_size, tp, pp, cp, ep, order, expert_tp)
+    mine: dict[str, list[int]] = {}
+    for kind in GROUP_KINDS:
+        if kind.source == "stage":
+            ranks = STAGE_RANKS[kind.key](mine["pp"])
+        elif kind.source == "joined":
+            ranks = sum(expert.get_ranks(kind.token), ())
+        else:
+            ranks = _group_of(rank, expert if kind.source == "expert" else dense, kind.token)
+        if rank in ranks:
+            mine[kind.key] = list(ranks)
+    return mine
+
+
+def _group_of(rank: int, generator: RankGenerator, token: str) -> list[int]:
+    """The group along ``token`` that holds ``rank``: its fixed digits kept, the others counted."""
+    wanted = token.split("-")
+    base, members, stride = rank, [0], 1
+    for d in generator.order:
+        size = generator.size[d]
+        digit = (rank // stride) % size
+        if d in wanted:  # this digit varies inside the group: later digits in the outer loop
+            base -= digit * stride
+            members = [m + i * stride for i in range(size) for m in members]
+        stride *= size
+    return [base + m for m in members]
+
+
 def rank_coordinates(rank: int, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1,
                      order: str = DEFAULT_ORDER) -> dict[str, int]:
     """This rank's digit along each dense dimension: {'tp': 1, 'cp': 0, 'dp': 0, 'pp': 1, ...}."""

@@ -16,7 +16,17 @@ only records, fake world or not). There are two, both about ``new_group``:
   for every group of the world (about 3 x world of them: ~3.5 million calls at world 1024,
   tp 8, pp 8), and torch would create nothing for a non-member anyway. This rule sits above
   the tracer, so those calls cost one membership test and leave no record: a rank's trace
-  holds the ~20 groups it is in, not the 3,400 it is not.
+  holds the ~20 groups it is in, not the 3,400 it is not. They are counted instead, per
+  group description, and the count is the one thing recorded of them (below).
+
+Each played rank's trace ends with one record of the play itself, ``play_rank`` (schema.PLAYED):
+the world, which ranks were played (``"all"``, or the chosen ones: a partial trace says which
+ranks it holds), and how many new_group calls of each description were answered unrecorded.
+
+Since a rank's groups follow from the layout alone, nothing obliges us to play every rank:
+``ranks`` picks a few of a world of any size. Each still walks every group of the world, as
+Megatron's initialize_model_parallel does (O(world) per rank), so the cost is the number of
+ranks played times the world, never the world squared.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import sys
 import tempfile
 import threading
 import traceback
+from collections import Counter
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, TypeVar
 
@@ -39,6 +50,7 @@ from minitron.launcher.launch import frozen_heap
 from minitron.launcher.processes import ForkedProcess, stop_process_groups
 from minitron.launcher.worker import rank_session
 from minitron.trace import TRACE_DIR_ENV
+from minitron.trace.schema import PLAYED
 
 T = TypeVar("T")
 
@@ -62,21 +74,26 @@ def _only_fake_groups():
 
 @contextmanager
 def _non_members_answered(rank: int):
-    """Rule 2, while ``rank`` is played: a group without it is answered before anyone sees it."""
+    """Rule 2, while ``rank`` is played: a group without it is answered before anyone sees it.
+    Yields a dict that, once the rank is done, counts those calls per group description."""
     inner = dist.new_group  # the tracer's wrapper when tracing, else rule 1
     non_member = dist.GroupMember.NON_GROUP_MEMBER
+    answered: list = []  # each call's description: an append is the cheapest note (millions of calls)
+    counts: dict[str, int] = {}
 
     def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
                   use_local_synchronization=False, group_desc=None, **kwargs):
         if ranks is not None and rank not in ranks:
+            answered.append(group_desc)
             return non_member
         return inner(ranks, timeout, backend, pg_options, use_local_synchronization, group_desc, **kwargs)
 
     dist.new_group = new_group
     try:
-        yield
+        yield counts
     finally:
         dist.new_group = inner
+        counts.update((str(desc), n) for desc, n in Counter(answered).items())  # Counter counts in C
 
 
 def play_ranks(world_size: int, rank_main: Callable[[], object], trace_dir: str | os.PathLike | None = None,
@@ -95,15 +112,17 @@ def play_ranks(world_size: int, rank_main: Callable[[], object], trace_dir: str 
     parsing their files again, and the copies do the per-rank work in parallel.
     """
     ranks = list(range(world_size) if ranks is None else ranks)
+    played = "all" if len(ranks) == world_size else sorted(ranks)  # what each trace says it holds
     processes = min(processes or os.cpu_count() or 1, len(ranks))
     if processes <= 1:
-        kept = _play(world_size, rank_main, trace_dir, ranks, keep)
+        kept = _play(world_size, rank_main, trace_dir, ranks, keep, played)
     else:
-        kept = _play_in_processes(world_size, rank_main, trace_dir, ranks, processes, keep)
+        kept = _play_in_processes(world_size, rank_main, trace_dir, ranks, processes, keep, played)
     return dict(sorted(kept.items()))
 
 
-def _play(world_size: int, rank_main: Callable[[], object], trace_dir, ranks: Iterable[int], keep) -> dict:
+def _play(world_size: int, rank_main: Callable[[], object], trace_dir, ranks: Iterable[int], keep,
+          played="all") -> dict:
     saved_env = {k: os.environ.get(k) for k in _RANK_VARS}
     kept = {}
     try:
@@ -116,8 +135,12 @@ def _play(world_size: int, rank_main: Callable[[], object], trace_dir, ranks: It
                     os.environ[TRACE_DIR_ENV] = str(trace_dir)
                     recorder = trace.start(trace_dir, rank, keep=keep is not None)  # the session below joins it
                 try:
-                    with rank_session(), _non_members_answered(rank):
+                    with rank_session(), _non_members_answered(rank) as unrecorded:  # counted on exit
                         rank_main()
+                    if recorder is not None:  # the play's own record, last: see the module's docstring
+                        with recorder.span(PLAYED, {"world_size": world_size, "ranks": played,
+                                                    "unrecorded_new_groups": unrecorded}):
+                            pass
                 finally:
                     if recorder is not None:
                         trace.stop()
@@ -164,7 +187,7 @@ def _dealt(deck: int) -> Iterator[int]:
         yield int.from_bytes(card, "little")
 
 
-def _play_copy(i: int, deck: int, dealer: int, scratch: str, world_size: int, rank_main, trace_dir, keep):
+def _play_copy(i: int, deck: int, dealer: int, scratch: str, world_size: int, rank_main, trace_dir, keep, played):
     """Body of forked copy ``i``: play the ranks dealt to it, pickle what ``keep`` returned. Never returns."""
     code = 1
     try:
@@ -172,7 +195,7 @@ def _play_copy(i: int, deck: int, dealer: int, scratch: str, world_size: int, ra
         os.close(dealer)  # or the deck would never run out: a pipe ends when every writer has closed it
         gc.enable()  # the command line turned the collector off for itself; what we inherited stays frozen
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-        kept = _on_fresh_stack(_play, world_size, rank_main, trace_dir, _dealt(deck), keep)
+        kept = _on_fresh_stack(_play, world_size, rank_main, trace_dir, _dealt(deck), keep, played)
         with open(os.path.join(scratch, f"{i}.pkl"), "wb") as f:
             pickle.dump(kept, f, protocol=pickle.HIGHEST_PROTOCOL)
         code = 0
@@ -184,7 +207,8 @@ def _play_copy(i: int, deck: int, dealer: int, scratch: str, world_size: int, ra
         os._exit(code)
 
 
-def _play_in_processes(world_size: int, rank_main, trace_dir, ranks: list[int], processes: int, keep) -> dict:
+def _play_in_processes(world_size: int, rank_main, trace_dir, ranks: list[int], processes: int, keep,
+                       played) -> dict:
     """Deal the ranks out to forked copies of this process, one per core.
 
     In a fake world the ranks never talk to each other, so they can be played in any order
@@ -209,7 +233,7 @@ def _play_in_processes(world_size: int, rank_main, trace_dir, ranks: list[int], 
                     sys.stderr.flush()
                     pid = os.fork()
                     if pid == 0:
-                        _play_copy(i, deck, dealer, scratch, world_size, rank_main, trace_dir, keep)
+                        _play_copy(i, deck, dealer, scratch, world_size, rank_main, trace_dir, keep, played)
                     copies.append(ForkedProcess(pid))
             reading.close()  # the copies read the deck; we only deal it
             try:

@@ -8,7 +8,8 @@ world size, the layout initialize_model_parallel was called with, the backend, t
 This is the one place that reads those files, and it hands the views nothing they could trip
 on: every record has its fields with their types, finite times that do not run backwards,
 an id of its own, a caller that began before it (so the calls form trees, of bounded depth),
-and a rank inside the world. The first record that breaks a rule stops the reading with a
+and a rank inside the world (of a fake play that chose its ranks, `trace --ranks`, one of those:
+such a partial trace says which ranks it holds, and holds just those). The first record that breaks a rule stops the reading with a
 TraceError naming ``FILE:LINE`` and what is wrong. Reading is bounded: one line at a time, each
 at most schema.MAX_LINE_BYTES, so a file that never ends (a link to /dev/zero) is refused, not
 read forever, and memory grows with the trace, not with what a line claims.
@@ -25,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Callable, Optional
 
-from minitron.trace.schema import MAX_CALL_DEPTH, MAX_LINE_BYTES, MAX_WORLD, RANK_FILE, ROOT
+from minitron.trace.schema import MAX_CALL_DEPTH, MAX_LINE_BYTES, MAX_WORLD, PLAYED, RANK_FILE, ROOT
 from minitron.trace.validate import record_problem
 
 INIT_MP = "minitron.core.parallel_state.initialize_model_parallel"
@@ -176,11 +177,12 @@ def _check_depth(path: Path, records: list[dict], line_of: dict[int, int]) -> No
 
 
 def _check_world(runs: dict[int, list[dict]], files: dict[int, Path], lines: dict[int, dict]) -> None:
-    """Every rank's init_process_group names the same world, and every file's rank is inside it."""
-    world, where = None, None
+    """Every rank's init_process_group (and fake play) names the same world, every file's rank is
+    inside it, and a fake play that chose its ranks holds exactly the files of those ranks."""
+    world, where, played = None, None, None
     for rank, records in runs.items():
         for r in records:
-            size = r["args"].get("world_size") if r["name"] == INIT_PG else None
+            size = r["args"].get("world_size") if r["name"] in (INIT_PG, PLAYED) else None
             if size is None or size == -1:   # -1: the world came from the environment, unrecorded
                 continue
             here = f"{files[rank]}:{lines[rank][r['id']]}"
@@ -189,6 +191,11 @@ def _check_world(runs: dict[int, list[dict]], files: dict[int, Path], lines: dic
             elif size != world:
                 raise TraceError(f"{here}: world_size {size} disagrees with world_size {world} at {where}; "
                                  f"these files are of different runs: keep one run per directory")
+            if r["name"] == PLAYED:
+                if played is not None and r["args"]["ranks"] != played[0]:
+                    raise TraceError(f"{here}: the ranks played differ from those at {played[1]}; these files "
+                                     f"are of different runs: keep one run per directory")
+                played = (r["args"]["ranks"], here)
     outside = [rank for rank in runs if rank >= (world or MAX_WORLD)]
     if outside and world is None:
         raise TraceError(f"{files[outside[0]]}:1: rank {outside[0]} is beyond the {MAX_WORLD} ranks a trace "
@@ -196,6 +203,24 @@ def _check_world(runs: dict[int, list[dict]], files: dict[int, Path], lines: dic
     if outside:
         raise TraceError(f"{files[outside[0]]}:1: rank {outside[0]} is outside the world of {world} ranks "
                          f"that {where} records; keep one run per directory")
+    if played is not None and played[0] != "all":
+        _check_played(runs, files, played[0], played[1], world)
+
+
+def _check_played(runs: dict, files: dict[int, Path], ranks: list[int], where: str, world: int) -> None:
+    """A partial trace (`trace --ranks`) holds the files of the ranks it says it played, no other."""
+    if ranks[-1] >= world:
+        raise TraceError(f"{where}: rank {ranks[-1]} was played, outside the world of {world} ranks; "
+                         f"not a record minitron's recorder wrote")
+    chosen = set(ranks)
+    stray = [rank for rank in runs if rank not in chosen]
+    if stray:
+        raise TraceError(f"{files[stray[0]]}:1: rank {stray[0]} is not one of the ranks played ({where}); "
+                         f"keep one run per directory")
+    missing = [rank for rank in ranks if rank not in runs]
+    if missing:
+        raise TraceError(f"{where}: rank {missing[0]} was played, but the directory holds no rank{missing[0]}.jsonl; "
+                         f"trace the run again")
 
 
 def layout_args(records: list[dict]) -> dict | None:
@@ -212,6 +237,14 @@ def layout_args(records: list[dict]) -> dict | None:
 def _init_arg(runs: dict[int, list[dict]], key: str):
     return next((r["args"][key] for records in runs.values() for r in records
                  if r["name"] == INIT_PG and r["args"].get(key) not in (None, -1)), None)
+
+
+def played_ranks(runs: dict[int, list[dict]]) -> list[int] | None:
+    """The ranks a fake play chose (`trace --ranks`), or None: every rank was played, or the
+    trace is not a fake play."""
+    played = next((r["args"]["ranks"] for records in runs.values() for r in reversed(records)
+                   if r["name"] == PLAYED), "all")
+    return None if played == "all" else played
 
 
 def world_size_of(runs: dict[int, list[dict]]) -> int:

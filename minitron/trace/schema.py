@@ -20,6 +20,10 @@ RANK_FILE = re.compile(r"rank(0|[1-9]\d*)\.jsonl")  # as rank_file_name writes i
 ROOT = None  # the parent of an outermost call
 DIST = "torch.distributed."  # the prefix of every wrapped torch.distributed call's name
 NEW_GROUP = DIST + "new_group"
+# The fake launcher's record of a played rank, the last of its file (launcher/fake.py): the world,
+# the ranks played ("all", or the chosen few: a partial trace), and the new_group calls of groups
+# without this rank, answered unrecorded, counted per group description.
+PLAYED = "minitron.launcher.fake.play_rank"
 
 # field -> (the Python types its JSON value may have, exactly: JSON's true is a bool, which
 # Python counts as an int, and is no rank, id or time), what the reader says it must be.
@@ -43,9 +47,11 @@ MAX_LINE_BYTES = 1 << 20
 # Times are microseconds since 1970 (~2**50 now). Perfetto reads JSON numbers as doubles, exact
 # up to 2**53 (the year 2255); past that a time is no longer the one recorded.
 MAX_TIME_US = 1 << 53
-# The views lay out every group of the world (6 s at 65,536 ranks on 2 cores, growing with the
-# world): four times the largest published Megatron runs is as far as a trace may claim.
-MAX_WORLD = 1 << 16
+# The views check a rank's groups from its own digits (rank_generator.rank_layout), but a few
+# things still grow with the world (one group kind is the whole world; the order check walks
+# the pipeline groups): 131,072 ranks, the most a fake world plays (`trace --ranks`), is as far
+# as a trace may claim, well beyond the largest published Megatron runs.
+MAX_WORLD = 1 << 17
 MAX_ARGS_DEPTH = 16
 MAX_CALL_DEPTH = 100
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from minitron.trace.schema import DIST, FIELDS, MAX_ARGS_DEPTH, MAX_TIME_US, MAX_WORLD, OPTIONAL
+from minitron.trace.schema import DIST, FIELDS, MAX_ARGS_DEPTH, MAX_TIME_US, MAX_WORLD, OPTIONAL, PLAYED
 
 
 def shown(value) -> str:
@@ -41,6 +41,10 @@ KINDS = {
     "size": (lambda v: _int(v) and v >= 1, "a whole number, 1 or more"),
     # -1 is torch's "from the environment" (TorchBackend passes it on when no size was given)
     "world": (lambda v: _int(v) and (v == -1 or 1 <= v <= MAX_WORLD), f"-1 or a whole number from 1 to {MAX_WORLD}"),
+    "played world": (lambda v: _int(v) and 1 <= v <= MAX_WORLD, f"a whole number from 1 to {MAX_WORLD}"),
+    # "all", or the ranks played, each once, in order (the reader checks them against the world)
+    "played": (lambda v: v == "all" or (_ints(v) and v and v == sorted(set(v)) and v[0] >= 0),
+               '"all" or the ranks played, ascending, each once'),
     "str": (lambda v: type(v) is str, "a string"),
     "str|null": (lambda v: v is None or type(v) is str, "a string or null"),
     # a string where a list would be long or unknown: "all", "128 ranks" (torch_hooks.describe_group)
@@ -48,6 +52,9 @@ KINDS = {
     "shape": (lambda v: _ints(v) or (type(v) is list and all(map(_ints, v))), "a list of sizes"),
     "shape|null": (lambda v: v is None or KINDS["shape"][0](v), "a list of sizes or null"),
     "ops": (lambda v: type(v) is list and all(map(_op, v)), "a list of {op, peer, shape}"),
+    # the fake launcher's count of unrecorded new_group calls, per group description
+    "counts": (lambda v: type(v) is dict and all(_int(n) and n >= 0 for n in v.values()),
+               "an object of counts (whole numbers, 0 or more)"),
 }
 SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
          "expert_model_parallel_size")
@@ -59,12 +66,13 @@ ARGS = {
     DIST + "new_group": {"ranks": "ranks", "group_desc": "str|null", "backend": "str"},
     "minitron.core.parallel_state.initialize_model_parallel": {**{s: "size" for s in SIZES}, "order": "str"},
     "minitron.training.training.train_step": {"iteration": "int"},
+    PLAYED: {"world_size": "played world", "ranks": "played", "unrecorded_new_groups": "counts"},
     "minitron.core.pipeline_parallel.schedules.forward_step": STEP,
     "minitron.core.pipeline_parallel.schedules.backward_step": STEP,
 }
 COLLECTIVE = {"group": "str", "ranks": "ranks", "shape": "shape", "input_shape": "shape|null", "dtype": "str",
               "ops": "ops"}
-REQUIRED = {DIST + "new_group": ("ranks", "group_desc")}
+REQUIRED = {DIST + "new_group": ("ranks", "group_desc"), PLAYED: ("world_size", "ranks")}
 _TYPED = (*FIELDS.items(), *OPTIONAL.items())
 
 

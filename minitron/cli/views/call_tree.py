@@ -28,7 +28,7 @@ from rich.tree import Tree
 
 from minitron.cli.views.words import duration, fitted_name, plural, rank_ranges, short_name
 from minitron.core.rank_generator import DESC_TO_KEY
-from minitron.trace.schema import NEW_GROUP
+from minitron.trace.schema import NEW_GROUP, PLAYED
 
 GUIDE = 4  # columns that rich's Tree indents each level by
 
@@ -89,6 +89,11 @@ def _args_segments(record: dict) -> list[tuple[str, str]]:
     if name == "torch.distributed.init_process_group":
         world = [(f" world_size={args['world_size']}", "dim")] if isinstance(args.get("world_size"), int) else []
         return [(f"  backend={args.get('backend')}", "dim")] + world
+    if name == PLAYED:  # the fake launcher's note: what this trace holds, and what it only counted
+        played = "all" if args["ranks"] == "all" else rank_ranges(args["ranks"])
+        skipped = sum(args.get("unrecorded_new_groups", {}).values())
+        return [(f"  world {args['world_size']:,}, played {played}", "dim"),
+                (f"; {skipped:,} others' new_group calls counted only", "dim")]
     if "group" not in args or not name.startswith("torch.distributed."):
         return []
     pieces = [(f"  {args['group']}", "magenta"), (f" {rank_ranges(args.get('ranks'))}", "magenta")]
@@ -193,24 +198,29 @@ def _elide_desc(desc: str, room: int) -> str:
     return desc if len(desc) <= room else desc[:max(room - 1, 6)] + "…"
 
 
-def _new_group_line(rank: int, group: list[dict], room: int) -> Text:
+def _new_group_line(rank: int, group: list[dict], room: int, counted: dict[str, int]) -> Text:
+    """``counted``: the calls of each description a fake play answered without recording them
+    (launcher/fake.py); they count in ×N, as they would in a real run, and are said to be counted."""
     desc = group[0]["args"].get("group_desc")
     tokens = [rank_ranges(c["args"]["ranks"]) for c in group]
     member = next((i for i, c in enumerate(group)
                    if isinstance(c["args"]["ranks"], list) and rank in c["args"]["ranks"]), None)
     times = f"  {duration(sum(c['end_us'] - c['start_us'] for c in group))}"
-    head = f"new_group ×{len(group)} "
+    others = counted.get(str(desc), 0)
+    head = f"new_group ×{len(group) + others:,} "
+    tail = f" +{others:,} counted" if others else ""
     desc = str(desc)
     # A deep line with a long name (TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP) keeps its time on the
     # line: the name gives way before the line would wrap.
-    desc = _elide_desc(desc, room - len(head) - _time_room(times, 1) - 2)
+    desc = _elide_desc(desc, room - len(head) - len(tail) - _time_room(times, 1) - 2)
     text = Text(head, style="bold cyan")
     text.append(desc, style="magenta")
-    for item in _fit_tokens(tokens, member, room - len(head) - len(desc) - _time_room(times, 1)):
+    for item in _fit_tokens(tokens, member, room - len(head) - len(desc) - len(tail) - _time_room(times, 1)):
         if item == "…":
             text.append(" …", style="dim")
         else:
             text.append(" " + tokens[item], style="bold yellow" if item == member else "dim")
+    text.append(tail, style="dim")
     text.append(times, style="green")
     return text
 
@@ -256,13 +266,14 @@ def call_tree(records: list[dict], rank: int, max_depth: int | None = None, focu
     shows only how many calls ran inside it; with ``focus`` the levels count from the match."""
     calls = Calls(records)
     root = Tree(Text(f"rank {rank}", style="bold underline"))
+    counted = next((r["args"].get("unrecorded_new_groups", {}) for r in reversed(records) if r["name"] == PLAYED), {})
 
     def add(node: Tree, siblings: list[dict], level: int, indent: int) -> None:
         room = width - GUIDE * indent
         for group in merge(siblings):
             orphan = any(c["id"] in calls.orphans for c in group)
             if group[0]["name"] == NEW_GROUP:
-                line = node.add(_new_group_line(rank, group, room))
+                line = node.add(_new_group_line(rank, group, room, counted))
                 if orphan:
                     line.label.append("  (its caller never returned)", style="yellow")
                 continue

@@ -22,7 +22,9 @@ from rich.text import Text
 from minitron.trace.reader import INIT_MP, backend_of, layout_args, world_size_of
 from minitron.trace.schema import NEW_GROUP
 from minitron.cli.views.words import plural, rank_ranges
-from minitron.core.rank_generator import DESC_TO_KEY, layout, validate_parallel_sizes
+from minitron.core.rank_generator import DESC_TO_KEY, GROUP_KINDS, layout, rank_layout, validate_parallel_sizes
+
+LAYOUT_ALL = tuple(kind.key for kind in GROUP_KINDS)  # every kind a rank may keep, shown or not
 
 CHAIN = (
     "minitron.training.training.pretrain",
@@ -122,19 +124,19 @@ def _layout(runs: dict[int, list[dict]]) -> Check:
     if sizes is None:
         return Check(name, None, "no initialize_model_parallel call on the first rank: no layout to compare")
     world = world_size_of(runs)
-    expected = layout(world, sizes["tp"], sizes["pp"], sizes["cp"], sizes["ep"], sizes["order"])
+    layout_of = (world, sizes["tp"], sizes["pp"], sizes["cp"], sizes["ep"], sizes["order"])
     sequences = {rank: group_calls(recs) for rank, recs in runs.items()}
     created = {(DESC_TO_KEY.get(desc), ranks) for seq in sequences.values() for ranks, desc, _ in seq}
     # Only groups with a member in this directory can have been seen created (a node's ranks
-    # may keep their trace files apart from another node's).
-    present = set(runs)
-    absent = [(k, g) for k, groups in expected.items() for g in groups
-              if (k, tuple(g)) not in created and not present.isdisjoint(g)]
-    owner = {key: {r: g for g in map(tuple, groups) for r in g} for key, groups in expected.items()}
-    wrong = []
+    # may keep their trace files apart from another node's; `trace --ranks` plays a few): each
+    # rank present is checked against its own groups, worked out from its digits alone.
+    groups_of = _groups_of(layout_of, len(runs))
+    absent, wrong = [], []
     for rank, seq in sequences.items():
+        own = groups_of(rank)
+        absent += [(key, list(g)) for key, g in own.items() if (key, g) not in created]
         kept = {DESC_TO_KEY.get(desc): ranks for ranks, desc, _ in seq if rank in ranks}
-        wrong += [(rank, key, kept.get(key)) for key in expected if kept.get(key) != owner[key].get(rank)]
+        wrong += [(rank, key, kept.get(key)) for key in LAYOUT_ALL if kept.get(key) != own.get(key)]
     if absent:
         return Check(name, False, f"missing {absent[:3]}")
     if wrong:
@@ -144,8 +146,24 @@ def _layout(runs: dict[int, list[dict]]) -> Check:
     if len(runs) < world:
         return Check(name, True, f"files of {len(runs)} of the {world} ranks: every group with a member "
                                  f"among them was created; each of them kept its own")
+    expected = layout(*layout_of)
     total = sum(len(g) for g in expected.values())
     return Check(name, True, f"all {total} groups of {len(expected)} kinds created; every rank kept its own")
+
+
+def _groups_of(layout_of: tuple, present: int):
+    """rank -> {kind: its group}. A rank's own digits give its groups in time that grows with the
+    groups' sizes (one kind is the whole world), laying out the world once takes ~17 steps a
+    rank: with more than a sixteenth of the world present, the layout is the cheaper."""
+    world = layout_of[0]
+    if present * 16 < world:
+        return lambda rank: {key: tuple(ranks) for key, ranks in rank_layout(rank, *layout_of).items()}
+    owner: dict[int, dict] = {}
+    for key, groups in layout(*layout_of).items():
+        for group in map(tuple, groups):
+            for r in group:
+                owner.setdefault(r, {})[key] = group
+    return lambda rank: owner.get(rank, {})
 
 
 def _first_difference(a: list, b: list) -> int:

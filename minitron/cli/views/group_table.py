@@ -11,6 +11,7 @@ from minitron.cli.views.words import rank_ranges
 from minitron.core.rank_generator import DESC_TO_KEY, rank_coordinates
 
 TABLE_KEYS = ("tp", "cp", "dp", "pp", "embd", "ep")
+WRAP_ABOVE = 64  # worlds larger than this have groups too long for a line (`trace --ranks`)
 
 
 def group_table(runs: dict[int, list[dict]]) -> Table:
@@ -31,12 +32,25 @@ def group_table(runs: dict[int, list[dict]]) -> Table:
     if dims:
         table.add_column(" ".join(dims), justify="center", no_wrap=True)  # the rank's coordinates
     for key in keys:
-        table.add_column(f"{key} group", no_wrap=True)
+        # A large world's groups fold onto more lines: left on one, rich would narrow every
+        # column alike when the table is too wide, down to the rank column's vanishing.
+        wrap = world > WRAP_ABOVE
+        table.add_column(f"{key} group", no_wrap=not wrap, overflow="fold" if wrap else "ellipsis")
     for rank, records in runs.items():
         joined = {DESC_TO_KEY.get(desc, desc): list(ranks) for ranks, desc, _ in group_calls(records) if rank in ranks}
         coords = []
         if dims:
             c = rank_coordinates(rank, world, sizes["tp"], sizes["pp"], sizes["cp"], sizes["order"])
             coords = ["  ".join(str(c[d]) for d in dims)]
-        table.add_row(str(rank), *coords, *[rank_ranges(joined.get(key, "-")) for key in keys])
+        table.add_row(str(rank), *coords, *[short_ranks(joined.get(key, "-")) for key in keys])
     return table
+
+
+def short_ranks(ranks, most: int = 24) -> str:
+    """A group as rank_ranges writes it, or, when that is longer than ``most`` characters (a data-
+    parallel group of a 131,072-rank world holds 512 ranks), its first two members, its last and
+    its size: ``[0,16,…,8176] (512)`` reads as a stride of 16."""
+    text = rank_ranges(ranks)
+    if len(text) <= most or not isinstance(ranks, list):
+        return text
+    return f"[{ranks[0]},{ranks[1]},…,{ranks[-1]}] ({len(ranks)})"

@@ -66,10 +66,11 @@ def render_layout(world: int, groups: dict[str, list[list[int]]], tp: int, pp: i
     header.append(f"   order {order}" + (f", ep {ep}" if ep > 1 else ""), style="dim")
     kinds = ["tp", "dp", "pp"] + [k for k, n in (("cp", cp), ("ep", ep)) if n > 1] + ["embd"]
     panels = []
-    stage_of = {r: rank_coordinates(r, world, tp, pp, cp, order)["pp"] for r in range(world)}
+    drawn = world <= MAX_RANKS_DRAWN  # beyond, the group lists alone: a grid would be the world's size
+    stage_of = {r: rank_coordinates(r, world, tp, pp, cp, order)["pp"] for r in range(world)} if drawn else {}
     for kind in kinds:
         body = [_group_list(groups[kind])]
-        if world <= MAX_RANKS_DRAWN:
+        if drawn:
             body.insert(0, _grid(world, groups[kind], stage_of))
         panels.append(Panel(Group(*body), title=f"{kind}: {TITLES[kind]} ({len(groups[kind])} groups "
                                                f"of {len(groups[kind][0])})", title_align="left"))
