@@ -120,7 +120,7 @@ def test_estimate_lists_each_no_effect_flag_once():
 @pytest.mark.parametrize("argv,words", [
     (["--fp8-format", "hybrid"], "--fp8-format is refused: fp8 matmuls"),
     (["--fp8-param-gather"], "--fp8-param-gather is refused"),
-    (["--exit-duration-in-mins", "100"], "stop it with --exit-interval N"),
+    (["--softmax-type", "learnable"], "--softmax-type is refused: one of gpt-oss's changes"),
     (["--moe-router-load-balancing-type", "sinkhorn"], "invalid choice: 'sinkhorn'"),
     (["--no-position-embedding"], "use --position-embedding-type none"),
     (["--position-embedding-type", "yarn"], "--position-embedding-type yarn: YaRN's rope"),

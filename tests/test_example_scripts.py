@@ -1,0 +1,93 @@
+"""Megatron-LM's example launch scripts (tests/example_scripts.py) through `minitron estimate`
+and `minitron trace --backend fake --ranks`: the table below is the honest record of what each
+one does here. A row flips when minitron learns a flag, and this test then says which.
+
+A script "runs" when both commands accept every flag and print their answer; it is "refused"
+when both stop at the same flag, in one line, naming the flag and why. The trace plays three
+ranks of the script's world (0, the middle one and the last), each on its own, initialization
+only: a script's own run length (500,000 iterations) is validated and then not run.
+
+Refusals and estimates run in pytest's process (tests/cli_here.py, ~20 ms each); the traces
+that play ranks run in tests/refusals.py's harness, which imports torch once for all of them.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from example_scripts import ALL
+from cli_here import run_minitron
+from refusals import Case, run_cases
+
+RUNS = "runs"
+# script (or variant) -> RUNS, or (the flag it stops at, words of the reason)
+EXPECTED = {
+    "gpt3_175b": ("--step-batch-size-schedule", "drop --global-batch-size (Megatron: cannot specify both)"),
+    "gpt3_175b_schedule": ("--step-batch-size-schedule", "train with --train-samples N instead of --train-iters"),
+    "llama3_8b": ("--fp8-format", "fp8 matmuls (Transformer Engine) change the math"),
+    "llama3_8b_bf16": RUNS,
+    "mixtral_8x7b": ("--no-load-optim", "--load restores the optimizer with the weights"),
+    "mixtral_8x7b_fresh": ("--swiglu", "experts are not gated yet"),
+    "mixtral_8x7b_ungated": RUNS,
+    "gpt_oss": ("--rope-type", "no such option"),
+    "deepseek_v2_lite": ("--multi-latent-attention", "no such option"),
+    "qwen3_30b_a3b": ("--no-load-optim", "--load restores the optimizer with the weights"),
+    # trace takes --tensor-model-parallel-size and --expert-model-parallel-size as its own --tp and
+    # --ep, and adds --sequence-parallel for tp and ep both above 1 (trace.pretrain_argv), so
+    # there the next refusal shows
+    "qwen3_30b_a3b_fresh": {"estimate": ("--sequence-parallel", "MoE with --tensor-model-parallel-size 4 needs"),
+                            "trace": ("--swiglu", "experts are not gated yet")},
+    "llama3p1_8b_instruct": ("--add-qkv-bias", "a bias on the QKV projection alone"),
+}
+
+
+def _played(world: int) -> str:
+    return f"0,{world // 2},{world - 1}"
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    """Every script through both commands: {(name, command): what it printed and returned}."""
+    tmp = tmp_path_factory.mktemp("scripts")
+    done, traces = {}, []
+    for name, script in ALL.items():
+        argv = script.argv(tmp)
+        done[name, "estimate"] = run_minitron("estimate", "--world", script.world, *argv, here=True)
+        trace = ["trace", "--backend", "fake", "--world", script.world, "--ranks", _played(script.world),
+                 "--out", tmp / f"trace-{name}", *argv]
+        if EXPECTED.get(name) == RUNS:   # it plays ranks: in a child, never by forking pytest
+            traces.append(Case(trace, id=name, timeout=60))
+        else:                            # refused before any rank starts: here, in ~20 ms
+            done[name, "trace"] = run_minitron(*trace, here=True)
+    # One interpreter that imported torch once forks a child per trace (tests/refusals.py).
+    for outcome in run_cases(traces, preload=("torch", "minitron.pretrain_gpt")):
+        done[outcome.case.id, "trace"] = outcome
+    return done
+
+
+def test_the_table_covers_every_script():
+    assert set(EXPECTED) == set(ALL)
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_script(outcomes, name):
+    script, expected = ALL[name], EXPECTED[name]
+    estimate, trace = outcomes[(name, "estimate")], outcomes[(name, "trace")]
+    if expected == RUNS:
+        assert estimate.returncode == 0 and trace.code == 0, estimate.stderr + trace.describe()
+        # estimate: Megatron's FLOP count for the script's own batch; trace: the chosen ranks, alone
+        batch = script.argv("x")[script.argv("x").index("--global-batch-size") + 1]
+        assert re.search(rf"compute: [\d.]+ [PE]FLOP per iteration, [\d,]+ tokens \({batch} × ", estimate.stdout)
+        assert f"3 of {script.world} ranks (fake" in trace.stdout, trace.stdout[-800:]
+        assert "initialization only: the flags ask for" in trace.stdout
+        assert "✗" not in trace.stdout          # the checks across the played ranks passed
+        return
+    per_command = expected if isinstance(expected, dict) else {"estimate": expected, "trace": expected}
+    for outcome, (flag, words) in zip((estimate, trace), per_command.values()):
+        lines = outcome.stderr.strip().splitlines()
+        assert outcome.returncode == 2 and len(lines) == 1 and "Traceback" not in outcome.stderr, outcome.stderr
+        assert flag in lines[0] and words in lines[0], lines[0]
+    if not isinstance(expected, dict):
+        assert estimate.stderr == trace.stderr.replace("minitron trace --help", "minitron estimate --help")
