@@ -7,8 +7,8 @@ when both stop at the same flag, in one line, naming the flag and why. The trace
 ranks of the script's world (0, the middle one and the last), each on its own, initialization
 only: a script's own run length (500,000 iterations) is validated and then not run.
 
-Refusals and estimates run in pytest's process (tests/cli_here.py, ~20 ms each); the traces
-that play ranks run in tests/refusals.py's harness, which imports torch once for all of them.
+Both commands run in pytest's process (tests/cli_here.py): the whole table costs about a
+second, where fresh interpreters would cost ~0.5 s a refusal and ~2 s a trace.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import pytest
 
 from example_scripts import ALL
 from cli_here import run_minitron
-from refusals import Case, run_cases
 
 RUNS = "runs"
 # script (or variant) -> RUNS, or (the flag it stops at, words of the reason)
@@ -49,21 +48,16 @@ def _played(world: int) -> str:
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
-    """Every script through both commands: {(name, command): what it printed and returned}."""
+    """Every script through both commands, each in this process (tests/cli_here.py): a refusal
+    costs ~20 ms so, and a fake trace forks its players from here, as test_exercises' commands
+    do, instead of paying ~2 s for a fresh interpreter's torch. {(name, command): outcome}."""
     tmp = tmp_path_factory.mktemp("scripts")
-    done, traces = {}, []
+    done = {}
     for name, script in ALL.items():
         argv = script.argv(tmp)
         done[name, "estimate"] = run_minitron("estimate", "--world", script.world, *argv, here=True)
-        trace = ["trace", "--backend", "fake", "--world", script.world, "--ranks", _played(script.world),
-                 "--out", tmp / f"trace-{name}", *argv]
-        if EXPECTED.get(name) == RUNS:   # it plays ranks: in a child, never by forking pytest
-            traces.append(Case(trace, id=name, timeout=60))
-        else:                            # refused before any rank starts: here, in ~20 ms
-            done[name, "trace"] = run_minitron(*trace, here=True)
-    # One interpreter that imported torch once forks a child per trace (tests/refusals.py).
-    for outcome in run_cases(traces, preload=("torch", "minitron.pretrain_gpt")):
-        done[outcome.case.id, "trace"] = outcome
+        done[name, "trace"] = run_minitron("trace", "--backend", "fake", "--world", script.world, "--ranks",
+                                           _played(script.world), "--out", tmp / f"trace-{name}", *argv, here=True)
     return done
 
 
@@ -75,8 +69,8 @@ def _problems(name, estimate, trace) -> list[str]:
     """How the two commands' outcomes differ from the table's row (empty: as recorded)."""
     script, expected = ALL[name], EXPECTED[name]
     if expected == RUNS:
-        if estimate.returncode != 0 or trace.code != 0:
-            return [f"{name} was recorded as running: {estimate.stderr.strip()} {trace.describe()}"]
+        if estimate.returncode != 0 or trace.returncode != 0:
+            return [f"{name} was recorded as running: {estimate.stderr.strip()} {trace.stderr.strip()}"]
         # estimate: Megatron's FLOP count for the script's own batch; trace: the chosen ranks, alone
         batch = script.argv("x")[script.argv("x").index("--global-batch-size") + 1]
         wanted = [(estimate.stdout, rf"compute: [\d.]+ [PE]FLOP per iteration, [\d,]+ tokens \({batch} × "),
