@@ -62,6 +62,7 @@ def _group(item) -> str:
     return next((group for fixture, group in SHARED_GROUPS.items() if fixture in names), item.nodeid.split("::")[0])
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist's own hook, which reads the marks into node ids
 def pytest_collection_modifyitems(session, config, items):
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item)))

@@ -37,6 +37,8 @@ def test_exhaustive_blend_uses_every_sample_once():
 
 def test_split_and_blend_parsing():
     assert parse_and_normalize_split("969, 30, 1") == pytest.approx([0.969, 0.03, 0.001])
+    # Megatron's llama3 and gpt-oss scripts leave the shell's quotes in the value
+    assert parse_and_normalize_split("'99,1,0'") == pytest.approx([0.99, 0.01, 0.0])
     assert convert_split_vector_to_split_matrix([0.5, 0.5, 0.0]) == [(0.0, 0.5), (0.5, 1.0), None]
     assert get_blend_from_list(["0.3", "A", "0.7", "B"]) == (["A", "B"], [0.3, 0.7])
     assert get_blend_from_list(["A", "B"]) == (["A", "B"], None)

@@ -53,10 +53,14 @@ MIXTRAL_8X7B = """--attention-dropout --bf16 --clip-grad --data-path --disable-b
 --swiglu --tensor-model-parallel-size --tensorboard-dir --tokenizer-model --tokenizer-type --train-iters
 --untie-embeddings-and-output-weights --use-distributed-optimizer --use-mcore-models --wandb-exp-name
 --wandb-project --weight-decay"""
-# The fusion, backend and logging flags the task named beside the scripts' own.
+# The fusion, backend and logging flags the task named beside the scripts' own, and those of
+# gpt-oss's and the RL configs' flags the policy answers (tests/example_scripts.py has them all).
 NAMED = """--no-bias-gelu-fusion --no-bias-dropout-fusion --no-gradient-accumulation-fusion --no-rope-fusion
 --transformer-impl --use-flash-attn --no-persist-layer-norm --log-timers-to-tensorboard
---tensorboard-log-interval --fp8-recipe"""
+--tensorboard-log-interval --fp8-recipe
+--export-force-local-attention --moe-permute-fusion --te-rng-tracker --moe-per-layer-logging
+--attention-softmax-in-fp32 --quick-geglu --glu-linear-offset --activation-func-clamp-value --softmax-type
+--enable-gpt-oss --add-qkv-bias --disable-bf16-reduced-precision-matmul"""
 EXAMPLE_FLAGS = sorted({f for text in (GPT3_175B, LLAMA3_8B_FP8, MIXTRAL_8X7B, NAMED) for f in text.split()})
 
 
@@ -120,7 +124,7 @@ def test_estimate_lists_each_no_effect_flag_once():
 @pytest.mark.parametrize("argv,words", [
     (["--fp8-format", "hybrid"], "--fp8-format is refused: fp8 matmuls"),
     (["--fp8-param-gather"], "--fp8-param-gather is refused"),
-    (["--exit-duration-in-mins", "100"], "stop it with --exit-interval N"),
+    (["--softmax-type", "learnable"], "--softmax-type is refused: one of gpt-oss's changes"),
     (["--moe-router-load-balancing-type", "sinkhorn"], "invalid choice: 'sinkhorn'"),
     (["--no-position-embedding"], "use --position-embedding-type none"),
     (["--position-embedding-type", "yarn"], "--position-embedding-type yarn: YaRN's rope"),

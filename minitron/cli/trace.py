@@ -3,6 +3,7 @@ every rank, then show one rank's call tree, the groups, the checks and the pipel
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -123,12 +124,14 @@ def _nodes_picture(out: Path, runs: dict, rank: int) -> Path:
     return picture
 
 
-def play_pretrain_rank(argv: List[str]) -> None:
+def play_pretrain_rank(argv: List[str], init_only: bool = False) -> None:
     """One rank of a fake world: pretrain's initialization, then nothing left for the next rank."""
     # lazy: only --backend fake loads torch and the training stack into this process
     from minitron.pretrain_gpt import run_main
-    from minitron.training.training import destroy_global_state
+    from minitron.training.training import INIT_ONLY_ENV, destroy_global_state
 
+    if init_only:   # this process is a forked player: the variable leaves with it
+        os.environ[INIT_ONLY_ENV] = "1"
     try:
         run_main(argv)  # the script's entry, as a real rank runs it (no iterations: no model)
     finally:
@@ -233,6 +236,15 @@ def trace(
     from minitron.launcher.fake import play_ranks
 
     rank_env = debugging.env(world, out)
+    # The flags may carry a real job's run length (a script's --train-iters 500000): without
+    # --steps a trace is initialization only, so the ranks are told to stop there.
+    init_only = not steps and bool(args.train_iters)
+    if init_only:
+        # lazy: the name lives with pretrain(), which reads it; loaded once the input has passed
+        from minitron.training.training import INIT_ONLY_ENV
+        rank_env = {**rank_env, INIT_ONLY_ENV: "1"}
+        console.print(f"initialization only: the flags ask for {args.train_iters:,} iterations; a trace runs "
+                      "none without --steps", highlight=False)
 
     out.mkdir(parents=True, exist_ok=True)
     for stale in list(out.glob("rank*.jsonl")) + [out / "trace.json"]:
@@ -242,7 +254,7 @@ def trace(
     if backend == "fake":
         # The processes that play the ranks hand back each rank's records and its encoded
         # rows of trace.json: a thousand ranks' files are not parsed again here.
-        kept = play_ranks(world, lambda: play_pretrain_rank(argv), out, ranks=chosen, keep=_records_and_rows)
+        kept = play_ranks(world, lambda: play_pretrain_rank(argv, init_only), out, ranks=chosen, keep=_records_and_rows)
         elapsed = time.perf_counter() - started
         runs = {r: records for r, (records, _) in kept.items()}
         chrome = write_chrome_trace(out, runs, note, encoded={r: text for r, (_, text) in kept.items()})

@@ -52,9 +52,21 @@ NO_EFFECT = {
     "--manual-gc": (False, "when Python collects garbage: speed only"),
     "--empty-unused-memory-level": (True, "when the CUDA allocator's cache is emptied: memory only"),
     "--no-mmap-bin-files": (False, "how the .bin file is read; the same tokens"),
+    "--exit-duration-in-mins": (True, "a wall-clock stop for a cluster's time limit: no step computes anything "
+                                      "else; a run here ends at --train-iters or --exit-interval"),
+    "--tiktoken-pattern": (True, "read only by --tokenizer-type TikTokenizer, which minitron does not offer"),
+    "--export-force-local-attention": (False, "chooses the local attention layers over Transformer Engine's "
+                                              "(for export); minitron's are local"),
+    "--moe-permute-fusion": (False, _FUSION),
+    "--te-rng-tracker": (False, "Transformer Engine's RNG tracker; minitron's own (tensor_parallel/random.py) "
+                                "keeps the same per-rank streams apart"),
+    "--moe-per-layer-logging": (False, _LOGGER),
+    "--attention-softmax-in-fp32": (False, "minitron's attention already takes the softmax in fp32 "
+                                           "(attention.py casts the scores up)"),
 }
 
 _FP8 = "fp8 matmuls (Transformer Engine) change the math and cannot run here: train in --bf16"
+_GPT_OSS = "one of gpt-oss's changes to the layer, which minitron's GPT does not make"
 
 # flag: (takes a value, why it is refused and what to do instead)
 REFUSED = {
@@ -64,8 +76,16 @@ REFUSED = {
     "--fp8-amax-history-len": (True, _FP8),
     "--fp8-amax-compute-algo": (True, _FP8),
     "--fp8-param-gather": (False, _FP8),
-    "--exit-duration-in-mins": (True, "minitron does not time its run: stop it with --exit-interval N"),
-    "--tiktoken-pattern": (True, "TikTokenizer is not among minitron's tokenizers (--tokenizer-type)"),
+    "--quick-geglu": (False, _GPT_OSS + " (a sigmoid-gated GLU)"),
+    "--glu-linear-offset": (True, _GPT_OSS + " (an offset added to the GLU's linear half)"),
+    "--activation-func-clamp-value": (True, _GPT_OSS + " (the activation's inputs clamped)"),
+    "--softmax-type": (True, _GPT_OSS + " (attention sinks: a learned or off-by-one softmax); "
+                             "minitron's softmax is the vanilla one"),
+    "--enable-gpt-oss": (False, _GPT_OSS + " (it switches on the others)"),
+    "--add-qkv-bias": (False, "a bias on the QKV projection alone; minitron's linear layers have biases all "
+                              "together or, with --disable-bias-linear, none"),
+    "--disable-bf16-reduced-precision-matmul": (False, "changes how cuBLAS sums bf16 products on the GPU; "
+                                                       "minitron leaves torch's setting: drop it"),
 }
 
 

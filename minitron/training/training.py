@@ -12,6 +12,8 @@ stops after step 1: that is what ``minitron trace`` runs to show a layout's init
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from minitron import comm
@@ -30,6 +32,9 @@ from minitron.training.training_log import IterationLog, print_vocab_padding
 from minitron.training.utils import print_rank_0, print_rank_last, reduce_losses
 
 
+INIT_ONLY_ENV = "MINITRON_INIT_ONLY"   # "1": stop after initialize_megatron, whatever the flags' run length
+
+
 @traced
 def pretrain(train_valid_test_dataset_provider, model_provider, model_type, forward_step_func,
              extra_args_provider=None, args_defaults=None, argv=None):
@@ -37,8 +42,12 @@ def pretrain(train_valid_test_dataset_provider, model_provider, model_type, forw
     with slack_timers_for_new_threads():   # gloo's idle threads tick less: comm/timer_slack.py
         initialize_megatron(extra_args_provider=extra_args_provider, args_defaults=args_defaults, argv=argv)
     args = get_args()
-    if not args.train_iters:
-        print_rank_0("> --train-iters is 0: initialization only, no model is built")
+    if not args.train_iters or os.environ.get(INIT_ONLY_ENV) == "1":
+        # `minitron trace` without --steps sets INIT_ONLY_ENV: a production script's own run
+        # length (500,000 iterations of a full-size model) is validated there, never run.
+        print_rank_0("> --train-iters is 0: initialization only, no model is built" if not args.train_iters else
+                     f"> {INIT_ONLY_ENV}=1: initialization only; the {args.train_iters:,} iterations asked for "
+                     "are not run and no model is built")
         # Leave together. new_group returns once *this* rank's connections are up; a rank
         # that exited now could close a socket a slower peer is still completing. (Through
         # the store: a collective would first connect every pair of ranks; see store_barrier.)

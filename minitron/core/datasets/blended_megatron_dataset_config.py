@@ -56,7 +56,9 @@ class BlendedMegatronDatasetConfig:
 
 def parse_and_normalize_split(split: str) -> list[float]:
     """'969,30,1' -> [0.969, 0.030, 0.001]; missing trailing parts count as 0."""
-    parts = re.findall(r"[^,\s/]+", split)
+    # Quotes are skipped as separators are: Megatron picks the numbers out of the string, so a
+    # shell's quotes left inside the value (its llama3 and gpt-oss examples pass '99,1,0') parse.
+    parts = re.findall(r"[^,\s/'\"]+", split)
     try:
         vector = [float(p) for p in parts]
     except ValueError:

@@ -1,0 +1,97 @@
+"""Megatron-LM's example launch scripts (tests/example_scripts.py) through `minitron estimate`
+and `minitron trace --backend fake --ranks`: the table below is the honest record of what each
+one does here. A row flips when minitron learns a flag, and this test then says which.
+
+A script "runs" when both commands accept every flag and print their answer; it is "refused"
+when both stop at the same flag, in one line, naming the flag and why. The trace plays three
+ranks of the script's world (0, the middle one and the last), each on its own, initialization
+only: a script's own run length (500,000 iterations) is validated and then not run.
+
+Both commands run in pytest's process (tests/cli_here.py): the whole table costs about a
+second, where fresh interpreters would cost ~0.5 s a refusal and ~2 s a trace.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from example_scripts import ALL
+from cli_here import run_minitron
+
+RUNS = "runs"
+# script (or variant) -> RUNS, or (the flag it stops at, words of the reason)
+EXPECTED = {
+    "gpt3_175b": ("--step-batch-size-schedule", "drop --global-batch-size (Megatron: cannot specify both)"),
+    "gpt3_175b_schedule": ("--step-batch-size-schedule", "train with --train-samples N instead of --train-iters"),
+    "llama3_8b": ("--fp8-format", "fp8 matmuls (Transformer Engine) change the math"),
+    "llama3_8b_bf16": RUNS,
+    "mixtral_8x7b": ("--no-load-optim", "--load restores the optimizer with the weights"),
+    "mixtral_8x7b_fresh": ("--swiglu", "experts are not gated yet"),
+    "mixtral_8x7b_ungated": RUNS,
+    "gpt_oss": ("--rope-type", "no such option"),
+    "deepseek_v2_lite": ("--multi-latent-attention", "no such option"),
+    "qwen3_30b_a3b": ("--no-load-optim", "--load restores the optimizer with the weights"),
+    # trace takes --tensor-model-parallel-size and --expert-model-parallel-size as its own --tp and
+    # --ep, and adds --sequence-parallel for tp and ep both above 1 (trace.pretrain_argv), so
+    # there the next refusal shows
+    "qwen3_30b_a3b_fresh": {"estimate": ("--sequence-parallel", "MoE with --tensor-model-parallel-size 4 needs"),
+                            "trace": ("--swiglu", "experts are not gated yet")},
+    "llama3p1_8b_instruct": ("--add-qkv-bias", "a bias on the QKV projection alone"),
+}
+
+
+def _played(world: int) -> str:
+    return f"0,{world // 2},{world - 1}"
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    """Every script through both commands, each in this process (tests/cli_here.py): a refusal
+    costs ~20 ms so, and a fake trace forks its players from here, as test_exercises' commands
+    do, instead of paying ~2 s for a fresh interpreter's torch. {(name, command): outcome}."""
+    tmp = tmp_path_factory.mktemp("scripts")
+    done = {}
+    for name, script in ALL.items():
+        argv = script.argv(tmp)
+        done[name, "estimate"] = run_minitron("estimate", "--world", script.world, *argv, here=True)
+        done[name, "trace"] = run_minitron("trace", "--backend", "fake", "--world", script.world, "--ranks",
+                                           _played(script.world), "--out", tmp / f"trace-{name}", *argv, here=True)
+    return done
+
+
+def test_the_table_covers_every_script():
+    assert set(EXPECTED) == set(ALL)
+
+
+def _problems(name, estimate, trace) -> list[str]:
+    """How the two commands' outcomes differ from the table's row (empty: as recorded)."""
+    script, expected = ALL[name], EXPECTED[name]
+    if expected == RUNS:
+        if estimate.returncode != 0 or trace.returncode != 0:
+            return [f"{name} was recorded as running: {estimate.stderr.strip()} {trace.stderr.strip()}"]
+        # estimate: Megatron's FLOP count for the script's own batch; trace: the chosen ranks, alone
+        batch = script.argv("x")[script.argv("x").index("--global-batch-size") + 1]
+        wanted = [(estimate.stdout, rf"compute: [\d.]+ [PE]FLOP per iteration, [\d,]+ tokens \({batch} × "),
+                  (trace.stdout, re.escape(f"3 of {script.world} ranks (fake")),
+                  (trace.stdout, "initialization only: the flags ask for")]
+        found = [f"{name}: no {pattern!r} in its output" for text, pattern in wanted if not re.search(pattern, text)]
+        return found + ([f"{name}: a check failed across the played ranks"] if "✗" in trace.stdout else [])
+    per_command = expected if isinstance(expected, dict) else {"estimate": expected, "trace": expected}
+    found = []
+    for (command, (flag, words)), outcome in zip(per_command.items(), (estimate, trace)):
+        lines = outcome.stderr.strip().splitlines()
+        if not (outcome.returncode == 2 and len(lines) == 1 and flag in lines[0] and words in lines[0]):
+            found.append(f"{name} {command}: expected one line naming {flag} ({words!r}), exit 2; got exit "
+                         f"{outcome.returncode}: {outcome.stderr.strip()[:300]!r}")
+    if not isinstance(expected, dict) and estimate.stderr != trace.stderr.replace("trace --help", "estimate --help"):
+        found.append(f"{name}: estimate and trace refuse in different words")
+    return found
+
+
+def test_each_script_does_what_the_table_says(outcomes):
+    # One test for all rows: pytest-xdist would run the module fixture again in each worker
+    # that got a row of a parametrized test.
+    problems = [p for name in EXPECTED for p in _problems(name, outcomes[name, "estimate"], outcomes[name, "trace"])]
+    assert not problems, "\n".join(problems)
