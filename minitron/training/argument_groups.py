@@ -246,8 +246,9 @@ def _add_moe_args(parser):
     g.add_argument("--moe-router-topk", type=POSITIVE, default=None, help="experts each token is sent to (default 2)")
     g.add_argument("--moe-aux-loss-coeff", type=float_in(0.0), default=None,
                    help="weight of the load-balancing loss (Megatron suggests 1e-2; default 0: none)")
-    g.add_argument("--moe-layer-freq", type=POSITIVE, default=None,
-                   help="every N-th layer is an MoE layer (the first one always; default 1)")
+    g.add_argument("--moe-layer-freq", type=layer_pattern, default=None,
+                   help="every N-th layer is an MoE layer (the first one always; default 1), or a 0/1 list "
+                        "per layer such as ([0]+[1]*26)")
     g.add_argument("--moe-ffn-hidden-size", type=POSITIVE, default=None, help="an expert's ffn size; "
                    "default: --ffn-hidden-size")
     g.add_argument("--moe-expert-capacity-factor", type=CAPACITY, default=None, metavar="F",

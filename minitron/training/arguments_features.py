@@ -190,6 +190,10 @@ def validate_moe(args):
             setattr(args, name, value)
     if args.num_experts is None:
         return
+    freq = args.moe_layer_freq
+    require(not isinstance(freq, list) or (len(freq) == args.num_layers and any(freq)),
+            f"--moe-layer-freq lists {len(freq) if isinstance(freq, list) else 0} layers, but the model has "
+            f"--num-layers {args.num_layers}: one 0/1 per layer, at least one 1 (an MoE layer)")
     # Capacity (Megatron's token dropping, moe_utils.py; the parser keeps the factor above 0):
     # padding fills each expert up to it, so it needs one.
     require(not args.moe_pad_expert_input_to_capacity or capacity is not None,

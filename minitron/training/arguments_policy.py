@@ -65,6 +65,8 @@ NO_EFFECT = {
                                            "(attention.py casts the scores up)"),
 }
 
+_YARN = ("YaRN rope scaling (Megatron's default for --multi-latent-attention); minitron's rope has "
+         "Llama 3.1's scaling only: use --rope-type rope and drop it")
 _FP8 = "fp8 matmuls (Transformer Engine) change the math and cannot run here: train in --bf16"
 _GPT_OSS = "one of gpt-oss's changes to the layer, which minitron's GPT does not make"
 
@@ -76,6 +78,9 @@ REFUSED = {
     "--fp8-amax-history-len": (True, _FP8),
     "--fp8-amax-compute-algo": (True, _FP8),
     "--fp8-param-gather": (False, _FP8),
+    "--rotary-scaling-factor": (True, _YARN),
+    "--mscale": (True, _YARN),
+    "--mscale-all-dim": (True, _YARN),
     "--quick-geglu": (False, _GPT_OSS + " (a sigmoid-gated GLU)"),
     "--glu-linear-offset": (True, _GPT_OSS + " (an offset added to the GLU's linear half)"),
     "--activation-func-clamp-value": (True, _GPT_OSS + " (the activation's inputs clamped)"),

@@ -28,6 +28,8 @@ FLOP counter and finds exactly these differences, no others.
 
 from __future__ import annotations
 
+from minitron.core import layer_patterns
+
 FMA = 2        # a multiply-add is two floating-point operations
 FWD_BWD = 3    # forward, plus backward's input-gradient and weight-gradient GEMMs
 
@@ -37,10 +39,7 @@ def moe_layer_pattern(args) -> list[int]:
     ``--moe-layer-freq``: an int k means every k-th layer from layer 0; a list gives each)."""
     if getattr(args, "num_experts", None) is None:
         return [0] * args.num_layers
-    freq = getattr(args, "moe_layer_freq", 1)
-    if isinstance(freq, int):
-        return [1 if i % freq == 0 else 0 for i in range(args.num_layers)]
-    return list(freq)
+    return layer_patterns.moe_layer_pattern(getattr(args, "moe_layer_freq", 1), args.num_layers)
 
 
 def _attention_per_token(args) -> tuple[float, float]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minitron.core.layer_patterns import moe_layer_pattern
+
 # Bytes per element, by torch's dtype name: the estimate's tensors, and the trace's records
 # (cli/views/diff.py sums what a traced run sent with this table).
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4,
@@ -92,7 +94,7 @@ def mla_params(args, p: str, norm) -> list[Param]:
 
 def is_moe_layer(args, layer: int) -> bool:
     """With --num-experts, layers 0, f, 2f, ... (0-based; f = --moe-layer-freq) have experts."""
-    return bool(_flag(args, "num_experts")) and layer % args.moe_layer_freq == 0
+    return bool(_flag(args, "num_experts")) and moe_layer_pattern(args.moe_layer_freq, args.num_layers)[layer] == 1
 
 
 def moe_mlp_params(args, p: str) -> list[Param]:

@@ -20,6 +20,7 @@ from minitron import comm
 from minitron.comm.store_barrier import store_barrier
 from minitron.comm.timer_slack import slack_timers_for_new_threads
 from minitron.core import parallel_state as mpu
+from minitron.core.layer_patterns import moe_layer_pattern
 from minitron.core.num_microbatches_calculator import get_num_microbatches, update_num_microbatches
 from minitron.core.pipeline_parallel import get_forward_backward_func
 from minitron.core.transformer.moe.moe_logging import logged_losses, track_moe_metrics
@@ -121,7 +122,7 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
 
 
 def _num_moe_layers(args) -> int:
-    return len(range(0, args.num_layers, args.moe_layer_freq))
+    return sum(moe_layer_pattern(args.moe_layer_freq, args.num_layers))
 
 
 @traced

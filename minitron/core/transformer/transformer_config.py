@@ -102,7 +102,7 @@ class TransformerConfig(ModelParallelConfig):
     num_moe_experts: int | None = None
     moe_router_topk: int = 2                 # experts each token is sent to
     moe_aux_loss_coeff: float = 0.0          # weight of the load-balancing loss (0: not computed)
-    moe_layer_freq: int = 1                  # every N-th layer (0-based i % N == 0) is an MoE layer
+    moe_layer_freq: int | list = 1           # every N-th layer (0-based i % N == 0), or a 0/1 list per layer
     moe_ffn_hidden_size: int | None = None   # an expert's ffn size; None: ffn_hidden_size
     moe_expert_capacity_factor: float | None = None   # None: dropless; else tokens per expert capped
     moe_pad_expert_input_to_capacity: bool = False    # every expert's input filled up to its capacity

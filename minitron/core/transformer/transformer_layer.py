@@ -23,6 +23,7 @@ from minitron.core.transformer.multi_latent_attention import MLASelfAttention
 from minitron.core.transformer.torch_norm import WrappedTorchNorm
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
+from minitron.core.layer_patterns import moe_layer_pattern
 
 
 def bias_dropout_add(x_with_bias, residual, prob: float, training: bool):
@@ -39,8 +40,10 @@ def bias_dropout_add(x_with_bias, residual, prob: float, training: bool):
 
 
 def is_moe_layer(config, layer_number: int) -> bool:
-    """With experts, layers 1, 1 + f, 1 + 2f, ... (f = moe_layer_freq) get an MoELayer as their MLP."""
-    return config.num_moe_experts is not None and (layer_number - 1) % config.moe_layer_freq == 0
+    """With experts, layers 1, 1 + f, 1 + 2f, ... (f = moe_layer_freq), or those a 0/1 list marks,
+    get an MoELayer as their MLP."""
+    return (config.num_moe_experts is not None
+            and moe_layer_pattern(config.moe_layer_freq, config.num_layers)[layer_number - 1] == 1)
 
 
 class TransformerLayer(MegatronModule):

@@ -21,6 +21,7 @@ import torch
 
 from minitron.core import parallel_state
 from minitron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+from minitron.core.layer_patterns import moe_layer_pattern
 
 
 def _ranks(tensor) -> tuple[int, int, int, int]:
@@ -119,7 +120,8 @@ def block_sharded_state_dict(block, prefix: str = "", sharded_offsets: tuple = (
     num_layers = block.config.num_layers
     # MoE every f-th layer (f > 1): the layers differ, so each keeps its own keys
     # (decoder.layers.<global index>.*), as Megatron's non_homogeneous_layers does.
-    homogeneous = block.config.num_moe_experts is None or block.config.moe_layer_freq == 1
+    homogeneous = block.config.num_moe_experts is None or all(
+        moe_layer_pattern(block.config.moe_layer_freq, num_layers))
     for i, layer in enumerate(block.layers):
         offsets, key = sharded_offsets, f"{prefix}layers.{layer.layer_number - 1}."
         if homogeneous:
