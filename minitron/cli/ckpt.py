@@ -1,4 +1,6 @@
-"""`minitron ckpt inspect DIR`: what a torch_dist checkpoint holds, and who wrote each piece.
+"""`minitron ckpt inspect DIR [--tp T --pp P --dp D]`: what a torch_dist checkpoint holds, who
+wrote each piece and, given another layout, what each of its ranks will read; `minitron ckpt
+convert SRC DST --ckpt-format F`: Megatron's conversion, run with the flags saved in SRC.
 
 A torch_dist checkpoint (--ckpt-format torch_dist) is one set of global tensors, each cut into
 the chunks the writing layout held: ``decoder.layers.mlp.linear_fc1.weight`` of shape
@@ -7,6 +9,10 @@ the byte ranges its own pieces overlap. This command prints, per tensor, its glo
 each chunk's place, the file it is in and the rank (with its tp / pp / dp coordinates in the
 writing layout) that wrote it. The checkpoint is checked first as a resume would check it
 (checksums, DCP's metadata through a reader that admits only its own classes).
+
+With a target layout (--tp/--pp/--dp...), the layout is validated as `pretrain` would validate
+it with the model's saved flags, then views/ckpt_plan.py predicts each rank's reads from the
+metadata alone: nothing is built, nothing is loaded.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from pathlib import Path
 
 import typer
 
-from minitron.cli.common import UserError, app, console
+from minitron.cli.common import UserError, app, console, validate_pretrain
 from minitron.cli.views.fitted_table import print_fitted
 from minitron.cli.views.words import plural
 
@@ -76,21 +82,58 @@ def chunk_rows(where: Path, meta: dict, match: str) -> list[list[str]]:
     return rows
 
 
-@app.command()
-def ckpt(
-    action: str = typer.Argument(..., metavar="inspect", help="what to do: inspect"),
-    directory: Path = typer.Argument(..., metavar="DIR", help="a --save directory or one iter_* in it"),
-    match: str = typer.Option("", "--match", help="only the tensors whose key starts with this text"),
-):
-    """Inspect a torch_dist checkpoint: each tensor's global shape, its chunks, and which rank wrote each."""
-    if action != "inspect":
-        raise UserError(f"minitron ckpt {action}: the action is inspect (minitron ckpt inspect DIR)")
-    where, meta = _iteration_dir(directory)
-    layout = (f"tp {meta.get('tensor_model_parallel_size')} × pp {meta.get('pipeline_model_parallel_size')} × "
-              f"dp {meta.get('data_parallel_size')}")
-    if "iteration" in meta:
-        console.print(f"{where}: iteration {meta['iteration']}, written by {meta.get('world_size')} ranks ({layout})",
-                      highlight=False)
+# Flags a conversion must not inherit from the run that saved: where it wrote, how it logged,
+# and the derived values Megatron's validate_args sets itself.
+NOT_INHERITED = {"save", "load", "ckpt_format", "ckpt_convert_format", "ckpt_convert_save", "log_jsonl",
+                 "tensorboard_dir", "wandb_project", "exit_interval", "rank", "world_size", "local_rank",
+                 "global_batch_size", "distributed_backend"}
+
+
+def saved_flags(values: dict) -> list[str]:
+    """Megatron's command line that sets ``values`` (a saved args dict): a flag per value that
+    differs from the parser's default, so a user need not repeat the model's flags."""
+    # lazy: only the commands that rebuild a run's flags load Megatron's parser
+    from minitron.training.arguments import megatron_parser
+
+    argv = []
+    for action in megatron_parser()._actions:
+        if not action.option_strings or action.dest not in values or action.dest in NOT_INHERITED:
+            continue
+        value, flag = values[action.dest], action.option_strings[0]
+        if value == action.default or value is None:
+            continue
+        if action.dest.startswith("moe_") and not values.get("num_experts"):
+            continue   # validate_args fills MoE values in for every model; a dense one refuses them as flags
+        if action.nargs == 0:   # store_true / store_false: present means "not the default"
+            argv.append(flag)
+        elif isinstance(value, list):
+            argv += [flag, *map(str, value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def target_args(meta: dict, tp: int, pp: int, dp: int, ep: int, vp: int | None, distributed: bool):
+    """The target layout with the checkpoint's model, validated as `pretrain` would validate it
+    (one line, before anything starts). The model's shape comes from metadata.json, so a layout
+    that does not divide it is refused without reading the tensors (or importing torch)."""
+    # lazy: validation needs Megatron's parser; `minitron --help` does not
+    from minitron.training.checkpoint_files import LAYOUT_KEYS, RESHARDABLE
+
+    model = {k: meta[k] for k in LAYOUT_KEYS if k in meta and k not in RESHARDABLE and k != "tokenizer_type"}
+    argv = saved_flags(model) + ["--micro-batch-size", "1", "--mock-data",
+                                 "--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
+                                 "--expert-model-parallel-size", str(ep)]
+    if model.get("vocab_size") is None:
+        argv += ["--vocab-size", "128"]   # a file tokenizer's size is not in metadata.json; padding only
+    if vp is not None:
+        argv += ["--virtual-pipeline-model-parallel-size", str(vp)]
+    if distributed:
+        argv.append("--use-distributed-optimizer")
+    return validate_pretrain(argv, tp * pp * dp)
+
+
+def inspect_chunks(where: Path, meta: dict, match: str) -> None:
     rows = chunk_rows(where, meta, match)
     if not rows:
         raise UserError(f"no tensor key in {where} starts with {match!r}")
@@ -100,3 +143,87 @@ def ckpt(
     tensors = plural(len({r[0] for r in rows}), "tensor")
     console.print(f"{plural(len(rows), 'chunk')} of {tensors} shown; the checkpoint's "
                   f"{len(files)} .distcp files hold {sum(f.stat().st_size for f in files):,} bytes", highlight=False)
+
+
+def convert(source: Path, dest: Path | None, ckpt_format: str | None) -> None:
+    """Megatron's conversion (pretrain --load SRC --ckpt-convert-format F --ckpt-convert-save D),
+    on as many ranks as wrote SRC, with SRC's own saved flags."""
+    if dest is None or ckpt_format not in ("torch", "torch_dist"):
+        raise UserError("minitron ckpt convert SRC DST --ckpt-format torch|torch_dist: give both directories "
+                        "and the format to write")
+    if dest.exists():
+        raise UserError(f"{dest} exists: convert writes a new directory; remove it or name another")
+    # lazy: the checks above need neither torch nor the launcher
+    from minitron.training.checkpoint_files import CheckpointError, read_latest_iteration, read_metadata
+
+    try:
+        iteration = read_latest_iteration(source) if source.is_dir() else None
+        if iteration is None:
+            raise UserError(f"{source} holds no checkpoint (no latest_checkpointed_iteration.txt): give the "
+                            f"directory a --save wrote")
+        meta = read_metadata(source, iteration)
+    except CheckpointError as exc:
+        raise UserError(str(exc).splitlines()[0]) from None
+    have = "torch_dist" if meta.get("sharded_backend") == "torch_dist" else "torch"
+    if have == ckpt_format:
+        raise UserError(f"{source} is a --ckpt-format {have} checkpoint already: convert to the other format")
+    import torch  # lazy: the saved flags are in common.pt / the shards, torch files
+
+    from minitron.training.checkpoint_files import iteration_dir, rank_dir
+    where = iteration_dir(source, iteration)
+    saved = where / "common.pt" if have == "torch_dist" else rank_dir(
+        source, iteration, 0, 0, meta.get("pipeline_model_parallel_size", 1)) / "model_optim_rng.pt"
+    args = torch.load(saved, map_location="cpu", weights_only=True)["args"]
+    work = dest.with_name(dest.name + ".converting")
+    argv = saved_flags(args) + ["--load", str(source), "--ckpt-format", have, "--ckpt-convert-format",
+                                ckpt_format, "--ckpt-convert-save", str(work)]
+    world = meta.get("world_size", args["world_size"])
+    validate_pretrain(argv, world)
+    from minitron.launcher import LaunchConfig, RankFailure, Target, launch   # lazy, as above
+
+    console.print(f"converting {source} (iteration {iteration}, {have}) on {plural(world, 'rank')}: "
+                  f"minitron pretrain --world {world} {' '.join(argv)}", highlight=False, soft_wrap=True)
+    try:
+        launch(LaunchConfig(world_size=world, log_dir=work / "logs"), Target(module="minitron.pretrain_gpt", argv=argv))
+    except RankFailure as exc:
+        raise UserError(f"the conversion failed: {exc}") from None
+    (work / ckpt_format).rename(dest)   # Megatron writes D/<format>; the user asked for DST itself
+    console.print(f"wrote {dest} ({ckpt_format}, iteration {iteration}); logs in {work / 'logs'}", highlight=False)
+
+
+@app.command()
+def ckpt(
+    action: str = typer.Argument(..., metavar="inspect|convert", help="what to do"),
+    directory: Path = typer.Argument(..., metavar="DIR|SRC", help="a --save directory (or one iter_* in it)"),
+    dest: Path = typer.Argument(None, metavar="[DST]", help="convert: the new checkpoint's directory"),
+    match: str = typer.Option("", "--match", help="only the tensors whose key starts with this text"),
+    tp: int = typer.Option(None, "--tp", "--tensor-model-parallel-size", help="inspect: the target layout's tp"),
+    pp: int = typer.Option(1, "--pp", "--pipeline-model-parallel-size", help="inspect: target pp"),
+    dp: int = typer.Option(1, "--dp", help="inspect: target data-parallel size"),
+    ep: int = typer.Option(1, "--ep", "--expert-model-parallel-size", help="inspect: target expert-parallel size"),
+    vp: int = typer.Option(None, "--vp", "--virtual-pipeline-model-parallel-size", help="inspect: target vp"),
+    distributed: bool = typer.Option(False, "--use-distributed-optimizer", help="inspect: the target's optimizer"),
+    svg: Path = typer.Option(None, "--svg", help="inspect with a target: also draw the bytes per rank here"),
+    ckpt_format: str = typer.Option(None, "--ckpt-format", help="convert: torch or torch_dist"),
+):
+    """Inspect a torch_dist checkpoint (each tensor's chunks and who wrote them; with --tp/--pp/--dp,
+    what each rank of that layout will read), or convert a checkpoint to the other format."""
+    if action == "convert":
+        return convert(directory, dest, ckpt_format)
+    if action != "inspect":
+        raise UserError(f"minitron ckpt {action}: the action is inspect or convert (minitron ckpt inspect DIR)")
+    if tp is None and (pp, dp, ep, vp, distributed, svg) != (1, 1, 1, None, False, None):
+        raise UserError("--pp/--dp/--ep/--vp/--svg describe a target layout: give its --tp too (1 for none)")
+    if tp is not None:
+        if not directory.is_dir():
+            raise UserError(f"{directory} is not a directory: give a --save directory or one iter_* inside it")
+        # lazy: the target's reads are drawn only when asked for
+        from minitron.cli.views.ckpt_reads import inspect_target
+        return inspect_target(directory, tp, pp, dp, ep, vp, distributed, svg, match)
+    where, meta = _iteration_dir(directory)
+    layout = (f"tp {meta.get('tensor_model_parallel_size')} × pp {meta.get('pipeline_model_parallel_size')} × "
+              f"dp {meta.get('data_parallel_size')}")
+    if "iteration" in meta:
+        console.print(f"{where}: iteration {meta['iteration']}, written by {meta.get('world_size')} ranks ({layout})",
+                      highlight=False)
+    inspect_chunks(where, meta, match)
