@@ -27,8 +27,10 @@ from minitron.cli.views.fitted_table import print_fitted
 from minitron.cli.views.words import plural
 
 
-def _iteration_dir(directory: Path) -> tuple[Path, dict]:
-    """DIR is a --save directory (its latest iteration is read) or one iteration's directory."""
+def _iteration_dir(directory: Path, first=None) -> tuple[Path, dict]:
+    """DIR is a --save directory (its latest iteration is read) or one iteration's directory.
+    ``first(meta)``, if given, runs on metadata.json before the files are checked (torch reads
+    DCP's metadata): what can be refused from the JSON alone is refused without torch."""
     # lazy, as every reader here: `minitron --help` imports this module
     from minitron.training.checkpoint_files import (
         CheckpointError, check_sharded_files, iteration_dir, read_latest_iteration, read_metadata,
@@ -39,6 +41,8 @@ def _iteration_dir(directory: Path) -> tuple[Path, dict]:
     try:
         if (directory / ".metadata").exists():   # one iteration, or a bare dist_checkpointing.save
             meta = json.loads((directory / "metadata.json").read_text())
+            if first is not None:
+                first(meta)
             if "files" in meta:
                 check_sharded_files(directory.parent, meta["iteration"], meta)
             return directory, meta
@@ -50,6 +54,8 @@ def _iteration_dir(directory: Path) -> tuple[Path, dict]:
         if meta.get("sharded_backend") != "torch_dist":
             raise UserError(f"{iteration_dir(directory, iteration)} is a --ckpt-format torch checkpoint (one file "
                             f"per tp/pp rank); inspect reads torch_dist checkpoints")
+        if first is not None:
+            first(meta)
         check_sharded_files(directory, iteration, meta)
     except (CheckpointError, ValueError, OSError) as exc:
         raise UserError(str(exc).splitlines()[0]) from None
@@ -148,9 +154,12 @@ def inspect_chunks(where: Path, meta: dict, match: str) -> None:
 def convert(source: Path, dest: Path | None, ckpt_format: str | None) -> None:
     """Megatron's conversion (pretrain --load SRC --ckpt-convert-format F --ckpt-convert-save D),
     on as many ranks as wrote SRC, with SRC's own saved flags."""
-    if dest is None or ckpt_format not in ("torch", "torch_dist"):
+    if dest is None or ckpt_format is None:
         raise UserError("minitron ckpt convert SRC DST --ckpt-format torch|torch_dist: give both directories "
                         "and the format to write")
+    if ckpt_format not in ("torch", "torch_dist"):
+        raise UserError(f"--ckpt-format {ckpt_format}: convert writes torch (one file per tp/pp rank) or "
+                        f"torch_dist (Megatron's sharded format)")
     if dest.exists():
         raise UserError(f"{dest} exists: convert writes a new directory; remove it or name another")
     # lazy: the checks above need neither torch nor the launcher
@@ -212,14 +221,12 @@ def ckpt(
         return convert(directory, dest, ckpt_format)
     if action != "inspect":
         raise UserError(f"minitron ckpt {action}: the action is inspect or convert (minitron ckpt inspect DIR)")
-    if tp is None and (pp, dp, ep, vp, distributed, svg) != (1, 1, 1, None, False, None):
-        raise UserError("--pp/--dp/--ep/--vp/--svg describe a target layout: give its --tp too (1 for none)")
-    if tp is not None:
+    if tp is not None or (pp, dp, ep, vp, distributed, svg) != (1, 1, 1, None, False, None):
         if not directory.is_dir():
             raise UserError(f"{directory} is not a directory: give a --save directory or one iter_* inside it")
         # lazy: the target's reads are drawn only when asked for
         from minitron.cli.views.ckpt_reads import inspect_target
-        return inspect_target(directory, tp, pp, dp, ep, vp, distributed, svg, match)
+        return inspect_target(directory, tp or 1, pp, dp, ep, vp, distributed, svg, match)
     where, meta = _iteration_dir(directory)
     layout = (f"tp {meta.get('tensor_model_parallel_size')} × pp {meta.get('pipeline_model_parallel_size')} × "
               f"dp {meta.get('data_parallel_size')}")

@@ -32,11 +32,12 @@ def _chunks_by_writer(chunks) -> str:
 
 def predicted_reads(directory: Path, target: Target, distributed: bool = False):
     """(iteration dir, metadata.json, plan): the target validated, then its reads predicted."""
-    where, meta = _iteration_dir(directory)
-    if "num_layers" not in meta:
-        raise UserError(f"{where}'s metadata.json does not record the model (num_layers ...): a bare "
-                        f"dist_checkpointing.save; inspect with a target reads checkpoints a --save wrote")
-    target_args(meta, target.tp, target.pp, target.dp, target.ep, target.vp, distributed)
+    def validate(meta: dict) -> None:
+        if "num_layers" not in meta:
+            raise UserError(f"{directory}'s metadata.json does not record the model (num_layers ...): a bare "
+                            f"dist_checkpointing.save; inspect with a target reads checkpoints a --save wrote")
+        target_args(meta, target.tp, target.pp, target.dp, target.ep, target.vp, distributed)
+    where, meta = _iteration_dir(directory, first=validate)
     # lazy: the saved args and DCP's metadata are torch files; refusals above come first
     from minitron.core.dist_checkpointing.serialization import load_common_state_dict, read_dcp_metadata
 
