@@ -19,7 +19,12 @@ import json
 
 import pytest
 
+import torch
+
 from cli_here import minitron_here
+from minitron.cli.ckpt import predicted_reads
+from minitron.cli.views.ckpt_plan import Target as Layout
+from minitron.core import dist_checkpointing
 from minitron.launcher import LaunchConfig, RankFailure, Target, launch, session_env
 
 MODEL = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "4", "--seq-length", "8",
@@ -53,9 +58,6 @@ def _real_reads(tmp, name: str, world: int, layout: list[str], monkeypatch) -> d
     """Resume at ``layout`` without training (--train-iters 1 = the saved iteration) and count,
     per rank, the bytes DCP's plan reads. The ranks are forked from here, so they inherit the
     wrapped load."""
-    from minitron.core import dist_checkpointing
-    import torch
-
     counts = tmp / f"{name}-reads"
     counts.mkdir()
     real = dist_checkpointing.load
@@ -71,9 +73,6 @@ def _real_reads(tmp, name: str, world: int, layout: list[str], monkeypatch) -> d
 
 
 def _predicted(tmp, *layout) -> dict[int, int]:
-    from minitron.cli.views.ckpt_plan import Target as Layout
-    from minitron.cli.views.ckpt_reads import predicted_reads
-
     _, _, plan = predicted_reads(tmp / "ck", Layout(*layout))
     return {p["rank"]: sum(p["files"].values()) for p in plan}
 
@@ -98,7 +97,8 @@ def test_inspect_with_a_target_prints_each_rank_and_draws_them(saved):
     match = minitron_here("ckpt", "inspect", saved / "ck", "--tp", "4", "--match", "decoder.layers.mlp.linear_fc1.weight")
     assert match.returncode == 0, match.stderr
     # tp 4's piece of each [gate | up] half lies inside one tp 2 chunk: rank 3 reads rank 1's only.
-    assert "tp3 pp0 dp0" in match.stdout and "writer 1" in match.stdout
+    row = next(line for line in match.stdout.splitlines() if "tp3 pp0" in line)
+    assert "writer 1: 4 chunks" in row and "writer 0" not in row
 
 
 @pytest.mark.stress

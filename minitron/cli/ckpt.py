@@ -18,11 +18,15 @@ metadata alone: nothing is built, nothing is loaded.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import typer
 
+from minitron.cli.ckpt_convert import convert, saved_flags
 from minitron.cli.common import UserError, app, console, validate_pretrain
+from minitron.cli.views.ckpt_plan import Target, plan_reads
+from minitron.cli.views.ckpt_reads import show_reads
 from minitron.cli.views.fitted_table import print_fitted
 from minitron.cli.views.words import plural
 
@@ -88,37 +92,6 @@ def chunk_rows(where: Path, meta: dict, match: str) -> list[list[str]]:
     return rows
 
 
-# Flags a conversion must not inherit from the run that saved: where it wrote, how it logged,
-# and the derived values Megatron's validate_args sets itself.
-NOT_INHERITED = {"save", "load", "ckpt_format", "ckpt_convert_format", "ckpt_convert_save", "log_jsonl",
-                 "tensorboard_dir", "wandb_project", "exit_interval", "rank", "world_size", "local_rank",
-                 "global_batch_size", "distributed_backend"}
-
-
-def saved_flags(values: dict) -> list[str]:
-    """Megatron's command line that sets ``values`` (a saved args dict): a flag per value that
-    differs from the parser's default, so a user need not repeat the model's flags."""
-    # lazy: only the commands that rebuild a run's flags load Megatron's parser
-    from minitron.training.arguments import megatron_parser
-
-    argv = []
-    for action in megatron_parser()._actions:
-        if not action.option_strings or action.dest not in values or action.dest in NOT_INHERITED:
-            continue
-        value, flag = values[action.dest], action.option_strings[0]
-        if value == action.default or value is None:
-            continue
-        if action.dest.startswith("moe_") and not values.get("num_experts"):
-            continue   # validate_args fills MoE values in for every model; a dense one refuses them as flags
-        if action.nargs == 0:   # store_true / store_false: present means "not the default"
-            argv.append(flag)
-        elif isinstance(value, list):
-            argv += [flag, *map(str, value)]
-        else:
-            argv += [flag, str(value)]
-    return argv
-
-
 def target_args(meta: dict, tp: int, pp: int, dp: int, ep: int, vp: int | None, distributed: bool):
     """The target layout with the checkpoint's model, validated as `pretrain` would validate it
     (one line, before anything starts). The model's shape comes from metadata.json, so a layout
@@ -151,53 +124,29 @@ def inspect_chunks(where: Path, meta: dict, match: str) -> None:
                   f"{len(files)} .distcp files hold {sum(f.stat().st_size for f in files):,} bytes", highlight=False)
 
 
-def convert(source: Path, dest: Path | None, ckpt_format: str | None) -> None:
-    """Megatron's conversion (pretrain --load SRC --ckpt-convert-format F --ckpt-convert-save D),
-    on as many ranks as wrote SRC, with SRC's own saved flags."""
-    if dest is None or ckpt_format is None:
-        raise UserError("minitron ckpt convert SRC DST --ckpt-format torch|torch_dist: give both directories "
-                        "and the format to write")
-    if ckpt_format not in ("torch", "torch_dist"):
-        raise UserError(f"--ckpt-format {ckpt_format}: convert writes torch (one file per tp/pp rank) or "
-                        f"torch_dist (Megatron's sharded format)")
-    if dest.exists():
-        raise UserError(f"{dest} exists: convert writes a new directory; remove it or name another")
-    # lazy: the checks above need neither torch nor the launcher
-    from minitron.training.checkpoint_files import CheckpointError, read_latest_iteration, read_metadata
+def predicted_reads(directory: Path, target: Target, distributed: bool = False):
+    """(iteration dir, metadata.json, plan): the target validated, then its reads predicted."""
+    def validate(meta: dict) -> None:
+        if "num_layers" not in meta:
+            raise UserError(f"{directory}'s metadata.json does not record the model (num_layers ...): a bare "
+                            f"dist_checkpointing.save; inspect with a target reads checkpoints a --save wrote")
+        target_args(meta, target.tp, target.pp, target.dp, target.ep, target.vp, distributed)
+    where, meta = _iteration_dir(directory, first=validate)
+    # lazy: the saved args and DCP's metadata are torch files; the refusals above come first
+    from minitron.core.dist_checkpointing.serialization import load_common_state_dict, read_dcp_metadata
 
-    try:
-        iteration = read_latest_iteration(source) if source.is_dir() else None
-        if iteration is None:
-            raise UserError(f"{source} holds no checkpoint (no latest_checkpointed_iteration.txt): give the "
-                            f"directory a --save wrote")
-        meta = read_metadata(source, iteration)
-    except CheckpointError as exc:
-        raise UserError(str(exc).splitlines()[0]) from None
-    have = "torch_dist" if meta.get("sharded_backend") == "torch_dist" else "torch"
-    if have == ckpt_format:
-        raise UserError(f"{source} is a --ckpt-format {have} checkpoint already: convert to the other format")
-    import torch  # lazy: the saved flags are in common.pt / the shards, torch files
+    args = load_common_state_dict(where)["args"]
+    saved_grid = (meta["pipeline_model_parallel_size"], meta["tensor_model_parallel_size"], meta["data_parallel_size"])
+    return where, meta, plan_reads(read_dcp_metadata(where), args, target, saved_grid)
 
-    from minitron.training.checkpoint_files import iteration_dir, rank_dir
-    where = iteration_dir(source, iteration)
-    saved = where / "common.pt" if have == "torch_dist" else rank_dir(
-        source, iteration, 0, 0, meta.get("pipeline_model_parallel_size", 1)) / "model_optim_rng.pt"
-    args = torch.load(saved, map_location="cpu", weights_only=True)["args"]
-    work = dest.with_name(dest.name + ".converting")
-    argv = saved_flags(args) + ["--load", str(source), "--ckpt-format", have, "--ckpt-convert-format",
-                                ckpt_format, "--ckpt-convert-save", str(work)]
-    world = meta.get("world_size", args["world_size"])
-    validate_pretrain(argv, world)
-    from minitron.launcher import LaunchConfig, RankFailure, Target, launch   # lazy, as above
 
-    console.print(f"converting {source} (iteration {iteration}, {have}) on {plural(world, 'rank')}: "
-                  f"minitron pretrain --world {world} {' '.join(argv)}", highlight=False, soft_wrap=True)
-    try:
-        launch(LaunchConfig(world_size=world, log_dir=work / "logs"), Target(module="minitron.pretrain_gpt", argv=argv))
-    except RankFailure as exc:
-        raise UserError(f"the conversion failed: {exc}") from None
-    (work / ckpt_format).rename(dest)   # Megatron writes D/<format>; the user asked for DST itself
-    console.print(f"wrote {dest} ({ckpt_format}, iteration {iteration}); logs in {work / 'logs'}", highlight=False)
+def inspect_target(directory: Path, target: Target, distributed: bool, svg: Path | None, match: str) -> None:
+    where, meta, plan = predicted_reads(directory, target, distributed)
+    if not show_reads(console, where, meta, plan, target, match, svg):
+        raise UserError(f"no rank of that layout reads a tensor whose key starts with {match!r}")
+    if distributed:
+        console.print("(the distributed optimizer changes nothing here: its state is stored shaped like the "
+                      "parameters, and every data-parallel rank reads its parameters' whole slices)", highlight=False)
 
 
 @app.command()
@@ -224,9 +173,7 @@ def ckpt(
     if tp is not None or (pp, dp, ep, vp, distributed, svg) != (1, 1, 1, None, False, None):
         if not directory.is_dir():
             raise UserError(f"{directory} is not a directory: give a --save directory or one iter_* inside it")
-        # lazy: the target's reads are drawn only when asked for
-        from minitron.cli.views.ckpt_reads import inspect_target
-        return inspect_target(directory, tp or 1, pp, dp, ep, vp, distributed, svg, match)
+        return inspect_target(directory, Target(tp or 1, pp, dp, vp, ep), distributed, svg, match)
     where, meta = _iteration_dir(directory)
     layout = (f"tp {meta.get('tensor_model_parallel_size')} × pp {meta.get('pipeline_model_parallel_size')} × "
               f"dp {meta.get('data_parallel_size')}")
