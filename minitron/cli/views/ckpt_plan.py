@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from minitron.training.tokenizer.tokenizer import _vocab_size_with_padding
+
 # partition_dim of each tensor-parallel weight, by the layer that owns it: ColumnParallelLinear
 # and VocabParallelEmbedding split their output rows (0), RowParallelLinear its input columns
 # (1), and a row-parallel bias is added after the all-reduce, so it is whole on every rank.
@@ -89,7 +91,7 @@ def wanted_pieces(key: str, shape: tuple[int, ...], args: dict, target: Target,
     elif not last:                             # output_layer, decoder.final_layernorm
         return []
     expert = EXPERT.search(name)
-    if expert:
+    if expert:   # keyed by its global index; cut by tp (the default --expert-tensor-parallel-size)
         per_rank = args["num_experts"] // target.ep
         if int(expert[1]) // per_rank != target.expert_rank(rank):
             return []
@@ -110,10 +112,9 @@ def wanted_pieces(key: str, shape: tuple[int, ...], args: dict, target: Target,
 
 
 def padded_vocab(args: dict, tp: int) -> int:
-    """The vocabulary rounded up to a multiple of make_vocab_size_divisible_by × tp (tokenizer.py)."""
-    multiple = args.get("make_vocab_size_divisible_by", 128) * tp
+    """The vocabulary the target pads for its own tp (the tokenizer's rule)."""
     vocab = args.get("vocab_size") or args["padded_vocab_size"]   # a file tokenizer's size is not saved
-    return -(-vocab // multiple) * multiple
+    return _vocab_size_with_padding(vocab, args.get("make_vocab_size_divisible_by", 128), tp)
 
 
 def _overlaps(piece, offsets, sizes) -> bool:
