@@ -5,6 +5,7 @@ One tiny GPT (SwiGLU, tied embeddings, Adam) is saved by pretrain at tp 2 on 2 r
 * the bytes `inspect` predicts for each rank of a target layout are the bytes a real resume at
   that layout reads (DCP's own plan, counted by ``dist_checkpointing.load(bytes_read=...)``),
   for tp 1 × pp 2 and for tp 1 serially (two layouts that cut the model differently);
+* an MoE model saved at expert-parallel size 2, read serially and at ep 2 (stress);
 * `convert` turns it into --ckpt-format torch and back to torch_dist, and each converted
   checkpoint resumes to the losses of the original's resume.
 
@@ -16,6 +17,7 @@ conversions start 3 more runs and are `stress` (.ci/run's stress stage).
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -84,6 +86,20 @@ def _predicted(tmp, *layout) -> dict[int, int]:
 def test_predicted_bytes_are_what_a_resume_reads(saved, monkeypatch, name, world, flags, layout):
     real = _real_reads(saved, name, world, flags, monkeypatch)
     assert real and _predicted(saved, *layout) == real
+
+
+@pytest.mark.stress
+def test_predicted_bytes_of_a_mixture_of_experts(tmp_path, monkeypatch):
+    """Experts are keyed by their global index: an expert-parallel rank reads its own experts."""
+    moe = [a for a in MODEL if a != "--swiglu"] + ["--num-experts", "4", "--moe-router-topk", "2"]
+    monkeypatch.setattr(sys.modules[__name__], "MODEL", moe)
+    _run(tmp_path / "first", 2, moe + ["--expert-model-parallel-size", "2", "--train-iters", "1",
+                                       "--save", str(tmp_path / "ck")])
+    for name, world, flags, layout in (("serial", 1, [], (1, 1, 1)),
+                                       ("ep2", 2, ["--expert-model-parallel-size", "2"], (1, 1, 2, None, 2))):
+        with monkeypatch.context() as patch:
+            real = _real_reads(tmp_path, name, world, flags, patch)
+        assert real and _predicted(tmp_path, *layout) == real, name
 
 
 def test_inspect_with_a_target_prints_each_rank_and_draws_them(saved):
