@@ -82,6 +82,7 @@ def _predicted(tmp, *layout) -> dict[int, int]:
 @pytest.mark.parametrize("name,world,flags,layout", [
     ("tp1-pp2", 2, ["--pipeline-model-parallel-size", "2"], (1, 2, 1)),
     pytest.param("serial", 1, [], (1, 1, 1), marks=pytest.mark.stress),
+    pytest.param("dp2-distopt", 2, ["--use-distributed-optimizer"], (1, 1, 2), marks=pytest.mark.stress),
 ])
 def test_predicted_bytes_are_what_a_resume_reads(saved, monkeypatch, name, world, flags, layout):
     real = _real_reads(saved, name, world, flags, monkeypatch)
