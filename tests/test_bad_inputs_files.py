@@ -257,6 +257,7 @@ ROWS = [
          ["--num-layers 3", "--pipeline-model-parallel-size 2"]),
     ckpt("inspect tp does not divide the heads", ["inspect", "{d}/ckd", "--tp", "4"],
          ["--num-attention-heads 2", "--tensor-model-parallel-size 4"]),
+    ckpt("inspect given a DST", ["inspect", "{d}/ckd", "{d}/out"], ["ckpt convert SRC DST"]),
     ckpt("inspect a legacy checkpoint with a target", ["inspect", "{d}/ckd-legacy", "--tp", "2"],
          ["--ckpt-format torch checkpoint"]),
 ]

@@ -96,7 +96,7 @@ def target_args(meta: dict, tp: int, pp: int, dp: int, ep: int, vp: int | None, 
     """The target layout with the checkpoint's model, validated as `pretrain` would validate it
     (one line, before anything starts). The model's shape comes from metadata.json, so a layout
     that does not divide it is refused without reading the tensors (or importing torch)."""
-    # lazy: validation needs Megatron's parser; `minitron --help` does not
+    # lazy, as every reader here: `minitron --help` imports this module
     from minitron.training.checkpoint_files import LAYOUT_KEYS, RESHARDABLE
 
     model = {k: meta[k] for k in LAYOUT_KEYS if k in meta and k not in RESHARDABLE and k != "tokenizer_type"}
@@ -170,6 +170,9 @@ def ckpt(
         return convert(directory, dest, ckpt_format)
     if action != "inspect":
         raise UserError(f"minitron ckpt {action}: the action is inspect or convert (minitron ckpt inspect DIR)")
+    if dest is not None or ckpt_format is not None:
+        raise UserError("minitron ckpt inspect reads one checkpoint: DST and --ckpt-format belong to "
+                        "minitron ckpt convert SRC DST --ckpt-format F")
     if tp is not None or (pp, dp, ep, vp, distributed, svg) != (1, 1, 1, None, False, None):
         if not directory.is_dir():
             raise UserError(f"{directory} is not a directory: give a --save directory or one iter_* inside it")
