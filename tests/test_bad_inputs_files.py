@@ -72,6 +72,21 @@ def load(name: str, words: list, torch: bool = False):
             [f"ck-{name}", *words], {}, torch)
 
 
+# A torch_dist checkpoint's metadata.json (no files listed: nothing to checksum) for a 3-layer,
+# 2-head model, and the same as a legacy one: what `ckpt` reads before anything else.
+CKD = {"sharded_backend": "torch_dist", "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+       "data_parallel_size": 1, "world_size": 1, "num_layers": 3, "hidden_size": 16, "num_attention_heads": 2,
+       "seq_length": 16, "max_position_embeddings": 16, "vocab_size": 64}
+CKD_FILES = {"ckd/latest_checkpointed_iteration.txt": "2", "ckd/iter_0000002/metadata.json": json.dumps(CKD),
+             "ckd-legacy/latest_checkpointed_iteration.txt": "2",
+             "ckd-legacy/iter_0000002/metadata.json": json.dumps({k: v for k, v in CKD.items()
+                                                                  if k != "sharded_backend"})}
+
+
+def ckpt(name: str, argv: list, words: list):
+    return (f"ckpt {name}", ["ckpt", *argv], words, CKD_FILES)
+
+
 ROWS = [
     # --- launch: --world_info is a schema, not whatever json.loads returns -------------------
     *[world_info(v, label) for v, label in [
@@ -223,6 +238,22 @@ ROWS = [
     load("shard-empty", [SHARD, "empty"]),
     load("shard-zip-no-pickle", [SHARD, "not a torch checkpoint file"]),
     load("shard-pickle-refused", [SHARD, "weights_only", "argparse.Namespace"], torch=True),
+    # --- ckpt inspect with a target layout, ckpt convert: refused before any rank or torch ------
+    ckpt("inspect missing dir", ["inspect", "{d}/no-such", "--tp", "2"], ["no-such", "not a directory"]),
+    ckpt("convert missing dir", ["convert", "{d}/no-such", "{d}/out", "--ckpt-format", "torch"],
+         ["no-such", "no checkpoint"]),
+    ckpt("convert wrong format", ["convert", "{d}/ckd", "{d}/out", "--ckpt-format", "zarr"],
+         ["--ckpt-format zarr", "torch_dist"]),
+    ckpt("convert to its own format", ["convert", "{d}/ckd", "{d}/out", "--ckpt-format", "torch_dist"],
+         ["torch_dist checkpoint already"]),
+    ckpt("convert DST exists", ["convert", "{d}/ckd", "{d}/ckd", "--ckpt-format", "torch"], ["ckd exists"]),
+    ckpt("inspect pp does not divide the layers", ["inspect", "{d}/ckd", "--tp", "1", "--pp", "2"],
+         ["--num-layers 3", "--pipeline-model-parallel-size 2"]),
+    ckpt("inspect tp does not divide the heads", ["inspect", "{d}/ckd", "--tp", "4"],
+         ["--num-attention-heads 2", "--tensor-model-parallel-size 4"]),
+    ckpt("inspect given a DST", ["inspect", "{d}/ckd", "{d}/out"], ["ckpt convert SRC DST"]),
+    ckpt("inspect a legacy checkpoint with a target", ["inspect", "{d}/ckd-legacy", "--tp", "2"],
+         ["--ckpt-format torch checkpoint"]),
 ]
 
 # Values DeepSpeed 0.19.8 accepts, and what it resolves them to (its reader is hjson: a whole

@@ -1,4 +1,6 @@
-"""`minitron ckpt inspect DIR`: what a torch_dist checkpoint holds, and who wrote each piece.
+"""`minitron ckpt inspect DIR [--tp T --pp P --dp D]`: what a torch_dist checkpoint holds, who
+wrote each piece and, given another layout, what each of its ranks will read; `minitron ckpt
+convert SRC DST --ckpt-format F`: Megatron's conversion, run with the flags saved in SRC.
 
 A torch_dist checkpoint (--ckpt-format torch_dist) is one set of global tensors, each cut into
 the chunks the writing layout held: ``decoder.layers.mlp.linear_fc1.weight`` of shape
@@ -7,22 +9,32 @@ the byte ranges its own pieces overlap. This command prints, per tensor, its glo
 each chunk's place, the file it is in and the rank (with its tp / pp / dp coordinates in the
 writing layout) that wrote it. The checkpoint is checked first as a resume would check it
 (checksums, DCP's metadata through a reader that admits only its own classes).
+
+With a target layout (--tp/--pp/--dp...), the layout is validated as `pretrain` would validate
+it with the model's saved flags, then views/ckpt_plan.py predicts each rank's reads from the
+metadata alone: nothing is built, nothing is loaded.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import typer
 
-from minitron.cli.common import UserError, app, console
+from minitron.cli.ckpt_convert import convert, saved_flags
+from minitron.cli.common import UserError, app, console, validate_pretrain
+from minitron.cli.views.ckpt_plan import Target, plan_reads
+from minitron.cli.views.ckpt_reads import show_reads
 from minitron.cli.views.fitted_table import print_fitted
 from minitron.cli.views.words import plural
 
 
-def _iteration_dir(directory: Path) -> tuple[Path, dict]:
-    """DIR is a --save directory (its latest iteration is read) or one iteration's directory."""
+def _iteration_dir(directory: Path, first=None) -> tuple[Path, dict]:
+    """DIR is a --save directory (its latest iteration is read) or one iteration's directory.
+    ``first(meta)``, if given, runs on metadata.json before the files are checked (torch reads
+    DCP's metadata): what can be refused from the JSON alone is refused without torch."""
     # lazy, as every reader here: `minitron --help` imports this module
     from minitron.training.checkpoint_files import (
         CheckpointError, check_sharded_files, iteration_dir, read_latest_iteration, read_metadata,
@@ -33,6 +45,8 @@ def _iteration_dir(directory: Path) -> tuple[Path, dict]:
     try:
         if (directory / ".metadata").exists():   # one iteration, or a bare dist_checkpointing.save
             meta = json.loads((directory / "metadata.json").read_text())
+            if first is not None:
+                first(meta)
             if "files" in meta:
                 check_sharded_files(directory.parent, meta["iteration"], meta)
             return directory, meta
@@ -44,6 +58,8 @@ def _iteration_dir(directory: Path) -> tuple[Path, dict]:
         if meta.get("sharded_backend") != "torch_dist":
             raise UserError(f"{iteration_dir(directory, iteration)} is a --ckpt-format torch checkpoint (one file "
                             f"per tp/pp rank); inspect reads torch_dist checkpoints")
+        if first is not None:
+            first(meta)
         check_sharded_files(directory, iteration, meta)
     except (CheckpointError, ValueError, OSError) as exc:
         raise UserError(str(exc).splitlines()[0]) from None
@@ -76,21 +92,27 @@ def chunk_rows(where: Path, meta: dict, match: str) -> list[list[str]]:
     return rows
 
 
-@app.command()
-def ckpt(
-    action: str = typer.Argument(..., metavar="inspect", help="what to do: inspect"),
-    directory: Path = typer.Argument(..., metavar="DIR", help="a --save directory or one iter_* in it"),
-    match: str = typer.Option("", "--match", help="only the tensors whose key starts with this text"),
-):
-    """Inspect a torch_dist checkpoint: each tensor's global shape, its chunks, and which rank wrote each."""
-    if action != "inspect":
-        raise UserError(f"minitron ckpt {action}: the action is inspect (minitron ckpt inspect DIR)")
-    where, meta = _iteration_dir(directory)
-    layout = (f"tp {meta.get('tensor_model_parallel_size')} × pp {meta.get('pipeline_model_parallel_size')} × "
-              f"dp {meta.get('data_parallel_size')}")
-    if "iteration" in meta:
-        console.print(f"{where}: iteration {meta['iteration']}, written by {meta.get('world_size')} ranks ({layout})",
-                      highlight=False)
+def target_args(meta: dict, tp: int, pp: int, dp: int, ep: int, vp: int | None, distributed: bool):
+    """The target layout with the checkpoint's model, validated as `pretrain` would validate it
+    (one line, before anything starts). The model's shape comes from metadata.json, so a layout
+    that does not divide it is refused without reading the tensors (or importing torch)."""
+    # lazy, as every reader here: `minitron --help` imports this module
+    from minitron.training.checkpoint_files import LAYOUT_KEYS, RESHARDABLE
+
+    model = {k: meta[k] for k in LAYOUT_KEYS if k in meta and k not in RESHARDABLE and k != "tokenizer_type"}
+    argv = saved_flags(model) + ["--micro-batch-size", "1", "--mock-data",
+                                 "--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
+                                 "--expert-model-parallel-size", str(ep)]
+    if model.get("vocab_size") is None:
+        argv += ["--vocab-size", "128"]   # a file tokenizer's size is not in metadata.json; padding only
+    if vp is not None:
+        argv += ["--virtual-pipeline-model-parallel-size", str(vp)]
+    if distributed:
+        argv.append("--use-distributed-optimizer")
+    return validate_pretrain(argv, tp * pp * dp)
+
+
+def inspect_chunks(where: Path, meta: dict, match: str) -> None:
     rows = chunk_rows(where, meta, match)
     if not rows:
         raise UserError(f"no tensor key in {where} starts with {match!r}")
@@ -100,3 +122,65 @@ def ckpt(
     tensors = plural(len({r[0] for r in rows}), "tensor")
     console.print(f"{plural(len(rows), 'chunk')} of {tensors} shown; the checkpoint's "
                   f"{len(files)} .distcp files hold {sum(f.stat().st_size for f in files):,} bytes", highlight=False)
+
+
+def predicted_reads(directory: Path, target: Target, distributed: bool = False):
+    """(iteration dir, metadata.json, plan): the target validated, then its reads predicted."""
+    def validate(meta: dict) -> None:
+        if "num_layers" not in meta:
+            raise UserError(f"{directory}'s metadata.json does not record the model (num_layers ...): a bare "
+                            f"dist_checkpointing.save; inspect with a target reads checkpoints a --save wrote")
+        target_args(meta, target.tp, target.pp, target.dp, target.ep, target.vp, distributed)
+    where, meta = _iteration_dir(directory, first=validate)
+    # lazy: the saved args and DCP's metadata are torch files; the refusals above come first
+    from minitron.core.dist_checkpointing.serialization import load_common_state_dict, read_dcp_metadata
+
+    args = load_common_state_dict(where)["args"]
+    saved_grid = (meta["pipeline_model_parallel_size"], meta["tensor_model_parallel_size"], meta["data_parallel_size"])
+    return where, meta, plan_reads(read_dcp_metadata(where), args, target, saved_grid)
+
+
+def inspect_target(directory: Path, target: Target, distributed: bool, svg: Path | None, match: str) -> None:
+    where, meta, plan = predicted_reads(directory, target, distributed)
+    if not show_reads(console, where, meta, plan, target, match, svg):
+        raise UserError(f"no rank of that layout reads a tensor whose key starts with {match!r}")
+    if distributed:
+        console.print("(the distributed optimizer changes nothing here: its state is stored shaped like the "
+                      "parameters, and every data-parallel rank reads its parameters' whole slices)", highlight=False)
+
+
+@app.command()
+def ckpt(
+    action: str = typer.Argument(..., metavar="inspect|convert", help="what to do"),
+    directory: Path = typer.Argument(..., metavar="DIR|SRC", help="a --save directory (or one iter_* in it)"),
+    dest: Path = typer.Argument(None, metavar="[DST]", help="convert: the new checkpoint's directory"),
+    match: str = typer.Option("", "--match", help="only the tensors whose key starts with this text"),
+    tp: int = typer.Option(None, "--tp", "--tensor-model-parallel-size", help="inspect: the target layout's tp"),
+    pp: int = typer.Option(1, "--pp", "--pipeline-model-parallel-size", help="inspect: target pp"),
+    dp: int = typer.Option(1, "--dp", help="inspect: target data-parallel size"),
+    ep: int = typer.Option(1, "--ep", "--expert-model-parallel-size", help="inspect: target expert-parallel size"),
+    vp: int = typer.Option(None, "--vp", "--virtual-pipeline-model-parallel-size", help="inspect: target vp"),
+    distributed: bool = typer.Option(False, "--use-distributed-optimizer", help="inspect: the target's optimizer"),
+    svg: Path = typer.Option(None, "--svg", help="inspect with a target: also draw the bytes per rank here"),
+    ckpt_format: str = typer.Option(None, "--ckpt-format", help="convert: torch or torch_dist"),
+):
+    """Inspect a torch_dist checkpoint (each tensor's chunks and who wrote them; with --tp/--pp/--dp,
+    what each rank of that layout will read), or convert a checkpoint to the other format."""
+    if action == "convert":
+        return convert(directory, dest, ckpt_format)
+    if action != "inspect":
+        raise UserError(f"minitron ckpt {action}: the action is inspect or convert (minitron ckpt inspect DIR)")
+    if dest is not None or ckpt_format is not None:
+        raise UserError("minitron ckpt inspect reads one checkpoint: DST and --ckpt-format belong to "
+                        "minitron ckpt convert SRC DST --ckpt-format F")
+    if tp is not None or (pp, dp, ep, vp, distributed, svg) != (1, 1, 1, None, False, None):
+        if not directory.is_dir():
+            raise UserError(f"{directory} is not a directory: give a --save directory or one iter_* inside it")
+        return inspect_target(directory, Target(tp or 1, pp, dp, vp, ep), distributed, svg, match)
+    where, meta = _iteration_dir(directory)
+    layout = (f"tp {meta.get('tensor_model_parallel_size')} × pp {meta.get('pipeline_model_parallel_size')} × "
+              f"dp {meta.get('data_parallel_size')}")
+    if "iteration" in meta:
+        console.print(f"{where}: iteration {meta['iteration']}, written by {meta.get('world_size')} ranks ({layout})",
+                      highlight=False)
+    inspect_chunks(where, meta, match)

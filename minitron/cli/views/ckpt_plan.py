@@ -1,0 +1,153 @@
+"""What each rank of another layout will read from a torch_dist checkpoint, predicted.
+
+Nothing is built and nothing is loaded. Three facts suffice:
+
+* the checkpoint's ``.metadata`` (DCP's): every key, its global shape, its stored chunks and
+  the file and byte length of each;
+* the args saved with it: the model's shape (layers, SwiGLU, tied embeddings, vocabulary);
+* the sharding rules the modules use when they describe themselves
+  (core/transformer/utils.py): a tensor-parallel weight is cut along its ``partition_dim``
+  (fc1 of SwiGLU in two strided halves), everything else is whole on every tensor-parallel
+  rank; a layer stack is one tensor whose first axis is the *global* layer number.
+
+A rank of the target layout asks for its pieces; DCP reads every stored chunk a piece
+overlaps, whole, and cuts the overlap out in memory (torch_dist.py, ``bytes_read``). So the
+prediction is: the stored chunks that overlap any piece, each counted once, with its length.
+The test holds this to what real loads at two layouts report.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from minitron.training.tokenizer.tokenizer import _vocab_size_with_padding
+
+# partition_dim of each tensor-parallel weight, by the layer that owns it: ColumnParallelLinear
+# and VocabParallelEmbedding split their output rows (0), RowParallelLinear its input columns
+# (1), and a row-parallel bias is added after the all-reduce, so it is whole on every rank.
+PARTITION_DIM = {"word_embeddings.weight": 0, "output_layer.weight": 0,
+                 "linear_qkv.weight": 0, "linear_qkv.bias": 0, "linear_fc1.weight": 0, "linear_fc1.bias": 0,
+                 "linear_proj.weight": 1, "linear_fc2.weight": 1}
+OPTIMIZER = re.compile(r"^optimizer\.state\.[^.]+\.")
+EXPERT = re.compile(r"\.experts\.local_experts\.(\d+)\.")
+LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class Target:
+    tp: int
+    pp: int
+    dp: int
+    vp: int | None = None
+    ep: int = 1
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def coordinates(self, rank: int) -> tuple[int, int, int]:
+        """(tp, pp, dp) of a global rank in Megatron's default order: tp fastest, then dp, then pp."""
+        return rank % self.tp, rank // (self.tp * self.dp), rank // self.tp % self.dp
+
+    def expert_rank(self, rank: int) -> int:
+        """The expert-parallel rank: ep folds into the data-parallel ranks (tp, ep, dp/ep, pp)."""
+        return rank // self.tp % self.ep
+
+
+def stage_layers(num_layers: int, target: Target, pp_rank: int) -> list[tuple[int, int]]:
+    """[first, end) of each model chunk's layers on this stage (transformer_block.py's offsets)."""
+    vp = target.vp or 1
+    per_chunk = num_layers // (target.pp * vp)
+    # Model chunk c of stage r holds the (c * pp + r)-th block of per_chunk layers.
+    return [((c * target.pp + pp_rank) * per_chunk, (c * target.pp + pp_rank + 1) * per_chunk) for c in range(vp)]
+
+
+def _tp_ranges(size: int, stride: int, tp_rank: int, tp: int) -> list[tuple[int, int]]:
+    """This tp rank's ranges of an axis of ``size``: piece r of tp, in each of ``stride`` blocks."""
+    block = size // stride
+    return [(j * block + tp_rank * block // tp, j * block + (tp_rank + 1) * block // tp) for j in range(stride)]
+
+
+def wanted_pieces(key: str, shape: tuple[int, ...], args: dict, target: Target,
+                  rank: int) -> list[list[tuple[int, int]]]:
+    """The pieces (one [start, end) per axis) of ``key`` that ``rank`` asks for; [] for none."""
+    name = OPTIMIZER.sub("", key)             # a moment is cut exactly as its parameter
+    tp_rank, pp_rank, _ = target.coordinates(rank)
+    first, last = pp_rank == 0, pp_rank == target.pp - 1
+    axes: list[list[tuple[int, int]]] = [[(0, n)] for n in shape]
+    stacked = name.startswith("decoder.layers.") and not LAYER.match(name)
+    if name.startswith("decoder.layers."):
+        layers = stage_layers(args["num_layers"], target, pp_rank)
+        if stacked:
+            axes[0] = layers
+        elif not any(a <= int(LAYER.match(name)[1]) < b for a, b in layers):
+            return []
+    elif name.startswith("embedding."):
+        tied_copy = name == "embedding.word_embeddings.weight" and last and \
+            not args.get("untie_embeddings_and_output_weights")
+        if not (first or tied_copy):
+            return []
+    elif not last:                             # output_layer, decoder.final_layernorm
+        return []
+    expert = EXPERT.search(name)
+    if expert:   # keyed by its global index; cut by tp (the default --expert-tensor-parallel-size)
+        per_rank = args["num_experts"] // target.ep
+        if int(expert[1]) // per_rank != target.expert_rank(rank):
+            return []
+    suffix = ".".join(name.split(".")[-2:])
+    if suffix in PARTITION_DIM:
+        axis = PARTITION_DIM[suffix] + int(stacked)
+        size = shape[axis]
+        if suffix in ("word_embeddings.weight", "output_layer.weight"):
+            size = padded_vocab(args, target.tp)   # the target pads its vocabulary for its own tp
+        stride = 2 if suffix.startswith("linear_fc1") and args.get("swiglu") else 1
+        axes[axis] = _tp_ranges(size, stride, tp_rank, target.tp)
+    pieces = [[]]
+    for ranges in axes:
+        pieces = [p + [r] for p in pieces for r in ranges]
+    # Rows past the stored vocabulary are left zero (allow_shape_mismatch): nothing to read there.
+    return [[(a, min(b, n)) for (a, b), n in zip(p, shape)] for p in pieces
+            if all(a < min(b, n) for (a, b), n in zip(p, shape))]
+
+
+def padded_vocab(args: dict, tp: int) -> int:
+    """The vocabulary the target pads for its own tp (the tokenizer's rule)."""
+    vocab = args.get("vocab_size") or args["padded_vocab_size"]   # a file tokenizer's size is not saved
+    return _vocab_size_with_padding(vocab, args.get("make_vocab_size_divisible_by", 128), tp)
+
+
+def _overlaps(piece, offsets, sizes) -> bool:
+    return all(a < o + s and o < b for (a, b), o, s in zip(piece, offsets, sizes))
+
+
+def plan_reads(dcp_meta, args: dict, target: Target, saved_grid: tuple[int, int, int]) -> list[dict]:
+    """Per target rank: {"rank", "files": {file: bytes}, "keys": {key: [(offset, file, bytes)]}}.
+
+    ``saved_grid``: (pp, tp, dp) of the writing layout; its RNG cells are read only by the same grid."""
+    stored: dict[str, list] = {}
+    for index, info in dcp_meta.storage_data.items():
+        stored.setdefault(index.fqn, []).append((tuple(index.offset or ()), info.relative_path, info.length))
+    out = []
+    for rank in range(target.world):
+        keys: dict[str, list] = {}
+        for key, md in dcp_meta.state_dict_metadata.items():
+            if key.startswith("rng_state/"):
+                tp_rank, pp_rank, dp_rank = target.coordinates(rank)
+                grid = (target.pp, target.tp, target.dp)
+                if grid == saved_grid and key == f"rng_state/shard_{pp_rank}.{tp_rank}.{dp_rank}_" \
+                        f"{'.'.join(map(str, grid))}":
+                    keys[key] = stored[key]
+                continue
+            pieces = wanted_pieces(key, tuple(md.size), args, target, rank)
+            sizes = {tuple(c.offsets): tuple(c.sizes) for c in md.chunks}
+            hit = [(o, f, n) for o, f, n in stored.get(key, [])
+                   if any(_overlaps(p, o, sizes[o]) for p in pieces)]
+            if hit:
+                keys[key] = hit
+        files: dict[str, int] = {}
+        for chunks in keys.values():
+            for _, f, n in chunks:
+                files[f] = files.get(f, 0) + n
+        out.append({"rank": rank, "files": dict(sorted(files.items())), "keys": keys})
+    return out
