@@ -198,8 +198,42 @@ def wait_for_debugger_if_asked(rank: int) -> None:
     debugpy.wait_for_client()  # returns on configurationDone, or when the timer cancels it
     timer.cancel()
     if not debugpy.is_client_connected():
+        _stop_adapter(port)
         fail(f"rank {rank}: no debugger attached within {wait_timeout:g} s on {host}:{port}; "
              f"attach sooner, raise --debug-wait-timeout ({WAIT_TIMEOUT_ENV}) or drop --debug")
+
+
+def _adapter_pids(port: int) -> list[int]:
+    """Processes of debugpy's adapter serving ``port`` (Linux's /proc; none found elsewhere)."""
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read().decode(errors="replace").split("\0")
+            except OSError:
+                continue   # gone meanwhile, or not ours to read
+            serves = "--port" in argv and argv[argv.index("--port") + 1:][:1] == [str(port)]
+            if serves and "--for-server" in argv and any("debugpy" in a for a in argv):
+                found.append(int(entry))
+    return found
+
+
+def _stop_adapter(port: int, within: float = 10.0) -> None:
+    """Stop the adapter listen() started for this rank, and wait (a while) until it is gone.
+
+    It detached from us and would go by itself once it noticed our connection close: a moment
+    on a quiet machine, over a minute on a loaded one (seen in tests/test_debug_attach.py), all
+    the while holding the port the user will want again for the next try. A rank that gives up
+    waiting therefore stops it itself, so the job ends with nothing of it left behind."""
+    for pid in _adapter_pids(port):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass   # gone already
+    deadline = time.monotonic() + within
+    while _adapter_pids(port) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _cancel_wait(debugpy) -> None:
