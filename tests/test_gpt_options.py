@@ -90,7 +90,8 @@ def test_each_option_at_tp2_trains_like_serial():
 
 ALL_OPTIONS = ["--position-embedding-type", "rope", "--swiglu", "--normalization", "RMSNorm",
                "--group-query-attention", "--num-query-groups", "2", "--untie-embeddings-and-output-weights",
-               "--disable-bias-linear", "--qk-layernorm", "--norm-epsilon", "1e-6", "--apply-layernorm-1p"]
+               "--disable-bias-linear", "--qk-layernorm", "--norm-epsilon", "1e-6", "--apply-layernorm-1p",
+               "--window-size", "4,0", "--window-attn-skip-freq", "2"]   # layer 1 windowed, layer 2 full
 MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
          "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "3", "--lr", "1e-2",
          "--mock-data", "--vocab-size", "127", "--make-vocab-size-divisible-by", "64",   # 128 rows at tp 1 and 2

@@ -68,9 +68,9 @@ def validate_window(args):
     if args.window_size is None:
         require(freq is None, "--window-attn-skip-freq needs --window-size LEFT,RIGHT (the window it skips)")
         return
-    require(not isinstance(freq, list) or len(freq) == args.num_layers,
-            f"--window-attn-skip-freq lists {len(freq or [])} layers, but the model has --num-layers "
-            f"{args.num_layers}: one 0/1 per layer")
+    listed = len(freq) if isinstance(freq, list) else args.num_layers
+    require(listed == args.num_layers, f"--window-attn-skip-freq lists {listed} layers, but the model has "
+            f"--num-layers {args.num_layers}: one 0/1 per layer")
     # The ring of context parallelism hides the future block by block from where each chunk
     # sits in the sequence; it has no notion of a window that ends inside a block.
     require(args.context_parallel_size == 1, "--window-size with --context-parallel-size > 1: minitron's ring "
