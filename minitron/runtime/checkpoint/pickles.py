@@ -44,6 +44,13 @@ class DeepSpeedObject:
 
     __hash__ = None   # equal by attributes, which may change: not a dict key
 
+    def __reduce_ex__(self, protocol):
+        # Written again (ds_to_universal copies the stage on): an enum member as Python pickles
+        # one, a call of its class on its value; any other object as attributes to set.
+        if vars(self).keys() == {"value"}:
+            return type(self), (self.value,)
+        return super().__reduce_ex__(protocol)
+
 
 def _name(cls: type) -> tuple[str, str]:
     return cls.__module__, cls.__qualname__
