@@ -6,7 +6,10 @@
 * DeepSpeed's own ``zero_to_fp32`` rebuilds from minitron's checkpoints the weights minitron's
   engine holds, at stages 1-3 (it reads no stage-0 checkpoint, DeepSpeed's own included);
 * a checkpoint DeepSpeed wrote loads into minitron's engine, whose next two steps then give the
-  losses DeepSpeed's next two steps give.
+  losses DeepSpeed's next two steps give;
+* and the other way: a checkpoint minitron wrote loads into DeepSpeed's engine, whose next two
+  steps give the losses minitron's own resume gives (the loss scaler, which DeepSpeed adopts
+  as its own and calls, is pickled as DeepSpeed's LossScaler: pickles.py).
 
 DeepSpeed runs in the same forked gloo ranks as minitron, on its CPU accelerator. Its first run
 JIT-builds two small ops, a shared-memory collective and the CPU FusedAdam (about two minutes
@@ -45,8 +48,19 @@ def _deepspeed_engine(stage: int, precision: str, adam: str):
     return engine
 
 
+def _deepspeed_resumes(where: str, stage: int, precision: str, adam: str, rank: int):
+    """DeepSpeed's engine loads ``where`` and runs the next two steps (or the KeyError it fails with)."""
+    try:
+        ds = _deepspeed_engine(stage, precision, adam)
+        ds.load_checkpoint(where)
+        return {"again": train(ds, rank, precision, NEXT), "steps": ds.global_steps}
+    except KeyError as failure:   # asserted by the test
+        return f"KeyError: {failure}"
+
+
 def _both_save(root: str):
-    """Each stage and precision: minitron trains two steps and saves; DeepSpeed (with each Adam)
+    """Each stage and precision: minitron trains two steps and saves, and both a fresh minitron
+    engine and a fresh DeepSpeed engine load that and run two more; DeepSpeed (with each Adam)
     trains the same two, saves and runs two more, and a fresh minitron engine loads DeepSpeed's
     checkpoint and runs them too."""
     def body(rank):
@@ -57,6 +71,10 @@ def _both_save(root: str):
                 mine, *_ = initialize(model=TiedNet(), config=ds_config(stage, precision))
                 train(mine, rank, precision, range(2))
                 mine.save_checkpoint(f"{root}/minitron/{stage}_{precision}")
+                if stage:   # the other way: minitron's checkpoint into minitron, then into DeepSpeed
+                    where = f"{root}/minitron/{stage}_{precision}"
+                    out["minitron", stage, precision] = {**resume(where, stage, precision, rank), **{
+                        adam: _deepspeed_resumes(where, stage, precision, adam, rank) for adam in ADAMS}}
                 for adam in ADAMS:
                     where = f"{root}/ds_{adam}/{stage}_{precision}"
                     ds = _deepspeed_engine(stage, precision, adam)
@@ -137,3 +155,18 @@ def test_deepspeed_checkpoint_resumes_in_minitron(both, stage, precision, adam):
         # Two engines from the same state: the same losses up to rounding (the first loss shows
         # the weights came over, the second Adam's moments and the schedule too).
         assert got["again"] == pytest.approx(got["ds_next"], rel=1e-6)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("stage", (1, 2, 3))
+def test_minitron_checkpoint_resumes_in_deepspeed(both, stage, precision):
+    _, results = both
+    for out in results:
+        mine = out["minitron", stage, precision]
+        # DeepSpeed given torch's AdamW, the optimizer minitron runs and whose state it writes:
+        # the scaler it adopts, the masters, the moments and the schedule are minitron's.
+        assert mine["torch"]["steps"] == mine["steps"] == 4
+        assert mine["torch"]["again"] == pytest.approx(mine["again"], rel=1e-6)
+        # Its FusedAdam (the default) cannot run torch's param groups: they lack FusedAdam's
+        # 'bias_correction', which its step reads. minitron would have to write FusedAdam's form.
+        assert mine["fused"] == "KeyError: 'bias_correction'"

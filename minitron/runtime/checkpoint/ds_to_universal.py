@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from minitron.runtime.checkpoint import constants as C
-from minitron.runtime.checkpoint.pickles import load_state
+from minitron.runtime.checkpoint.pickles import load_state, save_state
 
 _OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 _SHARDED = (C.BASE_OPTIMIZER_STATE, C.PARAM_SLICE_MAPPINGS, C.SINGLE_PARTITION_OF_FP32_GROUPS)
@@ -130,7 +130,7 @@ def _pieces_zero3(optims: list, param_shapes: list) -> dict:
 
 def _save(path: Path, value) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(value, path)
+    save_state(value, path)   # the loss scaler goes on as DeepSpeed's object
 
 
 def convert(input_folder, output_folder, inject_missing_state: bool = False) -> None:

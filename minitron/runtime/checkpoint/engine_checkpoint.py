@@ -23,7 +23,7 @@ import torch
 
 from minitron import comm as dist   # deepspeed/runtime/engine.py: from deepspeed import comm as dist
 from minitron.runtime.checkpoint import constants as C
-from minitron.runtime.checkpoint.pickles import load_state
+from minitron.runtime.checkpoint.pickles import load_state, save_state
 from minitron.runtime.checkpoint.universal_checkpoint import load_universal_state
 from minitron.runtime.checkpoint.zero_checkpoint import (load_stage0_state_dict, load_zero_state_dict,
                                                          optimizer_groups, stage0_state_dict, zero_state_dict)
@@ -134,7 +134,7 @@ def save_checkpoint(engine, save_dir, tag=None, client_state: dict | None = None
     if stage == 3 or _dp_rank(engine) == 0:
         torch.save({**_model_state(engine, names), **(client_state or {})}, ckpt_name(engine, path))
     if stage >= 1:
-        torch.save({C.OPTIMIZER_STATE_DICT: zero_state_dict(engine.optimizer, names),
+        save_state({C.OPTIMIZER_STATE_DICT: zero_state_dict(engine.optimizer, names),
                     C.DS_CONFIG: engine._config._param_dict, C.DS_VERSION: C.DS_VERSION_WRITTEN},
                    zero_ckpt_name(engine, path))
         if engine.global_rank == 0:   # DeepSpeed copies its scripts beside the tags, not into one

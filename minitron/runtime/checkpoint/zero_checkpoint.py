@@ -19,8 +19,9 @@ The moments are torch AdamW's, in torch's state-dict form ('step' beside each pa
 moments), at every stage: that is the optimizer minitron runs. DeepSpeed's FusedAdam keeps the
 same moments with 'step' in the param group instead.
 
-Loss scalers are stored as minitron's ``state_dict()`` (a dict); DeepSpeed pickles its own
-object, whose attributes have the same names, so either loads.
+The loss scaler is pickled as DeepSpeed's own object (``deepspeed_scaler``), since DeepSpeed's
+engine adopts the unpickled object as its scaler. minitron reads back its attributes, or the dict
+of them minitron wrote before it wrote DeepSpeed's object.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from types import SimpleNamespace
 import torch
 
 from minitron.runtime.checkpoint import constants as C
+from minitron.runtime.checkpoint.pickles import DeepSpeedObject, deepspeed_object
 from minitron.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
 # The keys a dynamic scaler adds at stage 0 (FP16_Optimizer.state_dict), beside cur_scale.
@@ -39,6 +41,23 @@ _DYNAMIC_STAGE0_KEYS = ("last_overflow_iter", "scale_factor", "scale_window")
 def optimizer_groups(opt) -> list:
     """Each param group's parameters, in flat-buffer order (stage 3 calls them fp16_groups)."""
     return opt.fp16_groups if isinstance(opt, DeepSpeedZeroOptimizer_Stage3) else opt.bit16_groups
+
+
+# A DeepSpeed 0.19.8 DynamicLossScaler's attributes beyond cur_scale and dynamic, in the order its
+# __init__ sets them; minitron's scaler has all but dtype (DeepSpeed scales dynamically only fp16).
+_DYNAMIC_ATTRIBUTES = ("cur_iter", "last_overflow_iter", "scale_factor", "scale_window", "min_scale",
+                       "delayed_shift", "cur_hysteresis", "consecutive_hysteresis", "raise_error_at_min_scale")
+_SCALER_MODULE = "deepspeed.runtime.fp16.loss_scaler."
+
+
+def deepspeed_scaler(scaler) -> DeepSpeedObject:
+    """``scaler`` as DeepSpeed's LossScaler or DynamicLossScaler: the class name and exactly the
+    attributes a real one holds (``vars()``), so DeepSpeed's engine can run on with it."""
+    state = {"cur_scale": scaler.cur_scale, "dynamic": scaler.dynamic}
+    if not scaler.dynamic:
+        return deepspeed_object(_SCALER_MODULE + "LossScaler", state)
+    state.update({k: getattr(scaler, k) for k in _DYNAMIC_ATTRIBUTES}, dtype=torch.float16)
+    return deepspeed_object(_SCALER_MODULE + "DynamicLossScaler", state)
 
 
 def scaler_state(scaler, saved) -> dict:
@@ -88,7 +107,7 @@ def _slice_mappings(opt, i: int, names: dict) -> dict:
 
 def zero_state_dict(opt, names: dict) -> dict:
     """What goes under ``optimizer_state_dict`` in my ``*_optim_states.pt`` at stages 1-3."""
-    common = {C.LOSS_SCALER: opt.loss_scaler.state_dict(), "dynamic_loss_scale": opt.loss_scaler.dynamic,
+    common = {C.LOSS_SCALER: deepspeed_scaler(opt.loss_scaler), "dynamic_loss_scale": opt.loss_scaler.dynamic,
               "overflow": opt.overflow}
     masters = opt.single_partition_of_fp32_groups
     if opt.stage == 3:
