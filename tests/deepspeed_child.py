@@ -4,10 +4,27 @@ answer comes back as JSON, whose floats round-trip bit for bit."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+
+import pytest
+
+# The two marks every test held against the real DeepSpeed carries: `pytest -m deepspeed` (the
+# peer stage of .ci/run) selects it, and it is skipped, saying how to get DeepSpeed, where it is
+# not installed. A module sets ``pytestmark = NEEDS_DEEPSPEED``; a single test takes
+# ``@needs_deepspeed``.
+NO_DEEPSPEED = "needs the real DeepSpeed 0.19.8: the peer extra (pyproject.toml says how to install it)"
+NEEDS_DEEPSPEED = [pytest.mark.deepspeed,
+                   pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason=NO_DEEPSPEED)]
+
+
+def needs_deepspeed(test):
+    for mark in NEEDS_DEEPSPEED:
+        test = mark(test)
+    return test
 
 
 def answer_in_child(module: str, function: str, argument: str):

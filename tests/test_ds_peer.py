@@ -20,7 +20,6 @@ another wrapper, FP16_UnfusedOptimizer): minitron loads both. The parent process
 DeepSpeed.
 """
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -31,10 +30,9 @@ import torch
 from distributed import run_ranks
 from minitron.runtime.checkpoint.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint as rebuild
 from test_ds_checkpoint import NEXT, WORLD, TiedNet, ds_config, files_under, resume, train
+from deepspeed_child import NEEDS_DEEPSPEED
 
-NO_DEEPSPEED = "needs the real DeepSpeed 0.19.8: the peer extra (pyproject.toml says how to install it)"
-pytestmark = [pytest.mark.deepspeed,
-              pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason=NO_DEEPSPEED)]
+pytestmark = NEEDS_DEEPSPEED
 os.environ.setdefault("DS_ACCELERATOR", "cpu")   # the forked ranks inherit it
 
 PRECISIONS, ADAMS = ("fp32", "bf16"), ("fused", "torch")

@@ -6,13 +6,13 @@ serial run loses, with the executed stream recorded on the trace equal to the sc
 own classes for many (micro_batches, stages, stage_id).
 """
 
-import importlib.util
+import importlib
 import json
 import re
 
 import pytest
 
-from deepspeed_child import answer_in_child
+from deepspeed_child import answer_in_child, needs_deepspeed
 from distributed import pretrain_records
 
 from minitron.runtime.pipe.partition import partition_balanced, partition_uniform
@@ -190,9 +190,7 @@ def streams(module: str) -> dict:
     return out
 
 
-@pytest.mark.deepspeed
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
-                    reason="needs the real DeepSpeed 0.19.8: the peer extra (pyproject.toml says how to install it)")
+@needs_deepspeed
 def test_same_streams_as_deepspeed():
     theirs = answer_in_child("test_ds_pipe", "streams", "deepspeed.runtime.pipe")
     ours = json.loads(json.dumps(streams("minitron.runtime.pipe")))

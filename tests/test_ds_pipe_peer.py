@@ -8,17 +8,15 @@ and a loss_fn. Both engines get a torch SGD and no clipping, so nothing but the 
 without DeepSpeed's pipeline, the serial loop at the bottom gives the numbers both must match.
 """
 
-import importlib.util
 import os
 
 import pytest
 import torch
 
 from distributed import run_ranks
+from deepspeed_child import NEEDS_DEEPSPEED
 
-NO_DEEPSPEED = "needs the real DeepSpeed 0.19.8: the peer extra (pyproject.toml says how to install it)"
-pytestmark = [pytest.mark.deepspeed,
-              pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason=NO_DEEPSPEED)]
+pytestmark = NEEDS_DEEPSPEED
 os.environ.setdefault("DS_ACCELERATOR", "cpu")   # the forked ranks inherit it
 
 BATCHES, MICRO = 3, 3

@@ -8,17 +8,14 @@ DeepSpeed runs in a child process, as the other peer tests keep it out of the te
 """
 
 import importlib
-import importlib.util
 import json
 from collections import OrderedDict
 
 import pytest
 
-from deepspeed_child import answer_in_child
+from deepspeed_child import NEEDS_DEEPSPEED, answer_in_child
 
-pytestmark = [pytest.mark.deepspeed, pytest.mark.skipif(
-    importlib.util.find_spec("deepspeed") is None,
-    reason="needs the real DeepSpeed 0.19.8: the peer extra (pyproject.toml says how to install it)")]
+pytestmark = NEEDS_DEEPSPEED
 
 POOLS = [{"worker-0": 4, "worker-1": 2}, {"localhost": 1}, {"b": 2, "a": 3, "c": 1}]
 

@@ -9,7 +9,6 @@ real 0.19.8 and compares it with a scaler DeepSpeed made itself (in a fresh inte
 tests' process stays free of DeepSpeed, test_ds_peer.py says why).
 """
 
-import importlib.util
 import io
 import os
 import pickletools
@@ -23,7 +22,7 @@ import torch
 from minitron.runtime.checkpoint.pickles import DeepSpeedObject, _Unpickler, load_state, save_state
 from minitron.runtime.checkpoint.zero_checkpoint import deepspeed_scaler, scaler_state
 from minitron.runtime.loss_scaler import CreateLossScaler
-from test_ds_peer import NO_DEEPSPEED
+from deepspeed_child import needs_deepspeed
 
 DYNAMIC_ARGS = {"init_scale": 2.0 ** 16, "scale_window": 2, "min_scale": 1.0, "delayed_shift": 2,
                 "consecutive_hysteresis": False}
@@ -113,8 +112,7 @@ assert torch.load(sys.argv[1] + "/enum.pt", weights_only=False)["zero_stage"] is
 """
 
 
-@pytest.mark.deepspeed
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason=NO_DEEPSPEED)
+@needs_deepspeed
 def test_deepspeed_unpickles_its_own_scaler(tmp_path):
     for name, scaler in _scalers().items():
         save_state({"loss_scaler": deepspeed_scaler(scaler)}, tmp_path / f"{name}.pt")

@@ -8,14 +8,13 @@ floats come back bit for bit.
 """
 
 import importlib
-import importlib.util
 import json
 import math
 
 import pytest
 import torch
 
-from deepspeed_child import answer_in_child
+from deepspeed_child import answer_in_child, needs_deepspeed
 
 from minitron.runtime.config_sections import DeepSpeedConfigError, parse_scheduler
 from minitron.runtime.lr_schedules import SCHEDULERS, OneCycle, WarmupCosineLR
@@ -176,9 +175,7 @@ def test_every_case_parses_as_its_config():
 
 # --- against DeepSpeed 0.19.8 ----------------------------------------------------------------------
 
-@pytest.mark.deepspeed
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
-                    reason="needs the real DeepSpeed 0.19.8: the peer extra (pyproject.toml says how to install it)")
+@needs_deepspeed
 def test_same_steps_as_deepspeed():
     theirs = answer_in_child("test_ds_schedules", "trace", "deepspeed.runtime.lr_schedules")
     ours = json.loads(json.dumps(trace("minitron.runtime.lr_schedules")))

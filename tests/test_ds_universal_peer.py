@@ -16,7 +16,6 @@ The parent process never imports DeepSpeed: the converter runs as a fresh interp
 engines in forked ranks (test_ds_peer.py says why).
 """
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -27,11 +26,10 @@ import torch
 from distributed import run_ranks
 from minitron.runtime.checkpoint.pickles import load_state
 from test_ds_checkpoint import TiedNet
-from test_ds_peer import NO_DEEPSPEED
 from test_ds_universal import SOURCES, config, runs, train  # noqa: F401 -- runs: the fixture, shared
+from deepspeed_child import NEEDS_DEEPSPEED
 
-pytestmark = [pytest.mark.deepspeed,
-              pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason=NO_DEEPSPEED)]
+pytestmark = NEEDS_DEEPSPEED
 os.environ.setdefault("DS_ACCELERATOR", "cpu")   # the forked ranks inherit it
 
 
