@@ -10,13 +10,16 @@ are cut off after fc2, so they change nothing: the same products as SequentialML
 The parameters are Megatron's TEGroupedMLP's: ``linear_fc1.weight0``, ``linear_fc1.weight1``, ...
 (one per local expert, each drawn exactly as SequentialMLP draws that expert's), so a run gives
 the same numbers with and without --moe-grouped-gemm; the checkpoints name them differently,
-as Megatron's do.
+as Megatron's do. Gated (--swiglu), each weight{i} of fc1 is that expert's [gate | up], cut
+by expert tp with stride 2 as SequentialMLP's is, and the gating runs on the last dimension of
+the whole block.
 """
 
 from __future__ import annotations
 
 import torch
 
+from minitron.core.transformer.mlp import mlp_activation
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.moe.experts import ExpertMLP, expert_init_rng
 from minitron.trace import traced
@@ -52,7 +55,7 @@ class GroupedMLP(MegatronModule):
                 experts.append(ExpertMLP(config, ffn))
         self.linear_fc1 = _GroupedLinear([e.linear_fc1 for e in experts])
         self.linear_fc2 = _GroupedLinear([e.linear_fc2 for e in experts])
-        self.activation_func = config.activation_func
+        self.activation_func = mlp_activation(config)   # gated: [E_local, rows, 2 x ffn] halves
         self.num_local_experts = num_local_experts
 
     @traced(args=lambda self, permuted_local_hidden_states, tokens_per_expert: {
