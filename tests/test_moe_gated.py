@@ -6,8 +6,9 @@
    matching gate and up slices, stride 2, as the shared expert's is over tp); in the stress
    stage also at ep 2 and at tp 2 x ep 2 with SequentialMLP's loop.
 2. The estimate's parameter count, closed form: an expert of 3 x h x ffn weights.
-3. (stress) saved with --ckpt-format torch_dist at expert tp 2, resumed serially: the checkpoint's
-   SwiGLU factory puts each slice's gate and up halves where the whole [gate | up] has them.
+3. (stress) saved with --ckpt-format torch_dist at expert tp 2, with and without the grouped GEMM,
+   resumed serially: the checkpoint's SwiGLU factory puts each slice's gate and up halves where
+   the whole [gate | up] has them, and grouped experts are keyed as SequentialMLP's.
 (Megatron-Core's own gated MoE layer, weight for weight: tests/test_mcore_moe.py; the estimate
 against a gated run: tests/test_estimate_moe.py's ep2-tp2-sp-pad.)
 """
@@ -62,12 +63,13 @@ def test_gated_expert_params_against_closed_form():
 
 
 @pytest.mark.stress
-def test_gated_experts_saved_at_etp2_resume_serially(tmp_path, serial):
+@pytest.mark.parametrize("name", ["ep2-etp2", "ep2-etp2-grouped-gemm"])
+def test_gated_experts_saved_at_etp2_resume_serially(tmp_path, serial, name):
     """torch_dist at tp 2 x ep 2: each rank writes its experts' [gate_r | up_r] as two pieces of
-    the global [gate | up]; a serial run reads whole experts back and repeats the serial run's
-    third iteration."""
+    the global [gate | up]; a serial run (SequentialMLP: the grouped GEMM's keys are its keys)
+    reads whole experts back and repeats the serial run's third iteration."""
     ckpt = ["--ckpt-format", "torch_dist"]
-    world, flags, _ = LAYOUTS["ep2-etp2"]
+    world, flags, _ = LAYOUTS[name]
     saved, _ = run(tmp_path, "saved", world, *GATED, *flags, *ckpt, "--exit-interval", "2",
                    "--save", str(tmp_path / "ck"))
     assert saved == pytest.approx(serial[0][:2], abs=1e-5)
