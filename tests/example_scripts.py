@@ -210,21 +210,12 @@ LLAMA31_8B_INSTRUCT = Script(
 SCRIPTS = [GPT3_175B, LLAMA3_8B, MIXTRAL_8X7B, GPT_OSS, DEEPSEEK_V2_LITE, QWEN3_30B_A3B, LLAMA31_8B_INSTRUCT]
 
 # How far each gets once the flags that stopped it are taken out (reasons a reader can check).
-MIXTRAL_FRESH = without(MIXTRAL_8X7B, "mixtral_8x7b_fresh", "a fresh start: no --load, so --no-load-optim and "
-                        "--no-load-rng have nothing to skip", "--load {tmp}/checkpoints",
-                        "--no-load-optim --no-load-rng")
 VARIANTS = [
     without(GPT3_175B, "gpt3_175b_schedule", "--global-batch-size out: Megatron 0.19 refuses it beside "
             "--step-batch-size-schedule, as minitron does", "--global-batch-size 1536"),
     without(LLAMA3_8B, "llama3_8b_bf16", "the script's DTYPE set to bf16: its four fp8 flags are not passed",
             "--fp8-format hybrid", "--fp8-amax-history-len 1024", "--fp8-amax-compute-algo max",
             "--fp8-param-gather"),
-    MIXTRAL_FRESH,
-    without(MIXTRAL_FRESH, "mixtral_8x7b_ungated", "also --swiglu out: minitron's experts are two-matrix GeLU "
-            "MLPs, so they hold 2/3 of Mixtral's expert weights and FLOPs; the layout, the groups and the "
-            "all-to-all bytes are Mixtral's", "--swiglu"),
-    without(QWEN3_30B_A3B, "qwen3_30b_a3b_fresh", "--no-load-optim out: nothing is loaded here (the config's "
-            "--pretrained-checkpoint is dropped), so there is nothing to skip", "--no-load-optim"),
 ]
 
 ALL = {s.name: s for s in SCRIPTS + VARIANTS}

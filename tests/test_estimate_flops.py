@@ -26,6 +26,7 @@ MODELS = {
     "llama": ["--swiglu", "--group-query-attention", "--num-query-groups", "2", "--normalization", "RMSNorm",
               "--position-embedding-type", "rope", "--untie-embeddings-and-output-weights"],
     "moe": ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "24"],
+    "moe-gated": ["--swiglu", "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "24"],
 }
 
 

@@ -25,8 +25,9 @@ MOE = ["--num-layers", "2", "--num-experts", "4", "--moe-router-topk", "2", "--m
 A2A = ["--moe-token-dispatcher-type", "alltoall"]   # else Megatron's default, the all-gather
 PAD = ["--moe-expert-capacity-factor", "1.5", "--moe-pad-expert-input-to-capacity"]
 LAYOUTS = {   # name: (world, flags, exact communication)
-    # expert tp 2 allows no biases; a shared expert (split over tp like the dense MLP) instead
-    "ep2-tp2-sp-pad": (4, ["--tp", "2", "--sequence-parallel", "--ep", "2", "--disable-bias-linear",
+    # expert tp 2 allows no biases; a shared expert (split over tp like the dense MLP) instead;
+    # gated (--swiglu): every fc1, routed and shared, [gate | up] cut with stride 2
+    "ep2-tp2-sp-pad": (4, ["--tp", "2", "--sequence-parallel", "--ep", "2", "--disable-bias-linear", "--swiglu",
                            "--moe-shared-expert-intermediate-size", "32", *PAD, *A2A], True),
     # the all-gather dispatcher: every message carries all tokens, padded or not
     "dp4-ep2-distopt-pad-allgather": (4, ["--ep", "2", "--use-distributed-optimizer", "--global-batch-size", "4",

@@ -5,7 +5,8 @@
    z-loss values, and the same gradients (the input's and the router's: the aux losses reach
    them through MoEAuxLossAutoScaler) within 1e-6; with the expert bias, the same step of it.
 2. The whole MoE layer (Megatron's local spec: SequentialMLP; one rank, where its dispatcher
-   moves nothing): output and every parameter's gradient, with expert biases, shared experts, capacity.
+   moves nothing): output and every parameter's gradient, with expert biases, shared experts, capacity,
+   gated (SwiGLU) experts.
 
 One rank on the CPU, as tests/test_mcore_peer.py runs Megatron's GPTModel (its fixture).
 """
@@ -154,6 +155,11 @@ LAYERS = {   # name: TransformerConfig fields both take
     "experts-with-biases": dict(moe_aux_loss_coeff=1e-2),
     "shared-expert": dict(add_bias_linear=False, moe_shared_expert_intermediate_size=24, moe_aux_loss_coeff=1e-2),
     "capacity-padded": dict(moe_expert_capacity_factor=1.0, moe_pad_expert_input_to_capacity=True),
+    # --swiglu: gated experts (fc1's [gate | up], with biases) and a gated shared expert
+    "gated-experts-with-biases": dict(gated_linear_unit=True, activation_func=torch.nn.functional.silu,
+                                      moe_aux_loss_coeff=1e-2),
+    "gated-shared-expert": dict(gated_linear_unit=True, activation_func=torch.nn.functional.silu,
+                                add_bias_linear=False, moe_shared_expert_intermediate_size=24),
 }
 
 

@@ -208,11 +208,7 @@ def validate_moe(args):
     require(tp == 1 or args.sequence_parallel,
              f"MoE with --tensor-model-parallel-size {tp} needs --sequence-parallel (Megatron's rule: the "
              "dispatcher sends each tensor-parallel rank's own part of the sequence)")
-    # The experts are plain two-matrix MLPs; a gated (SwiGLU) expert would need fc1's gate and
-    # up halves split per expert-tensor rank as MLP's stride=2 does. Refuse rather than run an
-    # ungated silu under the --swiglu name.
-    require(not args.swiglu, "--swiglu with --num-experts: minitron's experts are not gated yet; "
-             "drop --swiglu for a mixture-of-experts model")
+    # --swiglu gates the experts too (moe/experts.py), their width moe_ffn_hidden_size each half.
     if args.moe_ffn_hidden_size is None:
         args.moe_ffn_hidden_size = args.ffn_hidden_size
     etp = args.expert_tensor_parallel_size

@@ -186,9 +186,10 @@ def activation_delta(args, pp_rank: int, chunk: int) -> int:
     top-k's indices and the softmax over the chosen k (fp32), with the balance loss the full
     softmax (fp32, [T, E]), with a capacity the keep mask; permute its row indices (int64);
     the experts each fc1 input, GeLU input and fc2 input (N rows: what arrived from every
-    source, gathered over expert tp); unpermute the routing mask, the combined rows and their
-    weights. The dense MLP's fc1 input (the whole sequence under sp) and two [s, b, ffn/t]
-    tensors are not there."""
+    source, gathered over expert tp; gated, fc1's [gate | up], silu(gate) and fc2's input:
+    four ffn-wide tensors instead of two, as the dense MLP's); unpermute the routing mask, the
+    combined rows and their weights. The dense MLP's fc1 input (the whole sequence under sp)
+    and its two (gated: four) [s, b, ffn/t] tensors are not there."""
     layers = chunk_layers(args, pp_rank, chunk)
     layers = layers[recomputed_layers(args, len(layers)):]   # a checkpointed layer keeps none
     n = moe_layers(args, layers)
@@ -200,6 +201,7 @@ def activation_delta(args, pp_rank: int, chunk: int) -> int:
     arrived = sent * etp                                   # rows its expert slices compute
     gathered = tokens * etp * args.expert_model_parallel_size if all_gather(args) else tokens
     ffn = args.moe_ffn_hidden_size // etp
+    saved = 4 if _flag(args, "swiglu", False) else 2      # ffn-wide tensors an MLP keeps
     moe = tokens * h * e + tokens * k * (8 + 4)            # router: input; top-k indices, softmax
     if args.moe_aux_loss_coeff > 0:
         moe += tokens * experts * 4 + experts * 4 + 4      # full softmax, counts, the loss
@@ -207,15 +209,15 @@ def activation_delta(args, pp_rank: int, chunk: int) -> int:
         moe += tokens * experts                            # the keep mask (bool)
     if all_gather(args):   # permute and unpermute run on the expert side, over the gathered tokens
         local = experts // args.expert_model_parallel_size
-        moe += arrived * 8 + arrived * (h + 2 * ffn) * e   # permute's indices; the experts
+        moe += arrived * 8 + arrived * (h + saved * ffn) * e   # permute's indices; the experts
         moe += gathered * local + arrived * h * e + arrived * e   # unpermute: mask, rows, weights
     else:
-        moe += sent * 8 + arrived * (h + 2 * ffn) * e      # permute's indices; the experts
+        moe += sent * 8 + arrived * (h + saved * ffn) * e  # permute's indices; the experts
         moe += tokens * experts + sent * h * e + sent * e  # unpermute: mask, rows, weights
     t = args.tensor_model_parallel_size
     s = args.seq_length // args.context_parallel_size
-    dense = s * args.micro_batch_size * (h + 2 * args.ffn_hidden_size // t) * e
+    dense = s * args.micro_batch_size * (h + saved * args.ffn_hidden_size // t) * e
     shared = _flag(args, "moe_shared_expert_intermediate_size")
     if shared:   # the shared expert saves what a dense MLP of its width saves
-        moe += s * args.micro_batch_size * (h + 2 * shared // t) * e
+        moe += s * args.micro_batch_size * (h + saved * shared // t) * e
     return n * (moe - dense)

@@ -101,23 +101,25 @@ def moe_mlp_params(args, p: str) -> list[Param]:
     """An MoE layer's MLP on a rank (moe/): the router's [E, h] weight (and, with biases, its
     [E] bias), replicated like a norm; the shared expert, split over tp like the dense MLP (no
     biases: Megatron allows none); then this expert-parallel rank's E/ep experts, fc1 and fc2
-    each cut by expert tp, with whole biases when expert tp is 1 (the only case allowing them)."""
+    each cut by expert tp, with whole biases when expert tp is 1 (the only case allowing them).
+    With --swiglu every fc1 (the shared expert's too) is [gate | up], twice as wide."""
     h, ep = args.hidden_size, args.expert_model_parallel_size
     t = args.tensor_model_parallel_size
     sp = bool(args.sequence_parallel) and t > 1
     bias = _flag(args, "add_bias_linear", True)
     ffn = args.moe_ffn_hidden_size // args.expert_tensor_parallel_size
+    gated = 2 if _flag(args, "swiglu", False) else 1
     out = [Param(p + "mlp.router.weight", args.num_experts * h, sequence_parallel=sp)]
     out += [Param(p + "mlp.router.bias", args.num_experts, sequence_parallel=sp)] if bias else []
     for j in range(args.num_experts // ep):
         q = f"{p}mlp.experts.local_experts.{j}."
-        out += [Param(q + "linear_fc1.weight", ffn * h, expert=True)]
-        out += [Param(q + "linear_fc1.bias", ffn, expert=True)] if bias else []
+        out += [Param(q + "linear_fc1.weight", gated * ffn * h, expert=True)]
+        out += [Param(q + "linear_fc1.bias", gated * ffn, expert=True)] if bias else []
         out += [Param(q + "linear_fc2.weight", h * ffn, expert=True)]
         out += [Param(q + "linear_fc2.bias", h, expert=True)] if bias else []
     shared = _flag(args, "moe_shared_expert_intermediate_size", None)
     if shared:
-        out += [Param(p + "mlp.shared_experts.linear_fc1.weight", shared // t * h),
+        out += [Param(p + "mlp.shared_experts.linear_fc1.weight", gated * shared // t * h),
                 Param(p + "mlp.shared_experts.linear_fc2.weight", h * shared // t)]
     return out
 

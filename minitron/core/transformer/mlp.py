@@ -22,6 +22,19 @@ from minitron.core.transformer.module import MegatronModule
 from minitron.trace import traced
 
 
+def mlp_activation(config):
+    """What runs between fc1 and fc2: the activation, or with --swiglu the gated unit over fc1's
+    [gate | up] halves. The experts (moe/experts*.py) use the same, their fc1 cut the same way."""
+    act = config.activation_func
+    if not config.gated_linear_unit:
+        return act
+
+    def glu(x):
+        gate, up = torch.chunk(x, 2, dim=-1)   # this rank's [gate_r | up_r]
+        return act(gate) * up
+    return glu
+
+
 class MLP(MegatronModule):
     def __init__(self, config):
         super().__init__(config)
@@ -31,15 +44,7 @@ class MLP(MegatronModule):
             config.hidden_size, 2 * ffn if gated else ffn, config=config,
             init_method=config.init_method, bias=config.add_bias_linear,
             gather_output=False, skip_bias_add=True, stride=2 if gated else 1)
-        if gated:
-            act = config.activation_func
-
-            def glu(x):
-                gate, up = torch.chunk(x, 2, dim=-1)   # this rank's [gate_r | up_r]
-                return act(gate) * up
-            self.activation_func = glu
-        else:
-            self.activation_func = config.activation_func
+        self.activation_func = mlp_activation(config)
         self.linear_fc2 = RowParallelLinear(
             ffn, config.hidden_size, config=config,
             init_method=config.output_layer_init_method, bias=config.add_bias_linear,

@@ -5,6 +5,12 @@ experts [j*E/ep, (j+1)*E/ep); with expert tensor parallelism each of them is spl
 tensor-parallel MLP: fc1 by output columns, fc2 by input rows, so fc2 yields a partial sum that
 the dispatcher's reduce-scatter completes (no collective inside the expert).
 
+With --swiglu an expert is gated as the dense MLP is (mlp.py): fc1 makes [gate | up], 2 x ffn
+wide, and silu(gate) * up goes into fc2 (Mixtral's and Qwen3-MoE's experts). Each expert-tensor
+rank keeps matching slices of both halves (stride 2: pieces r and etp + r of 2 x etp), so the
+gating stays elementwise on the slice; the mark ``partition_stride = 2`` tells the checkpoint
+(transformer/utils.py's _swiglu_factory) where those two pieces lie in the global [gate | up].
+
 (Megatron has both: GroupedMLP runs all local experts in one grouped GEMM, SequentialMLP loops
 over them. The loop reads better and computes the same; --moe-grouped-gemm runs
 experts_grouped.GroupedMLP, one batched matmul over the local experts.)
@@ -28,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from minitron.core import parallel_state
+from minitron.core.transformer.mlp import mlp_activation
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.utils import experts_sharded_state_dict
 from minitron.trace import traced
@@ -48,19 +55,22 @@ def expert_init_rng(config, layer_number: int, expert_index: int):
         yield
 
 
-def _expert_weight(full_shape, partition_dim: int, init_method, config) -> torch.nn.Parameter:
-    """Draw the full weight, keep this expert-tensor-parallel rank's slice (as the TP layers do)."""
+def _expert_weight(full_shape, partition_dim: int, init_method, config, stride: int = 1) -> torch.nn.Parameter:
+    """Draw the full weight, keep this expert-tensor-parallel rank's slice (as the TP layers do;
+    ``stride`` 2: pieces r and tp + r of 2 x tp, the gated fc1's matching gate and up slices)."""
     full = torch.empty(full_shape, dtype=torch.float32)
     if config.perform_initialization:
         init_method(full)
     tp = parallel_state.get_expert_tensor_parallel_group()
-    piece = torch.chunk(full, tp.size(), dim=partition_dim)[tp.rank()]
+    pieces = torch.chunk(full, stride * tp.size(), dim=partition_dim)[tp.rank()::tp.size()]
+    piece = pieces[0] if stride == 1 else torch.cat(pieces, dim=partition_dim)
     # A copy of its own: a row slice of ``full`` is already contiguous, and .contiguous() would
     # keep the whole matrix's storage alive behind it (tp times the memory the slice needs).
     weight = torch.nn.Parameter(piece.clone(memory_format=torch.contiguous_format).to(config.params_dtype))
     weight.allreduce = False                      # an expert parameter (see the module docstring)
     weight.tensor_model_parallel = tp.size() > 1  # a slice: the grad norm counts it on every slice
     weight.partition_dim = partition_dim
+    weight.partition_stride = stride
     return weight
 
 
@@ -94,12 +104,14 @@ class ExpertMLP(MegatronModule):
         if config.add_bias_linear and etp > 1:
             raise ValueError(f"expert biases need expert_tensor_parallel_size 1, got {etp}: "
                              "a slice's partial sum would add its bias once per slice")
-        self.linear_fc1 = ExpertLinear(_expert_weight((ffn_hidden_size, h), 0, config.init_method, config),
-                                       _expert_bias(ffn_hidden_size, config))
+        fc1 = 2 * ffn_hidden_size if config.gated_linear_unit else ffn_hidden_size   # [gate | up]
+        self.linear_fc1 = ExpertLinear(_expert_weight((fc1, h), 0, config.init_method, config,
+                                                      stride=2 if config.gated_linear_unit else 1),
+                                       _expert_bias(fc1, config))
         self.linear_fc2 = ExpertLinear(_expert_weight((h, ffn_hidden_size), 1,
                                                       config.output_layer_init_method, config),
                                        _expert_bias(h, config))
-        self.activation_func = config.activation_func
+        self.activation_func = mlp_activation(config)   # with --swiglu: silu(gate) * up
 
     def forward(self, x):
         return self.linear_fc2(self.activation_func(self.linear_fc1(x)))

@@ -3,7 +3,8 @@
 --moe-shared-expert-intermediate-size F adds to each MoE layer one dense MLP of inner width F
 (for n shared experts of width f each, F = n x f: n MLPs that every token visits are one MLP
 of the summed width). It holds what all tokens need, so the routed experts are free to
-specialise. It is the dense MLP in every other respect: split over the *tensor*-parallel group
+specialise. It is the dense MLP in every other respect (gated too with --swiglu, fc1's halves
+cut with stride 2 over tp): split over the *tensor*-parallel group
 (not the expert one), its input the layer's [s/tp, b, h] under sequence parallelism. Its
 output is added to the routed experts' combined output.
 
