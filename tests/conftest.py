@@ -86,7 +86,7 @@ def _site_scratch(config) -> Path:
 
 
 # --- the site build, started early ------------------------------------------------------------
-# `mkdocs build --strict` runs every command the pages show: about a minute and a half of one
+# `mkdocs build --strict` runs every command the pages show: over two minutes of one
 # core when none of their outputs is in .cache/pages/ (docs/hooks/page_cache.py), seconds when
 # all are. So the build starts as soon as the tests are collected, niced, filling the gaps the
 # tests leave, and the tests that read the site (the `site_build` fixture: test_docs.py's
@@ -105,9 +105,11 @@ def pytest_collection_finish(session):
     except FileExistsError:
         return  # the other worker started it
     mkdocs = Path(sys.executable).parent / "mkdocs"
-    # One page at a time, and niced: the build should fill the tests' gaps, not slow them.
+    # One page at a time, at the tests' priority: the build is as much of the run's work as the
+    # tests (a cold one, as in CI, about as much CPU as all of them), and niced it starved until
+    # the tests ended, then ran alone on one core while the site's readers waited for it.
     env = {**os.environ, "MINITRON_DOCS_JOBS": os.environ.get("MINITRON_DOCS_JOBS", "1")}
-    build = (f"nice -n 10 {shlex.quote(str(mkdocs))} build --strict -d {shlex.quote(str(scratch / 'site'))}"
+    build = (f"{shlex.quote(str(mkdocs))} build --strict -d {shlex.quote(str(scratch / 'site'))}"
              f" >{shlex.quote(str(scratch / 'stdout'))} 2>{shlex.quote(str(scratch / 'stderr'))};"
              f" echo $? >{shlex.quote(str(scratch / 'code.tmp'))};"
              f" mv {shlex.quote(str(scratch / 'code.tmp'))} {shlex.quote(str(scratch / 'code'))}")

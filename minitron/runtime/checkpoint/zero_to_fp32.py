@@ -22,7 +22,25 @@ import os
 import re
 import sys
 
+import pickle
+import types
+
 import torch
+
+
+class _Unpickler(pickle.Unpickler):
+    """The optimizer files hold DeepSpeed's own loss-scaler object, which a plain load would
+    import DeepSpeed to rebuild. This script reads only tensors and counts, so any ``deepspeed.*``
+    class becomes an empty stand-in, and the script runs where DeepSpeed is not installed."""
+
+    def find_class(self, module, name):
+        if module == "deepspeed" or module.startswith("deepspeed."):
+            return type(name, (), {"__init__": lambda self, *args: None, "__setstate__": lambda self, state: None})
+        return super().find_class(module, name)
+
+
+# What torch.load asks of its pickle_module: an Unpickler and a load.
+_PICKLE = types.SimpleNamespace(Unpickler=_Unpickler, load=pickle.load, __name__="pickle")
 
 
 def _natural(name: str) -> list:
@@ -36,7 +54,8 @@ def _load_all(directory: str, suffix: str) -> list:
     if not names:
         raise FileNotFoundError(f"no *mp_rank_00{suffix} in {directory}: give the folder that holds 'latest' "
                                 "and the tags of a ZeRO 1-3 checkpoint")
-    return [torch.load(os.path.join(directory, n), map_location="cpu", weights_only=False) for n in names]
+    return [torch.load(os.path.join(directory, n), map_location="cpu", weights_only=False, pickle_module=_PICKLE)
+            for n in names]
 
 
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str, tag: str | None = None) -> dict:
