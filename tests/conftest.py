@@ -89,7 +89,7 @@ def _site_scratch(config) -> Path:
 # `mkdocs build --strict` runs every command the pages show: over two minutes of one
 # core when none of their outputs is in .cache/pages/ (docs/hooks/page_cache.py), seconds when
 # all are. So the build starts as soon as the tests are collected, at the tests' priority, and
-# tests leave, and the tests that read the site (the `site_build` fixture: test_docs.py's
+# the tests that read the site (the `site_build` fixture: test_docs.py's
 # strict build, test_pages_browser.py's measures) only wait for it. Under two workers the first
 # one to finish collecting starts it (both collect everything; a folder made with mkdir is the
 # lock), and the group that reads it may run in the other: so the build writes its exit code to
