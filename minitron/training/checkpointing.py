@@ -45,7 +45,6 @@ from minitron.training.checkpoint_files import (  # noqa: F401 -- the torch-free
     LAYOUT_KEYS, METADATA, TRACKER, CheckpointError, args_snapshot, atomic_write_text, check_resumable,
     file_digest, iteration_dir, load_problem, rank_dir, read_latest_iteration, read_metadata, verify_file,
 )
-from minitron.training.checkpointing_dist import load_checkpoint_dist, save_checkpoint_dist
 from minitron.training.global_vars import get_args
 from minitron.training.utils import print_rank_0
 
@@ -100,6 +99,8 @@ def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> No
     if args.deepspeed:
         return _save_deepspeed(iteration, model[0])
     if args.ckpt_format == "torch_dist":
+        # lazy: torch.distributed.checkpoint costs 0.65 s of imports, paid by a run that saves
+        from minitron.training.checkpointing_dist import save_checkpoint_dist
         return save_checkpoint_dist(iteration, model, optimizer, opt_param_scheduler, args, _rng_state())
     where = _rank_dir(args.save, iteration)
     rng_states = _rng_states_of_data_parallel_ranks()
@@ -171,6 +172,8 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
     # rank checks what it reads (sha256 against metadata.json) before torch sees a byte.
     meta = read_metadata(args.load, iteration)
     if meta.get("sharded_backend") == "torch_dist":   # the format is read from the checkpoint
+        # lazy: torch.distributed.checkpoint costs 0.65 s of imports, paid by a run that loads
+        from minitron.training.checkpointing_dist import load_checkpoint_dist
         _, rng_state = load_checkpoint_dist(iteration_dir(args.load, iteration), model, optimizer,
                                             opt_param_scheduler, args)
         if rng_state is not None:
