@@ -1,0 +1,109 @@
+"""The argument groups of the model's optional architecture: where positions come from, the
+attention variants (sliding windows, multi-latent attention) and mixture of experts.
+
+Kept apart from argument_groups.py, which reads as the core vocabulary (sizes, training,
+parallelism, data); these are the flags Megatron's newer models add, grouped as Megatron
+groups them. Nothing here needs torch.
+"""
+
+from __future__ import annotations
+
+from minitron.training.arguments_ranges import CAPACITY, EXPERTS, POSITIVE, float_in, layer_pattern, window_size
+
+
+def _add_window_args(parser):
+    g = parser.add_argument_group("sliding-window attention")
+    g.add_argument("--window-size", type=window_size, default=None,
+                   help="LEFT,RIGHT: each query sees LEFT tokens back and RIGHT ahead (a GPT: L,0)")
+    g.add_argument("--window-attn-skip-freq", type=layer_pattern, default=None,
+                   help="N: every N-th layer attends to everything; or a 0/1 list per layer (1 = window)")
+# Megatron 0.19's --position-embedding-type choices. minitron builds the first three; the
+# others are taken by the parser so that validate_args can refuse them by name.
+POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none", "yarn", "mrope", "relative")
+
+
+def _add_position_embedding_args(g):
+    """Where a token's position enters the model (core/models/common/embeddings/)."""
+    g.add_argument("--position-embedding-type", default="learned_absolute", choices=POSITION_EMBEDDING_TYPES,
+                   help="learned_absolute: a table added to the input; rope: q and k rotated; none: no positions")
+    # Megatron's two deprecated spellings, still taken there (and so here).
+    g.add_argument("--no-position-embedding", dest="add_position_embedding", action="store_false",
+                   help="deprecated in Megatron: refused unless the type is rope (use --position-embedding-type)")
+    g.add_argument("--use-rotary-position-embeddings", action="store_true",
+                   help="deprecated in Megatron: --position-embedding-type rope")
+    g.add_argument("--rotary-percent", type=float_in(0.0, 1.0, above=True), default=1.0,
+                   help="rope: the share of each head's channels that rotate")
+    g.add_argument("--rotary-base", type=POSITIVE, default=10000, help="rope: the base of the angles")
+    g.add_argument("--rotary-interleaved", action="store_true",
+                   help="rope: rotate channel pairs (2i, 2i+1) instead of (i, i + d/2)")
+    g.add_argument("--rotary-seq-len-interpolation-factor", type=POSITIVE, default=None, metavar="F",
+                   help="rope: positions divided by F (position interpolation)")
+    g.add_argument("--use-rope-scaling", action="store_true",
+                   help="rope: Llama 3.1's scaling of the slow angles")
+    g.add_argument("--rope-scaling-factor", type=float_in(0.0, above=True), default=8.0,
+                   help="rope: how much --use-rope-scaling slows the slow angles")
+
+
+def _add_mla_args(parser):
+    """Multi-latent attention (core/transformer/multi_latent_attention.py), Megatron's defaults."""
+    g = parser.add_argument_group("multi-latent attention")
+    g.add_argument("--multi-latent-attention", action="store_true",
+                   help="DeepSeek-V2's attention: keys and values rebuilt from one small latent per token")
+    g.add_argument("--q-lora-rank", type=POSITIVE, default=None, help="queries through a latent of this size too")
+    g.add_argument("--kv-lora-rank", type=POSITIVE, default=32, help="the key/value latent's size")
+    g.add_argument("--qk-head-dim", type=POSITIVE, default=128, help="a head's query/key channels without rope")
+    g.add_argument("--qk-pos-emb-head-dim", type=POSITIVE, default=64, help="a head's rope channels")
+    g.add_argument("--v-head-dim", type=POSITIVE, default=128)
+    # Megatron lists it with its training flags; None lets MLA take its own default, YaRN.
+    g.add_argument("--rope-type", default=None, choices=["rope", "yarn"],
+                   help="MLA's rope: minitron implements rope (Megatron's MLA default is yarn)")
+
+
+def _add_moe_args(parser):
+    g = parser.add_argument_group("moe")
+    g.add_argument("--num-experts", type=EXPERTS, default=None,
+                   help="experts per MoE layer; --expert-model-parallel-size spreads them")
+    # No defaults here (None: not given): validate_moe refuses these for a dense model, then
+    # fills in MOE_DEFAULTS, Megatron's.
+    g.add_argument("--moe-router-topk", type=POSITIVE, default=None, help="experts each token is sent to (default 2)")
+    g.add_argument("--moe-aux-loss-coeff", type=float_in(0.0), default=None,
+                   help="weight of the load-balancing loss (Megatron suggests 1e-2; default 0: none)")
+    g.add_argument("--moe-layer-freq", type=layer_pattern, default=None,
+                   help="every N-th layer is an MoE layer (the first one always; default 1), or a 0/1 list "
+                        "per layer such as ([0]+[1]*26)")
+    g.add_argument("--moe-ffn-hidden-size", type=POSITIVE, default=None, help="an expert's ffn size; "
+                   "default: --ffn-hidden-size")
+    g.add_argument("--moe-expert-capacity-factor", type=CAPACITY, default=None, metavar="F",
+                   help="an expert takes at most ceil(F x tokens x topk / experts) of a rank's tokens per "
+                        "micro-batch; the rest are dropped (lowest probabilities first). Default: dropless")
+    g.add_argument("--moe-pad-expert-input-to-capacity", action="store_true",
+                   help="fill every expert's input up to its capacity, so each all-to-all has a fixed size")
+    g.add_argument("--moe-token-drop-policy", default="probs", choices=["probs", "position"],
+                   help="beyond capacity, drop the least probable tokens (probs) or the last ones (position)")
+    # Routing (moe/router.py, moe_utils.topk_routing_with_score_function); Megatron's defaults.
+    g.add_argument("--moe-router-load-balancing-type", default="aux_loss",
+                   choices=["aux_loss", "seq_aux_loss", "global_aux_loss", "none"],
+                   help="the balance loss weighted by --moe-aux-loss-coeff: per micro-batch, per sequence, "
+                        "per global batch, or none (Sinkhorn is not built)")
+    g.add_argument("--moe-router-score-function", default="softmax", choices=["softmax", "sigmoid"],
+                   help="how logits become scores: softmax over experts, or one sigmoid each")
+    g.add_argument("--moe-router-pre-softmax", action="store_true",
+                   help="softmax over all experts before the top-k (default: over the chosen k after)")
+    g.add_argument("--moe-router-topk-scaling-factor", type=float_in(0.0, above=True), default=None,
+                   help="multiply the chosen experts' weights by this (default: no scaling)")
+    g.add_argument("--moe-router-dtype", default=None, choices=["fp32", "fp64"],
+                   help="run the router's matmul and scores in this precision (default: the model's)")
+    g.add_argument("--moe-z-loss-coeff", type=float_in(0.0), default=None,
+                   help="weight of the router z-loss, mean logsumexp(logits)^2 (Megatron suggests 1e-3)")
+    g.add_argument("--moe-router-enable-expert-bias", action="store_true",
+                   help="aux-loss-free balancing: a per-expert bias on the choice, moved after each step")
+    g.add_argument("--moe-router-bias-update-rate", type=float_in(0.0), default=1e-3,
+                   help="the expert bias's step per global batch (default 1e-3, DeepSeek-V3's)")
+    g.add_argument("--moe-token-dispatcher-type", default="allgather", choices=["allgather", "alltoall"],
+                   help="how tokens reach their experts: all-gather the group's tokens (Megatron's default) "
+                        "or send each rank only its experts' rows (all-to-all); flex (DeepEP) is not built")
+    g.add_argument("--moe-grouped-gemm", action="store_true",
+                   help="run the local experts as one batched matmul instead of one after another")
+    g.add_argument("--moe-shared-expert-intermediate-size", type=POSITIVE, default=None,
+                   help="width of an MLP every token goes through beside the routed experts "
+                        "(n shared experts of width f: n x f)")
