@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-# tests/distributed.py (run_ranks) is imported as a plain module by the distributed tests.
+# tests/distributed.py (run_ranks), cli_here.py and the other helpers are imported as plain
+# modules by the tests.
 sys.path.insert(0, str(Path(__file__).parent))
-from cli_here import run_minitron  # noqa: E402  (found through the line above)
 
 # The launcher forks ranks from this process. A forked child cannot use a thread pool its
 # parent started (the pool's threads do not survive fork), so the pytest process must never
@@ -28,46 +28,30 @@ torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-@pytest.fixture(scope="session")
-def trace16(tmp_path_factory):
-    """`minitron trace --tp 2 --pp 4 --world 16`, the README's main job, run once for every test
-    that reads it: test_trace16 reads its files, test_readme its output at the 100 columns the
-    README's excerpt was taken at. The command exactly as written: on a CPU machine it picks
-    gloo, and asking the accelerator shows in the trace (validate_args calls get_accelerator
-    only when --backend is not given). On a GPU machine it is told gloo: 16 NCCL ranks would
-    need 16 GPUs. Returns the trace directory and the finished process."""
-    cwd = tmp_path_factory.mktemp("trace16")
-    env = {**os.environ, "COLUMNS": "100"}
-    gloo = ["--backend", "gloo"] if torch.cuda.is_available() else []
-    proc = run_minitron("trace", "--tp", "2", "--pp", "4", "--world", "16", *gloo, cwd=cwd, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return cwd / "minitron-trace", proc
-
-
 # --- two workers (pytest-xdist) --------------------------------------------------------------
 # The suite runs in two worker processes (`-n 2` in pyproject's addopts): half of its time is
 # spent waiting (ranks on each other, launchers on timeouts, Ctrl-C tests on signals), and the
-# second worker fills those waits. Tests travel in groups: one file per group, so a file's
-# module fixtures (a training run several tests read) run once, and the tests that share a
-# session fixture form one group across files, so that fixture runs once too.
-SHARED_GROUPS = {"site_build": "site", "trace16": "trace16"}
+# second worker fills those waits. Workers are dealt whole files (`--dist loadfile`), so a
+# file's module fixtures (a training run several tests read) run once: a run that several
+# tests read lives in the file of those tests (the 16-rank trace in test_trace16.py).
+#
+# Why not `--dist loadgroup` with a group per shared fixture, as this suite once did: xdist 3.8
+# puts the group into a test's id by setting ``item._nodeid``, which pytest 9.2 no longer
+# reads (its ``nodeid`` comes from ``_id``). The groups silently fell apart into single tests,
+# dealt one by one to either worker, and a module fixture ran once in each worker that got
+# one of its tests: the refusal tables, the browser's visit of every page, training runs.
+# tests/test_suite_layout.py checks that every file now runs in one worker.
 
 
 def _reads_the_site(item) -> bool:
     return "site_build" in getattr(item, "fixturenames", ())
 
 
-def _group(item) -> str:
-    names = getattr(item, "fixturenames", ())
-    return next((group for fixture, group in SHARED_GROUPS.items() if fixture in names), item.nodeid.split("::")[0])
-
-
-@pytest.hookimpl(tryfirst=True)   # before xdist's own hook, which reads the marks into node ids
 def pytest_collection_modifyitems(session, config, items):
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
-    # The tests that read the build go last, so waiting for it holds nothing else up.
-    items.sort(key=_reads_the_site)
+    # The files whose tests read the site build go last (xdist deals files in the order their
+    # first test comes), so that waiting for the build holds nothing else up.
+    late = {item.path for item in items if _reads_the_site(item)}
+    items.sort(key=lambda item: item.path in late)
 
 
 @pytest.hookimpl(optionalhook=True)

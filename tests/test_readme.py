@@ -5,7 +5,8 @@
 - Everything minitron imports is a declared dependency. The first command once broke for every
   newcomer because `click` came only through the dev extra while the tests stayed green; this
   test fails on that class of mistake without needing a fresh venv.
-- The output excerpt is what a current run prints (durations aside).
+- The output excerpt is what a current run prints (durations aside): test_trace16.py, beside
+  the run it reads.
 - The files "More to try" points at exist.
 """
 
@@ -115,19 +116,3 @@ def normalise(text: str) -> str:
     breaks and tree glyphs that a wrap at another place would move."""
     text = re.sub(r"[\s│├└─]+", "", text)
     return re.sub(r"\d+\.\d+m?s", "T", text)  # durations always carry a decimal: 36.3 ms, 1.61 s
-
-
-@pytest.fixture(scope="module")
-def main_job_output(trace16):
-    return trace16[1].stdout  # one run at 100 columns, shared with test_trace16 (conftest.py)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the README's excerpt is the CPU machine's run (gloo)")
-def test_readme_excerpt_is_what_the_main_job_prints(main_job_output):
-    printed = normalise(main_job_output)
-    chunks = excerpt_chunks()
-    assert len(chunks) >= 2  # the tree's start, then the checks and the closing line
-    stale = [chunk for chunk in chunks if normalise(chunk) not in printed]
-    assert not stale, ("README's output excerpt no longer matches `minitron trace --tp 2 --pp 4 "
-                       "--world 16` (regenerate it with scripts/readme_excerpt.py --write):\n"
-                       + "\n---\n".join(stale))

@@ -13,15 +13,35 @@ import json
 import os
 
 import pytest
+import torch
 
+from cli_here import run_minitron
 from megatron_reference import DESC, KINDS, coordinates, creation_sequence, reference_layout
+from test_readme import excerpt_chunks, normalise
 
 WORLD, TP, PP = 16, 2, 4
 
 
 @pytest.fixture(scope="module")
+def trace16(tmp_path_factory):
+    """`minitron trace --tp 2 --pp 4 --world 16`, the README's main job, run once for every test
+    of this file: most read its files, the last its output at the 100 columns the README's
+    excerpt was taken at (one file, so that the suite's workers, which share out whole files,
+    run it once). The command exactly as written: on a CPU machine it picks
+    gloo, and asking the accelerator shows in the trace (validate_args calls get_accelerator
+    only when --backend is not given). On a GPU machine it is told gloo: 16 NCCL ranks would
+    need 16 GPUs. Returns the trace directory and the finished process."""
+    cwd = tmp_path_factory.mktemp("trace16")
+    env = {**os.environ, "COLUMNS": "100"}
+    gloo = ["--backend", "gloo"] if torch.cuda.is_available() else []
+    proc = run_minitron("trace", "--tp", "2", "--pp", "4", "--world", "16", *gloo, cwd=cwd, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return cwd / "minitron-trace", proc
+
+
+@pytest.fixture(scope="module")
 def run16(trace16):
-    out, _ = trace16  # one run, shared with test_readme (conftest.py)
+    out, _ = trace16
     records = {}
     for r in range(WORLD):
         lines = (out / f"rank{r}.jsonl").read_text().splitlines()
@@ -128,3 +148,21 @@ def test_chrome_trace_has_one_named_row_per_rank(run16):
         assert {"name", "ts", "dur", "pid", "tid"} <= set(e) and e["dur"] >= 0
     assert {e["pid"] for e in spans} == set(names)
     assert len(spans) == sum(len(recs) for recs in records.values())
+
+
+# The README's excerpt of this run (what the newcomer's first command prints; test_readme.py
+# keeps the README's other promises).
+@pytest.fixture(scope="module")
+def main_job_output(trace16):
+    return trace16[1].stdout  # the run the other tests read, at 100 columns
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the README's excerpt is the CPU machine's run (gloo)")
+def test_readme_excerpt_is_what_the_main_job_prints(main_job_output):
+    printed = normalise(main_job_output)
+    chunks = excerpt_chunks()
+    assert len(chunks) >= 2  # the tree's start, then the checks and the closing line
+    stale = [chunk for chunk in chunks if normalise(chunk) not in printed]
+    assert not stale, ("README's output excerpt no longer matches `minitron trace --tp 2 --pp 4 "
+                       "--world 16` (regenerate it with scripts/readme_excerpt.py --write):\n"
+                       + "\n---\n".join(stale))

@@ -225,10 +225,16 @@ def _stop_adapter(port: int, within: float = 10.0) -> None:
     It detached from us and would go by itself once it noticed our connection close: a moment
     on a quiet machine, over a minute on a loaded one (seen in tests/test_debug_attach.py), all
     the while holding the port the user will want again for the next try. A rank that gives up
-    waiting therefore stops it itself, so the job ends with nothing of it left behind."""
+    waiting therefore stops it itself, so the job ends with nothing of it left behind.
+
+    With SIGKILL, not SIGTERM: the adapter was started while this rank held SIGTERM blocked
+    (listen() above), and a process inherits the signal mask of the thread that started it,
+    through fork and exec alike. So the adapter holds SIGTERM too, pending until it exits by
+    itself: a SIGTERM here used to cost every give-up the whole ``within`` wait (10 s), and
+    the adapter lingered 40 s more. The adapter keeps no state worth a clean exit."""
     for pid in _adapter_pids(port):
         try:
-            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGKILL)
         except OSError:
             pass   # gone already
     deadline = time.monotonic() + within
