@@ -80,6 +80,6 @@ class FusedAdam(torch.optim.Optimizer):
         correct1 = 1 - beta1 ** state["step"] if group["bias_correction"] else 1.0
         correct2 = 1 - beta2 ** state["step"] if group["bias_correction"] else 1.0
         denom = (v.sqrt() / math.sqrt(correct2)).add_(eps)
-        if decay and self.adam_w_mode:       # AdamW: the weight shrinks by itself, apart from the moments
+        if decay and self.adam_w_mode:       # AdamW: the decay shrinks the weight directly, not via the moments
             p.add_(p, alpha=-lr * decay)
         p.addcdiv_(m, denom, value=-lr / correct1)
