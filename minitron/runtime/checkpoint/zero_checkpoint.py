@@ -2,7 +2,7 @@
 
 Stages 1-2 (``DeepSpeedZeroOptimizer.state_dict``): my partition of each group's fp32 master,
 *without* the padding that made the partitions equal (``group_paddings`` says how much was cut),
-and the torch optimizer's own state dict, whose moments are my partition's, padding included.
+and the Adam's own state dict, whose moments are my partition's, padding included.
 A reader glues the ranks' lean partitions end to end and walks ``param_shapes`` through them.
 
 Stage 3 (``DeepSpeedZeroOptimizer_Stage3._rigid_state_dict``): my pieces of every parameter,
@@ -13,7 +13,8 @@ Stage 0: DeepSpeed has no ZeRO optimizer and no optimizer files; the state goes 
 model-states file under ``optimizer``. In fp32 the optimizer owns the module's tensors, so it is
 the optimizer's own state dict, one entry per parameter: minitron keeps one flat master per
 group at every stage, so it is cut into parameters on the way out and glued back on the way in.
-At 16 bits it is FP16_Optimizer's (below).
+At 16 bits it is the state dict of the wrapper DeepSpeed puts around the Adam: FP16_Optimizer
+around FusedAdam, FP16_UnfusedOptimizer around torch's (stage0_state_dict, below).
 
 The optimizer's own state dict is in the form of the Adam the config runs, DeepSpeed's FusedAdam
 or torch's (adam_state.py shows both); a loader puts whichever it reads into its own form.
