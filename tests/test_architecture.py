@@ -1,11 +1,11 @@
 """The architecture, read again from the code's imports.
 
 minitron is built in floors: tracing on the ground, the devices and the launcher above it, then
-communication, then the model with its parallelism (and DeepSpeed's runtime beside it), then
-training, then the entry points, and the command line on top. A floor may use any floor below it,
-never one above, and two packages on the same floor do not use each other. These tests read every
-``import`` statement of ``minitron/`` with ``ast`` (nothing is imported, torch least of all) and
-check three things:
+communication, then DeepSpeed's ops (its optimizers), then the model with its parallelism (and
+DeepSpeed's runtime beside it), then training, then the entry points, and the command line on
+top. A floor may use any floor below it, never one above, and two packages on the same floor do
+not use each other. These tests read every ``import`` statement of ``minitron/`` with ``ast``
+(nothing is imported, torch least of all) and check three things:
 
 * floors: no import runs up a floor (FLOORS below is the map, as data);
 * no import cycle between minitron's modules, function-level imports counted: an import inside a
@@ -43,6 +43,7 @@ FLOORS: list[tuple[str, list[str]]] = [
     ("devices; the launcher (its parent stays cheap: no model, no training)",
      ["minitron.accelerator", "minitron.launcher"]),
     ("communication (DeepSpeed's comm)", ["minitron.comm"]),
+    ("DeepSpeed's ops: the optimizers its engine builds, in plain torch", ["minitron.ops"]),
     ("the model and its parallelism (Megatron core); DeepSpeed's runtime",
      ["minitron.core", "minitron.runtime"]),
     ("training (Megatron's training/)", ["minitron.training"]),

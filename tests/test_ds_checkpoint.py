@@ -54,10 +54,11 @@ class TiedNet(torch.nn.Module):
         return self.head(torch.tanh(self.dec(h)) * self.scale)
 
 
-def ds_config(stage: int, precision: str) -> dict:
-    """The config both minitron and DeepSpeed run."""
+def ds_config(stage: int, precision: str, torch_adam: bool = False) -> dict:
+    """The config both minitron and DeepSpeed run: Adam is DeepSpeed's FusedAdam unless
+    ``torch_adam``, which asks for torch's AdamW (the two keep their state in other forms)."""
     config = {"train_batch_size": 4, "gradient_clipping": 1.0, "zero_optimization": {"stage": stage},
-              "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+              "optimizer": {"type": "AdamW", "params": {"lr": 0.01, **({"torch_adam": True} if torch_adam else {})}},
               "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 3, "warmup_max_lr": 0.01}}}
     if precision != "fp32":
         config[precision] = {"enabled": True}
@@ -118,11 +119,11 @@ def _save_and_resume(root: str):
     return body
 
 
-def resume(where: str, stage: int, precision: str, rank: int) -> dict:
+def resume(where: str, stage: int, precision: str, rank: int, torch_adam: bool = False) -> dict:
     """A fresh engine (other initial weights) loads ``where`` and runs the next two steps: the
     first one's loss shows the weights came back, the second's the moments and the schedule."""
     from minitron.runtime import initialize   # in the rank: the engine needs its process group
-    fresh, *_ = initialize(model=TiedNet(seed=9), config=ds_config(stage, precision))
+    fresh, *_ = initialize(model=TiedNet(seed=9), config=ds_config(stage, precision, torch_adam))
     path, client = fresh.load_checkpoint(where)
     return {"again": train(fresh, rank, precision, NEXT), "client": client, "path": path,
             "steps": fresh.global_steps}
@@ -149,9 +150,10 @@ def test_file_list_and_keys_are_deepspeeds(saved, stage, precision):
     if stage == 0:
         assert state["param_shapes"] is None and state["shared_params"] is None
         optimizer = state["optimizer"]
-        if precision == "fp32":   # torch's own state dict, one entry per parameter
+        if precision == "fp32":   # the Adam's own state dict (FusedAdam's), one entry per parameter
             assert list(optimizer) == ["state", "param_groups"] and len(optimizer["state"]) == 9
-            assert optimizer["state"][0]["exp_avg"].shape == (7, IN)
+            assert optimizer["state"][0]["exp_avg"].shape == (7, IN) and optimizer["state"][8]["step"] == 2
+            assert optimizer["param_groups"][0]["bias_correction"] is True
         else:                     # FP16_Optimizer's: one unpadded flat master a group
             assert list(optimizer) == (FP16_SCALE_KEYS if precision == "fp16" else []) + STAGE0_16BIT_KEYS
             assert optimizer["fp32_groups_flat"][0].shape == (150,)

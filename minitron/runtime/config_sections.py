@@ -106,7 +106,7 @@ def parse_optimizer(params: dict) -> tuple[Optional[str], Optional[dict]]:
     kind, opt = _typed_section(params, "optimizer", OPTIMIZERS, any_case=True)
     if kind is None:
         return None, None
-    check_keys(opt, OPTIMIZERS[kind] + ("adam_w_mode",), {"torch_adam": False}, "optimizer.params")
+    check_keys(opt, OPTIMIZERS[kind] + ("adam_w_mode", "torch_adam"), {}, "optimizer.params")
     out = {"lr": number(opt, "lr", 1e-3, "optimizer.params", low=0),
            "eps": number(opt, "eps", 1e-8, "optimizer.params", low=0),
            "weight_decay": number(opt, "weight_decay", 0.0, "optimizer.params", low=0)}
@@ -117,6 +117,8 @@ def parse_optimizer(params: dict) -> tuple[Optional[str], Optional[dict]]:
     out["betas"] = [float(b) for b in betas]
     if "adam_w_mode" in opt:   # DeepSpeed's "Adam" is AdamW unless this is false; "AdamW" always is
         out["adam_w_mode"] = flag(opt, "adam_w_mode", True, "optimizer.params")
+    if "torch_adam" in opt:    # torch's Adam/AdamW instead of DeepSpeed's default FusedAdam
+        out["torch_adam"] = flag(opt, "torch_adam", False, "optimizer.params")
     return kind, out
 
 

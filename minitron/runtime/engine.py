@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from minitron import comm as dist   # deepspeed/runtime/engine.py: from deepspeed import comm as dist
+from minitron.ops.adam import FusedAdam
 from minitron.runtime.checkpoint import engine_checkpoint as checkpoint
 from minitron.runtime.config import DeepSpeedConfig
 from minitron.runtime.loss_scaler import CreateLossScaler
@@ -143,7 +144,11 @@ class DeepSpeedEngine(torch.nn.Module):
         kwargs = dict(self._config.optimizer_params)
         # DeepSpeed's "Adam" is AdamW (decoupled weight decay) unless adam_w_mode is false.
         adam_w = kwargs.pop("adam_w_mode", True) or self._config.optimizer_name == "AdamW"
-        return (torch.optim.AdamW if adam_w else torch.optim.Adam)(params, **kwargs)
+        # Its default is FusedAdam, whose state (and so checkpoint) differs from torch's Adam in
+        # form, not in arithmetic: ops/adam/fused_adam.py. torch_adam asks for torch's instead.
+        if kwargs.pop("torch_adam", False):
+            return (torch.optim.AdamW if adam_w else torch.optim.Adam)(params, **kwargs)
+        return FusedAdam(params, adam_w_mode=adam_w, **kwargs)
 
     def _configure_lr_scheduler(self, client_scheduler):
         if client_scheduler is not None:

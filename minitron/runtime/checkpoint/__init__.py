@@ -13,7 +13,8 @@
                                                      master and of Adam's moments
 
 constants.py names the files and keys, engine_checkpoint.py writes and reads the model-states
-files, zero_checkpoint.py the optimizer's state at each stage, pickles.py reads the DeepSpeed
+files, zero_checkpoint.py the optimizer's state at each stage, adam_state.py turns either
+Adam's state form (FusedAdam's, torch's) into the running one's, pickles.py reads the DeepSpeed
 objects inside a DeepSpeed-written file without importing DeepSpeed; zero_to_fp32.py and
 zero_to_torch.py are the scripts copied beside the tags (minitron's own, torch only).
 

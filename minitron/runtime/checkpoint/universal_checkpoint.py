@@ -10,7 +10,7 @@ parameters out as its own optimizer does, then keeps the elements its partition 
     stage 3      each parameter padded to ceil(numel / dp) x dp and cut into dp pieces;
                  partition r is piece r of every parameter, end to end
 
-fp32 becomes the master, exp_avg and exp_avg_sq the torch optimizer's state for it, and the
+fp32 becomes the master, exp_avg and exp_avg_sq the Adam's state for it, and the
 model's weights are copied from the masters (``_publish``), so the module's own entries in the
 model-states file are not read: the masters are the truth, as DeepSpeed has it. The step count
 comes from a parameter's step.pt, or, from stage 3, from optimizer_state.pt. The loss scaler
@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from minitron.runtime.checkpoint import constants as C
+from minitron.runtime.checkpoint.adam_state import running_form
 from minitron.runtime.checkpoint.pickles import load_state
 from minitron.runtime.checkpoint.zero_checkpoint import optimizer_groups, scaler_state
 from minitron.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
@@ -88,7 +89,6 @@ def load_universal_state(opt, zero: Path, names: dict) -> None:
         raise ValueError(f"{zero} was saved with {len(saved_groups)} param groups, this optimizer has "
                          f"{len(groups)}: build the optimizer's param groups as the saving run did")
     step = _step(zero, [names[p] for params in groups for p in params], common)
-    current = opt.optimizer.state_dict()["param_groups"]
     state, param_groups = {}, []
     for i, params in enumerate(groups):
         # At stage 3 a released parameter's own numel is 0; ds_numel is its whole size.
@@ -97,10 +97,9 @@ def load_universal_state(opt, zero: Path, names: dict) -> None:
                  for key in C.UNIVERSAL_STATES}
         opt.single_partition_of_fp32_groups[i].copy_(parts[C.FP32_WEIGHT_KEY])
         state[i] = {"step": step.clone(), "exp_avg": parts["exp_avg"], "exp_avg_sq": parts["exp_avg_sq"]}
-        # The saved hyperparameters over this optimizer's own (a key only one side has stays).
-        hyper = {k: v for k, v in saved_groups[i].items() if k != "params"}
-        param_groups.append({**current[i], **hyper, "params": [i]})
-    opt.optimizer.load_state_dict({"state": state, "param_groups": param_groups})
+        param_groups.append({**saved_groups[i], "params": [i]})
+    # The saved hyperparameters, the count in the running Adam's type (adam_state.py).
+    opt.optimizer.load_state_dict(running_form(opt.optimizer, {"state": state, "param_groups": param_groups}))
     opt.loss_scaler.load_state_dict(scaler_state(opt.loss_scaler, common[C.LOSS_SCALER]))
     for i in range(len(groups)):
         opt._publish(i)

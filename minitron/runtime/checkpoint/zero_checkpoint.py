@@ -2,7 +2,7 @@
 
 Stages 1-2 (``DeepSpeedZeroOptimizer.state_dict``): my partition of each group's fp32 master,
 *without* the padding that made the partitions equal (``group_paddings`` says how much was cut),
-and the torch optimizer's own state dict, whose moments are my partition's, padding included.
+and the Adam's own state dict, whose moments are my partition's, padding included.
 A reader glues the ranks' lean partitions end to end and walks ``param_shapes`` through them.
 
 Stage 3 (``DeepSpeedZeroOptimizer_Stage3._rigid_state_dict``): my pieces of every parameter,
@@ -13,11 +13,11 @@ Stage 0: DeepSpeed has no ZeRO optimizer and no optimizer files; the state goes 
 model-states file under ``optimizer``. In fp32 the optimizer owns the module's tensors, so it is
 the optimizer's own state dict, one entry per parameter: minitron keeps one flat master per
 group at every stage, so it is cut into parameters on the way out and glued back on the way in.
-At 16 bits it is FP16_Optimizer's (below).
+At 16 bits it is the state dict of the wrapper DeepSpeed puts around the Adam: FP16_Optimizer
+around FusedAdam, FP16_UnfusedOptimizer around torch's (stage0_state_dict, below).
 
-The moments are torch AdamW's, in torch's state-dict form ('step' beside each parameter's
-moments), at every stage: that is the optimizer minitron runs. DeepSpeed's FusedAdam keeps the
-same moments with 'step' in the param group instead.
+The optimizer's own state dict is in the form of the Adam the config runs, DeepSpeed's FusedAdam
+or torch's (adam_state.py shows both); a loader puts whichever it reads into its own form.
 
 The loss scaler is pickled as DeepSpeed's own object (``deepspeed_scaler``), since DeepSpeed's
 engine adopts the unpickled object as its scaler. minitron reads back its attributes, or the dict
@@ -30,7 +30,9 @@ from types import SimpleNamespace
 
 import torch
 
+from minitron.ops.adam import FusedAdam
 from minitron.runtime.checkpoint import constants as C
+from minitron.runtime.checkpoint.adam_state import running_form
 from minitron.runtime.checkpoint.pickles import DeepSpeedObject, deepspeed_object
 from minitron.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
@@ -65,21 +67,6 @@ def scaler_state(scaler, saved) -> dict:
     minitron's dict or pickled as DeepSpeed's object (read back by pickles.py)."""
     saved = saved if isinstance(saved, dict) else vars(saved)
     return {k: saved[k] for k in scaler.state_dict() if k in saved}
-
-
-def _torch_form(optimizer_state: dict) -> dict:
-    """An optimizer state dict as torch's AdamW loads it: every parameter's state carries the
-    step count, a tensor, which Adam's bias correction divides by. DeepSpeed's FusedAdam (its
-    default Adam) increments only the *last* parameter's count in each group and uses it for
-    the whole group (older files kept it in the group), so its other parameters say 0; torch
-    would restart their bias correction. Each group's largest count is the group's."""
-    state = {k: dict(v) for k, v in optimizer_state["state"].items()}
-    for group in optimizer_state["param_groups"]:
-        held = [k for k in group["params"] if k in state]
-        count = max([float(group.get("step", 0))] + [float(state[k].get("step", 0)) for k in held])
-        for k in held:
-            state[k]["step"] = torch.tensor(count)
-    return {**optimizer_state, "state": state}
 
 
 def _partition_bounds(opt, i: int) -> tuple[int, int, int]:
@@ -136,7 +123,8 @@ def load_zero_state_dict(opt, state: dict) -> None:
                          f"partitions; this run has stage {opt.stage} with {opt.partition_count}: resume with "
                          "the same stage and data-parallel size")
     three = opt.stage == 3
-    opt.optimizer.load_state_dict(_torch_form(state[C.OPTIMIZER_STATE_DICT if three else C.BASE_OPTIMIZER_STATE]))
+    opt.optimizer.load_state_dict(running_form(opt.optimizer,
+                                              state[C.OPTIMIZER_STATE_DICT if three else C.BASE_OPTIMIZER_STATE]))
     opt.loss_scaler.load_state_dict(scaler_state(opt.loss_scaler, state[C.LOSS_SCALER]))
     saved = state[C.FP32_FLAT_GROUPS if three else C.SINGLE_PARTITION_OF_FP32_GROUPS]
     for i, (master, part) in enumerate(zip(opt.single_partition_of_fp32_groups, saved)):
@@ -147,18 +135,29 @@ def load_zero_state_dict(opt, state: dict) -> None:
 
 # --- stage 0: one state per parameter ----------------------------------------------------------
 
+def _pieces(flat: torch.Tensor, params: list) -> list:
+    """Views of ``flat`` cut into ``params``' shapes, end to end (the padding left over)."""
+    offsets = [0]
+    for p in params:
+        offsets.append(offsets[-1] + p.numel())
+    return [flat.detach()[a:b].view(p.shape) for a, b, p in zip(offsets, offsets[1:], params)]
+
+
 def _per_parameter(opt) -> dict:
-    """The torch optimizer's state dict as if torch had been given the parameters themselves."""
+    """The Adam's state dict as if it had been given the parameters themselves. Each parameter
+    gets its own copy of the step count: torch's Adam adds 1 to a tensor count in place, so one
+    tensor shared by a group would count once per parameter."""
     flat = opt.optimizer.state_dict()
     state, groups, index = {}, [], 0
     for params, group in zip(opt.bit16_groups, flat["param_groups"]):
-        moments, ids, offset = flat["state"].get(group["params"][0], {}), [], 0
-        for p in params:
+        moments, ids = flat["state"].get(group["params"][0], {}), []
+        cut = {k: _pieces(v, params) for k, v in moments.items() if torch.is_tensor(v) and v.dim() > 0}
+        for j in range(len(params)):
             if moments:
-                state[index] = {k: v[offset:offset + p.numel()].view(p.shape).clone()
-                                if torch.is_tensor(v) and v.dim() > 0 else v for k, v in moments.items()}
-            ids.append(index)
-            index, offset = index + 1, offset + p.numel()
+                state[index + j] = {k: cut[k][j].clone() if k in cut else v.clone() if torch.is_tensor(v) else v
+                                    for k, v in moments.items()}
+            ids.append(index + j)
+        index += len(params)
         groups.append({**group, "params": ids})
     return {"state": state, "param_groups": groups}
 
@@ -175,7 +174,7 @@ def _glue(tensors: list, like: torch.Tensor) -> torch.Tensor:
 
 def _load_per_parameter(opt, saved: dict) -> None:
     """Glue per-parameter moments back into each group's flat one."""
-    saved, state, groups = _torch_form(saved), {}, []
+    saved, state, groups = running_form(opt.optimizer, saved), {}, []
     for i, (master, group) in enumerate(zip(opt.single_partition_of_fp32_groups, saved["param_groups"])):
         ids = group["params"]
         if ids and ids[0] in saved["state"]:
@@ -197,18 +196,25 @@ def _resized(flat_state: dict, numels: list) -> dict:
 
 
 def stage0_state_dict(opt, dtype: torch.dtype, steps: int) -> dict:
-    """What goes under ``optimizer`` in the model-states file at stage 0. At 16 bits, minitron's
-    Adam being DeepSpeed's default (FusedAdam), DeepSpeed wraps it in FP16_Optimizer: one flat
-    fp32 master per group, unpadded, and the loss scale only where there is one (fp16)."""
+    """What goes under ``optimizer`` in the model-states file at stage 0: in fp32 the Adam's own
+    state dict; at 16 bits DeepSpeed's wrapper's, which depends on the Adam. Around its FusedAdam
+    it is FP16_Optimizer: one flat fp32 master per group, unpadded, and the loss scale only where
+    there is one (fp16). Around torch's Adam (``torch_adam``) it is FP16_UnfusedOptimizer: a
+    master per parameter, and the loss scale always (in bf16: fixed at 1)."""
     if dtype == torch.float32:
         return _per_parameter(opt)
-    out, scaler = {}, opt.loss_scaler
-    if dtype == torch.float16:
+    fused, scaler = isinstance(opt.optimizer, FusedAdam), opt.loss_scaler
+    out = {}
+    if dtype == torch.float16 or not fused:
         # A fixed scaler counts no iterations of its own; DeepSpeed's counts every step.
         out = {"dynamic_loss_scale": scaler.dynamic, "cur_scale": scaler.cur_scale,
                "cur_iter": getattr(scaler, "cur_iter", steps)}
         if scaler.dynamic:
             out.update({k: getattr(scaler, k) for k in _DYNAMIC_STAGE0_KEYS})
+    if not fused:
+        return {**out, C.OPTIMIZER_STATE_DICT: _per_parameter(opt),
+                C.FP32_GROUPS: [[piece.clone() for piece in _pieces(master, params)]
+                                for master, params in zip(opt.single_partition_of_fp32_groups, opt.bit16_groups)]}
     lean = [sum(p.numel() for p in params) for params in opt.bit16_groups]
     return {**out, C.OPTIMIZER_STATE_DICT: _resized(opt.optimizer.state_dict(), lean),
             C.FP32_GROUPS_FLAT: [m.detach()[:n].clone() for m, n in zip(opt.single_partition_of_fp32_groups, lean)],
@@ -228,7 +234,7 @@ def load_stage0_state_dict(opt, state: dict, dtype: torch.dtype) -> None:
         _load_per_parameter(opt, state[C.OPTIMIZER_STATE_DICT])
         saved = state[C.FP32_GROUPS]
     else:
-        opt.optimizer.load_state_dict(_resized(_torch_form(state[C.OPTIMIZER_STATE_DICT]),
+        opt.optimizer.load_state_dict(_resized(running_form(opt.optimizer, state[C.OPTIMIZER_STATE_DICT]),
                                                [m.numel() for m in masters]))
         saved = [[flat] for flat in state[C.FP32_GROUPS_FLAT]]
     if dtype != torch.float32:
