@@ -17,11 +17,19 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import sys
 import threading
 
 _PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
 _TRANSPORT_TIMER_SLACK_NS = 40_000_000
+
+
+@functools.cache
+def _prctl():
+    """libc's prctl, looked up once: loading the library handle and the function each time cost
+    ~50 us, once per rank, a thousand times in a fake world's play."""
+    return ctypes.CDLL(None, use_errno=True).prctl
 
 
 @contextlib.contextmanager
@@ -31,7 +39,7 @@ def slack_timers_for_new_threads():
     if not sys.platform.startswith("linux"):
         yield
         return
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl = _prctl()
     previous = prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)
     prctl(_PR_SET_TIMERSLACK, _TRANSPORT_TIMER_SLACK_NS, 0, 0, 0)
     try:
