@@ -54,9 +54,8 @@ def release_together(groups: list) -> None:
 
     torch destroys a process group without holding the GIL, so the destructors overlap and
     their waits for a transport tick with them. One after the other, a rank's twenty gloo
-    groups kept it ~0.6 s at exit (2 cores; ~40x its CPU time there): every traced world of
-    gloo ranks ended that much later than its last rank's work.
-    """
+    groups kept it 0.5-0.7 s at exit (2 cores; ~20x the CPU time it had used): every traced
+    world of gloo ranks ended that much later than its last rank's work."""
     threads = [threading.Thread(target=list.clear, args=([group],), name="release-group") for group in groups]
     groups.clear()  # from here each group is held by its thread alone, which drops it
     for thread in threads:
