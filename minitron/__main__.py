@@ -1,3 +1,3 @@
-from minitron.cli import main
+from minitron.cli import run
 
-main()
+run()

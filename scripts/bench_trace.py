@@ -24,17 +24,29 @@ install. --no-compile measures that case.
 
 Where the time goes (2 cores, Nov 2026). Python's cyclic collector costs a bare `import torch`
 ~0.3 s while it imports and ~0.5 s at exit (a last full collection over ~170,000 objects); the
-minitron command runs with it off and frozen at exit (cli/__init__.py); the second row of the
-table printed is that import with the same settings, and the like-for-like lines compare with it.
-World 16 (gloo): the parent spends ~1.7 s of CPU (torch, the command line, the training stack
-the ranks inherit, 17 forks, reading, checking and printing 16 traces) and its ranks ~0.7 s
-together: ~40 ms each, 137 new_group calls of which it is in ~20, each traced, ~20 ms of it
-in the kernel (copy-on-write faults, sockets, threads, tearing down a 200 MB address space).
-World 1024 (fake): players start ~1.5 s in, play for ~4 s (two copies, ~8 ms of CPU a rank:
-a quarter in torch's own new_group for the ~20 groups a rank is in, a sixth walking the 3,185
-groups it is not, an eighth encoding its records as JSON twice, a tenth in torch.manual_seed,
-which formats the Python stack three times for CUDA's lazy seeding), then ~0.3 s checking
-and printing and ~0.25 s exiting.
+minitron command runs with it off and frozen at exit (cli/__init__.py), and the executable
+skips the interpreter's tear-down (os._exit once main() is done: 0.05-0.1 s of CPU after a
+trace); the second row of the table printed is that import with the same settings, and the
+like-for-like lines compare with it.
+World 16 (gloo): the parent spends ~1.3 s of CPU (torch and the command line ~1.15 s, 17 forks
+~0.1 s of page-table copying, then reading, checking and printing 16 traces ~0.07 s) and its
+ranks ~0.5 s together (~30 ms each, half of it in the kernel: copy-on-write faults on the
+parent's pages, sockets, threads). Wall time was long above CPU time because every rank then
+sat 0.5-0.7 s in destroy_model_parallel: a gloo group's destructor joins its transport thread,
+which sees the request only at its next idle tick (10 ms, up to 50 with the timer slack pretrain
+sets), and a rank's ~20 groups went one after the other. They are now released together
+(comm/timer_slack.release_together): 20-80 ms.
+World 1024 (fake): the parent spends ~1.5 s of CPU before and after the play, all of it on the
+critical path (torch ~1.0 s; after the play ~0.35 s: unpickling the copies' 64,000 records,
+writing trace.json, checking and printing). The two copies play for ~6 s of CPU together,
+~5.5-6 ms a rank: a fifth walking the 3,357 groups a rank is not in (three Python calls each),
+a sixth in torch's own new_group for the ~20 it is in, a sixth encoding JSON (its records, then
+its rows of trace.json), ~4% in argparse, ~4% in torch.manual_seed (which formats the Python
+stack for CUDA's lazy seeding). Two costs are gone: the cyclic collector walking every kept
+rank's records again and again (~6%; each rank's are now frozen once collected), and ext4
+creating a thousand files just after deleting a thousand, scanning past every freed inode
+under a lock both copies take (~0.5 s of a trace run again into one directory; the files are
+now emptied and written in place).
 """
 
 from __future__ import annotations

@@ -147,6 +147,26 @@ def test_the_entry_point_leaves_the_callers_collector_as_it_found_it():
             gc.enable()
 
 
+def test_a_trace_into_a_used_directory_keeps_nothing_of_the_previous_run(tmp_path):
+    import os
+
+    from minitron.cli.trace import clear_previous_run
+
+    for name in ("rank0.jsonl", "rank1.jsonl", "rank2.jsonl", "rank7.jsonl", "trace.json"):
+        (tmp_path / name).write_text("{}\n")
+    (tmp_path / "elsewhere.jsonl").write_text("kept\n")
+    os.symlink(tmp_path / "elsewhere.jsonl", tmp_path / "rank3.jsonl")
+    inode = (tmp_path / "rank1.jsonl").stat().st_ino
+    clear_previous_run(tmp_path, range(4))   # this run writes ranks 0..3
+    left = sorted(p.name for p in tmp_path.iterdir())
+    # Its ranks' files emptied in place (same inode), the rest gone; a link is removed, never
+    # followed: what it points at is not the trace's.
+    assert left == ["elsewhere.jsonl", "rank0.jsonl", "rank1.jsonl", "rank2.jsonl"]
+    assert all((tmp_path / f"rank{r}.jsonl").stat().st_size == 0 for r in range(3))
+    assert (tmp_path / "rank1.jsonl").stat().st_ino == inode
+    assert (tmp_path / "elsewhere.jsonl").read_text() == "kept\n"
+
+
 # (d) a failing rank under `minitron launch` ---------------------------------------------
 def test_launch_names_the_failing_rank_and_leaves_nothing(tmp_path):
     logs = tmp_path / "logs"

@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import torch
 
+from minitron.comm.timer_slack import release_together
 from minitron.core.rank_generator import (DEFAULT_ORDER, HIERARCHICAL_CP_DESC, all_groups, generators,
                                          hierarchical_group_ranks, validate_parallel_sizes)
 from minitron.core.utils import GlobalMemoryBuffer
@@ -83,7 +84,8 @@ def initialize_model_parallel(
         key, desc, gloo = kind.key, kind.desc, kind.gloo
         for ranks in groups:
             group = create_group(ranks, timeout=timeout, group_desc=desc)
-            if _RANK in ranks:
+            mine = _RANK in ranks  # asked once: at world 1024 a rank walks ~3,400 groups
+            if mine:
                 _keep(key, ranks, group)
             if key == "cp" and hierarchical_context_parallel_sizes:   # --cp-comm-type a2a+p2p's levels
                 _create_hierarchical_groups(ranks, hierarchical_context_parallel_sizes, timeout)
@@ -91,7 +93,7 @@ def initialize_model_parallel(
                 # CPU-side collectives (checkpoint metadata, the distributed optimizer's state
                 # gathering) run on a gloo group even when the main groups are NCCL.
                 twin = create_group(ranks, timeout=timeout, backend="gloo", group_desc=desc + "_GLOO")
-                if _RANK in ranks:
+                if mine:
                     _keep(key + "-gloo", ranks, twin)
 
     # Last, as in Megatron: the scratch memory the layers borrow (tensor_parallel/layers.py).
@@ -331,11 +333,19 @@ def get_hierarchical_context_parallel_groups() -> list:
 def destroy_model_parallel() -> None:
     """Forget every group (and destroy them in torch), so initialize can run again."""
     global _VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK, _VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE, _RANK
-    if torch.distributed.is_initialized():
-        for group in {id(g): g for g in _GROUP.values()}.values():  # a group may serve two keys
-            torch.distributed.destroy_process_group(group)
-    _RANK = None
+    groups = {id(g): g for g in _GROUP.values()}  # a group may serve two keys
     _GROUP.clear()
+    gloo = []  # gloo groups end when their transport threads next wake: all at once (release_together)
+    if torch.distributed.is_initialized():
+        for key in list(groups):
+            group = groups.pop(key)
+            if torch.distributed.get_backend(group) == "gloo":
+                gloo.append(group)
+            torch.distributed.destroy_process_group(group)
+        group = None
+    groups.clear()  # any left (torch was already shut down) end here, as before
+    release_together(gloo)
+    _RANK = None
     _GLOBAL_RANKS.clear()
     _VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK = None
     _VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE = None
