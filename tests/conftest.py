@@ -47,11 +47,27 @@ def _reads_the_site(item) -> bool:
     return "site_build" in getattr(item, "fixturenames", ())
 
 
+# The order files are dealt in (`--no-loadscope-reorder` keeps this one, rather than xdist's
+# "most tests first"): the longest first, so that none of them is left to run alone at the end
+# (a few files take 10-20 s of wall time, measured with two workers, most take one or two),
+# then the rest as collected, and last the files whose tests read the site build, so that
+# waiting for the build holds nothing else up. A file missing from LONGEST only runs later.
+LONGEST = ("test_bad_inputs_flags.py", "test_bad_inputs_files.py", "test_architecture.py", "test_faults.py",
+           "test_pretrain_deepspeed.py", "test_launcher.py", "test_moe.py", "test_view.py",
+           "test_training_equivalence.py", "test_context_parallel.py", "test_debug_attach.py")
+
+
 def pytest_collection_modifyitems(session, config, items):
-    # The files whose tests read the site build go last (xdist deals files in the order their
-    # first test comes), so that waiting for the build holds nothing else up.
     late = {item.path for item in items if _reads_the_site(item)}
-    items.sort(key=lambda item: item.path in late)
+
+    def turn(item) -> tuple[int, int]:
+        if item.path in late:
+            return (2, 0)
+        if item.path.name in LONGEST:
+            return (0, LONGEST.index(item.path.name))
+        return (1, 0)
+
+    items.sort(key=turn)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -72,27 +88,39 @@ def _site_scratch(config) -> Path:
 # --- the site build, started early ------------------------------------------------------------
 # `mkdocs build --strict` runs every command the pages show: over two minutes of one
 # core when none of their outputs is in .cache/pages/ (docs/hooks/page_cache.py), seconds when
-# all are. So the build starts as soon as the tests are collected, at the tests' priority, and
+# all are. So the build starts as soon as the tests are collected, ahead of the tests, and
 # the tests that read the site (the `site_build` fixture: test_docs.py's
-# strict build, test_pages_browser.py's measures) only wait for it. Under two workers the first
+# strict build, test_pages_browser.py's measures) only wait for it. Under several workers the first
 # one to finish collecting starts it (both collect everything; a folder made with mkdir is the
 # lock), and the group that reads it may run in the other: so the build writes its exit code to
 # a file, and the fixture waits for that file rather than for a child of its own. Its commands
 # pick their own ports, as the tests do, so the two do not collide; the two of chapter 1 that
 # serve on 29500 (a fixed port keeps the page the same) are below the range free ports come from.
 def pytest_collection_finish(session):
-    if not any(_reads_the_site(item) for item in session.items):
-        return
+    if any(_reads_the_site(item) for item in session.items):
+        _start_site_build(session)
+    if hasattr(session.config, "workerinput"):
+        # The build is the run's longest chain of work (its commands and then the browser's
+        # visit of every page): at equal priority it finished well after the tests, while
+        # the tests, half of whose time is waiting, run as well on what the build leaves.
+        # So the workers step back (the build started above keeps the priority it was born
+        # with) and the build goes first. Every process a test starts inherits this.
+        os.nice(WORKER_NICENESS)
+
+
+WORKER_NICENESS = 3   # CPU weight 526 against the build's 1024 (Linux's table for nice 3 and 0)
+
+
+def _start_site_build(session) -> None:
     scratch = _site_scratch(session.config)
     try:
         (scratch / "started").mkdir()
     except FileExistsError:
         return  # the other worker started it
     mkdocs = Path(sys.executable).parent / "mkdocs"
-    # One page at a time, at the tests' priority: the build is as much of the run's work as the
-    # tests (a cold one, as in CI, about as much CPU as all of them), and niced it starved until
-    # the tests ended, then ran alone on one core while the site's readers waited for it.
-    env = {**os.environ, "MINITRON_DOCS_JOBS": os.environ.get("MINITRON_DOCS_JOBS", "1")}
+    # Two pages at a time, ahead of the tests (see above): a cold build, as in CI, is about
+    # as much CPU as all the tests together.
+    env = {**os.environ, "MINITRON_DOCS_JOBS": os.environ.get("MINITRON_DOCS_JOBS", "2")}
     build = (f"{shlex.quote(str(mkdocs))} build --strict -d {shlex.quote(str(scratch / 'site'))}"
              f" >{shlex.quote(str(scratch / 'stdout'))} 2>{shlex.quote(str(scratch / 'stderr'))};"
              f" echo $? >{shlex.quote(str(scratch / 'code.tmp'))};"

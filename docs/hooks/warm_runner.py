@@ -17,6 +17,7 @@ output goes through a small filter (``| sort``) or it ends in ``|| echo "(exit c
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import resource
@@ -160,6 +161,12 @@ def serve() -> None:
 
     import minitron.cli  # noqa: F401
     import minitron.pretrain_gpt  # noqa: F401
+    # And what the launcher warms before it forks ranks (torch._dynamo, which torch.optim
+    # loads for a rank's first optimizer): ~1 s of CPU that every training command paid
+    # again, in the launcher its child runs, before this line.
+    from minitron.launcher.launch import LaunchConfig
+    for module in LaunchConfig.warm:
+        importlib.import_module(module)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reap themselves; results go by file
     print("ready", flush=True)
     for line in sys.stdin:
