@@ -262,7 +262,7 @@ def test_every_rank_of_a_fake_world_is_dealt_once_to_whichever_copy_is_free(tmp_
         else:
             (tmp_path / f"played{rank}").touch()
 
-    played = play_ranks(7, rank_main, tmp_path / "trace", processes=3, keep=lambda rank, records: os.getpid())
+    played = play_ranks(7, rank_main, tmp_path / "trace", processes=3, keep=lambda rank, records, lines: os.getpid())
     assert sorted(played) == list(range(7)) and os.getpid() not in played.values()
     assert len(list(tmp_path.glob("played*"))) == 6
     assert [r for r, pid in played.items() if pid == played[0]] == [0]  # the others played the rest

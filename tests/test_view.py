@@ -239,7 +239,8 @@ def test_a_rank_stopped_mid_write_is_still_read(tmp_path):
 def test_a_fake_world_hands_back_the_trace_its_files_hold(tmp_path):
     """`minitron trace --backend fake` does not read a thousand files back: the processes that
     played the ranks hand over each rank's records and encoded rows. They must be what the
-    files give, and trace.json the same bytes as if it had been written from the files."""
+    files give, and trace.json the same bytes as if it had been written from the files (an
+    argument named as an event's own key, "name", included: its row is built the plain way)."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -248,11 +249,17 @@ def test_a_fake_world_hands_back_the_trace_its_files_hold(tmp_path):
     from minitron.trace.reader import load_trace
     from minitron.launcher.fake import play_ranks
     from minitron.trace import traced
+    from minitron.trace.recorder import ENCODE
 
     @traced(name="minitron.core.parallel_state.initialize_model_parallel")
     def groups():
         for ranks in ([0, 1], [2, 3], [0, 2], [1, 3]):
             dist.new_group(ranks, group_desc="PAIR")
+        named("a \"quoted\", \"start_us\": name")
+
+    @traced
+    def named(name):
+        return name
 
     def rank_main():
         dist.init_process_group("fake", store=FakeStore(), rank=int(os.environ["RANK"]), world_size=4)
@@ -265,7 +272,9 @@ def test_a_fake_world_hands_back_the_trace_its_files_hold(tmp_path):
     runs = load_trace(tmp_path)
     assert list(kept) == [0, 1, 2, 3] and {r: records for r, (records, _) in kept.items()} == runs
     chrome = write_chrome_trace(tmp_path, runs, "fake", encoded={r: rows for r, (_, rows) in kept.items()})
-    assert chrome.read_text() == json.dumps(to_chrome(runs, "fake"))
+    assert chrome.read_text() == ENCODE(to_chrome(runs, "fake"))
+    named_rows = [e for e in json.loads(chrome.read_text())["traceEvents"] if e["name"] == "named"]
+    assert len(named_rows) == 4 and named_rows[0]["args"]["name"] == "a \"quoted\", \"start_us\": name"
 
 
 def test_a_narrow_tree_still_tells_every_group_apart():

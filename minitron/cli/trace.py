@@ -156,15 +156,16 @@ def play_pretrain_rank(argv: List[str], init_only: bool = False) -> None:
         destroy_global_state()  # the globals, every group, the (fake) world: the next rank starts clean
 
 
-def _records_and_rows(rank: int, records: list) -> tuple:
+def _records_and_rows(rank: int, records: list, lines: list) -> tuple:
     """What a process playing fake ranks hands back for each: the rank's records as a trace
-    directory reads them, and its rows of trace.json, encoded."""
+    directory reads them, and its rows of trace.json, encoded (from the records' own lines)."""
     # lazy: only --backend fake plays ranks in this process
     from minitron.cli.views.perfetto import encoded_rank_events
     from minitron.trace.reader import in_trace_order
 
+    line_of = {id(record): line for record, line in zip(records, lines)}
     records = in_trace_order(records)
-    return records, encoded_rank_events(rank, records)
+    return records, encoded_rank_events(rank, records, [line_of[id(record)] for record in records])
 
 
 @app.command(context_settings=EXTRA)

@@ -98,7 +98,7 @@ def _non_members_answered(rank: int):
 
 def play_ranks(world_size: int, rank_main: Callable[[], object], trace_dir: str | os.PathLike | None = None,
                ranks: Iterable[int] | None = None, processes: int | None = None,
-               keep: Callable[[int, list[dict]], T] | None = None) -> dict[int, T]:
+               keep: Callable[[int, list[dict], list[str]], T] | None = None) -> dict[int, T]:
     """Call ``rank_main()`` as each rank in ``ranks`` (default: all) of a fake world in turn.
 
     Each rank sees torchrun's variables (RANK, WORLD_SIZE, ...) and runs in a rank session,
@@ -106,10 +106,11 @@ def play_ranks(world_size: int, rank_main: Callable[[], object], trace_dir: str 
     rank (destroy the process group and whatever globals it set). ``processes`` (default: one
     per core) forked copies of this process share the ranks out; 1 plays them all here.
 
-    ``keep(rank, records)``, if given with ``trace_dir``, sees each rank's trace records as
-    they were written, in the process that played the rank; what it returns comes back here,
-    as ``{rank: kept}`` in rank order. The caller gets a thousand ranks' traces without
-    parsing their files again, and the copies do the per-rank work in parallel.
+    ``keep(rank, records, lines)``, if given with ``trace_dir``, sees each rank's trace records
+    as they were written (and their JSON lines), in the process that played the rank; what it
+    returns comes back here, as ``{rank: kept}`` in rank order. The caller gets a thousand
+    ranks' traces without parsing their files again, and the copies do the per-rank work in
+    parallel.
     """
     ranks = list(range(world_size) if ranks is None else ranks)
     played = "all" if len(ranks) == world_size else sorted(ranks)  # what each trace says it holds
@@ -145,7 +146,7 @@ def _play(world_size: int, rank_main: Callable[[], object], trace_dir, ranks: It
                     if recorder is not None:
                         trace.stop()
                 if recorder is not None and keep is not None:
-                    kept[rank] = keep(rank, recorder.records)
+                    kept[rank] = keep(rank, recorder.records, recorder.lines)
     finally:
         for key, value in saved_env.items():
             if value is None:
@@ -196,8 +197,8 @@ def _settled(keep):
     if keep is None:
         return None
 
-    def kept(rank: int, records: list[dict]):
-        result = keep(rank, records)
+    def kept(rank: int, records: list[dict], lines: list[str]):
+        result = keep(rank, records, lines)
         gc.collect()  # everything older is frozen already: a walk of this rank's objects only
         gc.freeze()
         return result

@@ -29,8 +29,9 @@ _ACTIVE: "Recorder | None" = None
 
 _PRIMITIVES = (int, float, str, bool, type(None))
 # One encoder for every record: json.dumps with separators builds a new encoder per call, a
-# third of each record's cost (a 1024-rank fake world writes ~45,000 records).
-_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+# third of each record's cost (a 1024-rank fake world writes ~60,000 records). trace.json is
+# written with it too (cli/views/perfetto.py): its rows can then reuse a record's encoded args.
+ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def short_value(value: Any) -> Any:
@@ -48,13 +49,15 @@ def short_value(value: Any) -> Any:
 class Recorder:
     """Collects the calls of one rank and streams them to ``rank{R}.jsonl``.
 
-    With ``keep``, the records also stay in ``records``, as written: a process that plays many
-    fake ranks hands them to its parent, which then need not parse the files again.
+    With ``keep``, the records also stay in ``records``, as written, and their JSON lines in
+    ``lines``: a process that plays many fake ranks hands them to its parent, which then need
+    not parse the files again, nor encode the records' arguments again for trace.json.
     """
 
     def __init__(self, out_dir: str | os.PathLike, rank: int, keep: bool = False):
         self.rank = rank
         self.records: list[dict] | None = [] if keep else None
+        self.lines: list[str] | None = [] if keep else None
         self.pid = os.getpid()
         self.path = Path(out_dir) / rank_file_name(rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -76,9 +79,11 @@ class Recorder:
                             time.time_ns() // 1000)
         if error:
             record["error"] = error
-        self._file.write(_ENCODE(record) + "\n")
+        line = ENCODE(record)
+        self._file.write(line + "\n")
         if self.records is not None:
             self.records.append(record)
+            self.lines.append(line)
 
     @contextmanager
     def span(self, name: str, args: dict | None = None):

@@ -3,14 +3,19 @@
 Perfetto (https://ui.perfetto.dev) and chrome://tracing read the trace-event format: one "X"
 (complete) event per call with a start and a duration, grouped into rows by ``pid``. We use the rank as pid, so each rank is one row,
 named after its place in the layout: ``rank 5 (tp 1, pp 1, dp 0)``.
+
+The file is written compact, as the rank files are (the recorder's ENCODE): a process that
+plays fake ranks then builds each row around the text its record's arguments were written as,
+instead of encoding them again (a sixth of the JSON work of a 1024-rank fake trace).
 """
 
 from __future__ import annotations
 
-import json
+from json.encoder import encode_basestring_ascii as encode_str  # what ENCODE does to a str (ASCII)
 from pathlib import Path
 
 from minitron.trace.reader import layout_args, load_trace, world_size_of
+from minitron.trace.recorder import ENCODE
 from minitron.core.rank_generator import rank_coordinates
 
 
@@ -34,25 +39,45 @@ def to_chrome(runs: dict[int, list[dict]], note: str | None = None) -> dict:
 
 def rank_events(rank: int, records: list[dict], world: int) -> list[dict]:
     """One rank's row: its name and place, then one X event per call."""
-    events = [{"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
-               "args": {"name": rank_label(rank, world, layout_args(records))}},
-              {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
-               "args": {"sort_index": rank}}]
-    for r in records:
-        events.append({
-            "ph": "X", "pid": rank, "tid": 0, "ts": r["start_us"],
-            "dur": max(r["end_us"] - r["start_us"], 0),
+    return _row_heading(rank, records, world) + [_event(rank, r) for r in records]
+
+
+def _row_heading(rank: int, records: list[dict], world: int) -> list[dict]:
+    return [{"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+             "args": {"name": rank_label(rank, world, layout_args(records))}},
+            {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}}]
+
+
+def _event(rank: int, r: dict) -> dict:
+    return {"ph": "X", "pid": rank, "tid": 0, "ts": r["start_us"], "dur": max(r["end_us"] - r["start_us"], 0),
             "name": _short(r), "cat": r["name"].rsplit(".", 1)[0],
-            "args": {"name": r["name"], "os_pid": r["pid"], **r["args"]},
-        })
-    return events
+            "args": {"name": r["name"], "os_pid": r["pid"], **r["args"]}}
 
 
-def encoded_rank_events(rank: int, records: list[dict]) -> str:
+def encoded_rank_events(rank: int, records: list[dict], lines: list[str] | None = None) -> str:
     """``rank_events`` as the JSON text it takes inside trace.json's event list. A process that
     plays fake ranks encodes its own ranks' rows (see launcher/fake.play_ranks), so that the
-    parent only stitches texts together (``write_chrome_trace(..., encoded=...)``)."""
-    return json.dumps(rank_events(rank, records, world_size_of({rank: records})))[1:-1]
+    parent only stitches texts together (``write_chrome_trace(..., encoded=...)``). ``lines``,
+    each record as the recorder wrote it, give each event's arguments already encoded."""
+    heading = ENCODE(_row_heading(rank, records, world_size_of({rank: records})))[1:-1]
+    if lines is None:
+        return ",".join([heading] + [ENCODE(_event(rank, r)) for r in records])
+    return ",".join([heading] + [_encoded_event(rank, r, line) for r, line in zip(records, lines)])
+
+
+def _encoded_event(rank: int, r: dict, line: str) -> str:
+    """ENCODE(_event(rank, r)), the record's arguments cut from its line: they sit between its
+    "args" and "start_us" keys (schema.new_record's order), and neither key's text can occur
+    inside a JSON string, where every quote is escaped. An argument that _event's own keys
+    override ("name", "os_pid") or a time that is not an int takes the plain way."""
+    args, start, end = r["args"], r["start_us"], r["end_us"]
+    if "name" in args or "os_pid" in args or type(start) is not int or type(end) is not int:
+        return ENCODE(_event(rank, r))
+    encoded = line[line.index(',"args":') + 9:line.rindex(',"start_us":') - 1]  # inside its braces
+    name = r["name"]
+    return (f'{{"ph":"X","pid":{rank},"tid":0,"ts":{start},"dur":{max(end - start, 0)},'
+            f'"name":{encode_str(_short(r))},"cat":{encode_str(name.rsplit(".", 1)[0])},'
+            f'"args":{{"name":{encode_str(name)},"os_pid":{r["pid"]}{"," if encoded else ""}{encoded}}}}}')
 
 
 def _short(record: dict) -> str:
@@ -68,12 +93,12 @@ def write_chrome_trace(trace_dir: str | Path, runs: dict[int, list[dict]] | None
     out = Path(trace_dir) / "trace.json"
     if encoded is None:
         runs = load_trace(trace_dir) if runs is None else runs
-        out.write_text(json.dumps(to_chrome(runs, note)))
+        out.write_text(ENCODE(to_chrome(runs, note)))
         return out
-    # The same bytes json.dumps(to_chrome(...)) writes: rows joined as its list separator does.
+    # The same bytes ENCODE(to_chrome(...)) writes: rows joined as its list separator does.
     tail = {"displayTimeUnit": "ms", **({"otherData": {"note": note}} if note else {})}
     with open(out, "w") as f:
-        f.write('{"traceEvents": [')
-        f.write(", ".join(text for _, text in sorted(encoded.items()) if text))
-        f.write("], " + json.dumps(tail)[1:])
+        f.write('{"traceEvents":[')
+        f.write(",".join(text for _, text in sorted(encoded.items()) if text))
+        f.write("]," + ENCODE(tail)[1:])
     return out
