@@ -32,8 +32,8 @@ ranks played times the world, never the world squared.
 from __future__ import annotations
 
 import gc
+import marshal
 import os
-import pickle
 import signal
 import sys
 import tempfile
@@ -207,7 +207,7 @@ def _settled(keep):
 
 
 def _play_copy(i: int, deck: int, dealer: int, scratch: str, world_size: int, rank_main, trace_dir, keep, played):
-    """Body of forked copy ``i``: play the ranks dealt to it, pickle what ``keep`` returned. Never returns."""
+    """Body of forked copy ``i``: play the ranks dealt to it, marshal what ``keep`` returned. Never returns."""
     code = 1
     try:
         os.setsid()  # a group of its own, which the parent stops at the end with whatever a rank started
@@ -215,8 +215,8 @@ def _play_copy(i: int, deck: int, dealer: int, scratch: str, world_size: int, ra
         gc.enable()  # the command line turned the collector off for itself; what we inherited stays frozen
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
         kept = _on_fresh_stack(_play, world_size, rank_main, trace_dir, _dealt(deck), _settled(keep), played)
-        with open(os.path.join(scratch, f"{i}.pkl"), "wb") as f:
-            pickle.dump(kept, f, protocol=pickle.HIGHEST_PROTOCOL)
+        with open(os.path.join(scratch, f"{i}.kept"), "wb") as f:
+            f.write(marshal.dumps(kept))
         code = 0
     except BaseException:
         traceback.print_exc()
@@ -232,8 +232,14 @@ def _play_in_processes(world_size: int, rank_main, trace_dir, ranks: list[int], 
 
     In a fake world the ranks never talk to each other, so they can be played in any order
     and in any process; each rank's trace file is still written by the process that played
-    it, and what ``keep`` returned travels back pickled, in a scratch file per copy. A copy
-    that fails has printed its traceback; the others are stopped, and we raise.
+    it, and what ``keep`` returned travels back in a scratch file per copy. A copy that fails
+    has printed its traceback; the others are stopped, and we raise.
+
+    Written with marshal, not pickle: the reader is this same interpreter, and what comes back
+    is plain data (a rank's records: dicts, lists, strings, numbers), which marshal writes
+    without pickle's memo of every object: 512 ranks' records and rows in ~50 ms, not ~130, at
+    the end of each copy's play, where the parent waits for it. (``keep`` must return such
+    data; anything else is a ValueError in the copy.)
 
     The ranks are dealt one at a time, to whichever copy is free (see _dealt): on a machine
     shared with other work one copy can run a tenth slower than the other, and a fixed half
@@ -269,15 +275,15 @@ def _play_in_processes(world_size: int, rank_main, trace_dir, ranks: list[int], 
         if failed:
             raise RuntimeError(f"{failed} of the {processes} processes playing the fake world failed "
                                f"(traceback above)")
-        # A thousand ranks' records are ~50,000 small dicts: unpickled with the cyclic collector
+        # A thousand ranks' records are ~60,000 small dicts: read back with the cyclic collector
         # on, it walks them again and again as they arrive (twice the time), finding nothing.
         collecting = gc.isenabled()
         gc.disable()
         try:
             kept = {}
             for i in range(processes):
-                with open(os.path.join(scratch, f"{i}.pkl"), "rb") as f:
-                    kept.update(pickle.load(f))
+                with open(os.path.join(scratch, f"{i}.kept"), "rb") as f:
+                    kept.update(marshal.loads(f.read()))  # load(f) would read the file object by object
         finally:
             if collecting:
                 gc.enable()
