@@ -267,7 +267,13 @@ def _play_in_processes(world_size: int, rank_main, trace_dir, ranks: list[int], 
             except BrokenPipeError:
                 pass  # every copy has stopped: their exit codes below say why
             dealing.close()  # the end of the deck: a copy's next read finds nothing and it stops
-            failed = sum(copy.wait() != 0 for copy in copies)
+            kept, failed = {}, 0
+            for i, copy in enumerate(copies):
+                # Each copy's records read as soon as it is done: the next may still be writing its own.
+                if copy.wait() != 0:
+                    failed += 1
+                elif not failed:
+                    kept.update(_read_kept(os.path.join(scratch, f"{i}.kept")))
         finally:
             # Each copy's group, finished or not: what a played rank started there ends with it.
             # A copy still running means we were interrupted: no grace, it is killed at once.
@@ -275,16 +281,18 @@ def _play_in_processes(world_size: int, rank_main, trace_dir, ranks: list[int], 
         if failed:
             raise RuntimeError(f"{failed} of the {processes} processes playing the fake world failed "
                                f"(traceback above)")
-        # A thousand ranks' records are ~60,000 small dicts: read back with the cyclic collector
-        # on, it walks them again and again as they arrive (twice the time), finding nothing.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            kept = {}
-            for i in range(processes):
-                with open(os.path.join(scratch, f"{i}.kept"), "rb") as f:
-                    kept.update(marshal.loads(f.read()))  # load(f) would read the file object by object
-        finally:
-            if collecting:
-                gc.enable()
         return kept
+
+
+def _read_kept(path: str) -> dict:
+    """What one copy's ranks kept. A thousand ranks' records are ~60,000 small dicts: read back
+    with the cyclic collector on, it walks them again and again as they arrive (twice the
+    time), finding nothing."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with open(path, "rb") as f:
+            return marshal.loads(f.read())  # marshal.load(f) would read the file object by object
+    finally:
+        if collecting:
+            gc.enable()
