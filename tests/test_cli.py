@@ -150,7 +150,7 @@ def test_the_entry_point_leaves_the_callers_collector_as_it_found_it():
 def test_a_trace_into_a_used_directory_keeps_nothing_of_the_previous_run(tmp_path):
     import os
 
-    from minitron.cli.trace import clear_previous_run
+    from minitron.cli.trace_out import clear_previous_run
 
     for name in ("rank0.jsonl", "rank1.jsonl", "rank2.jsonl", "rank7.jsonl", "trace.json"):
         (tmp_path / name).write_text("{}\n")
@@ -168,6 +168,22 @@ def test_a_trace_into_a_used_directory_keeps_nothing_of_the_previous_run(tmp_pat
 
 
 # (d) a failing rank under `minitron launch` ---------------------------------------------
+
+def test_the_directory_is_cleared_meanwhile_and_a_failure_is_one_line(tmp_path, capfd):
+    """clear_meanwhile clears in a forked child (while the command imports torch); the wait
+    raises a UserError when the child could not, after its one line on stderr."""
+    from minitron.cli.common import UserError
+    from minitron.cli.trace_out import clear_meanwhile
+
+    (tmp_path / "rank0.jsonl").write_text("{}\n")
+    (tmp_path / "trace.json").write_text("{}")
+    clear_meanwhile(tmp_path, range(1))()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.jsonl"] and (tmp_path / "rank0.jsonl").stat().st_size == 0
+    (tmp_path / "rank5.jsonl").mkdir()   # not this run's rank: to be removed, and a directory cannot be unlinked
+    with pytest.raises(UserError, match="could not be cleared"):
+        clear_meanwhile(tmp_path, range(1))()
+    assert capfd.readouterr().err.count("\n") == 1
+
 def test_launch_names_the_failing_rank_and_leaves_nothing(tmp_path):
     logs = tmp_path / "logs"
     proc = run("launch", "--world", "4", "--log-dir", str(logs), PROBE, str(tmp_path), "raise")

@@ -18,7 +18,7 @@ from minitron.cli.common import (
 from minitron.cli import preflight
 from minitron.cli.preflight_memory import check_fits
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate_parallel_sizes
-from minitron.trace.schema import RANK_FILE
+from minitron.cli.trace_out import clear_meanwhile
 
 MAX_STEPS = 100  # traced iterations: a few show the steady state, and each adds its calls to every rank's trace
 
@@ -125,23 +125,6 @@ def _nodes_picture(out: Path, runs: dict, rank: int) -> Path:
     return picture
 
 
-def clear_previous_run(out: Path, ranks) -> None:
-    """Leave nothing of a previous run in ``out`` that this one does not write again: its
-    trace.json and the files of ranks not in ``ranks`` go (a previous, larger run must not
-    leak ranks into this one); the files of ``ranks`` are emptied, and each is written again
-    in place. Emptied, not removed: a run that stops early leaves no earlier run's records
-    under its ranks, and the files keep their inodes. ext4 creating a thousand files just after
-    deleting a thousand scans past every inode freed a moment ago, under a lock the players
-    share: ~0.5 s of a 1024-rank fake trace run again into the same directory (2 cores)."""
-    for path in out.glob("rank*.jsonl"):
-        name = RANK_FILE.fullmatch(path.name)
-        if name and int(name.group(1)) in ranks and path.is_file() and not path.is_symlink():
-            os.truncate(path, 0)
-        else:
-            path.unlink(missing_ok=True)
-    (out / "trace.json").unlink(missing_ok=True)
-
-
 def play_pretrain_rank(argv: List[str], init_only: bool = False) -> None:
     """One rank of a fake world: pretrain's initialization, then nothing left for the next rank."""
     # lazy: only --backend fake loads torch and the training stack into this process
@@ -245,6 +228,8 @@ def trace(
     preflight.check_launch(world, backend, master_port, {"--out": out, "--log-dir": log_dir},
                            played=len(chosen) if chosen else None)
 
+    # The previous run's files go in a forked child, while this process imports torch below.
+    cleared = clear_meanwhile(out, set(chosen) if chosen else range(world))
     # lazy: the views and the launcher load once the input has passed every check above
     from minitron.cli.views.call_tree import FocusError
     from minitron.cli.views.perfetto import write_chrome_trace
@@ -265,8 +250,7 @@ def trace(
         console.print(f"initialization only: the flags ask for {args.train_iters:,} iterations; a trace runs "
                       "none without --steps", highlight=False)
 
-    out.mkdir(parents=True, exist_ok=True)
-    clear_previous_run(out, set(chosen) if chosen else range(world))
+    cleared()  # before any rank writes there
     started = time.perf_counter()
     note = "fake backend: collectives did not communicate" if backend == "fake" else None
     if backend == "fake":
