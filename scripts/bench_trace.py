@@ -36,17 +36,26 @@ sat 0.5-0.7 s in destroy_model_parallel: a gloo group's destructor joins its tra
 which sees the request only at its next idle tick (10 ms, up to 50 with the timer slack pretrain
 sets), and a rank's ~20 groups went one after the other. They are now released together
 (comm/timer_slack.release_together): 20-80 ms.
-World 1024 (fake): the parent spends ~1.5 s of CPU before and after the play, all of it on the
-critical path (torch ~1.0 s; after the play ~0.35 s: unpickling the copies' 64,000 records,
-writing trace.json, checking and printing). The two copies play for ~6 s of CPU together,
-~5.5-6 ms a rank: a fifth walking the 3,357 groups a rank is not in (three Python calls each),
-a sixth in torch's own new_group for the ~20 it is in, a sixth encoding JSON (its records, then
-its rows of trace.json), ~4% in argparse, ~4% in torch.manual_seed (which formats the Python
-stack for CUDA's lazy seeding). Two costs are gone: the cyclic collector walking every kept
-rank's records again and again (~6%; each rank's are now frozen once collected), and ext4
-creating a thousand files just after deleting a thousand, scanning past every freed inode
-under a lock both copies take (~0.5 s of a trace run again into one directory; the files are
-now emptied and written in place).
+World 1024 (fake): the parent spends ~1.2 s of CPU before and after the play, all of it on the
+critical path: torch ~0.9 s and the command line ~0.2 s before; after it ~0.25 s (reading the
+copies' 64,000 records back, each copy's file as soon as it is done, writing trace.json, the
+cross-rank checks, ~90 ms, and printing). The previous run's thousand rank files are emptied
+meanwhile by a forked child (cli/trace_out.py): ext4 freeing their blocks took 0.1-0.15 s of
+wall time (0.05 s of CPU) just before the copies started, and now rides on the idle core while
+the parent imports torch. The two copies play for ~5.4 s of CPU together, ~5.3 ms a rank
+(py-spy, Nov 2026): initialize_model_parallel ~47% (walking the 3,377 groups a rank is not in,
+three Python calls each, ~20%; torch's own new_group for the ~20 it is in ~25%), the rank's rows
+of trace.json ~10%, encoding its records ~8%, torch.manual_seed ~8% (formatting the Python stack
+for CUDA's lazy seeding), tearing the rank down ~6%, argparse ~4%. Gone since: each rank's
+records encoded twice (a row of trace.json is now built around its record's encoded arguments:
+0.38 -> 0.16 ms a rank; trace.json is compact, 29.6 -> 26.2 MB), pickle's memo of every object
+when a copy hands its records back (marshal: ~130 -> ~50 ms at the end of each copy's play), the
+checks hashing every group of every rank to look for a missing one (only when a rank kept a
+wrong group, which a missing one implies: 113 -> 67 ms), the cyclic collector walking every
+kept rank's records again and again (each rank's are frozen once collected), and ext4 creating a
+thousand files just after deleting a thousand (the files are emptied and written in place).
+Measured, 8 rounds alternating with the previous commit (2 cores, load 1.9-2.3): 4.33 -> 3.92 s
+(median), 3.05x -> 2.76x the median `import torch` (1.42 s) of the same rounds; CPU 7.06 -> 6.68 s.
 """
 
 from __future__ import annotations
