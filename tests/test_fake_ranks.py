@@ -172,3 +172,23 @@ def test_chosen_ranks_of_131072_keep_the_groups_the_layout_gives(tmp_path):
         assert kept == rank_layout(rank, 131072, **layout)
         assert counted["TENSOR_MODEL_PARALLEL_GROUP"] == 131072 // 8 - 1
     assert [c.ok for c in check_trace(runs)] == [True, None, True]
+
+
+def test_the_layout_check_names_a_wrong_group_and_a_missing_one(plays):
+    """The layout check looks for a missing group only once a rank kept a wrong one (a rank
+    that kept each of its own created it): both failures must still be named."""
+    from minitron.cli.views.checks import _layout
+
+    full, _ = plays
+    tp = "TENSOR_MODEL_PARALLEL_GROUP"
+    group = next(r["args"]["ranks"] for r in full[13] if r["args"].get("group_desc") == tp)
+
+    def without(dropping):   # the trace, as if the ranks ``dropping`` had not made rank 13's tensor group
+        return {rank: [r for r in records if rank not in dropping or r["args"].get("group_desc") != tp
+                       or r["args"]["ranks"] != group] for rank, records in full.items()}
+
+    assert _layout(full).ok is True
+    check = _layout(without({13}))   # its peer made it
+    assert check.ok is False and check.detail == "rank 13 joined no 'tp' group"
+    check = _layout(without(set(group)))   # nobody did
+    assert check.ok is False and check.detail.startswith(f"missing [('tp', {group})")
