@@ -54,8 +54,8 @@ checks hashing every group of every rank to look for a missing one (only when a 
 wrong group, which a missing one implies: 113 -> 67 ms), the cyclic collector walking every
 kept rank's records again and again (each rank's are frozen once collected), and ext4 creating a
 thousand files just after deleting a thousand (the files are emptied and written in place).
-Measured, 8 rounds alternating with the previous commit (2 cores, load 1.9-2.3): 4.33 -> 3.92 s
-(median), 3.05x -> 2.76x the median `import torch` (1.42 s) of the same rounds; CPU 7.06 -> 6.68 s.
+Measured with --compare against the commit before these (--repeat 5, 2 cores, load 0.8-1.4):
+4.35 -> 3.88 s, 3.05x -> 2.72x `import torch` (1.42 s); CPU 7.13 -> 6.49 s.
 """
 
 from __future__ import annotations
