@@ -238,7 +238,10 @@ def test_nobody_attaches_within_the_wait_timeout(tmp_path):
     job.wait_for(f"rank 1: waiting for a debugger on 127.0.0.1:{port}")
     assert job.finish() != 0
     watched = watcher.stop()
-    assert len(watcher.children) == 3 and watcher.adapters  # two ranks, the rendezvous keeper; the adapter
+    # Two ranks and the rendezvous keeper, and the adapter; and, when it lives long enough to be
+    # seen, the child that clears --out of a previous run while the command imports torch
+    # (cli/trace_out.py). Whatever was seen must be gone at the end (below).
+    assert len(watcher.children) in (3, 4) and watcher.adapters
     text = job.text()
     assert f"no debugger attached within 2 s on 127.0.0.1:{port}" in text
     assert "rank 1 exited with code 1" in text  # the launcher names the rank and stopped rank 0
