@@ -333,17 +333,14 @@ def get_hierarchical_context_parallel_groups() -> list:
 def destroy_model_parallel() -> None:
     """Forget every group (and destroy them in torch), so initialize can run again."""
     global _VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK, _VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE, _RANK
-    groups = {id(g): g for g in _GROUP.values()}  # a group may serve two keys
+    groups = list({id(g): g for g in _GROUP.values()}.values())  # a group may serve two keys
     _GROUP.clear()
     gloo = []  # gloo groups end when their transport threads next wake: all at once (release_together)
     if torch.distributed.is_initialized():
-        for key in list(groups):
-            group = groups.pop(key)
-            if torch.distributed.get_backend(group) == "gloo":
-                gloo.append(group)
-            torch.distributed.destroy_process_group(group)
-        group = None
-    groups.clear()  # any left (torch was already shut down) end here, as before
+        gloo = [g for g in groups if torch.distributed.get_backend(g) == "gloo"]
+        while groups:  # popped: once destroyed, a group is held by `gloo` alone, or by nothing
+            torch.distributed.destroy_process_group(groups.pop())
+    groups.clear()  # torch was already shut down: they end here, as before
     release_together(gloo)
     _RANK = None
     _GLOBAL_RANKS.clear()
