@@ -86,16 +86,16 @@ def _site_scratch(config) -> Path:
 
 
 # --- the site build, started early ------------------------------------------------------------
-# `mkdocs build --strict` runs every command the pages show: over two minutes of one
-# core when none of their outputs is in .cache/pages/ (docs/hooks/page_cache.py), seconds when
-# all are. So the build starts as soon as the tests are collected, ahead of the tests, and
-# the tests that read the site (the `site_build` fixture: test_docs.py's
-# strict build, test_pages_browser.py's measures) only wait for it. Under several workers the first
-# one to finish collecting starts it (both collect everything; a folder made with mkdir is the
-# lock), and the group that reads it may run in the other: so the build writes its exit code to
-# a file, and the fixture waits for that file rather than for a child of its own. Its commands
-# pick their own ports, as the tests do, so the two do not collide; the two of chapter 1 that
-# serve on 29500 (a fixed port keeps the page the same) are below the range free ports come from.
+# `mkdocs build --strict` runs every command the pages show: ~85 s of CPU when none of their
+# outputs is in .cache/pages/ (docs/hooks/page_cache.py), seconds when all are. So the build
+# starts as soon as the tests are collected, ahead of the tests, and the tests that read the
+# site (the `site_build` fixture: test_docs.py's strict build, test_pages_browser.py's
+# measures) only wait for it. Under several workers the first one to finish collecting starts
+# it (all collect everything; a folder made with mkdir is the lock), and the files that read
+# it may run in another: so the build writes its exit code to a file, and the fixture waits
+# for that file rather than for a child of its own. Its commands pick their own ports, as the
+# tests do, so the two do not collide; the two of chapter 1 that serve on 29500 (a fixed port
+# keeps the page the same) are below the range free ports come from.
 def pytest_collection_finish(session):
     if any(_reads_the_site(item) for item in session.items):
         _start_site_build(session)
@@ -118,8 +118,8 @@ def _start_site_build(session) -> None:
     except FileExistsError:
         return  # the other worker started it
     mkdocs = Path(sys.executable).parent / "mkdocs"
-    # Two pages at a time, ahead of the tests (see above): a cold build, as in CI, is about
-    # as much CPU as all the tests together.
+    # Two pages at a time, ahead of the tests (see above): a cold build, as in CI, is the
+    # longest single piece of the run's work.
     env = {**os.environ, "MINITRON_DOCS_JOBS": os.environ.get("MINITRON_DOCS_JOBS", "2")}
     build = (f"{shlex.quote(str(mkdocs))} build --strict -d {shlex.quote(str(scratch / 'site'))}"
              f" >{shlex.quote(str(scratch / 'stdout'))} 2>{shlex.quote(str(scratch / 'stderr'))};"

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+; the README's floor is 3.10
 

@@ -152,14 +152,9 @@ def test_chrome_trace_has_one_named_row_per_rank(run16):
 
 # The README's excerpt of this run (what the newcomer's first command prints; test_readme.py
 # keeps the README's other promises).
-@pytest.fixture(scope="module")
-def main_job_output(trace16):
-    return trace16[1].stdout  # the run the other tests read, at 100 columns
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the README's excerpt is the CPU machine's run (gloo)")
-def test_readme_excerpt_is_what_the_main_job_prints(main_job_output):
-    printed = normalise(main_job_output)
+def test_readme_excerpt_is_what_the_main_job_prints(trace16):
+    printed = normalise(trace16[1].stdout)  # the run the other tests read, at 100 columns
     chunks = excerpt_chunks()
     assert len(chunks) >= 2  # the tree's start, then the checks and the closing line
     stale = [chunk for chunk in chunks if normalise(chunk) not in printed]
