@@ -17,7 +17,6 @@ output goes through a small filter (``| sort``) or it ends in ``|| echo "(exit c
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import resource
@@ -156,17 +155,15 @@ def _run_child(request: dict) -> None:
 
 
 def serve() -> None:
-    import numpy.random  # noqa: F401
-    import torch.distributed  # noqa: F401
-
     import minitron.cli  # noqa: F401
-    import minitron.pretrain_gpt  # noqa: F401
-    # And what the launcher warms before it forks ranks (torch._dynamo, which torch.optim
-    # loads for a rank's first optimizer): ~1 s of CPU that every training command paid
-    # again, in the launcher its child runs, before this line.
-    from minitron.launcher.launch import LaunchConfig
-    for module in LaunchConfig.warm:
-        importlib.import_module(module)
+    from minitron.launcher.launch import LaunchConfig, _warm_parent
+    from minitron.launcher.worker import Target
+
+    # What the launcher imports before it forks a training job's ranks (torch, the training
+    # stack, torch._dynamo for a rank's first optimizer), imported here once for every command:
+    # the launcher in each child then finds it loaded. Without torch._dynamo, every training
+    # command on the site paid ~1 s of CPU for it again.
+    _warm_parent(Target(module="minitron.pretrain_gpt"), LaunchConfig.warm)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reap themselves; results go by file
     print("ready", flush=True)
     for line in sys.stdin:
