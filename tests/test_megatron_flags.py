@@ -111,14 +111,14 @@ MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4
 
 
 def test_estimate_lists_each_no_effect_flag_once():
-    flags = ["--use-mcore-models", "--attention-backend", "auto", "--use-mcore-models", "--log-throughput"]
+    flags = ["--use-mcore-models", "--attention-backend", "auto", "--use-mcore-models", "--log-timers-to-tensorboard"]
     done = run_minitron("estimate", "--world", "2", "--tp", "2", *MODEL, *flags, here=True)
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stdout.splitlines() if line.startswith("accepted, no effect here:")]
     assert lines == [f"accepted, no effect here: {f}: {NO_EFFECT[f][1]}"
-                     for f in ("--use-mcore-models", "--attention-backend", "--log-throughput")]
+                     for f in ("--use-mcore-models", "--attention-backend", "--log-timers-to-tensorboard")]
     done = run_minitron("estimate", "--world", "2", "--json", *MODEL, *flags, here=True)
-    assert json.loads(done.stdout)["no_effect"] == ["--use-mcore-models", "--attention-backend", "--log-throughput"]
+    assert json.loads(done.stdout)["no_effect"] == ["--use-mcore-models", "--attention-backend", "--log-timers-to-tensorboard"]
 
 
 @pytest.mark.parametrize("argv,words", [

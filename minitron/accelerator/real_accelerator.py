@@ -4,6 +4,11 @@ DeepSpeed reads DS_ACCELERATOR, else probes for the installed device libraries. 
 MINITRON_ACCELERATOR ('cuda' or 'cpu'), else use CUDA when torch sees a GPU. The choice decides
 the default distributed backend: the accelerator knows which collective library matches its
 memory (NCCL moves GPU tensors; gloo moves CPU tensors).
+
+Once a rank's backend is known the arrow turns round: the backend decides the accelerator
+(set_accelerator_for_backend). A gloo or fake rank computes on the CPU even on a machine with
+GPUs: sixteen gloo ranks on a one-GPU machine would otherwise each ask for ``cuda:<local
+rank>``, and fifteen of those devices do not exist.
 """
 
 from __future__ import annotations
@@ -61,3 +66,14 @@ def _choose_accelerator():
 def set_accelerator(accelerator) -> None:
     global _ACCELERATOR
     _ACCELERATOR = accelerator
+
+
+def set_accelerator_for_backend(backend: str) -> None:
+    """Make this process's accelerator the one ``backend`` moves tensors for: the CPU for gloo
+    (host memory) and fake (no data moves at all), CUDA for nccl. MINITRON_ACCELERATOR, where
+    set, was the user's own choice and stands."""
+    if "MINITRON_ACCELERATOR" in os.environ or backend not in ("gloo", "nccl", "fake"):
+        return   # a mixed backend ("cpu:gloo,cuda:nccl") names both devices: the choice stands
+    wanted = CUDA_Accelerator if backend == "nccl" else CPU_Accelerator
+    if not isinstance(_ACCELERATOR, wanted):
+        set_accelerator(wanted())

@@ -25,7 +25,7 @@ from datetime import timedelta
 
 import torch
 
-from minitron.accelerator import get_accelerator
+from minitron.accelerator import get_accelerator, set_accelerator_for_backend
 from minitron.comm.torch import TorchBackend
 from minitron.trace import traced
 
@@ -190,6 +190,7 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
     if dist_init_required is None:
         dist_init_required = cdb is None or not cdb.is_initialized()
     if cdb is None and torch.distributed.is_initialized():
+        set_accelerator_for_backend(dist_backend or torch.distributed.get_backend())
         cdb = TorchBackend(dist_backend, timeout, init_method)  # user did it already: just wrap
         return cdb
     if not dist_init_required:
@@ -200,6 +201,7 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
         export_world_info(with_master_addr(discover_world_info()))
     if dist_backend is None:
         dist_backend = get_accelerator().communication_backend_name()
+    set_accelerator_for_backend(dist_backend)   # gloo on a GPU machine: its tensors stay on the CPU
     cdb = TorchBackend(dist_backend, timeout, init_method, rank, world_size)
     return cdb
 

@@ -113,6 +113,9 @@ def _add_initialization_args(parser):
     g = parser.add_argument_group("initialization")
     g.add_argument("--seed", type=int_in(0, 2**31 - 1), default=1234)
     g.add_argument("--data-parallel-random-init", action="store_true")
+    g.add_argument("--use-cpu-initialization", action="store_true",
+                   help="on GPU ranks, draw every weight whole on the CPU (the same for every tp size), then "
+                        "move it; CPU ranks always draw this way")
 
 
 def _add_learning_rate_args(parser):
@@ -213,6 +216,9 @@ def _add_logging_args(parser):
     g.add_argument("--log-jsonl", default=None, metavar="PATH",
                    help="one JSON object per iteration, written by the rank that owns the loss")
     g.add_argument("--timing-log-level", type=int, default=0, choices=[0, 1, 2])
+    g.add_argument("--log-throughput", action="store_true",
+                   help="add TFLOP/s per GPU (Megatron's FLOP count) to each iteration line, and MFU where "
+                        "the device's peak is known")
 
 
 def _add_checkpointing_args(parser):

@@ -254,6 +254,7 @@ def core_transformer_config_from_args(args):
         add_bias_linear=args.add_bias_linear, qk_layernorm=args.qk_layernorm,
         window_size=args.window_size, window_attn_skip_freq=args.window_attn_skip_freq,
         init_method_std=args.init_method_std, init_seed=args.seed,
+        use_cpu_initialization=args.use_cpu_initialization,
         pipeline_dtype=dtype, calculate_per_token_loss=args.calculate_per_token_loss,
         # the modern GPT options and activation recomputation
         normalization=args.normalization, gated_linear_unit=args.swiglu,

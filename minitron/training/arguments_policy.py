@@ -42,7 +42,6 @@ NO_EFFECT = {
     "--tensorboard-dir": (True, _LOGGER),
     "--tensorboard-log-interval": (True, _LOGGER),
     "--log-timers-to-tensorboard": (False, _LOGGER),
-    "--log-throughput": (False, _LOGGER),
     "--wandb-project": (True, _LOGGER),
     "--wandb-exp-name": (True, _LOGGER),
     "--wandb-save-dir": (True, _LOGGER),

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from minitron import comm
-from minitron.accelerator import get_accelerator
+from minitron.accelerator import get_accelerator, set_accelerator_for_backend
 from minitron.core import parallel_state as mpu
 from minitron.core import tensor_parallel
 from minitron.trace import traced
@@ -58,6 +58,9 @@ def finish_mpu_init():
 def _initialize_distributed():
     """Join the world, then carve it into Megatron's groups."""
     args = get_args()
+    # The backend decides where this rank computes: gloo and fake ranks on the CPU even where
+    # GPUs exist (the launcher may have chosen CUDA while validating), nccl ranks on a GPU.
+    set_accelerator_for_backend(args.distributed_backend)
     accelerator = get_accelerator()
     device_count = accelerator.device_count()
     if torch.distributed.is_initialized():

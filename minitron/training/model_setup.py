@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
 
+from minitron.accelerator import get_accelerator
 from minitron.core import parallel_state as mpu
 from minitron.core.transformer.module import Float16Module
 from minitron.trace import traced
@@ -38,6 +39,12 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
                                          post_process=mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
                                          vp_stage=vp_stage))
     print_parameter_count(model)
+    # Megatron's GPU allocation: every chunk goes to this rank's device before it is cast or
+    # wrapped, so DDP's buffers and the optimizer's fp32 copies are made there too. Weights
+    # drawn on the device (a GPU rank without --use-cpu-initialization) are there already; on
+    # a CPU rank the device is the CPU and nothing moves.
+    device = get_accelerator().current_device_name()
+    model = [chunk.to(device) for chunk in model]
     if (args.fp16 or args.bf16) and not args.deepspeed:
         # Megatron's order: count, then cast (Float16Module), then wrap for data parallelism,
         # so DDP's gradient buffers are made for the 16-bit parameters. Under --deepspeed the

@@ -102,14 +102,14 @@ class MegatronPretrainingRandomSampler:
         if self.data_sharding:
             bucket_size = usable // self.data_parallel_size
             bucket_start = self.data_parallel_rank * bucket_size
-            order = torch.randperm(bucket_size, generator=g).tolist()
+            order = torch.randperm(bucket_size, generator=g).tolist()  # host: sample indices, read by the loader
             idx_range = [bucket_start + x for x in order[in_epoch // self.data_parallel_size:]]
         else:
             # One permutation of every whole micro batch's worth of samples, (total // m) * m,
             # dealt out round-robin: as Megatron does. That is more than the whole rounds the
             # epoch counts (``usable``), so some dp ranks may get one batch more than others
             # near an epoch's end; each rank's loader then simply starts its next epoch later.
-            order = torch.randperm(self.total_samples // self.micro_batch_size * self.micro_batch_size,
+            order = torch.randperm(self.total_samples // self.micro_batch_size * self.micro_batch_size,  # host: indices
                                    generator=g).tolist()[in_epoch:]
             idx_range = order[self.data_parallel_rank::self.data_parallel_size]
         batch = []
