@@ -68,7 +68,8 @@ def test_commands_run_in_a_scratch_directory_with_the_venv_first_on_path(tmp_pat
         hook.on_post_build(None)
     lines = out.split("\n")
     assert lines[1] == "."                                  # the scratch directory, shown relative
-    assert Path(lines[2]).parent == BIN
+    # The venv's python; shown relative when it lies in the checkout the commands import minitron from.
+    assert Path(ROOT, lines[2]).parent == BIN
     assert lines[3] == "hello from scripts/hello.sh"        # the root's files are there
     assert lines[4] == "made" and lines[5] == "x"           # no path of this machine is shown
     assert not scratch.exists()                             # and the scratch is gone with the build

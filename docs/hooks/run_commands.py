@@ -44,6 +44,7 @@ How an output is shown, and how run lines are found: docs/hooks/page_text.py.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import logging
@@ -296,10 +297,27 @@ _warm = _WarmRunner()
 
 
 def places(root: Path) -> dict[str, str]:
-    """The build machine's paths an output may print, and how a page shows them (longest first)."""
+    """The build machine's paths an output may print, and how a page shows them (longest first).
+    The commands' minitron may be installed from another folder than the root (site-packages,
+    another checkout): its folder is a path of this machine too, shown as the checkout's."""
     scratch = scratch_dir(root)
-    real = Path(root).resolve()
-    return {f"{scratch}/": "", str(scratch): ".", f"{real}/": "", str(real): CHECKOUT_SHOWN_AS}
+    shown = {f"{scratch}/": "", str(scratch): "."}
+    for folder in {Path(root).resolve(), installed_checkout(command_env().get("PYTHONPATH", ""))} - {None}:
+        shown.update({f"{folder}/": "", str(folder): CHECKOUT_SHOWN_AS})
+    return dict(sorted(shown.items(), key=lambda item: -len(item[0])))
+
+
+@functools.lru_cache(maxsize=4)
+def installed_checkout(pythonpath: str) -> Path | None:
+    """The folder above the minitron package that the commands import, as a console script
+    finds it (the script's own folder first, not the current one); None if there is none.
+    Asked of a child Python with the commands' environment: the build's own sys.path may differ."""
+    probe = ("import sys, importlib.util; del sys.path[0]; spec = importlib.util.find_spec('minitron'); "
+             "print(spec.submodule_search_locations[0] if spec else '')")
+    done = subprocess.run([sys.executable, "-c", probe], env=command_env(), capture_output=True, text=True,
+                          cwd=tempfile.gettempdir())
+    folder = done.stdout.strip()
+    return Path(folder).resolve().parent if done.returncode == 0 and folder else None
 
 
 def execute(command: str, page: str, root: Path) -> str:

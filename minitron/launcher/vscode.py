@@ -25,12 +25,41 @@ import minitron
 NAME_PREFIX = "minitron rank "
 COMPOUND_NAME = "minitron: all ranks"
 MARK = {"group": "minitron"}  # under "presentation": what tells our entries from the user's
-# The checkout the ranks run from: minitron's package folder's parent.
-CHECKOUT = Path(minitron.__file__).resolve().parent.parent
+# The package the ranks import, and the folder above it (the checkout, for an editable install).
+PACKAGE = Path(minitron.__file__).resolve().parent
+CHECKOUT = PACKAGE.parent
 
 
-def attach_configuration(rank: int, port: int, host: str) -> dict:
-    """What VS Code needs to attach to one rank's debugpy adapter."""
+def workspace_of(path) -> Path:
+    """The folder VS Code opens for a launch.json: the one holding its ``.vscode/``; for a file
+    written anywhere else (``--path``), the current folder, where the user runs the command."""
+    path = Path(path).absolute()
+    return path.parent.parent if path.parent.name == ".vscode" else Path.cwd()
+
+
+def remote_root(workspace) -> str:
+    """The ranks' side of pathMappings: where they import minitron from, spelt for launch.json.
+
+    When the package sits in the workspace (an editable install of the checkout VS Code has
+    open, the usual case), the answer is ``${workspaceFolder}`` or a folder under it: the file
+    then holds no path of this machine, so it can be committed, shared, or shown on a page. A
+    workspace whose ``minitron/`` is a link to the package counts too: debugpy matches
+    breakpoints on the file's real path, links resolved. Anywhere else (site-packages, another
+    checkout) VS Code has no variable for the folder, and only the absolute path will do.
+    """
+    workspace = Path(workspace).absolute()
+    if (workspace / PACKAGE.name).resolve() == PACKAGE:
+        return "${workspaceFolder}"
+    try:
+        inner = CHECKOUT.relative_to(workspace.resolve())
+    except ValueError:
+        return str(CHECKOUT)
+    return "${workspaceFolder}/" + inner.as_posix()
+
+
+def attach_configuration(rank: int, port: int, host: str, remote: str | None = None) -> dict:
+    """What VS Code needs to attach to one rank's debugpy adapter (``remote``: remote_root's
+    answer for the workspace; the absolute checkout when not given)."""
     return {
         "name": f"{NAME_PREFIX}{rank}",
         "type": "debugpy",             # the Python Debugger extension ("python" is its old name)
@@ -38,9 +67,9 @@ def attach_configuration(rank: int, port: int, host: str) -> dict:
         "connect": {"host": host, "port": port},
         # The editor's side is the folder VS Code has open (the checkout, whose .vscode holds
         # this file), spelt as VS Code users expect and as it reads on anyone's machine; the
-        # rank's side is where the ranks import minitron from. On another node, remoteRoot
-        # would be that node's checkout.
-        "pathMappings": [{"localRoot": "${workspaceFolder}", "remoteRoot": str(CHECKOUT)}],
+        # rank's side is where the ranks import minitron from (remote_root). On another node,
+        # remoteRoot would be that node's checkout.
+        "pathMappings": [{"localRoot": "${workspaceFolder}", "remoteRoot": remote or str(CHECKOUT)}],
         "justMyCode": False,           # step into minitron and torch.distributed, not only "your" code
         "presentation": {**MARK, "order": rank},  # our mark; VS Code lists them together, in rank order
     }
@@ -172,7 +201,8 @@ def write_launch_json(path, world: int, port_base: int, host: str = "127.0.0.1")
         raise ValueError(f"--debug-port-base {port_base}: ranks 0..{world - 1} need ports "
                          f"{port_base}..{port_base + world - 1}, which must lie within 1..65535")
     data, _ = read_launch_json(path)
-    ours = [attach_configuration(r, port_base + r, host) for r in range(world)]
+    remote = remote_root(workspace_of(path))
+    ours = [attach_configuration(r, port_base + r, host, remote) for r in range(world)]
     data.setdefault("version", "0.2.0")
     theirs = [c for c in data.get("configurations", []) if not _ours(c)]
     compound = {"name": COMPOUND_NAME, "configurations": [c["name"] for c in ours],
