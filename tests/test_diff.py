@@ -72,7 +72,9 @@ def test_summaries_count_what_the_records_say(tmp_path):
 def test_diff_shows_both_runs_and_what_only_one_does(tmp_path, capsys, monkeypatch):
     from minitron.cli import main
 
-    a = write_run(tmp_path / "a", 4, 2, 2, p2p=True)
+    # A path wider than the console, whatever the temporary folder's own length: each run's
+    # line must still be one line, the path unbroken (rich would wrap it; the command asks not to).
+    a = write_run(tmp_path / ("a" * 130), 4, 2, 2, p2p=True)
     b = write_run(tmp_path / "b", 4, 4, 1, p2p=False)
     monkeypatch.setattr(sys, "argv", ["minitron", "diff", str(a), str(b)])
     monkeypatch.setenv("COLUMNS", "120")
@@ -80,7 +82,8 @@ def test_diff_shows_both_runs_and_what_only_one_does(tmp_path, capsys, monkeypat
         main()
     out = capsys.readouterr().out
     assert stop.value.code == 0, out
-    assert "4 ranks: tp 2 × pp 2" in out and "4 ranks: tp 4 × pp 1" in out
+    first, second = out.splitlines()[:2]
+    assert first.startswith(f"A = {a}: 4 ranks: tp 2 × pp 2") and second.startswith(f"B = {b}: 4 ranks: tp 4 × pp 1"), out
     groups = out[:out.index("collectives and sends")]
     tp_row = next(line for line in groups.splitlines() if line.startswith("│ tp "))
     assert "2 × 2" in tp_row and "1 × 4" in tp_row                # groups: 2 of 2 ranks, 1 of 4

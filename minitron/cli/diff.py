@@ -34,7 +34,9 @@ def diff(
     from minitron.cli.views.diff import diff_tables, layout_line, summarize  # lazy: as in _read
 
     a, b = summarize(_read(dir_a)), summarize(_read(dir_b))
-    console.print(f"A = {dir_a}: {layout_line(a)}", highlight=False)
-    console.print(f"B = {dir_b}: {layout_line(b)}", highlight=False)
+    # soft_wrap: rich would break these lines at a space after a long path, or inside the path
+    # itself when it is wider than the terminal; one line per run keeps the path copyable.
+    console.print(f"A = {dir_a}: {layout_line(a)}", highlight=False, soft_wrap=True)
+    console.print(f"B = {dir_b}: {layout_line(b)}", highlight=False, soft_wrap=True)
     for part in diff_tables(a, b, "A", "B"):
         console.print(part)
