@@ -59,3 +59,20 @@ def test_gloo_ranks_forked_from_a_gpu_parent_compute_on_the_cpu(restore_accelera
         return type(get_accelerator()).__name__, get_accelerator().current_device_name()
 
     assert run_on_ranks(body, LaunchConfig(world_size=2)) == [("CPU_Accelerator", "cpu")] * 2
+
+
+@pytest.mark.parametrize("world,gpus,backend", [(16, 1, "gloo"), (1, 1, "nccl"), (2, 4, "nccl"), (2, 0, "gloo")])
+def test_with_no_backend_given_nccl_needs_a_gpu_per_rank(world, gpus, backend, restore_accelerator, monkeypatch,
+                                                          capsys):
+    """The README's 16-rank trace on a one-GPU laptop runs gloo ranks, and says why."""
+    import torch
+
+    from minitron.cli import common
+    from minitron.training import arguments
+
+    monkeypatch.setattr(arguments, "gpus_possible", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    set_accelerator(_SeenGPU())
+    assert common.default_backend(world) == backend
+    said = capsys.readouterr().out
+    assert ("so gloo (CPU ranks)" in " ".join(said.split())) == (backend == "gloo" and gpus > 0)

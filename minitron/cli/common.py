@@ -30,16 +30,27 @@ def check_order(order: str) -> None:
                         f"or {ORDERS[1]}")
 
 
-def default_backend() -> str:
-    """The backend the accelerator will choose: gloo on a machine with no GPU device node,
-    said without torch (the accelerator asks torch, seconds, and finds the same), so a later
-    refusal (memory, the output places) stays torch-free there."""
+def default_backend(world: int) -> str:
+    """The backend when none is given: nccl where each of the ``world`` ranks can have a GPU of
+    its own, gloo (CPU ranks) otherwise. Said without torch on a machine with no GPU device
+    node (the accelerator asks torch, seconds, and finds the same), so a later refusal (memory,
+    the output places) stays torch-free there. On a one-GPU laptop the README's 16-rank trace
+    thus runs on CPU ranks, as it does without a GPU, and says why."""
     # lazy: the GPU probe lives beside validate_args' nccl check; only commands that start ranks ask
     from minitron.training.arguments import gpus_possible
     if "MINITRON_ACCELERATOR" not in os.environ and not gpus_possible():
         return "gloo"
     from minitron.accelerator import get_accelerator  # lazy: the accelerator imports torch
-    return get_accelerator().communication_backend_name()
+    if get_accelerator().communication_backend_name() != "nccl":
+        return "gloo"
+    import torch  # loaded by the accelerator above
+    gpus = torch.cuda.device_count()
+    if gpus >= world:
+        return "nccl"
+    if gpus:   # a user with GPUs may have meant them: say why these ranks are CPU ranks
+            console.print(f"no --backend: {world} ranks and {gpus} GPUs here, so gloo (CPU ranks); --backend "
+                          "nccl runs one rank per GPU", highlight=False, soft_wrap=True)
+    return "gloo"
 
 
 def check_backend(backend: str, world: int) -> None:
@@ -145,7 +156,7 @@ DEBUG_WAIT = typer.Option(600.0, "--debug-wait-timeout", help="seconds a rank wa
 def rank_backend(backend: Optional[str], world: int, fake_reason: str) -> str:
     """The backend that will run real rank processes: the given one or the accelerator's
     default, checked against this machine. ``fake_reason`` says why fake cannot do the job."""
-    backend = backend or default_backend()
+    backend = backend or default_backend(world)
     if backend == "fake":
         raise UserError(fake_reason)
     check_backend(backend, world)

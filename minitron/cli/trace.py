@@ -221,8 +221,9 @@ def trace(
     if debug and backend == "fake":
         raise UserError("--debug needs real rank processes; use --backend gloo")
     if backend is None:  # torch-free where the machine has no GPU (default_backend)
-        backend = default_backend()
+        backend = default_backend(world)
         check_backend(backend, world)
+        argv += ["--distributed-backend", backend]   # the ranks run what the launcher starts
     if steps:  # a model is built: it must fit
         check_fits(args, backend)
     preflight.check_launch(world, backend, master_port, {"--out": out, "--log-dir": log_dir},
