@@ -15,15 +15,24 @@ from contextlib import contextmanager
 
 import torch
 
+from minitron.accelerator import get_accelerator
+
 
 @contextmanager
 def layer_init_rng(config, index: int):
-    """Within the block, torch's default generator is seeded for layer ``index``; after it,
-    the generator is back where it was (dropout and data keep their own streams)."""
+    """Within the block, torch's CPU generator and this rank's device generator are seeded for
+    layer ``index``; after it, both are back where they were (dropout and data keep their own
+    streams). A weight is drawn on the CPU or on the rank's GPU (--use-cpu-initialization), so
+    both draw the layer's numbers. Only the current device: ``torch.manual_seed`` would reseed
+    every GPU of the machine, and ``fork_rng`` would have to save and restore them all."""
     seed = getattr(config, "init_seed", None)
     if seed is None:  # a config built by hand: plain torch behaviour
         yield
         return
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed * 10_007 + index)
+    device = torch.device(get_accelerator().current_device_name())
+    gpus = [device.index] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=gpus):
+        torch.default_generator.manual_seed(seed * 10_007 + index)
+        if gpus:
+            torch.cuda.manual_seed(seed * 10_007 + index)   # the current device's generator only
         yield

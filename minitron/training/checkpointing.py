@@ -30,14 +30,11 @@ from __future__ import annotations
 
 import json
 import os
-import random
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from minitron.core import parallel_state as mpu
-from minitron.core.tensor_parallel import get_cuda_rng_tracker
 from minitron.runtime.checkpoint.constants import (UNIVERSAL_CHECKPOINT_INFO, UNIVERSAL_CHECKPOINT_VERSION_KEY,
                                                    UNIVERSAL_CHECKPOINT_VERSION_VALUE)
 from minitron.trace import traced
@@ -45,22 +42,16 @@ from minitron.training.checkpoint_files import (  # noqa: F401 -- the torch-free
     LAYOUT_KEYS, METADATA, TRACKER, CheckpointError, args_snapshot, atomic_write_text, check_resumable,
     file_digest, iteration_dir, load_problem, rank_dir, read_latest_iteration, read_metadata, verify_file,
 )
+from minitron.training.checkpointing_rng import get_rng_state, set_rng_state
 from minitron.training.global_vars import get_args
 from minitron.training.utils import print_rank_0
 
 
-def _rng_state() -> dict:
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {"random": random.getstate(), "numpy": [name, keys.tolist(), pos, has_gauss, gauss],
-            "torch": torch.get_rng_state(), "tracker": get_cuda_rng_tracker().get_states()}
-
-
-def _set_rng_state(state: dict) -> None:
-    random.setstate(state["random"])
-    name, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
-    torch.set_rng_state(state["torch"])
-    get_cuda_rng_tracker().set_states(state["tracker"])
+def _restore_rng(state: dict, saved_args: dict, iteration: int) -> None:
+    """This rank's saved random states; the checkpoint's seed reseeds what another kind of
+    device saved (checkpointing_rng.py)."""
+    args = get_args()
+    set_rng_state(state, saved_args.get("seed", args.seed), iteration, args.data_parallel_random_init)
 
 
 def _atomic_save(obj, path: Path) -> dict:
@@ -84,7 +75,7 @@ def _rng_states_of_data_parallel_ranks() -> list:
     Context-parallel ranks count as data-parallel here: they hold the same weights, and the
     distributed optimizer shards over both (one file each, one writer of the model)."""
     rng_states = [None] * mpu.get_data_parallel_world_size(with_context_parallel=True)
-    torch.distributed.all_gather_object(rng_states, _rng_state(),
+    torch.distributed.all_gather_object(rng_states, get_rng_state(),
                                         group=mpu.get_data_parallel_group(with_context_parallel=True))
     return rng_states
 
@@ -101,7 +92,7 @@ def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> No
     if args.ckpt_format == "torch_dist":
         # lazy: torch.distributed.checkpoint costs 0.65 s of imports, paid by a run that saves
         from minitron.training.checkpointing_dist import save_checkpoint_dist
-        return save_checkpoint_dist(iteration, model, optimizer, opt_param_scheduler, args, _rng_state())
+        return save_checkpoint_dist(iteration, model, optimizer, opt_param_scheduler, args, get_rng_state())
     where = _rank_dir(args.save, iteration)
     rng_states = _rng_states_of_data_parallel_ranks()
     dp = mpu.get_data_parallel_rank(with_context_parallel=True)
@@ -153,6 +144,8 @@ def convert_checkpoint(model, optimizer, opt_param_scheduler) -> None:
 def _load_verified(path: Path, meta: dict):
     verify_file(path, meta)
     try:
+        # Onto the host, whichever device wrote the file (Megatron loads so too): the RNG states
+        # must be CPU tensors, and load_state_dict copies the rest onto the model's own device.
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 -- a file torch cannot read, named in one line
         raise CheckpointError(load_problem(path, exc)) from None
@@ -174,10 +167,10 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
     if meta.get("sharded_backend") == "torch_dist":   # the format is read from the checkpoint
         # lazy: torch.distributed.checkpoint costs 0.65 s of imports, paid by a run that loads
         from minitron.training.checkpointing_dist import load_checkpoint_dist
-        _, rng_state = load_checkpoint_dist(iteration_dir(args.load, iteration), model, optimizer,
-                                            opt_param_scheduler, args)
+        saved_args, rng_state = load_checkpoint_dist(iteration_dir(args.load, iteration), model, optimizer,
+                                                     opt_param_scheduler, args)
         if rng_state is not None:
-            _set_rng_state(rng_state)
+            _restore_rng(rng_state, saved_args, iteration)
         print_rank_0(f"> loaded checkpoint from {args.load} at iteration {iteration} (torch_dist)")
         return iteration
     where = _rank_dir(args.load, iteration)
@@ -194,7 +187,7 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
     if not args.no_load_optim:
         opt_param_scheduler.load_state_dict(state["opt_param_scheduler"])
     if not args.no_load_rng:
-        _set_rng_state(state["rng_state"][mpu.get_data_parallel_rank(with_context_parallel=True)])
+        _restore_rng(state["rng_state"][mpu.get_data_parallel_rank(with_context_parallel=True)], state["args"], iteration)
     args.consumed_train_samples = state["consumed_train_samples"]
     print_rank_0(f"> loaded checkpoint from {args.load} at iteration {iteration}")
     return iteration
@@ -235,7 +228,7 @@ def _load_deepspeed(engine) -> int:
     # map onto ours. Unless --data-parallel-random-init, every data-parallel rank was seeded alike,
     # so rank 0's state is everyone's (the one Megatron's loader reads then).
     same_size = len(states) == mpu.get_data_parallel_world_size(with_context_parallel=True)
-    _set_rng_state(states[dp_rank] if same_size else states[0])
+    _restore_rng(states[dp_rank] if same_size else states[0], client_state["args"], client_state["iteration"])
     args.consumed_train_samples = client_state["consumed_train_samples"]
     print_rank_0(f"> loaded checkpoint from {path} at iteration {client_state['iteration']}")
     return client_state["iteration"]

@@ -88,7 +88,7 @@ def save_checkpoint_dist(iteration: int, model, optimizer, opt_param_scheduler, 
 
 
 def load_checkpoint_dist(where: Path, model, optimizer, opt_param_scheduler, args):
-    """Load into this layout; return (iteration, this rank's saved RNG state or None)."""
+    """Load into this layout; return (the saving run's args, this rank's saved RNG state or None)."""
     common = load_common_state_dict(where)
     sharded = {"model": _model_sharded(model)}
     # The RNG cells fit only the (pp, tp, dp) grid that wrote them: is this rank's cell there?
@@ -118,4 +118,4 @@ def load_checkpoint_dist(where: Path, model, optimizer, opt_param_scheduler, arg
         print_rank_0("> the checkpoint was written by another layout: its random states do not fit this one, "
                      "the streams start from --seed (Megatron does the same)")
     args.consumed_train_samples = common["consumed_train_samples"]
-    return common["iteration"], loaded.get("rng_state")
+    return common["args"], loaded.get("rng_state")

@@ -20,6 +20,7 @@ from dataclasses import replace
 
 import torch
 
+from minitron.accelerator import get_accelerator
 from minitron.core import parallel_state
 from minitron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 
@@ -49,8 +50,11 @@ def _model_space(param, flat_range, value: torch.Tensor | None) -> torch.Tensor:
     """A tensor of the parameter's shape holding ``value`` (the whole state, or this rank's
     flat slice of it; every data-parallel rank's slices summed give the whole)."""
     if flat_range is None:
-        return (torch.zeros(param.shape) if value is None else value.detach().clone().float().reshape(param.shape))
-    full = torch.zeros(param.numel(), dtype=torch.float32)
+        return (param.new_zeros(param.shape, dtype=torch.float32) if value is None
+                else value.detach().clone().float().reshape(param.shape))
+    # On the device the group's backend moves (NCCL: this rank's GPU, gloo: the host), as the
+    # state itself is: a rank that owns nothing of this parameter has no slice to say where.
+    full = torch.zeros(param.numel(), dtype=torch.float32, device=get_accelerator().current_device_name())
     if value is not None:
         full[flat_range[0]:flat_range[1]] = value.detach().float().view(-1)
     torch.distributed.all_reduce(full, group=_dp_group(param))
@@ -97,7 +101,8 @@ def optimizer_sharded_state_dict(optimizer, model_sharded: dict, names: list[str
         # A separate fp32 copy exists for 16-bit parameters only (an fp32 shard is a view of its param).
         for name in (["fp32_param"] if param.dtype != torch.float32 else []) + names:
             value = main if name == "fp32_param" else state.get(name)
-            data = (torch.zeros(param.shape, dtype=torch.float32) if loading
+            # Loading: DCP reads into these, so they are made where the parameter lives.
+            data = (param.new_zeros(param.shape, dtype=torch.float32) if loading
                     else _model_space(param, flat_range, value))
             out[f"{name}.{path}"] = (_like(sh, f"optimizer.state.{name}.{sh.key}", data), param, main,
                                      flat_range, name)
@@ -117,4 +122,4 @@ def restore_optimizer_state(optimizer, loaded: dict, described: dict, step) -> N
         state = optimizer.optimizer.state.setdefault(main, {})
         state[name] = mine.reshape(main.shape).clone().to(main.dtype)
         if step is not None:
-            state["step"] = torch.tensor(float(step))
+            state["step"] = torch.tensor(float(step))   # host: torch's Adam keeps its count on the CPU

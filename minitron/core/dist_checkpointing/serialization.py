@@ -93,6 +93,7 @@ def read_dcp_metadata(checkpoint_dir):
 
 
 def load_common_state_dict(checkpoint_dir) -> dict:
+    # Onto the host, wherever it was written: counters, the schedule, the scaler's scale.
     return torch.load(Path(checkpoint_dir) / COMMON, map_location="cpu", weights_only=True)
 
 

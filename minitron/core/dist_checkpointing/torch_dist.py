@@ -68,7 +68,8 @@ class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
 
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
         # Kept here: the planner works on its own flattened copy of the state dict, not ours.
-        self.objects[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
+        # map_location: an object written on a GPU rank (its tensors tagged cuda) loads on any rank.
+        self.objects[read_item.dest_index.fqn] = torch.load(value, map_location="cpu", weights_only=True)
 
     def create_local_plan(self):
         """DCP's plan, remembered: which stored chunks this rank reads (``bytes_read``)."""

@@ -35,7 +35,7 @@ def running_form(optimizer: torch.optim.Optimizer, saved: dict) -> dict:
         held = [k for k in group["params"] if k in state]
         count = max([int(group.get("step", 0))] + [int(state[k].get("step", 0)) for k in held])
         for k in held:
-            state[k]["step"] = count if fused else torch.tensor(float(count))
+            state[k]["step"] = count if fused else torch.tensor(float(count))  # host: torch's Adam counts there
         keys = [k for k in own if k != "params"]
         groups.append({**{k: group.get(k, own[k]) for k in keys}, "params": group["params"]})
     return {"state": state, "param_groups": groups}

@@ -48,16 +48,18 @@ def _whole(zero: Path, name: str, key: str, numel: int) -> torch.Tensor:
 
 def _my_partition(opt, i: int, whole: list) -> torch.Tensor:
     """This rank's partition of group i, cut from the group's whole tensors as its optimizer
-    cut the model's (stage 3: zero/stage3.py; stages 0-2: zero/stage_1_and_2.py)."""
+    cut the model's (stage 3: zero/stage3.py; stages 0-2: zero/stage_1_and_2.py). On the host,
+    as the files' tensors are (load_state maps them there): the master's copy_ and the Adam's
+    load_state_dict put each partition on the optimizer's device."""
     if isinstance(opt, DeepSpeedZeroOptimizer_Stage3):
         dp, r, pieces = opt.partition_count, opt.partition_id, []
         for tensor in whole:
             piece = -(-tensor.numel() // dp)
-            padded = torch.zeros(piece * dp)
+            padded = tensor.new_zeros(piece * dp)
             padded[:tensor.numel()].copy_(tensor)
             pieces.append(padded[r * piece:(r + 1) * piece])
-        return torch.cat(pieces) if pieces else torch.zeros(0)
-    flat = torch.zeros(opt.bit16_groups_flat[i].numel())
+        return torch.cat(pieces) if pieces else torch.zeros(0)  # host: as the files' tensors (see below)
+    flat = torch.zeros(opt.bit16_groups_flat[i].numel())  # host: copied onto the device by the caller
     if whole:
         joined = torch.cat(whole)
         flat[:joined.numel()].copy_(joined)
@@ -70,13 +72,13 @@ def _step(zero: Path, names: list, common: dict) -> torch.Tensor:
     equal), else the first state of the stage-3 optimizer state dict kept in optimizer_state.pt."""
     for name in names:
         if (zero / name / "step.pt").is_file():
-            return torch.tensor(float(load_state(zero / name / "step.pt")))
+            return torch.tensor(float(load_state(zero / name / "step.pt")))  # host: where torch's Adam counts
     saved = common.get(C.OPTIMIZER_STATE_DICT, {}).get("state", {})
     steps = [float(s["step"]) for s in saved.values() if "step" in s]
     if not steps:
         raise ValueError(f"{zero} holds no step count (no step.pt, none in {C.UNIVERSAL_OPTIMIZER_STATE}): "
                          "convert the checkpoint again")
-    return torch.tensor(max(steps))
+    return torch.tensor(max(steps))  # host: where torch's Adam counts
 
 
 @torch.no_grad()

@@ -189,7 +189,7 @@ def _resized(flat_state: dict, numels: list) -> dict:
     cut or zero-padded to ``numels[k]`` elements: DeepSpeed's FP16_Optimizer flattens without
     padding, minitron pads to 2 x dp."""
     def fit(v, n):
-        return _glue([v[:n]], torch.zeros(n, dtype=v.dtype)) if torch.is_tensor(v) and v.dim() > 0 else v
+        return _glue([v[:n]], v.new_zeros(n)) if torch.is_tensor(v) and v.dim() > 0 else v
     return {"state": {k: {name: fit(v, numels[k]) for name, v in moments.items()}
                       for k, moments in flat_state["state"].items()},
             "param_groups": flat_state["param_groups"]}
