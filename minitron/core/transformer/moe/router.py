@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from minitron.core import parallel_state
+from minitron.core.tensor_parallel.weight_init import init_device
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.moe.moe_logging import save_to_aux_losses_tracker
 from minitron.core.transformer.moe.moe_utils import (
@@ -47,9 +48,13 @@ class TopKRouter(MegatronModule):
         self.layer_number = layer_number
         self.routing_type = config.moe_router_load_balancing_type
         self.score_function = config.moe_router_score_function
-        # Drawn in fp32 and then cast, as Megatron does, so a bf16 run starts from the same values.
-        self.weight = torch.nn.Parameter(torch.empty(self.num_experts, config.hidden_size, dtype=torch.float32))
-        self.bias = torch.nn.Parameter(torch.empty(self.num_experts)) if config.add_bias_linear else None
+        device = init_device()
+        # Drawn on the CPU in fp32 at any setting, as Megatron draws its router, then cast and
+        # placed: a bf16 run, or a GPU one, starts from the same values.
+        self.weight = torch.nn.Parameter(torch.empty(self.num_experts, config.hidden_size,  # host: drawn there
+                                                     dtype=torch.float32))
+        self.bias = (torch.nn.Parameter(torch.empty(self.num_experts))  # host: drawn there, like the weight
+                     if config.add_bias_linear else None)
         if config.perform_initialization:
             with torch.no_grad():
                 config.init_method(self.weight)
@@ -57,19 +62,21 @@ class TopKRouter(MegatronModule):
                     config.init_method(self.bias)
         for param in (self.weight, self.bias):
             if param is not None:
-                param.data = param.data.to(config.params_dtype)
+                param.data = param.data.to(device, config.params_dtype)
                 param.sequence_parallel = config.sequence_parallel
         if config.moe_router_enable_expert_bias:
             # Buffers, not parameters: no gradient, no optimizer. The counts are the step's
             # (not saved); the bias is the model's state (saved, and kept in fp32 whatever the
             # model's dtype, since steps of 1e-3 vanish in bf16).
-            self.register_buffer("local_tokens_per_expert", torch.zeros(self.num_experts), persistent=False)
-            self.register_buffer("expert_bias", torch.zeros(self.num_experts))
+            self.register_buffer("local_tokens_per_expert", torch.zeros(self.num_experts, device=device),
+                                 persistent=False)
+            self.register_buffer("expert_bias", torch.zeros(self.num_experts, device=device))
         else:
             self.local_tokens_per_expert = self.expert_bias = None
         if self.routing_type == "global_aux_loss":   # the step's counts so far, and micro-batches
-            self.register_buffer("global_tokens_per_expert", torch.zeros(self.num_experts), persistent=False)
-            self.register_buffer("ga_steps", torch.tensor(0.0), persistent=False)
+            self.register_buffer("global_tokens_per_expert", torch.zeros(self.num_experts, device=device),
+                                 persistent=False)
+            self.register_buffer("ga_steps", torch.zeros([], device=device), persistent=False)
 
     def gating(self, input: torch.Tensor) -> torch.Tensor:
         """[s, b, h] -> logits [s, b, E], in --moe-router-dtype when given (fp32 routing of a bf16
@@ -152,9 +159,21 @@ class TopKRouter(MegatronModule):
     @traced(args=lambda self, input: {"input": short_value(input), "experts": self.num_experts,
                                       "topk": self.topk, "score_function": self.score_function})
     def forward(self, input: torch.Tensor):
+        self._maintain_float32_expert_bias()
+        return self.routing(self.gating(input))
+
+    def _maintain_float32_expert_bias(self) -> None:
+        """Float16Module cast every floating buffer; a bias moving in steps of 1e-3 and counts
+        above 256 need fp32 back (Megatron's name), before they are used, loaded or saved."""
         if self.expert_bias is not None and self.expert_bias.dtype != torch.float32:
-            # Float16Module cast every floating buffer; a bias moving in steps of 1e-3 and counts
-            # above 256 need fp32 (Megatron's _maintain_float32_expert_bias).
             self.expert_bias.data = self.expert_bias.data.float()
             self.local_tokens_per_expert.data = self.local_tokens_per_expert.data.float()
-        return self.routing(self.gating(input))
+
+    # A checkpoint loaded before the first forward would otherwise be rounded into bf16.
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._maintain_float32_expert_bias()
+        return super()._load_from_state_dict(*args, **kwargs)
+
+    def _save_to_state_dict(self, *args, **kwargs):
+        self._maintain_float32_expert_bias()
+        return super()._save_to_state_dict(*args, **kwargs)

@@ -36,6 +36,7 @@ import math
 
 import torch
 
+from minitron.accelerator import get_accelerator
 from minitron.core import parallel_state
 from minitron.core.transformer.context_parallel import get_pos_emb_on_this_cp_rank
 
@@ -60,10 +61,14 @@ class RotaryEmbedding(torch.nn.Module):
         self.rotary_interleaved = rotary_interleaved
         self.seq_len_interpolation_factor = seq_len_interpolation_factor
         # θ_i = base^(-2i/dim): fast rotations in the first channels, slow ones in the last.
-        inv_freq = 1.0 / (rotary_base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-        if rope_scaling:
-            inv_freq = self._apply_scaling(inv_freq, rope_scaling_factor)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # not a parameter, not saved
+        # A plain fp32 attribute, as in Megatron, not a buffer: Float16Module casts every
+        # floating buffer, and in bf16 the angles m·θ count positions exactly only up to 256
+        # (4096 positions fall on 769 values). Nor is it saved. Not being a buffer, it does not
+        # follow module.to(device) either, so it is made where this rank computes: the model
+        # is built after the device is set, and then moving it leaves this in place.
+        device = get_accelerator().current_device_name()
+        inv_freq = 1.0 / (rotary_base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
+        self.inv_freq = self._apply_scaling(inv_freq, rope_scaling_factor) if rope_scaling else inv_freq
 
     @staticmethod
     def _apply_scaling(inv_freq: torch.Tensor, factor: float) -> torch.Tensor:
@@ -86,7 +91,8 @@ class RotaryEmbedding(torch.nn.Module):
         return torch.where(in_band, blended, scaled)
 
     def forward(self, max_seq_len: int) -> torch.Tensor:
-        positions = torch.arange(max_seq_len, dtype=self.inv_freq.dtype, device=self.inv_freq.device)
+        """The angles in fp32, whatever the model's dtype: apply_rotary_pos_emb casts their cos and sin."""
+        positions = torch.arange(max_seq_len, dtype=torch.float32, device=self.inv_freq.device)
         if self.seq_len_interpolation_factor is not None:
             positions = positions / self.seq_len_interpolation_factor
         freqs = torch.outer(positions, self.inv_freq)               # [s, dim/2]: m·θ_i
@@ -117,6 +123,8 @@ def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, rotary_interleave
     """Rotate t [s, b, n, d] by the angles freqs [s, 1, 1, rot_dim]; channels past rot_dim pass through."""
     rot_dim = freqs.shape[-1]
     t_rot, t_pass = t[..., :rot_dim], t[..., rot_dim:]
+    # cos and sin of the fp32 angles, then cast: a value in [-1, 1] loses only bf16's 3 digits,
+    # where an angle of thousands of radians cast to bf16 first would lose whole turns.
     cos, sin = freqs.cos().to(t.dtype), freqs.sin().to(t.dtype)
     t_rot = t_rot * cos + _rotate_half(t_rot, rotary_interleaved) * sin
     return torch.cat((t_rot, t_pass), dim=-1)
