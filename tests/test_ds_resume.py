@@ -99,4 +99,11 @@ def test_a_universal_checkpoint_resumes_at_another_stage(runs, tmp_path):
                                                                  "--load", str(tmp_path / "uni")])
     assert [r["iteration"] for r in resumed] == [3, 4]
     for a, b in zip(full[2:], resumed, strict=True):
-        assert (a["lm_loss"], a["lr"], a["grad_norm"]) == (b["lm_loss"], b["lr"], b["grad_norm"])
+        # The state comes back bit for bit, so the losses and learning rates are the same bits.
+        assert (a["lm_loss"], a["lr"]) == (b["lm_loss"], b["lr"])
+        # The norm is the same gradient's, summed in another order: ZeRO 2 splits one flat
+        # buffer across the ranks, ZeRO 3 every parameter, so each rank adds other squares
+        # (float64) before the all-reduce. Measured: 1 in 1e16 apart; 1e-12 bounds any order.
+        # (The clip factor made from it is applied in float32, where the difference vanishes,
+        # which is why the losses after it still agree exactly.)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-12, abs=0)
