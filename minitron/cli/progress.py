@@ -89,10 +89,36 @@ class PretrainProgress:
             first, last = losses[0], losses[-1]
             lines.append(f"lm loss {first['lm_loss']:.4f} (iteration {first['iteration']}) -> "
                          f"{last['lm_loss']:.4f} (iteration {last['iteration']})")
-        train_s = sum(r["elapsed_ms"] for r in done) / 1000.0
-        if train_s > 0:
-            tokens = sum(r["global_batch_size"] for r in done) * seq_length
-            lines.append(f"{tokens / train_s:.0f} tokens/s ({tokens} tokens in {train_s:.1f} s of iterations)")
+        speed = speed_line(done, world, seq_length)
+        if speed:
+            lines.append(speed)
         ranks = "rank0.log" if world == 1 else f"rank{{0..{world - 1}}}.log"
         lines.append(f"logs: {log_dir}/{ranks} (one per rank), {log_jsonl} (one record per iteration)")
         return lines
+
+
+def speed_line(records: list[dict], world: int, seq_length: int) -> str | None:
+    """How fast the iterations ran: tokens/s, TFLOP/s/GPU and the time per iteration.
+
+    The first iteration is left out when there are others: it pays the warm-up (the allocator
+    growing, the first collectives setting up their connections, lazy imports), which the
+    iterations of a long run do not, and a short run would otherwise be dominated by it.
+    TFLOP/s/GPU is Megatron's --log-throughput figure over these iterations: the model's FLOPs
+    (the records' ``flops``, theoretical_flops.py) over their time and the world size.
+    """
+    measured = records[1:] if len(records) > 1 else records
+    seconds = sum(r["elapsed_ms"] for r in measured) / 1000.0
+    if seconds <= 0:
+        return None
+    tokens = sum(r["global_batch_size"] for r in measured) * seq_length
+    first, last = measured[0]["iteration"], measured[-1]["iteration"]
+    which = f"iteration {first}" if first == last else f"iterations {first}-{last}"
+    line = f"{which}: {tokens / seconds:.0f} tokens/s"
+    if all("flops" in r for r in measured):   # records of an older minitron lack them
+        tflops = sum(r["flops"] for r in measured) / (seconds * 10**12 * world)
+        line += f", {tflops:.1f}" if tflops >= 1 else f", {tflops:.3g}"
+        line += " TFLOP/s/GPU"
+    line += f", {seconds * 1000.0 / len(measured):.1f} ms per iteration"
+    if measured is records:
+        return line + " (includes the warm-up: only one iteration ran)"
+    return line + f" (iteration {records[0]['iteration']}, the warm-up, left out)"

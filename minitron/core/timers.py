@@ -1,8 +1,11 @@
 """Named wall-clock timers, called the way Megatron calls them: ``timers('forward').start()``.
 
 Each timer has a log level; a timer above the run's ``--timing-log-level`` is a no-op, so
-fine-grained timers can stay in the code at no cost. On GPU, Megatron synchronises the device
-before reading the clock (kernels run asynchronously); on CPU the clock is already honest.
+fine-grained timers can stay in the code at no cost. A GPU runs its kernels asynchronously:
+the host returns from a step once the kernels are queued, so the clock alone would time the
+launch, not the work. Like Megatron's, each timer therefore waits for the device before it
+reads the clock, through the accelerator's ``synchronize()`` (a no-op on the CPU, where the
+clock is already honest).
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import time
 
 import torch
+
+from minitron.accelerator import get_accelerator
 
 
 class _Timer:
@@ -22,12 +27,14 @@ class _Timer:
         assert self._started_at is None, f"timer {self.name} has already been started"
         if barrier:
             torch.distributed.barrier()
+        get_accelerator().synchronize()   # the work queued before the start is not ours
         self._started_at = time.perf_counter()
 
     def stop(self, barrier: bool = False) -> None:
         assert self._started_at is not None, f"timer {self.name} is not started"
         if barrier:
             torch.distributed.barrier()
+        get_accelerator().synchronize()   # the work we queued has finished, not just been launched
         self._elapsed += time.perf_counter() - self._started_at
         self._started_at = None
 

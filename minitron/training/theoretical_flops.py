@@ -95,6 +95,25 @@ def throughput_per_gpu(flops: float, iteration_seconds: float, world_size: int) 
     return flops / (iteration_seconds * 10**12 * world_size)
 
 
-# Dense bf16 tensor-core peaks from the vendors' data sheets (TFLOP/s, no sparsity), for MFU.
-# H100 and H200 SXM share the same compute (the H200 has more and faster memory).
+# Dense bf16 tensor-core peaks (TFLOP/s, no sparsity), for MFU. Source: NVIDIA's data sheets
+# (H100: "NVIDIA H100 Tensor Core GPU" datasheet; H200: "NVIDIA H200 Tensor Core GPU"; A100:
+# "NVIDIA A100 Tensor Core GPU"), whose bf16 figures are quoted with sparsity: halved here.
+# H100 and H200 SXM share the same compute (the H200 has more and faster memory); the PCIe and
+# NVL cards run at lower clocks. The names are what `minitron estimate --peak-tflops` takes.
 PEAK_TFLOPS = {"h100": 989.0, "h200": 989.0, "a100": 312.0}
+# Fragments of the name the driver reports (torch.cuda.get_device_name, lower case), the more
+# particular first: "NVIDIA H100 PCIe" is not an SXM part, "NVIDIA H100 80GB HBM3" is.
+_DEVICE_PEAKS = (("h100 pcie", 756.0), ("h100 nvl", 835.0), ("h200 nvl", 835.0),
+                 *PEAK_TFLOPS.items())
+
+
+def peak_tflops_of(device_name: str) -> float | None:
+    """The dense bf16 peak of a GPU named as its driver names it, or None when the table does
+    not know it (a CPU, any other card): then there is no MFU to state."""
+    name = device_name.lower()
+    return next((peak for fragment, peak in _DEVICE_PEAKS if fragment in name), None)
+
+
+def model_flops_utilization(tflops_per_gpu: float, peak_tflops: float) -> float:
+    """MFU: the model's FLOP rate per GPU as a fraction of the device's peak."""
+    return tflops_per_gpu / peak_tflops

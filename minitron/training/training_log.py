@@ -8,6 +8,12 @@ cover the whole interval (the mean loss of the iterations that stepped, the mean
 iteration, the skipped and nan iterations counted since the last line). ``--log-jsonl PATH`` gets
 one object per iteration from the same rank, every iteration, logged or not: ``minitron
 pretrain`` draws its progress bar and its closing summary from it.
+
+``--log-throughput`` adds Megatron's ``throughput per GPU (TFLOP/s/GPU)``: not a measurement
+but the model's FLOPs of the batch as Megatron counts them (theoretical_flops.py) over the time
+per iteration and the world size. On a GPU whose peak the table knows, the line and the record
+also give MFU, that rate over the peak; on the CPU there is no peak and no MFU. On a GPU, each
+data-parallel rank 0 prints Megatron's memory line after the first logged iterations.
 """
 
 from __future__ import annotations
@@ -17,10 +23,16 @@ import math
 import os
 import time
 
+import torch
+
+from minitron.accelerator import get_accelerator
 from minitron.core import parallel_state as mpu
 from minitron.core.num_microbatches_calculator import get_num_microbatches
 from minitron.core.optimizer_param_scheduler import get_canonical_lr_for_logging
 from minitron.core.transformer.moe.moe_logging import REDUCTION_OF as MOE_LOSSES
+from minitron.training.theoretical_flops import (
+    model_flops_utilization, num_floating_point_operations, peak_tflops_of, throughput_per_gpu,
+)
 from minitron.training.tokenizer import _vocab_size_with_padding
 from minitron.training.utils import is_last_rank, print_rank_0, print_rank_last, print_to_console
 
@@ -51,12 +63,22 @@ def print_parameter_count(model) -> None:
 
 
 class IterationLog:
-    """Megatron's training_log on the last rank; a no-op elsewhere."""
+    """Megatron's training_log: the line and the record on the last rank; on a GPU, the memory
+    line of each data-parallel rank 0 after the first iterations."""
 
     def __init__(self, args):
         self.args = args
         self.speaker = is_last_rank()
         self.file = open(args.log_jsonl, "a") if (self.speaker and args.log_jsonl) else None
+        # Read with getattr: --log-throughput is still parsed as a flag without effect (it lands
+        # in args.no_effect), so the attribute exists only once the parser gives it one.
+        self.log_throughput = getattr(args, "log_throughput", False)
+        on_gpu = get_accelerator().current_device_name().startswith("cuda")
+        self.peak_tflops = device_peak_tflops() if on_gpu and self.log_throughput else None
+        # Megatron reports memory at each logged iteration until one past the first has been
+        # logged: the optimizer creates its state during the first step, so the second report
+        # holds it. The CPU has no allocator counters to report.
+        self.report_memory_until = args.iteration + 1 if on_gpu else None
         self._reset_interval()
 
     def _reset_interval(self) -> None:
@@ -66,8 +88,15 @@ class IterationLog:
 
     def iteration(self, iteration, loss: dict, skipped: int, grad_norm, num_zeros, optimizer,
                   batch_size: int, seconds: float) -> None:
-        if not self.speaker:
-            return
+        logged = iteration % self.args.log_interval == 0
+        if self.speaker:
+            self._speak(iteration, loss, skipped, grad_norm, num_zeros, optimizer, batch_size, seconds, logged)
+        if logged and self.report_memory_until is not None:
+            report_memory(f"(after {iteration} iterations)")
+            if iteration > self.report_memory_until:
+                self.report_memory_until = None
+
+    def _speak(self, iteration, loss, skipped, grad_norm, num_zeros, optimizer, batch_size, seconds, logged):
         args = self.args
         lr = get_canonical_lr_for_logging(optimizer.param_groups)
         scale = float(optimizer.get_loss_scale())
@@ -83,31 +112,51 @@ class IterationLog:
         self.skipped += skipped
         self.nan += int(got_nan)
         self.seconds += seconds
+        # The model's FLOPs of this batch (Megatron's closed-form count, not a measurement): every
+        # record has them, so `pretrain`'s summary can state TFLOP/s/GPU with or without the flag.
+        flops = num_floating_point_operations(args, batch_size)
         record = {
             "iteration": iteration, "lm_loss": loss.get("lm loss"), "grad_norm": _num(grad_norm),
             "lr": lr, "loss_scale": scale, "skipped": skipped, "nan": int(got_nan), "num_zeros": _num(num_zeros),
             "num_microbatches": get_num_microbatches(), "global_batch_size": batch_size,
             "consumed_samples": args.consumed_train_samples, "elapsed_ms": seconds * 1000.0,
             "tokens_per_s": batch_size * args.seq_length / seconds if seconds > 0 else 0.0,
+            "flops": flops,
         }
+        if self.log_throughput and seconds > 0:
+            record.update(self._throughput(flops, seconds))
         for name in MOE_LOSSES:   # MoE (moe/moe_logging.track_moe_metrics)
             if name in loss:
                 record[name] = loss[name]
         if self.file:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
-        if iteration % args.log_interval == 0:
-            print_rank_last(self._line(iteration, lr, batch_size, scale, grad_norm, num_zeros))
+        if logged:
+            print_rank_last(self._line(iteration, lr, batch_size, scale, grad_norm, num_zeros, flops))
             self._reset_interval()
 
-    def _line(self, iteration, lr, batch_size, scale, grad_norm, num_zeros) -> str:
+    def _throughput(self, flops: float, seconds: float) -> dict:
+        """TFLOP/s per GPU over ``seconds``, and MFU where the device's peak is known."""
+        tflops = throughput_per_gpu(flops, seconds, self.args.world_size)
+        out = {"throughput_tflops_per_gpu": tflops}
+        if self.peak_tflops is not None:
+            out["mfu"] = model_flops_utilization(tflops, self.peak_tflops)
+        return out
+
+    def _line(self, iteration, lr, batch_size, scale, grad_norm, num_zeros, flops) -> str:
         """Megatron's fields, in Megatron's order, each closed by ' |'."""
         args = self.args
-        per_iteration_ms = self.seconds * 1000.0 / max(self.advanced + self.skipped, 1)
+        per_iteration_s = self.seconds / max(self.advanced + self.skipped, 1)
         s = f" [{log_time()}]"
         s += f" iteration {iteration:8d}/{args.train_iters:8d} |"
         s += f" consumed samples: {args.consumed_train_samples:12d} |"
-        s += f" elapsed time per iteration (ms): {per_iteration_ms:.1f} |"
+        s += f" elapsed time per iteration (ms): {per_iteration_s * 1000.0:.1f} |"
+        if self.log_throughput and per_iteration_s > 0:
+            # Megatron's: this batch's FLOPs over the interval's mean time per iteration.
+            rates = self._throughput(flops, per_iteration_s)
+            s += f" throughput per GPU (TFLOP/s/GPU): {rates['throughput_tflops_per_gpu']:.1f} |"
+            if "mfu" in rates:   # ours: Megatron leaves the division by the peak to the reader
+                s += f" MFU (%): {100 * rates['mfu']:.1f} |"
         s += f" learning rate: {lr:.6E} |"
         s += f" global batch size: {batch_size:5d} |"
         for key, total in self.loss_sums.items():
@@ -124,6 +173,25 @@ class IterationLog:
     def close(self) -> None:
         if self.file:
             self.file.close()
+
+
+def device_peak_tflops() -> float | None:
+    """This rank's GPU's dense bf16 peak from theoretical_flops' table, or None (unknown card)."""
+    return peak_tflops_of(torch.cuda.get_device_name(get_accelerator().current_device_name()))
+
+
+def report_memory(name: str) -> None:
+    """Megatron's memory line (megatron/training/utils.py keeps it): the CUDA allocator's
+    counters of this rank's GPU, in MB, from each data-parallel rank 0 (its replicas hold the
+    same tensors). Reserved is what the allocator holds from the driver, allocated what tensors
+    use of it; the max are the peaks since the start."""
+    if mpu.get_data_parallel_rank() != 0:
+        return
+    mb = 1024.0 * 1024.0
+    counters = (("allocated", torch.cuda.memory_allocated), ("max allocated", torch.cuda.max_memory_allocated),
+                ("reserved", torch.cuda.memory_reserved), ("max reserved", torch.cuda.max_memory_reserved))
+    text = f"{name} memory (MB)" + "".join(f" | {label}: {read() / mb:.2f}" for label, read in counters)
+    print_to_console(f"[Rank {torch.distributed.get_rank()}] {text}")
 
 
 def log_time() -> str:
