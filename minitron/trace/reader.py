@@ -26,7 +26,9 @@ import json
 from pathlib import Path
 from typing import Callable, Optional
 
-from minitron.trace.schema import MAX_CALL_DEPTH, MAX_LINE_BYTES, MAX_WORLD, PLAYED, RANK_FILE, ROOT
+from minitron.trace.schema import (
+    CLOCK, GPU_TIME, HOST_TIME, MAX_CALL_DEPTH, MAX_LINE_BYTES, MAX_WORLD, PLAYED, RANK_FILE, ROOT,
+)
 from minitron.trace.validate import record_problem
 
 INIT_MP = "minitron.core.parallel_state.initialize_model_parallel"
@@ -261,3 +263,10 @@ def iterations(runs: dict[int, list[dict]]) -> list[int]:
     """The training iterations (train_step's ``iteration``) that any rank recorded."""
     return sorted({r["args"]["iteration"] for records in runs.values() for r in records
                    if r["name"] == TRAIN_STEP and "iteration" in r["args"]})
+
+
+def clock_of(runs: dict[int, list[dict]]) -> str:
+    """Which clock the times read: GPU time where a recorder waited for the device (it wrote
+    schema.CLOCK), host time otherwise: every CPU run, and every trace older than that record."""
+    synced = any(r["name"] == CLOCK for records in runs.values() for r in records)
+    return GPU_TIME if synced else HOST_TIME

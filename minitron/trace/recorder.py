@@ -10,6 +10,13 @@ once, in trace/schema.py, which the reader checks records against.
 Times are wall-clock microseconds, so the ranks of one machine share a time axis.
 When tracing is off, ``_ACTIVE`` is None and a traced function pays one global read and one
 extra Python call.
+
+On a GPU the host returns from a step once its kernels are queued, so the clock alone would
+time the launch. The accelerator, when it is CUDA, hands this floor a ``device_sync`` callable
+(``set_device_sync``: the floor imports no accelerator); a recorder then waits for the device at
+each call's start and end, so a span is the GPU time of its work, and says so in the trace (one
+schema.CLOCK record). The price: work that overlapped (an async all-reduce behind the backward)
+is serialized while tracing. A CPU run has no hook and pays one ``is None`` test per call.
 """
 
 from __future__ import annotations
@@ -23,9 +30,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
-from minitron.trace.schema import new_record, rank_file_name
+from minitron.trace.schema import CLOCK, GPU_TIME, new_record, rank_file_name
 
 _ACTIVE: "Recorder | None" = None
+_DEVICE_SYNC: Callable[[], None] | None = None   # set_device_sync's, for every recorder started
 
 _PRIMITIVES = (int, float, str, bool, type(None))
 # One encoder for every record: json.dumps with separators builds a new encoder per call, a
@@ -64,8 +72,20 @@ class Recorder:
         self._file = open(self.path, "w", buffering=1 << 16)
         self._next_id = 0
         self._stack: list[int] = []  # ids of the calls now open, innermost last
+        self._sync: Callable[[], None] | None = None
+        self.use_device_sync(_DEVICE_SYNC)
+
+    def use_device_sync(self, sync: Callable[[], None] | None) -> None:
+        """Wait for the device with ``sync`` around every call from now on (None: stop waiting).
+        The first time, one CLOCK record tells the reader that the times are GPU time."""
+        if sync is not None and self._sync is None:
+            call_id, parent, now = self.begin()
+            self.end(call_id, parent, now, CLOCK, {"clock": GPU_TIME})
+        self._sync = sync
 
     def begin(self) -> tuple[int, int | None, int]:
+        if self._sync is not None:
+            self._sync()   # the work queued before this call is not its own
         call_id = self._next_id
         self._next_id += 1
         parent = self._stack[-1] if self._stack else None
@@ -74,6 +94,8 @@ class Recorder:
 
     def end(self, call_id: int, parent: int | None, start_us: int, name: str,
             args: dict | None, error: str | None = None) -> None:
+        if self._sync is not None:
+            self._sync()   # the call's kernels have finished, not merely been launched
         self._stack.pop()
         record = new_record(self.rank, self.pid, call_id, parent, name, args or {}, start_us,
                             time.time_ns() // 1000)
@@ -111,6 +133,16 @@ def start(out_dir: str | os.PathLike, rank: int, keep: bool = False) -> Recorder
     stop()
     _ACTIVE = Recorder(out_dir, rank, keep)
     return _ACTIVE
+
+
+def set_device_sync(sync: Callable[[], None] | None) -> None:
+    """The device's synchronize, for the recorders to wait on (None on a CPU: nothing to wait
+    for). Set by the accelerator once it knows it is CUDA, before or after recording starts; it
+    must not start the device itself (before the rank picks its GPU, nothing is queued)."""
+    global _DEVICE_SYNC
+    _DEVICE_SYNC = sync
+    if _ACTIVE is not None:
+        _ACTIVE.use_device_sync(sync)
 
 
 def stop() -> None:

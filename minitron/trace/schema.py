@@ -25,6 +25,13 @@ NEW_GROUP = DIST + "new_group"
 # without this rank, answered unrecorded, counted per group description.
 PLAYED = "minitron.launcher.fake.play_rank"
 
+# Which clock a trace's times read. The host's clock alone times a GPU step's launch, not its
+# work (kernels run after the call returns), so a recorder that waits for the device at each
+# call's start and end first writes one record of this name: a trace without it, every trace of
+# a CPU run and every trace written before it existed, reads host time.
+CLOCK = "minitron.trace.recorder.device_sync"
+HOST_TIME, GPU_TIME = "host time", "GPU time (synchronized)"
+
 # field -> (the Python types its JSON value may have, exactly: JSON's true is a bool, which
 # Python counts as an int, and is no rank, id or time), what the reader says it must be.
 FIELDS = {

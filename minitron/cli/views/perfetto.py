@@ -14,7 +14,8 @@ from __future__ import annotations
 from json.encoder import encode_basestring_ascii as encode_str  # what ENCODE does to a str (ASCII)
 from pathlib import Path
 
-from minitron.trace.reader import layout_args, load_trace, world_size_of
+from minitron.trace.reader import clock_of, layout_args, load_trace, world_size_of
+from minitron.trace.schema import HOST_TIME
 from minitron.trace.recorder import ENCODE
 from minitron.core.rank_generator import rank_coordinates
 
@@ -31,10 +32,14 @@ def to_chrome(runs: dict[int, list[dict]], note: str | None = None) -> dict:
     """The trace-event JSON object: metadata naming each row, then one X event per call."""
     world = world_size_of(runs)
     events = [event for rank, records in runs.items() for event in rank_events(rank, records, world)]
-    trace = {"traceEvents": events, "displayTimeUnit": "ms"}
-    if note:
-        trace["otherData"] = {"note": note}
-    return trace
+    return {"traceEvents": events, **_tail(runs, note)}
+
+
+def _tail(runs: dict[int, list[dict]] | None, note: str | None) -> dict:
+    """What follows the events: the time unit, and in Perfetto's "metadata" the clock the times
+    read (host time, or GPU time on synchronized GPU ranks) and the note, if any."""
+    clock = clock_of(runs) if runs else HOST_TIME   # no runs: a fake play's texts, never on a GPU
+    return {"displayTimeUnit": "ms", "otherData": {"clock": clock, **({"note": note} if note else {})}}
 
 
 def rank_events(rank: int, records: list[dict], world: int) -> list[dict]:
@@ -96,7 +101,7 @@ def write_chrome_trace(trace_dir: str | Path, runs: dict[int, list[dict]] | None
         out.write_text(ENCODE(to_chrome(runs, note)))
         return out
     # The same bytes ENCODE(to_chrome(...)) writes: rows joined as its list separator does.
-    tail = {"displayTimeUnit": "ms", **({"otherData": {"note": note}} if note else {})}
+    tail = _tail(runs, note)
     with open(out, "w") as f:
         f.write('{"traceEvents":[')
         f.write(",".join(text for _, text in sorted(encoded.items()) if text))
