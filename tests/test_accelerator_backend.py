@@ -49,16 +49,17 @@ def test_the_users_own_choice_stands(restore_accelerator, monkeypatch):
 
 
 def test_gloo_ranks_forked_from_a_gpu_parent_compute_on_the_cpu(restore_accelerator):
-    """The launcher's parent chose CUDA; each gloo rank's Megatron init (through comm, as
-    _initialize_distributed does) turns it back to the CPU before any device is touched."""
+    """The launcher's parent chose CUDA; each forked rank is a gloo rank on the CPU before any
+    device is touched, and stays one through comm's init (as _initialize_distributed calls it)."""
     set_accelerator(_SeenGPU())
 
     def body(rank):
         from minitron import comm
+        forked = type(get_accelerator()).__name__
         comm.init_distributed(dist_backend="gloo")
-        return type(get_accelerator()).__name__, get_accelerator().current_device_name()
+        return forked, type(get_accelerator()).__name__, get_accelerator().current_device_name()
 
-    assert run_on_ranks(body, LaunchConfig(world_size=2)) == [("CPU_Accelerator", "cpu")] * 2
+    assert run_on_ranks(body, LaunchConfig(world_size=2)) == [("CPU_Accelerator", "CPU_Accelerator", "cpu")] * 2
 
 
 @pytest.mark.parametrize("world,gpus,backend", [(16, 1, "gloo"), (1, 1, "nccl"), (2, 4, "nccl"), (2, 0, "gloo")])
