@@ -9,11 +9,13 @@ rest are unit tests with stand-ins for a GPU, which this machine does not have.
 from __future__ import annotations
 
 import json
+import os
 import re
 from argparse import Namespace
-from functools import partial
 
 import pytest
+
+from cli_here import run_minitron
 
 from minitron.training.theoretical_flops import num_floating_point_operations, peak_tflops_of
 
@@ -28,31 +30,14 @@ ARGV = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "4"
         "--train-iters", "3", "--log-interval", "1", "--lr", "1e-3", "--mock-data", "--log-throughput"]
 
 
-def _pretrain_with_throughput(argv):
-    """pretrain_gpt's main, with log_throughput also given as a default: until the parser takes
-    --log-throughput (it lists it as a flag without effect), the default is what sets it; once
-    it does, the flag sets it and the default is not used."""
-    from minitron.pretrain_gpt import ARGS_DEFAULTS, forward_step, model_provider, train_valid_test_datasets_provider
-    from minitron.training.training import destroy_global_state, pretrain
-
-    pretrain(train_valid_test_datasets_provider, model_provider, "encoder_or_decoder", forward_step,
-             args_defaults={**ARGS_DEFAULTS, "log_throughput": True}, argv=argv)
-    destroy_global_state()
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from minitron.launcher import LaunchConfig, RankFailure, Target, launch, session_env
-
-    out = tmp_path_factory.mktemp("throughput")
-    argv = [*ARGV, "--log-jsonl", str(out / "iterations.jsonl")]
-    cfg = LaunchConfig(world_size=2, log_dir=out / "logs", env=session_env(2))
-    try:
-        launch(cfg, Target(function=partial(_pretrain_with_throughput, argv)))
-    except RankFailure as failure:
-        raise AssertionError(f"{failure}\n{failure.log_tail(30)}") from None
-    records = [json.loads(line) for line in open(out / "iterations.jsonl")]
-    return records, (out / "logs" / "rank1.log").read_text()
+    logs = tmp_path_factory.mktemp("throughput") / "logs"
+    done = run_minitron("pretrain", "--world", "2", *ARGV, "--log-dir", str(logs), env=dict(os.environ),
+                        timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = [json.loads(line) for line in open(logs / "iterations.jsonl")]
+    return records, (logs / "rank1.log").read_text()
 
 
 def _fields(line: str) -> dict[str, str]:

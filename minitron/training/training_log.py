@@ -70,9 +70,7 @@ class IterationLog:
         self.args = args
         self.speaker = is_last_rank()
         self.file = open(args.log_jsonl, "a") if (self.speaker and args.log_jsonl) else None
-        # Read with getattr: --log-throughput is still parsed as a flag without effect (it lands
-        # in args.no_effect), so the attribute exists only once the parser gives it one.
-        self.log_throughput = getattr(args, "log_throughput", False)
+        self.log_throughput = args.log_throughput
         on_gpu = get_accelerator().current_device_name().startswith("cuda")
         self.peak_tflops = device_peak_tflops() if on_gpu and self.log_throughput else None
         # Megatron reports memory at each logged iteration until one past the first has been
