@@ -180,6 +180,27 @@ def test_a_checkpoint_in_a_gpu_runs_shape_resumes_on_cpu_ranks(uninterrupted, tm
     assert sum(SAID in line for line in log.splitlines()) == 1, log[-2000:]
 
 
+def test_with_the_distributed_optimizer_each_rank_writes_its_rows_of_the_state(tmp_path):
+    """torch_dist at dp 2: each rank keeps and writes half the rows of each optimizer tensor (a save
+    holds half the state, not all of it); the weights are still written by data-parallel rank 0."""
+    from minitron.core.dist_checkpointing.serialization import read_dcp_metadata
+    from minitron.training.checkpoint_files import iteration_dir
+
+    pretrain_records(tmp_path / "run", 2, MODEL + FORMATS["torch_dist"] + [
+        "--train-iters", "1", "--save", str(tmp_path / "ck"), "--save-interval", "1"])
+    meta = read_dcp_metadata(iteration_dir(tmp_path / "ck", 1))
+    files: dict[str, set] = {}
+    for index, info in meta.storage_data.items():
+        files.setdefault(index.fqn, set()).add(info.relative_path)
+    key = "decoder.layers.mlp.linear_fc2.weight"   # (layers, 16, 64): 8 rows a rank
+    assert files[f"optimizer.state.exp_avg.{key}"] == files[f"optimizer.state.exp_avg_sq.{key}"] == {
+        "__0_0.distcp", "__1_0.distcp"}
+    assert files[key] == {"__0_0.distcp"}
+    rows = sorted((tuple(c.offsets), tuple(c.sizes)) for c in meta.state_dict_metadata[
+        f"optimizer.state.exp_avg.{key}"].chunks)
+    assert rows == [((layer, row, 0), (1, 8, 64)) for layer in range(2) for row in (0, 8)]
+
+
 # --- real devices ---------------------------------------------------------------------------------
 
 GPUS = torch.cuda.device_count()

@@ -8,9 +8,11 @@ the model, at any tp / pp / dp.
 
 The distributed optimizer (ZeRO-1) holds only a flat slice of each parameter's state, cut at
 bucket boundaries that move with the data-parallel size. Before a save, each data-parallel
-group therefore puts the slices back together (one all-reduce of zero-padded slices per
-tensor: the bytes of the full state, once); after a load, each rank keeps its own slice. Megatron
-writes the slices as they are ("fully_sharded_model_space" with flattened ranges); we trade
+group therefore puts each parameter's slices back together (one all-reduce of zero-padded
+slices: the bytes of the full state, once), and each rank keeps and writes only its block of
+the rows, so a save holds about 1/dp of the state plus one parameter (measured at dp 4: 468 KB
+a rank instead of the whole 1.87 MB). After a load, each rank keeps its own slice. Megatron
+writes the flat slices as they are ("fully_sharded_model_space" with flattened ranges); we trade
 that save-time traffic for one picture of the state that any layout can read.
 """
 
@@ -101,12 +103,38 @@ def optimizer_sharded_state_dict(optimizer, model_sharded: dict, names: list[str
         # A separate fp32 copy exists for 16-bit parameters only (an fp32 shard is a view of its param).
         for name in (["fp32_param"] if param.dtype != torch.float32 else []) + names:
             value = main if name == "fp32_param" else state.get(name)
-            # Loading: DCP reads into these, so they are made where the parameter lives.
-            data = (param.new_zeros(param.shape, dtype=torch.float32) if loading
-                    else _model_space(param, flat_range, value))
-            out[f"{name}.{path}"] = (_like(sh, f"optimizer.state.{name}.{sh.key}", data), param, main,
-                                     flat_range, name)
+            key = f"optimizer.state.{name}.{sh.key}"
+            if loading:   # DCP reads into these, so they are made where the parameter lives
+                entry = _like(sh, key, param.new_zeros(param.shape, dtype=torch.float32))
+            else:
+                entry = _like(sh, key, _model_space(param, flat_range, value))
+                if flat_range is not None:
+                    entry = _own_rows(entry, _dp_group(param))
+            out[f"{name}.{path}"] = (entry, param, main, flat_range, name)
     return out
+
+
+def _own_rows(entry, group) -> list[ShardedTensor]:
+    """Of a state every rank of ``group`` holds whole (all-reduced), the share this rank writes:
+    rank r of n keeps rows [r * ceil(R / n), (r + 1) * ceil(R / n)) of each chunk, copied out so
+    that the whole can go, as the main replica of those rows. Rows, not Megatron's flat slices:
+    DCP stores rectangular chunks, and any layout reads them back as it reads the weights."""
+    n, r = torch.distributed.get_world_size(group), torch.distributed.get_rank(group)
+    mine = []
+    for sh in entry.build() if isinstance(entry, ShardedTensorFactory) else [entry]:
+        rows = sh.local_shape[0]
+        per = -(-rows // n)
+        lo, hi = min(r * per, rows), min((r + 1) * per, rows)
+        if lo == hi:
+            continue   # fewer rows than ranks: this rank writes nothing of this chunk
+        offset = list(sh.global_offset)
+        offset[sh.prepend_axis_num] += lo
+        data = sh.data[lo:hi].clone()
+        # The data-parallel place of the replica id (the last) is 0: these rows are this rank's alone.
+        replica = (*sh.replica_id[:-1], 0) if isinstance(sh.replica_id, tuple) else 0
+        mine.append(replace(sh, data=data, local_shape=tuple(data.shape), global_offset=tuple(offset),
+                            replica_id=replica))
+    return mine
 
 
 def restore_optimizer_state(optimizer, loaded: dict, described: dict, step) -> None:
