@@ -13,6 +13,7 @@ each debug option, each divisibility rule), so that a new flag gets every varian
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -133,6 +134,8 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
                  ("port-empty", ["--debug-port-base", ""], ("--debug-port-base", "whole number")),
                  ("host-empty", ["--debug-host", ""], ("--debug-host",)),
                  ("host-blank", ["--debug-host", "   "], ("--debug-host",)),
+                 ("host-not-a-name", ["--debug-host", "not a host"], ("--debug-host 'not a host'", "cannot listen")),
+                 ("host-not-this-machine", ["--debug-host", "192.0.2.1"], ("--debug-host '192.0.2.1'", "cannot listen")),
                  ("wait-nan", ["--debug-wait-timeout", "nan"], ("--debug-wait-timeout", "finite")),
                  ("wait-inf", ["--debug-wait-timeout", "inf"], ("--debug-wait-timeout", "finite")),
                  ("wait-1e400", ["--debug-wait-timeout", "1e400"], ("--debug-wait-timeout", "finite")),
@@ -142,6 +145,9 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
                  ("wait-empty", ["--debug-wait-timeout", ""], ("--debug-wait-timeout", "number"))]
         for cid, flags, words in (debug if cmd == "trace" else debug[::3]):
             add(f"{cmd}-debug-{cid}", [cmd, *flags, *rest], *words)
+    # launch too: the host is refused before the ranks start, not by rank 0 once all have
+    add("launch-debug-host-not-a-name", ["launch", "--world", "2", "--debug", "0", "--debug-host", "not a host",
+                                         str(DEMO), "show"], "--debug-host 'not a host'")
 
     # --- pretrain: the backend, the sizes, the machine -----------------------------------------
     add("pretrain-backend-fake", f"pretrain --world 1 --backend fake {TRAIN}", "--backend fake", "gloo")
@@ -333,6 +339,7 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
     return out
 
 
+DEMO = Path(__file__).resolve().parents[1] / "docs" / "examples" / "launch_demo.py"
 ROWS = rows()
 
 

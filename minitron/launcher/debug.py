@@ -75,10 +75,25 @@ def debug_env(spec: str, world: int, port_base: int, host: str, wait_timeout: fl
                          f"{port_base + ranks[-1]}, beyond 65535; use a base of at most {65535 - ranks[-1]}")
     if not host.strip():
         raise ValueError("--debug-host is empty; use 127.0.0.1 (this machine only)")
+    _check_host(host.strip())
     if not wait_timeout > 0:
         raise ValueError(f"--debug-wait-timeout {wait_timeout:g}: give a number of seconds above 0")
     return {RANKS_ENV: ",".join(map(str, ranks)), PORT_BASE_ENV: str(port_base),
             HOST_ENV: host.strip(), WAIT_TIMEOUT_ENV: f"{wait_timeout:g}"}
+
+
+def _check_host(host: str) -> None:
+    """A rank can listen only on an address of its own machine: bind port 0 there once, now,
+    so that a mistyped host is refused before any rank starts, not by rank 0 after all started.
+    Binding port 0 takes no port from anyone (the kernel lends a free one until close)."""
+    try:
+        family = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+    except (OSError, UnicodeError) as exc:   # gaierror (no such name) is an OSError too
+        reason = exc.strerror if getattr(exc, "strerror", None) else str(exc)
+        raise ValueError(f"--debug-host {host!r}: a rank cannot listen there ({reason}); give an address of "
+                         "this machine, e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
 
 
 def settings_from_env(world: int) -> tuple[list[int], int, str, float]:
