@@ -64,8 +64,42 @@ def suggest(name: str, known: set) -> str:
     return f"; did you mean {' or '.join(close)}?" if close else "; see `minitron {cmd} --help`"
 
 
+# --- help that breaks lines only at spaces --------------------------------------------------
+# click wraps help with Python's textwrap, which also breaks after a hyphen: at 80 columns
+# `--global-batch-size` came out as `--global-batch-` / `size`, a flag no one can copy. So
+# the help formatter hides every hyphen from the wrapper behind a non-breaking hyphen (one
+# column wide, as "-" is, so the layout is the same) and puts "-" back in what it wrote.
+_NO_BREAK = "\u2011"
+_Context = TyperCommand.context_class   # click's classes, from whichever click typer carries
+_Formatter = _Context.formatter_class
+
+
+def _unbreakable(text: str) -> str:
+    return text.replace("-", _NO_BREAK)
+
+
+class _SpaceBreakingFormatter(_Formatter):
+    def write_usage(self, prog: str, args: str = "", prefix=None) -> None:
+        super().write_usage(prog, _unbreakable(args), prefix)
+
+    def write_text(self, text: str) -> None:
+        super().write_text(_unbreakable(text))
+
+    def write_dl(self, rows, *args, **kwargs) -> None:
+        super().write_dl([(term, _unbreakable(text)) for term, text in rows], *args, **kwargs)
+
+    def getvalue(self) -> str:
+        return super().getvalue().replace(_NO_BREAK, "-")
+
+
+class _HelpContext(_Context):
+    formatter_class = _SpaceBreakingFormatter
+
+
 class MinitronGroup(TyperGroup):
     """The ``minitron`` group: its own options (--version, --help) converted plainly too."""
+
+    context_class = _HelpContext
 
     def parse_args(self, ctx, args: List[str]) -> List[str]:
         for param in self.get_params(ctx):
@@ -82,6 +116,7 @@ class MinitronCommand(TyperCommand):
     """
 
     forwards: str | None = None
+    context_class = _HelpContext
 
     def parse_args(self, ctx, args: List[str]) -> List[str]:
         if self.forwards == "megatron" and self.name in ("pretrain", "estimate"):
