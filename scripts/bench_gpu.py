@@ -1,0 +1,298 @@
+"""Benchmark one GPU: minitron's `pretrain` against a plain PyTorch loop of the same GPT.
+
+    python scripts/bench_gpu.py [--iters 10] [--fast] [--json results.json]
+    python scripts/bench_gpu.py --cpu-smoke      # no GPU: a tiny model on the CPU, to prove the script runs
+
+The GPT (defaults: 24 layers, hidden 2048, 16 heads, sequence 2048, the GPT-2 vocabulary of 50257
+padded to 50304, micro-batch 4, global batch 32, i.e. 8 micro-batches per iteration, bf16) is
+trained three ways, each in a fresh process so that no side inherits another's memory or
+compiled kernels:
+
+* minitron: `python -m minitron pretrain --world 1 --backend nccl --bf16 ... --mock-data`; its
+  per-iteration times come from its own `--log-jsonl` records;
+* the plain loop written below (embedding, pre-LayerNorm blocks with one fused QKV projection
+  and torch's scaled_dot_product_attention, a GeLU MLP of 4h, the tied output layer, cross
+  entropy, fused AdamW, bf16 autocast over fp32 parameters), eager;
+* the same loop under torch.compile.
+
+Each side's figure is the median over iterations 4..N: the first three pay for allocator
+growth, cuDNN/cuBLAS autotuning and compilation. TFLOP/s/GPU is Megatron's model FLOP count
+(minitron/training/theoretical_flops.py), made once from minitron's own parser, so all three
+sides divide the same number; MFU divides that by the device's dense bf16 peak from the same
+module's table.
+
+--fast adds FAST_PATH_FLAGS to minitron's command line: minitron's opt-in speed flags. The list
+is empty today: minitron has no such flag, so the default path is the one measured either way.
+
+Without a GPU the script says so and exits 2; --cpu-smoke then runs all three sides on the CPU
+at a tiny size (gloo, fp32; torch.compile with its "eager" backend, which captures the graph but
+generates no code: inductor's C++ build would take longer than the whole smoke run). Its
+figures prove only that every part runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))   # run from a checkout without installing it (the GPU machine)
+
+# minitron's opt-in fast-path flags, added by --fast. None exist yet (see the docstring).
+FAST_PATH_FLAGS: list[str] = []
+# The goal stated beside the figures: on one H100, at the default (1.3B) size.
+GOAL = {"device": "h100", "minitron_over_eager": 1.0, "mfu": 0.45}
+FIRST_TIMED = 4   # iterations before this one warm up
+SMOKE = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64, micro_batch_size=2,
+             global_batch_size=4, vocab_size=255, iters=4)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):   # one line, not argparse's usage block
+        print(f"bench_gpu: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def options(argv=None) -> argparse.Namespace:
+    p = Parser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    p.add_argument("--num-layers", type=int, default=24)
+    p.add_argument("--hidden-size", type=int, default=2048)
+    p.add_argument("--num-attention-heads", type=int, default=16)
+    p.add_argument("--seq-length", type=int, default=2048)
+    p.add_argument("--micro-batch-size", type=int, default=4)
+    p.add_argument("--global-batch-size", type=int, default=32)
+    p.add_argument("--vocab-size", type=int, default=50257)
+    p.add_argument("--iters", type=int, default=10, help=f"iterations per side (at least {FIRST_TIMED})")
+    p.add_argument("--fast", action="store_true", help="add minitron's fast-path flags (FAST_PATH_FLAGS)")
+    p.add_argument("--cpu-smoke", action="store_true", help="a tiny model on the CPU: proves the script runs")
+    p.add_argument("--json", type=Path, help="also write the figures to this file")
+    p.add_argument("--plain-child", help=argparse.SUPPRESS)   # the plain loops' own process
+    if "--cpu-smoke" in (sys.argv[1:] if argv is None else argv):
+        p.set_defaults(**SMOKE)   # the tiny size, unless a flag says otherwise
+    o = p.parse_args(argv)
+    if o.iters < FIRST_TIMED:
+        p.error(f"--iters {o.iters}: iterations 1-{FIRST_TIMED - 1} warm up; give at least {FIRST_TIMED}")
+    if o.global_batch_size % o.micro_batch_size:
+        p.error(f"--global-batch-size {o.global_batch_size} is no multiple of --micro-batch-size "
+                f"{o.micro_batch_size}: one GPU runs whole micro-batches")
+    o.device = "cpu" if o.cpu_smoke else "cuda"
+    return o
+
+
+def megatron_flags(o) -> list[str]:
+    """The model and batch, as Megatron's flags: minitron's command line and the FLOP count's."""
+    return ["--num-layers", str(o.num_layers), "--hidden-size", str(o.hidden_size),
+            "--num-attention-heads", str(o.num_attention_heads), "--seq-length", str(o.seq_length),
+            "--max-position-embeddings", str(o.seq_length), "--micro-batch-size", str(o.micro_batch_size),
+            "--global-batch-size", str(o.global_batch_size), "--train-iters", str(o.iters),
+            "--lr", "1e-4", "--min-lr", "1e-5", "--lr-decay-style", "cosine", "--mock-data",
+            "--tokenizer-type", "NullTokenizer", "--vocab-size", str(o.vocab_size),
+            "--hidden-dropout", "0", "--attention-dropout", "0", *([] if o.cpu_smoke else ["--bf16"])]
+
+
+def model_size(o) -> tuple[float, int]:
+    """(Megatron's FLOPs per iteration, the padded vocabulary), from minitron's parser and
+    validation, as a rank of a one-GPU world would see them. The count is made here, in no
+    rank, so the backend is gloo's stand-in: it does not enter the count."""
+    from minitron.training.arguments import GPT_ARGS_DEFAULTS, megatron_parser, validate_args
+    from minitron.training.theoretical_flops import num_floating_point_operations
+    from minitron.training.tokenizer import build_tokenizer
+
+    args = megatron_parser().parse_args(megatron_flags(o) + ["--distributed-backend", "gloo"])
+    args.world_size, args.rank, args.local_rank = 1, 0, 0
+    args = validate_args(args, GPT_ARGS_DEFAULTS)
+    build_tokenizer(args)   # sets padded_vocab_size
+    return num_floating_point_operations(args, o.global_batch_size), args.padded_vocab_size
+
+
+# -- the plain loop ------------------------------------------------------------------------------
+def plain_gpt(vocab: int, o):
+    import torch
+    import torch.nn.functional as F
+
+    class Block(torch.nn.Module):
+        def __init__(self, h: int, heads: int):
+            super().__init__()
+            self.heads = heads
+            self.ln1, self.ln2 = torch.nn.LayerNorm(h), torch.nn.LayerNorm(h)
+            self.qkv, self.proj = torch.nn.Linear(h, 3 * h), torch.nn.Linear(h, h)
+            self.fc1, self.fc2 = torch.nn.Linear(h, 4 * h), torch.nn.Linear(4 * h, h)
+
+        def forward(self, x):   # [b, s, h]
+            b, s, h = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # flash attention on a GPU
+            x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+    class GPT(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            h = o.hidden_size
+            self.wte, self.wpe = torch.nn.Embedding(vocab, h), torch.nn.Embedding(o.seq_length, h)
+            self.blocks = torch.nn.ModuleList(Block(h, o.num_attention_heads) for _ in range(o.num_layers))
+            self.ln_f = torch.nn.LayerNorm(h)
+
+        def forward(self, tokens, labels):
+            x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1], device=tokens.device))
+            for block in self.blocks:
+                x = block(x)
+            logits = self.ln_f(x) @ self.wte.weight.t()   # the output layer is the embedding, tied
+            return F.cross_entropy(logits.float().view(-1, vocab), labels.reshape(-1))
+
+    return GPT()
+
+
+def plain_side(o, vocab: int, compiled: bool) -> dict:
+    """The plain loop's times per iteration (seconds) and peak memory, in this process."""
+    import torch
+
+    torch.manual_seed(0)
+    cuda = o.device == "cuda"
+    model = plain_gpt(vocab, o).to(o.device)
+    step_model = torch.compile(model, backend="inductor" if cuda else "eager") if compiled else model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=cuda)
+    microbatches = o.global_batch_size // o.micro_batch_size
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(o.iters):
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        for _ in range(microbatches):
+            # Token ids of the real vocabulary; the padded rows are never a label, as in minitron.
+            tokens = torch.randint(0, o.vocab_size, (o.micro_batch_size, o.seq_length + 1), device=o.device)
+            with autocast:
+                loss = step_model(tokens[:, :-1], tokens[:, 1:]) / microbatches
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if cuda:
+            torch.cuda.synchronize()   # the GPU's work, not only its launch
+        times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+    del model, step_model, opt
+    if cuda:
+        torch.cuda.empty_cache()
+    return {"times": times, "peak_gib": peak}
+
+
+def plain_child(o) -> None:
+    """Both plain sides in this (child) process, one JSON line on stdout."""
+    import torch
+    vocab = int(o.plain_child)
+    device = torch.cuda.get_device_name() if o.device == "cuda" else "CPU"
+    eager = plain_side(o, vocab, compiled=False)
+    print(json.dumps({"device": device, "eager": eager, "compiled": plain_side(o, vocab, compiled=True)}))
+
+
+# -- running the sides ---------------------------------------------------------------------------
+def run_child(cmd: list[str], what: str, o) -> str:
+    # The smoke's model is tiny: more than one thread per process only spins on a shared machine.
+    env = {**os.environ, "OMP_NUM_THREADS": "1"} if o.cpu_smoke else None
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    if done.returncode:
+        sys.exit(f"bench_gpu: {what} failed (exit code {done.returncode}):\n"
+                 f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def minitron_side(o) -> dict:
+    """minitron's times per iteration from its --log-jsonl, and its peak memory from the
+    memory line its rank log carries on a GPU (None on the CPU, where there is none)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        jsonl, logs = Path(tmp, "iterations.jsonl"), Path(tmp, "logs")
+        cmd = [sys.executable, "-m", "minitron", "pretrain", "--world", "1",
+               "--backend", "gloo" if o.cpu_smoke else "nccl", "--log-dir", str(logs), *megatron_flags(o),
+               "--log-interval", "1", "--log-jsonl", str(jsonl), "--log-throughput",
+               *(FAST_PATH_FLAGS if o.fast else [])]
+        run_child(cmd, "minitron pretrain", o)
+        records = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+        peaks = re.findall(r"max allocated: ([0-9.]+)", "".join(p.read_text() for p in logs.glob("rank*.log")))
+    return {"times": [r["elapsed_ms"] / 1000.0 for r in records],
+            "peak_gib": max(float(mb) for mb in peaks) / 1024.0 if peaks else None}
+
+
+def figures(side: dict, o, flops: float, peak_tflops: float | None) -> dict:
+    seconds = statistics.median(side["times"][FIRST_TIMED - 1:])
+    tflops = flops / seconds / 1e12
+    return {"ms_per_iteration": seconds * 1000.0, "tokens_per_s": o.global_batch_size * o.seq_length / seconds,
+            "tflops_per_gpu": tflops, "mfu": tflops / peak_tflops if peak_tflops else None,
+            "peak_memory_gib": side["peak_gib"]}
+
+
+def goals(o, device: str, results: dict, ratios: dict) -> str:
+    default_size = [o.num_layers, o.hidden_size, o.seq_length] == [24, 2048, 2048]
+    if o.cpu_smoke:
+        return "goals not checked: no GPU"
+    if GOAL["device"] not in device.lower() or not default_size:
+        return f"goals not checked: they are stated for one H100 at the default (1.3B) size, not {device}"
+    mfu = results["minitron"]["mfu"] or 0.0
+    met = ratios["minitron/eager"] >= GOAL["minitron_over_eager"] and mfu >= GOAL["mfu"]
+    return f"goals {'met' if met else 'NOT met'}: minitron/eager {ratios['minitron/eager']:.2f}x, MFU {mfu:.1%}"
+
+
+def report(o, device: str, vocab: int, flops: float, peak: float | None, results: dict, ratios: dict) -> None:
+    def number(value, spec):
+        return "n/a" if value is None else format(value, spec)
+
+    print(f"GPT: {o.num_layers} layers, hidden {o.hidden_size}, {o.num_attention_heads} heads, sequence "
+          f"{o.seq_length}, vocabulary {o.vocab_size} padded to {vocab}, micro-batch {o.micro_batch_size}, "
+          f"global batch {o.global_batch_size}, {'fp32' if o.cpu_smoke else 'bf16'}, one {device}")
+    print(f"Megatron's FLOP count: {flops:.3e} per iteration; peak {number(peak, 'g')} TFLOP/s "
+          f"(dense bf16, minitron/training/theoretical_flops.py){'; --fast' if o.fast else ''}")
+    print(f"median of iterations {FIRST_TIMED}-{o.iters}:")
+    print(f"{'side':<18} {'ms/iteration':>12} {'tokens/s':>12} {'TFLOP/s/GPU':>12} {'MFU':>7} {'peak GiB':>9}")
+    for name, r in results.items():
+        print(f"{name:<18} {r['ms_per_iteration']:>12.1f} {r['tokens_per_s']:>12.1f} "
+              f"{r['tflops_per_gpu']:>12.4g} {number(r['mfu'], '.1%'):>7} {number(r['peak_memory_gib'], '.2f'):>9}")
+    for name, value in ratios.items():
+        print(f"ratio {name}: {value:.3f}x (tokens/s)")
+    print(f"goal: minitron/eager >= {GOAL['minitron_over_eager']:.1f}x and MFU >= {GOAL['mfu']:.0%} on one H100 "
+          f"(1.3B config)")
+    print(goals(o, device, results, ratios))
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    o = options(argv)
+    if o.plain_child:
+        plain_child(o)
+        return 0
+    if not o.cpu_smoke:
+        import torch
+        if not torch.cuda.is_available():
+            print("bench_gpu: no CUDA GPU here; run it on a machine with one, or add --cpu-smoke to check "
+                  "the script on the CPU", file=sys.stderr)
+            return 2
+    from minitron.training.theoretical_flops import peak_tflops_of
+
+    flops, vocab = model_size(o)
+    plain = json.loads(run_child([sys.executable, __file__, *argv, "--plain-child", str(vocab)],
+                                 "the plain loop", o).strip().splitlines()[-1])
+    sides = {"minitron": minitron_side(o), "plain eager": plain["eager"], "plain compiled": plain["compiled"]}
+    peak = None if o.cpu_smoke else peak_tflops_of(plain["device"])
+    results = {name: figures(side, o, flops, peak) for name, side in sides.items()}
+    tokens = {name: r["tokens_per_s"] for name, r in results.items()}
+    ratios = {"minitron/eager": tokens["minitron"] / tokens["plain eager"],
+              "minitron/compiled": tokens["minitron"] / tokens["plain compiled"]}
+    report(o, plain["device"], vocab, flops, peak, results, ratios)
+    if o.json:
+        o.json.write_text(json.dumps({"device": plain["device"], "fast": o.fast, "fast_flags": FAST_PATH_FLAGS,
+                                      "flops_per_iteration": flops, "peak_tflops": peak, "results": results,
+                                      "ratios": ratios, "goals": goals(o, plain["device"], results, ratios)},
+                                     indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""scripts/bench_gpu.py end to end on the CPU (--cpu-smoke): every side runs, every figure and
+ratio is printed as a number, and they agree with one another and with the --json file."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "bench_gpu.py"
+NUMBER = r"[0-9.]+(?:e[+-]?[0-9]+)?"
+ROW = re.compile(rf"^(minitron|plain eager|plain compiled) +({NUMBER}) +({NUMBER}) +({NUMBER}) +(n/a|{NUMBER}%) "
+                 rf"+(n/a|{NUMBER})$")
+
+
+def bench(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=240)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "figures.json"
+    done = bench("--cpu-smoke", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout, json.loads(out.read_text())
+
+
+def test_every_side_prints_its_figures(smoke):
+    stdout, _ = smoke
+    rows = {m[1]: m.groups()[1:] for m in map(ROW.match, stdout.splitlines()) if m}
+    assert set(rows) == {"minitron", "plain eager", "plain compiled"}
+    tokens_per_iteration = 4 * 64   # the smoke's global batch x sequence
+    for name, (ms, tokens, tflops, mfu, memory) in rows.items():
+        assert float(ms) > 0 and float(tflops) > 0
+        # tokens/s and ms/iteration are one measurement, printed twice
+        assert float(tokens) * float(ms) / 1000 == pytest.approx(tokens_per_iteration, rel=0.01), name
+        assert (mfu, memory) == ("n/a", "n/a")   # no GPU: no peak to divide by, no CUDA allocator
+
+
+def test_the_ratios_are_the_rows_tokens_per_second(smoke):
+    stdout, figures = smoke
+    ratios = dict(re.findall(rf"^ratio (minitron/\w+): ({NUMBER})x \(tokens/s\)$", stdout, re.M))
+    tokens = {name: r["tokens_per_s"] for name, r in figures["results"].items()}
+    assert float(ratios["minitron/eager"]) == pytest.approx(tokens["minitron"] / tokens["plain eager"], abs=1e-3)
+    assert float(ratios["minitron/compiled"]) == pytest.approx(tokens["minitron"] / tokens["plain compiled"],
+                                                               abs=1e-3)
+
+
+def test_one_flop_count_for_all_sides_and_the_goals_stated(smoke):
+    stdout, figures = smoke
+    flops = figures["flops_per_iteration"]
+    for r in figures["results"].values():
+        assert r["tflops_per_gpu"] == pytest.approx(flops / (r["ms_per_iteration"] / 1000) / 1e12)
+    assert "goal: minitron/eager >= 1.0x and MFU >= 45% on one H100" in stdout
+    assert stdout.rstrip().endswith("goals not checked: no GPU")
+    assert figures["fast_flags"] == [] and figures["fast"] is False
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--cpu-smoke", "--iters", "2"], ["--iters 2", "at least 4"]),
+    (["--cpu-smoke", "--global-batch-size", "5"], ["--global-batch-size 5", "--micro-batch-size 2"]),
+    (["--cpu-smok"], ["--cpu-smok"]),
+])
+def test_bad_flags_get_one_line(argv, words):
+    done = bench(*argv)
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and all(w in done.stderr for w in words)
+
+
+def test_without_a_gpu_it_says_so_and_exits_2():
+    # Asked of the driver's files, not of torch: importing torch here would double the cost.
+    if Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi"):
+        pytest.skip("an NVIDIA driver is here: the script would run the whole benchmark")
+    done = bench()
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and "--cpu-smoke" in done.stderr
