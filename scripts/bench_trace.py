@@ -147,7 +147,10 @@ def main() -> None:
         paths = {name: None for name in commands}
         if opts.compare:
             for name in [g for g in goals if g != RANKS]:  # --ranks may be newer than the other checkout
-                commands[f"{name} [compare]"] = commands[name]
+                # An --out of its own: trace clears its folder first, so a shared one would make
+                # each checkout clear (and pay for) the other's files, maybe while they still land.
+                commands[f"{name} [compare]"] = [f"{w}-compare" if w.startswith(f"{tmp}/") else w
+                                                 for w in commands[name]]
                 paths[f"{name} [compare]"] = str(Path(opts.compare).resolve())
         times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in commands}
         loads = [os.getloadavg()[0]]
