@@ -24,7 +24,10 @@ class CUDA_Accelerator:
         return f"cuda:{torch.cuda.current_device()}"
 
     def synchronize(self) -> None:
-        torch.cuda.synchronize()
+        # Before the rank's first CUDA call nothing is queued, and synchronizing would create a
+        # context on GPU 0 before set_device has picked this rank's GPU.
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()
 
     def manual_seed(self, seed: int) -> None:
         torch.cuda.manual_seed(seed)

@@ -23,6 +23,7 @@ from minitron.trace import recorder, traced
 
 _ACCELERATOR = None
 _RECORDED_BY = None  # the trace recorder that has already recorded this process's accelerator
+_FORKED = False      # this process is a forked child: CUDA is not for it (see _after_fork_in_child)
 
 
 def get_accelerator():
@@ -39,7 +40,7 @@ def _accelerator_name() -> str:
     if name is None:
         # device_count() asks the driver without creating a CUDA context, so it is safe
         # in a parent that forks ranks later.
-        name = "cuda" if torch.cuda.device_count() > 0 else "cpu"
+        name = "cuda" if not _FORKED and torch.cuda.device_count() > 0 else "cpu"
     return name
 
 
@@ -59,6 +60,7 @@ def _choose_accelerator():
             _ACCELERATOR = CPU_Accelerator()
         else:
             raise ValueError(f"MINITRON_ACCELERATOR={name!r}: use 'cuda' or 'cpu'")
+        _wait_on_device_while_tracing(_ACCELERATOR)
     _RECORDED_BY = recorder.active()
     return _ACCELERATOR
 
@@ -66,6 +68,27 @@ def _choose_accelerator():
 def set_accelerator(accelerator) -> None:
     global _ACCELERATOR
     _ACCELERATOR = accelerator
+    _wait_on_device_while_tracing(accelerator)
+
+
+def _wait_on_device_while_tracing(accelerator) -> None:
+    """On a GPU the host returns from a kernel launch before the kernel has run: a traced span
+    measures GPU time only if the recorder waits for the device at its start and end. On the
+    CPU there is nothing to wait for (None also drops a hook a forked child inherited)."""
+    recorder.set_device_sync(accelerator.synchronize if isinstance(accelerator, CUDA_Accelerator) else None)
+
+
+def _after_fork_in_child() -> None:
+    """CUDA does not survive a fork, and minitron forks only CPU processes (gloo ranks, the
+    players of fake ranks): a forked child computes on the CPU whatever its parent chose while
+    validating on a GPU machine, and one that chooses later chooses the CPU."""
+    global _FORKED
+    _FORKED = True
+    if isinstance(_ACCELERATOR, CUDA_Accelerator) and "MINITRON_ACCELERATOR" not in os.environ:
+        set_accelerator(CPU_Accelerator())
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def set_accelerator_for_backend(backend: str) -> None:

@@ -132,11 +132,6 @@ def _run_forked_child(rank: int, cfg: LaunchConfig, target: Target) -> None:
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         import torch  # already loaded by _warm_parent: a lookup, which keeps this module torch-free
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-        # A forked rank is a gloo rank: CUDA does not survive a fork, so it computes on the CPU
-        # whatever its parent chose while validating on a GPU machine (and a rank told no
-        # --distributed-backend then picks gloo, not nccl).
-        from minitron.accelerator import set_accelerator_for_backend
-        set_accelerator_for_backend("gloo")
         code = run_target(target)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
