@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from minitron.accelerator import get_accelerator
+
 
 class GlobalMemoryBuffer:
     """Named scratch tensors, allocated once and lent out again and again.
@@ -26,7 +28,7 @@ class GlobalMemoryBuffer:
     def get_tensor(self, tensor_shape, dtype: torch.dtype, name: str,
                    device: torch.device | str | None = None) -> torch.Tensor:
         """A tensor of ``tensor_shape`` (contents undefined) in the buffer called ``name``."""
-        device = torch.device("cpu") if device is None else torch.device(device)
+        device = torch.device(get_accelerator().current_device_name() if device is None else device)
         needed = math.prod(tensor_shape)
         key = (name, dtype, device)
         held = self.buffer.get(key)

@@ -217,11 +217,11 @@ def _get_ltor_masks_and_position_ids(data, eod_token, reset_position_ids, reset_
     position_ids: [s], restarted after each eod when reset_position_ids.
     """
     seq_length = data.numel()
-    loss_mask = torch.ones(seq_length, dtype=torch.float)
+    loss_mask = torch.ones(seq_length, dtype=torch.float, device=data.device)   # a sample: host memory
     if eod_mask_loss:
         loss_mask[data == eod_token] = 0.0
-    position_ids = torch.arange(seq_length, dtype=torch.long)
-    allowed = torch.tril(torch.ones(seq_length, seq_length)) if create_attention_mask else None
+    position_ids = torch.arange(seq_length, dtype=torch.long, device=data.device)
+    allowed = torch.tril(torch.ones(seq_length, seq_length, device=data.device)) if create_attention_mask else None
     if reset_position_ids or reset_attention_mask:
         prev = 0
         for i in (data == eod_token).nonzero().view(-1).tolist():

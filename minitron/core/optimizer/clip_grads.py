@@ -22,19 +22,19 @@ import math
 
 import torch
 
+from minitron.accelerator import get_accelerator
 from minitron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from minitron.trace import traced
 
 
 def reduction_device(tensors, group=None) -> torch.device:
     """Where a statistic's all-reduce buffer must live: with the tensors, or (a rank holding
-    none) where the group's backend can reach it: NCCL only reduces GPU memory."""
+    none) on the rank's device, the one its backend reduces (NCCL: only GPU memory). ``group``
+    is the caller's for symmetry; the accelerator already answers for the backend."""
     for tensor in tensors:
         if tensor is not None:
             return tensor.device
-    if torch.distributed.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return torch.device(get_accelerator().current_device_name())
 
 
 def param_is_not_shared(param: torch.Tensor) -> bool:

@@ -24,13 +24,20 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from minitron.accelerator import get_accelerator
+
+
+def _device() -> str:
+    return get_accelerator().current_device_name()
+
 
 class MegatronGradScaler(ABC):
     def __init__(self, initial_scale: float):
         if not initial_scale > 0.0:
             raise ValueError(f"the initial loss scale must be positive, got {initial_scale}")
-        # A one-element tensor, as in Megatron: the loss is multiplied by it without a sync.
-        self._scale = torch.tensor([float(initial_scale)], dtype=torch.float32)
+        # A one-element tensor on the rank's device, as in Megatron: the loss is multiplied by
+        # it, and the scale grown or backed off, without a copy or a sync.
+        self._scale = torch.tensor([float(initial_scale)], dtype=torch.float32, device=_device())
 
     @property
     def scale(self) -> torch.Tensor:
@@ -77,9 +84,9 @@ class DynamicGradScaler(MegatronGradScaler):
         for ok, rule in checks:
             if not ok:
                 raise ValueError(f"DynamicGradScaler needs {rule}")
-        self.min_scale = torch.tensor([float(min_scale)])
-        self.growth_factor = torch.tensor([float(growth_factor)])
-        self.backoff_factor = torch.tensor([float(backoff_factor)])
+        self.min_scale = torch.tensor([float(min_scale)], device=_device())
+        self.growth_factor = torch.tensor([float(growth_factor)], device=_device())
+        self.backoff_factor = torch.tensor([float(backoff_factor)], device=_device())
         self.growth_interval = growth_interval
         self.hysteresis = hysteresis
         self._growth_tracker = 0                 # clean steps in a row
@@ -104,6 +111,6 @@ class DynamicGradScaler(MegatronGradScaler):
                 "hysteresis_tracker": self._hysteresis_tracker}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self._scale = state_dict["scale"].detach().clone().float().cpu()
+        self._scale = state_dict["scale"].detach().clone().float().to(_device())
         self._growth_tracker = state_dict["growth_tracker"]
         self._hysteresis_tracker = state_dict["hysteresis_tracker"]

@@ -21,6 +21,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from minitron.accelerator import get_accelerator
 from minitron.core import parallel_state
 from minitron.core.optimizer.clip_grads import (
     clip_grad_by_total_norm_fp32, count_zeros_fp32, get_grad_norm_fp32, param_is_not_shared,
@@ -56,6 +57,9 @@ class MegatronOptimizer(ABC):
     def __init__(self, optimizer: torch.optim.Optimizer, config):
         self.optimizer = optimizer
         self.config = config
+        # The loss scale of an optimizer without a scaler: made once, on the device the loss
+        # is on, so scale_loss neither allocates nor copies per micro-batch (Megatron's _scale).
+        self._scale_one = torch.ones(1, device=get_accelerator().current_device_name())
 
     def get_parameters(self) -> list[torch.Tensor]:
         """What the torch optimizer steps: model params (fp32) or main params (fp16/bf16)."""
@@ -106,7 +110,7 @@ class MegatronOptimizer(ABC):
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The schedules' ``config.grad_scale_func``: multiply the loss before backward."""
-        return self.get_loss_scale().to(loss.device) * loss
+        return self.get_loss_scale() * loss
 
     # The torch optimizer's param_groups and state, reachable through the wrapper (the
     # scheduler writes 'lr' and 'weight_decay' into the groups).
@@ -162,7 +166,7 @@ class FP32Optimizer(MegatronOptimizer):
             _zero_grad_group_helper(group["params"], set_to_none)
 
     def get_loss_scale(self) -> torch.Tensor:
-        return torch.ones(1)
+        return self._scale_one
 
     def prepare_grads(self) -> bool:
         for param in self.get_parameters():
@@ -198,7 +202,7 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
         self.grad_scaler = grad_scaler
 
     def get_loss_scale(self) -> torch.Tensor:
-        return self.grad_scaler.scale if self.grad_scaler is not None else torch.ones(1)
+        return self.grad_scaler.scale if self.grad_scaler is not None else self._scale_one
 
     def _unscale_main_grads_and_check_for_nan(self) -> bool:
         main_grads = self._collect_main_grad_data_for_unscaling()

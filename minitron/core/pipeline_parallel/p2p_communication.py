@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from minitron.accelerator import get_accelerator
 from minitron.core import parallel_state as mpu
 
 
@@ -44,11 +45,12 @@ def _communicate(*, tensor_send_next, tensor_send_prev, recv_prev: bool, recv_ne
                  tensor_shape, config):
     """Send what is given, receive what is asked; return (tensor_recv_prev, tensor_recv_next)."""
     dtype = getattr(config, "pipeline_dtype", None) or torch.float32
+    device = get_accelerator().current_device_name()   # NCCL receives into GPU memory only
 
     def buffer():
         # requires_grad: a received activation is the input of this stage's autograd graph,
         # and backward needs its .grad to send upstream.
-        return torch.empty(tensor_shape, dtype=dtype, requires_grad=True)
+        return torch.empty(tensor_shape, dtype=dtype, device=device, requires_grad=True)
 
     tensor_recv_prev = buffer() if recv_prev else None
     tensor_recv_next = buffer() if recv_next else None

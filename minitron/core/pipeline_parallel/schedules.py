@@ -23,6 +23,7 @@ import contextlib
 import torch
 from torch.autograd.variable import Variable
 
+from minitron.accelerator import get_accelerator
 from minitron.core import parallel_state as mpu
 from minitron.core.pipeline_parallel import p2p_communication as p2p
 from minitron.core.pipeline_parallel.pp_rank_microbatches import get_pp_rank_microbatches
@@ -114,7 +115,7 @@ def forward_step_calc_loss(output_tensor, loss_func, config, vp_stage, num_micro
     if cp_group_size is None:
         cp_group_size = mpu.get_context_parallel_world_size()
     per_token = getattr(config, "calculate_per_token_loss", False)   # no config: DeepSpeed's path
-    num_tokens = torch.tensor(0, dtype=torch.int)
+    num_tokens = torch.zeros([], dtype=torch.int, device=get_accelerator().current_device_name())
     if is_last_stage:
         outputs = loss_func(output_tensor)
         if len(outputs) == 3:  # (sum, token count, report)
@@ -132,7 +133,8 @@ def forward_step_calc_loss(output_tensor, loss_func, config, vp_stage, num_micro
         # Per-token loss: Megatron gives them the plain scale, and the division by the global
         # token count in finalize_model_grads then applies to them too.
         from minitron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
-        scale = config.grad_scale_func(torch.ones(1)) if config.grad_scale_func is not None else torch.ones(1)
+        one = torch.ones(1, device=output_tensor.device)
+        scale = config.grad_scale_func(one) if config.grad_scale_func is not None else one
         MoEAuxLossAutoScaler.set_loss_scale(scale if per_token else scale * cp_group_size / num_microbatches)
     return output_tensor, num_tokens
 
@@ -175,7 +177,7 @@ def forward_backward_no_pipelining(*, forward_step_func, data_iterator, model, n
     data_iterator = data_iterator[0] if isinstance(data_iterator, list) else data_iterator
     config = get_model_config(model)
     losses = []
-    total_num_tokens = torch.zeros([], dtype=torch.int)
+    total_num_tokens = torch.zeros([], dtype=torch.int, device=get_accelerator().current_device_name())
 
     def one(i):
         nonlocal total_num_tokens
@@ -220,7 +222,7 @@ def forward_backward_pipelining_without_interleaving(*, forward_step_func, data_
     if not forward_only:
         no_sync.__enter__()
     fwd_id = bwd_id = 0
-    total_num_tokens = torch.zeros([], dtype=torch.int)
+    total_num_tokens = torch.zeros([], dtype=torch.int, device=get_accelerator().current_device_name())
 
     def forward(input_tensor):
         nonlocal fwd_id, total_num_tokens

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from minitron.accelerator import get_accelerator
 from minitron.core import parallel_state as mpu
 from minitron.core.pipeline_parallel import p2p_communication as p2p
 from minitron.core.pipeline_parallel.pp_rank_microbatches import get_pp_rank_microbatches
@@ -55,7 +56,8 @@ class _InterleavedSchedule:
         self.output_tensors = [[] for _ in model]
         self.output_tensor_grads = [[] for _ in model]
         self.forward_data_store = []
-        self.total_num_tokens = torch.zeros([], dtype=torch.int)   # loss tokens, for per-token loss
+        self.total_num_tokens = torch.zeros([], dtype=torch.int,   # loss tokens, for per-token loss
+                                            device=get_accelerator().current_device_name())
         self.no_sync_context = None
         self._count_warmup()
 

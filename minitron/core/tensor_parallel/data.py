@@ -8,6 +8,8 @@ one buffer (one collective instead of one per key).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from minitron.accelerator import get_accelerator
@@ -18,18 +20,18 @@ _MAX_DATA_DIM = 5  # a tensor of up to 5 dims: each key gets 5 slots in the shap
 
 
 def _broadcast_sizes(keys, data, group, src: int):
-    sizes = torch.zeros(len(keys) * _MAX_DATA_DIM, dtype=torch.long)
+    sizes = torch.zeros(len(keys) * _MAX_DATA_DIM, dtype=torch.long)  # host: filled from Python shapes
     if group.rank() == 0:
         for k, key in enumerate(keys):
             shape = data[key].shape
             if not 0 < len(shape) < _MAX_DATA_DIM:
                 raise ValueError(f"broadcast_data: {key!r} has {len(shape)} dims; use 1 to {_MAX_DATA_DIM - 1}")
-            sizes[k * _MAX_DATA_DIM:k * _MAX_DATA_DIM + len(shape)] = torch.tensor(shape)
+            sizes[k * _MAX_DATA_DIM:k * _MAX_DATA_DIM + len(shape)] = torch.tensor(shape)  # host: as above
     sizes = sizes.to(get_accelerator().current_device_name())
     torch.distributed.broadcast(sizes, src, group=group)
-    sizes = sizes.cpu()
+    sizes = sizes.tolist()   # the one copy back: the receivers allocate from these
     # A zero ends each key's shape (a real dimension of size 0 would carry no data anyway).
-    return {key: [int(s) for s in sizes[k * _MAX_DATA_DIM:(k + 1) * _MAX_DATA_DIM] if s > 0]
+    return {key: [s for s in sizes[k * _MAX_DATA_DIM:(k + 1) * _MAX_DATA_DIM] if s > 0]
             for k, key in enumerate(keys)}
 
 
@@ -47,7 +49,7 @@ def broadcast_data(keys, data, datatype):
             if data[key].dtype != datatype:
                 raise TypeError(f"broadcast_data: {key!r} is {data[key].dtype}, expected {datatype}")
     shapes = _broadcast_sizes(keys, data, group, src)
-    numels = {key: int(torch.tensor(shape).prod()) for key, shape in shapes.items()}
+    numels = {key: math.prod(shape) for key, shape in shapes.items()}
     if group.rank() == 0:
         flat = torch.cat([data[key].contiguous().view(-1) for key in keys]).to(get_accelerator().current_device_name())
     else:

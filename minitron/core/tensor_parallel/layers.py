@@ -16,9 +16,11 @@ autograd function does the Column's backward communication itself, overlapped wi
 weight-gradient product; with sequence parallelism it also gathers the sequence itself, into
 a borrowed buffer, and keeps only this rank's part of the input for backward.
 
-Weights are built the way Megatron builds them with ``--use-cpu-initialization``: every rank
-draws the *full* master weight from the same CPU generator and keeps its slice. For the same
-seed, the slices of a TP run put together are bit-for-bit the weights of a serial run.
+Each weight is allocated on the rank's device and filled by weight_init.py's rule: on a CPU
+rank (and on a GPU with ``--use-cpu-initialization``) every rank draws the *full* master weight
+from the same CPU generator and keeps its slice, so the slices of a TP run put together are
+bit-for-bit the weights of a serial run; on a GPU without the flag each rank draws its own slice
+on the device, as Megatron does by default.
 """
 
 from __future__ import annotations
@@ -37,16 +39,11 @@ from minitron.core.tensor_parallel.mappings import (
     scatter_to_tensor_model_parallel_region,
 )
 from minitron.core.tensor_parallel.utils import VocabUtility, divide
+from minitron.core.tensor_parallel.weight_init import (  # noqa: F401 (set_...: Megatron's import path)
+    init_device, initialize_affine_weight, set_tensor_model_parallel_attributes,
+)
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
-
-
-def set_tensor_model_parallel_attributes(tensor: torch.Tensor, is_parallel: bool, dim: int,
-                                         stride: int = 1) -> None:
-    """Label a parameter with how it is split, for checkpointing and gradient clipping later."""
-    tensor.tensor_model_parallel = is_parallel
-    tensor.partition_dim = dim
-    tensor.partition_stride = stride
 
 
 def param_is_not_tensor_parallel_duplicate(param: torch.Tensor) -> bool:
@@ -56,27 +53,6 @@ def param_is_not_tensor_parallel_duplicate(param: torch.Tensor) -> bool:
         return parallel_state.get_expert_tensor_parallel_group().rank() == 0
     return getattr(param, "tensor_model_parallel", False) or (
         parallel_state.get_tensor_model_parallel_rank() == 0)
-
-
-def _initialize_affine_weight_cpu(weight: torch.Tensor, output_size: int, input_size: int,
-                                  per_partition_size: int, partition_dim: int,
-                                  init_method: Callable, stride: int = 1) -> torch.Tensor:
-    """Draw the full [output_size, input_size] weight, then copy this rank's slice into ``weight``.
-
-    Every rank draws the same full matrix (same seed, same generator, same order of draws),
-    so no rank needs to send weights to another, and the result does not depend on tp.
-    ``stride`` > 1 deals the slices out round-robin (for fused weights laid out in blocks).
-    """
-    set_tensor_model_parallel_attributes(weight, True, partition_dim, stride)
-    master_weight = torch.empty(output_size, input_size, dtype=torch.float32)
-    init_method(master_weight)
-    master_weight = master_weight.to(dtype=weight.dtype)
-    pieces = torch.split(master_weight, divide(per_partition_size, stride), dim=partition_dim)
-    rank = parallel_state.get_tensor_model_parallel_rank()
-    world_size = parallel_state.get_tensor_model_parallel_world_size()
-    with torch.no_grad():
-        weight.copy_(torch.cat(pieces[rank::world_size], dim=partition_dim))
-    return master_weight
 
 
 def _layer_args(self, input_, weight=None, runtime_gather_output=None):
@@ -180,12 +156,9 @@ class VocabParallelEmbedding(torch.nn.Module):
             num_embeddings, parallel_state.get_tensor_model_parallel_rank(), self.tp_size)
         self.num_embeddings_per_partition = self.vocab_end_index - self.vocab_start_index
         self.weight = Parameter(torch.empty(self.num_embeddings_per_partition, embedding_dim,
-                                            dtype=config.params_dtype))
-        if config.perform_initialization:
-            _initialize_affine_weight_cpu(self.weight, num_embeddings, embedding_dim,
-                                          self.num_embeddings_per_partition, 0, init_method)
-        else:
-            set_tensor_model_parallel_attributes(self.weight, True, 0)
+                                            dtype=config.params_dtype, device=init_device()))
+        initialize_affine_weight(self.weight, config, num_embeddings, embedding_dim,
+                                 self.num_embeddings_per_partition, 0, init_method)
 
     def _lookup_local_slice(self, input_: torch.Tensor) -> torch.Tensor:
         """This rank's answer before the all-reduce: its rows, or zeros for ids it does not own."""
@@ -208,7 +181,7 @@ class VocabParallelEmbedding(torch.nn.Module):
 
 def _zero_bias(size: int, config) -> Parameter:
     # Biases start at zero, so every rank can make its own without drawing random numbers.
-    return Parameter(torch.zeros(size, dtype=config.params_dtype))
+    return Parameter(torch.zeros(size, dtype=config.params_dtype, device=init_device()))
 
 
 class ColumnParallelLinear(torch.nn.Module):
@@ -236,12 +209,9 @@ class ColumnParallelLinear(torch.nn.Module):
             self.weight = None  # the weight is passed to forward (the tied output layer)
         else:
             self.weight = Parameter(torch.empty(self.output_size_per_partition, input_size,
-                                                dtype=config.params_dtype))
-            if config.perform_initialization:
-                _initialize_affine_weight_cpu(self.weight, output_size, input_size,
-                                              self.output_size_per_partition, 0, init_method, stride)
-            else:
-                set_tensor_model_parallel_attributes(self.weight, True, 0, stride)
+                                                dtype=config.params_dtype, device=init_device()))
+            initialize_affine_weight(self.weight, config, output_size, input_size,
+                                     self.output_size_per_partition, 0, init_method, stride)
         if bias:
             self.bias = _zero_bias(self.output_size_per_partition, config)
             set_tensor_model_parallel_attributes(self.bias, True, 0, stride)
@@ -290,12 +260,9 @@ class RowParallelLinear(torch.nn.Module):
         if self.sequence_parallel and not input_is_parallel:
             raise ValueError("RowParallelLinear with sequence_parallel needs input_is_parallel=True")
         self.weight = Parameter(torch.empty(output_size, self.input_size_per_partition,
-                                            dtype=config.params_dtype))
-        if config.perform_initialization:
-            _initialize_affine_weight_cpu(self.weight, output_size, input_size,
-                                          self.input_size_per_partition, 1, init_method, stride)
-        else:
-            set_tensor_model_parallel_attributes(self.weight, True, 1, stride)
+                                            dtype=config.params_dtype, device=init_device()))
+        initialize_affine_weight(self.weight, config, output_size, input_size,
+                                 self.input_size_per_partition, 1, init_method, stride)
         if bias:
             self.bias = _zero_bias(output_size, config)
             # Replicated, but under sequence parallelism each rank adds it to a different part

@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from minitron.core.tensor_parallel.weight_init import init_device
+
 
 class _ZeroCentredGamma:
     """The weight starts at 0, so that 1 + weight, the scale used, starts at 1."""
@@ -53,7 +55,7 @@ def WrappedTorchNorm(config, hidden_size: int, eps: float | None = None) -> torc
     eps = config.layernorm_epsilon if eps is None else eps
     classes = {"LayerNorm": (torch.nn.LayerNorm, LayerNorm1P), "RMSNorm": (torch.nn.RMSNorm, RMSNorm1P)}
     norm_cls = classes[config.normalization][bool(config.layernorm_zero_centered_gamma)]
-    norm = norm_cls(hidden_size, eps=eps, dtype=config.params_dtype)
+    norm = norm_cls(hidden_size, eps=eps, dtype=config.params_dtype, device=init_device())
     for param in norm.parameters():
         param.sequence_parallel = config.sequence_parallel
     return norm

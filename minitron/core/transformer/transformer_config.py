@@ -45,6 +45,10 @@ class ModelParallelConfig:
     params_dtype: torch.dtype = torch.float32
     # False: allocate parameters but skip drawing their values (a checkpoint will overwrite them).
     perform_initialization: bool = True
+    # --use-cpu-initialization: draw every weight whole on the CPU and keep this rank's slice, so
+    # the numbers do not depend on tp. Without it a GPU rank draws its slices on the device
+    # (Megatron's default). A CPU rank always draws as with it (tensor_parallel/weight_init.py).
+    use_cpu_initialization: bool = False
     # Seed of the layout-independent initialization (core/init_rng.py); None: torch's stream.
     init_seed: int | None = None
     # Hooks the training setup (setup_model_and_optimizer) installs and the pipeline schedules

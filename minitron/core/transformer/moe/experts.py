@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from minitron.core import parallel_state
+from minitron.core.tensor_parallel import divide, get_expert_parallel_rng_tracker_name
+from minitron.core.tensor_parallel.weight_init import init_device, initialize_affine_weight
 from minitron.core.transformer.mlp import mlp_activation
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.utils import experts_sharded_state_dict
@@ -51,26 +53,27 @@ def expert_init_rng(config, layer_number: int, expert_index: int):
         yield
         return
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed * 10_007 + 1_000_003 * (expert_index + 1) + layer_number)
+        # The CPU generator only (torch.manual_seed would reseed the GPU's default stream too,
+        # and fork_rng(devices=[]) would not put it back): a GPU rank drawing on the device
+        # uses the tracker's expert stream instead.
+        torch.default_generator.manual_seed(seed * 10_007 + 1_000_003 * (expert_index + 1) + layer_number)
         yield
 
 
 def _expert_weight(full_shape, partition_dim: int, init_method, config, stride: int = 1) -> torch.nn.Parameter:
-    """Draw the full weight, keep this expert-tensor-parallel rank's slice (as the TP layers do;
-    ``stride`` 2: pieces r and tp + r of 2 x tp, the gated fc1's matching gate and up slices)."""
-    full = torch.empty(full_shape, dtype=torch.float32)
-    if config.perform_initialization:
-        init_method(full)
+    """This expert-tensor-parallel rank's slice of an expert's weight, drawn as the TP layers
+    draw theirs (tensor_parallel/weight_init.py: whole on the CPU, or the slice on the GPU on
+    the expert-parallel stream); ``stride`` 2: pieces r and tp + r of 2 x tp, the gated fc1's
+    matching gate and up slices."""
     tp = parallel_state.get_expert_tensor_parallel_group()
-    pieces = torch.chunk(full, stride * tp.size(), dim=partition_dim)[tp.rank()::tp.size()]
-    piece = pieces[0] if stride == 1 else torch.cat(pieces, dim=partition_dim)
-    # A copy of its own: a row slice of ``full`` is already contiguous, and .contiguous() would
-    # keep the whole matrix's storage alive behind it (tp times the memory the slice needs).
-    weight = torch.nn.Parameter(piece.clone(memory_format=torch.contiguous_format).to(config.params_dtype))
+    shape = list(full_shape)
+    shape[partition_dim] = divide(shape[partition_dim], tp.size(), "expert weight")
+    weight = torch.nn.Parameter(torch.empty(shape, dtype=config.params_dtype, device=init_device()))
+    initialize_affine_weight(weight, config, *full_shape, shape[partition_dim], partition_dim, init_method,
+                             stride, rank=tp.rank(), world_size=tp.size(),
+                             rng_tracker_name=get_expert_parallel_rng_tracker_name())
     weight.allreduce = False                      # an expert parameter (see the module docstring)
     weight.tensor_model_parallel = tp.size() > 1  # a slice: the grad norm counts it on every slice
-    weight.partition_dim = partition_dim
-    weight.partition_stride = stride
     return weight
 
 
@@ -79,7 +82,7 @@ def _expert_bias(size: int, config) -> torch.nn.Parameter | None:
     Megatron's linear layers start them."""
     if not config.add_bias_linear:
         return None
-    bias = torch.nn.Parameter(torch.zeros(size, dtype=config.params_dtype))
+    bias = torch.nn.Parameter(torch.zeros(size, dtype=config.params_dtype, device=init_device()))
     bias.allreduce = False
     return bias
 
@@ -134,9 +137,9 @@ class SequentialMLP(MegatronModule):
 
     @traced(args=lambda self, permuted_local_hidden_states, tokens_per_expert: {
         "tokens": short_value(permuted_local_hidden_states),
-        "tokens_per_expert": [int(n) for n in tokens_per_expert]})
+        "tokens_per_expert": tokens_per_expert.tolist()})
     def forward(self, permuted_local_hidden_states, tokens_per_expert):
         """Rows arrive grouped by local expert (tokens_per_expert[i] rows for expert i)."""
-        chunks = torch.split(permuted_local_hidden_states, [int(n) for n in tokens_per_expert])
+        chunks = torch.split(permuted_local_hidden_states, tokens_per_expert.tolist())   # host counts
         outputs = [expert(chunk) for expert, chunk in zip(self.local_experts, chunks)]
         return torch.cat(outputs, dim=0), None

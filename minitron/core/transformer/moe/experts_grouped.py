@@ -79,10 +79,10 @@ class GroupedMLP(MegatronModule):
 
     @traced(args=lambda self, permuted_local_hidden_states, tokens_per_expert: {
         "tokens": short_value(permuted_local_hidden_states),
-        "tokens_per_expert": [int(n) for n in tokens_per_expert]})
+        "tokens_per_expert": tokens_per_expert.tolist()})
     def forward(self, permuted_local_hidden_states, tokens_per_expert):
         """Rows grouped by local expert -> the same rows' outputs, in the same order."""
-        x, counts = permuted_local_hidden_states, [int(n) for n in tokens_per_expert]
+        x, counts = permuted_local_hidden_states, tokens_per_expert.tolist()   # host counts
         # Expert e's rows go to [e, :counts[e]] of a zero-padded [E_local, max, h] block.
         expert_of_row = torch.repeat_interleave(torch.arange(len(counts), device=x.device),
                                                 torch.tensor(counts, device=x.device))

@@ -49,21 +49,21 @@ class TopKRouter(MegatronModule):
         self.routing_type = config.moe_router_load_balancing_type
         self.score_function = config.moe_router_score_function
         device = init_device()
-        # Drawn on the CPU in fp32 at any setting, as Megatron draws its router, then cast and
-        # placed: a bf16 run, or a GPU one, starts from the same values.
-        self.weight = torch.nn.Parameter(torch.empty(self.num_experts, config.hidden_size,  # host: drawn there
-                                                     dtype=torch.float32))
-        self.bias = (torch.nn.Parameter(torch.empty(self.num_experts))  # host: drawn there, like the weight
+        self.weight = torch.nn.Parameter(torch.empty(self.num_experts, config.hidden_size,
+                                                     dtype=config.params_dtype, device=device))
+        self.bias = (torch.nn.Parameter(torch.empty(self.num_experts, dtype=config.params_dtype, device=device))
                      if config.add_bias_linear else None)
-        if config.perform_initialization:
-            with torch.no_grad():
-                config.init_method(self.weight)
-                if self.bias is not None:   # Megatron draws the bias like the weight, not zeros
-                    config.init_method(self.bias)
         for param in (self.weight, self.bias):
-            if param is not None:
-                param.data = param.data.to(device, config.params_dtype)
-                param.sequence_parallel = config.sequence_parallel
+            if param is None:
+                continue
+            if config.perform_initialization:   # Megatron draws the bias like the weight, not zeros
+                # Drawn on the CPU in fp32 at any setting, as Megatron draws its router, then
+                # cast and copied in: a bf16 run, or a GPU one, starts from the same values.
+                drawn = torch.empty(param.shape, dtype=torch.float32)  # host: drawn there
+                config.init_method(drawn)
+                with torch.no_grad():
+                    param.copy_(drawn)
+            param.sequence_parallel = config.sequence_parallel
         if config.moe_router_enable_expert_bias:
             # Buffers, not parameters: no gradient, no optimizer. The counts are the step's
             # (not saved); the bias is the model's state (saved, and kept in fp32 whatever the

@@ -55,7 +55,7 @@ class MoEAlltoAllTokenDispatcher:
         self.ep_size, self.tp_size = self.ep_group.size(), self.tp_group.size()
         self.tp_rank = self.tp_group.rank()
         # What arrives is [source (tp, ep) rank][local expert]; the experts want [local expert][source].
-        chunks = torch.arange(self.num_local_experts * self.tp_size * self.ep_size)
+        chunks = torch.arange(self.num_local_experts * self.tp_size * self.ep_size)  # host: read as lists
         self.sort_input_by_local_experts = chunks.reshape(-1, num_local_experts).T.ravel().tolist()
         self.restore_output_by_local_experts = chunks.reshape(num_local_experts, -1).T.ravel().tolist()
 
@@ -64,14 +64,17 @@ class MoEAlltoAllTokenDispatcher:
         if self.config.moe_pad_expert_input_to_capacity:
             return self.preprocess_padded(routing_map)
         num_local_tokens_per_expert = routing_map.sum(dim=0).long()        # [E], from my tokens
-        # [ep]: how many of my token copies go to each expert-parallel peer
-        self.input_splits = num_local_tokens_per_expert.reshape(self.ep_size, -1).sum(dim=1).tolist()
         # Everyone's counts, [tp x ep ranks, E]: the group's rank is tp_rank + tp * ep_rank.
         everyone = num_local_tokens_per_expert
         if self.tp_ep_group.size() > 1:
             everyone = everyone.new_empty(self.tp_ep_group.size() * self.num_experts)
             torch.distributed.all_gather_into_tensor(everyone, num_local_tokens_per_expert,
                                                      group=self.tp_ep_group)
+        # Every split size below is a Python int the collectives read on the host: one copy of
+        # all the counts to the host (Megatron's one sync point per layer), not one per size.
+        everyone = everyone.cpu().reshape(-1, self.num_experts)
+        # [ep]: how many of my token copies go to each expert-parallel peer
+        self.input_splits = everyone[self.tp_ep_group.rank()].reshape(self.ep_size, -1).sum(dim=1).tolist()
         per_rank = everyone.reshape(self.ep_size, self.tp_size, self.num_experts).transpose(0, 1)
         first, last = self.local_expert_indices[0], self.local_expert_indices[-1] + 1
         per_local_expert = per_rank[:, :, first:last]                       # [tp, ep, local experts]
@@ -79,7 +82,7 @@ class MoEAlltoAllTokenDispatcher:
         self.output_splits = per_local_expert[self.tp_rank].sum(dim=1).tolist()
         self.output_splits_tp = per_local_expert.sum(dim=(1, 2)).tolist()
         self.num_global_tokens_per_local_expert = per_local_expert.reshape(-1, self.num_local_experts)
-        return per_local_expert.sum(dim=(0, 1))
+        return per_local_expert.sum(dim=(0, 1))   # on the host, as the experts read it
 
     def preprocess_padded(self, routing_map: torch.Tensor) -> torch.Tensor:
         """Padded to capacity, every rank sends every expert the same number of rows, known in
@@ -90,9 +93,10 @@ class MoEAlltoAllTokenDispatcher:
         block = capacity * self.num_local_experts
         self.input_splits = self.output_splits = [block] * self.ep_size
         self.output_splits_tp = [block * self.ep_size] * self.tp_size
-        self.num_global_tokens_per_local_expert = torch.full(
+        self.num_global_tokens_per_local_expert = torch.full(  # host: split sizes, as above
             (self.tp_size * self.ep_size, self.num_local_experts), capacity, dtype=torch.long)
-        return torch.full((self.num_local_experts,), capacity * self.tp_size * self.ep_size, dtype=torch.long)
+        return torch.full((self.num_local_experts,),  # host: as the experts read it
+                          capacity * self.tp_size * self.ep_size, dtype=torch.long)
 
     @traced(args=lambda self, hidden_states, probs, routing_map: {
         "hidden_states": short_value(hidden_states), "ep": self.ep_size, "expert_tp": self.tp_size,
@@ -154,7 +158,9 @@ class MoEAllGatherTokenDispatcher:
         first, last = self.local_expert_indices[0], self.local_expert_indices[-1] + 1
         self.local_map = routing_map[:, first:last].contiguous()
         self.local_probs = probs[:, first:last].contiguous()
-        tokens_per_expert = self.local_map.sum(dim=0).long()
+        # The experts split their rows by these counts on the host: one copy of all of them
+        # (Megatron's), where reading them one by one would wait on the device once per expert.
+        tokens_per_expert = self.local_map.sum(dim=0).long().cpu()
         permuted, self.reversed_local_input_permutation_mapping = permute(hidden_states, self.local_map)
         return permuted, tokens_per_expert
 

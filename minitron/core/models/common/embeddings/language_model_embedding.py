@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from minitron.core.tensor_parallel.layers import VocabParallelEmbedding
+from minitron.core.tensor_parallel.layers import VocabParallelEmbedding, init_device
 from minitron.core.tensor_parallel.mappings import scatter_to_sequence_parallel_region
 from minitron.core.tensor_parallel.random import get_cuda_rng_tracker
 from minitron.core.transformer.module import MegatronModule
@@ -43,9 +43,14 @@ class LanguageModelEmbedding(MegatronModule):
         self.add_position_embedding = position_embedding_type == "learned_absolute"
         if self.add_position_embedding:
             self.position_embeddings = torch.nn.Embedding(max_sequence_length, config.hidden_size,
-                                                          dtype=config.params_dtype)
+                                                          dtype=config.params_dtype, device=init_device())
             if config.perform_initialization:
-                config.init_method(self.position_embeddings.weight)
+                # Drawn on the CPU whatever the flags (Megatron's nn.Embedding is), then copied
+                # in: a replicated table, the same on every rank of a TP group.
+                table = torch.empty_like(self.position_embeddings.weight, device="cpu")  # host: drawn there
+                config.init_method(table)
+                with torch.no_grad():
+                    self.position_embeddings.weight.copy_(table)
         self.embedding_dropout = torch.nn.Dropout(config.hidden_dropout)
 
     @traced(args=lambda self, input_ids, position_ids: {"input_ids": short_value(input_ids)})

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from minitron.accelerator import get_accelerator
 from minitron.core import parallel_state
 from minitron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from minitron.core.transformer.module import MegatronModule
@@ -56,5 +57,9 @@ class LanguageModule(MegatronModule):
             weight.shared = True
             weight.shared_embedding = True
         if parallel_state.is_rank_in_embedding_group(ignore_virtual=False, vp_stage=self.vp_stage):
-            torch.distributed.all_reduce(self.shared_embedding_or_output_weight().data,
-                                         group=parallel_state.get_embedding_group())
+            # On the device before the collective (NCCL moves only GPU memory), as Megatron
+            # moves it here; the layers made it there already, so this is a no-op unless a
+            # caller built the model elsewhere.
+            weight = self.shared_embedding_or_output_weight()
+            weight.data = weight.data.to(get_accelerator().current_device_name())
+            torch.distributed.all_reduce(weight.data, group=parallel_state.get_embedding_group())
