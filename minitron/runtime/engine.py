@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from minitron import comm as dist   # deepspeed/runtime/engine.py: from deepspeed import comm as dist
+from minitron.accelerator import get_accelerator
 from minitron.ops.adam import FusedAdam
 from minitron.runtime.checkpoint import engine_checkpoint as checkpoint
 from minitron.runtime.config import DeepSpeedConfig
@@ -97,10 +98,7 @@ class DeepSpeedEngine(torch.nn.Module):
         mp_group = _model_parallel_group(mpu)
         self.global_steps = self.global_samples = self.micro_steps = self.skipped_steps = 0
         self._is_gradient_accumulation_boundary, self._step_applied = None, False
-        if config.fp16_enabled:
-            self.module.half()
-        elif config.bfloat16_enabled:
-            self.module.to(torch.bfloat16)
+        self._configure_distributed_model()
         self._broadcast_model()
         basic = self._configure_basic_optimizer(optimizer, model_parameters)
         dtype = torch.half if config.fp16_enabled else torch.bfloat16 if config.bfloat16_enabled else torch.float
@@ -126,6 +124,17 @@ class DeepSpeedEngine(torch.nn.Module):
                 collate_fn=collate_fn)
 
     # --- set-up ------------------------------------------------------------------------------
+
+    def _configure_distributed_model(self) -> None:
+        """The module in the config's precision, on this rank's device (cuda:N on an nccl rank,
+        the CPU on a gloo one), before anything is made from its parameters: ZeRO's flat buffers
+        are cut from them, and a collective (nccl) moves only device tensors."""
+        if self._config.fp16_enabled:
+            self.module.half()
+        elif self._config.bfloat16_enabled:
+            self.module.to(torch.bfloat16)
+        self.device = torch.device(get_accelerator().current_device_name())
+        self.module.to(self.device)
 
     def _broadcast_model(self) -> None:
         """Every data-parallel replica starts from the first one's weights and buffers."""
@@ -230,8 +239,10 @@ class DeepSpeedEngine(torch.nn.Module):
         return self._step_applied
 
     def get_global_grad_norm(self):
-        """The gradient norm of the last applied step, before clipping (None before the first)."""
-        return self.optimizer._global_grad_norm
+        """The gradient norm of the last applied step, before clipping (None before the first).
+        ZeRO keeps it on the device; reading it here is the caller's wait, once, when it logs."""
+        norm = self.optimizer._global_grad_norm
+        return None if norm is None else float(norm)
 
     def bytes_held(self) -> dict:
         """Parameter, gradient and optimizer-state bytes held by this rank (see zero/)."""

@@ -27,12 +27,6 @@ from __future__ import annotations
 import torch
 
 
-def has_inf_or_nan(tensor: torch.Tensor) -> bool:
-    """One sum tells: Inf or NaN anywhere makes the (fp32) sum Inf or NaN."""
-    total = float(tensor.float().sum())
-    return total in (float("inf"), float("-inf")) or total != total
-
-
 class LossScaler:
     """A fixed scale (``fp16.loss_scale > 0``, or 1.0 for fp32/bf16): overflowing steps are
     still skipped, but the scale never moves."""

@@ -138,14 +138,20 @@ class PipelineEngine(DeepSpeedEngine):
         batch = next(self.data_iterator) if self.data_iterator is not None else None
         return self.batch_fn(batch) if self.batch_fn else batch
 
+    def _to_device(self, tensors):
+        """A loaded micro-batch (a tensor or a tuple of them) on this rank's device, copied: the
+        data loader may reuse what it handed out."""
+        if isinstance(tensors, (tuple, list)):
+            return tuple(self._to_device(t) for t in tensors)
+        return tensors.clone().detach().to(self.device) if torch.is_tensor(tensors) else tensors
+
     @traced(args=_instruction_args)
     def _exec_load_micro_batch(self, buffer_id: int) -> None:
         inputs, labels = self._next_batch()
         if self.is_first_stage():
-            self.pipe_buffers["inputs"][buffer_id] = tuple(t.clone().detach() for t in inputs) if isinstance(
-                inputs, (tuple, list)) else inputs.clone().detach()
+            self.pipe_buffers["inputs"][buffer_id] = self._to_device(inputs)
         if self.is_last_stage():
-            self.pipe_buffers["labels"][buffer_id] = labels
+            self.pipe_buffers["labels"][buffer_id] = self._to_device(labels)
 
     @traced(args=_instruction_args)
     def _exec_forward_pass(self, buffer_id: int) -> None:
@@ -240,7 +246,7 @@ class PipelineEngine(DeepSpeedEngine):
     def _aggregate_total_loss(self) -> torch.Tensor:
         """The last stage averages its micro-batches' losses and the data-parallel replicas'
         means; the other stages of the pipeline get the number by broadcast."""
-        losses = torch.zeros(1)
+        losses = torch.zeros(1, device=self.device)
         if self.is_last_stage():
             losses = (self.total_loss.float() / self.micro_batches).view(1)
             if self.is_data_parallel:

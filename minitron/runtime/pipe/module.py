@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from minitron import comm as dist   # as DeepSpeed's: from deepspeed import comm as dist
+from minitron.accelerator import get_accelerator
 from minitron.runtime.pipe.partition import partition_balanced, partition_uniform
 from minitron.runtime.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid
 
@@ -89,6 +90,8 @@ class PipelineModule(nn.Module):
         self._local_start, self._local_stop = self.parts[self.stage_id], self.parts[self.stage_id + 1]
         self.forward_funcs, self.tied_modules, self.tied_weight_attrs = [], nn.ModuleDict(), {}
         self._build()
+        # On this rank's device before the tied copies are broadcast: nccl moves device tensors only.
+        self.to(get_accelerator().current_device_name())
         self.tied_comms = self._index_tied_modules()
         self._synchronize_tied_weights()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from minitron import comm as dist   # as DeepSpeed's: from deepspeed import comm as dist
+from minitron.accelerator import get_accelerator
 
 _grid = None
 
@@ -48,23 +49,27 @@ def recv(tensor: torch.Tensor, src_stage: int) -> None:
 
 
 def send_tensor_meta(tensors: tuple, dest_stage: int) -> None:
-    """How many tensors, then for each: dtype id, number of dims, the dims (longs)."""
+    """How many tensors, then for each: dtype id, number of dims, the dims (longs). The header
+    travels as the activations do, on the device: nccl moves nothing else."""
     header = [len(tensors)]
     for t in tensors:
         header += [DTYPE_TO_ID[t.dtype], t.dim(), *t.shape]
-    send(torch.tensor([len(header)], dtype=torch.long), dest_stage)
-    send(torch.tensor(header, dtype=torch.long), dest_stage)
+    device = tensors[0].device
+    send(torch.tensor([len(header)], dtype=torch.long, device=device), dest_stage)
+    send(torch.tensor(header, dtype=torch.long, device=device), dest_stage)
 
 
 def recv_tensor_meta(src_stage: int) -> tuple:
-    """Empty tensors of the announced shapes and dtypes: the receive buffers."""
-    length = torch.zeros(1, dtype=torch.long)
+    """Empty tensors of the announced shapes and dtypes, on this rank's device: the receive
+    buffers. Reading the header waits for the device, once per run (the shapes do not change)."""
+    device = get_accelerator().current_device_name()
+    length = torch.zeros(1, dtype=torch.long, device=device)
     recv(length, src_stage)
-    header = torch.zeros(int(length), dtype=torch.long)
+    header = torch.zeros(int(length), dtype=torch.long, device=device)
     recv(header, src_stage)
     values, pos, buffers = header.tolist(), 1, []
     for _ in range(values[0]):
         dtype, ndim = ID_TO_DTYPE[values[pos]], values[pos + 1]
-        buffers.append(torch.zeros(values[pos + 2:pos + 2 + ndim], dtype=dtype))
+        buffers.append(torch.zeros(values[pos + 2:pos + 2 + ndim], dtype=dtype, device=device))
         pos += 2 + ndim
     return tuple(buffers)

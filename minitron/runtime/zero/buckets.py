@@ -112,8 +112,9 @@ class GradientBuckets:
         k = 0
         for i, offset, _, n in pieces:
             size = opt.bit16_groups_flat[i].numel() // opt.partition_count
-            held = opt.averaged_gradients.setdefault(i, torch.zeros(size, dtype=summed.dtype))
-            held[offset:offset + n].add_(summed[k:k + n])
+            if i not in opt.averaged_gradients:   # on the device the gradients were reduced on
+                opt.averaged_gradients[i] = summed.new_zeros(size)
+            opt.averaged_gradients[i][offset:offset + n].add_(summed[k:k + n])
             k += n
 
     def finish(self) -> None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import torch
 
 from minitron import comm as dist   # as DeepSpeed's ZeRO: from deepspeed import comm as dist
+from minitron.accelerator import get_accelerator
 from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 from minitron.trace import traced
 
@@ -81,6 +82,7 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         self.partition_count = self.dp_world_size
         self.partition_id = dist.get_rank(group=dp_process_group)
         self.loss_scaler, self.clip_grad = loss_scaler, clip_grad
+        self.device = torch.device(get_accelerator().current_device_name())   # see stage_1_and_2.py
         self.overflow, self._global_grad_norm = False, None
         self.fp16_groups, self.fp16_partitioned_groups_flat, self.single_partition_of_fp32_groups = [], [], []
         self.averaged_gradients: dict = {}
@@ -96,10 +98,10 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
             for p in params:
                 p.ds_numel, p.ds_shape = p.numel(), p.shape
                 piece = -(-p.numel() // dp)            # ceil: the last rank's piece holds the padding
-                padded = torch.zeros(piece * dp, dtype=p.dtype)
+                padded = p.new_zeros(piece * dp)   # on p's device: the engine has moved the module
                 padded[:p.numel()].copy_(p.detach().reshape(-1))
                 pieces.append(padded[r * piece:(r + 1) * piece])
-            flat = torch.cat(pieces) if pieces else torch.zeros(0)
+            flat = torch.cat(pieces) if pieces else torch.zeros(0, device=self.device)
             self.fp16_partitioned_groups_flat.append(flat)
             offset = 0
             for p, piece in zip(params, pieces):
@@ -109,7 +111,8 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
             master = flat.detach().clone().float().requires_grad_(True)
             self.single_partition_of_fp32_groups.append(master)
             self.norm_mask.append(torch.cat([self._counted(p).expand(piece.numel())
-                                             for p, piece in zip(params, pieces)] or [torch.zeros(0)]))
+                                             for p, piece in zip(params, pieces)]
+                                            or [torch.zeros(0, dtype=torch.float64, device=self.device)]))
             group["params"] = [master]
         for p in self._group_of:
             p.ds_status = AVAILABLE
@@ -132,7 +135,7 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         for dtype in dict.fromkeys(p.ds_tensor.dtype for p in todo):   # one dtype per collective
             same = [p for p in todo if p.ds_tensor.dtype == dtype]
             mine = torch.cat([p.ds_tensor for p in same])
-            full = torch.empty(self.dp_world_size * mine.numel(), dtype=dtype)
+            full = mine.new_empty(self.dp_world_size * mine.numel())
             dist.all_gather_into_tensor(full, mine, group=self.dp_process_group)
             full = full.view(self.dp_world_size, mine.numel())
             offset = 0
@@ -145,7 +148,7 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
     def release(self, params: list) -> None:
         for p in params:
             if p in self._group_of:
-                p.data = torch.empty(0, dtype=p.ds_tensor.dtype)
+                p.data = p.ds_tensor.new_empty(0)   # on the device the parameter lives on
                 p.ds_status = NOT_AVAILABLE
 
     def _pre_forward(self, module, inputs):
@@ -186,9 +189,9 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         (averaged), accumulate it into my gradient partition, drop the full gradient and p."""
         i, offset = self._group_of[p]
         piece = p.ds_tensor.numel()
-        padded = torch.zeros(piece * self.dp_world_size, dtype=p.grad.dtype)
+        padded = p.grad.new_zeros(piece * self.dp_world_size)
         padded[:p.ds_numel].copy_(p.grad.reshape(-1))
-        mine = torch.empty(piece, dtype=p.grad.dtype)
+        mine = p.grad.new_empty(piece)
         handle = dist.reduce_scatter_tensor(mine, padded, group=self.dp_process_group, async_op=self.overlap_comm)
         if self.overlap_comm:
             self.in_flight.append((i, offset, mine, handle))

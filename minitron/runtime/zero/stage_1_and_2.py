@@ -34,20 +34,28 @@ from __future__ import annotations
 import torch
 
 from minitron import comm as dist   # as DeepSpeed's ZeRO: from deepspeed import comm as dist
-from minitron.runtime.loss_scaler import has_inf_or_nan
+from minitron.accelerator import get_accelerator
 from minitron.runtime.zero.alignment import NCCL_START_ALIGNMENT_FACTOR
 from minitron.runtime.zero.buckets import GradientBuckets
 
 
 def flatten_dense_tensors_aligned(tensors: list, alignment: int) -> torch.Tensor:
-    """The tensors end to end, zero-padded so the length is a multiple of ``alignment``."""
+    """The tensors end to end, zero-padded so the length is a multiple of ``alignment``, on
+    their device (the engine has moved the module there already)."""
     numel = sum(t.numel() for t in tensors)
-    flat = torch.zeros(-(-numel // alignment) * alignment, dtype=tensors[0].dtype)
+    flat = torch.zeros(-(-numel // alignment) * alignment, dtype=tensors[0].dtype, device=tensors[0].device)
     offset = 0
     for t in tensors:
         flat[offset:offset + t.numel()].copy_(t.detach().reshape(-1))
         offset += t.numel()
     return flat
+
+
+def _has_inf_or_nan(tensor: torch.Tensor) -> torch.Tensor:
+    """1.0 if ``tensor`` holds an Inf or a NaN, else 0.0: a tensor on its device, so that the
+    flags of every partition add up there and only the step's one verdict crosses to the host."""
+    values = tensor.float()
+    return values.isinf().logical_or(values.isnan()).any().float()
 
 
 class DeepSpeedZeroOptimizer:
@@ -65,6 +73,9 @@ class DeepSpeedZeroOptimizer:
         self.partition_id = dist.get_rank(group=dp_process_group) if stage >= 1 else 0
         self.loss_scaler = loss_scaler
         self.clip_grad = clip_grad
+        # Where this rank computes: the flat buffers follow the parameters (the engine has moved
+        # the module here); the step's own small tensors (overflow flag, norm) are made here.
+        self.device = torch.device(get_accelerator().current_device_name())
         self.overflow = False
         self._global_grad_norm = None
         self.bit16_groups, self.bit16_groups_flat = [], []
@@ -86,7 +97,7 @@ class DeepSpeedZeroOptimizer:
             self.single_partition_of_fp32_groups.append(master)
             group["params"] = [master]   # from here on the torch optimizer sees my partition only
             counted = torch.cat([self._counted(p).expand(p.numel()) for p in params]
-                                + [torch.zeros(flat.numel() - offset)])
+                                + [torch.zeros(flat.numel() - offset, dtype=torch.float64, device=flat.device)])
             self.norm_mask.append(counted.narrow(0, self.partition_id * size, size))
         # Stage 2 reduces in backward, bucket by bucket (buckets.py); so does stage 1 with
         # overlap_comm, in the boundary's backward only. Otherwise stages 0 and 1 reduce once,
@@ -112,7 +123,7 @@ class DeepSpeedZeroOptimizer:
     def _counted(self, p: torch.Tensor) -> torch.Tensor:
         counts = (getattr(p, "tensor_model_parallel", False) or self.model_parallel_rank == 0) and not getattr(
             p, "ds_pipe_replicated", False)
-        return torch.tensor([1.0 if counts else 0.0], dtype=torch.float64)
+        return torch.tensor([1.0 if counts else 0.0], dtype=torch.float64, device=p.device)
 
     # --- gradients ------------------------------------------------------------------------
 
@@ -152,24 +163,32 @@ class DeepSpeedZeroOptimizer:
                 dist.all_reduce(flat, group=self.dp_process_group)
                 mine = flat
             else:
-                mine = torch.empty(flat.numel() // self.partition_count, dtype=flat.dtype)
+                mine = flat.new_empty(flat.numel() // self.partition_count)
                 dist.reduce_scatter_tensor(mine, flat, group=self.dp_process_group)
             self.averaged_gradients[i] = mine.div_(self.dp_world_size)   # sum over ranks -> mean
 
     # --- the step --------------------------------------------------------------------------
 
-    def _any_rank(self, flag: bool) -> bool:
-        t = torch.tensor([1.0 if flag else 0.0])
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.dp_process_group)
+    def has_overflow(self, partitions: list) -> bool:
+        """Does any rank's gradient hold an Inf or NaN? The flags add up on the device, one
+        all-reduce (MAX) per group joins the ranks, and the host reads the verdict once: the
+        step's one wait for the device, as in DeepSpeed (the step cannot go on without it)."""
+        flag = torch.zeros(1, device=self.device)
+        for g in partitions:
+            if g is not None:
+                flag += _has_inf_or_nan(g)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.dp_process_group)
         if self.model_parallel_group is not None:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.model_parallel_group)
-        return bool(t.item())
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.model_parallel_group)
+        return bool(flag.item())
 
     def scaled_global_norm(self) -> torch.Tensor:
         """The L2 norm of the whole (still loss-scaled) gradient: my partition's squares, summed
-        over the ranks that hold the other partitions. Padding is zero and adds nothing."""
-        squares = sum((g.double().pow(2) * self.norm_mask[i]).sum() for i, g in self.averaged_gradients.items())
-        total = torch.tensor([float(squares)], dtype=torch.float64)
+        over the ranks that hold the other partitions. Padding is zero and adds nothing. It stays
+        on the device: the clip below uses it there, and only a caller that logs it reads it."""
+        total = torch.zeros(1, dtype=torch.float64, device=self.device)
+        for i, g in self.averaged_gradients.items():
+            total += (g.double().pow(2) * self.norm_mask[i]).sum()
         if self.partition_count > 1:
             dist.all_reduce(total, group=self.dp_process_group)
         if self.model_parallel_group is not None:
@@ -179,9 +198,10 @@ class DeepSpeedZeroOptimizer:
     def unscale_and_clip_grads(self, grads: list, total_norm: torch.Tensor) -> None:
         # One multiply does both: divide by the loss scale, and by the clip factor when the
         # unscaled norm exceeds gradient_clipping (DeepSpeed adds 1e-6 against a zero norm).
+        # The factor is a device tensor, so deciding whether to clip waits for nothing.
         combined_scale = self.loss_scale
         if self.clip_grad > 0.0:
-            clip = max(float((total_norm / self.loss_scale + 1e-6) / self.clip_grad), 1.0)
+            clip = ((total_norm / self.loss_scale + 1e-6) / self.clip_grad).clamp(min=1.0)
             combined_scale = clip * self.loss_scale
         for g in grads:
             g.mul_(1.0 / combined_scale)
@@ -189,15 +209,14 @@ class DeepSpeedZeroOptimizer:
     @torch.no_grad()
     def step(self) -> None:
         partitions = [self.averaged_gradients.get(i) for i in range(len(self.single_partition_of_fp32_groups))]
-        local_overflow = any(g is not None and has_inf_or_nan(g) for g in partitions)
-        self.overflow = self._any_rank(local_overflow)   # one rank's Inf skips the step everywhere
+        self.overflow = self.has_overflow(partitions)   # one rank's Inf skips the step everywhere
         prev_scale = self.loss_scale
         self.loss_scaler.update_scale(self.overflow)
         if self.overflow:
             self.zero_grad()
             return
         scaled_norm = self.scaled_global_norm()
-        self._global_grad_norm = float(scaled_norm / prev_scale)
+        self._global_grad_norm = scaled_norm / prev_scale   # a device tensor: read when logged
         for i, master in enumerate(self.single_partition_of_fp32_groups):
             grad = partitions[i].float() if partitions[i] is not None else torch.zeros_like(master)
             self.unscale_and_clip_grads([grad], scaled_norm)
