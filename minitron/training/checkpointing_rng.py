@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from minitron.accelerator import get_accelerator
-from minitron.core import parallel_state as mpu
 from minitron.core.tensor_parallel import get_cuda_rng_tracker, model_parallel_cuda_manual_seed
+from minitron.training.initialize import rank_seed
 from minitron.training.utils import print_rank_0
 
 
@@ -84,7 +84,4 @@ def set_rng_state(state: dict, seed: int, iteration: int, data_parallel_random_i
 def _reseed_device_streams(seed: int, data_parallel_random_init: bool) -> None:
     """Seed the device's generator and the tracker's streams as a fresh run's _set_random_seed
     seeds them from ``seed``."""
-    seed += 100 * mpu.get_pipeline_model_parallel_rank()
-    if data_parallel_random_init:
-        seed += 10 * mpu.get_data_parallel_rank()
-    model_parallel_cuda_manual_seed(seed)   # the default device stream and the tracker's streams
+    model_parallel_cuda_manual_seed(rank_seed(seed, data_parallel_random_init))   # the default device stream and the tracker's streams

@@ -93,13 +93,20 @@ def _initialize_distributed():
         )
 
 
+def rank_seed(seed: int, data_parallel_random_init: bool = False) -> int:
+    """This rank's seed: one per pipeline stage (each holds other layers), shared by the
+    data-parallel replicas unless they are to start from different weights."""
+    seed += 100 * mpu.get_pipeline_model_parallel_rank()
+    if data_parallel_random_init:
+        seed += 10 * mpu.get_data_parallel_rank()
+    return seed
+
+
 @traced
 def _set_random_seed(seed_: int, data_parallel_random_init: bool = False):
     """Different pipeline stages get different seeds (they hold different layers); data-parallel
     replicas share one unless asked otherwise, so they start from identical weights."""
-    seed = seed_ + 100 * mpu.get_pipeline_model_parallel_rank()
-    if data_parallel_random_init:
-        seed += 10 * mpu.get_data_parallel_rank()
+    seed = rank_seed(seed_, data_parallel_random_init)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
