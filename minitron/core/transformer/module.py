@@ -7,7 +7,10 @@ Float16Module is what get_model wraps each model chunk in under --fp16 or --bf16
 does, between building the chunk and wrapping it for data parallelism. It does three things:
 
 * casts every floating-point parameter and buffer of the chunk to the 16-bit dtype (the layers
-  are already built in ``params_dtype``; anything a layer kept in fp32 is caught here);
+  are already built in ``params_dtype``; anything a layer kept in fp32 is caught here). What
+  must stay fp32 is kept out of its reach, as in Megatron: rope's ``inv_freq`` is a plain
+  attribute, not a buffer (in bf16, positions past 256 would share angles), and the router
+  casts its expert bias back before using, loading or saving it;
 * on the first pipeline stage, casts fp32 positional *inputs* to that dtype (token ids and
   masks are not floating point and pass untouched; an fp32 tensor handed in from outside
   would otherwise meet 16-bit weights);
