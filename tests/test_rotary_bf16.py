@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from distributed import run_ranks
+from minitron.core.models.common.embeddings import rotary_pos_embedding
 from minitron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding, apply_rotary_pos_emb
 from minitron.core.transformer import TransformerConfig
 from minitron.core.transformer.module import Float16Module
@@ -33,6 +34,17 @@ def test_bf16_rotary_angles_are_the_fp32_ones():
     fastest = angles[:, 0, 0, 0]                       # θ_0 = 1: the angle is the position
     assert torch.equal(fastest, torch.arange(SEQ, dtype=torch.float32))
     assert fastest.unique().numel() == SEQ
+
+
+def test_inv_freq_is_made_on_the_ranks_device(monkeypatch):
+    # A plain attribute does not follow module.to(device): it must be born where the rank
+    # computes. "meta" stands in for a GPU, so that a CPU run sees where it was put.
+    class Meta:
+        def current_device_name(self):
+            return "meta"
+    monkeypatch.setattr(rotary_pos_embedding, "get_accelerator", Meta)
+    rotary = RotaryEmbedding(32, rope_scaling=True)
+    assert rotary.inv_freq.device.type == rotary(SEQ).device.type == "meta"
 
 
 def test_rotation_casts_the_angles_only_at_the_point_of_use():
