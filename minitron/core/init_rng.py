@@ -22,9 +22,13 @@ from minitron.accelerator import get_accelerator
 def layer_init_rng(config, index: int):
     """Within the block, torch's CPU generator and this rank's device generator are seeded for
     layer ``index``; after it, both are back where they were (dropout and data keep their own
-    streams). A weight is drawn on the CPU or on the rank's GPU (--use-cpu-initialization), so
-    both draw the layer's numbers. Only the current device: ``torch.manual_seed`` would reseed
-    every GPU of the machine, and ``fork_rng`` would have to save and restore them all."""
+    streams). A weight drawn whole on the CPU (every CPU rank; a GPU rank with
+    --use-cpu-initialization) draws the layer's numbers from the CPU generator. A GPU rank
+    without that flag draws each tensor-parallel slice under the tracker's model-parallel fork,
+    which this seed does not touch (those weights depend on tp, as in Megatron); what it draws
+    on the device outside the tracker comes from the device generator seeded here. Only the
+    current device: ``torch.manual_seed`` would reseed every GPU of the machine, and
+    ``fork_rng`` would have to save and restore them all."""
     seed = getattr(config, "init_seed", None)
     if seed is None:  # a config built by hand: plain torch behaviour
         yield
