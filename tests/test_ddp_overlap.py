@@ -19,7 +19,7 @@ import json
 import pytest
 
 from distributed import pretrain_records
-from minitron.cli.estimate import _grad_elements, _traced_buffer
+from minitron.cli.estimate_check import grad_elements as _grad_elements, traced_buffer as _traced_buffer
 from minitron.cli.views.diff import comm_by_key, recorded_args
 from minitron.launcher import LaunchConfig, RankFailure, Target, launch, session_env
 from minitron.trace.reader import load_trace

@@ -10,7 +10,6 @@ them: every `minitron` command, `--help` included, imports this module.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Optional
@@ -19,6 +18,7 @@ import typer
 
 from minitron.cli import preflight
 from minitron.cli.common import EXTRA, UserError, app, check_world, console, print_no_effect, validate_pretrain
+from minitron.cli.estimate_check import check_trace
 from minitron.cli.views.fitted_table import print_fitted
 from minitron.cli.views.words import human, plural, rank_ranges
 
@@ -68,12 +68,18 @@ def render(args, costs, total: int) -> None:
                  + [["all", "", count(sum(c.params for c in costs)), *[human(sums[k]) for k in MEMORY],
                      human(sum(sums.values()))]], bold_last=True)
 
-    keys = list(dict.fromkeys(k for c in costs for k in c.comm))
+    every = list(dict.fromkeys(k for c in costs for k in c.comm))
+    alone = _groups_of_one(args)
+    keys = [k for k in every if k not in alone]
     expected = expectation_keys(args)
-    print_fitted(console, "bytes handed to collectives and sent point-to-point, one train_step",
-                 ["ranks"] + [key + ("~" if key in expected else "") for key in keys],
-                 [[rank_ranges(ranks), *[human(c.comm.get(k, 0)) for k in keys]] for ranks, c in rows]
-                 + [["all", *[human(sum(c.comm.get(k, 0) for c in costs)) for k in keys]]], bold_last=True)
+    if keys:
+        print_fitted(console, "bytes handed to collectives and sent point-to-point, one train_step",
+                     ["ranks"] + [key + ("~" if key in expected else "") for key in keys],
+                     [[rank_ranges(ranks), *[human(c.comm.get(k, 0)) for k in keys]] for ranks, c in rows]
+                     + [["all", *[human(sum(c.comm.get(k, 0) for c in costs)) for k in keys]]], bold_last=True)
+    if len(keys) < len(every):
+        console.print(f"{', '.join(k for k in every if k in alone)}: groups of one rank, whose calls send nothing"
+                      + ("" if keys else "; no collective moves a byte"), highlight=False)
     if expected:
         console.print(f"~ {', '.join(sorted(expected))}: the expectation under balanced routing (tokens x topk / "
                       "experts per expert); the router decides. --moe-pad-expert-input-to-capacity makes it exact",
@@ -86,9 +92,24 @@ def render(args, costs, total: int) -> None:
         # lazy: loaded when the command runs, not by `minitron --help`
         from minitron.training.theoretical_zero import zero_stage
         engine = f"; DeepSpeed ZeRO-{zero_stage(args)}"
-    console.print(f"model: {count(total)}{exact} parameters, the tied embedding once; {args.params_dtype}{engine}")
+    embedding = ("the embedding and output layer untied" if args.untie_embeddings_and_output_weights
+                 else "the tied embedding once")
+    console.print(f"model: {count(total)}{exact} parameters, {embedding}; {args.params_dtype}{engine}")
     console.print(f"largest rank: {big.rank} (stage {big.role[0]}) needs {human(sum(big.memory.values()))}", highlight=False)
     console.print("  " + ", ".join(f"{k} {human(big.memory[k])}" for k in MEMORY), highlight=False)
+
+
+def _groups_of_one(args) -> set[str]:
+    """The group kinds whose groups hold one rank (tp at tp 1, tp-pp at tp = pp = 1): Megatron
+    still calls the collectives there (the batch broadcast, the norm's all-reduce), and a trace
+    records them, but they move nothing, so the table leaves them out."""
+    # lazy: loaded when the command runs, not by `minitron --help`
+    from minitron.core.rank_generator import rank_layout
+
+    own = rank_layout(0, args.world_size, args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
+                      args.context_parallel_size, args.expert_model_parallel_size, args.order,
+                      args.expert_tensor_parallel_size)   # rank 0 is in a group of every kind
+    return {key for key, ranks in own.items() if len(ranks) == 1}
 
 
 @app.command(context_settings=EXTRA)
@@ -97,7 +118,8 @@ def estimate(
     world: Optional[int] = typer.Option(None, "--world", "-w", help="number of ranks"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object, every rank expanded"),
     check: Optional[Path] = typer.Option(None, "--check", metavar="DIR",
-                                         help="set the estimate beside what a traced run (pretrain --trace DIR) sent"),
+                                         help="set the estimate beside what a traced run (pretrain --trace DIR) sent, "
+                                              "iteration by iteration; exit 1 when a rank differs"),
     iteration_time: Optional[float] = typer.Option(None, "--iteration-time", metavar="SECONDS",
                                                    help="a measured or assumed time per iteration: prints the "
                                                         "TFLOP/s/GPU Megatron's --log-throughput would"),
@@ -197,118 +219,3 @@ def render_compute(args, compute: dict, peak_name: Optional[str]) -> None:
             named = f" ({peak_name.lower()})" if peak_name and not peak_name[0].isdigit() else ""
             line += f", MFU {compute['mfu']:.1%} of {compute['peak_tflops']:g} TFLOP/s{named}"
         console.print(line, highlight=False)
-
-
-def check_trace(trace_dir: Path, as_json: bool) -> None:
-    """Prediction against execution, rank by rank: the gradient buffer (DDP records its size)
-    and the bytes of every group kind inside train_step."""
-    # lazy: loaded when the command runs, not by `minitron --help`
-    from minitron.cli.views.diff import comm_by_key, recorded_args
-    from minitron.cli.views.checks import layout_problem
-    from minitron.trace.reader import TraceError, load_trace
-    from minitron.training.theoretical_memory_usage import report_theoretical_memory as work_out
-    from minitron.training.theoretical_moe import expectation_keys
-
-    try:
-        runs = load_trace(trace_dir, check=layout_problem)
-    except TraceError as exc:
-        raise UserError(str(exc)) from None
-    recorded = recorded_args(runs)
-    if recorded is None:
-        raise UserError(f"{trace_dir} does not record the run's arguments (traced before minitron kept them, "
-                        "or initialization only): trace `minitron pretrain --train-iters 1 --trace DIR` again")
-    args = argparse.Namespace(**recorded)
-    if getattr(args, "deepspeed", False):   # the stage and buckets are in the run's ds_config
-        # lazy: loaded when the command runs, not by `minitron --help`
-        from minitron.runtime import DeepSpeedConfig, DeepSpeedConfigError
-        try:
-            DeepSpeedConfig(args.deepspeed_config, world_size=args.data_parallel_size)
-        except DeepSpeedConfigError as exc:
-            raise UserError(f"{trace_dir} is a --deepspeed run whose ds_config cannot be read from here ({exc}); "
-                            "run --check where the run started") from None
-    if not any(r["name"].endswith(".train_step") for records in runs.values() for r in records):
-        raise UserError(f"{trace_dir} holds no train_step: trace a training run (pretrain --train-iters 1 --trace DIR)")
-    if getattr(args, "padded_vocab_size", None) is None:
-        # lazy: loaded when the command runs, not by `minitron --help`
-        from minitron.training.tokenizer import build_tokenizer
-        build_tokenizer(args)
-    costs = {c.rank: c for c in work_out(args)}
-    expected = expectation_keys(args)   # MoE without padding: compared, not required equal
-    report, bad = [], []
-    for rank, records in runs.items():
-        traced = {k: v[0] for k, v in comm_by_key(records, args.params_dtype).items()}
-        buffer = _traced_buffer(records)
-        c = costs[rank]
-        exact = {k for k in (*traced, *c.comm) if k not in expected}
-        ok = (all(traced.get(k) == c.comm.get(k) for k in exact)
-              and buffer in (None, _grad_elements(args, c)))
-        report.append((rank, c, traced, buffer, ok))
-        if not ok:
-            bad.append(rank)
-    if as_json:
-        out = {"ranks": [{"rank": r, "predicted": c.comm, "traced": t, "match": ok} for r, c, t, _, ok in report]}
-        if expected:
-            out["expectation_keys"] = sorted(expected)
-        print(json.dumps(out))
-    else:
-        keys = list(dict.fromkeys([k for _, c, t, _, _ in report for k in (*c.comm, *t)]))
-        rows = [[str(rank), _cell(_grad_elements(args, c), buffer, str)]
-                + [(_deviation if k in expected else _cell)(c.comm.get(k, 0), traced.get(k, 0), human) for k in keys]
-                for rank, c, traced, buffer, ok in report]
-        print_fitted(console, f"predicted vs traced, one train_step: {trace_dir}",
-                     ["rank", "grad buffer"] + [key + ("~" if key in expected else "") for key in keys], rows,
-                     justify={0: "right"})
-        if expected:
-            console.print(f"~ {', '.join(sorted(expected))}: the balanced-routing expectation beside what the router "
-                          "sent (deviation); pad to capacity to make them exact", highlight=False)
-        if bad:
-            skipped = _skipped_step(runs) and not getattr(args, "deepspeed", False)   # Megatron's step only
-            console.print(f"[red]{len(bad)} of {len(report)} ranks differ from the estimate: {rank_ranges(bad)}[/red]"
-                          + (" (the fp16 step was skipped for overflow: no norm, no all-gather)" if skipped else ""))
-        elif expected:
-            console.print(f"all {len(report)} ranks sent exactly the predicted bytes to every other group kind")
-        else:
-            console.print(f"all {len(report)} ranks sent exactly the predicted bytes to every group kind")
-    if bad:
-        raise typer.Exit(1)
-
-
-def _deviation(expected, traced, fmt) -> str:
-    """An expectation beside the measurement: 8 KiB ~ 8.25 KiB (+3.1%)."""
-    if not expected:
-        return fmt(traced)
-    return f"{fmt(expected)} ~ {fmt(traced)} ({(traced - expected) / expected:+.1%})"
-
-
-def _cell(predicted, traced, fmt) -> str:
-    if traced is None:
-        return fmt(predicted)
-    if predicted == traced:
-        return fmt(predicted)
-    return f"[red]{fmt(predicted)} ≠ {fmt(traced)}[/red]"
-
-
-def _grad_elements(args, cost) -> int:
-    e = 4 if args.accumulate_allreduce_grads_in_fp32 else {"float32": 4}.get(args.params_dtype, 2)
-    return cost.memory["grads"] // e
-
-
-def _traced_buffer(records) -> Optional[int]:
-    """Elements of the rank's gradient buffers, as DDP's finish_grad_sync records them."""
-    sizes = [r["args"].get("numel") for r in records
-             if r["name"].endswith("DistributedDataParallel.finish_grad_sync")]
-    if not sizes or not all(isinstance(n, int) for n in sizes):
-        return None
-    # One record per model chunk and iteration: the first iteration's chunks.
-    from minitron.cli.views.diff import inside
-    from minitron.trace.reader import TRAIN_STEP
-    first = next((r for r in records if r["name"] == TRAIN_STEP), None)
-    if first is None:
-        return None
-    return sum(r["args"]["numel"] for r in inside(records, TRAIN_STEP)
-               if r["name"].endswith("DistributedDataParallel.finish_grad_sync")
-               and first["start_us"] <= r["start_us"] <= first["end_us"])
-
-
-def _skipped_step(runs) -> bool:
-    return not any(r["name"].endswith("get_grad_norm_fp32") for records in runs.values() for r in records)
