@@ -27,6 +27,10 @@ How a command runs:
 * with ``SOURCE_DATE_EPOCH`` set to the time of the last commit of the code the commands run,
   unless the build's environment sets it: the training log prints that instead of the clock,
   so the same code gives the same pages;
+* with ``DEBUG_PORT_BASE`` set, when the command names it, to a base of free ports (rank R's
+  debug adapter listens on BASE + R): a fixed base would collide when two builds run at once.
+  The output shows those ports as the default base's (5678 + R), what the reader's own run
+  without ``--debug-port-base`` prints;
 * with ``OMP_NUM_THREADS=1`` unless the build's environment sets it: one compute thread per
   process, as the pages' tiny models need (the printed numbers are the same either way);
 * once per build: a second page asking for the same command gets the first answer;
@@ -320,16 +324,34 @@ def installed_checkout(pythonpath: str) -> Path | None:
     return Path(folder).resolve().parent if done.returncode == 0 and folder else None
 
 
+DEBUG_PORTS = 8   # ranks a page's debug command may make wait: BASE .. BASE + 7
+
+
+def debug_ports(command: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(variables, places) for COMMAND: if it names $DEBUG_PORT_BASE, that variable set to a
+    base of free ports, and each of those ports shown as the default base's; else nothing."""
+    if "$DEBUG_PORT_BASE" not in command and "${DEBUG_PORT_BASE}" not in command:
+        return {}, {}
+    from minitron.launcher.debug import DEFAULT_PORT_BASE
+    from minitron.launcher.launch import free_port
+
+    base = free_port(count=DEBUG_PORTS)
+    shown = {f":{base + r}": f":{DEFAULT_PORT_BASE + r}" for r in range(DEBUG_PORTS)}
+    return {"DEBUG_PORT_BASE": str(base)}, shown
+
+
 def execute(command: str, page: str, root: Path) -> str:
     started = time.perf_counter()
     cwd = scratch_dir(root)
-    plan = _warm.module.warm_plan(command, str(Path(sys.executable).parent))
+    variables, ports_shown = debug_ports(command)
+    # A command with a variable to expand is bash's (warm_plan refuses `$` as well).
+    plan = None if variables else _warm.module.warm_plan(command, str(Path(sys.executable).parent))
     cpu, done = 0.0, None
     if plan is not None:  # program calls only: fork each from the warm interpreter, as && would
         done, cpu = _run_warm(plan, cwd)
     if done is None:
         # stderr joins stdout, as in a terminal; unbuffered Python keeps their order.
-        bash = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=command_env(),
+        bash = subprocess.Popen(["bash", "-c", command], cwd=cwd, env={**command_env(), **variables},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         timer = threading.Timer(TIMEOUT_S, bash.kill)
         timer.start()
@@ -344,7 +366,7 @@ def execute(command: str, page: str, root: Path) -> str:
         done, cpu = (bash.returncode, output), cpu + usage.ru_utime + usage.ru_stime
     returncode, output = done
     if returncode != 0:
-        tail = "\n".join(clean(output, places(root)).splitlines()[-20:])
+        tail = "\n".join(clean(output, {**places(root), **ports_shown}).splitlines()[-20:])
         raise PluginError(
             f"{page}: the command in `<!-- run: {command} -->` exited with code "
             f"{returncode}; fix the command or the code it runs. Its last output:\n{tail}"
@@ -354,7 +376,7 @@ def execute(command: str, page: str, root: Path) -> str:
     if os.environ.get("MINITRON_DOCS_TIMES"):  # a file: one line per command, to find the costly ones
         with open(os.environ["MINITRON_DOCS_TIMES"], "a") as times:
             times.write(f"{wall:7.2f} {cpu:7.2f} {'warm' if plan is not None else 'bash'} {page} {command}\n")
-    return clean(output, places(root))
+    return clean(output, {**places(root), **ports_shown})
 
 
 def _run_warm(plan, cwd: Path) -> tuple[tuple[int, str] | None, float]:
