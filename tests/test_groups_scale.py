@@ -108,3 +108,60 @@ def test_one_group_of_the_whole_world_is_joined_in_linear_time():
     took = time.perf_counter() - start
     assert mine["intra-dist-opt"] == list(range(131072))
     assert took < 10, f"one rank's groups at world 131,072 took {took:.1f} s"
+
+
+@pytest.fixture(scope="module")
+def rank0_of_131072(tmp_path_factory):
+    """Rank 0 of a 131,072-rank world, played alone on the fake backend."""
+    out = tmp_path_factory.mktemp("big-trace") / "trace"
+    done = minitron_here("trace", "--backend", "fake", *BIG, "--ranks", "0", "--out", str(out))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return out
+
+
+def test_every_trace_line_stays_far_below_the_readers_limit(rank0_of_131072):
+    """The whole-world group (the distributed optimizer's instance) once made one new_group line
+    of ~800 KB, near the reader's 1 MiB; its ranks are now recorded as a progression, and the
+    reader gives every view the list back."""
+    from minitron.trace.reader import load_trace
+    from minitron.trace.schema import MAX_LINE_BYTES, NEW_GROUP
+
+    lines = (rank0_of_131072 / "rank0.jsonl").read_bytes().splitlines()
+    longest = max(len(line) for line in lines)
+    assert longest < MAX_LINE_BYTES // 64, f"a line of {longest:,} bytes"
+    groups = {r["args"]["group_desc"]: r["args"]["ranks"]
+              for r in load_trace(rank0_of_131072)[0] if r["name"] == NEW_GROUP}
+    own = rank_layout(0, 131072, 8, 16, 2, 8)
+    assert groups["INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP"] == own["intra-dist-opt"]
+    assert len(own["intra-dist-opt"]) == 131072
+    assert groups["DATA_PARALLEL_GROUP_WITH_CP"] == own["dp-cp"]
+
+
+def test_a_group_is_written_as_its_progression_and_read_back():
+    from minitron.trace.group_ranks import LIST_UP_TO, compact_ranks, expand_ranks
+
+    for world, sizes, order in ((4096, (2, 4, 2, 4), "tp-cp-ep-dp-pp"), (4096, (2, 2, 2, 2), "tp-cp-ep-pp-dp")):
+        for kind, groups in layout(world, *sizes, order=order).items():
+            for ranks in groups:
+                written = compact_ranks(ranks)
+                assert (written if isinstance(written, list) else expand_ranks(written, world)) == ranks, kind
+                assert len(json.dumps(written)) < 200 or len(ranks) <= LIST_UP_TO, (kind, written)
+    scattered = [r * r for r in range(100)]                    # no progression: written as it is
+    assert compact_ranks(scattered) == scattered
+
+
+@pytest.mark.parametrize("ranks,words", [({"first": 0, "dims": [[1 << 20, 1]]}, "more than 131072 ranks"),
+                                         ({"first": 0, "dims": [[4, "8"]]}, "not a [size, stride] pair"),
+                                         ({"first": 0}, 'not {"first": R')])
+def test_a_bad_progression_is_one_line(rank0_of_131072, tmp_path, ranks, words):
+    from minitron.trace.reader import TraceError, load_trace
+
+    lines = (rank0_of_131072 / "rank0.jsonl").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if '"first"' in line)
+    record = json.loads(lines[at])
+    record["args"]["ranks"] = ranks
+    lines[at] = json.dumps(record)
+    (tmp_path / "rank0.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceError) as refused:
+        load_trace(tmp_path)
+    assert words in str(refused.value) and f"rank0.jsonl:{at + 1}" in str(refused.value)

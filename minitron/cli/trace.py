@@ -144,10 +144,14 @@ def _records_and_rows(rank: int, records: list, lines: list) -> tuple:
     directory reads them, and its rows of trace.json, encoded (from the records' own lines)."""
     # lazy: only --backend fake plays ranks in this process
     from minitron.cli.views.perfetto import encoded_rank_events
+    from minitron.trace.group_ranks import expand_group
     from minitron.trace.reader import in_trace_order
+    from minitron.trace.schema import MAX_WORLD
 
     line_of = {id(record): line for record, line in zip(records, lines)}
     records = in_trace_order(records)
+    for record in records:   # a large group's ranks, written compactly, become a list as the reader makes them
+        expand_group(record, MAX_WORLD)
     return records, encoded_rank_events(rank, records, [line_of[id(record)] for record in records])
 
 

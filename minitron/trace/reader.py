@@ -26,6 +26,7 @@ import json
 from pathlib import Path
 from typing import Callable, Optional
 
+from minitron.trace.group_ranks import expand_group
 from minitron.trace.schema import (
     CLOCK, GPU_TIME, HOST_TIME, MAX_CALL_DEPTH, MAX_LINE_BYTES, MAX_WORLD, PLAYED, RANK_FILE, ROOT,
 )
@@ -130,7 +131,8 @@ def _read_rank(path: Path, rank: int) -> tuple[list[dict], bool, dict[int, int]]
                     cut = True
                     break
                 raise _bad(path, number, _unreadable(exc)) from None
-            problem = (record_problem(record, rank, line.count(b"[") + line.count(b"{"))
+            problem = (expand_group(record, MAX_WORLD)   # first: the checks below see the list
+                       or record_problem(record, rank, line.count(b"[") + line.count(b"{"))
                        or _link_problem(record, line_of))
             if problem:
                 raise _bad(path, number, problem)

@@ -16,6 +16,7 @@ import functools
 import torch.distributed as dist
 
 from minitron.trace import recorder as _rec
+from minitron.trace.group_ranks import compact_ranks
 
 # isend/irecv stay unwrapped: torch.distributed.P2POp accepts only torch's own two functions
 # (it checks their identity). Pipeline traffic is recorded where it is posted, at
@@ -110,7 +111,7 @@ def _wrap_new_group(original):
         if recorder is None:
             return call()
         member = ranks is None or recorder.rank in ranks
-        args = {"ranks": list(ranks) if ranks is not None else "all",
+        args = {"ranks": compact_ranks(list(ranks)) if ranks is not None else "all",   # bounded: group_ranks.py
                 "group_desc": group_desc, "backend": backend or "default", "member": member}
         with recorder.span("torch.distributed.new_group", args):
             return call()
