@@ -50,7 +50,9 @@ def pretrain(
         raise UserError("--train-iters N or --train-samples N is required; `minitron trace` shows "
                         "initialization alone")
     preflight.check_data_workers(args.num_workers, world)
-    backend = rank_backend(args.distributed_backend, world, fake)  # None: the accelerator's default
+    backend = rank_backend(args.distributed_backend, world, fake)  # None: default_backend's choice
+    if args.distributed_backend is None:  # the ranks run what the launcher starts (fork: gloo)
+        argv += ["--distributed-backend", backend]
     check_fits(args, backend)
     preflight.check_launch(world, backend, master_port,
                            {"--log-dir": log_dir, "--trace": trace_dir, "--save": args.save})
