@@ -199,6 +199,8 @@ def _rank_rows(args, cost, steps, expected) -> list[Row]:
     # lazy: loaded when the command runs, not by `minitron --help`
     from minitron.cli.views.diff import comm_by_key
 
+    if not steps:   # this rank recorded no train_step while others did: it sent nothing predicted
+        return [Row(cost, [], {}, None, False, False)]
     outcomes: dict[tuple, list[int]] = {}
     for iteration, records in steps:
         traced = {k: v[0] for k, v in comm_by_key(records, args.params_dtype).items()}
@@ -247,8 +249,8 @@ def _print_json(report: list[Row], expected) -> None:
         entry["iterations"] += [{"iteration": i, "traced": row.traced, "match": row.ok} for i in row.iterations]
     for entry in ranks.values():
         entry["iterations"].sort(key=lambda e: e["iteration"])
-        entry["traced"] = entry["iterations"][0]["traced"]
-        entry["match"] = all(e["match"] for e in entry["iterations"])
+        entry["traced"] = entry["iterations"][0]["traced"] if entry["iterations"] else {}
+        entry["match"] = bool(entry["iterations"]) and all(e["match"] for e in entry["iterations"])
     out: dict = {"ranks": list(ranks.values())}
     if expected:
         out["expectation_keys"] = sorted(expected)
