@@ -61,7 +61,7 @@ def tb(**zero_or_more) -> dict:
     return {"train_batch_size": 8, **zero_or_more}
 
 
-def preprocess(name: str, corpus: str | None, extra: list, words: list, torch: bool = True):
+def preprocess(name: str, corpus: str | None, extra: list, words: list, torch: bool = False):
     argv = ["preprocess", "--input", f"{{d}}/corpus-{name}.jsonl" if corpus is not None else "{d}/ok.jsonl",
             "--output-prefix", "{d}/out", *extra]
     return (f"preprocess {name}", argv, words, {f"corpus-{name}.jsonl": corpus} if corpus is not None else {}, torch)
@@ -158,14 +158,19 @@ ROWS = [
      ["--debug-port-base 0"]),
     ("vscode world 0", ["vscode", "--world", "0", "--path", "{d}/v/launch.json"], ["--world"]),
     # --- preprocess ------------------------------------------------------------------------------
-    preprocess("prefix-empty", None, ["--output-prefix", ""], ["--output-prefix ''", "no file name"], torch=False),
-    preprocess("prefix-folder", None, ["--output-prefix", "{d}/sub/"], ["--output-prefix", "no file name"], torch=False),
-    preprocess("prefix-dot", None, ["--output-prefix", "."], ["--output-prefix '.'"], torch=False),
+    preprocess("prefix-empty", None, ["--output-prefix", ""], ["--output-prefix ''", "no file name"]),
+    preprocess("prefix-folder", None, ["--output-prefix", "{d}/sub/"], ["--output-prefix", "no file name"]),
+    preprocess("prefix-dot", None, ["--output-prefix", "."], ["--output-prefix '.'"]),
+    # A corpus's first batch of lines is read and tokenized before torch, the output files, the
+    # progress bar or a worker (test_data_preprocess.py checks that none starts): refused at once.
     preprocess("null-id-70000", '{"text": "1 2 70000"}\n', ["--tokenizer-type", "NullTokenizer", "--vocab-size", "100"],
                [":1:", "token id 70000", "vocabulary"]),
     preprocess("deep-workers", '{"text": "a"}\n' + DEEP + "\n", ["--workers", "2"], [":2:", "nested too deeply"]),
+    preprocess("line-1-not-json", '{"text": \n{"text": "ok"}\n', [], [":1:", "not valid JSON"]),
+    preprocess("line-1-not-json-workers", '{"text": \n{"text": "ok"}\n', ["--workers", "2"], [":1:", "not valid JSON"]),
+    preprocess("line-1-no-text", '{"body": "x"}\n', ["--workers", "2"], [":1:", "no string under key 'text'"]),
     ("preprocess line over 64 MiB", ["preprocess", "--input", "{d}/one-line.jsonl", "--output-prefix", "{d}/out"],
-     [":1:", "64 MiB"], {}, True),
+     [":1:", "64 MiB"]),
     # --- ds-config: DeepSpeed 0.19.8 refuses these too (or they could not be run) -------------
     ds("clip-infinity", '{"train_batch_size": 8, "gradient_clipping": Infinity}', ["gradient_clipping", "finite"]),
     ds("clip-minus-infinity", '{"train_batch_size": 8, "gradient_clipping": -Infinity}', ["gradient_clipping"]),
@@ -323,6 +328,13 @@ def test_refused_in_one_line(row, outcomes):
     problems = outcome.refusal_problems(must_contain=tuple(row[2]), torch_allowed=torch_allowed)
     assert not problems, f"{problems}\n{outcome.describe()}"
     assert not (d / "logs").exists() and not list(d.glob("*_document.bin")), "something started or was written"
+
+
+@pytest.mark.parametrize("row", [row for row in ROWS if row[0].startswith("preprocess")], ids=lambda row: row[0])
+def test_preprocess_says_nothing_before_its_error(row, outcomes):
+    """No progress bar (nor the empty line rich leaves where stderr is no terminal) first."""
+    outcome = outcomes[0][row[0]]
+    assert outcome.stderr.startswith("minitron: error: "), outcome.describe()
 
 
 @pytest.mark.parametrize("number", range(len(ACCEPTED)), ids=[a[0] for a in ACCEPTED])

@@ -58,6 +58,26 @@ def test_bad_line_names_its_number_and_leaves_no_files(tmp_path, monkeypatch):
         run_preprocess(src, str(tmp_path / "out"), progress=False)
 
 
+def test_a_corpus_bad_at_line_1_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    """The first batch is tokenized in this process before a worker, the bar or an output file."""
+    def started(*args, **kwargs):
+        raise AssertionError("started before the first batch of lines was checked")
+    for name in ("Workers", "_progress", "IndexedDatasetBuilder"):
+        monkeypatch.setattr(preprocess_data, name, started, raising=name != "IndexedDatasetBuilder")
+    src = jsonl(tmp_path / "in.jsonl", ['{"text": \n', {"text": "ok"}])
+    with pytest.raises(ValueError, match=r"in\.jsonl:1: not valid JSON"):
+        run_preprocess(src, str(tmp_path / "sub" / "out"), workers=2)
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]         # not even the output's folder
+
+
+def test_a_refusal_under_the_bar_prints_only_the_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(preprocess_data, "_BATCH_BYTES", 16)  # the bad line comes after the bar started
+    src = jsonl(tmp_path / "in.jsonl", [{"text": "ok"}] * 4 + ["{bad\n"])
+    assert preprocess_data.main(["--input", src, "--output-prefix", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err  # not a terminal: rich's Progress would end with an empty line
+    assert err.startswith(f"error: {src}:5: not valid JSON") and err.count("\n") == 1, repr(err)
+
+
 @pytest.mark.parametrize("text, words", [
     ("1 2 70000", "token id 70000 is outside the vocabulary (ids 0..100"),   # uint16 would overflow
     ("1 -2", "token id -2 is outside"),

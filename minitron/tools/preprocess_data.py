@@ -12,6 +12,8 @@ stops.
 Tokenizing is the slow part, so it runs in ``--workers`` processes. This process reads batches
 of lines, keeps a few batches per worker in flight, and writes the results *in input order*, so
 the output is the same whatever the number of workers. With one worker there is no pool at all.
+The first batch is tokenized by this process, before any output, bar or worker: a file that
+is not JSONL at all is refused in a fraction of a second.
 
 An interrupted run never leaves a pair that looks complete: both files are written under
 temporary names, and the .idx (which a reader opens first) is renamed into place last.
@@ -20,6 +22,7 @@ temporary names, and the .idx (which a reader opens first) is renamed into place
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -31,6 +34,7 @@ from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn, TransferSpeedColumn)
 
+from minitron.core.datasets.indexed_dataset_format import DType, IndexedDatasetBuilder  # numpy only
 from minitron.tools.preprocess_workers import Workers
 from minitron.training.tokenizer import TOKENIZER_TYPES, make_tokenizer
 
@@ -132,11 +136,13 @@ def _in_vocabulary(ids: list, tokenizer) -> np.ndarray:
     return array
 
 
-def _batches(path: str):
-    """(first line number, bytes) blocks of about _BATCH_BYTES, each cut after a newline. A
-    line longer than MAX_LINE_BYTES is refused as soon as it is that long."""
-    lineno, pending, pending_bytes = 1, [], 0  # pending: the pieces of an unfinished line
+def _batches(path: str, lineno: int = 1, offset: int = 0):
+    """(first line number, bytes) blocks of about _BATCH_BYTES, each cut after a newline, from
+    byte ``offset`` (the start of line ``lineno``) on. A line longer than MAX_LINE_BYTES is
+    refused as soon as it is that long."""
+    pending, pending_bytes = [], 0  # pending: the pieces of an unfinished line
     with open(path, "rb") as f:
+        f.seek(offset)
         while True:
             chunk = f.read(_BATCH_BYTES)
             if not chunk:
@@ -158,10 +164,18 @@ def _batches(path: str):
             pending_bytes = len(chunk) - cut
 
 
+def _refuse_bad_lines(input: str, bad: list, skip_bad_lines: bool) -> None:
+    if bad and not skip_bad_lines:
+        lineno, reason = bad[0]
+        raise ValueError(f"{input}:{lineno}: {reason}; fix the line or pass --skip-bad-lines")
+
+
 class _Bar(Progress):
     def __exit__(self, exc_type, *rest):
-        if exc_type is not None:  # refused or interrupted: the one-line error stands alone
+        if exc_type is not None and not self.disable:  # refused or interrupted: the error stands alone
             self.live.transient = True
+            self.live.stop()  # not Progress.stop: where stderr is no terminal, it adds an empty line
+            return None
         return super().__exit__(exc_type, *rest)
 
 
@@ -191,11 +205,18 @@ def run_preprocess(input: str, output_prefix: str, tokenizer_type: str = "ByteLe
     tok_args = dict(tokenizer_type=tokenizer_type, vocab_file=vocab_file, merge_file=merge_file,
                     tokenizer_model=tokenizer_model, vocab_size=vocab_size)
     tokenizer = make_tokenizer(**tok_args)  # fail here, once, before any worker starts
-    # The dataset module imports torch (its reader is a torch Dataset): 2 s that a refused
-    # --input, --workers or tokenizer file must not pay, so it comes after those checks.
-    from minitron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
     dtype = np.dtype(DType.optimal_dtype(tokenizer.vocab_size))
     spec = {"tokenizer": tok_args, "json_keys": json_keys, "append_eod": append_eod, "dtype": dtype}
+    # The first batch is tokenized here, before any output is opened, bar drawn or worker
+    # started: a corpus that is not JSONL at all (the common mistake) is refused at once.
+    start = time.perf_counter()
+    first = next(_batches(input), None)  # its generator is dropped, and its file closed, here
+    _init_worker(spec)
+    done = [_encode_batch(first)] if first is not None else []
+    for _, bad, _, _ in done:
+        _refuse_bad_lines(input, bad, skip_bad_lines)
+    # the batches after the first, read from where it ended
+    rest = _batches(input, first[0] + first[1].count(b"\n"), len(first[1])) if first is not None else iter(())
 
     prefixes = {key: f"{output_prefix}_{key}_document" for key in json_keys}
     tmp = {key: (f"{p}.bin.tmp{os.getpid()}", f"{p}.idx.tmp{os.getpid()}") for key, p in prefixes.items()}
@@ -206,20 +227,16 @@ def run_preprocess(input: str, output_prefix: str, tokenizer_type: str = "ByteLe
         raise ValueError(f"--output-prefix {output_prefix}: cannot write there ({err.strerror})") from None
     result = PreprocessResult(prefixes, 0, 0, 0, 0.0)
     pool = None
-    start = time.perf_counter()
     try:
         if workers == 1:
-            _init_worker(spec)
-            results = map(_encode_batch, _batches(input))
+            results = itertools.chain(done, map(_encode_batch, rest))
         else:
             pool = Workers(workers, _init_worker, spec, _encode_batch)
-            results = pool.ordered(_batches(input))
+            results = itertools.chain(done, pool.ordered(rest))
         with _progress(progress, os.path.getsize(input)) as bar:
             task = bar.add_task("tokenizing", total=os.path.getsize(input), docs=0)
             for arrays, bad, empty, nbytes in results:
-                if bad and not skip_bad_lines:
-                    lineno, reason = bad[0]
-                    raise ValueError(f"{input}:{lineno}: {reason}; fix the line or pass --skip-bad-lines")
+                _refuse_bad_lines(input, bad, skip_bad_lines)
                 result.skipped.extend(bad)
                 result.empty += empty
                 result.input_bytes += nbytes
