@@ -37,8 +37,9 @@ def _iteration_dir(directory: Path, first=None) -> tuple[Path, dict]:
     DCP's metadata): what can be refused from the JSON alone is refused without torch."""
     # lazy, as every reader here: `minitron --help` imports this module
     from minitron.training.checkpoint_files import (
-        CheckpointError, check_sharded_files, iteration_dir, read_latest_iteration, read_metadata,
+        CheckpointError, iteration_dir, read_latest_iteration, read_metadata,
     )
+    from minitron.training.checkpoint_files_dist import check_sharded_files
 
     if not directory.is_dir():
         raise UserError(f"{directory} is not a directory: give a --save directory or one iter_* inside it")

@@ -188,32 +188,6 @@ def verify_file(path: Path, meta: dict, rel: str | None = None) -> None:
         check_torch_file(path, size)  # the metadata may vouch for a foreign file: its own checksum
 
 
-def check_sharded_files(root, iteration: int, meta: dict) -> None:
-    """A torch_dist checkpoint: every file its metadata.json lists, whole (size and sha256); then
-    DCP's .metadata, unpickled by a reader that admits only DCP's own metadata classes (DCP
-    itself would run any pickle); then common.pt through torch's weights-only load."""
-    where = iteration_dir(root, iteration)
-    for rel in sorted(meta.get("files", {})):
-        verify_file(where / rel, meta, rel)
-    import pickle   # lazy, as torch below: only a torch_dist checkpoint needs either
-    import torch  # lazy: the checks above are torch-free, and the launcher refuses them first
-
-    class DCPMetadataOnly(pickle.Unpickler):
-        def find_class(self, module, name):
-            if module.startswith("torch.distributed.checkpoint.") or module in ("pathlib", "collections") or \
-                    (module, name) in {("torch", "Size"), ("torch.serialization", "_get_layout")} or \
-                    (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
-                return super().find_class(module, name)
-            raise pickle.UnpicklingError(f"it names {module}.{name}, which is not DCP's metadata")
-    try:
-        with open(where / ".metadata", "rb") as f:
-            DCPMetadataOnly(f).load()
-    except (pickle.UnpicklingError, EOFError, OSError, AttributeError, ImportError) as exc:
-        raise CheckpointError(f"{where / '.metadata'} is not readable DCP metadata ({exc}): resume from another "
-                              f"checkpoint") from None
-    check_loadable(where / "common.pt")
-
-
 def check_torch_file(path: Path, size: int) -> None:
     """torch.save's format, read without torch: a zip archive holding ``<name>/data.pkl``."""
     if size == 0:
@@ -268,6 +242,24 @@ def expected_files(root, iteration: int, meta: dict) -> list[Path]:
     return files
 
 
+def check_owners(root, iteration: int, meta: dict, files: list[Path]) -> None:
+    """Each shard's owner record (runtime/checkpoint/shard_owner.py) against the folder and name it
+    sits under: a file moved to another rank's folder, its checksum re-signed, is refused here."""
+    from minitron.runtime.checkpoint.shard_owner import owner, owner_mismatch, read_owner   # torch-free
+
+    tp, pp, ep = (meta.get(f"{k}_model_parallel_size") or 1 for k in ("tensor", "pipeline", "expert"))
+    places = {rank_dir(root, iteration, t, p, pp, e, ep).name: owner(t, tp, p, pp, e, ep)
+              for t in range(tp) for p in range(pp) for e in range(ep)}
+    for path in files:
+        expected = dict(places.get(path.parent.name, {}))
+        dp = re.fullmatch(r"distrib_optim_dp(\d+)\.pt", path.name)
+        if dp:
+            expected["data_parallel_rank"] = int(dp.group(1))
+        problem = owner_mismatch(path, read_owner(path), expected)
+        if problem:
+            raise CheckpointError(problem)
+
+
 def _flag(key: str) -> str:
     """The flag that sets ``key``: the precision is the one key that --fp16/--bf16 decide."""
     return "the weights' dtype (--fp16/--bf16):" if key == "params_dtype" else "--" + key.replace("_", "-")
@@ -289,6 +281,7 @@ def check_resumable(args) -> None:
         raise CheckpointError(f"--load {args.load} (iteration {iteration}) was saved with another layout or "
                               f"model: {said}; resume with the checkpoint's values")
     if sharded:
+        from minitron.training.checkpoint_files_dist import check_sharded_files   # the torch_dist half
         return check_sharded_files(args.load, iteration, meta)
     if args.use_distributed_optimizer and meta.get("data_parallel_size") != args.data_parallel_size:
         raise CheckpointError(f"--load {args.load}: distributed-optimizer shards were saved for "
@@ -297,6 +290,7 @@ def check_resumable(args) -> None:
     files = expected_files(args.load, iteration, meta)
     for path in files:
         verify_file(path, meta)
+    check_owners(args.load, iteration, meta, files)
     # Last, as it imports torch: in the launching process (rank 0's view) or in rank 0 itself
     # under torchrun; the other ranks rely on it, rather than print the same line each.
     if getattr(args, "rank", 0) == 0:

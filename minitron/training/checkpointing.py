@@ -37,6 +37,7 @@ import torch
 from minitron.core import parallel_state as mpu
 from minitron.runtime.checkpoint.constants import (UNIVERSAL_CHECKPOINT_INFO, UNIVERSAL_CHECKPOINT_VERSION_KEY,
                                                    UNIVERSAL_CHECKPOINT_VERSION_VALUE)
+from minitron.runtime.checkpoint.shard_owner import owner, owner_mismatch, read_owner, stamp_owner
 from minitron.trace import traced
 from minitron.training.checkpoint_files import (  # noqa: F401 -- the torch-free half, re-exported
     LAYOUT_KEYS, METADATA, TRACKER, CheckpointError, args_snapshot, atomic_write_text, check_resumable,
@@ -54,11 +55,13 @@ def _restore_rng(state: dict, saved_args: dict, iteration: int) -> None:
     set_rng_state(state, saved_args.get("seed", args.seed), iteration, args.data_parallel_random_init)
 
 
-def _atomic_save(obj, path: Path) -> dict:
-    """Write under a temporary name, hash what landed on disk, rename. Returns the file's
-    entry for metadata.json: its size and sha256, keyed by its path inside the iteration."""
+def _atomic_save(obj, path: Path, record: dict) -> dict:
+    """Write under a temporary name, stamp whose it is (``record``, shard_owner.py), hash what
+    landed on disk, rename. Returns the file's entry for metadata.json: its size and sha256,
+    keyed by its path inside the iteration."""
     tmp = path.with_name(path.name + ".tmp")
     torch.save(obj, tmp)
+    stamp_owner(tmp, record)
     entry = {f"{path.parent.name}/{path.name}": {"bytes": tmp.stat().st_size, "sha256": file_digest(tmp)}}
     os.replace(tmp, path)
     return entry
@@ -68,6 +71,16 @@ def _rank_dir(root, iteration: int) -> Path:
     return rank_dir(root, iteration, mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank(),
                     mpu.get_pipeline_model_parallel_world_size(), mpu.get_expert_model_parallel_rank(),
                     mpu.get_expert_model_parallel_world_size())
+
+
+def _owner(per_data_parallel_rank: bool = False) -> dict:
+    """This rank's owner record: whose the (tp, pp, ep) folder is, and for a distributed-optimizer
+    shard its data-parallel rank (context-parallel ranks counted in, as the file name counts them)."""
+    dp = (mpu.get_data_parallel_rank(with_context_parallel=True),
+          mpu.get_data_parallel_world_size(with_context_parallel=True)) if per_data_parallel_rank else (None, None)
+    return owner(mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_world_size(),
+                 mpu.get_pipeline_model_parallel_rank(), mpu.get_pipeline_model_parallel_world_size(),
+                 mpu.get_expert_model_parallel_rank(), mpu.get_expert_model_parallel_world_size(), *dp)
 
 
 def _rng_states_of_data_parallel_ranks() -> list:
@@ -111,9 +124,9 @@ def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> No
             state["model" if len(model) == 1 else f"model{i}"] = chunk.state_dict()
         if not args.use_distributed_optimizer:
             state["optimizer"] = optimizer.state_dict()
-        written.update(_atomic_save(state, where / "model_optim_rng.pt"))
+        written.update(_atomic_save(state, where / "model_optim_rng.pt", _owner()))
     if args.use_distributed_optimizer:
-        written.update(_atomic_save(optimizer.state_dict(), where / f"distrib_optim_dp{dp:03d}.pt"))
+        written.update(_atomic_save(optimizer.state_dict(), where / f"distrib_optim_dp{dp:03d}.pt", _owner(True)))
     # Every file is in place before the marker moves; rank 0 learns every file's checksum.
     everyone = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(everyone, written)
@@ -141,8 +154,13 @@ def convert_checkpoint(model, optimizer, opt_param_scheduler) -> None:
     print_rank_0(f"> converted checkpoint: {loaded_format} -> {args.ckpt_format} ({args.save})")
 
 
-def _load_verified(path: Path, meta: dict):
+def _load_verified(path: Path, meta: dict, record: dict):
+    """The file, once its checksum and its owner record (this rank's ``record``, if it holds one)
+    say it is the one this rank saved."""
     verify_file(path, meta)
+    problem = owner_mismatch(path, read_owner(path), record, f"rank {torch.distributed.get_rank()}")
+    if problem:
+        raise CheckpointError(problem)
     try:
         # Onto the host, whichever device wrote the file (Megatron loads so too): the RNG states
         # must be CPU tensors, and load_state_dict copies the rest onto the model's own device.
@@ -174,14 +192,14 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
         print_rank_0(f"> loaded checkpoint from {args.load} at iteration {iteration} (torch_dist)")
         return iteration
     where = _rank_dir(args.load, iteration)
-    state = _load_verified(where / "model_optim_rng.pt", meta)
+    state = _load_verified(where / "model_optim_rng.pt", meta, _owner())
     for i, chunk in enumerate(model):
         chunk.load_state_dict(state["model" if len(model) == 1 else f"model{i}"])
     if args.no_load_optim:
         optimizer.reload_model_params()   # Megatron's --no-load-optim: fresh moments, fp32 copies of these weights
     elif args.use_distributed_optimizer:
         shard = where / f"distrib_optim_dp{mpu.get_data_parallel_rank(with_context_parallel=True):03d}.pt"
-        optimizer.load_state_dict(_load_verified(shard, meta))
+        optimizer.load_state_dict(_load_verified(shard, meta, _owner(True)))
     else:
         optimizer.load_state_dict(state["optimizer"])
     if not args.no_load_optim:

@@ -177,6 +177,10 @@ def check_deepspeed_load(root, stage: int, bf16: bool, tp: int, dp: int, univers
         raise ArgumentError(f"--load {root}: {tag} {said} for ZeRO stage {stage}, {'bf16' if bf16 else 'fp16/fp32'}, "
                             f"tensor-parallel {tp}, data-parallel {dp}: resume with the stage, precision and sizes "
                             "it was saved with")
+    from minitron.runtime.checkpoint.shard_owner import deepspeed_owner_mismatch   # torch-free
+    problem = deepspeed_owner_mismatch(where, tp, dp)   # each file's owner record against its name
+    if problem:
+        raise ArgumentError(f"--load {root}: {problem}")
 
 
 def _check_universal_load(root: Path, tp: int) -> None:

@@ -24,6 +24,7 @@ import torch
 from minitron import comm as dist   # deepspeed/runtime/engine.py: from deepspeed import comm as dist
 from minitron.runtime.checkpoint import constants as C
 from minitron.runtime.checkpoint.pickles import load_state, save_state
+from minitron.runtime.checkpoint.shard_owner import owner, owner_mismatch, read_owner, stamp_owner
 from minitron.runtime.checkpoint.universal_checkpoint import load_universal_state
 from minitron.runtime.checkpoint.zero_checkpoint import (load_stage0_state_dict, load_zero_state_dict,
                                                          optimizer_groups, stage0_state_dict, zero_state_dict)
@@ -44,6 +45,22 @@ def _mp_rank(engine) -> int:
 
 def _dp_rank(engine) -> int:
     return dist.get_rank(group=engine.data_parallel_group)
+
+
+def _owner(engine, per_data_parallel_rank: bool) -> dict:
+    """Whose a file is (shard_owner.py): DeepSpeed's files record the sizes, not the ranks. The
+    engine runs without a pipeline, so its model-parallel rank is the tensor rank."""
+    group = engine.optimizer.model_parallel_group
+    mp_size = dist.get_world_size(group=group) if group is not None else 1
+    return owner(_mp_rank(engine), mp_size, dp=_dp_rank(engine) if per_data_parallel_rank else None,
+                 dp_size=engine.dp_world_size)
+
+
+def _check_owner(engine, file: Path, per_data_parallel_rank: bool) -> None:
+    expected = _owner(engine, per_data_parallel_rank)
+    problem = owner_mismatch(file, read_owner(file), expected, f"rank {engine.global_rank}")
+    if problem:
+        raise ValueError(problem)
 
 
 def ckpt_name(engine, path: Path) -> Path:
@@ -133,10 +150,12 @@ def save_checkpoint(engine, save_dir, tag=None, client_state: dict | None = None
     names = {p: n for n, p in engine.module.named_parameters()}
     if stage == 3 or _dp_rank(engine) == 0:
         torch.save({**_model_state(engine, names), **(client_state or {})}, ckpt_name(engine, path))
+        stamp_owner(ckpt_name(engine, path), _owner(engine, per_data_parallel_rank=stage == 3))
     if stage >= 1:
         save_state({C.OPTIMIZER_STATE_DICT: zero_state_dict(engine.optimizer, names),
                     C.DS_CONFIG: engine._config._param_dict, C.DS_VERSION: C.DS_VERSION_WRITTEN},
                    zero_ckpt_name(engine, path))
+        stamp_owner(zero_ckpt_name(engine, path), _owner(engine, per_data_parallel_rank=True))
         if engine.global_rank == 0:   # DeepSpeed copies its scripts beside the tags, not into one
             for script in C.RECOVERY_SCRIPTS:
                 shutil.copyfile(Path(__file__).with_name(script), Path(save_dir) / script)
@@ -172,6 +191,7 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict: bool = True)
     if universal:
         return _load_universal(engine, Path(load_dir) / str(tag))
     path, stage, opt = Path(load_dir) / str(tag), engine.zero_optimization_stage(), engine.optimizer
+    _check_owner(engine, ckpt_name(engine, path), per_data_parallel_rank=stage == 3)   # before unpickling it
     state = _read(ckpt_name(engine, path), "the model states")
     if C.DS_VERSION not in state:
         raise ValueError(f"{path} is in minitron's layout from before it wrote DeepSpeed's (no ds_version in its "
@@ -189,6 +209,7 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict: bool = True)
                              "resume with the stage it was saved at")
         load_stage0_state_dict(opt, state["optimizer"], _dtype(engine))
     else:
+        _check_owner(engine, zero_ckpt_name(engine, path), per_data_parallel_rank=True)
         load_zero_state_dict(opt, _read(zero_ckpt_name(engine, path), "this rank's optimizer partition")
                              [C.OPTIMIZER_STATE_DICT])
     return _restore_counters(engine, path, state)
