@@ -62,12 +62,29 @@ def pretrain(train_valid_test_dataset_provider, model_provider, model_type, forw
         # lazy: only --deepspeed runs load DeepSpeed's engine and ZeRO
         from minitron.training.deepspeed_training import setup_model_and_optimizer as setup
     model, optimizer, opt_param_scheduler = setup(model_provider, model_type)
-    if args.ckpt_convert_format is not None:
-        return   # the checkpoint was converted (setup_model_and_optimizer): nothing to train
-    # lazy: `minitron trace` (no --train-iters) never builds data iterators
-    from minitron.training.data import build_train_valid_test_data_iterators
-    train_iter, valid_iter, _ = build_train_valid_test_data_iterators(train_valid_test_dataset_provider)
-    train(forward_step_func, model, optimizer, opt_param_scheduler, train_iter, valid_iter)
+    try:
+        if args.ckpt_convert_format is not None:
+            return   # the checkpoint was converted (setup_model_and_optimizer): nothing to train
+        # lazy: `minitron trace` (no --train-iters) never builds data iterators
+        from minitron.training.data import build_train_valid_test_data_iterators
+        train_iter, valid_iter, _ = build_train_valid_test_data_iterators(train_valid_test_dataset_provider)
+        train(forward_step_func, model, optimizer, opt_param_scheduler, train_iter, valid_iter)
+    finally:
+        if not args.deepspeed:
+            _unlink_model_config(model)
+
+
+def _unlink_model_config(model) -> None:
+    """Take back the two links from the model's config to what wraps the model, so that the
+    model is freed by reference counting alone once pretrain returns.
+
+    setup_model_and_optimizer hands the schedules DDP's no_sync and the optimizer's scale_loss
+    through the config, as Megatron does; but every module holds that config, so each link
+    closes a cycle (config -> DDP -> module -> config). Such a model, its buffers and its DDP's
+    data-parallel groups (gloo's threads) lived on after destroy_global_state, until the cyclic
+    collector's next full pass. Megatron needs no such step: its process ends with pretrain."""
+    config = model[0].config if hasattr(model[0], "config") else model[0].module.config
+    config.no_sync_func = config.grad_scale_func = None
 
 
 def destroy_global_state(world: bool = True) -> None:

@@ -21,6 +21,7 @@ when each collective runs, and this class holds the buffers and the explicit ent
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -92,7 +93,7 @@ class DistributedDataParallel(MegatronModule):
         # (once per backward, even when the parameter is used twice, as a tied embedding is).
         # Megatron reaches the same moment by hooking the parameter's AccumulateGrad node.
         for param in params:
-            param.register_post_accumulate_grad_hook(self._make_backward_post_hook(param))
+            param.register_post_accumulate_grad_hook(self._make_backward_post_hook())
         # --8<-- [end:hook]
         self.remove_forward_pre_hook_handles = {}
         if ddp_config.overlap_param_gather:
@@ -109,9 +110,22 @@ class DistributedDataParallel(MegatronModule):
                                     bucket_size, param_to_name, gradient_scaling_factor)
                 for (param_dtype, grad_dtype), group_params in by_dtype.items()]
 
-    def _make_backward_post_hook(self, param: torch.nn.Parameter):
-        def hook(_param):
-            if not self.param_to_bucket_group[param].is_last_microbatch:
+    def _make_backward_post_hook(self):
+        """The hook of every parameter. It holds this DDP weakly, and its parameter not at all
+        (autograd passes it in): the parameter holds the hook, and this DDP holds the
+        parameter (self.module), so a strong reference would close a cycle. A tensor's hooks
+        are kept by torch's C++ side, where the cyclic collector cannot look, so that cycle was
+        never freed, not even by gc.collect(): the DDP, its buffers and its data-parallel
+        groups (gloo's threads) outlived pretrain. Megatron's hooks hold the DDP, and its
+        process ends with the training; minitron's ranks may go on (tests, fake players)."""
+        ddp_ref = weakref.ref(self)
+
+        def hook(param):
+            ddp = ddp_ref()
+            if ddp is None:  # the DDP is gone, and the buffer this hook would fill with it
+                return
+            bucket_group = ddp.param_to_bucket_group[param]
+            if not bucket_group.is_last_microbatch:
                 # Inside no_sync, leave the gradient to autograd: it adds each micro-batch
                 # into .grad, as plain PyTorch does. Moving it every micro-batch frees a
                 # model's worth of .grad each time, and glibc hands the freed heap back to the
@@ -122,8 +136,8 @@ class DistributedDataParallel(MegatronModule):
                 # the buffer is the one copy.
                 param.main_grad.add_(param.grad)
                 param.grad = None
-            if self.ddp_config.overlap_grad_reduce:
-                self.param_to_bucket_group[param].register_grad_ready(param)
+            if ddp.ddp_config.overlap_grad_reduce:
+                bucket_group.register_grad_ready(param)
         return hook
 
     # --8<-- [start:forward-pre-hook]
@@ -136,10 +150,17 @@ class DistributedDataParallel(MegatronModule):
                 self._make_forward_pre_hook())
 
     def _make_forward_pre_hook(self):
+        # Weakly held, as the backward hook holds it: a module's hook holding this DDP would be
+        # a cycle (DDP -> module -> hook -> DDP), freed only by the collector's next full pass.
+        ddp_ref = weakref.ref(self)
+
         def hook(module, *unused):
+            ddp = ddp_ref()
+            if ddp is None:
+                return
             # Only the module's own parameters: its children have hooks of their own.
-            groups = dict.fromkeys(self.param_to_bucket_group[p] for p in module.parameters(recurse=False)
-                                   if p in self.param_to_bucket_group)
+            groups = dict.fromkeys(ddp.param_to_bucket_group[p] for p in module.parameters(recurse=False)
+                                   if p in ddp.param_to_bucket_group)
             for bucket_group in groups:
                 bucket_group.finish_param_sync()
         return hook

@@ -1,0 +1,72 @@
+"""Once pretrain returns, its DistributedDataParallel is freed by reference counting alone,
+and destroy_global_state then ends every gloo thread its groups ran.
+
+Two things used to hold it. Its gradient hooks held it, and a parameter's hooks are kept by
+torch's C++ side, out of the cyclic collector's sight: DDP -> module -> parameter -> hook -> DDP
+was never freed, not even by gc.collect(), and with it the data-parallel groups it refers to
+stayed alive, their threads running, after destroy_global_state. And the model's config held
+DDP.no_sync for the schedules: a plain cycle, freed only by the collector's next full pass.
+Here pretrain runs in forked gloo ranks with the collector off, so that only reference counting
+frees anything, once with plain DDP and once with ZeRO-1 and both overlaps (whose forward
+pre-hooks sit on every module).
+"""
+
+import pytest
+
+from distributed import run_ranks
+
+MODEL = ["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "8",
+         "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "1", "--lr", "1e-3",
+         "--mock-data", "--vocab-size", "64", "--distributed-backend", "gloo", "--eval-iters", "0"]
+
+
+def _pretrain_then_look(argv):
+    def body(rank):
+        import gc
+        import weakref
+
+        from minitron.core.distributed import DistributedDataParallel
+        from minitron.pretrain_gpt import run_main
+        from minitron.training.training import destroy_global_state
+
+        made = []
+        init = DistributedDataParallel.__init__
+
+        def recording_init(self, *args, **kwargs):  # this forked rank's class: no one else sees it
+            init(self, *args, **kwargs)
+            made.append(weakref.ref(self))
+
+        DistributedDataParallel.__init__ = recording_init
+        threads = _gloo_threads()
+        gc.disable()
+        try:
+            run_main(argv)
+            freed = [ref() is None for ref in made]
+            destroy_global_state(world=False)  # the harness leaves the world itself
+            return len(made), freed, _gloo_threads() - threads
+        finally:
+            gc.enable()
+    return body
+
+
+def _gloo_threads() -> int:
+    """This process's gloo threads (the world's, and each group's), as the OS names them: they
+    are C++ threads, which Python's threading module does not list."""
+    import os
+
+    count = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                count += "gloo" in f.read()
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return count
+
+
+@pytest.mark.parametrize("flags", [[], ["--use-distributed-optimizer", "--overlap-grad-reduce",
+                                        "--overlap-param-gather"]], ids=["plain", "zero1-overlap"])
+def test_ddp_is_freed_once_pretrain_returns(flags):
+    for made, freed, more_threads in run_ranks(_pretrain_then_look([*MODEL, *flags]), world_size=2, tp=None):
+        assert made == 1 and all(freed), "a DDP outlived pretrain: something still refers to it"
+        assert more_threads == 0, f"{more_threads} more gloo threads after destroy_global_state than before pretrain"
