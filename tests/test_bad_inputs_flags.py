@@ -117,7 +117,9 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
     add("trace-world-fake-ranks-hint", "trace --world 4096 --backend fake", "--world", "--ranks")
     add("trace-master-port", "trace --world 2 --backend gloo --master-port 70000", "--master-port", "65535")
     add("trace-moe-topk-dense", "trace --world 1 -- --moe-router-topk 2", "--moe-router-topk", "--num-experts")
-    add("trace-moe-tp-no-sp", "trace --world 2 --tp 2 -- --num-experts 4", "--sequence-parallel")
+    # a training step of MoE at tp > 1 needs sequence parallelism (initialization alone runs it)
+    add("trace-moe-tp-no-sp", "trace --world 2 --tp 2 --steps 1 -- --num-experts 4 --disable-bias-linear",
+        "--sequence-parallel", "first training forward")
     add("trace-megatron-layers", "trace --world 1 -- --num-layers 5000", "--num-layers", "at most 1,024")
     add("trace-megatron-typo", "trace --world 1 -- --num-layrs 2", "--num-layrs")
 
@@ -239,7 +241,8 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
                ("fp16-bf16", "--world 1 --fp16 --bf16", ("--fp16", "--bf16")),
                ("ep-no-experts", "--world 2 --expert-model-parallel-size 2", ("--num-experts",)),
                ("experts-ep", "--world 2 --expert-model-parallel-size 2 --num-experts 3", ("--num-experts 3",)),
-               ("moe-tp-no-sp", "--world 4 --tp 2 --num-experts 4 --ep 2", ("--sequence-parallel",)),
+               ("moe-tp-no-sp", "--world 4 --tp 2 --num-experts 4 --ep 2 --disable-bias-linear",
+                ("--sequence-parallel", "first training forward")),
                ("topk-experts", "--world 1 --num-experts 2 --moe-router-topk 4", ("--moe-router-topk 4",)),
                ("swiglu-moe", "--world 1 --num-experts 2 --swiglu", ("--swiglu",)),
                ("gqa-none", "--world 1 --group-query-attention", ("--num-query-groups",)),

@@ -211,7 +211,6 @@ def test_switch_load_balancing_loss_by_hand():
 
 @pytest.mark.parametrize("flags, words", [
     (["--num-experts", "2", "--moe-router-topk", "3"], "--moe-router-topk 3 is more than --num-experts 2"),
-    (["--num-experts", "4", "--tensor-model-parallel-size", "2"], "needs --sequence-parallel"),
     (["--num-experts", "4", "--tensor-model-parallel-size", "2", "--sequence-parallel",
       "--moe-ffn-hidden-size", "5"], "not divisible by --expert-tensor-parallel-size 2"),
     (["--num-experts", "4", "--moe-pad-expert-input-to-capacity"], "give --moe-expert-capacity-factor"),

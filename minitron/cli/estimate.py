@@ -35,9 +35,12 @@ def count(n: int) -> str:
 
 def _args_for(argv: list[str], world: int):
     # lazy: loaded when the command runs, not by `minitron --help`
+    from minitron.training.arguments_features import moe_training_refusal
     from minitron.training.tokenizer import build_tokenizer
 
     args = validate_pretrain(argv, world)
+    if moe_training_refusal(args):   # the step estimated is one pretrain would refuse to run
+        raise UserError(moe_training_refusal(args))
     try:
         build_tokenizer(args)   # sets padded_vocab_size, as the ranks will
     except (ValueError, OSError) as exc:

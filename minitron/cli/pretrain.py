@@ -49,6 +49,10 @@ def pretrain(
     if not args.train_iters:
         raise UserError("--train-iters N or --train-samples N is required; `minitron trace` shows "
                         "initialization alone")
+    # lazy, as validate_pretrain's import: the rules live with the training arguments
+    from minitron.training.arguments_features import moe_training_refusal
+    if moe_training_refusal(args):   # Megatron's MoE layer would raise at the first step
+        raise UserError(moe_training_refusal(args))
     preflight.check_data_workers(args.num_workers, world)
     backend = rank_backend(args.distributed_backend, world, fake)  # None: default_backend's choice
     if args.distributed_backend is None:  # the ranks run what the launcher starts (fork: gloo)

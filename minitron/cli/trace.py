@@ -23,6 +23,16 @@ from minitron.cli.trace_out import clear_meanwhile
 MAX_STEPS = 100  # traced iterations: a few show the steady state, and each adds its calls to every rank's trace
 
 
+def default_experts(tp: int, ep: int, extra: List[str]) -> List[str]:
+    """The experts of minitron's own tiny model, where --ep needs some and the user's flags
+    (``extra``) name none. At tp > 1 they come with --sequence-parallel (Megatron's MoE layer
+    trains only with it) and --disable-bias-linear (expert slices carry no bias). A user who
+    gives --num-experts owns the model: nothing is added to it, sequence parallelism included."""
+    if ep == 1 or any(word == "--num-experts" or word.startswith("--num-experts=") for word in extra):
+        return []
+    return ["--num-experts", str(ep)] + (["--sequence-parallel", "--disable-bias-linear"] if tp > 1 else [])
+
+
 def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: str, backend: Optional[str],
                   extra: List[str]) -> List[str]:
     """Megatron flags for a tiny GPT in this layout; the user's own flags (``extra``) come last
@@ -36,9 +46,7 @@ def pretrain_argv(tp: int, pp: int, cp: int, ep: int, vp: Optional[int], order: 
             "--micro-batch-size", "1"]
     if backend:
         argv += ["--distributed-backend", backend]
-    if ep > 1:  # expert groups need experts to split; an initialization-only run builds no model
-        # MoE + tp: sequence parallel, and (expert tp = tp) no expert biases: Megatron's rules
-        argv += ["--num-experts", str(ep)] + (["--sequence-parallel", "--disable-bias-linear"] if tp > 1 else [])
+    argv += default_experts(tp, ep, extra)   # expert groups need experts to split
     if vp is not None:  # 0 too: the parser refuses it in Megatron's words
         argv += ["--virtual-pipeline-model-parallel-size", str(vp)]
     if order == TP_PP_DP_ORDER:
@@ -217,6 +225,10 @@ def trace(
     # Every refusal of the flags happens before torch is imported; the default backend is
     # decided once they pass, as the ranks will decide it (torch-free on a machine without GPUs).
     args = validate_pretrain(argv, world)
+    # lazy, as validate_pretrain's import: the rule lives with the training arguments
+    from minitron.training.arguments_features import moe_setup_warning, moe_training_refusal
+    if steps and moe_training_refusal(args):   # Megatron's MoE layer would raise at the first step
+        raise UserError(moe_training_refusal(args))
     print_no_effect(args)
     backend = args.distributed_backend
     preflight.check_data_workers(args.num_workers, world)
@@ -254,6 +266,13 @@ def trace(
         rank_env = {**rank_env, INIT_ONLY_ENV: "1"}
         console.print(f"initialization only: the flags ask for {args.train_iters:,} iterations; a trace runs "
                       "none without --steps", highlight=False)
+
+    if "--sequence-parallel" in default_experts(tp, ep, ctx.args) and "--sequence-parallel" not in ctx.args:
+        console.print(f"minitron's default experts (--num-experts {ep}) at tp {tp} come with --sequence-parallel "
+                      "--disable-bias-linear: Megatron's MoE layer trains at tp > 1 only with sequence "
+                      "parallelism, and expert slices carry no bias", highlight=False, soft_wrap=True)
+    if not steps and moe_setup_warning(args):   # the flags initialize; a step would be refused
+        console.print(moe_setup_warning(args), highlight=False, markup=False, soft_wrap=True)
 
     cleared()  # before any rank writes there
     started = time.perf_counter()

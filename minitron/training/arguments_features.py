@@ -203,11 +203,8 @@ def validate_moe(args):
     require(k <= e, f"--moe-router-topk {k} is more than --num-experts {e}: a token cannot go to more "
              "experts than there are")
     tp = args.tensor_model_parallel_size
-    # Megatron checks it whether or not the run trains: `estimate` must refuse what `pretrain`
-    # refuses, and `minitron trace --tp 2 --ep 2` adds --sequence-parallel itself.
-    require(tp == 1 or args.sequence_parallel,
-             f"MoE with --tensor-model-parallel-size {tp} needs --sequence-parallel (Megatron's rule: the "
-             "dispatcher sends each tensor-parallel rank's own part of the sequence)")
+    # MoE at tp > 1 without --sequence-parallel is accepted here, as Megatron's validate_args
+    # accepts it: a training step cannot run it (moe_training_refusal), initialization can.
     # --swiglu gates the experts too (moe/experts.py), their width moe_ffn_hidden_size each half.
     if args.moe_ffn_hidden_size is None:
         args.moe_ffn_hidden_size = args.ffn_hidden_size
@@ -219,6 +216,35 @@ def validate_moe(args):
              f"the experts' ffn size {args.moe_ffn_hidden_size} (--moe-ffn-hidden-size, default "
              f"--ffn-hidden-size) is not divisible by --expert-tensor-parallel-size {etp}")
     validate_moe_router(args)
+
+
+def moe_training_refusal(args):
+    """The one line a training step of these flags is refused with, or None.
+
+    Megatron checks MoE against tensor parallelism late: its validate_args says nothing,
+    ModelParallelConfig only warns (and only with expert parallelism too), and MoELayer.forward
+    raises in training when tp > 1 without sequence parallelism, whatever ep is. The commands
+    that start a training step (pretrain, trace --steps) or predict one (estimate) refuse it
+    here, before any process starts, instead of at the first forward."""
+    tp = args.tensor_model_parallel_size
+    if args.num_experts is None or tp == 1 or args.sequence_parallel:
+        return None
+    return (f"MoE with --tensor-model-parallel-size {tp} trains only with --sequence-parallel: Megatron's MoE "
+            "layer raises at its first training forward without it (each tensor-parallel rank must route its "
+            "own part of the sequence); add --sequence-parallel")
+
+
+def moe_setup_warning(args):
+    """What an initialization-only run of the same flags prints instead, or None: Megatron's
+    setup warning where it gives one (expert and tensor parallelism), and what training would meet."""
+    if moe_training_refusal(args) is None:
+        return None
+    tp, ep = args.tensor_model_parallel_size, args.expert_model_parallel_size
+    said = ("Megatron warns at setup that training with expert and tensor parallelism needs sequence "
+            "parallelism" if ep > 1 else "Megatron says nothing at setup")
+    return (f"warning: MoE at --tensor-model-parallel-size {tp} without --sequence-parallel: {said}; "
+            "initialization runs, but a training step (--steps N) would be refused, as its MoE layer raises "
+            "at the first forward: add --sequence-parallel")
 
 
 # Flags that reach TransformerConfig under the same name (core_transformer_config_from_args).

@@ -49,6 +49,11 @@ class MoELayer(MegatronModule):
                                               "hidden_states": short_value(hidden_states),
                                               "local_experts": self.local_expert_indices})
     def forward(self, hidden_states):
+        # Megatron's check, where Megatron makes it: setup accepts these flags (minitron's
+        # commands refuse a training step of them first, arguments_features.moe_training_refusal).
+        if self.training and self.config.tensor_model_parallel_size > 1 and not self.config.sequence_parallel:
+            raise ValueError("MoELayer trains at tensor_model_parallel_size > 1 only with sequence_parallel: "
+                             "each tensor-parallel rank must route its own part of the sequence")
         # Megatron's order: the shared experts first (without overlap), then the routed ones.
         shared = self.shared_experts(hidden_states) if self.shared_experts is not None else None
         probs, routing_map = self.router(hidden_states)
