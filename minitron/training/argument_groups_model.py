@@ -107,3 +107,24 @@ def _add_moe_args(parser):
     g.add_argument("--moe-shared-expert-intermediate-size", type=POSITIVE, default=None,
                    help="width of an MLP every token goes through beside the routed experts "
                         "(n shared experts of width f: n x f)")
+
+
+def _add_fusion_args(parser):
+    """Megatron's kernel fusions (core/fusions/), compiled by torch.compile: opt-in here.
+
+    Megatron's command line turns the bias-GeLU, bias-SwiGLU and bias-dropout fusions on by default
+    and its --no-bias-gelu-fusion etc. turn them off; minitron's default is the readable unfused
+    ops, so those are accepted and change nothing (arguments_policy.py), and these spellings,
+    minitron's own for Megatron's dests, turn the fusions on.
+    """
+    g = parser.add_argument_group("fusions (opt-in: one compiled kernel where the default runs several ops)")
+    g.add_argument("--bias-gelu-fusion", action="store_true",
+                   help="fc1's bias + GeLU in one kernel (minitron's spelling of Megatron's dest "
+                        "bias_gelu_fusion, on by default there); without --swiglu")
+    g.add_argument("--bias-swiglu-fusion", action="store_true",
+                   help="fc1's bias + SwiGLU in one kernel (Megatron's dest bias_swiglu_fusion); with --swiglu")
+    g.add_argument("--bias-dropout-fusion", action="store_true",
+                   help="bias + dropout + residual add in one kernel (Megatron's dest bias_dropout_fusion)")
+    g.add_argument("--cross-entropy-loss-fusion", action="store_true",
+                   help="the vocab-parallel cross entropy from compiled pieces, one all-reduce fewer "
+                        "(Megatron's flag, off by default there too)")

@@ -20,6 +20,9 @@ from __future__ import annotations
 import argparse
 
 _FUSION = "a kernel fusion; minitron runs the unfused torch ops, which compute the same"
+# Megatron turns these three fusions on by default; the flag turns one off, which is minitron's default.
+_OPT_IN_FUSION = ("turns off a fusion that Megatron turns on by default; minitron's default is already the "
+                  "unfused torch ops (its opt-in is the flag without --no-)")
 _LOGGER = "a logger minitron lacks; its log is stdout, --log-jsonl and the trace"
 _PROFILER = "the GPU profiler; minitron's trace records every step instead"
 _ATTENTION = "chooses the attention kernel; minitron's is torch's"
@@ -31,12 +34,11 @@ NO_EFFECT = {
     "--attention-backend": (True, _ATTENTION),
     "--use-flash-attn": (False, _ATTENTION),
     "--no-masked-softmax-fusion": (False, _FUSION),
-    "--no-bias-gelu-fusion": (False, _FUSION),
-    "--no-bias-swiglu-fusion": (False, _FUSION),
-    "--no-bias-dropout-fusion": (False, _FUSION),
+    "--no-bias-gelu-fusion": (False, _OPT_IN_FUSION),
+    "--no-bias-swiglu-fusion": (False, _OPT_IN_FUSION),
+    "--no-bias-dropout-fusion": (False, _OPT_IN_FUSION),
     "--no-rope-fusion": (False, _FUSION),
     "--no-gradient-accumulation-fusion": (False, _FUSION),
-    "--cross-entropy-loss-fusion": (False, _FUSION),
     "--no-persist-layer-norm": (False, _FUSION),
     "--moe-shared-expert-overlap": (False, "runs the shared experts while the tokens travel; the same sum"),
     "--tensorboard-dir": (True, _LOGGER),

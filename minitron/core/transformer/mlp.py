@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from minitron.core.fusions.fused_bias_gelu import bias_gelu_impl
+from minitron.core.fusions.fused_bias_swiglu import bias_swiglu_impl
 from minitron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from minitron.core.transformer.module import MegatronModule
 from minitron.trace import traced
@@ -54,6 +56,9 @@ class MLP(MegatronModule):
     def forward(self, hidden_states):
         """[s, b, h] -> (output [s, b, h], bias): fc2's bias is left for the residual add."""
         intermediate, bias = self.linear_fc1(hidden_states)      # [s, b, ffn/p] (x2 if gated)
+        if self.config.bias_activation_fusion:   # opt-in: bias + activation as one compiled kernel
+            fused = bias_swiglu_impl if self.config.gated_linear_unit else bias_gelu_impl
+            return self.linear_fc2(fused(intermediate, bias))
         if bias is not None:
             # Megatron fuses bias + GeLU into one kernel. Adding in place gets most of that on
             # CPU: no second [s, b, ffn] tensor to allocate (and, for glibc, fault in) per

@@ -62,6 +62,9 @@ class ModelParallelConfig:
     # How context-parallel attention communicates: "p2p" (the ring) or "a2a" (Ulysses); one
     # for all layers, or a list with one per layer. None: p2p.
     cp_comm_type: str | list[str] | None = None
+    # --cross-entropy-loss-fusion: the loss from compiled pieces (core/fusions/fused_cross_entropy.py).
+    # Megatron keeps it here, in ModelParallelConfig, off by default.
+    cross_entropy_loss_fusion: bool = False
 
 
 # --8<-- [start:config]
@@ -101,6 +104,11 @@ class TransformerConfig(ModelParallelConfig):
     # --calculate-per-token-loss: the loss of a global batch is its summed token losses over its
     # token count (the schedules and finalize_model_grads divide), not a mean of micro-batch means.
     calculate_per_token_loss: bool = False
+
+    # Megatron's fusions (core/fusions/), compiled by jit_fuser. Off by default, as in Megatron's
+    # TransformerConfig (its command line turns the first two on; minitron's does not).
+    bias_activation_fusion: bool = False    # fc1's bias + GeLU (or SwiGLU) in one kernel
+    bias_dropout_fusion: bool = False       # bias + dropout + residual add in one kernel
 
     # Mixture of experts (moe/): None experts is a dense model. Megatron's field names.
     num_moe_experts: int | None = None
@@ -170,6 +178,10 @@ class TransformerConfig(ModelParallelConfig):
         if self.output_layer_init_method is None:
             self.output_layer_init_method = scaled_init_method_normal(self.init_method_std, self.num_layers)
         self._check_modern_options()
+        if self.bias_activation_fusion and (self.activation_func, self.gated_linear_unit) not in (
+                (F.gelu, False), (F.silu, True)):
+            raise ValueError("bias_activation_fusion fuses GeLU or SwiGLU (silu with gated_linear_unit): "
+                             "turn it off for another activation")
         if self.multi_latent_attention:
             self._check_mla()
 

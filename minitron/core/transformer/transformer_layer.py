@@ -13,8 +13,8 @@ dropouts and residual adds work on that part, and the parallel linears gather an
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from minitron.core.fusions.fused_bias_dropout import get_bias_dropout_add
 from minitron.core.transformer.attention import SelfAttention
 from minitron.core.transformer.mlp import MLP
 from minitron.core.transformer.module import MegatronModule
@@ -24,19 +24,6 @@ from minitron.core.transformer.torch_norm import WrappedTorchNorm
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
 from minitron.core.layer_patterns import moe_layer_pattern
-
-
-def bias_dropout_add(x_with_bias, residual, prob: float, training: bool):
-    """residual + dropout(x + bias): the end of each branch (Megatron fuses it into one kernel).
-
-    The dropout draws from whichever stream is current. Without sequence parallelism that is
-    the default stream, equal on every TP rank, so the replicated hidden states stay
-    identical; with it, the block runs on the model-parallel stream (see TransformerBlock).
-    """
-    x, bias = x_with_bias
-    if bias is not None:
-        x = x + bias
-    return residual + F.dropout(x, p=prob, training=training)
 
 
 def is_moe_layer(config, layer_number: int) -> bool:
@@ -60,12 +47,14 @@ class TransformerLayer(MegatronModule):
     @traced(args=lambda self, hidden_states, attention_mask=None, rotary_pos_emb=None: {
         "layer_number": self.layer_number, "hidden_states": short_value(hidden_states)})
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, rotary_pos_emb=None) -> torch.Tensor:
-        p, training = self.config.hidden_dropout, self.training
+        p = self.config.hidden_dropout
+        # residual + dropout(x + bias): plain ops, or one compiled kernel with --bias-dropout-fusion
+        bias_dropout_add = get_bias_dropout_add(self.training, self.config.bias_dropout_fusion)
         residual = hidden_states
         attention_out = self.self_attention(self.input_layernorm(hidden_states), attention_mask,
                                             rotary_pos_emb=rotary_pos_emb)
-        hidden_states = bias_dropout_add(attention_out, residual, p, training)
+        hidden_states = bias_dropout_add(attention_out, residual, p)
 
         residual = hidden_states
         mlp_out = self.mlp(self.pre_mlp_layernorm(hidden_states))
-        return bias_dropout_add(mlp_out, residual, p, training)
+        return bias_dropout_add(mlp_out, residual, p)

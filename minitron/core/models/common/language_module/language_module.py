@@ -15,6 +15,7 @@ import torch
 
 from minitron.accelerator import get_accelerator
 from minitron.core import parallel_state
+from minitron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
 from minitron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.utils import module_sharded_state_dict, tie_output_layer
@@ -24,7 +25,10 @@ class LanguageModule(MegatronModule):
 
     def compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """labels [b, s], this rank's logits [s, b, V/p] -> per-token loss [b, s]."""
-        loss = vocab_parallel_cross_entropy(logits, labels.transpose(0, 1).contiguous())
+        # --cross-entropy-loss-fusion: the same loss from compiled pieces (core/fusions/)
+        cross_entropy = (fused_vocab_parallel_cross_entropy if self.config.cross_entropy_loss_fusion
+                         else vocab_parallel_cross_entropy)
+        loss = cross_entropy(logits, labels.transpose(0, 1).contiguous())
         return loss.transpose(0, 1).contiguous()
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
