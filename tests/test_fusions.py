@@ -101,6 +101,7 @@ def _compiled_dropout_masks(rank: int) -> dict:
             for name, out in (("default", default), ("tracked", tracked))}
 
 
+@pytest.mark.stress   # inductor compiles on each rank: ~10 s warm, ~30 s on a cold cache
 def test_compiled_dropout_follows_the_tensor_parallel_streams():
     """Replicated activations stay replicated: on the default stream both TP ranks drop the same
     elements; on the model-parallel stream (sequence parallelism: each rank its own part) they differ."""
@@ -242,6 +243,7 @@ MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4
          "--seed", "7", "--distributed-backend", "gloo", "--tensor-model-parallel-size", "2"]
 
 
+@pytest.mark.stress   # inductor compiles on each rank: ~12 s warm, ~30 s on a cold cache
 def test_training_with_the_fusions_gives_the_unfused_losses(tmp_path):
     """tp 2 on two forked ranks (the fused cross entropy's all-reduce, the fusions on slices).
     Dropout off: a compiled dropout draws other random numbers than F.dropout."""
