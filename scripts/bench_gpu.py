@@ -10,7 +10,7 @@ compiled kernels:
 
 * minitron: `python -m minitron pretrain --world 1 --backend nccl --bf16 ... --mock-data`; its
   per-iteration times come from its own `--log-jsonl` records;
-* the plain loop written below (embedding, pre-LayerNorm blocks with one fused QKV projection
+* the plain loop of scripts/plain_gpt.py (embedding, pre-LayerNorm blocks with one fused QKV projection
   and torch's scaled_dot_product_attention, a GeLU MLP of 4h, the tied output layer, cross
   entropy, fused AdamW, bf16 autocast over fp32 parameters), eager;
 * the same loop under torch.compile.
@@ -115,50 +115,15 @@ def model_size(o) -> tuple[float, int]:
 
 
 # -- the plain loop ------------------------------------------------------------------------------
-def plain_gpt(vocab: int, o):
-    import torch
-    import torch.nn.functional as F
-
-    class Block(torch.nn.Module):
-        def __init__(self, h: int, heads: int):
-            super().__init__()
-            self.heads = heads
-            self.ln1, self.ln2 = torch.nn.LayerNorm(h), torch.nn.LayerNorm(h)
-            self.qkv, self.proj = torch.nn.Linear(h, 3 * h), torch.nn.Linear(h, h)
-            self.fc1, self.fc2 = torch.nn.Linear(h, 4 * h), torch.nn.Linear(4 * h, h)
-
-        def forward(self, x):   # [b, s, h]
-            b, s, h = x.shape
-            q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # flash attention on a GPU
-            x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
-            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-    class GPT(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            h = o.hidden_size
-            self.wte, self.wpe = torch.nn.Embedding(vocab, h), torch.nn.Embedding(o.seq_length, h)
-            self.blocks = torch.nn.ModuleList(Block(h, o.num_attention_heads) for _ in range(o.num_layers))
-            self.ln_f = torch.nn.LayerNorm(h)
-
-        def forward(self, tokens, labels):
-            x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1], device=tokens.device))
-            for block in self.blocks:
-                x = block(x)
-            logits = self.ln_f(x) @ self.wte.weight.t()   # the output layer is the embedding, tied
-            return F.cross_entropy(logits.float().view(-1, vocab), labels.reshape(-1))
-
-    return GPT()
-
-
 def plain_side(o, vocab: int, compiled: bool) -> dict:
     """The plain loop's times per iteration (seconds) and peak memory, in this process."""
     import torch
 
     torch.manual_seed(0)
     cuda = o.device == "cuda"
-    model = plain_gpt(vocab, o).to(o.device)
+    from plain_gpt import PlainGPT   # scripts/plain_gpt.py, beside this script (torch: lazy)
+
+    model = PlainGPT(vocab, o.hidden_size, o.num_layers, o.num_attention_heads, o.seq_length).to(o.device)
     step_model = torch.compile(model, backend="inductor" if cuda else "eager") if compiled else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=cuda)
     microbatches = o.global_batch_size // o.micro_batch_size

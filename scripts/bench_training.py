@@ -50,40 +50,10 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+
+from plain_gpt import PlainGPT   # scripts/plain_gpt.py: the model bench_gpu.py trains too
 
 BIN = Path(sys.executable).parent
-
-
-class Block(torch.nn.Module):
-    def __init__(self, h: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = torch.nn.LayerNorm(h), torch.nn.LayerNorm(h)
-        self.qkv, self.proj = torch.nn.Linear(h, 3 * h), torch.nn.Linear(h, h)
-        self.fc1, self.fc2 = torch.nn.Linear(h, 4 * h), torch.nn.Linear(4 * h, h)
-
-    def forward(self, x):  # [b, s, h]
-        b, s, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h)
-        x = x + self.proj(a)
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-
-class PlainGPT(torch.nn.Module):
-    def __init__(self, vocab: int, h: int, layers: int, heads: int, seq: int):
-        super().__init__()
-        self.wte, self.wpe = torch.nn.Embedding(vocab, h), torch.nn.Embedding(seq, h)
-        self.blocks = torch.nn.ModuleList(Block(h, heads) for _ in range(layers))
-        self.ln_f = torch.nn.LayerNorm(h)
-
-    def forward(self, tokens, labels):
-        x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1]))
-        for block in self.blocks:
-            x = block(x)
-        logits = self.ln_f(x) @ self.wte.weight.t()  # tied output layer
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1))
 
 
 def plain_iteration_times(o) -> list[float]:
