@@ -92,7 +92,10 @@ class DistributedDataParallel(MegatronModule):
         # The hook fires after autograd has accumulated a parameter's gradient into .grad
         # (once per backward, even when the parameter is used twice, as a tied embedding is).
         # Megatron reaches the same moment by hooking the parameter's AccumulateGrad node.
-        for param in params:
+        # Experts too: their buckets, like the dense ones, are launched from backward as soon
+        # as their last gradient is in (over the expert-data-parallel group), not left to
+        # finish_grad_sync.
+        for param in self.params_with_grad:
             param.register_post_accumulate_grad_hook(self._make_backward_post_hook())
         # --8<-- [end:hook]
         self.remove_forward_pre_hook_handles = {}
