@@ -18,10 +18,28 @@ buckets and the calls come in the same order everywhere, as collectives must.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from minitron import comm as dist   # as DeepSpeed's ZeRO: from deepspeed import comm as dist
 from minitron.trace import traced
+
+
+def weakly_bound(method):
+    """``method``, a bound method, as a parameter hook that holds its object weakly and does
+    nothing once the object is gone. A tensor's hooks are kept by torch's C++ side, where the
+    cyclic collector cannot look: a hook holding the ZeRO optimizer would close the cycle
+    parameter -> hook -> optimizer -> parameter, never freed, not even by gc.collect() (the
+    DDP's hooks hold it weakly for the same reason). DeepSpeed's hooks hold the optimizer, and
+    its process ends with the training; minitron's ranks may go on (tests, fake players)."""
+    method_ref = weakref.WeakMethod(method)
+
+    def hook(*args):
+        bound = method_ref()
+        if bound is not None:
+            bound(*args)
+    return hook
 
 
 class GradientBuckets:
@@ -31,7 +49,10 @@ class GradientBuckets:
     The last ones are waited for after backward (``finish``, DeepSpeed's epilogue)."""
 
     def __init__(self, optimizer, reduce_bucket_size: int, overlap_comm: bool = False):
-        self.opt, self.bucket_size, self.overlap_comm = optimizer, reduce_bucket_size, overlap_comm
+        # The optimizer holds these buckets (optimizer.buckets) and they hold it weakly: a
+        # plain cycle would wait for the collector's next full pass.
+        self._opt = weakref.ref(optimizer)
+        self.bucket_size, self.overlap_comm = reduce_bucket_size, overlap_comm
         self.params: list = []
         self.elements = 0
         self.in_flight: list = []   # launched buckets: (pieces I own, their sum, handles)
@@ -41,7 +62,11 @@ class GradientBuckets:
             for p in params:
                 self.where[p] = (i, offset)
                 offset += p.numel()
-                p.register_post_accumulate_grad_hook(self.grad_ready)
+                p.register_post_accumulate_grad_hook(weakly_bound(self.grad_ready))
+
+    @property
+    def opt(self):
+        return self._opt()
 
     def grad_ready(self, p: torch.Tensor) -> None:
         # Stage 1 (overlap_comm) reduces in backward only at the accumulation boundary: before

@@ -37,6 +37,7 @@ import torch
 
 from minitron import comm as dist   # as DeepSpeed's ZeRO: from deepspeed import comm as dist
 from minitron.accelerator import get_accelerator
+from minitron.runtime.zero.buckets import weakly_bound
 from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 from minitron.trace import traced
 
@@ -116,7 +117,7 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
             group["params"] = [master]
         for p in self._group_of:
             p.ds_status = AVAILABLE
-            p.register_post_accumulate_grad_hook(self._reduce_partition_and_release)
+            p.register_post_accumulate_grad_hook(weakly_bound(self._reduce_partition_and_release))
         self.release(list(self._group_of))
         self._hooks = []
         for m in module.modules():
