@@ -140,3 +140,67 @@ def test_a_damaged_torch_dist_checkpoint_is_one_line(saved, tmp_path):
     _restamp(where, meta, ".metadata")
     done = minitron_here("ckpt", "inspect", tmp_path / "planted")
     assert done.returncode == 2 and "builtins.print, which is not DCP's metadata" in done.stderr, done.stderr
+
+
+# --- MoE: the experts as Megatron-Core stores them (test_dist_ckpt_mcore.py holds them to it) ---
+MOE_SIZES = dict(num_moe_experts=4, moe_router_topk=2)
+EXPERT_FC1 = "decoder.layers.mlp.experts.experts.linear_fc1.weight"
+
+
+def build_moe(seed: int, grouped: bool = False) -> GPTModel:
+    torch.set_num_threads(1)
+    config = TransformerConfig(**SIZES, **MOE_SIZES, moe_grouped_gemm=grouped, init_seed=seed,
+                               activation_func=torch.nn.functional.silu)
+    model_parallel_cuda_manual_seed(seed)
+    return GPTModel(config, VOCAB, SEQ)
+
+
+def _load_moe_serially(where) -> tuple[dict, dict]:
+    def body(rank):
+        serial = _weights(build_moe(seed=1))
+        model = build_moe(seed=99)
+        model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), where), strict=True)
+        return serial, _weights(model)
+    return run_ranks(body, world_size=1)[0]
+
+
+def _assert_same(serial: dict, loaded: dict):
+    assert loaded.keys() == serial.keys()
+    for key, value in serial.items():
+        assert torch.equal(loaded[key], value), key
+
+
+def test_grouped_experts_saved_at_ep2_load_serially_as_sequential_ones(tmp_path):
+    """Expert-parallel rank 1's weight0 and weight1 are slices 2 and 3 of the expert axis."""
+    def body(rank):
+        model = build_moe(seed=1, grouped=True)
+        dist_checkpointing.save(model.sharded_state_dict(), tmp_path)
+        return {sh.key: sh.global_shape for sh in model.sharded_state_dict().values() if hasattr(sh, "global_shape")}
+    shapes = run_ranks(body, world_size=2, ep=2)[0]
+    # (layers, experts, [gate | up] of 2 x 32, h): one tensor for all four experts, as Megatron-Core's
+    assert shapes[EXPERT_FC1] == (2, 4, 64, 16) and not any("local_experts" in key for key in shapes)
+    _assert_same(*_load_moe_serially(tmp_path))
+
+
+def test_an_earlier_minitron_moe_checkpoint_still_loads(tmp_path):
+    """Before issue 35 minitron keyed each expert by its global index (no expert axis) and kept
+    an MoE layer's norms under their module names; such a checkpoint is read under today's keys."""
+    from minitron.core.dist_checkpointing import ShardedTensor
+
+    def body(rank):
+        model = build_moe(seed=1)
+        def changed(name):   # the experts and the MoE layers' norms (every layer is one here)
+            return name.startswith("decoder.layers.") and (".local_experts." in name or "layernorm." in name)
+        earlier = {name: sh for name, sh in model.sharded_state_dict().items() if not changed(name)}
+        num_layers = SIZES["num_layers"]
+        for name, param in model.state_dict().items():   # described as the earlier version did
+            if changed(name):
+                layer, rest = name.removeprefix("decoder.layers.").split(".", 1)
+                earlier[name] = ShardedTensor.from_rank_offsets(
+                    f"decoder.layers.{rest}", param, (0, int(layer), num_layers), prepend_axis_num=1)
+        dist_checkpointing.save(earlier, tmp_path)
+        return sorted(sh.key for sh in earlier.values())
+    keys = run_ranks(body, world_size=1)[0]
+    assert "decoder.layers.mlp.experts.local_experts.3.linear_fc2.weight" in keys and EXPERT_FC1 not in keys
+    assert "decoder.layers.pre_mlp_layernorm.weight" in keys
+    _assert_same(*_load_moe_serially(tmp_path))

@@ -30,7 +30,8 @@ PARTITION_DIM = {"word_embeddings.weight": 0, "output_layer.weight": 0,
                  "linear_qkv.weight": 0, "linear_qkv.bias": 0, "linear_fc1.weight": 0, "linear_fc1.bias": 0,
                  "linear_proj.weight": 1, "linear_fc2.weight": 1}
 OPTIMIZER = re.compile(r"^optimizer\.state\.[^.]+\.")
-EXPERT = re.compile(r"\.experts\.local_experts\.(\d+)\.")
+EXPERTS = ".mlp.experts.experts."                          # one tensor, an axis of all experts
+EARLIER_EXPERT = re.compile(r"\.experts\.local_experts\.(\d+)\.")   # an earlier minitron's: one per expert
 LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 
 
@@ -90,14 +91,19 @@ def wanted_pieces(key: str, shape: tuple[int, ...], args: dict, target: Target,
             return []
     elif not last:                             # output_layer, decoder.final_layernorm
         return []
-    expert = EXPERT.search(name)
-    if expert:   # keyed by its global index; cut by tp (the default --expert-tensor-parallel-size)
-        per_rank = args["num_experts"] // target.ep
-        if int(expert[1]) // per_rank != target.expert_rank(rank):
+    # Experts: an ep rank holds experts [j*E_local, (j+1)*E_local), on the axis after the layer
+    # axis (Megatron's), or, in an earlier minitron's checkpoint, by the index in the key; each
+    # is cut by tp (the default --expert-tensor-parallel-size).
+    expert_axis, earlier = (int(stacked) if EXPERTS in name else None), EARLIER_EXPERT.search(name)
+    if expert_axis is not None or earlier:
+        per_rank, ep_rank = args["num_experts"] // target.ep, target.expert_rank(rank)
+        if expert_axis is not None:
+            axes[expert_axis] = [(ep_rank * per_rank, (ep_rank + 1) * per_rank)]
+        elif int(earlier[1]) // per_rank != ep_rank:
             return []
     suffix = ".".join(name.split(".")[-2:])
     if suffix in PARTITION_DIM:
-        axis = PARTITION_DIM[suffix] + int(stacked)
+        axis = PARTITION_DIM[suffix] + int(stacked) + int(expert_axis is not None)
         size = shape[axis]
         if suffix in ("word_embeddings.weight", "output_layer.weight"):
             size = padded_vocab(args, target.tp)   # the target pads its vocabulary for its own tp

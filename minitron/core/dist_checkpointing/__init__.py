@@ -5,6 +5,7 @@ mapping.py        ShardedTensor, ShardedObject, ShardedTensorFactory: a local pi
 torch_dist.py     the bridge to torch.distributed.checkpoint (DCP), which writes and reads them
 serialization.py  save / load (Megatron's entry points)
 optimizer.py      the optimizer's state as ShardedTensors shaped like the parameters
+earlier_keys.py   checkpoints of earlier minitron versions (their MoE keys), read under today's
 """
 
 from minitron.core.dist_checkpointing.mapping import (  # noqa: F401 -- the package's names

@@ -21,6 +21,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
+from minitron.core.dist_checkpointing.earlier_keys import read_earlier_keys
 from minitron.core.dist_checkpointing.mapping import (
     CheckpointingException, ShardedObject, ShardedTensor, apply_factories, apply_factory_merges, is_main_replica,
     leaves, map_leaves,
@@ -106,7 +107,7 @@ def load(sharded_state_dict, checkpoint_dir, strict: bool = True, bytes_read: di
     checkpoint_dir = Path(checkpoint_dir)
     meta = read_dcp_metadata(checkpoint_dir)
     saved_sizes = {k: tuple(md.size) for k, md in meta.state_dict_metadata.items() if hasattr(md, "size")}
-    built = apply_factories(sharded_state_dict)
+    built = read_earlier_keys(apply_factories(sharded_state_dict), meta.state_dict_metadata)   # MoE's old names
     missing = sorted({sh.unique_key if isinstance(sh, ShardedObject) else sh.key for sh in leaves(built)
                       if isinstance(sh, (ShardedTensor, ShardedObject))} - set(meta.state_dict_metadata))
     if missing and strict:

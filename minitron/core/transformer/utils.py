@@ -7,7 +7,7 @@ A parallel layer already knows how its weight is cut: set_tensor_model_parallel_
 marks it (``tensor_model_parallel``, ``partition_dim``, ``partition_stride``), and experts
 carry ``allreduce = False``. So one default reads those marks for every module, and only the
 places whose *numbering* depends on the layout override it: the layer stack (global layer
-index), the tied output layer, the experts (global expert index).
+index), the tied output layer, the experts (an axis of all experts: moe/experts.py).
 
 Who writes what (replica ids, all zeros = the writer):
     tensor-parallel slice   (0, 0, dp rank)          each slice once, by data-parallel rank 0
@@ -103,10 +103,11 @@ def module_sharded_state_dict(module, prefix: str = "", sharded_offsets: tuple =
     return out
 
 
-# Megatron's local layer spec (gpt_layer_specs.py, sharded_state_dict_keys_map) stores a dense
-# layer's norms under the names Transformer Engine's fused norm+linear layers give them, so that a
+# Megatron's local layer spec (gpt_layer_specs.py, sharded_state_dict_keys_map) stores a layer's
+# norms under the names Transformer Engine's fused norm+linear layers give them, so that a dense
 # checkpoint reads the same with either spec. minitron keeps those names, and with them Megatron's
-# checkpoints and its own stay interchangeable.
+# checkpoints and its own stay interchangeable. (The local spec renames an MoE layer's norms too;
+# Megatron's TE spec keeps ``pre_mlp_layernorm.`` there, so its MoE checkpoints differ by that name.)
 LOCAL_SPEC_KEYS_MAP = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_",
                        "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
 
@@ -130,9 +131,10 @@ def block_sharded_state_dict(block, prefix: str = "", sharded_offsets: tuple = (
         # The dict keeps the module's own path (layers.<i>., as state_dict); the checkpoint key is global.
         layer_dict = sharded_state_dict_default(layer, f"{prefix}layers.{i}.", offsets, metadata)
         replace_prefix_for_sharding(layer_dict, f"{prefix}layers.{i}.", key)
-        if not hasattr(layer.mlp, "router"):   # a dense layer: Megatron's local spec renames its norms
-            for old, new in LOCAL_SPEC_KEYS_MAP.items():
-                replace_prefix_for_sharding(layer_dict, key + old, key + new)
+        # Dense and MoE layers alike: Megatron's local spec applies its map to both (its TE spec
+        # keeps an MoE layer's ``pre_mlp_layernorm.``, a separate norm there).
+        for old, new in LOCAL_SPEC_KEYS_MAP.items():
+            replace_prefix_for_sharding(layer_dict, key + old, key + new)
         out.update(layer_dict)
     for name, child in block.named_children():
         if child is not block.layers:
@@ -146,18 +148,6 @@ def replace_prefix_for_sharding(sharded: dict, old: str, new: str) -> dict:
         if sh.key.startswith(old):
             sh.key = new + sh.key[len(old):]
     return sharded
-
-
-def experts_sharded_state_dict(experts, prefix: str = "", sharded_offsets: tuple = (), metadata=None) -> dict:
-    """SequentialMLP: local expert i of expert-parallel rank j is global expert j * E_local + i;
-    keyed by that, an expert has one name at any expert-parallel size."""
-    out = {}
-    first = parallel_state.get_expert_model_parallel_rank() * experts.num_local_experts
-    for i, expert in enumerate(experts.local_experts):
-        expert_dict = sharded_state_dict_default(expert, f"{prefix}local_experts.{i}.", sharded_offsets, metadata)
-        out.update(replace_prefix_for_sharding(expert_dict, f"{prefix}local_experts.{i}.",
-                                               f"{prefix}local_experts.{first + i}."))
-    return out
 
 
 def tie_output_layer(sharded: dict, model, prefix: str = "") -> dict:

@@ -38,7 +38,7 @@ from minitron.core.tensor_parallel import divide, get_expert_parallel_rng_tracke
 from minitron.core.tensor_parallel.weight_init import init_device, initialize_affine_weight
 from minitron.core.transformer.mlp import mlp_activation
 from minitron.core.transformer.module import MegatronModule
-from minitron.core.transformer.utils import experts_sharded_state_dict
+from minitron.core.transformer.utils import replace_prefix_for_sharding, sharded_state_dict_default
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
@@ -87,6 +87,19 @@ def _expert_bias(size: int, config) -> torch.nn.Parameter | None:
     return bias
 
 
+def expert_sharded_offsets(sharded_offsets: tuple, num_local_experts: int, local_index: int) -> tuple:
+    """The offsets of local expert ``local_index``'s tensors in a checkpoint: one more axis, after
+    the layer axis, of all E experts. Megatron-Core stores the experts so (SequentialMLP's and
+    TEGroupedMLP's sharded_state_dict): ``mlp.experts.experts.linear_fc1.weight`` is one
+    (num_layers, E, ffn, h) tensor, and expert-parallel rank j holds slices [j*E_local,
+    (j+1)*E_local) of its expert axis. The key names no expert, so it is the same at any
+    expert-parallel size, and a reader at another ep takes other slices of the same tensor."""
+    ep, ep_rank = (parallel_state.get_expert_model_parallel_world_size(),
+                   parallel_state.get_expert_model_parallel_rank())
+    return (*sharded_offsets,
+            (len(sharded_offsets), ep_rank * num_local_experts + local_index, ep * num_local_experts))
+
+
 class ExpertLinear(torch.nn.Module):
     """A linear layer whose weight is this rank's slice of an expert's (and its bias, if any)."""
 
@@ -132,8 +145,15 @@ class SequentialMLP(MegatronModule):
         self.num_local_experts = num_local_experts
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
-        """Experts keyed by their global index: the same keys at any expert-parallel size."""
-        return experts_sharded_state_dict(self, prefix, sharded_offsets, metadata)
+        """Local expert i's ``local_experts.<i>.linear_fc1.weight`` becomes slice ``first + i``
+        of the one ``experts.linear_fc1.weight`` every expert shares (Megatron-Core's key)."""
+        out = {}
+        for i, expert in enumerate(self.local_experts):
+            local = f"{prefix}local_experts.{i}."
+            expert_dict = sharded_state_dict_default(
+                expert, local, expert_sharded_offsets(sharded_offsets, self.num_local_experts, i), metadata)
+            out.update(replace_prefix_for_sharding(expert_dict, local, f"{prefix}experts."))
+        return out
 
     @traced(args=lambda self, permuted_local_hidden_states, tokens_per_expert: {
         "tokens": short_value(permuted_local_hidden_states),

@@ -9,21 +9,21 @@ are cut off after fc2, so they change nothing: the same products as SequentialML
 
 The parameters are Megatron's TEGroupedMLP's: ``linear_fc1.weight0``, ``linear_fc1.weight1``, ...
 (one per local expert, each drawn exactly as SequentialMLP draws that expert's), so a run gives
-the same numbers with and without --moe-grouped-gemm. A torch_dist checkpoint keys them as
-SequentialMLP keys its experts (by global index), so the two are interchangeable, as
-Megatron's are: save with the grouped GEMM, resume without it, at another ep. Gated (--swiglu), each weight{i} of fc1 is that expert's [gate | up], cut
-by expert tp with stride 2 as SequentialMLP's is, and the gating runs on the last dimension of
-the whole block.
+the same numbers with and without --moe-grouped-gemm. A torch_dist checkpoint stores them as
+SequentialMLP stores its experts (one tensor per linear with an axis of all experts), so the two
+are interchangeable, as Megatron's are: save with the grouped GEMM, resume without it, at
+another ep. Gated (--swiglu), each weight{i} of fc1 is that expert's [gate | up], cut by expert
+tp with stride 2 as SequentialMLP's is, and the gating runs on the last dimension of the whole
+block.
 """
 
 from __future__ import annotations
 
 import torch
 
-from minitron.core import parallel_state
 from minitron.core.transformer.mlp import mlp_activation
 from minitron.core.transformer.module import MegatronModule
-from minitron.core.transformer.moe.experts import ExpertMLP, expert_init_rng
+from minitron.core.transformer.moe.experts import ExpertMLP, expert_init_rng, expert_sharded_offsets
 from minitron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
@@ -62,18 +62,18 @@ class GroupedMLP(MegatronModule):
         self.num_local_experts = num_local_experts
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
-        """weight{i} of each linear as SequentialMLP's ``local_experts.<global>.<linear>.weight``
-        (keyed by the global index, weight0 of expert-parallel rank j being expert j x E_local):
-        without that, every ep rank would write its own weight0 under one key."""
+        """weight{i} of each linear as SequentialMLP keys its expert i: slice ``first + i`` of the
+        expert axis of ``experts.<linear>.weight`` (Megatron-Core's TEGroupedMLP does the same,
+        so its grouped and sequential checkpoints read each other)."""
         out = {}
-        first = parallel_state.get_expert_model_parallel_rank() * self.num_local_experts
         for name in ("linear_fc1", "linear_fc2"):
+            key = f"{prefix}experts.{name}."
             for i in range(self.num_local_experts):
-                key = f"{prefix}local_experts.{first + i}.{name}."
+                offsets = expert_sharded_offsets(sharded_offsets, self.num_local_experts, i)
                 for kind in ("weight", "bias"):
                     tensor = getattr(getattr(self, name), f"{kind}{i}")
                     if tensor is not None:   # the marks (expert, tp slice, stride) say how to cut it
-                        sharded = make_sharded_tensors_for_checkpoint({kind: tensor}, key, sharded_offsets)
+                        sharded = make_sharded_tensors_for_checkpoint({kind: tensor}, key, offsets)
                         out[f"{prefix}{name}.{kind}{i}"] = sharded[key + kind]
         return out
 
