@@ -187,7 +187,8 @@ def test_bad_input_is_one_line_and_nothing_starts(name, argv, damage, words, tmp
 def test_the_untouched_checkpoint_passes_the_checks(saved, tmp_path):
     """The control: the same resume from an undamaged copy gets past every check (it fails
     later only because --train-iters 2 is already done, or not at all)."""
-    from minitron.training.checkpoint_files import check_resumable, read_metadata
+    from minitron.training.checkpoint_files import read_metadata
+    from minitron.training.checkpoint_resume import check_resumable
 
     meta = read_metadata(saved, 2)
     assert sorted(meta["files"]) == ["mp_rank_00_000/model_optim_rng.pt", "mp_rank_00_001/model_optim_rng.pt"]

@@ -224,7 +224,7 @@ def _validate_training(args):
                 f"convert) and --ckpt-convert-save DIR (where)")
     if args.load is not None:
         # torch-free: a --load is checked here, before any rank starts
-        from minitron.training.checkpoint_files import CheckpointError, check_resumable  # torch-free
+        from minitron.training.checkpoint_resume import CheckpointError, check_resumable  # torch-free
         try:
             check_resumable(args)
         except CheckpointError as exc:

@@ -40,7 +40,7 @@ from minitron.runtime.checkpoint.constants import (UNIVERSAL_CHECKPOINT_INFO, UN
 from minitron.runtime.checkpoint.shard_owner import owner, owner_mismatch, read_owner, stamp_owner
 from minitron.trace import traced
 from minitron.training.checkpoint_files import (  # noqa: F401 -- the torch-free half, re-exported
-    LAYOUT_KEYS, METADATA, TRACKER, CheckpointError, args_snapshot, atomic_write_text, check_resumable,
+    LAYOUT_KEYS, METADATA, TRACKER, CheckpointError, args_snapshot, atomic_write_text,
     file_digest, iteration_dir, load_problem, rank_dir, read_latest_iteration, read_metadata, verify_file,
 )
 from minitron.training.checkpointing_rng import get_rng_state, set_rng_state
