@@ -43,10 +43,22 @@ def _pretrain_then_look(argv):
             run_main(argv)
             freed = [ref() is None for ref in made]
             destroy_global_state(world=False)  # the harness leaves the world itself
-            return len(made), freed, _gloo_threads() - threads
+            return len(made), freed, gloo_threads_left(threads)
         finally:
             gc.enable()
     return body
+
+
+def gloo_threads_left(before: int, patience: float = 10.0) -> int:
+    """How many more gloo threads than ``before`` outlive their groups. A destroyed group's
+    thread ends on its own a moment later (later still on a loaded machine), so wait for the
+    count to come down; a thread that a leaked group keeps never does."""
+    import time
+
+    deadline = time.monotonic() + patience
+    while (left := _gloo_threads() - before) > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 def _gloo_threads() -> int:

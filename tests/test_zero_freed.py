@@ -31,7 +31,7 @@ def _pretrain_then_look(argv):
         from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
         from minitron.training.training import destroy_global_state
 
-        from test_ddp_freed import _gloo_threads
+        from test_ddp_freed import _gloo_threads, gloo_threads_left
 
         made = []
 
@@ -51,7 +51,7 @@ def _pretrain_then_look(argv):
             run_main(argv)
             alive = [type(ref()).__name__ for ref in made if ref() is not None]
             destroy_global_state(world=False)  # the harness leaves the world itself
-            return len(made), alive, _gloo_threads() - threads
+            return len(made), alive, gloo_threads_left(threads)
         finally:
             gc.enable()
     return body
