@@ -41,11 +41,14 @@ def _pretrain_then_look(argv):
         gc.disable()
         try:
             run_main(argv)
-            freed = [ref() is None for ref in made]
-            destroy_global_state(world=False)  # the harness leaves the world itself
-            return len(made), freed, gloo_threads_left(threads)
+            freed = [ref() is None for ref in made]   # by reference counting alone
         finally:
             gc.enable()
+        # The threads as a running program sees them, its collector on: before the fix the hooks
+        # kept the DDP, and its groups' threads, past any collection (torch's C++ side holds them).
+        gc.collect()
+        destroy_global_state(world=False)  # the harness leaves the world itself
+        return len(made), freed, gloo_threads_left(threads)
     return body
 
 

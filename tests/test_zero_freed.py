@@ -49,11 +49,12 @@ def _pretrain_then_look(argv):
         gc.disable()
         try:
             run_main(argv)
-            alive = [type(ref()).__name__ for ref in made if ref() is not None]
-            destroy_global_state(world=False)  # the harness leaves the world itself
-            return len(made), alive, gloo_threads_left(threads)
+            alive = [type(ref()).__name__ for ref in made if ref() is not None]   # reference counting alone
         finally:
             gc.enable()
+        gc.collect()   # then the threads as a running program sees them (as test_ddp_freed)
+        destroy_global_state(world=False)  # the harness leaves the world itself
+        return len(made), alive, gloo_threads_left(threads)
     return body
 
 
