@@ -25,12 +25,15 @@ def bench(*argv: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
+    """The whole benchmark at a tiny size: three sides in fresh interpreters, 10-17 s of the
+    README's test run, so the tests that read it run in .ci/run's stress stage."""
     out = tmp_path_factory.mktemp("bench") / "figures.json"
     done = bench("--cpu-smoke", "--json", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout, json.loads(out.read_text())
 
 
+@pytest.mark.stress
 def test_every_side_prints_its_figures(smoke):
     stdout, _ = smoke
     rows = {m[1]: m.groups()[1:] for m in map(ROW.match, stdout.splitlines()) if m}
@@ -43,6 +46,7 @@ def test_every_side_prints_its_figures(smoke):
         assert (mfu, memory) == ("n/a", "n/a")   # no GPU: no peak to divide by, no CUDA allocator
 
 
+@pytest.mark.stress
 def test_the_ratios_are_the_rows_tokens_per_second(smoke):
     stdout, figures = smoke
     ratios = dict(re.findall(rf"^ratio (minitron/\w+): ({NUMBER})x \(tokens/s\)$", stdout, re.M))
@@ -52,6 +56,7 @@ def test_the_ratios_are_the_rows_tokens_per_second(smoke):
                                                                abs=1e-3)
 
 
+@pytest.mark.stress
 def test_one_flop_count_for_all_sides_and_the_goals_stated(smoke):
     stdout, figures = smoke
     flops = figures["flops_per_iteration"]
