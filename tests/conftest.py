@@ -27,6 +27,15 @@ torch.set_num_threads(1)
 # not change: the tests compare runs, and every run now has the same single thread.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# This process computes on the CPU, on a machine with GPUs too: the tests that build layers and
+# tensors in it compare them with CPU tensors of their own, and the ranks it forks are CPU ranks
+# whatever it chose (a forked child cannot use CUDA). The tests marked gpu run `minitron` in
+# processes of their own, which choose their device by their backend as a user's would.
+from minitron.accelerator import set_accelerator  # noqa: E402 (after the thread settings above)
+from minitron.accelerator.cpu_accelerator import CPU_Accelerator  # noqa: E402
+
+set_accelerator(CPU_Accelerator())
+
 
 # --- two workers (pytest-xdist) --------------------------------------------------------------
 # The suite runs in two worker processes (`-n 2` in pyproject's addopts): half of its time is
