@@ -20,8 +20,10 @@ import torch
 
 from cli_here import run_minitron
 from distributed import pretrain_records, run_ranks
+from minitron.core.dist_checkpointing.file_owner import read_file_owner
 from minitron.runtime.checkpoint.shard_owner import owner, owner_mismatch, read_owner, stamp_owner
-from minitron.training.checkpoint_files import file_digest, iteration_dir
+from minitron.training.checkpoint_files import CheckpointError, file_digest, iteration_dir, read_metadata
+from minitron.training.checkpoint_files_dist import check_sharded_files
 
 MODEL = ["--tensor-model-parallel-size", "2", "--num-layers", "2", "--hidden-size", "16",
          "--num-attention-heads", "2", "--seq-length", "8", "--micro-batch-size", "1", "--global-batch-size", "2",
@@ -51,18 +53,32 @@ def _tag_dir(ck: Path, fmt: str) -> Path:
     return ck / "global_step1" if fmt == "deepspeed" else iteration_dir(ck, 1)
 
 
-def swap_and_resign(ck: Path, fmt: str) -> None:
+def resign(where: Path) -> None:
+    """Make metadata.json vouch for the files as they are now."""
+    meta = json.loads((where / "metadata.json").read_text())
+    for rel in meta["files"]:
+        meta["files"][rel] = {"bytes": (where / rel).stat().st_size, "sha256": file_digest(where / rel)}
+    (where / "metadata.json").write_text(json.dumps(meta, indent=1))
+
+
+def swap_and_resign(ck: Path, fmt: str, names: tuple[str, str] | None = None) -> None:
     """Swap the two files, then make metadata.json vouch for them again (DeepSpeed's layout has
     no checksums to redo)."""
     where = _tag_dir(ck, fmt)
-    a, b = (where / name for name in SWAPPED[fmt])
+    a, b = (where / name for name in names or SWAPPED[fmt])
     tmp = a.with_name("swap.tmp")
     os.replace(a, tmp), os.replace(b, a), os.replace(tmp, b)
     if fmt != "deepspeed":
-        meta = json.loads((where / "metadata.json").read_text())
-        for rel in meta["files"]:
-            meta["files"][rel] = {"bytes": (where / rel).stat().st_size, "sha256": file_digest(where / rel)}
-        (where / "metadata.json").write_text(json.dumps(meta, indent=1))
+        resign(where)
+
+
+def strip_distcp_owners(where: Path) -> None:
+    """Make the .distcp files what a save before the owner record wrote: DCP's items alone."""
+    for path in where.glob("*.distcp"):
+        record, end = read_file_owner(path)
+        assert record is not None, path
+        os.truncate(path, end)
+    resign(where)
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +172,53 @@ def test_deepspeed_partitions_swapped_between_data_parallel_ranks_are_refused_at
     for rank, said in enumerate(run_ranks(_zero_partitions_swapped(str(tmp_path)), world_size=2, tp=None)):
         assert said.startswith(f"rank {rank}: ") and "\n" not in said, said
         assert f"data-parallel rank {1 - rank} of 2, but sits where the shard of data-parallel rank {rank}" in said
+
+
+def _tp4() -> list[str]:
+    """MODEL at tensor-parallel size 4 (four heads, so that each rank has one), torch_dist."""
+    flags = list(MODEL)
+    for flag, value in (("--tensor-model-parallel-size", "4"), ("--num-attention-heads", "4")):
+        flags[flags.index(flag) + 1] = value
+    return flags + ["--ckpt-format", "torch_dist"]
+
+
+def test_same_sized_distcp_files_swapped_are_refused_by_their_owner_records(tmp_path):
+    """At tp 4, tensor ranks 1 and 2 write items of the same sizes in the same order (rank 0 alone
+    writes the replicated norms), so their .distcp files fit each other's byte ranges exactly:
+    only the owner record at each file's end tells them apart."""
+    ck = tmp_path / "ck"
+    pretrain_records(tmp_path / "first", 4, _tp4() + ["--exit-interval", "1", "--save", str(ck)])
+    where = iteration_dir(ck, 1)
+    assert (where / "__1_0.distcp").stat().st_size == (where / "__2_0.distcp").stat().st_size
+    assert [read_file_owner(where / f"__{r}_0.distcp")[0]["tensor_model_parallel_rank"] for r in range(4)] == \
+        [0, 1, 2, 3]
+    swap_and_resign(ck, "torch_dist", ("__1_0.distcp", "__2_0.distcp"))
+    done = run_minitron("pretrain", "--world", 4, "--log-dir", tmp_path / "logs", *_tp4(), "--load", ck)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    line = done.stderr.strip()
+    assert line.count("\n") == 0 and "Traceback" not in line, line
+    assert "__1_0.distcp holds the items of rank 2 (tensor rank 2 of 4)" in line, line
+    assert "rank 1's (tensor rank 1 of 4)" in line and "back where the save wrote it" in line, line
+    assert not (tmp_path / "logs").exists()   # nothing started
+    # Without the records (a checkpoint from before them) the swap fits every byte range: the gap
+    # the records close. Such a checkpoint makes no claim and passes, as it did.
+    strip_distcp_owners(where)
+    check_sharded_files(ck, 1, read_metadata(ck, 1))
+
+
+def test_a_torch_dist_checkpoint_without_owner_records_resumes_as_before(saved, tmp_path):
+    whole, ck, flags = saved["torch_dist"]
+    shutil.copytree(ck, tmp_path / "ck")
+    strip_distcp_owners(iteration_dir(tmp_path / "ck", 1))
+    rest = pretrain_records(tmp_path / "second", 2, MODEL + flags + ["--load", str(tmp_path / "ck")])
+    assert [r["lm_loss"] for r in rest] == [r["lm_loss"] for r in whole[1:]]
+
+
+def test_an_unsigned_distcp_file_among_signed_ones_is_refused(saved, tmp_path):
+    _, ck, _ = saved["torch_dist"]
+    shutil.copytree(ck, tmp_path / "ck")
+    where = iteration_dir(tmp_path / "ck", 1)
+    os.truncate(where / "__1_0.distcp", read_file_owner(where / "__1_0.distcp")[1])
+    resign(where)
+    with pytest.raises(CheckpointError, match=r"__1_0.distcp carries no owner record, but the other"):
+        check_sharded_files(tmp_path / "ck", 1, read_metadata(tmp_path / "ck", 1))

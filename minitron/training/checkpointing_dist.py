@@ -2,7 +2,8 @@
 
     SAVE/latest_checkpointed_iteration.txt   "40", moved last, atomically (as the legacy format)
     SAVE/iter_0000040/                        written as iter_0000040.tmp/, renamed when whole
-        .metadata, __<rank>_0.distcp          DCP: every global tensor's chunks, one file per rank
+        .metadata, __<rank>_0.distcp          DCP: every global tensor's chunks, one file per rank,
+                                              each signed by its writer (dist_checkpointing/file_owner.py)
         common.pt                             iteration, scheduler, optimizer's step, args
         metadata.json                         Megatron's backend line + the writing layout and
                                               each file's size and sha256 (checkpoint_files.py)
@@ -31,6 +32,7 @@ from minitron.core.dist_checkpointing.optimizer import (
     optimizer_sharded_state_dict, restore_optimizer_state, state_names,
 )
 from minitron.core.dist_checkpointing.serialization import BACKEND, CONFIG, load_common_state_dict, read_dcp_metadata
+from minitron.runtime.checkpoint.shard_owner import owner
 from minitron.training.checkpoint_files import (
     LAYOUT_KEYS, TRACKER, CheckpointError, args_snapshot, atomic_write_text, file_digest, iteration_dir,
 )
@@ -42,6 +44,18 @@ def _layout_cell() -> tuple[tuple[int, ...], tuple[int, ...]]:
              mpu.get_data_parallel_rank(with_context_parallel=True)),
             (mpu.get_pipeline_model_parallel_world_size(), mpu.get_tensor_model_parallel_world_size(),
              mpu.get_data_parallel_world_size(with_context_parallel=True)))
+
+
+def _file_owner() -> dict:
+    """Whose .distcp file this rank writes: its global rank (the rank in the file's name) and
+    its place in the saving layout, so that a refusal can say which shard sits where."""
+    record = owner(mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_world_size(),
+                   mpu.get_pipeline_model_parallel_rank(), mpu.get_pipeline_model_parallel_world_size(),
+                   mpu.get_expert_model_parallel_rank(), mpu.get_expert_model_parallel_world_size(),
+                   mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size())
+    return dict(record, rank=torch.distributed.get_rank(), world_size=torch.distributed.get_world_size(),
+                context_parallel_rank=mpu.get_context_parallel_rank(),
+                context_parallel_size=mpu.get_context_parallel_world_size())
 
 
 def _model_sharded(model) -> dict:
@@ -73,7 +87,7 @@ def save_checkpoint_dist(iteration: int, model, optimizer, opt_param_scheduler, 
                                              for g in optimizer.optimizer.param_groups],
                             "grad_scaler": optimizer.grad_scaler.state_dict()
                             if getattr(optimizer, "grad_scaler", None) is not None else None}}
-    dist_checkpointing.save(sharded, tmp, common)
+    dist_checkpointing.save(sharded, tmp, common, owner=_file_owner())
     if torch.distributed.get_rank() == 0:
         meta = dict(BACKEND, iteration=iteration, world_size=args.world_size,
                     data_parallel_size=args.data_parallel_size, **{k: getattr(args, k) for k in LAYOUT_KEYS})

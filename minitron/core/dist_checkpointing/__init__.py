@@ -6,6 +6,7 @@ torch_dist.py     the bridge to torch.distributed.checkpoint (DCP), which writes
 serialization.py  save / load (Megatron's entry points)
 optimizer.py      the optimizer's state as ShardedTensors shaped like the parameters
 earlier_keys.py   checkpoints of earlier minitron versions (their MoE keys), read under today's
+file_owner.py     each .distcp file signed by the rank that wrote it (checked before a load)
 """
 
 from minitron.core.dist_checkpointing.mapping import (  # noqa: F401 -- the package's names

@@ -4,7 +4,8 @@ A torch_dist checkpoint directory (Megatron's layout)::
 
     iter_0000040/
         .metadata            DCP's: every global tensor, its chunks, which file holds each
-        __0_0.distcp ...     one file per writing rank: that rank's main-replica chunks
+        __0_0.distcp ...     one file per writing rank: that rank's main-replica chunks, then
+                             (minitron's) its owner record, which DCP never reads (file_owner.py)
         common.pt            what is not sharded (iteration, scheduler, args): rank 0's
         metadata.json        {"sharded_backend": "torch_dist", ...}: which reader to use
 
@@ -22,6 +23,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from minitron.core.dist_checkpointing.earlier_keys import read_earlier_keys
+from minitron.core.dist_checkpointing.file_owner import append_file_owner
 from minitron.core.dist_checkpointing.mapping import (
     CheckpointingException, ShardedObject, ShardedTensor, apply_factories, apply_factory_merges, is_main_replica,
     leaves, map_leaves,
@@ -74,14 +76,20 @@ def _to_dcp(sharded_state_dict, saving: bool, saved_sizes: dict | None = None) -
     return flat
 
 
-def save(sharded_state_dict, checkpoint_dir, common_state_dict: dict | None = None) -> None:
-    """Write this rank's main-replica chunks; rank 0 also writes common.pt and metadata.json."""
+def save(sharded_state_dict, checkpoint_dir, common_state_dict: dict | None = None,
+         owner: dict | None = None) -> None:
+    """Write this rank's main-replica chunks; rank 0 also writes common.pt and metadata.json.
+    ``owner``, if given, is appended to this rank's .distcp file as whose it is (file_owner.py)."""
     checkpoint_dir = Path(checkpoint_dir)
     flat = _to_dcp(apply_factories(sharded_state_dict), saving=True)
     # flatten_state_dict=False: our dict is flat already, and an object (a dict of RNG states)
     # must stay one value under its key, not be taken apart into one entry per field.
     dcp.save(flat, storage_writer=dcp.FileSystemWriter(checkpoint_dir, thread_count=1),
              planner=DefaultSavePlanner(flatten_state_dict=False))
+    if owner is not None:
+        # thread_count=1: one file per rank, named by DCP after the rank (file_owner.writer_rank).
+        for path in checkpoint_dir.glob(f"__{torch.distributed.get_rank()}_*.distcp"):
+            append_file_owner(path, owner)
     if torch.distributed.get_rank() == 0:
         torch.save(common_state_dict or {}, checkpoint_dir / COMMON)
         (checkpoint_dir / CONFIG).write_text(json.dumps(BACKEND))
