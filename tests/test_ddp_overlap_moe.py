@@ -16,6 +16,7 @@ import pytest
 from distributed import pretrain_records
 from minitron.launcher import LaunchConfig, RankFailure, Target, launch, session_env
 from minitron.trace.reader import load_trace
+from test_ddp_overlap import _ancestors   # a record's callers, innermost first
 
 MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "1e-2",
        "--moe-token-dispatcher-type", "alltoall", "--expert-model-parallel-size", "2"]
@@ -50,14 +51,6 @@ def traced_run(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
     return [r["lm_loss"] for r in pretrain_records(tmp_path_factory.mktemp("plain") / "run", WORLD, MODEL)]
-
-
-def _ancestors(record, by_id):
-    names = []
-    while record.get("parent") in by_id:
-        record = by_id[record["parent"]]
-        names.append(record["name"].rsplit(".", 1)[-1])
-    return names
 
 
 def test_expert_overlap_keeps_the_losses(plain, traced_run):
