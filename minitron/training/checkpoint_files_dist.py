@@ -60,6 +60,8 @@ def _owner_problem(where, owners: dict, meta: dict) -> str | None:
     file name -> (its owner record or None, where its items end). DCP reads rank r's items from
     the file named __r_0.distcp, so a record naming another rank means the files were moved;
     a file without a record among signed ones came from elsewhere (an older save)."""
+    # lazy, both torch-free modules: their packages' __init__ import torch, which this check,
+    # run before any rank starts, reaches only after every torch-free refusal
     from minitron.core.dist_checkpointing.file_owner import writer_rank
     from minitron.runtime.checkpoint.shard_owner import describe
     by_rank = {rec.get("rank"): rec for rec, _ in owners.values() if rec}
