@@ -96,7 +96,7 @@ def destroy_global_state(world: bool = True) -> None:
     thread has already waited for: it drops it when it next gets the GIL, and dropping a tensor
     Python no longer holds needs the GIL. A worker that asks for the GIL while the interpreter
     is shutting down is ended by it in the middle of a C++ destructor, which is
-    "terminate called without an active exception" (SIGABRT): 2 runs in 6 of a 4-rank
+    "terminate called without an active exception" (SIGABRT): 5 runs in 12 of a 4-rank
     torchrun job here. Destroying a group waits for its work to drain and joins its threads.
     """
     unset_global_variables()
