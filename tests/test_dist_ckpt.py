@@ -204,3 +204,41 @@ def test_an_earlier_minitron_moe_checkpoint_still_loads(tmp_path):
     assert "decoder.layers.mlp.experts.local_experts.3.linear_fc2.weight" in keys and EXPERT_FC1 not in keys
     assert "decoder.layers.pre_mlp_layernorm.weight" in keys
     _assert_same(*_load_moe_serially(tmp_path))
+
+
+MLA_SIZES = dict(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
+                 multi_latent_attention=True, kv_lora_rank=12, qk_head_dim=8, qk_pos_emb_head_dim=4,
+                 v_head_dim=6, q_lora_rank=10, normalization="RMSNorm")
+
+
+def build_mla(seed: int) -> GPTModel:
+    torch.set_num_threads(1)
+    model_parallel_cuda_manual_seed(seed)
+    return GPTModel(TransformerConfig(**MLA_SIZES, init_seed=seed), VOCAB, SEQ, position_embedding_type="rope")
+
+
+def test_an_mla_layer_keeps_its_norm_names_and_an_earlier_checkpoint_still_loads(tmp_path):
+    """Megatron's MLA layer spec keeps ``input_layernorm.``/``pre_mlp_layernorm.`` (only its dense
+    spec renames them after TE's fused layers; tests/test_mcore_mla.py holds the keys against it).
+    Earlier minitron renamed them as a dense layer's: such a checkpoint is read under today's keys."""
+    from dataclasses import replace
+
+    def body(rank):
+        model = build_mla(seed=1)
+        today = sorted(sh.key for sh in model.sharded_state_dict().values())
+        renamed = {".input_layernorm.": ".self_attention.linear_qkv.layer_norm_",
+                   ".pre_mlp_layernorm.": ".mlp.linear_fc1.layer_norm_"}
+        earlier = {}
+        for name, sh in model.sharded_state_dict().items():
+            for old, new in renamed.items():
+                if sh.key.startswith("decoder.layers.") and old in sh.key:
+                    sh = replace(sh, key=sh.key.replace(old, new))
+            earlier[name] = sh
+        dist_checkpointing.save(earlier, tmp_path)
+        serial = _weights(model)
+        other = build_mla(seed=99)
+        other.load_state_dict(dist_checkpointing.load(other.sharded_state_dict(), tmp_path), strict=True)
+        return today, serial, _weights(other)
+    today, serial, loaded = run_ranks(body, world_size=1)[0]
+    assert "decoder.layers.input_layernorm.weight" in today and "decoder.layers.pre_mlp_layernorm.weight" in today
+    _assert_same(serial, loaded)

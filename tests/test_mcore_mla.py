@@ -69,3 +69,16 @@ def test_mla_logits_and_state_dict_equal_megatron_cores(one_rank, name):
     assert mine == megatrons, f"{name}: state_dict names/shapes differ: {set(mine) ^ set(megatrons)}"
     theirs.load_state_dict(ours.state_dict(), strict=False)
     assert_same_logits(name, ours, theirs)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_mla_checkpoint_keys_equal_megatron_cores(one_rank, name):
+    """torch_dist's keys (sharded_state_dict): Megatron's local MLA spec keeps ``input_layernorm.``
+    and ``pre_mlp_layernorm.`` (its dense spec renames them after TE's fused layers; the MLA one
+    has no such map), so a minitron MLA checkpoint must keep them too for Megatron to read it."""
+    ours, theirs = _models(*CASES[name])
+
+    def keys(sharded):   # the checkpoint's keys (each piece's .key), not the dict's module paths
+        return {v.key for v in sharded.values() if not v.key.endswith("_extra_state")}
+    mine, megatrons = keys(ours.sharded_state_dict()), keys(theirs.sharded_state_dict())
+    assert mine == megatrons, f"{name}: only minitron's {sorted(mine - megatrons)}; only Megatron's {sorted(megatrons - mine)}"

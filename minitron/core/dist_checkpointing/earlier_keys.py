@@ -8,6 +8,9 @@ Until issue 35, minitron stored an MoE layer in names of its own, not Megatron-C
     decoder.layers.self_attention.linear_qkv.layer_norm_  decoder.layers.input_layernorm.  (MoE layers)
     decoder.layers.mlp.linear_fc1.layer_norm_             decoder.layers.pre_mlp_layernorm.  (MoE layers)
 
+and a multi-latent-attention layer's norms the other way round: Megatron's MLA spec keeps
+``input_layernorm.`` and ``pre_mlp_layernorm.``, which earlier minitron renamed as a dense layer's.
+
 Both hold the same numbers: expert e's piece of the stacked tensor is the earlier per-expert
 tensor. So a piece the checkpoint lacks under its key is asked for under the earlier one, when
 the checkpoint has that: no conversion step, and a checkpoint of today's keys is never touched.
@@ -22,8 +25,10 @@ from dataclasses import replace
 from minitron.core.dist_checkpointing.mapping import ShardedTensor, map_leaves
 
 _EXPERTS = re.compile(r"\.mlp\.experts\.experts\.")
-_NORMS = ((".self_attention.linear_qkv.layer_norm_", ".input_layernorm."),
-          (".mlp.linear_fc1.layer_norm_", ".pre_mlp_layernorm."))
+_NORMS = ((".self_attention.linear_qkv.layer_norm_", ".input_layernorm."),   # MoE layers
+          (".mlp.linear_fc1.layer_norm_", ".pre_mlp_layernorm."),
+          (".input_layernorm.", ".self_attention.linear_qkv.layer_norm_"),      # MLA layers
+          (".pre_mlp_layernorm.", ".mlp.linear_fc1.layer_norm_"))
 
 
 def earlier_form(sh: ShardedTensor) -> ShardedTensor | None:

@@ -107,7 +107,8 @@ def module_sharded_state_dict(module, prefix: str = "", sharded_offsets: tuple =
 # norms under the names Transformer Engine's fused norm+linear layers give them, so that a dense
 # checkpoint reads the same with either spec. minitron keeps those names, and with them Megatron's
 # checkpoints and its own stay interchangeable. (The local spec renames an MoE layer's norms too;
-# Megatron's TE spec keeps ``pre_mlp_layernorm.`` there, so its MoE checkpoints differ by that name.)
+# Megatron's TE spec keeps ``pre_mlp_layernorm.`` there, so its MoE checkpoints differ by that name.
+# Its MLA spec has no such map: a multi-latent-attention layer keeps both names.)
 LOCAL_SPEC_KEYS_MAP = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_",
                        "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
 
@@ -132,9 +133,10 @@ def block_sharded_state_dict(block, prefix: str = "", sharded_offsets: tuple = (
         layer_dict = sharded_state_dict_default(layer, f"{prefix}layers.{i}.", offsets, metadata)
         replace_prefix_for_sharding(layer_dict, f"{prefix}layers.{i}.", key)
         # Dense and MoE layers alike: Megatron's local spec applies its map to both (its TE spec
-        # keeps an MoE layer's ``pre_mlp_layernorm.``, a separate norm there).
-        for old, new in LOCAL_SPEC_KEYS_MAP.items():
-            replace_prefix_for_sharding(layer_dict, key + old, key + new)
+        # keeps an MoE layer's ``pre_mlp_layernorm.``, a separate norm there); MLA layers, none.
+        if not block.config.multi_latent_attention:
+            for old, new in LOCAL_SPEC_KEYS_MAP.items():
+                replace_prefix_for_sharding(layer_dict, key + old, key + new)
         out.update(layer_dict)
     for name, child in block.named_children():
         if child is not block.layers:
