@@ -23,20 +23,12 @@ MODEL = ["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2
 def _pretrain_then_look(argv):
     def body(rank):
         import gc
-        import weakref
 
         from minitron.core.distributed import DistributedDataParallel
         from minitron.pretrain_gpt import run_main
         from minitron.training.training import destroy_global_state
 
-        made = []
-        init = DistributedDataParallel.__init__
-
-        def recording_init(self, *args, **kwargs):  # this forked rank's class: no one else sees it
-            init(self, *args, **kwargs)
-            made.append(weakref.ref(self))
-
-        DistributedDataParallel.__init__ = recording_init
+        made = record_instances(DistributedDataParallel)
         threads = _gloo_threads()
         gc.disable()
         try:
@@ -50,6 +42,20 @@ def _pretrain_then_look(argv):
         destroy_global_state(world=False)  # the harness leaves the world itself
         return len(made), freed, gloo_threads_left(threads)
     return body
+
+
+def record_instances(*classes) -> list:
+    """A weakref to every instance of ``classes`` made from now on in this process (a forked
+    rank: its classes are its own, so no one else sees the change)."""
+    import weakref
+
+    made = []
+    for cls in classes:
+        def recording_init(self, *args, __init=cls.__init__, **kwargs):
+            __init(self, *args, **kwargs)
+            made.append(weakref.ref(self))
+        cls.__init__ = recording_init
+    return made
 
 
 def gloo_threads_left(before: int, patience: float = 10.0) -> int:

@@ -23,7 +23,6 @@ MODEL = ["--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2
 def _pretrain_then_look(argv):
     def body(rank):
         import gc
-        import weakref
 
         from minitron.pretrain_gpt import run_main
         from minitron.runtime.engine import DeepSpeedEngine
@@ -31,18 +30,9 @@ def _pretrain_then_look(argv):
         from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
         from minitron.training.training import destroy_global_state
 
-        made = []
+        from test_ddp_freed import record_instances
 
-        def recording(cls):   # this forked rank's classes: no one else sees the change
-            init = cls.__init__
-
-            def recording_init(self, *args, **kwargs):
-                init(self, *args, **kwargs)
-                made.append(weakref.ref(self))
-            cls.__init__ = recording_init
-
-        for cls in (DeepSpeedEngine, DeepSpeedZeroOptimizer, DeepSpeedZeroOptimizer_Stage3):
-            recording(cls)
+        made = record_instances(DeepSpeedEngine, DeepSpeedZeroOptimizer, DeepSpeedZeroOptimizer_Stage3)
         gc.disable()
         try:
             run_main(argv)
