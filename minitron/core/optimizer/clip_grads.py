@@ -27,10 +27,9 @@ from minitron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from minitron.trace import traced
 
 
-def reduction_device(tensors, group=None) -> torch.device:
+def reduction_device(tensors) -> torch.device:
     """Where a statistic's all-reduce buffer must live: with the tensors, or (a rank holding
-    none) on the rank's device, the one its backend reduces (NCCL: only GPU memory). ``group``
-    is the caller's for symmetry; the accelerator already answers for the backend."""
+    none) on the rank's device, the one its backend reduces (NCCL: only GPU memory)."""
     for tensor in tensors:
         if tensor is not None:
             return tensor.device
@@ -50,7 +49,7 @@ def get_grad_norm_fp32(grads_for_norm, norm_type: float = 2,
     if isinstance(grads_for_norm, torch.Tensor):
         grads_for_norm = [grads_for_norm]
     norm_type = float(norm_type)
-    device = reduction_device(grads_for_norm, grad_stats_parallel_group)
+    device = reduction_device(grads_for_norm)
     if norm_type == math.inf:
         # The max over ranks of the max on each rank.
         total = torch.zeros(1, dtype=torch.float32, device=device)
@@ -81,7 +80,7 @@ def count_zeros_fp32(parameters, grad_stats_parallel_group) -> float:
     """How many gradient entries are exactly zero, model-wide, each value counted once."""
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
-    device = reduction_device([p.grad for p in parameters], grad_stats_parallel_group)
+    device = reduction_device([p.grad for p in parameters])
     total = torch.zeros(1, dtype=torch.float32, device=device)
     for param in parameters:
         if param.grad is not None and param_is_not_shared(param) and param_is_not_tensor_parallel_duplicate(param):

@@ -206,7 +206,7 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
 
     def _unscale_main_grads_and_check_for_nan(self) -> bool:
         main_grads = self._collect_main_grad_data_for_unscaling()
-        device = reduction_device(main_grads, self.get_grad_stats_parallel_group())
+        device = reduction_device(main_grads)
         found_inf = torch.zeros(1, dtype=torch.float32, device=device)
         if main_grads:
             # One fused pass: grads *= 1/S, and found_inf = 1 if any entry is Inf or NaN.
