@@ -15,6 +15,7 @@ from contextlib import ExitStack, contextmanager
 
 from minitron.accelerator import get_accelerator
 from minitron.core import parallel_state as mpu
+from minitron.core.pipeline_parallel.schedules import get_model_config
 from minitron.core.transformer.module import Float16Module
 from minitron.trace import traced
 from minitron.training.checkpointing import convert_checkpoint, load_checkpoint
@@ -118,7 +119,7 @@ def setup_model_and_optimizer(model_provider_func, model_type):
     opt_param_scheduler = get_optimizer_param_scheduler(optimizer)
 
     # The schedules reach the optimizer and DDP through the model's config, as in Megatron.
-    model_config = model[0].config if hasattr(model[0], "config") else model[0].module.config
+    model_config = get_model_config(model[0])
     model_config.grad_scale_func = optimizer.scale_loss
     model_config.no_sync_func = model[0].no_sync if len(model) == 1 else _no_sync_all(model)
     # lazy, as DDP in get_model; from the submodule itself: once anything has imported the

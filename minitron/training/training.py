@@ -23,6 +23,7 @@ from minitron.core import parallel_state as mpu
 from minitron.core.layer_patterns import moe_layer_pattern
 from minitron.core.num_microbatches_calculator import get_num_microbatches, update_num_microbatches
 from minitron.core.pipeline_parallel import get_forward_backward_func
+from minitron.core.pipeline_parallel.schedules import get_model_config
 from minitron.core.transformer.moe.moe_logging import logged_losses, track_moe_metrics
 from minitron.trace import traced
 from minitron.training.global_vars import get_args, get_timers, get_tokenizer, unset_global_variables
@@ -83,7 +84,7 @@ def _unlink_model_config(model) -> None:
     closes a cycle (config -> DDP -> module -> config). Such a model, its buffers and its DDP's
     data-parallel groups (gloo's threads) lived on after destroy_global_state, until the cyclic
     collector's next full pass. Megatron needs no such step: its process ends with pretrain."""
-    config = model[0].config if hasattr(model[0], "config") else model[0].module.config
+    config = get_model_config(model[0])
     config.no_sync_func = config.grad_scale_func = None
 
 
