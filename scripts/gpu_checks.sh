@@ -8,7 +8,7 @@
 # wheels in the checkout's git-ignored .whl/ folder, installed into a scratch folder here.
 # minitron runs from the checkout (PYTHONPATH), not installed.
 #
-# Each step has its own time limit, so the whole stays within about 8 minutes; a step that
+# Each step has its own time limit, so the whole stays within about 7 minutes; a step that
 # fails or runs out of time is recorded and the next one runs. Every step's output lands in
 # $OUT/<step>.log, and $OUT/summary.txt has one line per step: its name, exit code, seconds.
 # The benchmark comes first: it is the figure the machine is lent for.
@@ -35,15 +35,15 @@ step() {
     printf '%-16s exit %3d  %4d s\n' "$name" "$rc" $((SECONDS - started)) | tee -a "$OUT/summary.txt"
 }
 
-step machine 30 bash -c 'nvidia-smi; python3 -c "import torch, sys; print(sys.version); print(torch.__version__, \
+step machine 20 bash -c 'nvidia-smi; python3 -c "import torch, sys; print(sys.version); print(torch.__version__, \
 torch.version.cuda, torch.cuda.nccl.version(), torch.cuda.device_count(), torch.cuda.get_device_name())"'
 
-step bench 270 python3 scripts/bench_gpu.py --json "$OUT/bench.json"
+step bench 200 python3 scripts/bench_gpu.py --iters 8 --json "$OUT/bench.json"
 
 # The test files that hold tests marked gpu: collecting the whole suite would need the dev
 # extra's packages (mkdocs, hypothesis), which this machine lacks.
 mapfile -t GPU_TESTS < <(grep -l "mark.gpu" tests/test_*.py)
-step pytest-gpu 120 python3 -m pytest -p no:cacheprovider -n 0 -q -m gpu "${GPU_TESTS[@]}"
+step pytest-gpu 110 python3 -m pytest -p no:cacheprovider -n 0 -q -m gpu "${GPU_TESTS[@]}"
 
 # The README's one-machine commands (the first bash block of its "On GPUs" section), as they
 # are written there, and its GPT=... flags alone; `minitron` is the checkout's, through python3 -m.
@@ -55,11 +55,11 @@ block = re.search(r"```bash\n(.*?)\n```", section[: section.index("\n## ", 1)], 
 open(f"{sys.argv[1]}/readme_gpu_commands.sh", "w").write(block + "\n")
 open(f"{sys.argv[1]}/readme_gpt_flags.sh", "w").write(block[: block.index("\nminitron ")] + "\n")
 EOF
-step readme-gpu 90 bash -c 'minitron() { python3 -m minitron "$@"; }; set -e; source "$0"' \
+step readme-gpu 50 bash -c 'minitron() { python3 -m minitron "$@"; }; set -e; source "$0"' \
     "$OUT/readme_gpu_commands.sh"
 
 # The README's torchrun command on this one node: --nnodes 1, every GPU here, no tensor parallelism.
-step torchrun 90 bash -c 'source "$0"; torchrun --nnodes 1 --node-rank 0 \
+step torchrun 50 bash -c 'source "$0"; torchrun --nnodes 1 --node-rank 0 \
     --nproc-per-node "$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)" \
     --master-addr 127.0.0.1 --master-port 29500 -m minitron.pretrain_gpt $GPT --distributed-backend nccl' \
     "$OUT/readme_gpt_flags.sh"
