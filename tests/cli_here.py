@@ -11,8 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-# The executable the venv's install made, beside this interpreter.
+# The executable the venv's install made, beside this interpreter. Where the checkout runs
+# uninstalled (the GPU machine: minitron on PYTHONPATH, no console script), the same entry
+# point through the interpreter.
 MINITRON = str(Path(sys.executable).parent / "minitron")
+MINITRON_CMD = [MINITRON] if Path(MINITRON).exists() else [sys.executable, "-m", "minitron"]
 
 
 def run_minitron(*argv, cwd=None, env=None, timeout: float = 120, here: bool = False) -> subprocess.CompletedProcess:
@@ -25,7 +28,7 @@ def run_minitron(*argv, cwd=None, env=None, timeout: float = 120, here: bool = F
         env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     if here:
         return minitron_here(*argv, cwd=cwd, env=env)
-    return subprocess.run([MINITRON, *map(str, argv)], capture_output=True, text=True, cwd=cwd, env=env,
+    return subprocess.run([*MINITRON_CMD, *map(str, argv)], capture_output=True, text=True, cwd=cwd, env=env,
                           timeout=timeout)
 
 
