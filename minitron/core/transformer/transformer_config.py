@@ -144,6 +144,12 @@ class TransformerConfig(ModelParallelConfig):
     rope_type: str = "rope"                 # Megatron's MLA default is "yarn", which minitron lacks
     rotary_base: float = 10000              # MLA builds its own rope from these two
     rotary_percent: float = 1.0
+    # Mamba-2 layers of a hybrid model (core/ssm/), Megatron's names and defaults
+    is_hybrid_model: bool = False           # the stack follows a hybrid layer pattern (pretrain_hybrid)
+    mamba_state_dim: int = 128              # n: the state each head keeps per channel
+    mamba_head_dim: int = 64                # p: channels per Mamba head
+    mamba_num_groups: int = 8               # heads sharing one B and C (like query groups)
+    mamba_num_heads: int | None = None      # None: 2 * hidden_size // mamba_head_dim
 
     def __post_init__(self):
         for name in ("num_layers", "hidden_size", "num_attention_heads", "tensor_model_parallel_size",
@@ -164,7 +170,8 @@ class TransformerConfig(ModelParallelConfig):
         if self.ffn_hidden_size % tp:
             raise ValueError(f"ffn_hidden_size {self.ffn_hidden_size} is not divisible by "
                              f"tensor_model_parallel_size {tp}")
-        if self.num_layers % self.pipeline_model_parallel_size:
+        if self.num_layers % self.pipeline_model_parallel_size and not self.is_hybrid_model:
+            # (a hybrid pattern's '|' separators may cut it unevenly: core/ssm/ checks those)
             raise ValueError(f"num_layers {self.num_layers} is not divisible by "
                              f"pipeline_model_parallel_size {self.pipeline_model_parallel_size}")
         for name in ("hidden_dropout", "attention_dropout"):
