@@ -271,9 +271,7 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
                               ("timeout-huge", "--distributed-timeout-minutes 2147483647",
                                ("--distributed-timeout-minutes", "at most 1,000,000")),
                               ("both-lengths", "--train-samples 4", ("--train-iters", "--train-samples")),
-                              ("min-lr", "--min-lr 0.1", ("--min-lr",)),
-                              ("eval-iters", "--eval-interval 2 --eval-iters 0", ("--eval-iters",)),
-                              ("save-interval", "--save-interval 2", ("--save",))]:
+                              ("min-lr", "--min-lr 0.1", ("--min-lr",))]:
         add(f"pretrain-{cid}", f"pretrain --world 1 {TRAIN} {flags}", *words)
 
     # --- the schedule flags (issue #27): units, WSD, decoupled lr, step schedules ------------

@@ -20,6 +20,7 @@ from functools import lru_cache
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate_parallel_sizes
 from minitron.trace import traced
 from minitron.training.argument_groups import ArgumentError, build_parser, require
+from minitron.training.argument_groups_ci import validate_ci_args
 from minitron.training.arguments_features import (MOE_CONFIG_FIELDS, validate_context_parallel,
                                                    validate_modern_options, validate_moe)
 from minitron.training.arguments_schedule import validate_batch, validate_lr_schedule, validate_run_length
@@ -76,6 +77,7 @@ def validate_args(args, defaults: dict | None = None):
     for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size"):
         require(getattr(args, name) is not None, f"--{name.replace('_', '-')} is required")
 
+    validate_ci_args(args)   # first: --moe-layer-recompute switches on what validate_modern_options checks
     _validate_layout(args)
     validate_modern_options(args)
     _validate_model_shape(args)
@@ -214,10 +216,8 @@ def _validate_training(args):
                  f"the interleaved schedule needs the number of micro-batches ({num_micro} = global batch "
                  f"{args.global_batch_size} / (micro {args.micro_batch_size} x dp {args.data_parallel_size})) "
                  f"to be a multiple of --pipeline-model-parallel-size {pp}")
-    if args.eval_interval is not None:
-        require(args.eval_iters >= 1, f"--eval-interval {args.eval_interval} needs --eval-iters N >= 1")
-    if args.save_interval is not None:
-        require(args.save is not None, "--save-interval N needs --save DIR")
+    # As Megatron: --eval-interval with --eval-iters 0 runs no validation, and --save-interval
+    # without --save saves nothing (CI configs give both to switch the one off; train() reads them so).
     if args.ckpt_convert_format is not None:
         require(args.load is not None and args.ckpt_convert_save is not None,
                 f"--ckpt-convert-format {args.ckpt_convert_format} converts a checkpoint: give --load DIR (what to "

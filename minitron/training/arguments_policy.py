@@ -27,7 +27,13 @@ _LOGGER = "a logger minitron lacks; its log is stdout, --log-jsonl and the trace
 _PROFILER = "the GPU profiler; minitron's trace records every step instead"
 _ATTENTION = "chooses the attention kernel; minitron's is torch's"
 
-# flag: (takes a value, why it changes nothing here)
+_CKPT_WRITER = ("writes the checkpoint from a background process while training goes on; minitron writes the "
+                "same files before the next step")
+# Megatron's choices for --dist-ckpt-strictness (its CheckpointConfig), checked here as there.
+_STRICTNESS = ("assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected", "raise_all",
+               "return_unexpected", "return_all", "ignore_all")
+
+# flag: (takes a value -- False, True, or the tuple of values it takes --, why it changes nothing here)
 NO_EFFECT = {
     "--use-mcore-models": (False, "minitron's one GPT is Megatron-Core's GPTModel"),
     "--transformer-impl": (True, "chooses Transformer Engine's or the local layers; minitron's are local"),
@@ -50,7 +56,6 @@ NO_EFFECT = {
     "--profile": (False, _PROFILER),
     "--profile-step-start": (True, _PROFILER),
     "--profile-step-end": (True, _PROFILER),
-    "--manual-gc": (False, "when Python collects garbage: speed only"),
     "--empty-unused-memory-level": (True, "when the CUDA allocator's cache is emptied: memory only"),
     "--no-mmap-bin-files": (False, "how the .bin file is read; the same tokens"),
     "--exit-duration-in-mins": (True, "a wall-clock stop for a cluster's time limit: no step computes anything "
@@ -64,6 +69,23 @@ NO_EFFECT = {
     "--moe-per-layer-logging": (False, _LOGGER),
     "--attention-softmax-in-fp32": (False, "minitron's attention already takes the softmax in fp32 "
                                            "(attention.py casts the scores up)"),
+    # What Megatron's CI and launch scripts pass everywhere (issue #36).
+    "--log-memory-to-tensorboard": (False, _LOGGER),
+    "--log-validation-ppl-to-tensorboard": (False, _LOGGER),
+    "--async-save": (False, _CKPT_WRITER),
+    "--use-persistent-ckpt-worker": (False, "keeps --async-save's background writer alive between saves; "
+                                            "minitron has no background writer"),
+    "--dist-ckpt-strictness": (_STRICTNESS, "what a torch_dist load does with keys the checkpoint and the model "
+                                            "do not share; minitron's load refuses a missing key and ignores an "
+                                            "extra one (Megatron's default, assume_ok_unexpected) whatever it says"),
+    "--nvtx-ranges": (False, _PROFILER),
+    "--cross-entropy-fusion-impl": (("native", "te"), "chooses whose kernel --cross-entropy-loss-fusion runs "
+                                                      "(Megatron's or Transformer Engine's); minitron's is its own"),
+    "--disable-gloo-process-groups": (False, "skips the gloo twins of the data-parallel groups; minitron "
+                                             "builds them, as Megatron does, but nothing here sends through them"),
+    "--enable-experimental": (False, "unlocks Megatron's experimental code paths; minitron implements none of them"),
+    "--dist-ckpt-optim-fully-reshardable": (False, "minitron's torch_dist already saves the optimizer state shaped "
+                                                   "like the parameters, which any tp, pp, ep and dp resumes"),
 }
 
 _YARN = ("YaRN rope scaling (Megatron's default for --multi-latent-attention); minitron's rope has "
@@ -114,8 +136,9 @@ def add_policy_args(parser) -> None:
     """Megatron's flags that minitron accepts without effect, or refuses by name."""
     g = parser.add_argument_group("accepted, no effect here")
     for flag, (value, why) in NO_EFFECT.items():
+        choices = value if isinstance(value, tuple) else None   # checked as Megatron checks them
         g.add_argument(flag, dest="no_effect", action=_NoEffect, nargs=1 if value else 0, default=None,
-                       help=f"no effect here: {why}")
+                       choices=choices, help=f"no effect here: {why}")
     g = parser.add_argument_group("refused (they change the math and cannot run here)")
     for flag, (value, why) in REFUSED.items():
         g.add_argument(flag, dest="refused", action=_Refused, nargs=1 if value else 0,
@@ -123,6 +146,9 @@ def add_policy_args(parser) -> None:
 
 
 def no_effect_lines(args) -> list[str]:
-    """One header line per accepted-without-effect flag the command line gave."""
+    """One header line per accepted-without-effect flag the command line gave, then one per part
+    of an implemented flag that minitron cannot honour (validate_args notes them in
+    ``args.no_effect_notes``: a --recompute-modules entry, say)."""
     given = getattr(args, "no_effect", None) or ()   # None: no such flag (or args from an older trace)
-    return [f"accepted, no effect here: {flag}: {NO_EFFECT[flag][1]}" for flag in given]
+    lines = [f"accepted, no effect here: {flag}: {NO_EFFECT[flag][1]}" for flag in given]
+    return lines + [f"accepted, no effect here: {note}" for note in getattr(args, "no_effect_notes", None) or ()]

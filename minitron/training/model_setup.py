@@ -60,7 +60,8 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32,
         overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
-        use_distributed_optimizer=args.use_distributed_optimizer, bucket_size=args.ddp_bucket_size)
+        use_distributed_optimizer=args.use_distributed_optimizer, bucket_size=args.ddp_bucket_size,
+        check_for_nan_in_grad=args.check_for_nan_in_loss_and_grad)
     # Megatron buckets the first model chunk only: with virtual stages the other chunks'
     # reductions run while the first chunk still computes (DDP also skips stages after the first).
     wrapped = [DistributedDataParallel(chunk.config, ddp_config, chunk, disable_bucketing=index > 0)
@@ -96,7 +97,9 @@ def get_optimizer_param_scheduler(optimizer):
         lr_warmup_steps=warmup_steps, lr_decay_steps=decay_steps, lr_decay_style=args.lr_decay_style,
         start_wd=args.weight_decay, end_wd=args.weight_decay,
         wd_incr_steps=wd_incr_steps, wd_incr_style="constant",
-        wsd_decay_steps=wsd_decay_steps, lr_wsd_decay_style=args.lr_wsd_decay_style)
+        wsd_decay_steps=wsd_decay_steps, lr_wsd_decay_style=args.lr_wsd_decay_style,
+        use_checkpoint_opt_param_scheduler=args.use_checkpoint_opt_param_scheduler,
+        override_opt_param_scheduler=args.override_opt_param_scheduler)
 
 
 @traced
@@ -114,7 +117,7 @@ def setup_model_and_optimizer(model_provider_func, model_type):
         loss_scale=args.loss_scale, initial_loss_scale=args.initial_loss_scale,
         min_loss_scale=args.min_loss_scale, loss_scale_window=args.loss_scale_window,
         hysteresis=args.hysteresis, clip_grad=args.clip_grad,
-        use_distributed_optimizer=args.use_distributed_optimizer)
+        use_distributed_optimizer=args.use_distributed_optimizer, log_num_zeros_in_grad=args.log_num_zeros_in_grad)
     optimizer = get_megatron_optimizer(config, model)
     opt_param_scheduler = get_optimizer_param_scheduler(optimizer)
 

@@ -12,6 +12,7 @@ stops after step 1: that is what ``minitron trace`` runs to show a layout's init
 
 from __future__ import annotations
 
+import gc
 import os
 
 import torch
@@ -31,7 +32,7 @@ from minitron.training.checkpointing import save_checkpoint
 from minitron.training.initialize import initialize_megatron
 from minitron.training.model_setup import setup_model_and_optimizer
 from minitron.training.training_log import IterationLog, print_vocab_padding
-from minitron.training.utils import print_rank_0, print_rank_last, reduce_losses
+from minitron.training.utils import calc_params_l2_norm, print_rank_0, print_rank_last, reduce_losses
 
 
 INIT_ONLY_ENV = "MINITRON_INIT_ONLY"   # "1": stop after initialize_megatron, whatever the flags' run length
@@ -154,6 +155,11 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_data_i
     log = IterationLog(args)
     iteration = args.iteration
     saved = False
+    if args.manual_gc:
+        # Megatron's --manual-gc: no collection at a moment the allocator picks, which differs
+        # between ranks and stalls a collective for all; collect at the same iterations instead.
+        gc.disable()
+        gc.collect()
     # --8<-- [start:train-loop]
     while iteration < args.train_iters:
         update_num_microbatches(args.consumed_train_samples, consistency_check=True)
@@ -166,8 +172,9 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_data_i
         batch_size = mpu.get_data_parallel_world_size() * args.micro_batch_size * get_num_microbatches()
         args.consumed_train_samples += batch_size
         # --8<-- [end:train-loop]
+        params_norm = calc_params_l2_norm(model) if args.log_params_norm else None   # every rank: a collective
         log.iteration(iteration, loss, skipped, grad_norm, zeros, optimizer, batch_size,
-                      timers("interval-time").elapsed())
+                      timers("interval-time").elapsed(), params_norm)
         # args.do_valid, not "have I a validation iterator": only tensor-parallel rank 0 reads
         # data, yet every rank must run the evaluation's collectives together.
         if args.eval_interval and args.do_valid and iteration % args.eval_interval == 0:
@@ -176,6 +183,8 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_data_i
         if saved:
             force_param_sync(model)
             save_checkpoint(iteration, model, optimizer, opt_param_scheduler)
+        if args.manual_gc and args.manual_gc_interval and iteration % args.manual_gc_interval == 0:
+            gc.collect()
         if args.exit_interval and iteration % args.exit_interval == 0:
             break  # a planned stop (a job's time slot ends): the checkpoint below resumes it
     force_param_sync(model)   # training is over: no next forward will gather the last step's shards
@@ -183,6 +192,8 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_data_i
         save_checkpoint(iteration, model, optimizer, opt_param_scheduler)  # always keep the end
     args.iteration = iteration
     log.close()
+    if args.manual_gc:
+        gc.enable()   # ours: Megatron's process ends here; a test's or notebook's goes on
     return iteration
 
 
@@ -218,7 +229,12 @@ def evaluate(forward_step_func, data_iterator, model, eval_iters: int) -> dict:
 
 def evaluate_and_print_results(prefix, forward_step_func, data_iterator, model):
     args = get_args()
+    manual_gc = args.manual_gc and args.manual_gc_eval
+    if manual_gc:
+        gc.collect()   # as Megatron: the evaluation starts, and below ends, with a collection
     results = evaluate(forward_step_func, data_iterator, model, args.eval_iters)
+    if manual_gc:
+        gc.collect()
     if mpu.is_pipeline_last_stage(ignore_virtual=True):
         text = " | ".join(f"{k} value: {v:.6E}" for k, v in results.items())
         print_rank_last(f" validation loss at {prefix} | {text}")

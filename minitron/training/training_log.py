@@ -47,7 +47,8 @@ def print_vocab_padding(args, tokenizer) -> None:
     size, padded = tokenizer.vocab_size, args.padded_vocab_size
     print_rank_0(f" > padded vocab (size: {size}) with {padded - size} dummy tokens (new size: {padded})")
     serial = _vocab_size_with_padding(size, args.make_vocab_size_divisible_by, 1)
-    if padded != serial:
+    chosen = padded != _vocab_size_with_padding(size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
+    if padded != serial and not chosen:   # --padded-vocab-size gives every layout the same rows
         print_rank_0(f" > note: the serial model (tp=1) pads this vocabulary to {serial}, not {padded}, so the "
                      "two models differ (layouts train alike only where the padded sizes agree)")
 
@@ -85,16 +86,20 @@ class IterationLog:
         self.seconds = 0.0
 
     def iteration(self, iteration, loss: dict, skipped: int, grad_norm, num_zeros, optimizer,
-                  batch_size: int, seconds: float) -> None:
+                  batch_size: int, seconds: float, params_norm=None) -> None:
+        """One iteration's numbers; ``num_zeros`` and ``params_norm`` are None unless
+        --log-num-zeros-in-grad / --log-params-norm asked for them."""
         logged = iteration % self.args.log_interval == 0
         if self.speaker:
-            self._speak(iteration, loss, skipped, grad_norm, num_zeros, optimizer, batch_size, seconds, logged)
+            self._speak(iteration, loss, skipped, grad_norm, num_zeros, optimizer, batch_size, seconds, logged,
+                        params_norm)
         if logged and self.report_memory_until is not None:
             report_memory(f"(after {iteration} iterations)")
             if iteration > self.report_memory_until:
                 self.report_memory_until = None
 
-    def _speak(self, iteration, loss, skipped, grad_norm, num_zeros, optimizer, batch_size, seconds, logged):
+    def _speak(self, iteration, loss, skipped, grad_norm, num_zeros, optimizer, batch_size, seconds, logged,
+               params_norm):
         args = self.args
         lr = get_canonical_lr_for_logging(optimizer.param_groups)
         scale = float(optimizer.get_loss_scale())
@@ -121,6 +126,8 @@ class IterationLog:
             "tokens_per_s": batch_size * args.seq_length / seconds if seconds > 0 else 0.0,
             "flops": flops,
         }
+        if params_norm is not None:
+            record["params_norm"] = params_norm
         if self.log_throughput and seconds > 0:
             record.update(self._throughput(flops, seconds))
         for name in MOE_LOSSES:   # MoE (moe/moe_logging.track_moe_metrics)
@@ -130,7 +137,7 @@ class IterationLog:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
         if logged:
-            print_rank_last(self._line(iteration, lr, batch_size, scale, grad_norm, num_zeros, flops))
+            print_rank_last(self._line(iteration, lr, batch_size, scale, grad_norm, num_zeros, flops, params_norm))
             self._reset_interval()
 
     def _throughput(self, flops: float, seconds: float) -> dict:
@@ -141,7 +148,7 @@ class IterationLog:
             out["mfu"] = model_flops_utilization(tflops, self.peak_tflops)
         return out
 
-    def _line(self, iteration, lr, batch_size, scale, grad_norm, num_zeros, flops) -> str:
+    def _line(self, iteration, lr, batch_size, scale, grad_norm, num_zeros, flops, params_norm) -> str:
         """Megatron's fields, in Megatron's order, each closed by ' |'."""
         args = self.args
         per_iteration_s = self.seconds / max(self.advanced + self.skipped, 1)
@@ -164,6 +171,8 @@ class IterationLog:
             s += f" grad norm: {_num(grad_norm):.3f} |"
         if num_zeros is not None:
             s += f" num zeros: {int(_num(num_zeros))} |"
+        if params_norm is not None:
+            s += f" params norm: {params_norm:.3f} |"
         s += f" number of skipped iterations: {self.skipped:3d} |"
         s += f" number of nan iterations: {self.nan:3d} |"
         return s

@@ -171,3 +171,39 @@ def reduce_losses(losses_reduced) -> dict:
         else:
             loss[key] = values.mean().item()
     return loss
+
+
+def calc_params_l2_norm(model) -> float:
+    """Megatron's --log-params-norm: the L2 norm of every parameter of the model, each value
+    counted once, so every layout of the same weights prints the same number.
+
+    A rank sums the squares of its own share: tensor-parallel slices, and a replicated tensor
+    (a norm's weight, a bias) on tp rank 0 only; not the output layer's copy of a tied embedding
+    (``shared``). The dense sum is then added over the model-parallel group (tp x pp), the
+    experts' over theirs (expert tp x ep x pp) when it differs. Where the optimizer keeps an fp32
+    main copy (fp16/bf16 with the plain optimizer) that copy is read, as Megatron reads it; the
+    distributed optimizer's shards are not, so a bf16 run with it reads the bf16 weights."""
+    # lazy: the optimizer package imports training-side helpers' neighbours, not this module
+    from minitron.core.optimizer.clip_grads import param_is_not_shared
+    from minitron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
+
+    device = torch.device(next(model[0].parameters()).device)
+    sums = {"dense": torch.zeros(1, dtype=torch.float32, device=device),
+            "expert": torch.zeros(1, dtype=torch.float32, device=device)}
+    for chunk in model:
+        for param in chunk.parameters():
+            if not param_is_not_tensor_parallel_duplicate(param) or not param_is_not_shared(param):
+                continue
+            data = getattr(param, "main_param", None)
+            data = (param if data is None else data).detach().float()
+            sums["dense" if getattr(param, "allreduce", True) else "expert"] += torch.sum(data * data)
+    dense_group = mpu.get_model_parallel_group()
+    expert_ranks, dense_ranks = mpu.get_global_ranks("tp-ep-pp"), mpu.get_global_ranks("tp-pp")
+    if expert_ranks == dense_ranks:   # one sum over one group: the same collective as a dense model's
+        total = sums["dense"] + sums["expert"]
+        torch.distributed.all_reduce(total, group=dense_group)
+    else:
+        torch.distributed.all_reduce(sums["dense"], group=dense_group)
+        torch.distributed.all_reduce(sums["expert"], group=mpu.get_group("tp-ep-pp"))
+        total = sums["dense"] + sums["expert"]
+    return total.item() ** 0.5

@@ -165,6 +165,10 @@ def build_tokenizer(args):
     """The tokenizer for ``args``; also sets ``args.padded_vocab_size`` (as Megatron does)."""
     tokenizer = make_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.tokenizer_model,
                                args.vocab_size)
-    args.padded_vocab_size = _vocab_size_with_padding(
-        tokenizer.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
+    if getattr(args, "padded_vocab_size", None) is None:   # --padded-vocab-size (or a checkpoint) may set it
+        args.padded_vocab_size = _vocab_size_with_padding(
+            tokenizer.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
+    elif args.padded_vocab_size < tokenizer.vocab_size:
+        raise ValueError(f"--padded-vocab-size {args.padded_vocab_size} is smaller than the tokenizer's "
+                         f"vocabulary ({tokenizer.vocab_size}): every token id needs a row")
     return tokenizer
