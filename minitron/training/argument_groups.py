@@ -13,6 +13,7 @@ import argparse
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER
 from minitron.training.arguments_ranges import COUNT, LAYERS, LOSS_SCALE, POSITIVE, PROBABILITY, float_in, int_in
 from minitron.training.arguments_policy import add_policy_args
+from minitron.training.arguments_fp8 import add_fp8_args
 from minitron.training.argument_groups_ci import add_ci_args
 from minitron.training.argument_groups_model import (_add_fusion_args, _add_mla_args, _add_moe_args,
                                                      _add_position_embedding_args, _add_window_args)
@@ -154,6 +155,7 @@ def _add_mixed_precision_args(parser):
     g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true")
     g.add_argument("--grad-reduce-in-bf16", action="store_true",
                    help="with --bf16: accumulate and reduce gradients in bf16 instead of the default fp32")
+    add_fp8_args(g)
 
 
 def _add_distributed_args(parser):

@@ -23,6 +23,7 @@ from minitron.training.argument_groups import ArgumentError, build_parser, requi
 from minitron.training.argument_groups_ci import validate_ci_args
 from minitron.training.arguments_features import (MOE_CONFIG_FIELDS, validate_context_parallel,
                                                    validate_modern_options, validate_moe)
+from minitron.training.arguments_fp8 import FP8_CONFIG_FIELDS, validate_fp8
 from minitron.training.arguments_schedule import validate_batch, validate_lr_schedule, validate_run_length
 from minitron.training.datasets.arguments import validate_data_args
 
@@ -103,6 +104,7 @@ def validate_args(args, defaults: dict | None = None):
             "--overlap-param-gather works bucket by bucket: add --overlap-grad-reduce")
     _validate_training(args)  # last: a --load is compared with every shape and dtype set above
     validate_context_parallel(args)
+    validate_fp8(args)
 
     # --deepspeed (Megatron-DeepSpeed's path): the ds_config must agree with the flags above.
     from minitron.training.deepspeed_arguments import validate_deepspeed_args
@@ -279,6 +281,7 @@ def core_transformer_config_from_args(args):
         moe_expert_capacity_factor=args.moe_expert_capacity_factor,
         moe_pad_expert_input_to_capacity=args.moe_pad_expert_input_to_capacity,
         **{name: getattr(args, name) for name in MOE_CONFIG_FIELDS},
+        **{name: getattr(args, name) for name in FP8_CONFIG_FIELDS},
         expert_model_parallel_size=args.expert_model_parallel_size,
         expert_tensor_parallel_size=args.expert_tensor_parallel_size,
     )

@@ -7,7 +7,7 @@ computes the same numbers either way, so such a flag is **accepted and listed on
 reason it changes nothing here, in the run's header (rank 0, where Megatron prints its
 arguments; and `minitron trace` / `estimate`).
 
-A flag that changes the math (fp8 matmuls, another learning-rate or batch-size schedule) cannot
+A flag that changes the math (fp8 weights, another learning-rate or batch-size schedule) cannot
 be accepted silently: the run would not be the one asked for. It is **refused by name**, with
 the reason and what to use instead, while parsing — before any process starts.
 
@@ -90,17 +90,13 @@ NO_EFFECT = {
 
 _YARN = ("YaRN rope scaling (Megatron's default for --multi-latent-attention); minitron's rope has "
          "Llama 3.1's scaling only: use --rope-type rope and drop it")
-_FP8 = "fp8 matmuls (Transformer Engine) change the math and cannot run here: train in --bf16"
+_FP8_PARAMS = ("keeps the weights themselves in fp8 and all-gathers them in fp8 from the distributed optimizer; "
+               "minitron keeps them in the training dtype and casts them at each forward: drop it")
 _GPT_OSS = "one of gpt-oss's changes to the layer, which minitron's GPT does not make"
 
 # flag: (takes a value, why it is refused and what to do instead)
 REFUSED = {
-    "--fp8-format": (True, _FP8),
-    "--fp8-recipe": (True, _FP8),
-    "--fp8-margin": (True, _FP8),
-    "--fp8-amax-history-len": (True, _FP8),
-    "--fp8-amax-compute-algo": (True, _FP8),
-    "--fp8-param-gather": (False, _FP8),
+    "--fp8-param-gather": (False, _FP8_PARAMS),
     "--rotary-scaling-factor": (True, _YARN),
     "--mscale": (True, _YARN),
     "--mscale-all-dim": (True, _YARN),

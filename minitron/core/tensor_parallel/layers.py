@@ -32,6 +32,8 @@ import torch.nn.functional as F
 from torch.nn.parameter import Parameter
 
 from minitron.core import parallel_state
+from minitron.core.fp8.linear import Fp8LinearWithAsyncCommunication
+from minitron.core.fp8_utils import fp8_quantizers
 from minitron.core.tensor_parallel.mappings import (
     _grad_args,
     copy_to_tensor_model_parallel_region, gather_from_tensor_model_parallel_region,
@@ -131,12 +133,17 @@ class LinearWithGradAccumulationAndAsyncCommunication(torch.autograd.Function):
                                                    "sequence_parallel": k.get("sequence_parallel")})
 def linear_with_grad_accumulation_and_async_allreduce(input_, weight, bias, gradient_accumulation_fusion: bool,
                                                       allreduce_dgrad: bool, sequence_parallel: bool,
-                                                      tp_group=None):
-    """Megatron's entry to the function above (same name, same arguments, fewer of them)."""
+                                                      tp_group=None, fp8_slots=None):
+    """Megatron's entry to the function above (same name, same arguments, fewer of them).
+    ``fp8_slots`` (minitron's; inside an fp8 context): the layer's quantizers, and the GEMMs
+    take fp8 inputs (core/fp8/linear.py) where Megatron's TE layers would."""
     group = parallel_state.get_tensor_model_parallel_group() if tp_group is None else tp_group
     if allreduce_dgrad and sequence_parallel:
         raise ValueError("allreduce_dgrad and sequence_parallel exclude each other: "
                          "with sequence parallelism the input gradient is reduce-scattered")
+    if fp8_slots is not None:
+        return Fp8LinearWithAsyncCommunication.apply(input_, weight, bias, fp8_slots, allreduce_dgrad,
+                                                     sequence_parallel, group)
     return LinearWithGradAccumulationAndAsyncCommunication.apply(
         input_, weight, bias, gradient_accumulation_fusion, allreduce_dgrad, sequence_parallel, group)
 
@@ -235,7 +242,8 @@ class ColumnParallelLinear(torch.nn.Module):
         bias = self.bias if not self.skip_bias_add else None
         output_parallel = linear_with_grad_accumulation_and_async_allreduce(
             input_parallel, weight, bias, gradient_accumulation_fusion=False,
-            allreduce_dgrad=self.allreduce_dgrad, sequence_parallel=self.sequence_parallel)
+            allreduce_dgrad=self.allreduce_dgrad, sequence_parallel=self.sequence_parallel,
+            fp8_slots=fp8_quantizers(self))
         gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
         output = gather_from_tensor_model_parallel_region(output_parallel) if gather else output_parallel
         return output, (self.bias if self.skip_bias_add else None)
@@ -278,7 +286,7 @@ class RowParallelLinear(torch.nn.Module):
         # No communication inside: the row-parallel input gradient is already this rank's own.
         output_parallel = linear_with_grad_accumulation_and_async_allreduce(
             input_parallel, self.weight, None, gradient_accumulation_fusion=False,
-            allreduce_dgrad=False, sequence_parallel=False)
+            allreduce_dgrad=False, sequence_parallel=False, fp8_slots=fp8_quantizers(self))
         if self.sequence_parallel:
             output = reduce_scatter_to_sequence_parallel_region(output_parallel)
         else:

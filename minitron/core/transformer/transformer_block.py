@@ -17,6 +17,7 @@ from contextlib import nullcontext
 import torch
 
 from minitron.core import parallel_state
+from minitron.core.fp8_utils import get_fp8_context
 from minitron.core.init_rng import layer_init_rng
 from minitron.core.tensor_parallel.random import checkpoint as tensor_parallel_checkpoint
 from minitron.core.tensor_parallel.random import get_cuda_rng_tracker
@@ -121,7 +122,8 @@ class TransformerBlock(MegatronModule):
         # With sequence parallelism every activation in the block is this rank's part of the
         # sequence, so every dropout in it must draw differently on each TP rank.
         rng_context = get_cuda_rng_tracker().fork() if self.config.sequence_parallel else nullcontext()
-        with rng_context:
+        # --fp8-format: the linears inside the layers quantize (Megatron's outer fp8 context)
+        with rng_context, get_fp8_context(self.config):
             if self.config.recompute_granularity == "full" and self.training:
                 hidden_states = self._checkpointed_forward(hidden_states, attention_mask, rotary_pos_emb)
             else:

@@ -150,6 +150,12 @@ class TransformerConfig(ModelParallelConfig):
     mamba_head_dim: int = 64                # p: channels per Mamba head
     mamba_num_groups: int = 8               # heads sharing one B and C (like query groups)
     mamba_num_heads: int | None = None      # None: 2 * hidden_size // mamba_head_dim
+    # fp8 GEMM inputs in the transformer layers (core/fp8_utils.py), Megatron's names and defaults
+    fp8: str | None = None                  # --fp8-format: "e4m3" or "hybrid" (e5m2 gradients)
+    fp8_recipe: str = "delayed"             # or "tensorwise" (current scaling)
+    fp8_margin: int = 0                     # delayed: scale = fp8_max / amax / 2^margin
+    fp8_amax_history_len: int = 1           # delayed: steps of amax the scale is chosen from
+    fp8_amax_compute_algo: str = "most_recent"   # or "max" over the history
 
     def __post_init__(self):
         for name in ("num_layers", "hidden_size", "num_attention_heads", "tensor_model_parallel_size",

@@ -1,0 +1,112 @@
+"""A tensor-parallel linear layer's three GEMMs with fp8 inputs, as Transformer Engine runs them.
+
+Forward  Y  = X W^T      X: e4m3, W: e4m3
+Backward dX = dY W       dY: e4m3, or e5m2 under --fp8-format hybrid
+         dW = dY^T X     the fp8 X and W kept from forward (TE's fp8 "wgrad")
+
+What autograd keeps for backward is the fp8 X and the fp8 W with their 1/scale factors: one
+byte per element where the unquantized layer keeps the input in the training dtype. The bias
+gradient is summed from the unquantized dY, as TE's fused cast-and-dbias kernel does.
+
+The tensor-parallel communication is the unquantized layer's (layers.py), in the same places:
+the input gradient's all-reduce or, with sequence parallelism, its reduce-scatter. Under
+sequence parallelism the input is cast *before* the all-gather, so the gather moves one byte
+per element (TE's fp8 all-gather): every TP rank casts its rows with the same scale.
+
+The GEMM itself: on a CUDA device that has fp8 tensor cores (compute capability 8.9+) and
+shapes torch._scaled_mm takes, the fp8 bytes go to it with the two 1/scale factors and the
+tensor core accumulates in fp32. Everywhere else (the CPU, always) both operands are
+dequantized to fp32 and multiplied there: the same products of the same fp8 values, summed in
+fp32 in a different order, with 1/scale applied to each element instead of to each sum.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minitron.core.fp8.recipes import FORMATS, dequantize
+from minitron.trace import traced
+from minitron.trace.recorder import short_value
+
+
+def _grad_args(ctx, grad_output):
+    """What the traced backward records (as layers.py's does; imported from there it would be a cycle)."""
+    return {"grad_output": short_value(grad_output)}
+
+
+def _scaled_mm_takes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """torch._scaled_mm's conditions: CUDA with fp8 tensor cores, sizes in multiples of 16, and
+    not two e5m2 operands (cuBLAS has no such kernel)."""
+    if not (a.is_cuda and hasattr(torch, "_scaled_mm")):
+        return False
+    if torch.cuda.get_device_capability(a.device) < (8, 9):
+        return False
+    e5m2 = FORMATS["e5m2"][0]
+    return (a.dtype != e5m2 or b.dtype != e5m2) and all(n % 16 == 0 for n in (*a.shape, b.shape[0]))
+
+
+def fp8_gemm(a: torch.Tensor, a_inv: torch.Tensor, b: torch.Tensor, b_inv: torch.Tensor,
+             out_dtype: torch.dtype) -> torch.Tensor:
+    """(a / a_scale) @ (b / b_scale)^T for fp8 a: [m, k], b: [n, k], in out_dtype."""
+    if _scaled_mm_takes(a, b):
+        return torch._scaled_mm(a.contiguous(), b.contiguous().t(), scale_a=a_inv.float(), scale_b=b_inv.float(),
+                                out_dtype=out_dtype)
+    return F.linear(dequantize(a, a_inv), dequantize(b, b_inv)).to(out_dtype)
+
+
+def _gather_fp8(q: torch.Tensor, group) -> torch.Tensor:
+    """All-gather the sequence (first) dimension of an fp8 tensor, as bytes (gloo and NCCL
+    move uint8; fp8 dtypes are not theirs to know)."""
+    out = torch.empty((q.shape[0] * group.size(), *q.shape[1:]), dtype=torch.uint8, device=q.device)
+    torch.distributed.all_gather_into_tensor(out, q.contiguous().view(torch.uint8), group=group)
+    return out.view(q.dtype)
+
+
+def _2d(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.size(-1))
+
+
+class Fp8LinearWithAsyncCommunication(torch.autograd.Function):
+    """LinearWithGradAccumulationAndAsyncCommunication (layers.py) with fp8 GEMM inputs."""
+
+    @staticmethod
+    def forward(ctx, input_, weight, bias, slots, allreduce_dgrad, sequence_parallel, group):
+        # tensorwise: the sequence-parallel rows share one amax over the TP group (TE's rule)
+        q_in, in_inv = slots["input"].quantize(input_, group if sequence_parallel else None)
+        q_w, w_inv = slots["weight"].quantize(weight)
+        total = _gather_fp8(q_in, group) if sequence_parallel else q_in
+        out = fp8_gemm(_2d(total), in_inv, q_w, w_inv, torch.float32)
+        if bias is not None:
+            out = out + bias.float()
+        ctx.save_for_backward(q_in, in_inv, q_w, w_inv)   # fp8 copies: one byte per element
+        ctx.slots, ctx.group, ctx.use_bias = slots, group, bias is not None
+        ctx.allreduce_dgrad, ctx.sequence_parallel = allreduce_dgrad, sequence_parallel
+        ctx.input_dtype, ctx.weight_dtype = input_.dtype, weight.dtype
+        return out.to(input_.dtype).reshape(*total.shape[:-1], weight.size(0))
+
+    @staticmethod
+    @traced(args=_grad_args)
+    def backward(ctx, grad_output):
+        q_in, in_inv, q_w, w_inv = ctx.saved_tensors
+        group, need_wgrad = ctx.group, ctx.needs_input_grad[1]
+        q_g, g_inv = ctx.slots["grad_output"].quantize(grad_output)
+        q_g2d = _2d(q_g)
+        grad_input = fp8_gemm(q_g2d, g_inv, q_w.t(), w_inv, ctx.input_dtype)   # dX = dY W
+        grad_input = grad_input.reshape(*grad_output.shape[:-1], q_w.size(1))
+        handle = None
+        if ctx.allreduce_dgrad:                        # f's all-reduce, overlapping dL/dW
+            handle = torch.distributed.all_reduce(grad_input, group=group, async_op=True)
+        elif ctx.sequence_parallel:                    # sum and keep my rows, overlapping dL/dW
+            summed = grad_input
+            grad_input = torch.empty(q_in.shape, dtype=ctx.input_dtype, device=summed.device)
+            handle = torch.distributed.reduce_scatter_tensor(grad_input, summed.contiguous(),
+                                                             group=group, async_op=True)
+        grad_weight = None
+        if need_wgrad:                                 # dW = dY^T X, from the fp8 X kept
+            total = _gather_fp8(q_in, group) if ctx.sequence_parallel else q_in
+            grad_weight = fp8_gemm(q_g2d.t(), g_inv, _2d(total).t(), in_inv, ctx.weight_dtype)
+        grad_bias = _2d(grad_output).sum(dim=0) if ctx.use_bias else None
+        if handle is not None:
+            handle.wait()
+        return grad_input, grad_weight, grad_bias, None, None, None, None

@@ -1,0 +1,125 @@
+"""fp8 scaling recipes: how a tensor becomes 8-bit floats and how its scale is chosen.
+
+An fp8 number has few bits: e4m3 (4 exponent bits, 3 mantissa bits) reaches +-448, e5m2
+(5 and 2) reaches +-57344 with one bit less precision. A tensor's values rarely sit in that
+range, so each tensor is multiplied by a *scale* first, chosen so that its largest magnitude
+(its *amax*) lands near the format's maximum: q = fp8(x * scale), x ~ q * (1 / scale). Values
+beyond the maximum saturate to it (Transformer Engine casts "satfinite"), never to inf or NaN.
+
+Two of Transformer Engine's recipes, as Megatron selects them with ``--fp8-recipe``:
+
+* ``delayed`` (TE's DelayedScaling): the scale used now comes from amaxes already seen. Each
+  tensor slot keeps the amaxes of its last ``amax_history_len`` steps; after a step the slot's
+  amax is reduced (max) over the amax reduction group, entered into the history, and the next
+  scale is fp8_max / amax / 2^margin, amax being the history's max (``max``) or its newest
+  entry (``most_recent``). An amax of zero or a non-finite one keeps the previous scale. The
+  first step uses scale 1. TE keeps the history as a buffer it rolls in place; the window of
+  values, which is all the scale reads, is the same as the newest-first list kept here.
+* ``tensorwise`` (TE's Float8CurrentScaling): the scale is fp8_max / amax of the tensor being
+  cast, right now (1 if its amax is zero or not finite); no history. Its amax is reduced over a
+  group only where TE reduces it: a sequence-parallel input, so its gathered pieces share one
+  scale (the caller passes that group).
+
+A *step* here is one use of the slot: one micro-batch's forward for an input or a weight, one
+backward for a gradient. Megatron enters TE's fp8 context once per micro-batch forward, and TE
+updates delayed scales when that context closes and when the backward ends, so the two agree.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+# format name -> (torch dtype, largest finite magnitude)
+FORMATS = {
+    "e4m3": (torch.float8_e4m3fn, 448.0),
+    "e5m2": (torch.float8_e5m2, 57344.0),
+}
+
+
+def formats_for(fp8_format: str) -> dict[str, str]:
+    """Which format each role gets: ``hybrid`` gives gradients e5m2's range (gradients span
+    more orders of magnitude than activations and weights, and need precision less)."""
+    if fp8_format not in ("e4m3", "hybrid"):
+        raise ValueError(f"fp8 format must be e4m3 or hybrid, got {fp8_format!r}")
+    grad = "e5m2" if fp8_format == "hybrid" else "e4m3"
+    return {"input": "e4m3", "weight": "e4m3", "grad_output": grad}
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+    """fp8(x * scale), saturating at the format's maximum; the product is taken in fp32."""
+    dtype, fp8_max = FORMATS[fmt]
+    return (x.float() * scale).clamp(-fp8_max, fp8_max).to(dtype)
+
+
+def dequantize(q: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+    """Back to fp32: q * (1 / scale), the factor TE keeps beside each fp8 tensor."""
+    return q.float() * scale_inv
+
+
+def delayed_scale(history: torch.Tensor, scale: torch.Tensor, fmt: str, margin: int,
+                  algo: str) -> torch.Tensor:
+    """The next scale from a newest-first amax history (TE's default scaling-factor rule)."""
+    amax = history.max() if algo == "max" else history[0]
+    new = FORMATS[fmt][1] / amax / 2.0 ** margin
+    keep = ~torch.isfinite(amax) | (amax <= 0)
+    return torch.where(keep, scale, new)
+
+
+def current_scale(amax: torch.Tensor, fmt: str) -> torch.Tensor:
+    """fp8_max / amax; 1 where amax is zero or not finite (TE's current-scaling rule)."""
+    fp8_max = FORMATS[fmt][1]
+    ok = torch.isfinite(amax) & (amax > 0)
+    scale = torch.where(ok, fp8_max / torch.where(ok, amax, torch.ones_like(amax)), torch.ones_like(amax))
+    # a tiny amax can overflow fp8_max / amax; TE then takes fp32's largest value
+    return torch.nan_to_num(scale, posinf=torch.finfo(torch.float32).max)
+
+
+def _amax(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().abs().amax().float() if x.numel() else torch.zeros((), dtype=torch.float32)
+
+
+class DelayedScaling:
+    """One tensor slot's state under the delayed recipe: history, scale, and the amax of the
+    last use, which is reduced over ``group`` only when the slot is next used (the same value
+    TE reduces at the end of the step; deferring it costs nothing and needs no end-of-step hook)."""
+
+    def __init__(self, fmt: str, history_len: int, algo: str, margin: int, group=None):
+        self.fmt, self.algo, self.margin, self.group = fmt, algo, margin, group
+        self.history = torch.zeros(history_len, dtype=torch.float32)   # newest first
+        self.scale = torch.ones((), dtype=torch.float32)
+        self.pending: torch.Tensor | None = None
+
+    def update(self) -> None:
+        """Close the previous step: reduce its amax, enter it in the history, choose the scale."""
+        if self.pending is None:
+            return
+        amax, self.pending = self.pending, None
+        if self.group is not None and dist.get_world_size(self.group) > 1:
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.group)
+        # kept on the amax's device: no host synchronisation per step
+        self.history = torch.cat([amax.reshape(1), self.history[:-1].to(amax.device)])
+        self.scale = delayed_scale(self.history, self.scale.to(amax.device), self.fmt, self.margin, self.algo)
+
+    def quantize(self, x: torch.Tensor, group=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(fp8 tensor, 1 / scale), with this step's amax recorded as TE's cast records it.
+        ``group`` is not read: the amax reduction group already spans the tensor-parallel ranks."""
+        self.update()
+        scale = self.scale.to(x.device)
+        self.pending = _amax(x)
+        return quantize(x, scale, self.fmt), scale.reciprocal()
+
+
+class CurrentScaling:
+    """One tensor slot under the tensorwise recipe: each cast takes its tensor's own amax now."""
+
+    def __init__(self, fmt: str):
+        self.fmt = fmt
+        self.scale = torch.ones((), dtype=torch.float32)   # the last one used (for reading)
+
+    def quantize(self, x: torch.Tensor, group=None) -> tuple[torch.Tensor, torch.Tensor]:
+        amax = _amax(x)
+        if group is not None and dist.get_world_size(group) > 1:
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
+        scale = self.scale = current_scale(amax, self.fmt)
+        return quantize(x, scale, self.fmt), scale.reciprocal()

@@ -1,0 +1,118 @@
+"""fp8 recipes on one process: the casts against torch's own, the delayed scales against a
+sequence worked by hand, the linear's three GEMMs against the same fp8 values multiplied out,
+and the flags' refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minitron.core.fp8.linear import Fp8LinearWithAsyncCommunication, fp8_gemm
+from minitron.core.fp8.recipes import (
+    FORMATS, CurrentScaling, DelayedScaling, dequantize, formats_for, quantize,
+)
+from minitron.core.fp8_utils import fp8_quantizers, get_fp8_context
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_cast_is_torchs_cast_and_saturates(fmt):
+    dtype, fp8_max = FORMATS[fmt]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, generator=g) * 3
+    scale = torch.tensor(fp8_max / 12.0)
+    q = quantize(x, scale, fmt)
+    inside = (x * scale).abs() <= fp8_max
+    ref = (x * scale).to(dtype)   # torch's own cast, where it needs no saturation
+    assert q.dtype == dtype and inside.sum() > 3000 and (~inside).sum() > 0
+    assert torch.equal(q[inside].view(torch.uint8), ref[inside].view(torch.uint8))
+    # beyond the range: the format's largest finite value, with the sign (never inf or NaN)
+    assert torch.equal(q[~inside].float(), torch.sign(x[~inside]) * fp8_max)
+    assert torch.equal(dequantize(q, scale.reciprocal()), q.float() * scale.reciprocal())
+
+
+def _scales_used(slot, amaxes):
+    """Cast one tensor per step whose amax is given; the scale each cast used (1 / its 1/scale)."""
+    used = []
+    for a in amaxes:
+        _, inv = slot.quantize(torch.tensor([a, -a / 3, 0.0]))
+        used.append(float(slot.scale))
+        assert float(inv) == float(slot.scale.reciprocal())
+    return used
+
+
+# amaxes 2, 8, 1, 4, 0, 16: scale_t = 448 / amax / 2^margin from the steps before t, 1 at first
+@pytest.mark.parametrize("history, algo, margin, expected", [
+    (1, "most_recent", 0, [1, 224, 56, 448, 112, 112]),     # zero amax: the scale is kept
+    (2, "max", 1, [1, 112, 28, 28, 56, 56]),                 # windows {2}, {8,2}, {1,8}, {4,1}, {0,4}
+    (3, "max", 0, [1, 224, 56, 56, 56, 112]),                # {2}, {8,2}, {1,8,2}, {4,1,8}, {0,4,1}
+    (3, "most_recent", 2, [1, 56, 14, 112, 28, 28]),
+])
+def test_delayed_scale_sequence_by_hand(history, algo, margin, expected):
+    slot = DelayedScaling("e4m3", history, algo, margin)
+    assert _scales_used(slot, [2, 8, 1, 4, 0, 16]) == expected
+
+
+def test_current_scaling_and_formats():
+    slot = CurrentScaling("e5m2")
+    _, inv = slot.quantize(torch.tensor([0.5, -4.0]))
+    assert float(slot.scale) == 57344 / 4 and torch.equal(inv, torch.tensor(4 / 57344))
+    slot.quantize(torch.zeros(3))
+    assert float(slot.scale) == 1.0                          # nothing to scale: 1, as TE
+    assert formats_for("hybrid") == {"input": "e4m3", "weight": "e4m3", "grad_output": "e5m2"}
+    assert set(formats_for("e4m3").values()) == {"e4m3"}
+
+
+def test_linear_gemms_are_the_fp8_values_multiplied():
+    """Forward, input and weight gradients, bias gradient: each from the fp8 tensors, as written
+    out by hand; nothing else (the same float32 products)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 2, 16, generator=g, requires_grad=True)
+    w = torch.randn(8, 16, generator=g, requires_grad=True)
+    b = torch.randn(8, generator=g, requires_grad=True)
+    dy = torch.randn(5, 2, 8, generator=g)
+    fmts = formats_for("hybrid")
+    slots = {role: CurrentScaling(fmt) for role, fmt in fmts.items()}
+    y = Fp8LinearWithAsyncCommunication.apply(x, w, b, slots, False, False, None)
+    y.backward(dy)
+
+    def fp8(t, fmt):
+        s = FORMATS[fmt][1] / t.detach().abs().max()
+        return quantize(t.detach(), s, fmt).float() / s
+    xq, wq, gq = fp8(x, "e4m3"), fp8(w, "e4m3"), fp8(dy, "e5m2")
+    torch.testing.assert_close(y, xq @ wq.t() + b, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(x.grad, gq @ wq, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(w.grad, gq.reshape(-1, 8).t() @ xq.reshape(-1, 16), rtol=1e-6, atol=1e-5)
+    assert torch.equal(b.grad, dy.reshape(-1, 8).sum(0))      # from the unquantized gradient
+    # the GEMM helper: a @ b^T of the dequantized operands, in the dtype asked for
+    q, inv = slots["input"].quantize(x)
+    assert fp8_gemm(q.reshape(-1, 16), inv, q.reshape(-1, 16), inv, torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_quantizers_only_inside_the_context():
+    class Cfg:
+        fp8, fp8_recipe, fp8_margin, fp8_amax_history_len, fp8_amax_compute_algo = "hybrid", "delayed", 0, 4, "max"
+    layer = torch.nn.Linear(2, 2)
+    assert fp8_quantizers(layer) is None
+    with get_fp8_context(Cfg()):
+        slots = fp8_quantizers(layer)
+        assert fp8_quantizers(layer) is slots and slots["grad_output"].fmt == "e5m2"
+        assert slots["weight"].history.shape == (4,)
+    assert fp8_quantizers(layer) is None and "_fp8_quantizers" not in layer.state_dict()
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"], "e8m0"),
+    (["--fp8-format", "hybrid", "--fp8-recipe", "blockwise"], "128x128"),
+    (["--fp8-param-gather"], "casts them at each forward"),
+    (["--fp8-format", "e4m3", "--recompute-granularity", "full", "--recompute-method", "uniform",
+      "--recompute-num-layers", "1"], "fp8 recompute"),
+    (["--fp8-format", "e4m3", "--fp8-amax-history-len", "0"], "at least 1"),
+])
+def test_refusals_are_one_line(capsys, flags, words):
+    from minitron.cli.common import validate_pretrain
+    argv = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+            "--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-3", "--mock-data", "--vocab-size", "1023"]
+    with pytest.raises((Exception, SystemExit)) as refused:   # parse errors exit, validation raises
+        validate_pretrain(argv + flags, 1)
+    lines = (capsys.readouterr().err.strip() or str(refused.value)).splitlines()
+    assert len(lines) <= 2 and words in lines[-1], lines   # argparse puts its usage line first
