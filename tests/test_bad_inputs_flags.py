@@ -326,7 +326,12 @@ def rows() -> list[tuple[str, list[str], tuple[str, ...], dict | None]]:
     mla = f"{MODEL} --multi-latent-attention --rope-type rope --kv-lora-rank 8 --qk-head-dim 8 --qk-pos-emb-head-dim 4"
     add("mla-gqa", f"pretrain --world 1 {TRAIN} --multi-latent-attention --rope-type rope --group-query-attention "
         "--num-query-groups 1", "--multi-latent-attention", "--group-query-attention")
-    add("mla-yarn-default", f"estimate --world 1 {MODEL} --multi-latent-attention", "--rope-type rope", "yarn")
+    add("yarn-positions-mla", f"estimate --world 1 {MODEL} --multi-latent-attention --position-embedding-type yarn",
+        "--position-embedding-type yarn", "--multi-latent-attention", "--rope-type yarn")
+    add("yarn-flag-alone", f"estimate --world 1 {MODEL} --position-embedding-type rope --yarn-beta-fast 8",
+        "--yarn-beta-fast", "--position-embedding-type yarn")
+    add("yarn-rotary-percent", f"estimate --world 1 {MODEL} --position-embedding-type yarn --rotary-percent 0.5",
+        "--rotary-percent", "yarn")
     add("mla-rope-type-alone", f"estimate --world 1 {MODEL} --rope-type yarn", "--rope-type", "--multi-latent-attention")
     add("mla-q-lora-alone", f"estimate --world 1 {MODEL} --q-lora-rank 8", "--q-lora-rank", "--multi-latent-attention")
     add("mla-cp", f"estimate --world 2 {mla} --context-parallel-size 2", "--multi-latent-attention",

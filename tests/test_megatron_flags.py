@@ -127,7 +127,7 @@ def test_estimate_lists_each_no_effect_flag_once():
     (["--softmax-type", "learnable"], "--softmax-type is refused: one of gpt-oss's changes"),
     (["--moe-router-load-balancing-type", "sinkhorn"], "invalid choice: 'sinkhorn'"),
     (["--no-position-embedding"], "use --position-embedding-type none"),
-    (["--position-embedding-type", "yarn"], "--position-embedding-type yarn: YaRN's rope"),
+    (["--position-embedding-type", "mrope"], "--position-embedding-type mrope: multimodal rope"),
     (["--bf16", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"], "exclude each other"),
     (["--world", "2", "--tp", "2", "--qk-layernorm", "--deepspeed", "--deepspeed-config",
       "docs/examples/ds_config_pretrain.json"], "per-head norms' gradients need a sum"),

@@ -42,6 +42,18 @@ def _add_position_embedding_args(g):
                    help="rope: Llama 3.1's scaling of the slow angles")
     g.add_argument("--rope-scaling-factor", type=float_in(0.0, above=True), default=8.0,
                    help="rope: how much --use-rope-scaling slows the slow angles")
+    # YaRN (--position-embedding-type yarn); None: YarnRotaryEmbedding's default. MLA's YaRN
+    # reads MLATransformerConfig's own values instead, so validate_args refuses these with it.
+    g.add_argument("--yarn-original-max-position-embeddings", type=POSITIVE, default=None,
+                   help="yarn: the context the model was trained on (default 4096)")
+    g.add_argument("--yarn-beta-fast", type=float_in(0.0, above=True), default=None,
+                   help="yarn: channels turning more often than this over that context keep their angles (32)")
+    g.add_argument("--yarn-beta-slow", type=float_in(0.0, above=True), default=None,
+                   help="yarn: channels turning less often than this are slowed by the factor (1)")
+    g.add_argument("--yarn-correction-range-round-to-int", action="store_true", default=None,
+                   help="yarn: round the blended channel range outwards to whole channels (the default)")
+    g.add_argument("--no-yarn-correction-range-round-to-int", action="store_false",
+                   dest="yarn_correction_range_round_to_int", help="yarn: keep the range's fractional ends")
 
 
 def _add_mla_args(parser):
@@ -56,7 +68,13 @@ def _add_mla_args(parser):
     g.add_argument("--v-head-dim", type=POSITIVE, default=128)
     # Megatron lists it with its training flags; None lets MLA take its own default, YaRN.
     g.add_argument("--rope-type", default=None, choices=["rope", "yarn"],
-                   help="MLA's rope: minitron implements rope (Megatron's MLA default is yarn)")
+                   help="MLA's rope (default yarn; other attention has rope only)")
+    # YaRN's stretch, read by MLA's yarn and by --position-embedding-type yarn (Megatron's defaults).
+    g.add_argument("--rotary-scaling-factor", type=float_in(0.0, above=True), default=1.0,
+                   help="yarn: the context is stretched this many times (1: not at all)")
+    g.add_argument("--mscale", type=float, default=1.0, help="yarn: the attention temperature's numerator weight")
+    g.add_argument("--mscale-all-dim", type=float, default=0.0,
+                   help="yarn: its denominator weight (MLA folds it into the softmax scale)")
 
 
 def _add_moe_args(parser):

@@ -233,6 +233,19 @@ def _validate_training(args):
             raise ArgumentError(str(exc)) from None
 
 
+def _yarn_config_fields(args) -> dict:
+    """A GPT's YaRN (not MLA's): the config.yarn_* fields, as Megatron's training sets them only
+    for --position-embedding-type yarn (other configs keep the defaults, which change nothing)."""
+    if args.position_embedding_type != "yarn" or args.multi_latent_attention:
+        return {}
+    given = {"yarn_rotary_scaling_factor": args.rotary_scaling_factor, "yarn_mscale": args.mscale,
+             "yarn_mscale_all_dim": args.mscale_all_dim,
+             "yarn_original_max_position_embeddings": args.yarn_original_max_position_embeddings,
+             "yarn_beta_fast": args.yarn_beta_fast, "yarn_beta_slow": args.yarn_beta_slow,
+             "yarn_correction_range_round_to_int": args.yarn_correction_range_round_to_int}
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def core_transformer_config_from_args(args):
     """The model's TransformerConfig, read off the validated args (Megatron's helper of the
     same name): the command line describes the model once, the layers read the config."""
@@ -273,7 +286,9 @@ def core_transformer_config_from_args(args):
         multi_latent_attention=args.multi_latent_attention, q_lora_rank=args.q_lora_rank,
         kv_lora_rank=args.kv_lora_rank, qk_head_dim=args.qk_head_dim,
         qk_pos_emb_head_dim=args.qk_pos_emb_head_dim, v_head_dim=args.v_head_dim,
-        rope_type=args.rope_type or "rope", rotary_base=args.rotary_base, rotary_percent=args.rotary_percent,
+        rope_type=args.rope_type or "yarn", rotary_base=args.rotary_base, rotary_percent=args.rotary_percent,
+        rotary_scaling_factor=args.rotary_scaling_factor, mscale=args.mscale, mscale_all_dim=args.mscale_all_dim,
+        **_yarn_config_fields(args),
         # mixture of experts
         num_moe_experts=args.num_experts, moe_router_topk=args.moe_router_topk,
         moe_aux_loss_coeff=args.moe_aux_loss_coeff, moe_layer_freq=args.moe_layer_freq,

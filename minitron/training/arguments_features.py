@@ -79,7 +79,6 @@ def validate_window(args):
 
 # Megatron 0.19's position types that minitron does not build, and why.
 _NOT_BUILT = {
-    "yarn": "YaRN's rope (Megatron's YarnRotaryEmbedding, used by DeepSeek's MLA) is not built here",
     "mrope": "multimodal rope needs the image/video position ids of a vision model",
     "relative": "T5's relative position bias needs Transformer Engine's attention in Megatron too",
 }
@@ -91,7 +90,7 @@ def validate_position_embedding(args):
         args.position_embedding_type = "rope"      # Megatron's legacy spelling wins, as there
     kind = args.position_embedding_type
     require(kind not in _NOT_BUILT, f"--position-embedding-type {kind}: {_NOT_BUILT.get(kind)}; "
-             "minitron has learned_absolute, rope and none")
+             "minitron has learned_absolute, rope, yarn and none")
     require(args.add_position_embedding or kind == "rope",
             "--no-position-embedding is deprecated (Megatron refuses it too unless the type is rope): "
             "use --position-embedding-type none for a model without positions")
@@ -102,6 +101,20 @@ def validate_position_embedding(args):
                                        ("--use-rope-scaling", args.use_rope_scaling)) if on]
         require(not given, f"{given[0] if given else ''} shapes rope's angles, and --position-embedding-type "
                  f"is {kind}: add --position-embedding-type rope, or drop it")
+    yarn_flags = [flag for flag, value in (
+        ("--yarn-original-max-position-embeddings", args.yarn_original_max_position_embeddings),
+        ("--yarn-beta-fast", args.yarn_beta_fast), ("--yarn-beta-slow", args.yarn_beta_slow),
+        ("--(no-)yarn-correction-range-round-to-int", args.yarn_correction_range_round_to_int)) if value is not None]
+    # Megatron reads them only for a GPT's yarn; MLA's yarn takes MLATransformerConfig's values.
+    require(not yarn_flags or (kind == "yarn" and not args.multi_latent_attention),
+            f"{yarn_flags[0] if yarn_flags else ''} shapes --position-embedding-type yarn's angles (MLA's yarn "
+            "keeps Megatron's defaults for it): add --position-embedding-type yarn, or drop it")
+    if kind == "yarn":
+        require(not args.multi_latent_attention, "--position-embedding-type yarn with --multi-latent-attention: "
+                "MLA rotates its own channels (Megatron asserts no rope is passed in); choose MLA's with "
+                "--rope-type yarn and --position-embedding-type rope")
+        require(args.rotary_percent >= 1.0, f"--rotary-percent {args.rotary_percent:g} with --position-embedding-"
+                "type yarn: Megatron's YaRN rotates all of a head's channels; drop --rotary-percent")
 
 
 def validate_mla(args):
@@ -114,8 +127,6 @@ def validate_mla(args):
         return
     require(not args.group_query_attention, "--multi-latent-attention excludes --group-query-attention "
              "(Megatron's rule: all heads already share one key/value latent): drop one")
-    require(args.rope_type == "rope", f"--multi-latent-attention rotates with {args.rope_type or 'yarn'} "
-             "(Megatron's MLA default is yarn), and minitron's MLA implements plain rope only: add --rope-type rope")
     require(args.context_parallel_size == 1, "--multi-latent-attention with --context-parallel-size > 1: "
              "minitron's MLA does not cut its rope for context-parallel chunks; drop one")
     require(args.qk_pos_emb_head_dim % 2 == 0, f"--qk-pos-emb-head-dim {args.qk_pos_emb_head_dim} must be "

@@ -88,8 +88,6 @@ NO_EFFECT = {
                                                    "like the parameters, which any tp, pp, ep and dp resumes"),
 }
 
-_YARN = ("YaRN rope scaling (Megatron's default for --multi-latent-attention); minitron's rope has "
-         "Llama 3.1's scaling only: use --rope-type rope and drop it")
 _FP8_PARAMS = ("keeps the weights themselves in fp8 and all-gathers them in fp8 from the distributed optimizer; "
                "minitron keeps them in the training dtype and casts them at each forward: drop it")
 _GPT_OSS = "one of gpt-oss's changes to the layer, which minitron's GPT does not make"
@@ -97,9 +95,6 @@ _GPT_OSS = "one of gpt-oss's changes to the layer, which minitron's GPT does not
 # flag: (takes a value, why it is refused and what to do instead)
 REFUSED = {
     "--fp8-param-gather": (False, _FP8_PARAMS),
-    "--rotary-scaling-factor": (True, _YARN),
-    "--mscale": (True, _YARN),
-    "--mscale-all-dim": (True, _YARN),
     "--quick-geglu": (False, _GPT_OSS + " (a sigmoid-gated GLU)"),
     "--glu-linear-offset": (True, _GPT_OSS + " (an offset added to the GLU's linear half)"),
     "--activation-func-clamp-value": (True, _GPT_OSS + " (the activation's inputs clamped)"),

@@ -26,6 +26,7 @@ from minitron.core import parallel_state
 from minitron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from minitron.core.tensor_parallel.mappings import all_gather_last_dim_from_tensor_parallel_region
 from minitron.core.models.common.embeddings.rotary_pos_embedding import apply_rotary_pos_emb
+from minitron.core.models.common.embeddings.yarn_rotary_pos_embedding import _yarn_get_concentration_factor_from_config
 from minitron.core.tensor_parallel.random import checkpoint as tensor_parallel_checkpoint
 from minitron.core.tensor_parallel.random import get_cuda_rng_tracker
 from minitron.core.tensor_parallel.utils import divide
@@ -184,6 +185,8 @@ class SelfAttention(MegatronModule):
         # its gradient over the TP group, as Megatron's does by these two names).
         self.q_layernorm = WrappedTorchNorm(config, config.kv_channels) if config.qk_layernorm else None
         self.k_layernorm = WrappedTorchNorm(config, config.kv_channels) if config.qk_layernorm else None
+        # --position-embedding-type yarn: YaRN's concentration factor on cos and sin (1.0 otherwise).
+        self._yarn_concentration_factor = _yarn_get_concentration_factor_from_config(config)
 
     def get_query_key_value_tensors(self, hidden_states):
         """[s, b, h] -> query [s, b, n/p, d], key and value [s, b, g/p, d]."""
@@ -216,9 +219,10 @@ class SelfAttention(MegatronModule):
     def forward(self, hidden_states, attention_mask=None, rotary_pos_emb=None):
         """[s, b, h] (or [s/p, b, h] with sequence parallelism) -> (output, bias) of the same shape."""
         query, key, value = self.get_query_key_value_tensors(hidden_states)
-        if rotary_pos_emb is not None:                           # --position-embedding-type rope
-            query = apply_rotary_pos_emb(query, rotary_pos_emb, self.config.rotary_interleaved)
-            key = apply_rotary_pos_emb(key, rotary_pos_emb, self.config.rotary_interleaved)
+        if rotary_pos_emb is not None:                           # --position-embedding-type rope / yarn
+            mscale = self._yarn_concentration_factor
+            query = apply_rotary_pos_emb(query, rotary_pos_emb, self.config.rotary_interleaved, mscale)
+            key = apply_rotary_pos_emb(key, rotary_pos_emb, self.config.rotary_interleaved, mscale)
         # key and value keep their g/p heads here: DotProductAttention repeats them for the
         # query heads of their group (inside the recomputed region, so the copies are not kept).
         if self.checkpoint_core_attention and self.training:

@@ -34,6 +34,7 @@ import torch
 
 from minitron.core import parallel_state
 from minitron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding, apply_rotary_pos_emb
+from minitron.core.models.common.embeddings.yarn_rotary_pos_embedding import YarnRotaryEmbedding, _yarn_get_mscale
 from minitron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from minitron.core.tensor_parallel.mappings import (copy_to_tensor_model_parallel_region,
                                                     gather_from_tensor_model_parallel_region,
@@ -53,13 +54,13 @@ def _column(config, in_size: int, out_size: int) -> ColumnParallelLinear:
                                 bias=False, gather_output=False)
 
 
-def apply_mla_rope(t: torch.Tensor, freqs: torch.Tensor, rotary_interleaved: bool) -> torch.Tensor:
+def apply_mla_rope(t: torch.Tensor, freqs: torch.Tensor, rotary_interleaved: bool, mscale: float = 1.0) -> torch.Tensor:
     """Rope on MLA's position channels. DeepSeek's checkpoints pair channels (2i, 2i+1); Megatron
     first moves the even channels ahead of the odd ones, then rotates as it does elsewhere."""
     rot = freqs.shape[-1]
     t_rot, t_pass = t[..., :rot], t[..., rot:]
     t_rot = torch.cat((t_rot[..., 0::2], t_rot[..., 1::2]), dim=-1)
-    return apply_rotary_pos_emb(torch.cat((t_rot, t_pass), dim=-1), freqs, rotary_interleaved)
+    return apply_rotary_pos_emb(torch.cat((t_rot, t_pass), dim=-1), freqs, rotary_interleaved, mscale)
 
 
 class MLASelfAttention(MegatronModule):
@@ -74,8 +75,13 @@ class MLASelfAttention(MegatronModule):
         # Megatron's order of registration (its Attention base builds these two first), which is
         # also the order of the state_dict and of the gradient buffer.
         self.core_attention = DotProductAttention(config, layer_number)
-        # A head's q·k runs over qk_head_dim + qk_pos_emb_head_dim channels, not kv_channels.
-        self.core_attention.softmax_scale = 1.0 / math.sqrt(self.q_head_dim)
+        # A head's q·k runs over qk_head_dim + qk_pos_emb_head_dim channels, not kv_channels. YaRN's
+        # temperature for all channels (mscale_all_dim) is folded in here, squared as q·k would
+        # square it; with rotary_scaling_factor <= 1 (or mscale_all_dim 0) it is 1. Megatron
+        # computes this whatever the rope_type, so a rope-type rope MLA gets it too.
+        mscale = _yarn_get_mscale(config.rotary_scaling_factor, config.mscale_all_dim)
+        self.softmax_scale = mscale * mscale / math.sqrt(self.q_head_dim)
+        self.core_attention.softmax_scale = self.softmax_scale
         self.checkpoint_core_attention = config.recompute_granularity == "selective"
         self.linear_proj = RowParallelLinear(
             n * config.v_head_dim, config.hidden_size, config=config, init_method=config.output_layer_init_method,
@@ -96,8 +102,16 @@ class MLASelfAttention(MegatronModule):
         self.kv_layernorm = WrappedTorchNorm(config, config.kv_lora_rank) if with_norms else None
         # MLA makes its own angles, for its qk_pos_emb_head_dim channels (GPTModel makes none).
         # Built with the default channel pairing and applied with the config's, as Megatron does.
-        self.rotary_pos_emb = RotaryEmbedding(config.qk_pos_emb_head_dim, config.rotary_percent,
-                                              rotary_base=config.rotary_base)
+        if config.rope_type == "rope":
+            self.rotary_pos_emb = RotaryEmbedding(config.qk_pos_emb_head_dim, config.rotary_percent,
+                                                  rotary_base=config.rotary_base)
+        else:   # "yarn", MLA's default (DeepSeek-V2/V3 stretch 4k to 160k with s = 40)
+            self.rotary_pos_emb = YarnRotaryEmbedding(
+                config.qk_pos_emb_head_dim, rotary_base=config.rotary_base,
+                scaling_factor=config.rotary_scaling_factor,
+                original_max_position_embeddings=config.original_max_position_embeddings,
+                beta_fast=config.beta_fast, beta_slow=config.beta_slow, mscale=config.mscale,
+                mscale_all_dim=config.mscale_all_dim)
 
     def _whole_latent(self, out: torch.Tensor, size: int) -> torch.Tensor:
         """A down projection's column slices -> the whole latent on every rank."""
@@ -136,9 +150,11 @@ class MLASelfAttention(MegatronModule):
         kv = kv.view(s, b, n_p, cfg.qk_head_dim + cfg.v_head_dim)
         q_nope, q_pos_emb = torch.split(q, [cfg.qk_head_dim, cfg.qk_pos_emb_head_dim], dim=-1)
         k_nope, value = torch.split(kv, [cfg.qk_head_dim, cfg.v_head_dim], dim=-1)
-        freqs = self.rotary_pos_emb(s)
-        q_pos_emb = apply_mla_rope(q_pos_emb, freqs, cfg.rotary_interleaved)
-        k_pos_emb = apply_mla_rope(k_pos_emb.unsqueeze(-2), freqs, cfg.rotary_interleaved)   # [s, b, 1, pe]
+        freqs, mscale = self.rotary_pos_emb(s), 1.0
+        if cfg.rope_type == "yarn":
+            freqs, mscale = freqs
+        q_pos_emb = apply_mla_rope(q_pos_emb, freqs, cfg.rotary_interleaved, mscale)
+        k_pos_emb = apply_mla_rope(k_pos_emb.unsqueeze(-2), freqs, cfg.rotary_interleaved, mscale)   # [s, b, 1, pe]
         query = torch.cat([q_nope, q_pos_emb], dim=-1)
         key = torch.cat([k_nope, k_pos_emb.expand(-1, -1, n_p, -1)], dim=-1)   # every head, the same k_pe
         return query.contiguous(), key.contiguous(), value.contiguous()

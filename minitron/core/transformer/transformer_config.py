@@ -141,9 +141,25 @@ class TransformerConfig(ModelParallelConfig):
     qk_head_dim: int = 128                  # a head's query/key channels without position
     qk_pos_emb_head_dim: int = 64           # its rope channels (one key part shared by all heads)
     v_head_dim: int = 128
-    rope_type: str = "rope"                 # Megatron's MLA default is "yarn", which minitron lacks
-    rotary_base: float = 10000              # MLA builds its own rope from these two
+    rope_type: str = "yarn"                 # MLA's rope, "rope" or "yarn" (Megatron's MLA default)
+    rotary_base: float = 10000              # MLA builds its own rope from these
     rotary_percent: float = 1.0
+    # YaRN for MLA (yarn_rotary_pos_embedding.py), MLATransformerConfig's names and defaults
+    rotary_scaling_factor: float = 40       # s: the context stretched s times
+    original_max_position_embeddings: int = 4096
+    beta_fast: float = 32                   # channels turning more than this often are kept
+    beta_slow: float = 1                    # ... fewer than this, slowed by s
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+    # YaRN for a GPT's attention (--position-embedding-type yarn): the attributes Megatron's
+    # training sets on its config (_apply_yarn_config_from_args), YarnRotaryEmbedding's defaults
+    yarn_rotary_scaling_factor: float = 1.0
+    yarn_original_max_position_embeddings: int = 4096
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_mscale: float = 1.0
+    yarn_mscale_all_dim: float = 0.0
+    yarn_correction_range_round_to_int: bool = True
     # Mamba-2 layers of a hybrid model (core/ssm/), Megatron's names and defaults
     is_hybrid_model: bool = False           # the stack follows a hybrid layer pattern (pretrain_hybrid)
     mamba_state_dim: int = 128              # n: the state each head keeps per channel
@@ -199,13 +215,13 @@ class TransformerConfig(ModelParallelConfig):
             self._check_mla()
 
     def _check_mla(self) -> None:
-        """What Megatron's MLA asserts, and the one thing minitron's lacks (YaRN)."""
+        """What Megatron's MLA asserts."""
         if self.num_query_groups != self.num_attention_heads:
             raise ValueError("multi_latent_attention excludes grouped-query attention: its heads already "
                              "share one latent; leave num_query_groups unset")
-        if self.rope_type != "rope":
-            raise ValueError(f"multi_latent_attention with rope_type {self.rope_type!r}: minitron's MLA "
-                             "implements rope_type 'rope' only (no YaRN)")
+        if self.rope_type not in ("rope", "yarn"):
+            raise ValueError(f"multi_latent_attention with rope_type {self.rope_type!r}: MLA's rope is "
+                             "'rope' or 'yarn' (Megatron's default)")
         for name in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 from minitron.core import parallel_state
 from minitron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from minitron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+from minitron.core.models.common.embeddings.yarn_rotary_pos_embedding import YarnRotaryEmbedding
 from minitron.core.models.common.language_module.language_module import LanguageModule
 from minitron.core.init_rng import layer_init_rng
 from minitron.core.tensor_parallel.layers import ColumnParallelLinear
@@ -56,6 +57,15 @@ class GPTModel(LanguageModule):
                 config.kv_channels, rotary_percent, rotary_interleaved=config.rotary_interleaved,
                 seq_len_interpolation_factor=seq_len_interpolation_factor, rotary_base=rotary_base,
                 rope_scaling=rope_scaling, rope_scaling_factor=rope_scaling_factor)
+        elif position_embedding_type == "yarn" and not config.multi_latent_attention:
+            self.rotary_pos_emb = YarnRotaryEmbedding(   # the config's yarn_* fields, as Megatron reads them
+                config.kv_channels, rotary_percent, rotary_interleaved=config.rotary_interleaved,
+                seq_len_interpolation_factor=seq_len_interpolation_factor, rotary_base=rotary_base,
+                scaling_factor=config.yarn_rotary_scaling_factor,
+                original_max_position_embeddings=config.yarn_original_max_position_embeddings,
+                beta_fast=config.yarn_beta_fast, beta_slow=config.yarn_beta_slow, mscale=config.yarn_mscale,
+                mscale_all_dim=config.yarn_mscale_all_dim,
+                correction_range_round_to_int=config.yarn_correction_range_round_to_int)
         self.decoder = TransformerBlock(config, pre_process, post_process, vp_stage)
         if post_process:
             # Column-parallel over the vocabulary: rank r computes logits for its ids only.
@@ -97,8 +107,10 @@ class GPTModel(LanguageModule):
         if decoder_input is None and self.pre_process:
             decoder_input = self.embedding(input_ids, position_ids)
         rotary_pos_emb = None
-        if self.position_embedding_type == "rope" and not self.config.multi_latent_attention:
+        if self.position_embedding_type in ("rope", "yarn") and not self.config.multi_latent_attention:
             rotary_pos_emb = self.rotary_pos_emb(self._rotary_seq_len(decoder_input))
+            if self.position_embedding_type == "yarn":   # (angles, mscale): the layers know mscale
+                rotary_pos_emb = rotary_pos_emb[0]
         hidden_states = self.decoder(decoder_input, attention_mask, rotary_pos_emb=rotary_pos_emb)
         if not self.post_process:
             return hidden_states

@@ -24,9 +24,9 @@ from minitron.core.transformer.module import MegatronModule
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
-# Megatron 0.19's choices that minitron builds (its yarn, mrope and relative are refused by
+# Megatron 0.19's choices that minitron builds (its mrope and relative are refused by
 # validate_args, by name).
-POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none")
+POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "yarn", "none")
 
 
 class LanguageModelEmbedding(MegatronModule):

@@ -119,12 +119,14 @@ def _rotate_half(x: torch.Tensor, rotary_interleaved: bool = False) -> torch.Ten
     return torch.stack((-x2, x1), dim=-1).flatten(-2)
 
 
-def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, rotary_interleaved: bool = False) -> torch.Tensor:
-    """Rotate t [s, b, n, d] by the angles freqs [s, 1, 1, rot_dim]; channels past rot_dim pass through."""
+def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, rotary_interleaved: bool = False,
+                         mscale: float = 1.0) -> torch.Tensor:
+    """Rotate t [s, b, n, d] by the angles freqs [s, 1, 1, rot_dim]; channels past rot_dim pass through.
+    ``mscale``: YaRN's concentration factor, a scale on cos and sin (1.0 for plain rope)."""
     rot_dim = freqs.shape[-1]
     t_rot, t_pass = t[..., :rot_dim], t[..., rot_dim:]
     # cos and sin of the fp32 angles, then cast: a value in [-1, 1] loses only bf16's 3 digits,
     # where an angle of thousands of radians cast to bf16 first would lose whole turns.
-    cos, sin = freqs.cos().to(t.dtype), freqs.sin().to(t.dtype)
+    cos, sin = (freqs.cos() * mscale).to(t.dtype), (freqs.sin() * mscale).to(t.dtype)
     t_rot = t_rot * cos + _rotate_half(t_rot, rotary_interleaved) * sin
     return torch.cat((t_rot, t_pass), dim=-1)
