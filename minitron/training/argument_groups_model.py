@@ -100,9 +100,18 @@ def _add_moe_args(parser):
                    help="beyond capacity, drop the least probable tokens (probs) or the last ones (position)")
     # Routing (moe/router.py, moe_utils.topk_routing_with_score_function); Megatron's defaults.
     g.add_argument("--moe-router-load-balancing-type", default="aux_loss",
-                   choices=["aux_loss", "seq_aux_loss", "global_aux_loss", "none"],
+                   choices=["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"],
                    help="the balance loss weighted by --moe-aux-loss-coeff: per micro-batch, per sequence, "
-                        "per global batch, or none (Sinkhorn is not built)")
+                        "per global batch; or sinkhorn (S-BASE: a balanced choice, no loss); or none")
+    g.add_argument("--moe-router-num-groups", type=POSITIVE, default=None,
+                   help="group-limited routing (DeepSeek-V3): cut the experts into this many groups, e.g. one "
+                        "per expert-parallel rank or node; with --moe-router-group-topk")
+    g.add_argument("--moe-router-group-topk", type=POSITIVE, default=None,
+                   help="each token chooses its top-k experts inside its best this-many groups")
+    g.add_argument("--moe-router-force-load-balancing", action="store_true",
+                   help="benchmarking only: random router logits, so every expert gets its even share")
+    g.add_argument("--moe-apply-probs-on-input", action="store_true",
+                   help="scale each expert's input by the routing weight, not its output (Llama 4; top-1 only)")
     g.add_argument("--moe-router-score-function", default="softmax", choices=["softmax", "sigmoid"],
                    help="how logits become scores: softmax over experts, or one sigmoid each")
     g.add_argument("--moe-router-pre-softmax", action="store_true",

@@ -186,7 +186,9 @@ MOE_DEFAULTS = {"moe_router_topk": 2, "moe_aux_loss_coeff": 0.0, "moe_layer_freq
 # MoE flags whose default (None or off) says "not given": refused for a dense model too.
 _MOE_ONLY = ("moe_ffn_hidden_size", "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
              "moe_router_pre_softmax", "moe_router_topk_scaling_factor", "moe_router_dtype", "moe_z_loss_coeff",
-             "moe_router_enable_expert_bias", "moe_shared_expert_intermediate_size", "moe_grouped_gemm")
+             "moe_router_enable_expert_bias", "moe_shared_expert_intermediate_size", "moe_grouped_gemm",
+             "moe_router_num_groups", "moe_router_group_topk", "moe_router_force_load_balancing",
+             "moe_apply_probs_on_input")
 
 
 def validate_moe(args):
@@ -262,16 +264,21 @@ def moe_setup_warning(args):
 MOE_CONFIG_FIELDS = ("moe_token_drop_policy", "moe_router_load_balancing_type", "moe_router_score_function",
                      "moe_router_pre_softmax", "moe_router_topk_scaling_factor", "moe_router_dtype",
                      "moe_z_loss_coeff", "moe_router_enable_expert_bias", "moe_router_bias_update_rate",
-                     "moe_shared_expert_intermediate_size", "moe_token_dispatcher_type", "moe_grouped_gemm")
+                     "moe_shared_expert_intermediate_size", "moe_token_dispatcher_type", "moe_grouped_gemm",
+                     "moe_router_num_groups", "moe_router_group_topk", "moe_router_force_load_balancing",
+                     "moe_apply_probs_on_input")
 
 
 def validate_moe_router(args):
     """The router's and the experts' options: Megatron's TransformerConfig rules, as one line each."""
-    require(args.moe_router_topk > 1 or args.moe_router_score_function != "softmax" or args.moe_router_pre_softmax,
+    sinkhorn = args.moe_router_load_balancing_type == "sinkhorn"   # weighs top-1 by a sigmoid
+    require(args.moe_router_topk > 1 or args.moe_router_score_function != "softmax" or args.moe_router_pre_softmax
+            or sinkhorn,
             "--moe-router-topk 1 with a softmax after the top-k gives every token the weight 1 and the router "
             "no gradient: add --moe-router-pre-softmax (Megatron's rule)")
     require(not args.moe_router_enable_expert_bias or args.moe_router_score_function == "sigmoid",
             "--moe-router-enable-expert-bias biases the sigmoid scores: add --moe-router-score-function sigmoid")
+    validate_moe_routing_extras(args)
     # A bias on an expert-tensor-parallel slice would be added once per slice (experts.py).
     etp = args.expert_tensor_parallel_size
     require(not args.add_bias_linear or etp == 1,
@@ -284,3 +291,30 @@ def validate_moe_router(args):
     require(shared is None or shared % args.tensor_model_parallel_size == 0,
             f"--moe-shared-expert-intermediate-size {shared} is not divisible by --tensor-model-parallel-size "
             f"{args.tensor_model_parallel_size}: the shared expert is split like the dense MLP")
+
+
+def validate_moe_routing_extras(args):
+    """Group-limited routing, Sinkhorn, probabilities on the input (Megatron's rules, and the
+    ones its code leaves to chance, marked minitron's)."""
+    e, k, groups, group_k = args.num_experts, args.moe_router_topk, args.moe_router_num_groups, args.moe_router_group_topk
+    require((groups is None) == (group_k is None),
+            "group-limited routing takes --moe-router-num-groups G and --moe-router-group-topk N together "
+            "(Megatron's rule for the second; the first alone would change nothing)")
+    if groups is not None:
+        require(e % groups == 0, f"--num-experts {e} is not divisible by --moe-router-num-groups {groups}")
+        require(group_k <= groups, f"--moe-router-group-topk {group_k} is more than --moe-router-num-groups {groups}")
+        # minitron's: a group scores the sum of its best k / N experts, and the final top-k must
+        # fit in the N groups kept (else it picks masked experts, weight -inf)
+        require(group_k <= k <= group_k * (e // groups),
+                f"--moe-router-topk {k} must lie between --moe-router-group-topk {group_k} and the "
+                f"{group_k * (e // groups)} experts of the {group_k} groups a token keeps")
+    sinkhorn = args.moe_router_load_balancing_type == "sinkhorn"
+    require(not sinkhorn or not args.moe_aux_loss_coeff,
+            "--moe-router-load-balancing-type sinkhorn balances without a loss: drop --moe-aux-loss-coeff "
+            "(Megatron's rule)")
+    require(not sinkhorn or args.moe_expert_capacity_factor is None,
+            "--moe-expert-capacity-factor drops tokens only after a loss-balanced or unbalanced choice, not "
+            "Sinkhorn's: drop one of them (Megatron's rule)")
+    require(not args.moe_apply_probs_on_input or k == 1,
+            f"--moe-apply-probs-on-input scales the input of a token's one expert: it needs --moe-router-topk 1, "
+            f"got {k} (Megatron's rule)")

@@ -130,6 +130,10 @@ class TransformerConfig(ModelParallelConfig):
     moe_shared_expert_intermediate_size: int | None = None   # one always-on MLP of this width beside the experts
     moe_token_dispatcher_type: str = "allgather"  # or "alltoall" (moe/token_dispatcher.py)
     moe_grouped_gemm: bool = False           # the local experts as one batched matmul (experts_grouped.py)
+    moe_router_num_groups: int | None = None  # group-limited routing: the experts cut into this many groups
+    moe_router_group_topk: int | None = None  # ... of which each token may use this many (None: off)
+    moe_router_force_load_balancing: bool = False   # random logits: balanced load, for benchmarks
+    moe_apply_probs_on_input: bool = False   # the routing weight scales the expert's input (top-1), not its output
     expert_model_parallel_size: int = 1
     expert_tensor_parallel_size: int | None = None  # None: tensor_model_parallel_size
 

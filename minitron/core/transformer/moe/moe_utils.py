@@ -1,6 +1,6 @@
 """The pieces of an MoE layer that hold no parameters: token permutation and the load-balancing loss.
 
-permute / unpermute
+permute / unpermute (apply_probs_on_input)
     A router sends each token to k experts. To run an expert as one matrix product, its tokens
     must sit next to each other, so the dispatcher *permutes*: the rows of the [tokens, hidden]
     input are copied out grouped by expert (expert 0's tokens, then expert 1's, ...), a token
@@ -25,13 +25,16 @@ switch_load_balancing_loss_func, MoEAuxLossAutoScaler
     autoscaler hangs it on the router's output, so backward through the layer also runs
     backward from the aux loss (scaled like the main loss: 1 / micro-batches, x fp16 scale).
 
-topk_routing_with_score_function, compute_routing_scores_for_aux_loss
+topk_routing_with_score_function, group_limited_topk, compute_routing_scores_for_aux_loss
     The router's scores (softmax or sigmoid), its top-k choice (optionally on scores plus the
-    aux-loss-free expert bias), and the weights of the chosen experts.
+    aux-loss-free expert bias, optionally inside a few groups of experts), and the weights of
+    the chosen experts.
 
-z_loss_func, get_updated_expert_bias
-    The z-loss keeps the router's logits small; the expert bias of aux-loss-free balancing
-    moves by a fixed step after each global batch, up for starved experts, down for busy ones.
+z_loss_func
+    The z-loss keeps the router's logits small.
+
+(Balancing without a loss, re-exported here under Megatron's names: Sinkhorn, forced balance
+with random logits, the aux-loss-free expert bias's step, is load_balancing.py.)
 
 (The per-layer record of these losses, what the iteration log prints, is moe_logging.py.)
 """
@@ -42,7 +45,9 @@ import math
 
 import torch
 
-from minitron.core import parallel_state
+from minitron.core.transformer.moe.load_balancing import (  # noqa: F401  (re-exported: Megatron's names)
+    apply_random_logits, finish_router_step, get_updated_expert_bias, sinkhorn, update_router_expert_bias,
+)
 from minitron.trace import traced
 
 
@@ -116,6 +121,19 @@ def unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor, probs
     return output.index_add(0, sorted_indices, weighted)
 
 
+def apply_probs_on_input(permuted_tokens: torch.Tensor, probs: torch.Tensor, routing_map: torch.Tensor):
+    """--moe-apply-probs-on-input (Llama 4): each permuted row is scaled by its routing weight
+    *before* its expert, and comes back unweighted. Returns the scaled rows and the weights
+    unpermute should then use: 1 on every routed entry. With one expert per token (top-1, the
+    only case Megatron allows) the expert sees p * x instead of x: its nonlinearity makes the
+    output differ from p * expert(x), and the router's gradient flows through the expert.
+    Megatron scales the rows where they arrive, in the experts; scaling them where they leave
+    gives the same numbers (a row and its weight travel together) and keeps the experts' code one."""
+    weights = probs.T.contiguous().masked_select(routing_map.T.contiguous())   # the rows' order
+    weighted = (permuted_tokens * weights.unsqueeze(-1)).to(permuted_tokens.dtype)
+    return weighted, routing_map.to(probs.dtype)
+
+
 def switch_load_balancing_loss_func(probs: torch.Tensor, tokens_per_expert: torch.Tensor,
                                     total_num_tokens: int, topk: int, num_experts: int,
                                     moe_aux_loss_coeff: float) -> torch.Tensor:
@@ -161,7 +179,26 @@ class MoEAuxLossAutoScaler(torch.autograd.Function):
         MoEAuxLossAutoScaler.main_loss_backward_scale = scale.detach().reshape(())
 
 
+def group_limited_topk(scores: torch.Tensor, topk: int, num_tokens: int, num_experts: int, num_groups: int,
+                       group_topk: int):
+    """The top-k of ``scores`` [T, E], taken only inside each token's ``group_topk`` best groups.
+
+    The E experts are cut into ``num_groups`` groups of consecutive experts (with E/ep experts
+    per rank, a group per rank or per node: DeepSeek-V2 limits a token to 3 devices, DeepSeek-V3
+    to 4 nodes, so its all-to-all reaches few peers). A group's score is the sum of its best
+    topk / group_topk expert scores; a token keeps its best ``group_topk`` groups, and the
+    experts of the others get -inf, so the final top-k cannot pick them.
+    """
+    grouped = scores.view(num_tokens, num_groups, -1)
+    group_scores = grouped.topk(topk // group_topk, dim=-1).values.sum(dim=-1)     # [T, groups]
+    best_groups = group_scores.topk(group_topk, dim=-1, sorted=False).indices
+    group_mask = torch.zeros_like(group_scores).scatter(1, best_groups, 1).bool()
+    expert_mask = group_mask.unsqueeze(-1).expand(grouped.shape).reshape(num_tokens, num_experts)
+    return scores.masked_fill(~expert_mask, float("-inf")).topk(topk, dim=-1)
+
+
 def topk_routing_with_score_function(logits: torch.Tensor, topk: int, use_pre_softmax: bool = False,
+                                     num_groups: int | None = None, group_topk: int | None = None,
                                      scaling_factor: float | None = None, score_function: str = "softmax",
                                      expert_bias: torch.Tensor | None = None):
     """logits [T, E] -> (probs [T, E], zero off the chosen experts; routing_map [T, E] bool).
@@ -173,19 +210,25 @@ def topk_routing_with_score_function(logits: torch.Tensor, topk: int, use_pre_so
     the k largest are chosen and, for k > 1, divided by their sum. The expert bias of
     aux-loss-free balancing is added to the scores for the *choice* only: the weights come
     from the unbiased scores, so the bias steers traffic without entering the gradient.
+    With ``group_topk`` every top-k above is group_limited_topk's (on the logits, the softmax
+    scores or the biased sigmoids, whichever the choice is made on).
     ``scaling_factor`` then multiplies the weights (a top-k with weights summing to one would
     otherwise shrink the layer's output as k grows). Scores are fp32; probs leave in logits' dtype.
     """
+    def choose(scores):   # -> (the k values, their experts)
+        if group_topk:
+            return group_limited_topk(scores, topk, *logits.shape, num_groups, group_topk)
+        return torch.topk(scores, k=topk, dim=1)
+
     if score_function == "softmax":
         if use_pre_softmax:
-            probs, top_indices = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float32), k=topk, dim=1)
+            probs, top_indices = choose(torch.softmax(logits, dim=-1, dtype=torch.float32))
         else:
-            top_logits, top_indices = torch.topk(logits, k=topk, dim=1)
+            top_logits, top_indices = choose(logits)
             probs = torch.softmax(top_logits, dim=-1, dtype=torch.float32)
     else:   # sigmoid
         scores = torch.sigmoid(logits.float())
-        choose_by = scores if expert_bias is None else scores + expert_bias.float()
-        _, top_indices = torch.topk(choose_by, k=topk, dim=1)
+        _, top_indices = choose(scores if expert_bias is None else scores + expert_bias.float())
         probs = torch.gather(scores, 1, top_indices)
         # 1e-20: Megatron's guard against a sum of zero
         probs = probs / (probs.sum(dim=-1, keepdim=True) + 1e-20) if topk > 1 else probs
@@ -215,51 +258,3 @@ def z_loss_func(logits: torch.Tensor, z_loss_coeff: float) -> torch.Tensor:
     """ST-MoE's z-loss, coeff * mean over tokens of logsumexp(logits)^2: large logits make the
     softmax brittle (and overflow in low precision); this pulls them towards zero."""
     return torch.mean(torch.square(torch.logsumexp(logits, dim=-1))) * z_loss_coeff
-
-
-def get_updated_expert_bias(tokens_per_expert: torch.Tensor, expert_bias: torch.Tensor,
-                            expert_bias_update_rate: float, group) -> torch.Tensor:
-    """Aux-loss-free balancing's step (DeepSeek-V3): sum the step's counts over every rank that
-    routed tokens (tensor x data x context parallel), then move each expert's bias by
-    ``rate`` towards balance: up if it got fewer than the mean, down if more (sign, not size)."""
-    with torch.no_grad():
-        torch.distributed.all_reduce(tokens_per_expert, group=group)
-        average = tokens_per_expert.sum(dim=-1, keepdim=True) / tokens_per_expert.shape[-1]
-        return expert_bias + torch.sign(average - tokens_per_expert) * expert_bias_update_rate
-
-
-def _biased_routers(model) -> list:
-    """The routers of these model chunks that carry an expert bias and are training."""
-    return [m for chunk in model for m in chunk.modules()
-            if getattr(m, "expert_bias", None) is not None and m.training]
-
-
-def update_router_expert_bias(model, config) -> None:
-    """Every router's expert bias moves one step: one stacked all-reduce of the counts for all
-    of a rank's MoE layers (Megatron's _update_router_expert_bias)."""
-    routers = _biased_routers(model)
-    if not routers:   # a stage without MoE layers
-        return
-    counts = torch.stack([r.local_tokens_per_expert for r in routers])
-    biases = torch.stack([r.expert_bias for r in routers])
-    group = parallel_state.get_tensor_and_data_parallel_group(with_context_parallel=True)
-    updated = get_updated_expert_bias(counts, biases, config.moe_router_bias_update_rate, group)
-    for router, bias in zip(routers, updated):
-        router.expert_bias.copy_(bias)
-
-
-# The trace shows, per MoE layer of the rank, the bias this step routed with and this rank's counts.
-@traced(args=lambda model, config: {
-    "expert_bias": [[round(b, 6) for b in r.expert_bias.tolist()] for r in _biased_routers(model)],
-    "tokens_per_expert": [[int(n) for n in r.local_tokens_per_expert.tolist()] for r in _biased_routers(model)]})
-def finish_router_step(model, config) -> None:
-    """After the step's backward (finalize_model_grads): the aux-loss-free bias update, then
-    the routers' per-step counts start again (Megatron's reset_model_temporary_tensors)."""
-    if config.moe_router_enable_expert_bias:
-        update_router_expert_bias(model, config)
-    for chunk in model:
-        for module in chunk.modules():
-            if getattr(module, "local_tokens_per_expert", None) is not None:
-                module.local_tokens_per_expert.zero_()
-            if hasattr(module, "reset_global_aux_loss_tracker"):
-                module.reset_global_aux_loss_tracker()

@@ -1,8 +1,10 @@
 """TopKRouter: which k experts each token goes to, and with what weight.
 
     logits = x W^T (+ b)                 [T, E]   one score per token and expert
+    [random logits]                      --moe-router-force-load-balancing (benchmarks)
     [z-loss]                             keeps the logits small (--moe-z-loss-coeff)
-    scores, top-k                        the k experts a token is sent to (routing_map)
+    scores, top-k                        the k experts a token is sent to (routing_map),
+                                         [inside its best groups of experts] or [by Sinkhorn]
     weights of the chosen k              softmax over their logits, or normalised sigmoids (probs)
     [capacity]                           tokens beyond an expert's capacity dropped
     [balance loss]                       aux_loss, seq_aux_loss or global_aux_loss, hung on probs
@@ -28,8 +30,8 @@ from minitron.core.tensor_parallel.weight_init import init_device
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.moe.moe_logging import save_to_aux_losses_tracker
 from minitron.core.transformer.moe.moe_utils import (
-    MoEAuxLossAutoScaler, apply_router_token_dropping, compute_routing_scores_for_aux_loss,
-    switch_load_balancing_loss_func, topk_routing_with_score_function, z_loss_func,
+    MoEAuxLossAutoScaler, apply_random_logits, apply_router_token_dropping, compute_routing_scores_for_aux_loss,
+    sinkhorn, switch_load_balancing_loss_func, topk_routing_with_score_function, z_loss_func,
 )
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
@@ -90,10 +92,14 @@ class TopKRouter(MegatronModule):
         seq_length, batch = logits.shape[:2]
         logits = logits.reshape(-1, self.num_experts)
         logits = self.apply_z_loss(logits)
-        probs, routing_map = topk_routing_with_score_function(
-            logits, self.topk, use_pre_softmax=self.config.moe_router_pre_softmax,
-            scaling_factor=self.config.moe_router_topk_scaling_factor, score_function=self.score_function,
-            expert_bias=self.expert_bias)
+        if self.routing_type == "sinkhorn":
+            probs, routing_map = self.sinkhorn_load_balancing(logits)
+        else:
+            probs, routing_map = topk_routing_with_score_function(
+                logits, self.topk, use_pre_softmax=self.config.moe_router_pre_softmax,
+                num_groups=self.config.moe_router_num_groups, group_topk=self.config.moe_router_group_topk,
+                scaling_factor=self.config.moe_router_topk_scaling_factor, score_function=self.score_function,
+                expert_bias=self.expert_bias)
         if self.config.moe_expert_capacity_factor is not None:
             probs, routing_map = apply_router_token_dropping(
                 probs, routing_map, self.topk, self.config.moe_expert_capacity_factor,
@@ -106,6 +112,20 @@ class TopKRouter(MegatronModule):
         if self.expert_bias is not None and torch.is_grad_enabled():   # not in eval or a recompute
             self.local_tokens_per_expert += routing_map.sum(dim=0)
         return probs, routing_map
+
+    def sinkhorn_load_balancing(self, logits):
+        """S-BASE: in training the top-k of the Sinkhorn-balanced exp(logits) (fp32, no gradient)
+        chooses; the weights are the chosen experts' sigmoids (top-1) or softmax shares (top-k,
+        over all E: they do not sum to one), unscaled. In eval the top-k of those scores chooses."""
+        if self.topk == 1:
+            scores = torch.sigmoid(logits)
+        else:
+            scores = torch.softmax(logits, dim=-1, dtype=torch.float32).type_as(logits)
+        with torch.no_grad():
+            chosen_by = sinkhorn(logits.float()) if self.training else scores
+            top_indices = torch.topk(chosen_by, k=self.topk, dim=1).indices
+        routing_map = torch.zeros_like(logits, dtype=torch.bool).scatter(1, top_indices, True)
+        return scores * routing_map, routing_map
 
     def apply_load_balancing_loss(self, probs, scores, routing_map, seq_length: int, batch: int):
         """The balance loss of ``self.routing_type``, hung on ``probs``.
@@ -160,7 +180,10 @@ class TopKRouter(MegatronModule):
                                       "topk": self.topk, "score_function": self.score_function})
     def forward(self, input: torch.Tensor):
         self._maintain_float32_expert_bias()
-        return self.routing(self.gating(input))
+        logits = self.gating(input)
+        if self.config.moe_router_force_load_balancing:
+            logits = apply_random_logits(logits)
+        return self.routing(logits)
 
     def _maintain_float32_expert_bias(self) -> None:
         """Float16Module cast every floating buffer; a bias moving in steps of 1e-3 and counts

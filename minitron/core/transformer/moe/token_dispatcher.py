@@ -38,7 +38,9 @@ from minitron.core import parallel_state
 from minitron.core.tensor_parallel import (
     all_to_all, gather_from_sequence_parallel_region, reduce_scatter_to_sequence_parallel_region,
 )
-from minitron.core.transformer.moe.moe_utils import get_capacity, permute, sort_chunks_by_idxs, unpermute
+from minitron.core.transformer.moe.moe_utils import (
+    apply_probs_on_input, get_capacity, permute, sort_chunks_by_idxs, unpermute,
+)
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
@@ -108,6 +110,8 @@ class MoEAlltoAllTokenDispatcher:
         hidden_states = hidden_states.reshape(-1, self.hidden_shape[-1])
         tokens_per_expert = self.preprocess(routing_map)
         permuted, self.reversed_local_input_permutation_mapping = permute(hidden_states, routing_map)
+        if self.config.moe_apply_probs_on_input:
+            permuted, self.probs = apply_probs_on_input(permuted, probs, routing_map)
         global_input_tokens = all_to_all(self.ep_group, permuted, self.output_splits, self.input_splits)
         if self.tp_size > 1:
             global_input_tokens = gather_from_sequence_parallel_region(
@@ -162,6 +166,8 @@ class MoEAllGatherTokenDispatcher:
         # (Megatron's), where reading them one by one would wait on the device once per expert.
         tokens_per_expert = self.local_map.sum(dim=0).long().cpu()
         permuted, self.reversed_local_input_permutation_mapping = permute(hidden_states, self.local_map)
+        if self.config.moe_apply_probs_on_input:
+            permuted, self.local_probs = apply_probs_on_input(permuted, self.local_probs, self.local_map)
         return permuted, tokens_per_expert
 
     @traced(args=lambda self, hidden_states: {"hidden_states": short_value(hidden_states)})
