@@ -27,7 +27,7 @@ RUNS_WARNED = "runs, with the warning"
 EXPECTED = {
     "gpt3_175b": ("--step-batch-size-schedule", "drop --global-batch-size (Megatron: cannot specify both)"),
     "gpt3_175b_schedule": ("--step-batch-size-schedule", "train with --train-samples N instead of --train-iters"),
-    "llama3_8b": ("--fp8-format", "fp8 matmuls (Transformer Engine) change the math"),
+    "llama3_8b": ("--fp8-param-gather", "all-gathers them in fp8 from the distributed optimizer"),
     "llama3_8b_bf16": RUNS,
     "mixtral_8x7b": RUNS,   # gated experts, --load with --no-load-optim --no-load-rng: all taken
     "gpt_oss": ("--quick-geglu", "a sigmoid-gated GLU"),

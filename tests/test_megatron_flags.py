@@ -122,7 +122,7 @@ def test_estimate_lists_each_no_effect_flag_once():
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["--fp8-format", "hybrid"], "--fp8-format is refused: fp8 matmuls"),
+    (["--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"], "--fp8-recipe mxfp8 is refused: MXFP8"),
     (["--fp8-param-gather"], "--fp8-param-gather is refused"),
     (["--softmax-type", "learnable"], "--softmax-type is refused: one of gpt-oss's changes"),
     (["--moe-router-load-balancing-type", "sinkhorn"], "invalid choice: 'sinkhorn'"),
