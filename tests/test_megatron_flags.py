@@ -125,7 +125,7 @@ def test_estimate_lists_each_no_effect_flag_once():
     (["--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"], "--fp8-recipe mxfp8 is refused: MXFP8"),
     (["--fp8-param-gather"], "--fp8-param-gather is refused"),
     (["--softmax-type", "learnable"], "--softmax-type is refused: one of gpt-oss's changes"),
-    (["--moe-router-load-balancing-type", "sinkhorn"], "invalid choice: 'sinkhorn'"),
+    (["--moe-router-load-balancing-type", "quantile_balancing"], "invalid choice: 'quantile_balancing'"),
     (["--no-position-embedding"], "use --position-embedding-type none"),
     (["--position-embedding-type", "mrope"], "--position-embedding-type mrope: multimodal rope"),
     (["--bf16", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"], "exclude each other"),
