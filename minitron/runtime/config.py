@@ -30,16 +30,21 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from minitron.runtime.config_sections import parse_optimizer, parse_precision, parse_scheduler, parse_zero
+from minitron.runtime.config_optimizer import ZERO_TESTED, parse_optimizer
+from minitron.runtime.config_sections import parse_precision, parse_scheduler, parse_zero
 from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, flag, json_value, number, positive_int
 
 TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 # Top-level keys minitron reads; anything else is refused (see check_keys for keys accepted only
 # at DeepSpeed's default value, such as the seed notes' "wall_clock_breakdown": false).
 TOP_LEVEL = TRIAD + ("steps_per_print", "gradient_clipping", "fp16", "bf16", "bfloat16", "optimizer",
-                     "scheduler", "zero_optimization", "checkpoint")
-DEFAULT_ONLY = {"prescale_gradients": False, "wall_clock_breakdown": False, "gradient_predivide_factor": 1.0,
-                "zero_allow_untested_optimizer": False, "sparse_gradients": False}
+                     "scheduler", "zero_optimization", "checkpoint", "zero_allow_untested_optimizer")
+DEFAULT_ONLY = {"prescale_gradients": False, "wall_clock_breakdown": False, "gradient_predivide_factor": 1.0}
+# Keys DeepSpeed 0.19.8 refuses whatever their value, because the feature behind them is gone
+# (its _REMOVED_TOP_LEVEL_CONFIG_KEYS): a leftover would otherwise be silently ignored.
+REMOVED = {"sparse_gradients": "DeepSpeed 0.19.8 removed sparse compression of dense embedding gradients and "
+                               "refuses the key whatever its value (an nn.Embedding(sparse=True) needs no flag); "
+                               "remove it"}
 
 
 def _no_duplicate_keys(pairs):
@@ -158,6 +163,9 @@ class DeepSpeedConfig:
         self._param_dict = load_config(config)
         self.world_size = self._data_parallel_size(mpu, world_size)
         params = self._param_dict
+        for key, why in REMOVED.items():
+            if key in params:
+                raise DeepSpeedConfigError(f"{key}: {why}")
         check_keys(params, TOP_LEVEL, DEFAULT_ONLY, where="ds_config")
         triad = [positive_int(params, key, allow_none=True, minimum=None) for key in TRIAD]
         self.train_batch_size, self.train_micro_batch_size_per_gpu, self.gradient_accumulation_steps = \
@@ -175,6 +183,12 @@ class DeepSpeedConfig:
         self.zero_config = parse_zero(params)
         self.zero_optimization_stage = self.zero_config.stage
         self.zero_enabled = self.zero_optimization_stage > 0
+        self.zero_allow_untested_optimizer = flag(params, "zero_allow_untested_optimizer", False, "ds_config")
+        if self.zero_enabled and self.optimizer_name not in (None,) + ZERO_TESTED \
+                and not self.zero_allow_untested_optimizer:   # DeepSpeed's _do_optimizer_sanity_check
+            raise DeepSpeedConfigError(f"optimizer.type {self.optimizer_name!r} is untested with ZeRO (stage "
+                                       f"{self.zero_optimization_stage}); DeepSpeed runs it only with "
+                                       f"\"zero_allow_untested_optimizer\": true")
         # "checkpoint": {"load_universal": true}: load_checkpoint reads a universal checkpoint
         # (runtime/checkpoint/universal_checkpoint.py). DeepSpeed's other checkpoint keys (tag
         # validation, node-local storage, parallel writes) are not built, so they are refused.

@@ -1,4 +1,5 @@
-"""The ds_config's sections other than the batch triad: precision, optimizer, scheduler, ZeRO.
+"""The ds_config's sections other than the batch triad: precision, scheduler, ZeRO (the optimizer:
+``config_optimizer.py``).
 
 Defaults are DeepSpeed's (deepspeed/runtime/constants.py, zero/config.py, lr_schedules.py). Each
 parser refuses what minitron does not run — offloading, other optimizers, other schedules — with
@@ -69,7 +70,6 @@ def parse_precision(params: dict) -> Precision:
 
 # --- optimizer and scheduler ------------------------------------------------------------------
 
-OPTIMIZERS = {"Adam": ("lr", "betas", "eps", "weight_decay"), "AdamW": ("lr", "betas", "eps", "weight_decay")}
 # DeepSpeed's five schedules and the constructor arguments a config may give each (DeepSpeed
 # validates nothing before calling the constructor: an unknown key is its TypeError).
 _WARMUP = ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type")
@@ -84,42 +84,23 @@ SCHEDULERS = {"WarmupLR": _WARMUP,
                               "lr_range_test_staircase")}
 
 
-def _typed_section(params: dict, key: str, kinds: dict, any_case: bool = False) -> tuple[Optional[str], dict]:
+def _typed_section(params: dict, key: str, kinds: dict, any_case: tuple = ()) -> tuple[Optional[str], dict]:
     """``{"type": ..., "params": {...}}`` sections: the type (one minitron runs) and its params.
-    ``any_case``: DeepSpeed lower-cases an optimizer's name before it compares ("adam", "ADAM"
-    and "Adam" are one optimizer); a scheduler's name is looked up as written."""
+    ``any_case``: the names DeepSpeed lower-cases before it compares ("adam", "ADAM" and "Adam"
+    are one optimizer); any other name is looked up as written."""
     section = _section(params, key)
     if not section:
         return None, {}
     check_keys(section, ("type", "params"), {}, key)
     kind = section.get("type")
-    if any_case and isinstance(kind, str):
+    if isinstance(kind, str) and kind.lower() in {name.lower() for name in any_case}:
         # Resolved to minitron's spelling (DeepSpeed keeps "adam"): the engine tells AdamW by it.
-        kind = {name.lower(): name for name in kinds}.get(kind.lower(), kind)
+        kind = {name.lower(): name for name in any_case}[kind.lower()]
     if not isinstance(kind, str) or kind not in kinds:  # (a list or an object cannot even be looked up)
-        raise DeepSpeedConfigError(f"{key}.type {json_value(kind)}: minitron runs {' or '.join(kinds)}")
+        case = next((n for n in kinds if isinstance(kind, str) and n.lower() == kind.lower()), None)
+        why = f"; DeepSpeed looks a torch optimizer up by its exact name: write {case!r}" if case else ""
+        raise DeepSpeedConfigError(f"{key}.type {json_value(kind)}: minitron runs {', '.join(kinds)}{why}")
     return kind, _section(section, "params")
-
-
-def parse_optimizer(params: dict) -> tuple[Optional[str], Optional[dict]]:
-    """Adam or AdamW with their params; None when the program passes its own optimizer."""
-    kind, opt = _typed_section(params, "optimizer", OPTIMIZERS, any_case=True)
-    if kind is None:
-        return None, None
-    check_keys(opt, OPTIMIZERS[kind] + ("adam_w_mode", "torch_adam"), {}, "optimizer.params")
-    out = {"lr": number(opt, "lr", 1e-3, "optimizer.params", low=0),
-           "eps": number(opt, "eps", 1e-8, "optimizer.params", low=0),
-           "weight_decay": number(opt, "weight_decay", 0.0, "optimizer.params", low=0)}
-    betas = opt.get("betas", [0.9, 0.999])
-    if (not isinstance(betas, list) or len(betas) != 2
-            or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
-        raise DeepSpeedConfigError(f"optimizer.params.betas must be two numbers in [0, 1), got {json_value(betas)}")
-    out["betas"] = [float(b) for b in betas]
-    if "adam_w_mode" in opt:   # DeepSpeed's "Adam" is AdamW unless this is false; "AdamW" always is
-        out["adam_w_mode"] = flag(opt, "adam_w_mode", True, "optimizer.params")
-    if "torch_adam" in opt:    # torch's Adam/AdamW instead of DeepSpeed's default FusedAdam
-        out["torch_adam"] = flag(opt, "torch_adam", False, "optimizer.params")
-    return kind, out
 
 
 def parse_scheduler(params: dict) -> tuple[Optional[str], Optional[dict]]:

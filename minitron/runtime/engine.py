@@ -21,6 +21,7 @@ import torch
 from minitron import comm as dist   # deepspeed/runtime/engine.py: from deepspeed import comm as dist
 from minitron.accelerator import get_accelerator
 from minitron.ops.adam import FusedAdam
+from minitron.ops.lamb import FusedLamb
 from minitron.runtime.checkpoint import engine_checkpoint as checkpoint
 from minitron.runtime.config import DeepSpeedConfig
 from minitron.runtime.loss_scaler import CreateLossScaler
@@ -114,6 +115,11 @@ class DeepSpeedEngine(torch.nn.Module):
                                                     model_parallel_rank=_tensor_parallel_rank(mpu),
                                                     overlap_comm=config.zero_config.overlap_comm)
         self.basic_optimizer = basic
+        if isinstance(basic, FusedLamb) and self.zero_optimization_stage() == 0:
+            # DeepSpeed's stage 0 hands Lamb each tensor; minitron's one flat master per group holds
+            # them end to end, so Lamb is told where each lies to take its trust ratio per tensor.
+            for master, params in zip(self.optimizer.single_partition_of_fp32_groups, self.optimizer.bit16_groups):
+                basic.tensor_sizes[master] = [p.numel() for p in params]
         self.lr_scheduler = self._configure_lr_scheduler(lr_scheduler)
         self.training_dataloader = None
         if training_data is not None:
@@ -149,8 +155,15 @@ class DeepSpeedEngine(torch.nn.Module):
         if callable(optimizer):
             return optimizer(params)
         if self._config.optimizer_name is None:
-            raise ValueError("no optimizer: pass optimizer= to initialize() or give the ds_config an optimizer")
+            # DeepSpeed builds no optimizer then (a section without "type" included): ZeRO 1-2
+            # refuse at initialize, stage 0 at the first step(). Either way a training run cannot go on.
+            raise ValueError("no optimizer: the ds_config names no optimizer \"type\" and initialize() was given "
+                             "no optimizer=; name one in either")
         kwargs = dict(self._config.optimizer_params)
+        if self._config.optimizer_name == "SGD":     # any other torch.optim name: getattr(torch.optim, name)
+            return torch.optim.SGD(params, **kwargs)
+        if self._config.optimizer_name == "Lamb":
+            return FusedLamb(params, **kwargs)
         # DeepSpeed's "Adam" is AdamW (decoupled weight decay) unless adam_w_mode is false.
         adam_w = kwargs.pop("adam_w_mode", True) or self._config.optimizer_name == "AdamW"
         # Its default is FusedAdam, whose state (and so checkpoint) differs from torch's Adam in

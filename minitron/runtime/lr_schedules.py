@@ -37,6 +37,9 @@ from minitron.runtime.lr_schedules_cycle import LRRangeTest, OneCycle, Schedule,
 class WarmupLR(Schedule):
     def __init__(self, optimizer, warmup_min_lr: float = 0.0, warmup_max_lr: float | list | None = None,
                  warmup_num_steps: int = 1000, warmup_type: str = "log", last_batch_iteration: int = -1):
+        # DeepSpeed refuses 0 here (and so WarmupDecayLR's 0), though max(2, n) below would run it.
+        if not isinstance(warmup_num_steps, int) or warmup_num_steps <= 0:
+            raise ValueError(f"warmup_num_steps must be a positive integer, got {warmup_num_steps}")
         if warmup_type not in ("log", "linear"):
             raise ValueError(f'warmup_type must be "log" or "linear", got {warmup_type!r}')
         self.optimizer = optimizer = torch_optimizer(optimizer)

@@ -1,0 +1,78 @@
+"""The ds_config's ``optimizer`` section, as DeepSpeed 0.19.8's engine reads it
+(``_configure_basic_optimizer``): its own Adam, AdamW and Lamb, and torch's SGD.
+
+Under ZeRO (stage 1-3) DeepSpeed runs an optimizer it has not tested with ZeRO only when
+``"zero_allow_untested_optimizer": true`` says so; config.py asks that once the stage is known.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from minitron.runtime.config_sections import _section, _typed_section
+from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, flag, json_value, number
+
+# DeepSpeed's own optimizers are named in any case ("lamb", "LAMB"); any other type is looked up
+# in torch.optim by its exact name (getattr(torch.optim, type)), so "SGD" is torch's SGD and
+# "sgd" is DeepSpeed's AttributeError. Each with the keyword arguments its constructor takes.
+OPTIMIZERS = {"Adam": ("lr", "betas", "eps", "weight_decay"), "AdamW": ("lr", "betas", "eps", "weight_decay"),
+              "Lamb": ("lr", "bias_correction", "betas", "eps", "eps_inside_sqrt", "weight_decay", "max_coeff",
+                       "min_coeff"),
+              "SGD": ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize")}
+TORCH_NAMED = ("SGD",)
+# The optimizers DeepSpeed's ZeRO runs without asking (zero/utils.py's ZERO_SUPPORTED_OPTIMIZERS,
+# those of them minitron builds): FusedAdam and torch's Adam/AdamW. Lamb and SGD are not among them.
+ZERO_TESTED = ("Adam", "AdamW")
+
+
+def parse_optimizer(params: dict) -> tuple[Optional[str], Optional[dict]]:
+    """The optimizer and its params; None when the program passes its own optimizer. A section
+    with no "type" names none: DeepSpeed's get_optimizer_name gives None, and its params are
+    then not read at all (get_optimizer_params gives None too)."""
+    if "type" not in _section(params, "optimizer"):
+        check_keys(_section(params, "optimizer"), ("type", "params"), {}, "optimizer")
+        return None, None
+    kind, opt = _typed_section(params, "optimizer", OPTIMIZERS,
+                               any_case=tuple(n for n in OPTIMIZERS if n not in TORCH_NAMED))
+    where = "optimizer.params"
+    if "max_grad_norm" in opt:   # DeepSpeed's engine refuses it for every optimizer, with this advice
+        raise DeepSpeedConfigError(f"{where}.max_grad_norm is not supported as an optimizer parameter; use the "
+                                   f"top-level \"gradient_clipping\" instead")
+    extra = ("adam_w_mode", "torch_adam") if kind in ("Adam", "AdamW") else ()
+    check_keys(opt, OPTIMIZERS[kind] + extra, {}, where)
+    if kind == "SGD":
+        return kind, _sgd(opt, where)
+    out = {"lr": number(opt, "lr", 1e-3, where, low=0),
+           "eps": number(opt, "eps", 1e-8, where, low=0),
+           "weight_decay": number(opt, "weight_decay", 0.0, where, low=0),
+           "betas": _betas(opt)}
+    if kind == "Lamb":
+        out.update(bias_correction=flag(opt, "bias_correction", True, where),
+                   eps_inside_sqrt=flag(opt, "eps_inside_sqrt", False, where),
+                   max_coeff=number(opt, "max_coeff", 10.0, where, low=0),
+                   min_coeff=number(opt, "min_coeff", 0.01, where, low=0))
+        return kind, out
+    if "adam_w_mode" in opt:   # DeepSpeed's "Adam" is AdamW unless this is false; "AdamW" always is
+        out["adam_w_mode"] = flag(opt, "adam_w_mode", True, where)
+    if "torch_adam" in opt:    # torch's Adam/AdamW instead of DeepSpeed's default FusedAdam
+        out["torch_adam"] = flag(opt, "torch_adam", False, where)
+    return kind, out
+
+
+def _betas(opt: dict) -> list:
+    betas = opt.get("betas", [0.9, 0.999])
+    if (not isinstance(betas, list) or len(betas) != 2
+            or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
+        raise DeepSpeedConfigError(f"optimizer.params.betas must be two numbers in [0, 1), got {json_value(betas)}")
+    return [float(b) for b in betas]
+
+
+def _sgd(opt: dict, where: str) -> dict:
+    """torch.optim.SGD's arguments, its defaults, and the two combinations its constructor refuses."""
+    out = {"lr": number(opt, "lr", 1e-3, where, low=0), "momentum": number(opt, "momentum", 0.0, where, low=0),
+           "dampening": number(opt, "dampening", 0.0, where), "weight_decay": number(opt, "weight_decay", 0.0, where,
+                                                                                     low=0),
+           "nesterov": flag(opt, "nesterov", False, where), "maximize": flag(opt, "maximize", False, where)}
+    if out["nesterov"] and (out["momentum"] <= 0 or out["dampening"] != 0):
+        raise DeepSpeedConfigError(f"{where}.nesterov needs a momentum > 0 and dampening 0 (torch.optim.SGD)")
+    return out
