@@ -14,14 +14,15 @@ gradient of a communication step is the communication that undoes its data flow:
     split first dim (seq)      <->  all-gather first dim     embedding output, sequence parallel
     all-gather first dim (seq) <->  reduce-scatter first dim a column-parallel input, seq. par.*
     reduce-scatter first dim   <->  all-gather first dim     RowParallelLinear output, seq. par.
+    all-to-all                 <->  the reverse all-to-all   MoE's token dispatcher (expert parallel)
 
 * With tp > 1, ColumnParallelLinear does these two inside its own autograd function instead
   (layers.py: LinearWithGradAccumulationAndAsyncCommunication), so that it can overlap them
   with its weight gradient and, with sequence parallelism, keep only its rows of the input.
 
-The first five live here; the three that cut the first dimension, with their uneven variants
-and the all-to-all of MoE's dispatcher, live in sequence_mappings.py (a file of its own to keep
-each readable in one sitting) and are re-exported here under Megatron's names.
+The first five and the all-to-all live here; the three that cut the first dimension, with
+their uneven variants, live in sequence_mappings.py (a file of its own to keep each readable in
+one sitting) and are re-exported here under Megatron's names.
 
 Every collective goes through the module attribute (``torch.distributed.all_reduce(...)``), on
 the tensor-model-parallel group from parallel_state, so the tracer records it with the group's
@@ -36,7 +37,7 @@ from __future__ import annotations
 import torch
 
 from minitron.core.tensor_parallel.sequence_mappings import (  # noqa: F401  (re-exported: Megatron's names)
-    _gather_along_first_dim, _grad_args, _reduce_scatter_along_first_dim, _tp_group, all_to_all, gather_from_sequence_parallel_region,
+    _gather_along_first_dim, _grad_args, _reduce_scatter_along_first_dim, _tp_group, gather_from_sequence_parallel_region,
     reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region,
 )
 from minitron.core.tensor_parallel.utils import split_tensor_along_last_dim
@@ -159,6 +160,28 @@ class _AllGatherFromTensorParallelRegion(_GatherFromModelParallelRegion):
         return _reduce_scatter_along_last_dim(grad_output, ctx.group), None
 
 
+class _AllToAll(torch.autograd.Function):
+    """Rank r sends input rows [sum(input_split_sizes[:j]), +input_split_sizes[j]) to rank j and
+    receives output_split_sizes[j] rows from it (None: equal blocks). Backward sends the
+    gradients back the way they came: the same call with the two size lists swapped."""
+
+    @staticmethod
+    def forward(ctx, group, input, output_split_sizes, input_split_sizes):
+        ctx.group, ctx.output_split_sizes, ctx.input_split_sizes = group, output_split_sizes, input_split_sizes
+        if group.size() == 1:
+            return input
+        rows = input.size(0) if output_split_sizes is None else sum(output_split_sizes)
+        output = input.new_empty((rows,) + tuple(input.shape[1:]))
+        torch.distributed.all_to_all_single(output, input.contiguous(), output_split_sizes=output_split_sizes,
+                                            input_split_sizes=input_split_sizes, group=group)
+        return output
+
+    @staticmethod
+    @traced(args=_grad_args)
+    def backward(ctx, grad_output):
+        return None, _AllToAll.apply(ctx.group, grad_output, ctx.input_split_sizes, ctx.output_split_sizes), None, None
+
+
 # --- the public names the layers call -----------------------------------------------------
 @traced
 def copy_to_tensor_model_parallel_region(input_, group=None):
@@ -188,3 +211,10 @@ def gather_from_tensor_model_parallel_region(input_, group=None):
 def all_gather_last_dim_from_tensor_parallel_region(input_, group=None):
     """all-gather the last dim forward, reduce-scatter it backward."""
     return _AllGatherFromTensorParallelRegion.apply(input_, _tp_group(group))
+
+
+@traced
+def all_to_all(group, input_, output_split_sizes_=None, input_split_sizes=None):
+    """all-to-all forward (uneven blocks allowed), the reverse all-to-all backward. The trailing
+    underscore of ``output_split_sizes_`` is Megatron's spelling."""
+    return _AllToAll.apply(group, input_, output_split_sizes_, input_split_sizes)

@@ -1,12 +1,10 @@
-"""The mappings that cut the first dimension (the sequence, or the tokens), and the all-to-all.
+"""The mappings that cut the first dimension (the sequence, or the tokens).
 
 Megatron keeps these in mappings.py with the others; mappings.py re-exports every public name
-here, so ``from minitron.core.tensor_parallel.mappings import all_to_all`` reads as Megatron's.
-They have a file of their own only so that each file can be read in one sitting: this one is
-about splitting a tensor's rows between ranks, evenly or not. mappings.py's table pairs each
-forward with its backward; the three sequence-parallel rows are these, and one more:
-
-    all-to-all  <->  the reverse all-to-all (the two size lists swapped)   MoE token dispatch
+here, so ``from minitron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region``
+reads as Megatron's. They have a file of their own only so that each file can be read in one
+sitting: this one is about splitting a tensor's rows between ranks, evenly or not (the three
+sequence-parallel rows of mappings.py's table).
 
 The all-gather and the reduce-scatter also take uneven blocks (``output_split_sizes`` /
 ``input_split_sizes``: rank i's rows): MoE's dispatcher uses them over the expert tensor-
@@ -144,28 +142,6 @@ class _ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
         return _gather_along_first_dim(grad_output, ctx.group, ctx.input_split_sizes), None, None
 
 
-class _AllToAll(torch.autograd.Function):
-    """Rank r sends input rows [sum(input_split_sizes[:j]), +input_split_sizes[j]) to rank j and
-    receives output_split_sizes[j] rows from it (None: equal blocks). Backward sends the
-    gradients back the way they came: the same call with the two size lists swapped."""
-
-    @staticmethod
-    def forward(ctx, group, input, output_split_sizes, input_split_sizes):
-        ctx.group, ctx.output_split_sizes, ctx.input_split_sizes = group, output_split_sizes, input_split_sizes
-        if group.size() == 1:
-            return input
-        rows = input.size(0) if output_split_sizes is None else sum(output_split_sizes)
-        output = input.new_empty((rows,) + tuple(input.shape[1:]))
-        torch.distributed.all_to_all_single(output, input.contiguous(), output_split_sizes=output_split_sizes,
-                                            input_split_sizes=input_split_sizes, group=group)
-        return output
-
-    @staticmethod
-    @traced(args=_grad_args)
-    def backward(ctx, grad_output):
-        return None, _AllToAll.apply(ctx.group, grad_output, ctx.input_split_sizes, ctx.output_split_sizes), None, None
-
-
 # --- the public names ---------------------------------------------------------------------
 @traced
 def scatter_to_sequence_parallel_region(input_, group=None):
@@ -185,10 +161,3 @@ def gather_from_sequence_parallel_region(input_, tensor_parallel_output_grad=Tru
 def reduce_scatter_to_sequence_parallel_region(input_, group=None, input_split_sizes=None):
     """reduce-scatter the sequence dim forward, all-gather it backward."""
     return _ReduceScatterToSequenceParallelRegion.apply(input_, _tp_group(group), input_split_sizes)
-
-
-@traced
-def all_to_all(group, input_, output_split_sizes_=None, input_split_sizes=None):
-    """all-to-all forward (uneven blocks allowed), the reverse all-to-all backward. The trailing
-    underscore of ``output_split_sizes_`` is Megatron's spelling."""
-    return _AllToAll.apply(group, input_, output_split_sizes_, input_split_sizes)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from minitron.core import parallel_state
-from minitron.core.tensor_parallel import (
+from minitron.core.tensor_parallel.mappings import (
     all_to_all, gather_from_sequence_parallel_region, reduce_scatter_to_sequence_parallel_region,
 )
 from minitron.core.transformer.moe.moe_utils import (
