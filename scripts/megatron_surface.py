@@ -1,0 +1,349 @@
+"""How much of Megatron-LM's launch surface minitron takes: every launch unit of a Megatron-LM
+checkout through minitron's parser and validate_args, in this process, without starting a rank.
+
+    .venv/bin/python scripts/megatron_surface.py --megatron /path/to/Megatron-LM [--units] [--top 15]
+
+A launch unit is one of
+  script   a shell script under examples/ that runs pretrain_gpt.py / pretrain_hybrid.py /
+           pretrain_mamba.py: its flags after the script's name, with the variables the script
+           assigns (strings, arrays, ``+=``, ``${X:-default}``) expanded as a shell would;
+  model    a model configuration of examples/post_training/modelopt/conf/ (its MODEL_ARGS);
+  ci       a CI training case, tests/functional_tests/test_cases/**/model_config.yaml whose
+           MODEL_ARGS are Megatron flags (not NeMo's) and whose MODE is not inference; its ENV_VARS
+           are set while it is validated (--deterministic-mode reads them).
+Hybrid units (Mamba layers: pretrain_hybrid/mamba, --hybrid-layer-pattern, test_cases/hybrid) are
+counted apart; BERT, T5 and multimodal cases are not GPT launches and are left out.
+
+What a unit names on disk is replaced by mock data: --data-path and the tokenizer's files give way
+to --mock-data and NullTokenizer (a tokenizer type minitron lacks is kept, to be refused), --load
+is dropped (a fresh run), --save goes to a scratch folder, the backend is gloo, and a variable the
+script leaves unset (``$1``) reads 1. The world is the smallest the layout tiles (8 per node for a
+CI case that names its nodes, when the layout fits).
+
+A refused unit is tried again without the flag that blocked it until it passes or its refusal
+names no flag it has, so each unit lists every blocker, and the totals count, per flag, the units
+it blocks. Nothing of the checkout is copied; it is read where it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import shlex
+import sys
+import tempfile
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from minitron.training.argument_groups import ArgumentError  # noqa: E402
+from minitron.training.arguments import GPT_ARGS_DEFAULTS, megatron_parser, validate_args  # noqa: E402
+from minitron.training.tokenizer.tokenizer import TOKENIZER_TYPES  # noqa: E402
+
+ENTRY = re.compile(r"pretrain_(gpt|hybrid|mamba)\.py")
+PATH_FLAGS = ("--data-path", "--train-data-path", "--valid-data-path", "--test-data-path", "--data-cache-path",
+              "--vocab-file", "--merge-file", "--tokenizer-model", "--load", "--save", "--tensorboard-dir",
+              "--wandb-save-dir", "--tokenizer-type", "--data-args-path", "--per-split-data-args-path")
+# Flags without which validate_args cannot look further: a refusal naming one ends the retries.
+CORE = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size")
+
+
+# --- shell ----------------------------------------------------------------------------------------
+def _logical_lines(text: str) -> list[str]:
+    """Continuation lines joined, comments dropped, a multi-line array assignment on one line."""
+    text = re.sub(r"\\\n", " ", text)
+    lines, pending = [], ""
+    for raw in text.splitlines():
+        line = re.sub(r"(^|\s)#.*$", "", raw).strip()   # a comment starts a word
+        if not line:
+            continue
+        pending = f"{pending} {line}" if pending else line
+        if pending.count("(") > pending.count(")"):       # an array still open
+            continue
+        if len(re.findall(r'(?<!\\)"', pending)) % 2:     # a double-quoted string still open
+            continue
+        lines.append(pending)
+        pending = ""
+    return lines + ([pending] if pending else [])
+
+
+def _expand(text: str, env: dict) -> str:
+    """Expand $X, ${X}, ${X:-d}, ${A[@]} (each element quoted: one word each) and $(( ))."""
+    def arith(m):
+        try:
+            return str(int(eval(_expand(m[1], env), {"__builtins__": {}})))   # integers only, no names
+        except Exception:
+            return "1"
+    text = re.sub(r"\$\(\((.*?)\)\)", arith, text)
+    text = re.sub(r'"(\$\{\w+\[[@*]\]\})"', r"\1", text)   # "${A[@]}": one word per element, as unquoted here
+
+    def var(m):
+        name, default = m["name"] or m["plain"], m["default"]
+        value = env.get(name)
+        if m["array"] is not None:
+            return " ".join(shlex.quote(v) for v in value) if isinstance(value, list) else (value or "")
+        if isinstance(value, list):
+            value = value[0] if value else ""
+        if value in (None, ""):
+            return default if default is not None else ("" if name.startswith("_") else "1")
+        return value
+    return re.sub(r"\$\{(?P<name>\w+)(?P<array>\[[@*]\])?(?::-(?P<default>[^}]*))?\}|\$(?P<plain>\w+)", var, text)
+
+
+def run_shell(text: str) -> tuple[dict, list[str]]:
+    """The variables a script assigns, in order, and its logical lines (expanded later)."""
+    env: dict = {}
+    lines = _logical_lines(text)
+    for line in lines:
+        m = re.match(r"^(?:export\s+|local\s+|declare\s+(?:-a\s+)?)?(\w+)(\+?)=(.*)$", line)
+        if not m:
+            continue
+        name, append, value = m[1], m[2], m[3].strip()
+        if value.startswith("("):
+            words = shlex.split(_expand(value[1:value.rfind(")")], env))
+            env[name] = (env.get(name) if isinstance(env.get(name), list) and append else []) + words
+        else:
+            try:
+                words = shlex.split(_expand(value, env))
+            except ValueError:
+                continue
+            joined = " ".join(shlex.quote(w) if " " in w and not w.strip().startswith("-") else w for w in words)
+            env[name] = (str(env.get(name, "")) + joined) if append else joined
+    return env, lines
+
+
+def script_flags(text: str) -> list[str] | None:
+    """The words after pretrain_*.py on the line that runs it (the script's name may come from a
+    variable), or None if no line does. Of several such lines, the one that passes the most."""
+    env, lines = run_shell(text)
+    best = None
+    for line in lines:
+        if re.match(r"^(echo|if|elif|then|\[|test)\b", line.lstrip()):
+            continue   # a message or a test, not the command
+        assigned = re.match(r"^(?:export\s+)?\w+\+?=(.*)$", line.strip())
+        if assigned:   # a command kept in a variable (CMD="... pretrain_gpt.py ..."): its text
+            line = assigned[1].strip().strip('"')
+        expanded = _expand(line, env)
+        try:
+            words = shlex.split(expanded)
+        except ValueError:
+            words = expanded.split()
+        start = next((i for i, w in enumerate(words) if ENTRY.search(w)), None)
+        if start is None:
+            continue
+        out = []
+        for w in words[start + 1:]:
+            if w in ("|", "||", "&&", ";", "&") or re.match(r"^\d?>", w) or w.startswith(">"):
+                break
+            out.append(w)
+        if best is None or len(out) > len(best):
+            best = out
+    return best
+
+
+# --- units ----------------------------------------------------------------------------------------
+def yaml_flags(model_args: dict) -> list[str]:
+    """A CI case's MODEL_ARGS as a command line: true -> the flag, false -> nothing."""
+    out = []
+    for key, value in model_args.items():
+        if value is True or value is None:
+            out.append(key)
+        elif value is False:
+            continue
+        elif isinstance(value, list) or re.fullmatch(r"\[[^]]*\]", str(value).strip()):
+            # a YAML list (CI's launcher passes its items as the flag's words); "[a, b]" as a string too
+            items = value if isinstance(value, list) else str(value).strip()[1:-1].split(",")
+            out += [key, *(str(v).strip() for v in items if str(v).strip())]
+        else:
+            try:
+                out += [key, *shlex.split(str(value))]
+            except ValueError:
+                out += [key, str(value)]
+    return out
+
+
+def find_units(root: Path) -> list[dict]:
+    import yaml
+
+    units = []
+    for path in sorted(root.glob("examples/**/*.sh")):
+        text = path.read_text(errors="replace")
+        conf = "post_training/modelopt/conf" in str(path)
+        if "post_training/modelopt" in str(path) and not conf:
+            continue   # the wrappers that source a conf/ model (its MODEL_ARGS are the unit)
+        if conf and path.name != "arguments.sh":
+            env, _ = run_shell(text)
+            if "MODEL_ARGS" in env:
+                units.append({"kind": "model", "path": path, "argv": shlex.split(str(env["MODEL_ARGS"])), "env": {}})
+        elif not conf and ENTRY.search(text):
+            argv = script_flags(text)
+            if argv is not None:
+                hybrid = re.search(r"pretrain_(hybrid|mamba)\.py", text) is not None
+                units.append({"kind": "script", "path": path, "argv": argv, "env": {}, "hybrid": hybrid})
+    for path in sorted(root.glob("tests/functional_tests/test_cases/**/model_config.yaml")):
+        try:
+            config = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError:
+            continue
+        args = config.get("MODEL_ARGS") or {}
+        family = path.relative_to(root / "tests/functional_tests/test_cases").parts[0]
+        if (not args or not all(str(k).startswith("--") for k in args) or config.get("MODE") == "inference"
+                or family in ("bert", "t5", "multimodal-llava", "mimo")):
+            continue
+        env = {str(k): str(v) for k, v in (config.get("ENV_VARS") or {}).items()}
+        units.append({"kind": "ci", "path": path, "argv": yaml_flags(args), "env": env,
+                      "hybrid": family == "hybrid"})
+    for unit in units:
+        unit["hybrid"] = unit.get("hybrid") or "--hybrid-layer-pattern" in unit["argv"] or \
+            "--hybrid-override-pattern" in unit["argv"]
+    return units
+
+
+# --- mock data, world -----------------------------------------------------------------------------
+def _drop(argv: list[str], flags) -> list[str]:
+    """argv without each of ``flags`` and the values that follow it."""
+    out, skipping = [], False
+    for word in argv:
+        if word.startswith("--"):
+            skipping = word.split("=")[0] in flags
+        if not skipping:
+            out.append(word)
+    return out
+
+
+def _value(argv: list[str], flag: str, default=None):
+    for i, word in enumerate(argv):
+        if word == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith(flag + "="):
+            return word.split("=", 1)[1]
+    return default
+
+
+def mock(argv: list[str], scratch: str) -> list[str]:
+    kind = _value(argv, "--tokenizer-type")
+    # a type minitron lacks is kept, to be refused by name; "${TOKENIZER_TYPE}" (CI's) is mock data
+    keep_tokenizer = kind is not None and kind not in TOKENIZER_TYPES and "$" not in kind
+    out = _drop(argv, [f for f in PATH_FLAGS if not (keep_tokenizer and f == "--tokenizer-type")])
+    if "--mock-data" not in out:
+        out.append("--mock-data")
+    if not keep_tokenizer:
+        out += ["--tokenizer-type", "NullTokenizer"]
+    if "--save" in argv:
+        out += ["--save", os.path.join(scratch, "save")]
+    return out
+
+
+def _int(argv, flag, default=1) -> int:
+    try:
+        return int(_value(argv, flag, default))
+    except (TypeError, ValueError):
+        return default
+
+
+def world_of(argv: list[str], path: Path) -> int:
+    tp, pp, cp = (_int(argv, f) for f in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+                                           "--context-parallel-size"))
+    ep, etp = _int(argv, "--expert-model-parallel-size"), _int(argv, "--expert-tensor-parallel-size", tp)
+    smallest = math.lcm(tp * cp, ep * etp) * pp
+    nodes = re.search(r"(\d+)N(\d+)G|(\d+)nodes?", path.parent.name)
+    if nodes:
+        world = int(nodes[1]) * int(nodes[2]) if nodes[1] else 8 * int(nodes[3])
+        if world % smallest == 0:
+            return world
+    return smallest
+
+
+@contextmanager
+def environment(env: dict):
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+# --- verdicts -------------------------------------------------------------------------------------
+def _blocking_flag(message: str, argv: list[str]) -> str | None:
+    given = {w.split("=")[0] for w in argv if w.startswith("--")}
+    return next((f for f in re.findall(r"--[\w-]+", message) if f in given), None)
+
+
+def verdict(argv: list[str], world: int, env: dict) -> tuple[str | None, list[str]]:
+    """(the first refusal or None, every flag that blocked) for one unit's mocked argv."""
+    first, blockers = None, []
+    with environment(env):
+        for _ in range(60):
+            try:
+                args, unknown = megatron_parser().parse_known_args(argv)
+                unknown = [w.split("=")[0] for w in unknown if w.startswith("--")]
+                if unknown:
+                    first = first or f"unknown to minitron: {' '.join(unknown)}"
+                    blockers += unknown
+                    argv = _drop(argv, unknown)
+                    continue
+                args.rank, args.world_size, args.distributed_backend = 0, world, "gloo"
+                validate_args(args, dict(GPT_ARGS_DEFAULTS))
+                return first, blockers
+            except (ArgumentError, ValueError) as exc:
+                message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                first = first or message
+                flag = _blocking_flag(message, argv)
+                if flag is None or flag in CORE:
+                    blockers.append(flag or f"({message})")
+                    return first, blockers
+                blockers.append(flag)
+                argv = _drop(argv, [flag])
+    return first, blockers
+
+
+def survey(root: Path) -> list[dict]:
+    scratch = tempfile.mkdtemp(prefix="megatron-surface-")
+    units = find_units(root)
+    for unit in units:
+        unit["world"] = world_of(unit["argv"], unit["path"])
+        unit["reason"], unit["blockers"] = verdict(mock(unit["argv"], scratch), unit["world"], unit["env"])
+    return units
+
+
+def report(units: list[dict], root: Path, top: int, each: bool) -> str:
+    lines = []
+    if each:
+        for u in units:
+            name = u["path"].relative_to(root)
+            tag = "hybrid " if u["hybrid"] else ""
+            lines.append(f"{tag}{u['kind']} {name} (world {u['world']}): "
+                         + ("accepted" if not u["blockers"] else f"refused: {u['reason']}"))
+        lines.append("")
+    for kind, label in (("script", "launch scripts"), ("model", "model configurations"), ("ci", "CI training cases")):
+        for hybrid in (False, True):
+            group = [u for u in units if u["kind"] == kind and u["hybrid"] == hybrid]
+            if group:
+                ok = sum(1 for u in group if not u["blockers"])
+                lines.append(f"{label}{' (hybrid)' if hybrid else ''}: {ok} accepted of {len(group)}")
+    counts = Counter(flag for u in units if not u["hybrid"] for flag in dict.fromkeys(u["blockers"]))
+    lines.append(f"most frequent blockers (non-hybrid units each flag blocks), top {top}:")
+    lines += [f"  {flag}: {n}" for flag, n in counts.most_common(top)]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--megatron", required=True, type=Path, help="a Megatron-LM checkout (a work tree)")
+    parser.add_argument("--units", action="store_true", help="one line per unit, then the totals")
+    parser.add_argument("--top", type=int, default=15, help="how many blockers to list")
+    opts = parser.parse_args(argv)
+    if not (opts.megatron / "examples").is_dir():
+        parser.error(f"{opts.megatron} has no examples/: give the root of a Megatron-LM checkout")
+    print(report(survey(opts.megatron), opts.megatron, opts.top, opts.units))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
