@@ -151,6 +151,24 @@ DEBUG = typer.Option(None, "--debug", help="ranks that wait for a debugger: 3, 0
 DEBUG_PORT_BASE = typer.Option(5678, "--debug-port-base", help="rank R listens on BASE+R")
 DEBUG_HOST = typer.Option("127.0.0.1", "--debug-host", help="address to listen on (loopback by default)")
 DEBUG_WAIT = typer.Option(600.0, "--debug-wait-timeout", help="seconds a rank waits for its debugger before the job ends")
+HANG_TIMEOUT = typer.Option(None, "--hang-timeout", metavar="SECONDS", help="when no rank finishes a traced call "
+                            "for this long, show which rank, group and call the job waits in, then stop it")
+
+
+def check_hang_timeout(seconds: Optional[float], traced: bool) -> None:
+    """--hang-timeout: a positive number of seconds, and a trace to read where the ranks wait."""
+    if seconds is None:
+        return
+    if not 0 < seconds < float("inf"):
+        raise UserError(f"--hang-timeout must be a positive number of seconds, got {seconds:g}")
+    if not traced:
+        raise UserError("--hang-timeout reads the ranks' trace to say where they wait: add --trace DIR")
+
+
+def hang_screen():
+    """What the launcher calls once a job hung: the diagnosis, printed while the ranks live."""
+    from minitron.cli.views.hang import show_hang  # lazy: only a hung job loads the screen
+    return lambda trace_dir, silent, timeout: show_hang(console, trace_dir, silent, timeout)
 
 
 def rank_backend(backend: Optional[str], world: int, fake_reason: str) -> str:

@@ -26,8 +26,8 @@ from rich.table import Table
 from minitron.cli import preflight
 from minitron.cli.command import expand_aliases
 from minitron.cli.common import (
-    DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, DebugOptions, UserError, app, check_world, console,
-    rank_backend, validate_pretrain,
+    DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, HANG_TIMEOUT, DebugOptions, UserError, app,
+    check_hang_timeout, check_world, console, hang_screen, rank_backend, validate_pretrain,
 )
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1")
@@ -208,7 +208,7 @@ def launch(
     dry_run: bool = typer.Option(False, "--dry-run", help="print the resource pool, world_info, the per-node "
                                                          "commands and each rank's environment; start nothing"),
     debug: Optional[str] = DEBUG, debug_port_base: int = DEBUG_PORT_BASE, debug_host: str = DEBUG_HOST,
-    debug_wait_timeout: float = DEBUG_WAIT,
+    debug_wait_timeout: float = DEBUG_WAIT, hang_timeout: Optional[float] = HANG_TIMEOUT,
 ):
     """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) on WORLD ranks, as torchrun would."""
     # Every launcher import in this module is lazy, inside a function: `minitron --help` and
@@ -220,6 +220,7 @@ def launch(
     if not module and not args:
         raise UserError("nothing to run: give a script path or -m MODULE")
     check_no_python(no_python, module, args, backend, trace_dir, debug)
+    check_hang_timeout(hang_timeout, trace_dir is not None)
     if not module and not no_python and not dry_run and not Path(args[0]).is_file():
         raise UserError(f"no such script: {args[0]}")
     cores = cores_to_share(bind_cores_to_rank, bind_core_list, dry_run)
@@ -305,4 +306,5 @@ def launch(
     warm = LaunchConfig.warm if module == "minitron.pretrain_gpt" else ()
     with saved_pid(save_pid):
         run(LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env,
-                         local_rank_arg=local_rank_arg, warm=warm), target)
+                         local_rank_arg=local_rank_arg, warm=warm, hang_timeout=hang_timeout), target,
+            on_hang=hang_screen() if hang_timeout else None)

@@ -38,6 +38,9 @@ def view(
                                                "(default: all that apply)"),
     iteration: Optional[int] = typer.Option(None, "--iteration", help="the iteration the schedule shows "
                                                                       "(default: the last one traced)"),
+    hang: bool = typer.Option(False, "--hang", help="why the job hung: which group waits in which call, which "
+                                                    "ranks never came and where they are (any trace, even a killed job's)"),
+    as_json: bool = typer.Option(False, "--json", help="with --hang: the diagnosis as JSON"),
 ):
     """Show any trace directory (trace, launch, pretrain, torchrun) and write its trace.json.
 
@@ -49,6 +52,10 @@ def view(
 
     if depth is not None and depth < 1:
         raise UserError(f"--depth must be 1 or more, got {depth}")
+    if as_json and not hang:
+        raise UserError("--json prints the hang diagnosis: add --hang")
+    if hang:
+        return _show_hang(trace_dir, as_json)
     try:
         runs, cut = read_trace(trace_dir, check=_layout_problem)
     except TraceError as exc:
@@ -99,3 +106,21 @@ def view(
         console.print("[yellow]fake backend: ranks played in turn, no process of their own; collectives moved no data[/yellow]")
     if any(c.ok is False for c in checks):
         raise typer.Exit(1)
+
+
+def _show_hang(trace_dir: Path, as_json: bool) -> None:
+    """`view DIR --hang`: the hang screen (cli/views/hang.py) from the files alone."""
+    import json
+
+    # Lazy, as view's own imports: a bad trace is refused before the screen loads.
+    from minitron.trace.hang import diagnose
+    from minitron.trace.reader import TraceError
+
+    try:
+        if as_json:
+            print(json.dumps(diagnose(trace_dir), indent=1))
+            return
+        from minitron.cli.views.hang import show_hang
+        show_hang(console, trace_dir)
+    except TraceError as exc:
+        raise UserError(str(exc)) from None

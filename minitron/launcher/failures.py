@@ -42,6 +42,17 @@ class RankFailure(RuntimeError):
         self._kept = self.log_tail(lines).splitlines()
 
 
+class JobHung(RankFailure):
+    """No rank finished a traced call for the hang timeout: the job was diagnosed and stopped
+    (launcher/hang_watch.py). No one rank failed; ``rank`` is None."""
+
+    def __init__(self, timeout: float, silent: list[int]):
+        RuntimeError.__init__(self, f"hung: no rank finished a traced call for {timeout:g} s; every rank was "
+                              "stopped" + (f" (ranks {', '.join(map(str, silent))} did not say where they were)"
+                                           if silent else ""))
+        self.rank, self.exitcode, self.log_path, self._kept = None, 1, None, None
+
+
 def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name

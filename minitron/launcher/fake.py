@@ -135,6 +135,7 @@ def _play(world_size: int, rank_main: Callable[[], object], trace_dir, ranks: It
                 if trace_dir:
                     os.environ[TRACE_DIR_ENV] = str(trace_dir)
                     recorder = trace.start(trace_dir, rank, keep=keep is not None)  # the session below joins it
+                    recorder.open_records = False   # fake collectives never wait: no hang to see
                 try:
                     with rank_session(), _non_members_answered(rank) as unrecorded:  # counted on exit
                         rank_main()

@@ -38,10 +38,12 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from minitron.launcher.debug import CONSOLE_FD_ENV
-from minitron.launcher.failures import DeathOrder, RankFailure, first_failure
+from minitron.launcher.failures import DeathOrder, JobHung, RankFailure, first_failure
+from minitron.launcher.hang_watch import HangWatch, flight_recorder_env
 from minitron.launcher.processes import ForkedProcess, stop_process_groups
 from minitron.launcher.rendezvous import StoreKeeper, die_with_parent
 from minitron.launcher.worker import ERROR_DIR_ENV, Target, run_target
+from minitron.trace import TRACE_DIR_ENV
 
 
 @dataclass
@@ -62,6 +64,9 @@ class LaunchConfig:
     # unless the parent has it. A job that builds none (`minitron trace` without --steps)
     # passes warm=() and saves the parent that time.
     warm: tuple[str, ...] = ("torch._dynamo",)
+    # --hang-timeout: seconds without any rank finishing a traced call before the job counts as
+    # hung, is diagnosed and stopped (hang_watch.py). Needs tracing on (MINITRON_TRACE_DIR in env).
+    hang_timeout: float | None = None
 
     @property
     def start_method(self) -> str:
@@ -231,13 +236,18 @@ def frozen_heap() -> Iterator[None]:
         gc.unfreeze()
 
 
-def launch(cfg: LaunchConfig, target: Target, monitor: Callable[[], None] | None = None) -> None:
+def launch(cfg: LaunchConfig, target: Target, monitor: Callable[[], None] | None = None,
+           on_hang: Callable[[Path, list, float], None] | None = None) -> None:
     """Run ``target`` on every rank; return when all exit 0, else raise RankFailure.
 
     ``monitor``, if given, is called about five times a second while the ranks run (the
     pretrain command uses it to refresh its progress display). Ctrl-C (KeyboardInterrupt)
-    stops every rank before it propagates.
+    stops every rank before it propagates. With ``cfg.hang_timeout``, a job that stops moving
+    is asked where it is, ``on_hang(trace_dir, ranks that did not answer, timeout)`` shows it while the
+    ranks still live, and then every rank is stopped and JobHung raised.
     """
+    if cfg.hang_timeout and not cfg.env.get(TRACE_DIR_ENV):
+        raise ValueError("a hang timeout reads the ranks' trace: turn tracing on (MINITRON_TRACE_DIR)")
     if cfg.log_dir:
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
     if target.function is not None and cfg.start_method != "fork":
@@ -248,6 +258,11 @@ def launch(cfg: LaunchConfig, target: Target, monitor: Callable[[], None] | None
     # Forked after the warm-up, so it starts warm too; sets master_port; removes ``errors``
     # when it ends, even if we were killed with SIGKILL.
     store = StoreKeeper(cfg, scratch=errors)
+    watch = None
+    if cfg.hang_timeout:
+        trace_dir = Path(cfg.env[TRACE_DIR_ENV])
+        watch = HangWatch(cfg.world_size, cfg.hang_timeout, trace_dir, errors)
+        cfg = replace(cfg, env={**cfg.env, **watch.env, **flight_recorder_env(cfg.backend, trace_dir)})
     # Our terminal, kept open in every rank under a number the rank can find: a rank whose
     # output goes to a log still has to tell the user "waiting for a debugger on PORT".
     console = os.dup(2)
@@ -273,6 +288,14 @@ def launch(cfg: LaunchConfig, target: Target, monitor: Callable[[], None] | None
             if not running:
                 stop_process_groups(procs, cfg.grace_seconds)  # what the ranks started dies with them
                 return
+            if watch is not None and watch.stalled():
+                silent = watch.ask_where(procs)
+                if on_hang is not None:
+                    on_hang(watch.trace_dir, silent, cfg.hang_timeout)
+                # Frozen first, all of them, then killed: a rank killed while its peers run would make each
+                # of them print a lost connection under the diagnosis. A hung job has nothing to save.
+                stop_process_groups(procs, 0, signal.SIGSTOP)
+                raise JobHung(cfg.hang_timeout, silent)
             if monitor is not None and time.monotonic() >= next_tick:
                 monitor()
                 next_tick = time.monotonic() + 0.2
@@ -284,5 +307,7 @@ def launch(cfg: LaunchConfig, target: Target, monitor: Callable[[], None] | None
         if deaths is not None:
             deaths.close()
         os.close(console)
+        if watch is not None:
+            watch.close()
         shutil.rmtree(errors, ignore_errors=True)
         store.close()

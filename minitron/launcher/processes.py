@@ -63,7 +63,7 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def stop_process_groups(procs: list, grace: float) -> None:
+def stop_process_groups(procs: list, grace: float, first: int = signal.SIGTERM) -> None:
     """End every rank and everything it started: SIGTERM each rank's process group, wait up to
     ``grace`` s for the groups to empty, then SIGKILL what is left, and reap the ranks.
 
@@ -88,7 +88,7 @@ def stop_process_groups(procs: list, grace: float) -> None:
             except PermissionError:
                 pass
 
-    signal_groups(signal.SIGTERM)
+    signal_groups(first)   # SIGKILL for a hung job: its peers would each print a lost connection
     deadline = time.monotonic() + grace
     # poll() first: it reaps a rank that has exited, and a zombie rank still counts in its group.
     while time.monotonic() < deadline and any(p.poll() is None or _group_alive(p.pid) for p in procs):

@@ -20,7 +20,9 @@ from typing import Callable
 
 from minitron import trace
 from minitron.launcher import debug
+from minitron.launcher.hang_watch import watch_progress
 from minitron.launcher.runner import bind_cores_from_env
+from minitron.trace import dump
 
 
 ERROR_DIR_ENV = "MINITRON_ERROR_DIR"
@@ -84,7 +86,11 @@ def rank_session():
     trace_dir = os.environ.get(trace.TRACE_DIR_ENV)
     owner = bool(trace_dir) and trace.active() is None
     if owner:
-        trace.start(trace_dir, env_rank())
+        recorder = trace.start(trace_dir, env_rank())
+        # Asked by the launcher's hang watch (or `kill -USR2`), the rank writes where it is;
+        # under a watch it also stamps each call's end where the watch sees it (hang_watch.py).
+        dump.install(recorder, trace_dir)
+        watch_progress(recorder)
     try:
         debug.wait_for_debugger_if_asked(env_rank())  # before pretrain, as the seed note does by hand
         yield

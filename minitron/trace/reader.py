@@ -14,6 +14,11 @@ TraceError naming ``FILE:LINE`` and what is wrong. Reading is bounded: one line 
 at most schema.MAX_LINE_BYTES, so a file that never ends (a link to /dev/zero) is refused, not
 read forever, and memory grows with the trace, not with what a line claims.
 
+A call that may block is also written as it begins (an open record, schema.OPEN); the reader
+pairs it with the call's finished record, and an open record left unpaired is a call that was in
+flight when the rank stopped: ``read_trace`` leaves those out (the views show finished calls),
+``read_in_flight`` hands them over too (trace/hang.py reads a hung job with it).
+
 Two things a real run leaves are not errors. A rank that was killed can leave its last line cut
 in half (the recorder writes in 64 KiB blocks): a last line without its newline that does not
 parse is skipped and counted. And the calls it had open never wrote a record, so a record's
@@ -28,7 +33,7 @@ from typing import Callable, Optional
 
 from minitron.trace.group_ranks import expand_group
 from minitron.trace.schema import (
-    CLOCK, GPU_TIME, HOST_TIME, MAX_CALL_DEPTH, MAX_LINE_BYTES, MAX_WORLD, PLAYED, RANK_FILE, ROOT,
+    CLOCK, GPU_TIME, HOST_TIME, MAX_CALL_DEPTH, MAX_LINE_BYTES, MAX_WORLD, OPEN, PLAYED, RANK_FILE, ROOT,
 )
 from minitron.trace.validate import record_problem
 
@@ -55,7 +60,7 @@ def rank_files(trace_dir: str | Path) -> dict[int, Path]:
 def read_rank(path: Path, rank: int | None = None) -> tuple[list[dict], bool]:
     """A rank's records ordered by start time (parents before children), and whether its
     last line was cut short."""
-    records, cut, _ = _read_rank(Path(path), _rank_of(Path(path)) if rank is None else rank)
+    records, cut, _, _ = _read_rank(Path(path), _rank_of(Path(path)) if rank is None else rank)
     return records, cut
 
 
@@ -67,6 +72,17 @@ Check = Callable[[dict], Optional[tuple]]
 
 def read_trace(trace_dir: str | Path, check: Check | None = None) -> tuple[dict[int, list[dict]], list[int]]:
     """rank -> its records ordered by start time, and the ranks whose last line was cut."""
+    runs, cut, _ = _read_dir(trace_dir, check, in_flight=False)
+    return runs, cut
+
+
+def read_in_flight(trace_dir: str | Path) -> tuple[dict[int, list[dict]], list[int], dict[int, list[dict]]]:
+    """As read_trace, and rank -> the open records of the calls it never finished (outermost
+    first). A rank whose file holds only such calls is no error here: it hung in its first."""
+    return _read_dir(trace_dir, None, in_flight=True)
+
+
+def _read_dir(trace_dir, check: Check | None, in_flight: bool):
     trace_dir = Path(trace_dir)
     if not trace_dir.is_dir():
         why = "it is not a directory" if trace_dir.exists() else "it does not exist"
@@ -74,9 +90,9 @@ def read_trace(trace_dir: str | Path, check: Check | None = None) -> tuple[dict[
     files = rank_files(trace_dir)
     if not files:
         raise TraceError(f"{trace_dir} holds no rank*.jsonl files: nothing was traced there ({RECORD_ONE})")
-    runs, cut, lines = {}, [], {}
+    runs, cut, lines, opened = {}, [], {}, {}
     for rank, path in files.items():
-        runs[rank], was_cut, lines[rank] = _read_rank(path, rank)
+        runs[rank], was_cut, lines[rank], opened[rank] = _read_rank(path, rank, in_flight)
         if was_cut:
             cut.append(rank)
     _check_world(runs, files, lines)
@@ -84,7 +100,7 @@ def read_trace(trace_dir: str | Path, check: Check | None = None) -> tuple[dict[
     if found:
         rank, record, problem = found
         raise _bad(files[rank], lines[rank][record["id"]], problem)
-    return runs, cut
+    return runs, cut, opened
 
 
 def load_trace(trace_dir: str | Path, check: Check | None = None) -> dict[int, list[dict]]:
@@ -104,12 +120,13 @@ def _rank_of(path: Path) -> int:
     return int(match.group(1))
 
 
-def _read_rank(path: Path, rank: int) -> tuple[list[dict], bool, dict[int, int]]:
-    """The checked records of one file, whether its last line was cut, and each id's line."""
+def _read_rank(path: Path, rank: int, in_flight: bool = False) -> tuple[list[dict], bool, dict[int, int], list[dict]]:
+    """The checked records of one file, whether its last line was cut, each id's line, and the
+    open records left unpaired (``in_flight``: a file of those alone is no error)."""
     if not path.is_file():   # a directory, a device, a pipe: nothing a recorder leaves
         kind = "a directory" if path.is_dir() else "not a regular file"
         raise TraceError(f"{path}: is {kind}, not a rank's trace; remove it or trace the run again")
-    records, line_of, cut, number = [], {}, False, 0
+    records, line_of, cut, number, opened = [], {}, False, 0, {}
     try:
         f = open(path, "rb")
     except OSError as exc:
@@ -131,18 +148,30 @@ def _read_rank(path: Path, rank: int) -> tuple[list[dict], bool, dict[int, int]]
                     cut = True
                     break
                 raise _bad(path, number, _unreadable(exc)) from None
+            is_open = type(record) is dict and record.get(OPEN) is True
             problem = (expand_group(record, MAX_WORLD)   # first: the checks below see the list
-                       or record_problem(record, rank, line.count(b"[") + line.count(b"{"))
-                       or _link_problem(record, line_of))
+                       or record_problem({**record, "end_us": record.get("start_us")} if is_open else record,
+                                         rank, line.count(b"[") + line.count(b"{"))
+                       or _link_problem(record, line_of)
+                       or (is_open and record["id"] in opened and f"id {record['id']} is opened twice"))
             if problem:
                 raise _bad(path, number, problem)
+            if is_open:
+                opened[record["id"]] = record
+                continue
+            opened.pop(record["id"], None)   # paired: the call finished
             line_of[record["id"]] = number
             records.append(record)
-    if not records:
-        raise _bad(path, 1, ("holds only a line cut short" if cut else "is empty") + ": a rank writes a record "
-                   "as each call ends, so it stopped before any did", "trace the run again, or remove the file")
-    _check_depth(path, records, line_of)
-    return in_trace_order(records), cut, line_of
+    if not records and not (in_flight and opened):
+        what = "holds only a line cut short" if cut else "is empty"
+        if opened:
+            what, fix = (f"holds only calls that never finished ({len(opened)})",
+                         f"the rank hung or was stopped in its first: `minitron view {path.parent} --hang` shows where")
+        else:
+            fix = "trace the run again, or remove the file"
+        raise _bad(path, 1, what + ": a rank writes a record as each call ends, so it stopped before any did", fix)
+    _check_depth(path, records + list(opened.values()), {**line_of, **{i: 1 for i in opened}})
+    return in_trace_order(records), cut, line_of, sorted(opened.values(), key=lambda r: r["id"])
 
 
 def _link_problem(record: dict, line_of: dict[int, int]) -> str | None:

@@ -5,7 +5,12 @@ debuggers (both want the same hook). An explicit ``@traced`` also tells the read
 source, which steps appear in the trace.
 
 One record per call, written to ``rank{R}.jsonl`` when the call returns; the format is defined
-once, in trace/schema.py, which the reader checks records against.
+once, in trace/schema.py, which the reader checks records against. A call that may block for
+ever (``span(..., blocking=True)``: every torch.distributed call) is also written as it begins,
+with the calls open around it, and the file is flushed then: a rank killed while it waits in a
+collective leaves on disk everything up to that call, and what it was waiting in. The other
+calls cost nothing more: their open records are written only when a blocking call below them, or
+a dump request (trace/dump.py), needs them.
 
 Times are wall-clock microseconds, so the ranks of one machine share a time axis.
 When tracing is off, ``_ACTIVE`` is None and a traced function pays one global read and one
@@ -25,12 +30,13 @@ import functools
 import inspect
 import json
 import os
+import struct
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
-from minitron.trace.schema import CLOCK, GPU_TIME, new_record, rank_file_name
+from minitron.trace.schema import CLOCK, GPU_TIME, new_open_record, new_record, rank_file_name
 
 _ACTIVE: "Recorder | None" = None
 _DEVICE_SYNC: Callable[[], None] | None = None   # set_device_sync's, for every recorder started
@@ -71,8 +77,15 @@ class Recorder:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "w", buffering=1 << 16)
         self._next_id = 0
-        self._stack: list[int] = []  # ids of the calls now open, innermost last
+        # The calls now open, innermost last: [id, parent, name, args, start_us]. The first
+        # ``_written`` of them have their open record in the file already.
+        self._stack: list[list] = []
+        self._written = 0
         self._sync: Callable[[], None] | None = None
+        self._progress = None   # set_progress: where the launcher's hang watch sees calls end
+        # Whether blocking calls are written as they begin. A fake world's collectives never
+        # wait, and it plays ~60,000 calls for 1024 ranks: launcher/fake.py turns it off.
+        self.open_records = True
         self.use_device_sync(_DEVICE_SYNC)
 
     def use_device_sync(self, sync: Callable[[], None] | None) -> None:
@@ -83,20 +96,39 @@ class Recorder:
             self.end(call_id, parent, now, CLOCK, {"clock": GPU_TIME})
         self._sync = sync
 
-    def begin(self) -> tuple[int, int | None, int]:
+    def set_progress(self, shared, slot: int) -> None:
+        """Stamp the wall-clock time into 8 bytes at ``slot`` of ``shared`` (a writable buffer the
+        launcher maps too) whenever a call ends: how it sees that the job still moves."""
+        self._progress, self._slot = shared, slot * 8
+
+    def begin(self, name: str = "", args: dict | None = None) -> tuple[int, int | None, int]:
         if self._sync is not None:
             self._sync()   # the work queued before this call is not its own
         call_id = self._next_id
         self._next_id += 1
-        parent = self._stack[-1] if self._stack else None
-        self._stack.append(call_id)
-        return call_id, parent, time.time_ns() // 1000
+        parent = self._stack[-1][0] if self._stack else None
+        now = time.time_ns() // 1000
+        self._stack.append([call_id, parent, name, args, now])
+        return call_id, parent, now
+
+    def write_open(self) -> None:
+        """Write the open record of every open call not yet written, outermost first, and flush:
+        what a rank stopped now would have been doing is on disk."""
+        for call_id, parent, name, args, start in self._stack[self._written:]:
+            self._file.write(ENCODE(new_open_record(self.rank, self.pid, call_id, parent, name, args or {},
+                                                    start)) + "\n")
+        self._written = len(self._stack)
+        self._file.flush()
 
     def end(self, call_id: int, parent: int | None, start_us: int, name: str,
             args: dict | None, error: str | None = None) -> None:
         if self._sync is not None:
             self._sync()   # the call's kernels have finished, not merely been launched
         self._stack.pop()
+        if self._written > len(self._stack):
+            self._written = len(self._stack)
+        if self._progress is not None:
+            struct.pack_into("d", self._progress, self._slot, time.time())
         record = new_record(self.rank, self.pid, call_id, parent, name, args or {}, start_us,
                             time.time_ns() // 1000)
         if error:
@@ -108,8 +140,12 @@ class Recorder:
             self.lines.append(line)
 
     @contextmanager
-    def span(self, name: str, args: dict | None = None):
-        call_id, parent, start = self.begin()
+    def span(self, name: str, args: dict | None = None, blocking: bool = False):
+        """Record the call ``name`` around the block; ``blocking``: a call that waits for other
+        ranks, written (with the calls open around it) as it begins."""
+        call_id, parent, start = self.begin(name, args)
+        if blocking and self.open_records:
+            self.write_open()
         try:
             yield args
         except BaseException as exc:
@@ -120,6 +156,7 @@ class Recorder:
     def close(self) -> None:
         if not self._file.closed:
             self._file.close()
+        self._progress = None
 
 
 def active() -> Recorder | None:

@@ -6,7 +6,10 @@ A trace directory holds one file per rank, ``rank{R}.jsonl``, one JSON object pe
     {"rank": 5, "pid": 4711, "id": 12, "parent": 3, "name": "minitron.core.parallel_state.
      initialize_model_parallel", "args": {...}, "start_us": ..., "end_us": ...}
 
-plus ``"error"`` when the call raised. Ids count the calls of one rank as they *begin*, so a
+plus ``"error"`` when the call raised. A call that may block (every wrapped torch.distributed
+call, and the calls open around it) is also written when it *begins*, as an open record: the same
+fields less ``end_us``, with ``"open": true``. Its finished record follows under the same id; an
+open record without one is a call that was in flight when the rank stopped (trace/hang.py). Ids count the calls of one rank as they *begin*, so a
 caller's id is always smaller than its callees': that one rule makes the parent links a forest
 (no cycle can be written), and it is what the reader checks. ``parent`` is ``ROOT`` (JSON null)
 for a call nobody traced called.
@@ -45,6 +48,7 @@ FIELDS = {
     "end_us": ((int, float), "a time in microseconds"),
 }
 OPTIONAL = {"error": ((str,), "the exception's text")}
+OPEN = "open"   # the key that marks an open record (its value: true)
 
 # Bounds that keep reading a file of any content finite. The recorder shortens every argument
 # (recorder.short_value): its longest lines, the run's validated arguments, are ~20 KiB and nest
@@ -72,3 +76,10 @@ def new_record(rank: int, pid: int, call_id: int, parent: int | None, name: str,
     """One call's record, as the recorder writes it (its keys are FIELDS, in that order)."""
     return {"rank": rank, "pid": pid, "id": call_id, "parent": parent, "name": name, "args": args,
             "start_us": start_us, "end_us": end_us}
+
+
+def new_open_record(rank: int, pid: int, call_id: int, parent: int | None, name: str, args: dict,
+                    start_us: int) -> dict:
+    """A call's record as it begins: FIELDS less end_us, marked OPEN."""
+    return {"rank": rank, "pid": pid, "id": call_id, "parent": parent, "name": name, "args": args,
+            "start_us": start_us, OPEN: True}

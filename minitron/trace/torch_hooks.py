@@ -5,6 +5,9 @@ so replacing the attribute is enough to see every call they make. torch's own in
 the functions in ``distributed_c10d`` directly and stay untouched, so the trace shows what the
 program asked for, not torch's bookkeeping.
 
+Every one of them may wait for other ranks, so each is recorded as it begins too (the
+recorder's ``blocking`` span): a hung job's trace shows what each rank was waiting in.
+
 Each record names the group the call ran on: its ranks and its description (the
 ``group_desc`` Megatron passes to new_group, e.g. ``TENSOR_MODEL_PARALLEL_GROUP``).
 """
@@ -96,7 +99,7 @@ def _wrap_collective(name: str, original):
         recorder = _rec._ACTIVE
         if recorder is None:
             return original(*args, **kwargs)
-        with recorder.span(f"torch.distributed.{name}", _collective_args(name, args, kwargs)):
+        with recorder.span(f"torch.distributed.{name}", _collective_args(name, args, kwargs), blocking=True):
             return original(*args, **kwargs)
     return wrapper
 
@@ -113,7 +116,7 @@ def _wrap_new_group(original):
         member = ranks is None or recorder.rank in ranks
         args = {"ranks": compact_ranks(list(ranks)) if ranks is not None else "all",   # bounded: group_ranks.py
                 "group_desc": group_desc, "backend": backend or "default", "member": member}
-        with recorder.span("torch.distributed.new_group", args):
+        with recorder.span("torch.distributed.new_group", args, blocking=True):
             return call()
     return new_group
 
@@ -127,7 +130,7 @@ def _wrap_init(original):
         info = {k: _rec.short_value(v) for k, v in kwargs.items() if k not in ("store", "pg_options")}
         if args:
             info["backend"] = args[0]
-        with recorder.span("torch.distributed.init_process_group", info):
+        with recorder.span("torch.distributed.init_process_group", info, blocking=True):
             return original(*args, **kwargs)
     return init_process_group
 
@@ -138,7 +141,7 @@ def _wrap_plain(name: str, original):
         recorder = _rec._ACTIVE
         if recorder is None:
             return original(*args, **kwargs)
-        with recorder.span(f"torch.distributed.{name}", {}):
+        with recorder.span(f"torch.distributed.{name}", {}, blocking=True):
             return original(*args, **kwargs)
     return wrapper
 
