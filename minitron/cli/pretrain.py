@@ -79,6 +79,8 @@ def pretrain(
     cfg = LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env)
     started = time.perf_counter()
     with PretrainProgress(log_jsonl, console_jsonl, args.train_iters, console) as progress:
-        run(cfg, Target(module="minitron.pretrain_gpt", argv=argv), monitor=progress.poll)
+        # As Megatron's two entries: a hybrid pattern is pretrain_hybrid's model, the rest pretrain_gpt's.
+        entry = "minitron.pretrain_hybrid" if args.hybrid_layer_pattern is not None else "minitron.pretrain_gpt"
+        run(cfg, Target(module=entry, argv=argv), monitor=progress.poll)
     for line in progress.summary(world, args.seq_length, time.perf_counter() - started, log_dir, log_jsonl):
         console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -21,6 +21,7 @@ from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate
 from minitron.trace import traced
 from minitron.training.argument_groups import ArgumentError, build_parser, require
 from minitron.training.argument_groups_ci import validate_ci_args
+from minitron.training.argument_groups_hybrid import validate_hybrid_args
 from minitron.training.arguments_features import (MOE_CONFIG_FIELDS, validate_context_parallel,
                                                    validate_modern_options, validate_moe)
 from minitron.training.arguments_fp8 import FP8_CONFIG_FIELDS, validate_fp8
@@ -75,6 +76,7 @@ def validate_args(args, defaults: dict | None = None):
             setattr(args, key, value)
 
     require(args.world_size >= 1, f"the world size must be at least 1, got {args.world_size}")
+    validate_hybrid_args(args)   # first: a hybrid pattern sets --num-layers (and the virtual pipeline)
     for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size"):
         require(getattr(args, name) is not None, f"--{name.replace('_', '-')} is required")
 
@@ -149,7 +151,7 @@ def _validate_layout(args):
                  f"--num-experts {args.num_experts} is not a multiple of --expert-model-parallel-size {ep}")
 
     # Virtual pipeline (interleaved schedule): several model chunks per pipeline rank.
-    require(args.num_layers % pp == 0,
+    require(args.num_layers % pp == 0 or args.hybrid_layer_pattern is not None,   # its '|' may cut unevenly
              f"--num-layers {args.num_layers} is not divisible by --pipeline-model-parallel-size {pp}")
     if args.num_layers_per_virtual_pipeline_stage is not None:
         n, per_stage = args.num_layers_per_virtual_pipeline_stage, args.num_layers // pp
@@ -173,7 +175,7 @@ def _validate_layout(args):
     if tp == 1:
         args.sequence_parallel = False  # as Megatron: nothing to split the sequence across
     if vp is not None:
-        require(args.num_layers % (pp * vp) == 0,
+        require(args.num_layers % (pp * vp) == 0 or args.hybrid_layer_pattern is not None,
                  f"--num-layers {args.num_layers} is not divisible by pipeline x virtual pipeline "
                  f"= {pp} x {vp} = {pp * vp}")
         if vp == 1:
@@ -299,4 +301,8 @@ def core_transformer_config_from_args(args):
         **{name: getattr(args, name) for name in FP8_CONFIG_FIELDS},
         expert_model_parallel_size=args.expert_model_parallel_size,
         expert_tensor_parallel_size=args.expert_tensor_parallel_size,
+        # a hybrid model's Mamba layers (core/ssm/), as Megatron sets them from its flags
+        is_hybrid_model=args.hybrid_layer_pattern is not None, mamba_state_dim=args.mamba_state_dim,
+        mamba_head_dim=args.mamba_head_dim, mamba_num_groups=args.mamba_num_groups,
+        mamba_num_heads=args.mamba_num_heads,
     )

@@ -1,0 +1,3 @@
+from minitron.core.models.hybrid.hybrid_model import HybridModel
+
+__all__ = ["HybridModel"]
