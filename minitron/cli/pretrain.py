@@ -10,7 +10,7 @@ import typer
 
 from minitron.cli.common import (
     DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, DebugOptions, UserError, app, rank_backend,
-    check_world, console, validate_pretrain,
+    check_world, console, validate_pretrain, HANG_TIMEOUT, check_hang_timeout, hang_screen,
 )
 from minitron.cli import preflight
 from minitron.cli.preflight_memory import check_fits
@@ -25,7 +25,7 @@ def pretrain(
     master_port: Optional[int] = typer.Option(None, "--master-port"),
     trace_dir: Optional[Path] = typer.Option(None, "--trace", help="record every rank's calls into this directory"),
     debug: Optional[str] = DEBUG, debug_port_base: int = DEBUG_PORT_BASE, debug_host: str = DEBUG_HOST,
-    debug_wait_timeout: float = DEBUG_WAIT,
+    debug_wait_timeout: float = DEBUG_WAIT, hang_timeout: Optional[float] = HANG_TIMEOUT,
 ):
     """Train a GPT on WORLD ranks. Every other flag is Megatron's, passed to each rank
     (--tensor-model-parallel-size, --num-layers, --train-iters, --lr, --mock-data, ...)."""
@@ -36,6 +36,7 @@ def pretrain(
     preflight.check_world_limit(world, backend or "gloo")
     debugging = DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout)
     debugging.check(world)
+    check_hang_timeout(hang_timeout, trace_dir is not None)
     argv = list(ctx.args)
     if backend is not None:  # given: check it now, and every rank uses it
         rank_backend(backend, world, fake)
@@ -76,11 +77,13 @@ def pretrain(
         path.unlink(missing_ok=True)
     env = {CONSOLE_ENV: str(console_jsonl)}
     env.update(debugging.env(world, trace_dir))
-    cfg = LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env)
+    cfg = LaunchConfig(world_size=world, backend=backend, log_dir=log_dir, master_port=master_port, env=env,
+                       hang_timeout=hang_timeout)
     started = time.perf_counter()
     with PretrainProgress(log_jsonl, console_jsonl, args.train_iters, console) as progress:
         # As Megatron's two entries: a hybrid pattern is pretrain_hybrid's model, the rest pretrain_gpt's.
         entry = "minitron.pretrain_hybrid" if args.hybrid_layer_pattern is not None else "minitron.pretrain_gpt"
-        run(cfg, Target(module=entry, argv=argv), monitor=progress.poll)
+        run(cfg, Target(module=entry, argv=argv), monitor=progress.poll,
+            on_hang=hang_screen() if hang_timeout else None)
     for line in progress.summary(world, args.seq_length, time.perf_counter() - started, log_dir, log_jsonl):
         console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -13,7 +13,8 @@ import typer
 
 from minitron.cli.common import (
     CP, EP, PP, TP, vp_option, DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, ORDERS, DebugOptions, UserError, app, check_backend,
-    check_order, check_world, console, default_backend, print_no_effect, validate_pretrain,
+    check_order, check_world, console, default_backend, print_no_effect, validate_pretrain, HANG_TIMEOUT,
+    check_hang_timeout, hang_screen,
 )
 from minitron.cli import preflight
 from minitron.cli.preflight_memory import check_fits
@@ -190,7 +191,7 @@ def trace(
     log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="per-rank logs (default OUT/logs)"),
     master_port: Optional[int] = typer.Option(None, "--master-port", help="default: a free port"),
     debug: Optional[str] = DEBUG, debug_port_base: int = DEBUG_PORT_BASE, debug_host: str = DEBUG_HOST,
-    debug_wait_timeout: float = DEBUG_WAIT,
+    debug_wait_timeout: float = DEBUG_WAIT, hang_timeout: Optional[float] = HANG_TIMEOUT,
 ):
     """Run the real initialization on WORLD ranks and show what every rank did.
 
@@ -204,6 +205,9 @@ def trace(
     check_order(order)
     debugging = DebugOptions(debug, debug_port_base, debug_host, debug_wait_timeout)
     debugging.check(world)
+    check_hang_timeout(hang_timeout, True)   # a trace always records: --out
+    if hang_timeout and backend == "fake":
+        raise UserError("--hang-timeout watches real ranks; fake collectives never wait: use --backend gloo")
     if backend is not None:  # given: check it now (the default is known after validation)
         check_backend(backend, world)
     try:  # the layout's one home (validate_args asks it again, with the flags after `--`)
@@ -287,8 +291,9 @@ def trace(
     else:
         cfg = LaunchConfig(world_size=world, backend=backend, log_dir=log_dir or out / "logs",
                            master_port=master_port, env=rank_env,
-                           warm=LaunchConfig.warm if steps else ())  # no steps: no optimizer to warm for
-        launch(cfg, Target(module="minitron.pretrain_gpt", argv=argv))
+                           warm=LaunchConfig.warm if steps else (),  # no steps: no optimizer to warm for
+                           hang_timeout=hang_timeout)
+        launch(cfg, Target(module="minitron.pretrain_gpt", argv=argv), on_hang=hang_screen() if hang_timeout else None)
         elapsed = time.perf_counter() - started
         try:
             runs = load_trace(out)

@@ -81,7 +81,8 @@ def hang_lines(d: dict, silent: list | None = None, timeout: float | None = None
         lines.append("  " + " → ".join(map(str, d["cycle"])) + ": each rank waits for the next, in a ring")
     lines += _where_lines(d, silent or [])
     lines += flight_recorder_lines(Path(d["trace_dir"]), d["where"])
-    lines += ["What to change"] + ["  " + fix for fix in fixes(d)]
+    if d["stuck"] or d["point_to_point"]:
+        lines += ["What to change"] + ["  " + fix for fix in fixes(d)]
     return lines
 
 
