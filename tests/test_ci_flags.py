@@ -148,3 +148,26 @@ def test_params_norm_zeros_determinism_and_manual_gc():
     # --manual-gc: the start, iteration 1, before and after the evaluation at 2, iteration 2;
     # and no automatic collection in between (the collector was off at each)
     assert full == [False] * 5
+
+
+@pytest.mark.parametrize("flag, outcome", [("", "refused"), ("--use-checkpoint-opt_param-scheduler", "checkpoint"),
+                                           ("--override-opt-param-scheduler", "flags")])
+def test_a_resumed_schedule_follows_megatrons_two_flags(monkeypatch, flag, outcome):
+    """The schedule saved at --lr 1e-3 meets a command line that says --lr 2e-3."""
+    from minitron.training import model_setup
+
+    class Optimizer:
+        param_groups = [{"wd_mult": 1.0}]
+
+    saved_args = _validate("")
+    monkeypatch.setattr(model_setup, "get_args", lambda: saved_args)
+    saved = model_setup.get_optimizer_param_scheduler(Optimizer()).state_dict()
+    args = _validate(f"--lr 2e-3 {flag}")
+    monkeypatch.setattr(model_setup, "get_args", lambda: args)
+    scheduler = model_setup.get_optimizer_param_scheduler(Optimizer())
+    if outcome == "refused":   # Megatron's default: a schedule that differs stops the resumed run
+        with pytest.raises(ValueError, match="max_lr is 0.002 now but 0.001 in the checkpoint"):
+            scheduler.load_state_dict(saved)
+    else:
+        scheduler.load_state_dict(saved)
+        assert scheduler.max_lr == (1e-3 if outcome == "checkpoint" else 2e-3)

@@ -5,7 +5,9 @@ The loss exists only on the last pipeline stage, and after the data-parallel ave
 there holds the same value, so one rank speaks for the iterations: the last rank of the world
 (print_rank_last). Every ``--log-interval`` iterations it prints Megatron's line, whose numbers
 cover the whole interval (the mean loss of the iterations that stepped, the mean time per
-iteration, the skipped and nan iterations counted since the last line). ``--log-jsonl PATH`` gets
+iteration, the skipped and nan iterations counted since the last line; the grad norm, and with
+--log-num-zeros-in-grad / --log-params-norm the zero count and the params norm, are the logged
+iteration's own, as Megatron prints them). ``--log-jsonl PATH`` gets
 one object per iteration from the same rank, every iteration, logged or not: ``minitron
 pretrain`` draws its progress bar and its closing summary from it.
 
