@@ -34,10 +34,23 @@ _CHILD = r'''
 import json, os, resource, signal, sys, time
 import minitron.cli  # once, before any fork: every case shares the import
 from minitron.cli import main
+import typer.main
+# And the click command typer builds from minitron's app: ~60 ms of reading signatures and
+# type hints at every call of app(), the larger part of a refusal's time once the modules are
+# loaded. Built here once, the same object every case would build; each child gets its own copy.
+_commands = {}
+_build_command = typer.main.get_command
+def _built_command(app):
+    if id(app) not in _commands:
+        _commands[id(app)] = (app, _build_command(app))
+    return _commands[id(app)][1]
+typer.main.get_command = _built_command
+_built_command(minitron.cli.app)
 MEMORY_CAP = int(sys.argv[1])
 for name in sys.argv[2:]:  # preloaded for cases whose refusal needs them (see run_cases)
     __import__(name)
 real_stdout = sys.stdout
+imported = set(sys.modules)
 for line in sys.stdin:
     case = json.loads(line)
     out_path, err_path = case["out"], case["err"]
@@ -70,6 +83,9 @@ for line in sys.stdin:
         sys.stdout.flush(); sys.stderr.flush()
         with open(case["err"] + ".torch", "w") as marker:
             marker.write("1" if "torch" in sys.modules else "0")
+        if "torch" not in sys.modules:  # what this case imported, for the harness to warm
+            with open(case["err"] + ".modules", "w") as modules:
+                modules.write("\n".join(sorted(set(sys.modules) - imported)))
         os._exit(code)
     deadline = time.monotonic() + case["timeout"]
     status, timed_out = None, False
@@ -95,6 +111,24 @@ for line in sys.stdin:
     real_stdout.write(json.dumps({"code": code, "seconds": seconds, "timed_out": timed_out,
                                   "left": left}) + "\n")
     real_stdout.flush()
+    # Warm the harness with what the case imported on its way to the refusal (the argument
+    # stack, the launcher, the estimator: ~0.3 s a case otherwise, paid again in every child),
+    # so the next case finds it loaded. Only a torch-free case's modules, and none that pulls
+    # torch in after all: the harness must stay torch-free, or no case could show it refused first.
+    try:
+        with open(err_path + ".modules") as modules:
+            names = modules.read().split()
+    except OSError:
+        names = []
+    for name in names:
+        if name not in sys.modules and not name.startswith("__"):
+            try:
+                __import__(name)
+            except BaseException:
+                pass  # its child's import may have depended on the case's cwd or env: leave it cold
+    if "torch" in sys.modules and "torch" not in imported:
+        sys.exit("refusals harness: warming it imported torch; a case's modules are not torch-free")
+    imported = set(sys.modules)
 '''
 
 
