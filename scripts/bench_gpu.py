@@ -2,6 +2,7 @@
 
     python scripts/bench_gpu.py [--iters 10] [--fast] [--json results.json]
     python scripts/bench_gpu.py --cpu-smoke      # no GPU: a tiny model on the CPU, to prove the script runs
+    python scripts/bench_gpu.py --show FILE...   # print the figures a --json run recorded
 
 The GPT (defaults: 24 layers, hidden 2048, 16 heads, sequence 2048, the GPT-2 vocabulary of 50257
 padded to 50304, micro-batch 4, global batch 32, i.e. 8 micro-batches per iteration, bf16) is
@@ -75,6 +76,8 @@ def options(argv=None) -> argparse.Namespace:
     p.add_argument("--fast", action="store_true", help="add minitron's fast-path flags (FAST_PATH_FLAGS)")
     p.add_argument("--cpu-smoke", action="store_true", help="a tiny model on the CPU: proves the script runs")
     p.add_argument("--json", type=Path, help="also write the figures to this file")
+    p.add_argument("--show", type=Path, nargs="+", metavar="FILE",
+                   help="print the figures recorded by earlier --json runs (docs/gpu-runs/), run nothing")
     p.add_argument("--plain-child", help=argparse.SUPPRESS)   # the plain loops' own process
     if "--cpu-smoke" in (sys.argv[1:] if argv is None else argv):
         p.set_defaults(**SMOKE)   # the tiny size, unless a flag says otherwise
@@ -216,6 +219,14 @@ def report(o, device: str, vocab: int, flops: float, peak: float | None, results
           f"global batch {o.global_batch_size}, {'fp32' if o.cpu_smoke else 'bf16'}, one {device}")
     print(f"Megatron's FLOP count: {flops:.3e} per iteration; peak {number(peak, 'g')} TFLOP/s "
           f"(dense bf16, minitron/training/theoretical_flops.py){'; --fast' if o.fast else ''}")
+    table(o, device, results, ratios)
+
+
+def table(o, device: str, results: dict, ratios: dict) -> None:
+    """The figures, 75 columns wide: the part of a run's report a page shows."""
+    def number(value, spec):
+        return "n/a" if value is None else format(value, spec)
+
     print(f"median of iterations {FIRST_TIMED}-{o.iters}:")
     print(f"{'side':<18} {'ms/iteration':>12} {'tokens/s':>12} {'TFLOP/s/GPU':>12} {'MFU':>7} {'peak GiB':>9}")
     for name, r in results.items():
@@ -228,9 +239,36 @@ def report(o, device: str, vocab: int, flops: float, peak: float | None, results
     print(goals(o, device, results, ratios))
 
 
+MODEL_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
+                "global_batch_size", "vocab_size", "iters", "fast")
+
+
+def show(paths: list[Path]) -> int:
+    """Print what --json runs recorded, as the run printed it, each under where it ran: the
+    figures a page quotes come from a file a real run wrote, not from prose."""
+    for path in paths:
+        try:
+            rec = json.loads(path.read_text())
+            o = argparse.Namespace(cpu_smoke=False, **{k: rec["model"][k] for k in MODEL_FIELDS})
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            print(f"bench_gpu: {path} is not a file that --json wrote ({err}); give one from docs/gpu-runs/",
+                  file=sys.stderr)
+            return 2
+        print(f"{path.name}: {'--fast' if o.fast else 'default path'}, {rec['device']}")
+        print(f"  recorded {rec['recorded']}")
+        print(f"  torch {rec['torch']}")
+        print(f"  GPT {o.num_layers} layers, hidden {o.hidden_size}, sequence {o.seq_length}, "
+              f"batch {o.micro_batch_size} x {o.global_batch_size // o.micro_batch_size}, bf16")
+        table(o, rec["device"], rec["results"], rec["ratios"])
+        print()
+    return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     o = options(argv)
+    if o.show:
+        return show(o.show)
     if o.plain_child:
         plain_child(o)
         return 0
@@ -254,7 +292,11 @@ def main(argv=None) -> int:
     report(o, plain["device"], vocab, flops, peak, results, ratios)
     if o.json:
         fast_flags = FAST_PATH_FLAGS if o.fast else []   # the flags this run added
-        o.json.write_text(json.dumps({"device": plain["device"], "fast": o.fast, "fast_flags": fast_flags,
+        import torch
+        model = {**{k: getattr(o, k) for k in MODEL_FIELDS}, "padded_vocab": vocab}
+        o.json.write_text(json.dumps({"recorded": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+                                      "model": model, "device": plain["device"], "fast": o.fast,
+                                      "fast_flags": fast_flags,
                                       "flops_per_iteration": flops, "peak_tflops": peak, "results": results,
                                       "ratios": ratios, "goals": goals(o, plain["device"], results, ratios)},
                                      indent=2) + "\n")

@@ -85,3 +85,31 @@ def test_without_a_gpu_it_says_so_and_exits_2():
     done = bench()
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and "--cpu-smoke" in done.stderr
+
+
+RECORDED = sorted((ROOT / "docs" / "gpu-runs").glob("*.json"))
+
+
+def test_the_recorded_gpu_runs_print_as_recorded_and_the_page_quotes_them():
+    """docs/gpu.md shows the H100 runs through --show, and its prose quotes a few figures: both
+    must be the recorded files' numbers (rounded as printed), so neither can drift from the run."""
+    assert RECORDED, "docs/gpu-runs/ holds the recorded runs the GPU page shows"
+    done = bench("--show", *map(str, RECORDED))
+    assert done.returncode == 0, done.stderr
+    rows = [m.groups() for m in map(ROW.match, done.stdout.splitlines()) if m]
+    runs = [json.loads(p.read_text()) for p in RECORDED]
+    assert len(rows) == 3 * len(runs)
+    for (name, ms, tokens, *_), (rec, side) in zip(rows, [(r, s) for r in runs for s in r["results"]]):
+        assert name == side and float(ms) == pytest.approx(rec["results"][side]["ms_per_iteration"], abs=0.05)
+        assert float(tokens) == pytest.approx(rec["results"][side]["tokens_per_s"], abs=0.05)
+    page = (ROOT / "docs" / "gpu.md").read_text()
+    for rec in runs:
+        assert f"{rec['ratios']['minitron/eager']:.2f}×" in page
+        assert f"{rec['results']['minitron']['mfu']:.1%}".replace("%", "") in page
+
+
+def test_show_refuses_a_file_no_run_wrote(tmp_path):
+    bad = tmp_path / "notes.json"
+    bad.write_text("{}")
+    done = bench("--show", str(bad))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "notes.json" in done.stderr
