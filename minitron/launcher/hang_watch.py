@@ -80,21 +80,26 @@ class HangWatch:
         return time.time() - self.last_progress() > self.timeout
 
     def ask_where(self, procs: list) -> list[int]:
-        """Ring every live rank's doorbell and wait for the answers; the ranks that gave none."""
-        asked = {}
-        for rank, p in enumerate(procs):
-            if p.poll() is None:
-                try:
-                    os.kill(p.pid, DUMP_SIGNAL)
-                    asked[rank] = where_file(self.trace_dir, rank)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + DUMP_WAIT_S
-        waiting = dict(asked)
-        while waiting and time.monotonic() < deadline:
-            waiting = {r: f for r, f in waiting.items() if not f.exists()}
-            time.sleep(0.01)
-        return sorted(waiting)
+        return ask_where(procs, self.trace_dir)
 
     def close(self) -> None:
         self.shared.close()
+
+
+def ask_where(procs: list, trace_dir: Path) -> list[int]:
+    """Ring every live rank's doorbell and wait for the answers; the ranks that gave none. Also
+    when the user stops a traced job (Ctrl-C): `view DIR --hang` then has their stacks too."""
+    asked = {}
+    for rank, p in enumerate(procs):
+        if p.poll() is None:
+            try:
+                os.kill(p.pid, DUMP_SIGNAL)
+                asked[rank] = where_file(trace_dir, rank)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + DUMP_WAIT_S
+    waiting = dict(asked)
+    while waiting and time.monotonic() < deadline:
+        waiting = {r: f for r, f in waiting.items() if not f.exists()}
+        time.sleep(0.01)
+    return sorted(waiting)

@@ -39,7 +39,7 @@ from typing import Callable, Iterator
 
 from minitron.launcher.debug import CONSOLE_FD_ENV
 from minitron.launcher.failures import DeathOrder, JobHung, RankFailure, first_failure
-from minitron.launcher.hang_watch import HangWatch, flight_recorder_env
+from minitron.launcher.hang_watch import HangWatch, ask_where, flight_recorder_env
 from minitron.launcher.processes import ForkedProcess, stop_process_groups
 from minitron.launcher.rendezvous import StoreKeeper, die_with_parent
 from minitron.launcher.worker import ERROR_DIR_ENV, Target, run_target
@@ -300,7 +300,9 @@ def launch(cfg: LaunchConfig, target: Target, monitor: Callable[[], None] | None
                 monitor()
                 next_tick = time.monotonic() + 0.2
             deaths.wait(0.01)  # wakes at once when a rank dies, and notes in which order they do
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt) and cfg.env.get(TRACE_DIR_ENV):
+            ask_where(procs, Path(cfg.env[TRACE_DIR_ENV]))   # for `view DIR --hang` afterwards
         stop_process_groups(procs, cfg.grace_seconds)
         raise
     finally:
