@@ -116,3 +116,18 @@ def test_refusals_are_one_line(capsys, flags, words):
         validate_pretrain(argv + flags, 1)
     lines = (capsys.readouterr().err.strip() or str(refused.value)).splitlines()
     assert len(lines) <= 2 and words in lines[-1], lines   # argparse puts its usage line first
+
+
+def test_scaled_mm_gets_the_layouts_it_takes(monkeypatch):
+    """No fp8 GPU here: the three GEMMs' operands, as fp8_gemm hands them to torch._scaled_mm,
+    go through its meta kernel, which checks what the CUDA one needs (row-major first operand,
+    column-major second, sizes in 16s, 1-element fp32 scales)."""
+    import minitron.core.fp8.linear as linear
+    monkeypatch.setattr(linear, "_scaled_mm_takes", lambda a, b: True)
+    m, k, n = 64, 32, 48
+    x, w, g = (torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in
+               (((m, k), torch.float8_e4m3fn), ((n, k), torch.float8_e4m3fn), ((m, n), torch.float8_e5m2)))
+    s = torch.ones((), device="meta")
+    assert fp8_gemm(x, s, w, s, torch.float32).shape == (m, n)          # Y = X W^T
+    assert fp8_gemm(g, s, w.t(), s, torch.bfloat16).shape == (m, k)     # dX = dY W
+    assert fp8_gemm(g.t(), s, x.t(), s, torch.float32).shape == (n, k)  # dW = dY^T X
