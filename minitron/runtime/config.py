@@ -38,8 +38,9 @@ TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumul
 # Top-level keys minitron reads; anything else is refused (see check_keys for keys accepted only
 # at DeepSpeed's default value, such as the seed notes' "wall_clock_breakdown": false).
 TOP_LEVEL = TRIAD + ("steps_per_print", "gradient_clipping", "fp16", "bf16", "bfloat16", "optimizer",
-                     "scheduler", "zero_optimization", "checkpoint", "zero_allow_untested_optimizer")
-DEFAULT_ONLY = {"prescale_gradients": False, "wall_clock_breakdown": False, "gradient_predivide_factor": 1.0}
+                     "scheduler", "zero_optimization", "checkpoint", "zero_allow_untested_optimizer",
+                     "communication_data_type", "prescale_gradients", "gradient_predivide_factor")
+DEFAULT_ONLY = {"wall_clock_breakdown": False}
 # Keys DeepSpeed 0.19.8 refuses whatever their value, because the feature behind them is gone
 # (its _REMOVED_TOP_LEVEL_CONFIG_KEYS): a leftover would otherwise be silently ignored.
 REMOVED = {"sparse_gradients": "DeepSpeed 0.19.8 removed sparse compression of dense embedding gradients and "
@@ -189,6 +190,7 @@ class DeepSpeedConfig:
             raise DeepSpeedConfigError(f"optimizer.type {self.optimizer_name!r} is untested with ZeRO (stage "
                                        f"{self.zero_optimization_stage}); DeepSpeed runs it only with "
                                        f"\"zero_allow_untested_optimizer\": true")
+        self._gradient_communication(params)
         # "checkpoint": {"load_universal": true}: load_checkpoint reads a universal checkpoint
         # (runtime/checkpoint/universal_checkpoint.py). DeepSpeed's other checkpoint keys (tag
         # validation, node-local storage, parallel writes) are not built, so they are refused.
@@ -197,6 +199,28 @@ class DeepSpeedConfig:
             raise DeepSpeedConfigError(f"checkpoint must be an object, got {json_value(checkpoint)}")
         check_keys(checkpoint, ("load_universal",), {}, "checkpoint")
         self.load_universal_checkpoint = flag(checkpoint, "load_universal", False, "checkpoint")
+
+    def _gradient_communication(self, params: dict) -> None:
+        """communication_data_type, prescale_gradients, gradient_predivide_factor (what they do:
+        runtime/gradient_reduction.py), with the combinations DeepSpeed's ZeRO refuses."""
+        kind = params.get("communication_data_type")
+        if kind is not None and (not isinstance(kind, str) or kind.lower() not in ("fp32", "fp16", "bf16")):
+            raise DeepSpeedConfigError(f"communication_data_type must be \"fp32\", \"fp16\" or \"bf16\", got "
+                                       f"{json_value(kind)}")
+        self.communication_data_type = kind.lower() if kind is not None else None   # None: the gradients' dtype
+        self.prescale_gradients = flag(params, "prescale_gradients", False, "ds_config")
+        self.gradient_predivide_factor = number(params, "gradient_predivide_factor", 1.0, "")
+        if self.gradient_predivide_factor <= 0:   # DeepSpeed divides by it
+            raise DeepSpeedConfigError(f"gradient_predivide_factor must be positive, got "
+                                       f"{json_value(params['gradient_predivide_factor'])}")
+        zero, stage = self.zero_config, self.zero_optimization_stage
+        if stage >= 2 and zero.reduce_scatter and (self.prescale_gradients or self.gradient_predivide_factor != 1):
+            what = "prescale_gradients" if self.prescale_gradients else "gradient_predivide_factor != 1.0"
+            raise DeepSpeedConfigError(f"{what} is not supported by DeepSpeed's ZeRO stage {stage} with reduce "
+                                       f"scatter enabled; set zero_optimization.reduce_scatter to false or drop it")
+        if stage == 3 and self.gradient_predivide_factor != 1:
+            raise DeepSpeedConfigError("gradient_predivide_factor != 1.0 at ZeRO stage 3 is not modelled in minitron "
+                                       "(DeepSpeed divides by it and multiplies back only when it is not dp); drop it")
 
     @staticmethod
     def _data_parallel_size(mpu: Any, world_size: Optional[int]) -> int:
@@ -228,4 +252,7 @@ class DeepSpeedConfig:
             "optimizer": {"type": self.optimizer_name, "params": self.optimizer_params},
             "scheduler": {"type": self.scheduler_name, "params": self.scheduler_params},
             "zero_optimization": self.zero_config.as_dict(),
+            "communication_data_type": self.communication_data_type,
+            "prescale_gradients": self.prescale_gradients,
+            "gradient_predivide_factor": self.gradient_predivide_factor,
         }

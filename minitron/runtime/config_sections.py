@@ -203,12 +203,16 @@ class ZeroConfig:
     allgather_bucket_size: int = DEFAULT_BUCKET
     overlap_comm: bool = False
     contiguous_gradients: bool = True
+    reduce_scatter: bool = True
+    allgather_partitions: bool = True
+    round_robin_gradients: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-ZERO_KEYS = ("stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients")
+ZERO_KEYS = ("stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients",
+             "reduce_scatter", "allgather_partitions", "round_robin_gradients")
 OFFLOAD_KEYS = ("offload_param", "offload_optimizer", "cpu_offload", "cpu_offload_params")
 
 
@@ -222,8 +226,7 @@ def parse_zero(params: dict) -> ZeroConfig:
         if not off:
             raise DeepSpeedConfigError(f"{where}.{key}: offloading to CPU or NVMe is not implemented in "
                                        f"minitron; remove it (or set it to false)")
-    check_keys({k: v for k, v in zero.items() if k not in OFFLOAD_KEYS}, ZERO_KEYS,
-               {"allgather_partitions": True, "reduce_scatter": True}, where, model=True)
+    check_keys({k: v for k, v in zero.items() if k not in OFFLOAD_KEYS}, ZERO_KEYS, {}, where, model=True)
     try:  # pydantic's int enum: 1.0, "1" and true are all stage 1
         stage = model_int(zero, "stage", 0, where, minimum=0, maximum=3)
     except DeepSpeedConfigError:
@@ -234,23 +237,17 @@ def parse_zero(params: dict) -> ZeroConfig:
     # Optional[bool]: null leaves DeepSpeed's default, on for stage 3 only (overlap_comm_valid)
     overlap = model_flag(zero, "overlap_comm", stage == 3, where) if zero.get("overlap_comm") is not None \
         else stage == 3
-    contiguous = model_flag(zero, "contiguous_gradients", True, where)
     # overlap_comm runs at every ZeRO stage (zero/buckets.py, zero/stage3.py): the reductions
     # are launched during backward and waited for after it. allgather_bucket_size is accepted
     # and, as in DeepSpeed 0.19.8, read by nothing: with torch's all_gather_into_tensor (any
-    # torch since 1.13) its all_gather_dp_groups gathers each flat group in one call.
-    if stage > 0:  # at stage 0 DeepSpeed runs no ZeRO optimizer, and reads none of them either
-        _not_modelled(where, {"contiguous_gradients": (contiguous, True)}, stage)
-    return ZeroConfig(stage, reduce_size, allgather, overlap, contiguous)
-
-
-def _not_modelled(where: str, given: dict, stage: int) -> None:
-    """Keys minitron parses and runs nothing for. contiguous_gradients=false would keep each
-    gradient where autograd put it until its bucket is reduced; minitron copies every bucket
-    into one tensor to reduce it, which is what true does. Each such key is accepted only at the
-    value that says what minitron does (DeepSpeed's default)."""
-    for key, (value, default) in given.items():
-        if value != default:
-            raise DeepSpeedConfigError(f"{where}.{key}: {json_value(value)} is not modelled in minitron, which "
-                                       f"runs as {json_value(default)} at stage {stage}; "
-                                       f"remove it or set it to {json_value(default)}")
+    # torch since 1.13) its all_gather_dp_groups gathers each flat group in one call. So is
+    # allgather_partitions: 0.19.8's engine has an accessor for it that nothing calls, and every
+    # rank all-gathers the updated partitions whatever it says.
+    # contiguous_gradients and reduce_scatter choose how ZeRO 1-2 reduce (runtime/gradient_reduction.py);
+    # round_robin_gradients deals the parameters to the ranks' partitions in turn (stage_1_and_2.py).
+    # DeepSpeed reads them at stages 1-2 (reduce_scatter also at 3, where it only guards the checks
+    # in config.py); elsewhere they are accepted and change nothing, there as here.
+    flags = {key: model_flag(zero, key, default, where) for key, default in (
+        ("contiguous_gradients", True), ("reduce_scatter", True), ("allgather_partitions", True),
+        ("round_robin_gradients", False))}
+    return ZeroConfig(stage, reduce_size, allgather, overlap, **flags)

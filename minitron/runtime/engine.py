@@ -23,6 +23,7 @@ from minitron.accelerator import get_accelerator
 from minitron.ops.adam import FusedAdam
 from minitron.ops.lamb import FusedLamb
 from minitron.runtime.checkpoint import engine_checkpoint as checkpoint
+from minitron.runtime import gradient_reduction
 from minitron.runtime.config import DeepSpeedConfig
 from minitron.runtime.loss_scaler import CreateLossScaler
 from minitron.runtime.lr_schedules import SCHEDULERS
@@ -113,7 +114,10 @@ class DeepSpeedEngine(torch.nn.Module):
                                                     scaler, config.gradient_clipping, mp_group,
                                                     config.zero_config.reduce_bucket_size,
                                                     model_parallel_rank=_tensor_parallel_rank(mpu),
-                                                    overlap_comm=config.zero_config.overlap_comm)
+                                                    overlap_comm=config.zero_config.overlap_comm,
+                                                    round_robin_gradients=config.zero_config.round_robin_gradients)
+        # The gradients' dtype on the wire and where the mean's 1/dp goes (runtime/gradient_reduction.py)
+        self.optimizer.gradient_reduction = gradient_reduction.for_stage(config, self.dp_world_size)
         self.basic_optimizer = basic
         if isinstance(basic, FusedLamb) and self.zero_optimization_stage() == 0:
             # DeepSpeed's stage 0 hands Lamb each tensor; minitron's one flat master per group holds

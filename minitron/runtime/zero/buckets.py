@@ -107,7 +107,7 @@ class GradientBuckets:
         mine, handles = None, []
         for owner in sorted(owned):
             pieces = owned[owner]
-            summed = torch.cat([bucket[b:b + n] for _, _, b, n in pieces])
+            summed = opt.gradient_reduction.to_wire(torch.cat([bucket[b:b + n] for _, _, b, n in pieces]))
             handles.append(dist.reduce(summed, dst=dist.get_global_rank(group, owner), group=group,
                                        async_op=self.overlap_comm))
             if owner == opt.partition_id:
@@ -133,7 +133,8 @@ class GradientBuckets:
         if mine is None:
             return
         opt, (pieces, summed) = self.opt, mine
-        summed.div_(opt.dp_world_size)   # the sum over ranks -> the mean over the batch
+        # the sum over ranks -> the mean over the batch, back in the gradients' dtype
+        summed = opt.gradient_reduction.from_wire(summed, opt.bit16_groups_flat[0].dtype)
         k = 0
         for i, offset, _, n in pieces:
             size = opt.bit16_groups_flat[i].numel() // opt.partition_count

@@ -37,6 +37,7 @@ import torch
 
 from minitron import comm as dist   # as DeepSpeed's ZeRO: from deepspeed import comm as dist
 from minitron.accelerator import get_accelerator
+from minitron.runtime.gradient_reduction import GradientReduction
 from minitron.runtime.zero.buckets import weakly_bound
 from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 from minitron.trace import traced
@@ -79,6 +80,8 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         self._init_model_parallel(model_parallel_group)
         self.dp_process_group = dp_process_group
         self.dp_world_size = dist.get_world_size(group=dp_process_group)
+        # Divide by dp, then sum (reduce_scatter_coalesced); the engine sets the config's dtype.
+        self.gradient_reduction = GradientReduction(self.dp_world_size)
         self.stage, self.partition_gradients = 3, True
         self.partition_count = self.dp_world_size
         self.partition_id = dist.get_rank(group=dp_process_group)
@@ -192,7 +195,8 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         piece = p.ds_tensor.numel()
         padded = p.grad.new_zeros(piece * self.dp_world_size)
         padded[:p.ds_numel].copy_(p.grad.reshape(-1))
-        mine = p.grad.new_empty(piece)
+        padded = self.gradient_reduction.to_wire(padded)
+        mine = padded.new_empty(piece)
         handle = dist.reduce_scatter_tensor(mine, padded, group=self.dp_process_group, async_op=self.overlap_comm)
         if self.overlap_comm:
             self.in_flight.append((i, offset, mine, handle))
@@ -204,7 +208,8 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
     def _add(self, i: int, offset: int, mine: torch.Tensor) -> None:
         if i not in self.averaged_gradients:
             self.averaged_gradients[i] = torch.zeros_like(self.fp16_partitioned_groups_flat[i])
-        self.averaged_gradients[i][offset:offset + mine.numel()].add_(mine.div_(self.dp_world_size))
+        mean = self.gradient_reduction.from_wire(mine, self.averaged_gradients[i].dtype)   # divided before the sum
+        self.averaged_gradients[i][offset:offset + mine.numel()].add_(mean)
 
     @traced(args=lambda self, *a: {"in_flight": len(self.in_flight)})
     def reduce_gradients(self, is_gradient_accumulation_boundary: bool) -> None:

@@ -35,6 +35,7 @@ import torch
 
 from minitron import comm as dist   # as DeepSpeed's ZeRO: from deepspeed import comm as dist
 from minitron.accelerator import get_accelerator
+from minitron.runtime.gradient_reduction import GradientReduction
 from minitron.runtime.zero.alignment import NCCL_START_ALIGNMENT_FACTOR
 from minitron.runtime.zero.buckets import GradientBuckets
 
@@ -51,6 +52,14 @@ def flatten_dense_tensors_aligned(tensors: list, alignment: int) -> torch.Tensor
     return flat
 
 
+def round_robin_order(params: list, dp: int) -> list:
+    """DeepSpeed's round_robin_gradients: parameter k is dealt to pile k % dp and the piles are laid
+    end to end, so each rank's partition holds a more even share of the parameters (and of the
+    gradients reduced onto it in backward) than consecutive layers would give it. The flat
+    buffer, its partitions and a checkpoint's param_shapes all follow this order, as in DeepSpeed."""
+    return [p for pile in range(dp) for p in params[pile::dp]]
+
+
 def _has_inf_or_nan(tensor: torch.Tensor) -> torch.Tensor:
     """1.0 if ``tensor`` holds an Inf or a NaN, else 0.0: a tensor on its device, so that the
     flags of every partition add up there and only the step's one verdict crosses to the host."""
@@ -61,7 +70,8 @@ def _has_inf_or_nan(tensor: torch.Tensor) -> torch.Tensor:
 class DeepSpeedZeroOptimizer:
     def __init__(self, init_optimizer: torch.optim.Optimizer, dp_process_group, stage: int, loss_scaler,
                  clip_grad: float = 0.0, model_parallel_group=None, reduce_bucket_size: int = 500_000_000,
-                 model_parallel_rank: int | None = None, overlap_comm: bool = False):
+                 model_parallel_rank: int | None = None, overlap_comm: bool = False,
+                 round_robin_gradients: bool = False):
         self.optimizer = init_optimizer
         self._init_model_parallel(model_parallel_group, model_parallel_rank)
         self.dp_process_group = dp_process_group
@@ -73,6 +83,9 @@ class DeepSpeedZeroOptimizer:
         self.partition_id = dist.get_rank(group=dp_process_group) if stage >= 1 else 0
         self.loss_scaler = loss_scaler
         self.clip_grad = clip_grad
+        # The sum's dtype and where its 1/dp goes; the engine replaces it by the config's (gradient_reduction.py).
+        self.gradient_reduction = GradientReduction(self.dp_world_size, "engine" if stage == 0 else "divide",
+                                                    all_reduce=stage == 0)
         # Where this rank computes: the flat buffers follow the parameters (the engine has moved
         # the module here); the step's own small tensors (overflow flag, norm) are made here.
         self.device = torch.device(get_accelerator().current_device_name())
@@ -83,6 +96,8 @@ class DeepSpeedZeroOptimizer:
         self.averaged_gradients: dict = {}   # group -> my partition's reduced gradient
         for group in init_optimizer.param_groups:
             params = [p for p in group["params"] if p.requires_grad]
+            if round_robin_gradients and stage >= 1:
+                params = round_robin_order(params, self.dp_world_size)
             self.bit16_groups.append(params)
             flat = flatten_dense_tensors_aligned(params, NCCL_START_ALIGNMENT_FACTOR * self.dp_world_size)
             self.bit16_groups_flat.append(flat)
@@ -157,15 +172,17 @@ class DeepSpeedZeroOptimizer:
             return
         if not is_gradient_accumulation_boundary or self.buckets:
             return
+        reduction = self.gradient_reduction   # sum over ranks -> mean, in the configured dtype
         for i in range(len(self.bit16_groups)):
             flat = self._flat_grad(i)
-            if self.stage == 0:
-                dist.all_reduce(flat, group=self.dp_process_group)
-                mine = flat
+            wire, size = reduction.to_wire(flat), flat.numel() // self.partition_count
+            if reduction.all_reduce:   # stage 0; stage 1 keeps its partition of the whole sum
+                dist.all_reduce(wire, group=self.dp_process_group)
+                mine = wire.narrow(0, self.partition_id * size, size)
             else:
-                mine = flat.new_empty(flat.numel() // self.partition_count)
-                dist.reduce_scatter_tensor(mine, flat, group=self.dp_process_group)
-            self.averaged_gradients[i] = mine.div_(self.dp_world_size)   # sum over ranks -> mean
+                mine = wire.new_empty(size)
+                dist.reduce_scatter_tensor(mine, wire, group=self.dp_process_group)
+            self.averaged_gradients[i] = reduction.from_wire(mine, flat.dtype)
 
     # --- the step --------------------------------------------------------------------------
 
