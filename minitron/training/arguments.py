@@ -21,6 +21,7 @@ from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate
 from minitron.trace import traced
 from minitron.training.argument_groups import ArgumentError, build_parser, require
 from minitron.training.argument_groups_ci import validate_ci_args
+from minitron.training.argument_groups_ckpt import validate_ckpt_args
 from minitron.training.argument_groups_hybrid import validate_hybrid_args
 from minitron.training.arguments_features import (MOE_CONFIG_FIELDS, validate_context_parallel,
                                                    validate_modern_options, validate_moe)
@@ -104,6 +105,7 @@ def validate_args(args, defaults: dict | None = None):
             "--overlap-param-gather gathers the distributed optimizer's shards: add --use-distributed-optimizer")
     require(not args.overlap_param_gather or args.overlap_grad_reduce,
             "--overlap-param-gather works bucket by bucket: add --overlap-grad-reduce")
+    validate_ckpt_args(args)   # before _validate_training: --finetune decides what a --load reads
     _validate_training(args)  # last: a --load is compared with every shape and dtype set above
     validate_context_parallel(args)
     validate_fp8(args)

@@ -190,7 +190,7 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
         if rng_state is not None:
             _restore_rng(rng_state, saved_args, iteration)
         print_rank_0(f"> loaded checkpoint from {args.load} at iteration {iteration} (torch_dist)")
-        return iteration
+        return _start_iteration(args, iteration)
     where = _rank_dir(args.load, iteration)
     state = _load_verified(where / "model_optim_rng.pt", meta, _owner())
     for i, chunk in enumerate(model):
@@ -208,6 +208,17 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
         _restore_rng(state["rng_state"][mpu.get_data_parallel_rank(with_context_parallel=True)], state["args"], iteration)
     args.consumed_train_samples = state["consumed_train_samples"]
     print_rank_0(f"> loaded checkpoint from {args.load} at iteration {iteration}")
+    return _start_iteration(args, iteration)
+
+
+def _start_iteration(args, iteration: int) -> int:
+    """Megatron's --finetune: the weights of ``iteration`` (validate_args turned the optimizer's
+    and the random states' loading off), but the run counts from iteration 0 and from the first
+    sample, so its schedule and data order are a fresh run's."""
+    if getattr(args, "finetune", False):
+        print_rank_0(f"> --finetune: the weights of iteration {iteration}; training starts at iteration 0")
+        args.consumed_train_samples = 0
+        return 0
     return iteration
 
 
