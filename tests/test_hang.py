@@ -10,6 +10,7 @@ leave complete traces as they were.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
@@ -17,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from rich.console import Console
+
 from cli_here import run_minitron
+from minitron.cli.views.hang import show_hang
 from minitron.launcher import JobHung, LaunchConfig, Target, launch
 from minitron.trace import TRACE_DIR_ENV
-from minitron.trace.hang import diagnose
 from minitron.trace.reader import read_in_flight, read_trace
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
@@ -29,12 +32,14 @@ WORLDS = {"skip": 4, "order": 2, "send": 2, "new_group": 4, "compute": 4}
 
 
 def run_hang(case: str, out: Path) -> dict:
-    """Launch docs/examples/hang_CASE.py; the diagnosis, the ranks that did not answer, and the
-    seconds from the timeout (the last traced call's end + TIMEOUT) to the diagnosis."""
+    """Launch docs/examples/hang_CASE.py; the diagnosis, the screen, the ranks that did not answer,
+    and the seconds from the timeout (the last traced call's end + TIMEOUT) to the screen's end."""
     seen = {}
 
-    def on_hang(trace_dir, silent, timeout):
-        seen.update(diagnosis=diagnose(trace_dir), silent=silent, at=time.time())
+    def on_hang(trace_dir, silent, timeout):   # the screen the command line prints, into a string
+        screen = Console(file=io.StringIO(), width=200)
+        seen.update(diagnosis=show_hang(screen, trace_dir, silent, timeout), silent=silent, at=time.time(),
+                    screen=screen.file.getvalue())
 
     trace_dir = out / case
     cfg = LaunchConfig(world_size=WORLDS[case], log_dir=out / f"{case}-logs", warm=(), hang_timeout=TIMEOUT,
@@ -76,6 +81,7 @@ def test_a_skipped_collective_is_the_first_divergence_of_the_group(hangs):
     assert (v["group"], v["seq"]) == ("WORLD", 3)
     assert v["calls"][0]["call"] == "all_reduce" and v["calls"][0]["ranks"] == [0, 2, 3]
     assert v["calls"][1] == {"call": "barrier", "ranks": [1], "in_flight": True}
+    assert "rank 1's 3rd call on WORLD is barrier; ranks 0, 2, 3 " in hangs["skip"]["screen"]
 
 
 def test_two_groups_in_opposite_orders_are_a_cycle(hangs):
