@@ -17,8 +17,9 @@ from minitron.training.arguments_fp8 import add_fp8_args
 from minitron.training.argument_groups_ci import add_ci_args
 from minitron.training.argument_groups_ckpt import add_ckpt_args
 from minitron.training.argument_groups_hybrid import add_hybrid_args
-from minitron.training.argument_groups_model import (_add_fusion_args, _add_mla_args, _add_moe_args,
-                                                     _add_position_embedding_args, _add_window_args)
+from minitron.training.argument_groups_model import (_add_fusion_args, _add_layer_variant_args, _add_mla_args,
+                                                     _add_moe_args, _add_position_embedding_args,
+                                                     _add_window_args)
 from minitron.training.tokenizer.tokenizer import TOKENIZER_TYPES
 
 
@@ -60,6 +61,7 @@ def _add_network_size_args(parser):
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     # The modern GPT options (LLaMA-style models are rope + swiglu + RMSNorm + GQA + untied).
     _add_position_embedding_args(g)
+    _add_layer_variant_args(g)
     g.add_argument("--swiglu", action="store_true", help="gated MLP, silu(x W_gate) * (x W_up)")
     g.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
     g.add_argument("--group-query-attention", action="store_true",

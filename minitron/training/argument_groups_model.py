@@ -52,8 +52,27 @@ def _add_position_embedding_args(g):
                    help="yarn: channels turning less often than this are slowed by the factor (1)")
     g.add_argument("--yarn-correction-range-round-to-int", action="store_true", default=None,
                    help="yarn: round the blended channel range outwards to whole channels (the default)")
-    g.add_argument("--no-yarn-correction-range-round-to-int", action="store_false",
+    g.add_argument("--no-yarn-correction-range-round-to-int", action="store_false", default=None,
                    dest="yarn_correction_range_round_to_int", help="yarn: keep the range's fractional ends")
+
+
+def _add_layer_variant_args(g):
+    """Newer GPTs' changes inside the layer (attention.py, mlp.py, core/activations.py),
+    validated by arguments_layer.py."""
+    g.add_argument("--add-qkv-bias", action="store_true",
+                   help="a bias on linear_qkv even with --disable-bias-linear (Qwen 2.5)")
+    g.add_argument("--squared-relu", action="store_true", help="MLP activation relu(x)^2 (Nemotron)")
+    g.add_argument("--quick-geglu", action="store_true",
+                   help="gated MLP, quick_gelu(x W_gate) * (x W_up), quick_gelu(x) = x sigmoid(1.702 x) (gpt-oss)")
+    g.add_argument("--glu-linear-offset", type=float, default=0.0,
+                   help="gated MLP: act(gate) * (up + offset) (gpt-oss: 1.0)")
+    g.add_argument("--activation-func-clamp-value", type=float, default=None, metavar="V",
+                   help="gated MLP: gate clamped to <= V and up to [-V, V] before the product (gpt-oss: 7.0)")
+    g.add_argument("--softmax-type", default="vanilla", choices=["vanilla", "off-by-one", "learnable"],
+                   help="attention sinks: one more logit per head in each softmax, 0 (off-by-one) or learned "
+                        "(gpt-oss), that takes a share of the attention and is dropped")
+    # ModelOpt's flag (megatron/post_training/arguments.py); taken so that it is refused by name.
+    g.add_argument("--enable-gpt-oss", action="store_true", help="refused: ModelOpt's gpt-oss YaRN preset")
 
 
 def _add_mla_args(parser):

@@ -26,6 +26,7 @@ from minitron.training.argument_groups_hybrid import validate_hybrid_args
 from minitron.training.arguments_features import (MOE_CONFIG_FIELDS, validate_context_parallel,
                                                    validate_modern_options, validate_moe)
 from minitron.training.arguments_fp8 import FP8_CONFIG_FIELDS, validate_fp8
+from minitron.training.arguments_layer import validate_layer_variants
 from minitron.training.arguments_schedule import validate_batch, validate_lr_schedule, validate_run_length
 from minitron.training.datasets.arguments import validate_data_args
 
@@ -84,6 +85,7 @@ def validate_args(args, defaults: dict | None = None):
     validate_ci_args(args)   # first: --moe-layer-recompute switches on what validate_modern_options checks
     _validate_layout(args)
     validate_modern_options(args)
+    validate_layer_variants(args)
     _validate_model_shape(args)
     validate_moe(args)
     validate_batch(args)
@@ -237,6 +239,18 @@ def _validate_training(args):
             raise ArgumentError(str(exc)) from None
 
 
+def _activation_func(args):
+    """The MLP's activation, as Megatron's core_transformer_config_from_args picks it."""
+    import torch
+
+    from minitron.core.activations import quick_gelu, squared_relu
+    if args.squared_relu:
+        return squared_relu
+    if args.quick_geglu:
+        return quick_gelu
+    return torch.nn.functional.silu if args.swiglu else torch.nn.functional.gelu
+
+
 def _yarn_config_fields(args) -> dict:
     """A GPT's YaRN (not MLA's): the config.yarn_* fields, as Megatron's training sets them only
     for --position-embedding-type yarn (other configs keep the defaults, which change nothing)."""
@@ -276,8 +290,9 @@ def core_transformer_config_from_args(args):
         use_cpu_initialization=args.use_cpu_initialization,
         pipeline_dtype=dtype, calculate_per_token_loss=args.calculate_per_token_loss,
         # the modern GPT options and activation recomputation
-        normalization=args.normalization, gated_linear_unit=args.swiglu,
-        activation_func=torch.nn.functional.silu if args.swiglu else torch.nn.functional.gelu,
+        normalization=args.normalization, gated_linear_unit=args.swiglu or args.quick_geglu,
+        activation_func=_activation_func(args), add_qkv_bias=args.add_qkv_bias, softmax_type=args.softmax_type,
+        glu_linear_offset=args.glu_linear_offset, activation_func_clamp_value=args.activation_func_clamp_value,
         num_query_groups=args.num_query_groups if args.group_query_attention else None,
         rotary_interleaved=args.rotary_interleaved,
         cp_comm_type=args.cp_comm_type[0] if len(args.cp_comm_type) == 1 else list(args.cp_comm_type),

@@ -90,19 +90,10 @@ NO_EFFECT = {
 
 _FP8_PARAMS = ("keeps the weights themselves in fp8 and all-gathers them in fp8 from the distributed optimizer; "
                "minitron keeps them in the training dtype and casts them at each forward: drop it")
-_GPT_OSS = "one of gpt-oss's changes to the layer, which minitron's GPT does not make"
 
 # flag: (takes a value, why it is refused and what to do instead)
 REFUSED = {
     "--fp8-param-gather": (False, _FP8_PARAMS),
-    "--quick-geglu": (False, _GPT_OSS + " (a sigmoid-gated GLU)"),
-    "--glu-linear-offset": (True, _GPT_OSS + " (an offset added to the GLU's linear half)"),
-    "--activation-func-clamp-value": (True, _GPT_OSS + " (the activation's inputs clamped)"),
-    "--softmax-type": (True, _GPT_OSS + " (attention sinks: a learned or off-by-one softmax); "
-                             "minitron's softmax is the vanilla one"),
-    "--enable-gpt-oss": (False, _GPT_OSS + " (it switches on the others)"),
-    "--add-qkv-bias": (False, "a bias on the QKV projection alone; minitron's linear layers have biases all "
-                              "together or, with --disable-bias-linear, none"),
     "--disable-bf16-reduced-precision-matmul": (False, "changes how cuBLAS sums bf16 products on the GPU; "
                                                        "minitron leaves torch's setting: drop it"),
 }

@@ -74,7 +74,7 @@ def num_floating_point_operations(args, batch_size: int) -> float:
     pattern = moe_layer_pattern(args)
     moe_layers = sum(pattern)
     dense_layers = args.num_layers - moe_layers
-    gated = 3 if args.swiglu else 2   # GEMMs in an MLP: (gate and) up, then down
+    gated = 3 if args.swiglu or getattr(args, "quick_geglu", False) else 2   # GEMMs in an MLP: (gate and) up, then down
     routed = shared = 0
     if moe_layers:
         ffn = args.moe_ffn_hidden_size or args.ffn_hidden_size

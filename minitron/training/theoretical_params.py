@@ -44,7 +44,8 @@ def layer_params(args, layer: int) -> list[Param]:
     heads, groups = args.num_attention_heads, query_groups(args)
     q = args.kv_channels * heads                       # query projection width
     qkv = (q + 2 * args.kv_channels * groups) // t     # q, k and v of this rank's heads
-    ffn = args.ffn_hidden_size * (2 if _flag(args, "swiglu", False) else 1) // t
+    gated = _flag(args, "swiglu", False) or _flag(args, "quick_geglu", False)
+    ffn = args.ffn_hidden_size * (2 if gated else 1) // t
     p = f"decoder.layers.{layer}."
 
     def norm(name, width=h, summed=sp):
@@ -56,7 +57,11 @@ def layer_params(args, layer: int) -> list[Param]:
         q = args.v_head_dim * heads                    # linear_proj reads n value heads
     out = norm("input_layernorm")
     out += [] if mla else [Param(p + "self_attention.linear_qkv.weight", qkv * h)]
-    out += [Param(p + "self_attention.linear_qkv.bias", qkv)] if bias and not mla else []
+    qkv_bias = bias or _flag(args, "add_qkv_bias", False)   # --add-qkv-bias: this one alone (Qwen 2.5)
+    out += [Param(p + "self_attention.linear_qkv.bias", qkv)] if qkv_bias else []
+    # --softmax-type learnable: one attention-sink logit per head, split over tp with the heads
+    sink = [Param(p + "self_attention.core_attention.softmax_offset", heads // t)]
+    out += sink if _flag(args, "softmax_type", "vanilla") == "learnable" else []
     out += [Param(p + "self_attention.linear_proj.weight", h * q // t)]
     out += [Param(p + "self_attention.linear_proj.bias", h, sequence_parallel=sp)] if bias else []
     out += mla_params(args, p + "self_attention.", norm) if mla else []
@@ -108,7 +113,7 @@ def moe_mlp_params(args, p: str) -> list[Param]:
     sp = bool(args.sequence_parallel) and t > 1
     bias = _flag(args, "add_bias_linear", True)
     ffn = args.moe_ffn_hidden_size // args.expert_tensor_parallel_size
-    gated = 2 if _flag(args, "swiglu", False) else 1
+    gated = 2 if _flag(args, "swiglu", False) or _flag(args, "quick_geglu", False) else 1
     out = [Param(p + "mlp.router.weight", args.num_experts * h, sequence_parallel=sp)]
     out += [Param(p + "mlp.router.bias", args.num_experts, sequence_parallel=sp)] if bias else []
     for j in range(args.num_experts // ep):

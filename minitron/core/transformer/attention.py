@@ -30,6 +30,8 @@ from minitron.core.models.common.embeddings.yarn_rotary_pos_embedding import _ya
 from minitron.core.tensor_parallel.random import checkpoint as tensor_parallel_checkpoint
 from minitron.core.tensor_parallel.random import get_cuda_rng_tracker
 from minitron.core.tensor_parallel.utils import divide
+from minitron.core.tensor_parallel.weight_init import (init_device, initialize_affine_weight,
+                                                       set_tensor_model_parallel_attributes)
 from minitron.core.transformer.context_parallel import attn_forward_func_with_cp
 from minitron.core.transformer.context_parallel_a2a import (attn_forward_func_with_cp_a2a,
                                                             attn_forward_func_with_cp_a2a_p2p)
@@ -66,6 +68,29 @@ class DotProductAttention(MegatronModule):
         # --cp-comm-type: one kind for every layer, or one per layer (Megatron's list form).
         comm = config.cp_comm_type
         self.cp_comm_type = comm[layer_number - 1] if isinstance(comm, (list, tuple)) else comm
+        self.softmax_offset = self._attention_sink(config)
+
+    @staticmethod
+    def _attention_sink(config):
+        """--softmax-type: a "sink" logit per head that joins every row of the softmax and is
+        then dropped, so a head may give less than all of its attention to the real keys
+        (Miller's "attention is off by one"; gpt-oss learns one per head). vanilla: none;
+        off-by-one: a fixed 0, e^0 = 1 added to each denominator; learnable: a parameter.
+        Heads are split over tensor-parallel ranks, and so is it: each rank holds its heads'."""
+        heads = divide(config.num_attention_heads, parallel_state.get_tensor_model_parallel_world_size(),
+                       "attention heads")
+        if config.softmax_type == "vanilla":
+            return None
+        if config.softmax_type == "off-by-one":   # a constant, as in Megatron: no parameter, not saved
+            return torch.zeros(heads, dtype=config.params_dtype, device=init_device())
+        if config.softmax_type != "learnable":
+            raise ValueError(f"softmax_type {config.softmax_type!r}: vanilla, off-by-one or learnable")
+        sink = torch.nn.Parameter(torch.empty(heads, dtype=config.params_dtype, device=init_device()))
+        # Drawn as a column [n, 1] of which this rank keeps its rows: the serial model's values.
+        initialize_affine_weight(sink.data.view(heads, 1), config, config.num_attention_heads, 1, heads, 0,
+                                 config.init_method)
+        set_tensor_model_parallel_attributes(sink, True, 0)
+        return sink
 
     @traced(args=lambda self, query, key, value, attention_mask=None: {"query": short_value(query)})
     def forward(self, query, key, value, attention_mask=None):
@@ -89,7 +114,7 @@ class DotProductAttention(MegatronModule):
 
     def _attention(self, q, k, v, attention_mask):
         """The whole sequence's attention for these heads, [b, n, s, d]; None mask: causal."""
-        if self.training and self.attention_dropout.p > 0:
+        if (self.training and self.attention_dropout.p > 0) or self.softmax_offset is not None:
             return self._unfused(q, k, v, attention_mask)
         # torch's fused kernel, where it gives the same numbers: without dropout it matches
         # the unfused path to fp32 rounding (a few 1e-7: it sums in another order; the test
@@ -109,6 +134,8 @@ class DotProductAttention(MegatronModule):
         future accordingly. validate_args refuses the one dataloader mask that is not plain
         causal, --reset-attention-mask, when context parallelism is on.
         """
+        if self.softmax_offset is not None:
+            raise ValueError("attention sinks (softmax_type) with context parallelism: the ring has no sink column")
         if self.cp_comm_type == "a2a":
             return attn_forward_func_with_cp_a2a(q, k, v, lambda q, k, v: self._attention(q, k, v, None))
         dropout_p = self.attention_dropout.p if self.training else 0.0
@@ -128,7 +155,13 @@ class DotProductAttention(MegatronModule):
             attention_mask = torch.triu(torch.ones(s, s, dtype=torch.bool, device=scores.device), 1)
         # Megatron fills -10000 rather than -inf: exp underflows to exactly 0 all the same,
         # and a fully hidden row gives a uniform row instead of NaN.
-        probs = torch.softmax(scores.masked_fill(attention_mask, -10000.0).float(), dim=-1).type_as(q)
+        scores = scores.masked_fill(attention_mask, -10000.0)
+        if self.softmax_offset is not None:   # the sink: one more column in every row, then dropped
+            b, n, s, _ = scores.shape
+            sink = self.softmax_offset.to(scores.dtype).view(1, n, 1, 1).expand(b, n, s, 1)
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1).float(), dim=-1)[..., :-1].type_as(q)
+        else:
+            probs = torch.softmax(scores.float(), dim=-1).type_as(q)
         if self.config.sequence_parallel:
             # The whole transformer block already runs on the model-parallel stream.
             probs = self.attention_dropout(probs)
@@ -170,7 +203,8 @@ class SelfAttention(MegatronModule):
         kv_projection_size = config.kv_channels * config.num_query_groups
         self.linear_qkv = ColumnParallelLinear(
             config.hidden_size, query_projection_size + 2 * kv_projection_size, config=config,
-            init_method=config.init_method, bias=config.add_bias_linear, gather_output=False)
+            init_method=config.init_method, bias=config.add_bias_linear or config.add_qkv_bias,
+            gather_output=False)   # --add-qkv-bias: this bias even without the others (Qwen 2.5)
         self.core_attention = DotProductAttention(config, layer_number)
         # Selective recomputation (Megatron's checkpoint_core_attention): the s x s scores,
         # probabilities and dropout mask are most of a layer's activations at long sequences

@@ -25,15 +25,23 @@ from minitron.trace import traced
 
 
 def mlp_activation(config):
-    """What runs between fc1 and fc2: the activation, or with --swiglu the gated unit over fc1's
-    [gate | up] halves. The experts (moe/experts*.py) use the same, their fc1 cut the same way."""
-    act = config.activation_func
+    """What runs between fc1 and fc2: the activation, or with --swiglu / --quick-geglu the gated
+    unit over fc1's [gate | up] halves. The experts (moe/experts*.py) use the same, their fc1 cut
+    the same way.
+
+    gpt-oss's unit (--quick-geglu --glu-linear-offset 1 --activation-func-clamp-value 7) adds two
+    things: ``up + offset``, so a closed gate times a zero up is no longer the only way to pass
+    nothing (the linear half starts around 1, like a residual); and a clamp, gate <= v and up in
+    [-v, v], which bounds the product and so the activations' outliers."""
+    act, offset, clamp = config.activation_func, config.glu_linear_offset, config.activation_func_clamp_value
     if not config.gated_linear_unit:
         return act
 
     def glu(x):
         gate, up = torch.chunk(x, 2, dim=-1)   # this rank's [gate_r | up_r]
-        return act(gate) * up
+        if clamp is not None:
+            gate, up = gate.clamp(max=clamp), up.clamp(min=-clamp, max=clamp)
+        return act(gate) * (up + offset) if offset else act(gate) * up
     return glu
 
 

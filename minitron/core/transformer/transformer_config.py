@@ -82,6 +82,8 @@ class TransformerConfig(ModelParallelConfig):
     layernorm_epsilon: float = 1e-5         # --norm-epsilon
     layernorm_zero_centered_gamma: bool = False  # --apply-layernorm-1p: scale by (1 + weight)
     add_bias_linear: bool = True            # --disable-bias-linear turns it off
+    add_qkv_bias: bool = False              # --add-qkv-bias: linear_qkv's bias alone (Qwen 2.5)
+    softmax_type: str = "vanilla"           # --softmax-type: "off-by-one" / "learnable" attention sinks
     # --window-size (left, right) and --window-attn-skip-freq: sliding-window attention
     window_size: tuple | None = None
     window_attn_skip_freq: int | list | None = None
@@ -93,6 +95,8 @@ class TransformerConfig(ModelParallelConfig):
     # -- the modern GPT options and activation recomputation --
     normalization: str = "LayerNorm"        # or "RMSNorm" (--normalization)
     gated_linear_unit: bool = False         # --swiglu: fc1 makes gate and up, act(gate) * up
+    glu_linear_offset: float = 0.0          # act(gate) * (up + offset) (gpt-oss: 1.0)
+    activation_func_clamp_value: float | None = None  # gate clamped above, up to [-v, v] (gpt-oss: 7.0)
     num_query_groups: int | None = None     # grouped-query attention; None: one per head
     rotary_interleaved: bool = False        # rope pairs channels (2i, 2i+1), not (i, i + d/2)
     recompute_granularity: str | None = None  # None, "full" (whole layers) or "selective"

@@ -1,0 +1,38 @@
+"""validate_args' checks of the layer variants of newer GPTs: --add-qkv-bias (Qwen 2.5),
+--squared-relu (Nemotron), and gpt-oss's --quick-geglu, GLU offset and clamp, and attention
+sinks (--softmax-type). Megatron's rules, one line each, before any rank starts; torch-free.
+"""
+
+from __future__ import annotations
+
+from minitron.training.argument_groups import require
+
+
+def validate_layer_variants(args):
+    # Megatron keeps the two bias flags in step: all the linear biases include linear_qkv's.
+    if args.add_bias_linear:
+        args.add_qkv_bias = True
+    for flag, on in (("--squared-relu", args.squared_relu), ("--quick-geglu", args.quick_geglu)):
+        # Megatron asserts this while building the config: each names the MLP's one activation.
+        require(not (on and args.swiglu), f"{flag} and --swiglu each choose the MLP's activation: keep one")
+    require(not (args.squared_relu and args.quick_geglu),
+            "--squared-relu and --quick-geglu each choose the MLP's activation: keep one")
+    gated = args.swiglu or args.quick_geglu
+    for flag, given in (("--glu-linear-offset", args.glu_linear_offset != 0.0),
+                        ("--activation-func-clamp-value", args.activation_func_clamp_value is not None)):
+        # Megatron reads both only inside its gated unit; elsewhere they would do nothing.
+        require(not given or gated, f"{flag} shapes the gated MLP's unit: add --quick-geglu (gpt-oss) "
+                "or --swiglu, or drop it")
+    require(args.activation_func_clamp_value is None or args.activation_func_clamp_value > 0,
+            f"--activation-func-clamp-value {args.activation_func_clamp_value}: must be > 0 (the up half is "
+            "clamped to [-v, v])")
+    require(not (args.bias_gelu_fusion and (args.squared_relu or args.quick_geglu)),
+            "--bias-gelu-fusion fuses GeLU only (Megatron raises for another activation): drop it")
+    if args.softmax_type != "vanilla":
+        require(args.context_parallel_size == 1, f"--softmax-type {args.softmax_type} with --context-parallel-size "
+                f"{args.context_parallel_size}: minitron's context-parallel attention has no sink column; drop one")
+    require(not args.enable_gpt_oss,
+            "--enable-gpt-oss is ModelOpt's flag (megatron/post_training): Megatron's pretraining ignores it and "
+            "ModelOpt's builder sets gpt-oss's YaRN with it; minitron has no ModelOpt: drop it, and for that rope "
+            "pass --position-embedding-type yarn --rotary-scaling-factor 32 --yarn-original-max-position-embeddings "
+            "131072 --no-yarn-correction-range-round-to-int")
