@@ -76,7 +76,7 @@ def forward_step(data_iterator, model):
     """One micro-batch: tokens in (first stage), per-token losses out (last stage)."""
     vp_stage = get_attr_wrapped_model(model, "vp_stage")  # which model chunk, with a virtual pipeline
     tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator, vp_stage=vp_stage)
-    output_tensor = model(tokens, position_ids, attention_mask, labels=labels)
+    output_tensor = model(tokens, position_ids, attention_mask, labels=labels, loss_mask=loss_mask)
     return output_tensor, partial(loss_func, loss_mask)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from minitron.core.layer_patterns import moe_layer_pattern
 from minitron.training.argument_groups import require
 
 
@@ -194,6 +195,7 @@ _MOE_ONLY = ("moe_ffn_hidden_size", "moe_expert_capacity_factor", "moe_pad_exper
 def validate_moe(args):
     """Mixture of experts (Megatron's rules; --num-experts 0 was turned into None above)."""
     capacity = args.moe_expert_capacity_factor
+    validate_mtp(args)
     if args.num_experts is None:
         given = [name for name in (*MOE_DEFAULTS, *_MOE_ONLY) if getattr(args, name) not in (None, False)]
         require(not given, f"--{given[0].replace('_', '-') if given else ''} is for a mixture of experts, and this "
@@ -266,7 +268,8 @@ MOE_CONFIG_FIELDS = ("moe_token_drop_policy", "moe_router_load_balancing_type", 
                      "moe_z_loss_coeff", "moe_router_enable_expert_bias", "moe_router_bias_update_rate",
                      "moe_shared_expert_intermediate_size", "moe_token_dispatcher_type", "moe_grouped_gemm",
                      "moe_router_num_groups", "moe_router_group_topk", "moe_router_force_load_balancing",
-                     "moe_apply_probs_on_input")
+                     "moe_apply_probs_on_input",
+                     "mtp_num_layers", "mtp_loss_scaling_factor")   # multi-token prediction's, with MoE's
 
 
 def validate_moe_router(args):
@@ -318,3 +321,19 @@ def validate_moe_routing_extras(args):
     require(not args.moe_apply_probs_on_input or k == 1,
             f"--moe-apply-probs-on-input scales the input of a token's one expert: it needs --moe-router-topk 1, "
             f"got {k} (Megatron's rule)")
+
+
+def validate_mtp(args):
+    """Multi-token prediction: Megatron's rule, and minitron's two limits."""
+    if not args.mtp_num_layers:
+        return
+    require(args.position_embedding_type in ("rope", "none"),
+            f"--mtp-num-layers needs --position-embedding-type rope or none, got {args.position_embedding_type} "
+            "(Megatron's rule: the MTP stage's embedding has no position table)")
+    require(args.context_parallel_size == 1,
+            "--mtp-num-layers rolls each sequence on one rank: minitron's MTP does not run with "
+            "--context-parallel-size > 1")
+    last_is_moe = args.num_experts is not None and moe_layer_pattern(
+        args.moe_layer_freq if args.moe_layer_freq is not None else 1, args.num_layers)[-1] == 1
+    require(not last_is_moe, "--mtp-num-layers builds MTP layers like the last decoder layer, and minitron's "
+            "are dense only: make the last layer dense (--moe-layer-freq, a list ending in 0)")

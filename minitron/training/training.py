@@ -26,6 +26,7 @@ from minitron.core.num_microbatches_calculator import get_num_microbatches, upda
 from minitron.core.pipeline_parallel import get_forward_backward_func
 from minitron.core.pipeline_parallel.schedules import get_model_config
 from minitron.core.transformer.moe.moe_logging import logged_losses, track_moe_metrics
+from minitron.core.transformer.multi_token_prediction import track_mtp_metrics
 from minitron.trace import traced
 from minitron.training.global_vars import get_args, get_timers, get_tokenizer, unset_global_variables
 from minitron.training.checkpointing import save_checkpoint
@@ -137,6 +138,8 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
         moe = track_moe_metrics(1.0 / get_num_microbatches(), _num_moe_layers(args), args.num_layers,
                                 logged_losses(args))
         loss.update(moe if mpu.is_pipeline_last_stage(ignore_virtual=True) else {})
+    if args.mtp_num_layers and mpu.is_pipeline_last_stage(ignore_virtual=True):   # its stage's dp groups
+        loss.update(track_mtp_metrics(1.0 / get_num_microbatches()))
     return loss, skipped_iter, grad_norm, num_zeros_in_grad
 
 

@@ -135,6 +135,9 @@ class IterationLog:
         for name in MOE_LOSSES:   # MoE (moe/moe_logging.track_moe_metrics)
             if name in loss:
                 record[name] = loss[name]
+        for name, value in loss.items():   # multi-token prediction's "mtp_k loss" (track_mtp_metrics)
+            if name.startswith("mtp_"):
+                record[name.replace(" ", "_")] = value
         if self.file:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()

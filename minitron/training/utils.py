@@ -82,6 +82,8 @@ def _first_and_last_stage(vp_stage: int | None = None) -> tuple[bool, bool]:
 
 def _keys_for_this_stage(create_attention_mask: bool, vp_stage: int | None = None) -> dict:
     first, last = _first_and_last_stage(vp_stage)
+    if last and _args_flag("mtp_num_layers", None):   # multi-token prediction embeds on the last stage
+        first = True
     wanted: dict = {}
     for needed, groups in ((first, _FIRST), (last, _LAST)):
         if needed:

@@ -48,7 +48,9 @@ def _allreduce_word_embedding_grads(model, config) -> None:
     else:
         chunk = model[0]
     inner = _unwrap_to(chunk, "shared_embedding_or_output_weight")
-    if inner is None or not getattr(inner, "share_embeddings_and_output_weights", False):
+    # Copies to keep equal: a tied output layer's, or multi-token prediction's embedding.
+    if inner is None or not (getattr(inner, "share_embeddings_and_output_weights", False)
+                             or getattr(config, "mtp_num_layers", None)):
         return
     weight = inner.shared_embedding_or_output_weight()
     grad = None if weight is None else _grad_of(weight)

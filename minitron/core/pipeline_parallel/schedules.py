@@ -136,6 +136,11 @@ def forward_step_calc_loss(output_tensor, loss_func, config, vp_stage, num_micro
         one = torch.ones(1, device=output_tensor.device)
         scale = config.grad_scale_func(one) if config.grad_scale_func is not None else one
         MoEAuxLossAutoScaler.set_loss_scale(scale if per_token else scale * cp_group_size / num_microbatches)
+    if getattr(config, "mtp_num_layers", None):   # multi-token prediction: the main loss's scale
+        from minitron.core.transformer.multi_token_prediction import MTPLossAutoScaler
+        one = torch.ones(1, device=output_tensor.device)
+        scale = config.grad_scale_func(one) if config.grad_scale_func is not None else one
+        MTPLossAutoScaler.set_loss_scale(scale if per_token else scale / num_microbatches)
     return output_tensor, num_tokens
 
 

@@ -19,6 +19,7 @@ from minitron.core.models.common.embeddings.yarn_rotary_pos_embedding import Yar
 from minitron.core.models.common.language_module.language_module import LanguageModule
 from minitron.core.init_rng import layer_init_rng
 from minitron.core.tensor_parallel.layers import ColumnParallelLinear
+from minitron.core.transformer.multi_token_prediction import MultiTokenPredictionBlock, process_mtp_loss
 from minitron.core.transformer.transformer_block import TransformerBlock
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
@@ -46,7 +47,10 @@ class GPTModel(LanguageModule):
         self.parallel_output = parallel_output
         self.share_embeddings_and_output_weights = share_embeddings_and_output_weights
 
-        if pre_process:
+        # Multi-token prediction lives on the last stage, and reads the embedding there too:
+        # a copy, kept equal to the first stage's as a tied output layer is (LanguageModule).
+        self.mtp_process = bool(config.mtp_num_layers) and post_process
+        if pre_process or self.mtp_process:
             with layer_init_rng(config, 0):
                 self.embedding = LanguageModelEmbedding(config, vocab_size, max_sequence_length,
                                                         position_embedding_type)
@@ -67,6 +71,8 @@ class GPTModel(LanguageModule):
                 mscale_all_dim=config.yarn_mscale_all_dim,
                 correction_range_round_to_int=config.yarn_correction_range_round_to_int)
         self.decoder = TransformerBlock(config, pre_process, post_process, vp_stage)
+        if self.mtp_process:
+            self.mtp = MultiTokenPredictionBlock(config)
         if post_process:
             # Column-parallel over the vocabulary: rank r computes logits for its ids only.
             # Tied and on the embedding's stage: no weight of its own, forward gets E.
@@ -74,7 +80,10 @@ class GPTModel(LanguageModule):
                 self.output_layer = ColumnParallelLinear(
                     config.hidden_size, vocab_size, config=config, init_method=config.init_method,
                     bias=False, gather_output=not parallel_output,
-                    skip_weight_param_allocation=pre_process and share_embeddings_and_output_weights)
+                    # (with MTP the last stage holds the embedding's copy too, and reads that;
+                    # Megatron allocates an output weight there that nothing reads)
+                    skip_weight_param_allocation=(pre_process or self.mtp_process)
+                    and share_embeddings_and_output_weights)
         self.setup_embeddings_and_output_layer()
 # --8<-- [end:init]
 
@@ -95,9 +104,10 @@ class GPTModel(LanguageModule):
         self.decoder.set_input_tensor(input_tensor)
 
     @traced(args=lambda self, input_ids, position_ids, attention_mask=None, decoder_input=None,
-            labels=None: {"input_ids": short_value(input_ids), "labels": short_value(labels),
-                          "pre_process": self.pre_process, "post_process": self.post_process})
-    def forward(self, input_ids, position_ids, attention_mask=None, decoder_input=None, labels=None):
+            labels=None, loss_mask=None: {"input_ids": short_value(input_ids), "labels": short_value(labels),
+                                          "pre_process": self.pre_process, "post_process": self.post_process})
+    def forward(self, input_ids, position_ids, attention_mask=None, decoder_input=None, labels=None,
+                loss_mask=None):
         """Per-token loss [b, s] when labels are given; else logits [b, s, V/p] (V if gathered).
 
         A stage without post_process returns its hidden states [s, b, h] for the next stage.
@@ -116,6 +126,14 @@ class GPTModel(LanguageModule):
             return hidden_states
 
         weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
+        if self.mtp_process:   # (loss_mask: the one forward_step masks the main loss with)
+            hidden_states = self.mtp(input_ids, position_ids, hidden_states, attention_mask, rotary_pos_emb,
+                                     embedding=self.embedding)
+            if labels is None:   # logits: the main head's only
+                hidden_states = hidden_states.chunk(1 + self.config.mtp_num_layers, dim=0)[0]
+            else:
+                hidden_states = process_mtp_loss(hidden_states, labels, loss_mask, self.output_layer, weight,
+                                                 self.training, self.compute_language_model_loss, self.config)
         if labels is None:
             logits, _ = self.output_layer(hidden_states, weight=weight)
             return logits.transpose(0, 1).contiguous()

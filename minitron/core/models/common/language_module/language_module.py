@@ -37,24 +37,25 @@ class LanguageModule(MegatronModule):
 
     def shared_embedding_or_output_weight(self) -> torch.Tensor | None:
         """The tied matrix as this stage holds it: the embedding's, else the output layer's copy."""
-        if self.pre_process:
+        if self.pre_process or getattr(self, "mtp_process", False):   # MTP's stage holds a copy
             return self.embedding.word_embeddings.weight
         if self.post_process:
             return self.output_layer.weight
         return None
 
     def setup_embeddings_and_output_layer(self) -> None:
-        if self.pre_process:
+        mtp_process = getattr(self, "mtp_process", False)
+        if self.pre_process or mtp_process:
             self.embedding.word_embeddings.weight.is_embedding_or_output_parameter = True
         if self.post_process and self.output_layer.weight is not None:
             self.output_layer.weight.is_embedding_or_output_parameter = True
-        if not self.share_embeddings_and_output_weights:
+        if not self.share_embeddings_and_output_weights and not mtp_process:
             return
         if parallel_state.get_pipeline_model_parallel_world_size() == 1:
             return  # one stage: the output layer reads the embedding's own Parameter
         if self.pre_process and not self.post_process:
             self.shared_embedding_or_output_weight().shared_embedding = True
-        if self.post_process and not self.pre_process:
+        if (self.post_process and self.share_embeddings_and_output_weights or mtp_process) and not self.pre_process:
             # The last stage's copy: zeros, so that the sum below equals the first stage's values.
             weight = self.shared_embedding_or_output_weight()
             weight.data.fill_(0)
