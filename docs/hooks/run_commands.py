@@ -263,6 +263,40 @@ class _WarmRunner:
         self._lock = threading.Lock()
         self.module = _load_sibling("warm_runner")
         self.path = Path(self.module.__file__)
+        self.door = None  # the folder of its socket and of the stand-ins (warm_shim.py), once started
+
+    def _start(self, root: Path) -> None:
+        """Start the helper, with its socket and the stand-ins bash finds first on PATH (called
+        with the lock held)."""
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        self._remove_door()
+        # A short path of its own: a Unix socket's path must fit in 107 bytes.
+        self.door = Path(tempfile.mkdtemp(prefix="minitron-warm-"))
+        (self.door / "bin").mkdir()
+        shim = self.path.with_name("warm_shim.py").read_text()
+        for name in ("minitron", "python", "python3"):
+            stand_in = self.door / "bin" / name
+            stand_in.write_text(f"#!{sys.executable} -S\n{shim}")
+            stand_in.chmod(0o755)
+        self._proc = subprocess.Popen([sys.executable, str(self.path), "--socket", str(self.door / "socket")],
+                                      cwd=root, env=command_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      text=True)
+        if self._proc.stdout.readline().strip() != "ready":
+            raise PluginError("the docs' warm runner did not start")
+
+    def shim_env(self, root: Path) -> dict[str, str]:
+        """What bash needs for its `minitron` and `python` calls to run warm (warm_shim.py)."""
+        with self._lock:
+            self._start(root)
+            return {"PATH": f"{self.door / 'bin'}{os.pathsep}{command_env()['PATH']}",
+                    "MINITRON_WARM_SOCKET": str(self.door / "socket"),
+                    "MINITRON_WARM_BIN": str(Path(sys.executable).parent)}
+
+    def _remove_door(self) -> None:
+        if self.door is not None:
+            shutil.rmtree(self.door, ignore_errors=True)
+            self.door = None
 
     def run(self, argv: list[str], root: Path, separate_stderr: bool = False) -> tuple[int, str, str]:
         """(exit code, output, stderr): stderr is in the output unless ``separate_stderr``."""
@@ -271,11 +305,7 @@ class _WarmRunner:
             request = {"argv": argv, "cwd": str(root), "env": command_env(), "out": str(out),
                        "err": str(err) if separate_stderr else None}
             with self._lock:
-                if self._proc is None or self._proc.poll() is not None:
-                    self._proc = subprocess.Popen([sys.executable, str(self.path)], cwd=root, env=command_env(),
-                                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-                    if self._proc.stdout.readline().strip() != "ready":
-                        raise PluginError("the docs' warm runner did not start")
+                self._start(root)
                 self._proc.stdin.write(json.dumps(request) + "\n")
                 self._proc.stdin.flush()
             rc = Path(str(out) + ".rc")
@@ -295,6 +325,7 @@ class _WarmRunner:
                 self._proc.stdin.close()
                 self._proc.wait(timeout=30)
                 self._proc = None
+            self._remove_door()
 
 
 _warm = _WarmRunner()
@@ -308,7 +339,12 @@ def places(root: Path) -> dict[str, str]:
     shown = {f"{scratch}/": "", str(scratch): "."}
     for folder in {Path(root).resolve(), installed_checkout(command_env().get("PYTHONPATH", ""))} - {None}:
         shown.update({f"{folder}/": "", str(folder): CHECKOUT_SHOWN_AS})
-    return dict(sorted(shown.items(), key=lambda item: -len(item[0])))
+    # The stand-ins' folder (warm_shim.py) first, as the folder of the programs they stand in
+    # for (`command -v python` names the venv's, as in a reader's shell), which is then shown
+    # as above.
+    door = _warm.door
+    stand_ins = {str(door / "bin"): str(Path(sys.executable).parent)} if door is not None else {}
+    return {**stand_ins, **dict(sorted(shown.items(), key=lambda item: -len(item[0])))}
 
 
 @functools.lru_cache(maxsize=4)
@@ -350,19 +386,24 @@ def execute(command: str, page: str, root: Path) -> str:
     if plan is not None:  # program calls only: fork each from the warm interpreter, as && would
         done, cpu = _run_warm(plan, cwd)
     if done is None:
-        # stderr joins stdout, as in a terminal; unbuffered Python keeps their order.
-        bash = subprocess.Popen(["bash", "-c", command], cwd=cwd, env={**command_env(), **variables},
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        timer = threading.Timer(TIMEOUT_S, bash.kill)
-        timer.start()
-        output = bash.stdout.read().decode("utf-8", errors="replace")
-        # wait4, not wait: it also says how much CPU the command (and all it waited for) used.
-        _, status, usage = os.wait4(bash.pid, 0)
-        bash.returncode = os.waitstatus_to_exitcode(status)
-        bash.stdout.close()
-        if not timer.is_alive():
-            raise PluginError(f"{page}: `{command}` did not finish in {TIMEOUT_S} s")
-        timer.cancel()
+        # stderr joins stdout, as in a terminal; unbuffered Python keeps their order. Its
+        # `minitron` and `python` calls run warm all the same (warm_shim.py): their CPU comes
+        # back in a file, as bash never waits for the forked children that did the work.
+        with tempfile.NamedTemporaryFile(prefix="minitron-warm-cpu-") as warm_cpu:
+            env = {**command_env(), **variables, **_warm.shim_env(root), "MINITRON_WARM_CPU_LOG": warm_cpu.name}
+            bash = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=env, start_new_session=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            timer = threading.Timer(TIMEOUT_S, _stop_group, (bash,))
+            timer.start()
+            output = bash.stdout.read().decode("utf-8", errors="replace")
+            # wait4, not wait: it also says how much CPU the command (and all it waited for) used.
+            _, status, usage = os.wait4(bash.pid, 0)
+            bash.returncode = os.waitstatus_to_exitcode(status)
+            bash.stdout.close()
+            if not timer.is_alive():
+                raise PluginError(f"{page}: `{command}` did not finish in {TIMEOUT_S} s")
+            timer.cancel()
+            cpu += sum(float(line) for line in Path(warm_cpu.name).read_text().split())
         done, cpu = (bash.returncode, output), cpu + usage.ru_utime + usage.ru_stime
     returncode, output = done
     if returncode != 0:
@@ -377,6 +418,16 @@ def execute(command: str, page: str, root: Path) -> str:
         with open(os.environ["MINITRON_DOCS_TIMES"], "a") as times:
             times.write(f"{wall:7.2f} {cpu:7.2f} {'warm' if plan is not None else 'bash'} {page} {command}\n")
     return clean(output, {**places(root), **ports_shown})
+
+
+def _stop_group(bash: subprocess.Popen) -> None:
+    """The time limit: bash's whole process group is told to stop (a stand-in among it stops
+    the warm child it waits for), then bash itself is killed."""
+    try:
+        os.killpg(bash.pid, 15)
+    except OSError:
+        pass
+    bash.kill()
 
 
 def _run_warm(plan, cwd: Path) -> tuple[tuple[int, str] | None, float]:

@@ -13,6 +13,13 @@ the child writes its output to PATH and, when it ends, its exit code to PATH + "
 A plain program call, or a chain of them (``A > /dev/null && B``), runs warm, also when its
 output goes through a small filter (``| sort``) or it ends in ``|| echo "(exit code $?)"``
 (see warm_plan); anything else (other redirections, variables, ``;``) stays with bash.
+
+A command that stays with bash still runs its ``minitron`` and ``python`` calls warm: bash finds
+them first on PATH as small stand-ins (warm_shim.py) that hand their argv, working directory,
+environment and their own stdin/stdout/stderr to this helper over a Unix socket (``--socket
+PATH``) and exit with the child's exit code. The child then writes straight into bash's pipes
+and files, so the output is what the real program would write there; bash does the rest
+(``$(...)``, ``;``, ``cat``, ``ls``, ``$PIPESTATUS``) as it always does.
 """
 
 from __future__ import annotations
@@ -21,8 +28,10 @@ import json
 import os
 import resource
 import runpy
+import select
 import shlex
 import signal
+import socket
 import sys
 import traceback
 
@@ -119,10 +128,33 @@ def _run_child(request: dict) -> None:
             fd = os.open(request["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(fd, 2)
             os.close(fd)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)
-        sys.stderr = open(2, "w", buffering=1, closefd=False)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
+        code = _become(request)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with open(request["out"] + ".rc.tmp", "w") as f:
+            f.write(f"{code} {_cpu_seconds():.2f}")
+        os.replace(request["out"] + ".rc.tmp", request["out"] + ".rc")
+        os._exit(code)
+
+
+def _cpu_seconds() -> float:
+    """CPU of this child and of every process it waited for (its ranks)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _become(request: dict) -> int:
+    """Run the request's program in this process, on file descriptors 0-2 as they are set up
+    now, as a fresh process would (argv, working directory, environment, ``__main__``); its
+    exit code. A traceback is printed as the interpreter would print it."""
+    code = 1
+    try:
+        sys.stdin = open(0, "r", closefd=False)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -140,18 +172,49 @@ def _run_child(request: dict) -> None:
             runpy.run_path(argv[1], run_name="__main__")
         code = 0
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if isinstance(exc.code, int) or exc.code is None:
+            code = exc.code or 0
+        else:  # sys.exit("message"): the interpreter prints it and exits 1
+            print(exc.code, file=sys.stderr)
+            code = 1
     except BaseException:
         traceback.print_exc()
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        with open(request["out"] + ".rc.tmp", "w") as f:
-            f.write(str(code))
-            own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-            f.write(f" {own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime:.2f}")
-        os.replace(request["out"] + ".rc.tmp", request["out"] + ".rc")
-        os._exit(code)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):  # the reader went away (`| head -3`), or the program closed them
+            pass
+    return code
+
+
+def _serve_shim(conn: socket.socket) -> None:
+    """In the forked child: a warm_shim.py request (its descriptors 0-2 come with it): become
+    the command on them, tell the stand-in our pid, then the exit code and CPU; exit."""
+    code = 1
+    try:
+        data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+        size, data = int(data[:10]), data[10:]
+        while len(data) < size:
+            more = conn.recv(1 << 16)
+            if not more:
+                os._exit(1)
+            data += more
+        request = json.loads(data)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the command waits for its own children
+        os.setsid()  # as in _run_child; the stand-in stops this group if bash is stopped
+        conn.sendall(f"pid {os.getpid()}\n".encode())
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        code = _become(request)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            conn.sendall(f"exit {code} {_cpu_seconds():.2f}\n".encode())
+        finally:
+            os._exit(code)
 
 
 def serve() -> None:
@@ -165,11 +228,34 @@ def serve() -> None:
     # command on the site paid ~1 s of CPU for it again.
     _warm_parent(Target(module="minitron.pretrain_gpt"), LaunchConfig.warm)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reap themselves; results go by file
+    listener = None
+    if "--socket" in sys.argv:  # the stand-ins' door (see the module docstring)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(sys.argv[sys.argv.index("--socket") + 1])
+        listener.listen(16)
     print("ready", flush=True)
-    for line in sys.stdin:
-        request = json.loads(line)
-        if os.fork() == 0:
-            _run_child(request)
+    pending = b""
+    stdin = sys.stdin.fileno()
+    while True:
+        readable, _, _ = select.select([stdin] + ([listener] if listener else []), [], [])
+        if listener in readable:
+            conn, _ = listener.accept()
+            if os.fork() == 0:
+                listener.close()
+                _serve_shim(conn)
+            conn.close()  # the child has it; the command's descriptors never pass through here
+        if stdin in readable:
+            chunk = os.read(stdin, 1 << 16)
+            if not chunk:
+                return  # the build closed our stdin: it is done
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                request = json.loads(line)
+                if os.fork() == 0:
+                    if listener:
+                        listener.close()
+                    _run_child(request)
 
 
 if __name__ == "__main__":
