@@ -131,6 +131,12 @@ def _add_moe_args(parser):
                    help="benchmarking only: random router logits, so every expert gets its even share")
     g.add_argument("--moe-apply-probs-on-input", action="store_true",
                    help="scale each expert's input by the routing weight, not its output (Llama 4; top-1 only)")
+    # Multi-token prediction (DeepSeek-V3; core/transformer/multi_token_prediction.py)
+    g = parser.add_argument_group("multi-token prediction")
+    g.add_argument("--mtp-num-layers", type=POSITIVE, default=None,
+                   help="D extra layers on the last stage, depth k predicting the token k+1 ahead (default: none)")
+    g.add_argument("--mtp-loss-scaling-factor", type=float_in(0.0), default=0.1,
+                   help="weight of the MTP losses, shared evenly by the D depths (Megatron's default 0.1)")
     g.add_argument("--moe-router-score-function", default="softmax", choices=["softmax", "sigmoid"],
                    help="how logits become scores: softmax over experts, or one sigmoid each")
     g.add_argument("--moe-router-pre-softmax", action="store_true",

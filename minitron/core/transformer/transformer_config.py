@@ -138,6 +138,8 @@ class TransformerConfig(ModelParallelConfig):
     moe_router_group_topk: int | None = None  # ... of which each token may use this many (None: off)
     moe_router_force_load_balancing: bool = False   # random logits: balanced load, for benchmarks
     moe_apply_probs_on_input: bool = False   # the routing weight scales the expert's input (top-1), not its output
+    mtp_num_layers: int | None = None        # multi-token prediction: D extra layers on the last stage
+    mtp_loss_scaling_factor: float = 0.1     # their losses' weight, split evenly over the D depths
     expert_model_parallel_size: int = 1
     expert_tensor_parallel_size: int | None = None  # None: tensor_model_parallel_size
 
