@@ -151,3 +151,22 @@ def test_launch_and_view_hang_on_the_command_line(tmp_path):
 def test_a_bad_hang_timeout_is_one_line(tmp_path, argv, says):
     proc = run_minitron("launch", "--world", "2", *argv, EXAMPLES / "hang_order.py", cwd=tmp_path, here=True)
     assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_the_flight_recorder_is_turned_on_as_each_backend_needs_and_a_users_variable_wins(tmp_path, monkeypatch):
+    from minitron.launcher.hang_watch import flight_recorder_env
+
+    monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
+    monkeypatch.delenv("TORCH_NCCL_DUMP_ON_TIMEOUT", raising=False)
+    nccl = flight_recorder_env("nccl", tmp_path)
+    assert nccl["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(nccl["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
+    assert nccl["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path.resolve() / "flight_recorder" / "fr_rank")
+    assert flight_recorder_env("gloo", tmp_path).keys() == {"TORCH_FR_BUFFER_SIZE", "MINITRON_FLIGHT_RECORDER"}
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in flight_recorder_env("nccl", tmp_path)
+
+
+def test_view_without_hang_reads_the_finished_calls_of_a_hung_trace(hangs):
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    proc = run_minitron("view", hangs["compute"]["diagnosis"]["trace_dir"], "--show", "tree", env=env, timeout=120)
+    assert proc.returncode == 0 and "forward_step" in proc.stdout

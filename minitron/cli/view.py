@@ -3,7 +3,8 @@
 The ranks write the same files however they were started — `minitron trace`, `launch --trace
 DIR`, `pretrain --trace DIR`, or torchrun with MINITRON_TRACE_DIR=DIR set — so one command reads
 them all: one rank's call tree, the groups, the checks, the pipeline schedule when an iteration
-was traced, and a fresh `trace.json` for Perfetto. Nothing is started, and nothing is imported
+was traced, and a fresh `trace.json` for Perfetto. With ``--hang``, why the job hung instead
+(cli/views/hang.py), from the same files, even those of a job killed while it waited. Nothing is started, and nothing is imported
 that the views do not need: torch stays out of this process.
 """
 
