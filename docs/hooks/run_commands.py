@@ -53,6 +53,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -390,7 +391,10 @@ def execute(command: str, page: str, root: Path) -> str:
         # `minitron` and `python` calls run warm all the same (warm_shim.py): their CPU comes
         # back in a file, as bash never waits for the forked children that did the work.
         with tempfile.NamedTemporaryFile(prefix="minitron-warm-cpu-") as warm_cpu:
-            env = {**command_env(), **variables, **_warm.shim_env(root), "MINITRON_WARM_CPU_LOG": warm_cpu.name}
+            # (A command that names neither runs without them: starting the warm runner costs
+            # an `import torch`, more than `cat` or `printf` ever will.)
+            stand_ins = _warm.shim_env(root) if STAND_IN_NAMES.search(command) else {}
+            env = {**command_env(), **variables, **stand_ins, "MINITRON_WARM_CPU_LOG": warm_cpu.name}
             bash = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=env, start_new_session=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             timer = threading.Timer(TIMEOUT_S, _stop_group, (bash,))
@@ -418,6 +422,10 @@ def execute(command: str, page: str, root: Path) -> str:
         with open(os.environ["MINITRON_DOCS_TIMES"], "a") as times:
             times.write(f"{wall:7.2f} {cpu:7.2f} {'warm' if plan is not None else 'bash'} {page} {command}\n")
     return clean(output, {**places(root), **ports_shown})
+
+
+# The programs warm_shim.py stands in for, as words of a command.
+STAND_IN_NAMES = re.compile(r"(?<![\w./-])(minitron|python3?)(?![\w./-])")
 
 
 def _stop_group(bash: subprocess.Popen) -> None:
