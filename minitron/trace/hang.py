@@ -45,10 +45,13 @@ def ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def group_of(record: dict, world: int) -> tuple[str, tuple[int, ...]]:
+def group_of(record: dict, world: int) -> tuple[str, tuple[int, ...] | str]:
+    """(description, ranks) of a collective's group; the ranks as recorded when the recorder did
+    not list them (torch_hooks.describe_group writes "128 ranks" for a large group)."""
     args = record["args"]
     ranks = args.get("ranks", "all")
-    return args.get("group", "WORLD"), tuple(range(world)) if ranks == "all" or not isinstance(ranks, list) else tuple(ranks)
+    return args.get("group", "WORLD"), tuple(range(world)) if ranks == "all" else \
+        tuple(ranks) if isinstance(ranks, list) else str(ranks)
 
 
 def peers_of(record: dict) -> list[tuple[str, int]]:
@@ -117,16 +120,18 @@ def diagnose(trace_dir: str | Path) -> dict:
     groups = sorted({g for per_rank in seqs.values() for g in per_rank}, key=lambda g: (g[0] != NEW_GROUPS, g))
     stuck, divergences, waits = [], [], {}
     for group in groups:
-        members = [r for r in group[1] if r in seqs]
+        # a group recorded without its list: its members are the ranks that called on it
+        members = [r for r in group[1] if r in seqs] if isinstance(group[1], tuple) else \
+            sorted(r for r in seqs if group in seqs[r])
         calls = {r: seqs[r].get(group, []) for r in members}
-        divergence = _divergence(group, calls)
+        divergence = _divergence(group[0], members, calls)
         if divergence:
             divergences.append(divergence)
         in_flight = {r: (len(c), c[-1]) for r, c in calls.items() if c and c[-1].get("open")}
         for seq in sorted({n for n, _ in in_flight.values()}):
             inside = {str(r): call_label(rec) for r, (n, rec) in in_flight.items() if n == seq}   # str: as in JSON
             never = [r for r in members if len(calls[r]) < seq]
-            stuck.append({"group": group[0], "ranks": list(group[1]), "seq": seq, "inside": inside,
+            stuck.append({"group": group[0], "ranks": members, "seq": seq, "inside": inside,
                           "never_entered": never})
             for r in inside:
                 waits.setdefault(int(r), set()).update(never)
@@ -156,7 +161,7 @@ def _brief(record: dict, world: int) -> dict:
     return out
 
 
-def _divergence(group: tuple, calls: dict[int, list[dict]]) -> dict | None:
+def _divergence(group: str, members: list[int], calls: dict[int, list[dict]]) -> dict | None:
     """The first call number at which the members' calls on ``group`` differ, if any."""
     longest = max((len(c) for c in calls.values()), default=0)
     for k in range(longest):
@@ -167,7 +172,7 @@ def _divergence(group: tuple, calls: dict[int, list[dict]]) -> dict | None:
         if len(labels) > 1:
             ordered = sorted(labels.items(), key=lambda kv: (-len(kv[1]), kv[1]))
             in_flight = {r for r, c in calls.items() if k < len(c) and c[k].get("open")}
-            return {"group": group[0], "ranks": list(group[1]), "seq": k + 1,
+            return {"group": group, "ranks": members, "seq": k + 1,
                     "calls": [{"call": label, "ranks": ranks, "in_flight": all(r in in_flight for r in ranks)}
                               for label, ranks in ordered]}
     return None
@@ -192,18 +197,23 @@ def _point_to_point(opened: dict[int, list[dict]], waits: dict[int, set]) -> lis
 
 
 def _cycle(waits: dict[int, set]) -> list[int] | None:
-    """Ranks that wait for each other in a ring (r0 waits for r1, ..., rn for r0), if any."""
+    """Ranks that wait for each other in a ring (r0 waits for r1, ..., rn for r0), if any: a
+    depth-first walk of who waits for whom, iterative (a world may hold thousands of ranks)."""
+    state: dict[int, int] = {}   # 1: on the current path, 2: done, no ring through it
     for start in sorted(waits):
-        path, seen = [start], {start}
-        while True:
-            nxt = sorted(waits.get(path[-1], ()))
-            if not nxt:
-                break
-            if start in nxt and len(path) > 1:
-                return path + [start]
-            step = next((n for n in nxt if n not in seen), None)
-            if step is None:
-                break
-            path.append(step)
-            seen.add(step)
+        if state.get(start):
+            continue
+        path, todo = [start], [iter(sorted(waits[start]))]
+        state[start] = 1
+        while todo:
+            nxt = next(todo[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                todo.pop()
+            elif state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            elif not state.get(nxt):
+                state[nxt] = 1
+                path.append(nxt)
+                todo.append(iter(sorted(waits.get(nxt, ()))))
     return None

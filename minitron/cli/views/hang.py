@@ -54,10 +54,10 @@ def hang_lines(d: dict, silent: list | None = None, timeout: float | None = None
         calls: dict[str, list] = {}
         for rank, label in s["inside"].items():
             calls.setdefault(label, []).append(int(rank))
-        inside = "; ".join(f"{label}: {_ranks(rs)}" for label, rs in calls.items())
+        inside = ", ".join(f"{_ranks(rs)} in {label}" for label, rs in calls.items())
         never = _ranks(s["never_entered"]) if s["never_entered"] else \
             "none (all are inside, and still it does not finish)" if len(calls) == 1 else "none"
-        lines.append(f"  {_group(s['group'], s['ranks'])}, call #{s['seq']}: {inside} inside; never entered: {never}")
+        lines.append(f"  {_group(s['group'], s['ranks'])}, call #{s['seq']}: {inside}; never entered: {never}")
     for p in d["point_to_point"]:
         state = "which is posted" if p["peer_matching"] else "never posted"
         lines.append(f"  rank {p['rank']} is in {p['call']} to/from rank {p['peer']}: the matching "
