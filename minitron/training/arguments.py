@@ -22,6 +22,7 @@ from minitron.trace import traced
 from minitron.training.argument_groups import ArgumentError, build_parser, require
 from minitron.training.argument_groups_ci import validate_ci_args
 from minitron.training.argument_groups_ckpt import validate_ckpt_args
+from minitron.training.argument_groups_launch import validate_launch_args
 from minitron.training.argument_groups_hybrid import validate_hybrid_args
 from minitron.training.arguments_features import (MOE_CONFIG_FIELDS, validate_context_parallel,
                                                    validate_modern_options, validate_moe)
@@ -107,6 +108,7 @@ def validate_args(args, defaults: dict | None = None):
             "--overlap-param-gather gathers the distributed optimizer's shards: add --use-distributed-optimizer")
     require(not args.overlap_param_gather or args.overlap_grad_reduce,
             "--overlap-param-gather works bucket by bucket: add --overlap-grad-reduce")
+    validate_launch_args(args)
     validate_ckpt_args(args)   # before _validate_training: --finetune decides what a --load reads
     _validate_training(args)  # last: a --load is compared with every shape and dtype set above
     validate_context_parallel(args)
@@ -292,6 +294,7 @@ def core_transformer_config_from_args(args):
         # the modern GPT options and activation recomputation
         normalization=args.normalization, gated_linear_unit=args.swiglu or args.quick_geglu,
         activation_func=_activation_func(args), add_qkv_bias=args.add_qkv_bias, softmax_type=args.softmax_type,
+        apply_query_key_layer_scaling=args.apply_query_key_layer_scaling,
         glu_linear_offset=args.glu_linear_offset, activation_func_clamp_value=args.activation_func_clamp_value,
         num_query_groups=args.num_query_groups if args.group_query_attention else None,
         rotary_interleaved=args.rotary_interleaved,

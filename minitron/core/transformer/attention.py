@@ -36,6 +36,7 @@ from minitron.core.transformer.context_parallel import attn_forward_func_with_cp
 from minitron.core.transformer.context_parallel_a2a import (attn_forward_func_with_cp_a2a,
                                                             attn_forward_func_with_cp_a2a_p2p)
 from minitron.core.transformer.module import MegatronModule
+from minitron.core.transformer.qk_layer_scaling import attention_scores, uses_qk_layer_scaling
 from minitron.core.transformer.torch_norm import WrappedTorchNorm
 from minitron.core.transformer.utils import get_sliding_window_causal_mask, is_layer_window_attention
 from minitron.trace import traced
@@ -114,7 +115,8 @@ class DotProductAttention(MegatronModule):
 
     def _attention(self, q, k, v, attention_mask):
         """The whole sequence's attention for these heads, [b, n, s, d]; None mask: causal."""
-        if (self.training and self.attention_dropout.p > 0) or self.softmax_offset is not None:
+        if (self.training and self.attention_dropout.p > 0) or self.softmax_offset is not None or \
+                uses_qk_layer_scaling(self.config):   # Megatron's local attention scales its stored scores
             return self._unfused(q, k, v, attention_mask)
         # torch's fused kernel, where it gives the same numbers: without dropout it matches
         # the unfused path to fp32 rounding (a few 1e-7: it sums in another order; the test
@@ -149,7 +151,7 @@ class DotProductAttention(MegatronModule):
         return ring(q, k, v)
 
     def _unfused(self, q, k, v, attention_mask):
-        scores = torch.matmul(q, k.transpose(-2, -1)) * self.softmax_scale  # [b, n, s, s]
+        scores = attention_scores(q, k, self.softmax_scale, self.config, self.layer_number)  # [b, n, s, s]
         if attention_mask is None:
             s = scores.size(-1)
             attention_mask = torch.triu(torch.ones(s, s, dtype=torch.bool, device=scores.device), 1)

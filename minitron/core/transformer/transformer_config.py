@@ -84,6 +84,7 @@ class TransformerConfig(ModelParallelConfig):
     add_bias_linear: bool = True            # --disable-bias-linear turns it off
     add_qkv_bias: bool = False              # --add-qkv-bias: linear_qkv's bias alone (Qwen 2.5)
     softmax_type: str = "vanilla"           # --softmax-type: "off-by-one" / "learnable" attention sinks
+    apply_query_key_layer_scaling: bool = False  # q k^T through 1/layer-number in the dtype (qk_layer_scaling.py)
     # --window-size (left, right) and --window-attn-skip-freq: sliding-window attention
     window_size: tuple | None = None
     window_attn_skip_freq: int | list | None = None

@@ -1,0 +1,72 @@
+"""More of the flags Megatron's launch scripts and CI configurations pass (issue #36): query-key
+layer scaling, the rerun state machine's mode, CUDA graphs and the wandb entity.
+
+Names, destinations, choices and defaults are Megatron 0.19.2's (TransformerConfig,
+RerunStateMachineConfig and LoggerConfig fields become these flags there).
+--apply-query-key-layer-scaling is implemented (core/transformer/qk_layer_scaling.py); the others
+choose how a step is run or watched, not what it computes, and are listed once in the run's
+header as having no effect here (``args.no_effect_notes``). validate_launch_args is their part of
+validate_args: torch-free, each refusal one line.
+"""
+
+from __future__ import annotations
+
+from minitron.training.arguments_ranges import COUNT
+
+CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
+CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")   # Megatron's CudaGraphModule
+RERUN_MODES = ("disabled", "validate_results", "report_stats")
+
+_CUDA_GRAPH = ("records the step's GPU kernels once and replays them (a launch-overhead saving); the kernels "
+               "and their numbers are the same, and minitron runs the eager torch ops")
+_RERUN = ("re-runs a step whose loss is NaN, Inf or a spike, to tell a GPU fault from the model's own; a rerun "
+          "computes the same step again, and minitron's --check-for-nan-in-loss-and-grad stops on NaN as Megatron "
+          "does when the rerun repeats it")
+
+
+def add_launch_args(parser) -> None:
+    g = parser.add_argument_group("attention scaling, rerun mode, CUDA graphs, wandb entity (Megatron's)")
+    g.add_argument("--apply-query-key-layer-scaling", action="store_true",
+                   help="scale q k^T by 1/layer-number before the scores are stored in the training dtype, and "
+                        "back by layer-number in fp32 before the softmax (fp16's range); attention runs unfused")
+    g.add_argument("--rerun-mode", default="validate_results", choices=RERUN_MODES,
+                   help="Megatron's rerun state machine: validate_results (its default) "
+                        + _RERUN + "; disabled: none; report_stats is refused")
+    g.add_argument("--cuda-graph-impl", default="none", choices=CUDA_GRAPH_IMPLS,
+                   help="(no effect here) capture CUDA graphs: " + _CUDA_GRAPH)
+    g.add_argument("--enable-cuda-graph", action="store_true",
+                   help="(no effect here) Megatron's older spelling of --cuda-graph-impl local")
+    g.add_argument("--external-cuda-graph", action="store_true",
+                   help="(no effect here) Megatron's older spelling of --cuda-graph-impl transformer_engine")
+    g.add_argument("--cuda-graph-modules", nargs="*", default=None, choices=CUDA_GRAPH_MODULES, metavar="MODULE",
+                   help="(no effect here) which parts of a layer --cuda-graph-impl captures")
+    g.add_argument("--cuda-graph-warmup-steps", type=COUNT, default=3, metavar="N",
+                   help="(no effect here) eager steps before the capture")
+    g.add_argument("--wandb-entity", default=None, metavar="NAME",
+                   help="(no effect here) the wandb team; minitron's log is stdout, --log-jsonl and the trace")
+
+
+def validate_launch_args(args) -> None:
+    from minitron.training.argument_groups import require   # the module that imports this one
+
+    notes = []
+    # (Megatron's flag also forces the softmax into fp32, which minitron's always is.)
+    if args.apply_query_key_layer_scaling:
+        require(not args.multi_latent_attention, "--apply-query-key-layer-scaling scales the dot-product "
+                "attention's scores; multi-latent attention's are its own: drop one of them")
+        require(args.context_parallel_size == 1, "--apply-query-key-layer-scaling scales the unsplit attention's "
+                "scores; minitron's context-parallel attention takes them unscaled: drop one of them")
+    require(args.rerun_mode != "report_stats", "--rerun-mode report_stats re-runs every step to measure its "
+            "run-to-run variation; minitron has no rerun state machine: use validate_results or disabled")
+    if args.enable_cuda_graph or args.external_cuda_graph:
+        # Megatron's rules for its deprecated spellings.
+        require(args.cuda_graph_impl == "none",
+                "do not use --enable-cuda-graph or --external-cuda-graph with --cuda-graph-impl")
+        require(not (args.enable_cuda_graph and args.external_cuda_graph),
+                "--enable-cuda-graph and --external-cuda-graph exclude each other")
+        args.cuda_graph_impl = "local" if args.enable_cuda_graph else "transformer_engine"
+    if args.cuda_graph_impl != "none":
+        notes.append(f"--cuda-graph-impl {args.cuda_graph_impl}: {_CUDA_GRAPH}")
+    if args.wandb_entity is not None:
+        notes.append("--wandb-entity: a logger minitron lacks; its log is stdout, --log-jsonl and the trace")
+    args.no_effect_notes = [*(getattr(args, "no_effect_notes", None) or ()), *notes]
