@@ -3,7 +3,8 @@
 * gpt-oss's layer: learnable attention sinks (one logit per head, split over tp with the heads),
   the quick-GeGLU with its linear offset and clamp (clamped hard here, so the clamp acts), and
   Qwen 2.5's lone qkv bias (--disable-bias-linear --add-qkv-bias);
-* Nemotron's squared-ReLU MLP with off-by-one sinks (a constant, no parameter).
+* Nemotron's squared-ReLU MLP with off-by-one sinks (a constant, no parameter);
+* Llama 4's weightless query/key L2 norm, and a NoPE layer (--no-rope-freq).
 
 One forked run per world size covers both, with sequence parallelism on at tp 2. The command
 line's side (flags, one-line refusals, parameter count) is checked without torch ranks.
@@ -27,6 +28,7 @@ VARIANTS = {
                     glu_linear_offset=1.0, activation_func_clamp_value=0.5, add_bias_linear=False,
                     add_qkv_bias=True, num_query_groups=2),
     "nemotron": dict(softmax_type="off-by-one", activation_func=squared_relu),
+    "llama-4 (qk l2 norm, layer 2 without rope)": dict(qk_l2_norm=True, no_rope_freq=2),
 }
 
 
@@ -108,7 +110,9 @@ def test_layer_variant_flags():
     assert count(oss) - count(args_of("")) == 2 + 48 + 16 * 64
     assert core_transformer_config_from_args(args_of("--squared-relu")).activation_func is squared_relu
     for flags, words in (("--glu-linear-offset 1", "--glu-linear-offset"), ("--squared-relu --swiglu", "--swiglu"),
-                         ("--enable-gpt-oss", "ModelOpt"),
+                         ("--enable-gpt-oss", "ModelOpt"), ("--qk-l2-norm --qk-layernorm", "keep one"),
+                         ("--no-rope-freq 3 --position-embedding-type rope", "--num-layers"),
+                         ("--no-rope-freq [0,1]", "--position-embedding-type learned_absolute"),
                          ("--softmax-type learnable --context-parallel-size 2", "sink")):
         try:
             args_of(flags, world=2)

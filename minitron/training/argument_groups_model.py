@@ -71,6 +71,10 @@ def _add_layer_variant_args(g):
     g.add_argument("--softmax-type", default="vanilla", choices=["vanilla", "off-by-one", "learnable"],
                    help="attention sinks: one more logit per head in each softmax, 0 (off-by-one) or learned "
                         "(gpt-oss), that takes a share of the attention and is dropped")
+    g.add_argument("--qk-l2-norm", action="store_true",
+                   help="scale each head's query and key to unit RMS, no weight (Llama 4); instead of --qk-layernorm")
+    g.add_argument("--no-rope-freq", type=layer_pattern, default=None,
+                   help="layers without rope (Llama 4's NoPE): every N-th layer, or a 0/1 list per layer (1 = no rope)")
     # ModelOpt's flag (megatron/post_training/arguments.py); taken so that it is refused by name.
     g.add_argument("--enable-gpt-oss", action="store_true", help="refused: ModelOpt's gpt-oss YaRN preset")
 

@@ -296,6 +296,7 @@ def core_transformer_config_from_args(args):
         activation_func=_activation_func(args), add_qkv_bias=args.add_qkv_bias, softmax_type=args.softmax_type,
         apply_query_key_layer_scaling=args.apply_query_key_layer_scaling,
         glu_linear_offset=args.glu_linear_offset, activation_func_clamp_value=args.activation_func_clamp_value,
+        qk_l2_norm=args.qk_l2_norm, no_rope_freq=args.no_rope_freq,
         num_query_groups=args.num_query_groups if args.group_query_attention else None,
         rotary_interleaved=args.rotary_interleaved,
         cp_comm_type=args.cp_comm_type[0] if len(args.cp_comm_type) == 1 else list(args.cp_comm_type),

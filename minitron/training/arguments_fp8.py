@@ -57,3 +57,6 @@ def validate_fp8(args) -> None:
     require(not getattr(args, "num_experts", None),
             "--fp8-format with --num-experts is refused: Megatron's experts run Transformer Engine's fp8 "
             "grouped GEMM, minitron's experts have no fp8 path; train the MoE model in --bf16")
+    require(not getattr(args, "hybrid_layer_pattern", None),
+            "--fp8-format with --hybrid-layer-pattern is refused: minitron's hybrid stack does not open the fp8 "
+            "context that Megatron's opens around its Mamba and attention layers; train the hybrid model in --bf16")

@@ -36,3 +36,20 @@ def validate_layer_variants(args):
             "ModelOpt's builder sets gpt-oss's YaRN with it; minitron has no ModelOpt: drop it, and for that rope "
             "pass --position-embedding-type yarn --rotary-scaling-factor 32 --yarn-original-max-position-embeddings "
             "131072 --no-yarn-correction-range-round-to-int")
+    # Llama 4's attention options
+    require(not (args.qk_l2_norm and args.qk_layernorm), "--qk-l2-norm and --qk-layernorm both normalise query "
+            "and key (Megatron's spec keeps the L2 norm and drops the other): keep one")
+    require(not (args.qk_l2_norm and args.multi_latent_attention),
+            "--qk-l2-norm with --multi-latent-attention: Megatron asserts MLA has no L2 norm; drop one")
+    freq = args.no_rope_freq
+    if freq is not None:
+        require(args.position_embedding_type in ("rope", "yarn") and not args.multi_latent_attention,
+                f"--no-rope-freq skips rope on some layers, and this model's attention takes none from the model "
+                f"(--position-embedding-type {args.position_embedding_type}"
+                f"{', --multi-latent-attention' if args.multi_latent_attention else ''}): drop it")
+        if isinstance(freq, int):
+            require(args.num_layers % freq == 0, f"--no-rope-freq {freq} must divide --num-layers "
+                    f"{args.num_layers} (Megatron's rule: the pattern repeats whole)")
+        else:
+            require(len(freq) == args.num_layers, f"--no-rope-freq lists {len(freq)} layers and --num-layers is "
+                    f"{args.num_layers}: one 0/1 per layer")

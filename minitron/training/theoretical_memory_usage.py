@@ -41,6 +41,7 @@ from minitron.core.distributed.distributed_data_parallel_config import (
 from minitron.core.rank_generator import RankGenerator
 from minitron.training.theoretical_activations import in_flight_chunks, unit_activation_bytes
 from minitron.training.theoretical_comm import comm_bytes
+from minitron.training.theoretical_fp8 import fp8_activation_delta, fp8_state_bytes
 from minitron.training.theoretical_params import (
     DTYPE_BYTES, Param, chunks_of, model_params, num_microbatches, optimizer_moments, round_up, total_params,
 )
@@ -155,7 +156,7 @@ def compute_activation_memory(args, num_microbatches: int, pp_rank: int = 0) -> 
     leaves for backward in each model chunk (theoretical_activations.py), for every chunk-
     micro-batch in flight. Megatron's answers for the first stage (the most loaded) from the
     paper's per-layer table; here any stage, from what this code's kernels save."""
-    return sum(unit_activation_bytes(args, pp_rank, chunk)
+    return sum(unit_activation_bytes(args, pp_rank, chunk) + fp8_activation_delta(args, pp_rank, chunk)
                for chunk in in_flight_chunks(args, pp_rank, num_microbatches))
 
 
@@ -210,6 +211,8 @@ def report_theoretical_memory(args) -> list[RankCost]:
             stage, activations, tally = stages[role[0]]
             params, memory = compute_weight_and_optimizer_memory(args, stage, role[1], role[2])
             memory["activations"] = activations
+            if getattr(args, "fp8", None):   # scales and amax histories (theoretical_fp8.py)
+                memory["fp8_state"] = fp8_state_bytes(args, role[0])
             roles[role] = RankCost(rank, role, params, memory, {k: v[0] for k, v in tally.items()},
                                    {k: v[1] for k, v in tally.items()})
         cost = roles[role]

@@ -37,7 +37,7 @@ from minitron.core.transformer.context_parallel_a2a import (attn_forward_func_wi
                                                             attn_forward_func_with_cp_a2a_p2p)
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.qk_layer_scaling import attention_scores, uses_qk_layer_scaling
-from minitron.core.transformer.torch_norm import WrappedTorchNorm
+from minitron.core.transformer.torch_norm import L2Norm, WrappedTorchNorm
 from minitron.core.transformer.utils import get_sliding_window_causal_mask, is_layer_window_attention
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
@@ -221,6 +221,12 @@ class SelfAttention(MegatronModule):
         # its gradient over the TP group, as Megatron's does by these two names).
         self.q_layernorm = WrappedTorchNorm(config, config.kv_channels) if config.qk_layernorm else None
         self.k_layernorm = WrappedTorchNorm(config, config.kv_channels) if config.qk_layernorm else None
+        if config.qk_l2_norm:   # Llama 4: the same place, no weight (Megatron's spec prefers it)
+            self.q_layernorm = L2Norm(config.kv_channels, config.layernorm_epsilon)
+            self.k_layernorm = L2Norm(config.kv_channels, config.layernorm_epsilon)
+        # --no-rope-freq (Llama 4's NoPE layers): this layer takes no rope, however the model rotates.
+        freq, n = config.no_rope_freq, layer_number
+        self.no_rope = bool(freq) and (n % freq == 0 if isinstance(freq, int) else bool(freq[n - 1]))
         # --position-embedding-type yarn: YaRN's concentration factor on cos and sin (1.0 otherwise).
         self._yarn_concentration_factor = _yarn_get_concentration_factor_from_config(config)
 
@@ -255,7 +261,7 @@ class SelfAttention(MegatronModule):
     def forward(self, hidden_states, attention_mask=None, rotary_pos_emb=None):
         """[s, b, h] (or [s/p, b, h] with sequence parallelism) -> (output, bias) of the same shape."""
         query, key, value = self.get_query_key_value_tensors(hidden_states)
-        if rotary_pos_emb is not None:                           # --position-embedding-type rope / yarn
+        if rotary_pos_emb is not None and not self.no_rope:      # --position-embedding-type rope / yarn
             mscale = self._yarn_concentration_factor
             query = apply_rotary_pos_emb(query, rotary_pos_emb, self.config.rotary_interleaved, mscale)
             key = apply_rotary_pos_emb(key, rotary_pos_emb, self.config.rotary_interleaved, mscale)

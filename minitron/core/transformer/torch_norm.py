@@ -59,3 +59,17 @@ def WrappedTorchNorm(config, hidden_size: int, eps: float | None = None) -> torc
     for param in norm.parameters():
         param.sequence_parallel = config.sequence_parallel
     return norm
+
+
+class L2Norm(torch.nn.Module):
+    """--qk-l2-norm (Llama 4): each head's query and key scaled to unit root-mean-square, with no
+    weight. Unlike --qk-layernorm's norm it learns nothing, so a score's size is fixed by the
+    softmax scale alone; with no parameter there is no gradient to sum over tensor-parallel ranks."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.hidden_size, self.eps = hidden_size, eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_float = x.float()   # the mean of squares in fp32, as an RMSNorm takes it
+        return (x_float * torch.rsqrt(x_float.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)

@@ -89,6 +89,8 @@ class TransformerConfig(ModelParallelConfig):
     window_size: tuple | None = None
     window_attn_skip_freq: int | list | None = None
     qk_layernorm: bool = False              # --qk-layernorm: a norm over each head's query and key
+    qk_l2_norm: bool = False                # --qk-l2-norm: the same place, unit RMS and no weight (Llama 4)
+    no_rope_freq: int | list | None = None  # --no-rope-freq: layers without rope (N: every N-th; 0/1 list)
     activation_func: Callable = F.gelu
     init_method_std: float = 0.02
     init_method: Callable | None = None              # None: N(0, init_method_std^2)

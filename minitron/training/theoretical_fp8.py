@@ -1,0 +1,78 @@
+"""What --fp8-format changes in a rank's bytes (the accountant's fp8 terms).
+
+With fp8 the linears inside the transformer layers (core/fp8/linear.py) keep for backward not
+their input in the training dtype but its fp8 copy, one byte per element, and beside it the fp8
+copy of their weight, made afresh in each micro-batch's forward, and two 1/scale factors of 4
+bytes. So each micro-batch in flight holds, per quantized linear:
+
+    - (e - 1) x input elements     the input, once in e bytes, now in 1
+    + weight elements               the fp8 weight
+    + 8                             the two 1/scale factors
+
+where the unquantized input was kept by that linear alone (true of every input but one: the
+two down projections of multi-latent attention read the same normalised hidden states, so
+there the e-byte tensor is freed and two fp8 copies are kept). The output layer, the embedding
+and the experts are not quantized (they are not, either, in Megatron with Transformer Engine).
+
+Persistent besides: each quantized linear has three tensor slots (input, weight, output
+gradient); under the delayed recipe each keeps an amax history of --fp8-amax-history-len fp32
+values and an fp32 scale, under tensorwise its last scale. (Transformer Engine keeps a few more
+fp32 words per slot: scale_inv and its amax buffers.)
+
+Held to saved-tensor hooks (tests/test_fp8_estimate.py): exact for tp, sequence parallelism,
+SwiGLU, GQA, and multi-latent attention with --qk-layernorm. Without --qk-layernorm MLA's up
+projections read views of the down projections' outputs, parts of which other operations keep,
+so less is freed than counted here (6% of the delta on the test's model): not exact.
+
+Not counted: fp8 changes no parameter, gradient or optimizer byte here (without
+--fp8-param-gather the weights stay in the training dtype); and under sequence parallelism the
+all-gathers of the column-parallel inputs move one byte per element instead of e
+(theoretical_comm.py counts the unquantized gathers).
+"""
+
+from __future__ import annotations
+
+from minitron.training.theoretical_params import DTYPE_BYTES, _flag, chunk_layers, chunks_of, model_params
+
+# the linears core/fp8 quantizes: every Column/RowParallelLinear inside a transformer layer
+_LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "linear_q_proj", "linear_q_down_proj",
+            "linear_q_up_proj", "linear_kv_down_proj", "linear_kv_up_proj")
+
+
+def _quantized_weights(args, pp_rank: int, chunk: int) -> list[int]:
+    """Elements of each quantized linear's weight on this rank, layer by layer."""
+    return [p.numel for p in model_params(args, pp_rank, chunk)
+            if ".layers." in p.name and p.name.endswith(".weight") and p.name.split(".")[-2] in _LINEARS]
+
+
+def fp8_activation_delta(args, pp_rank: int, chunk: int) -> int:
+    """Bytes one micro-batch's forward through one chunk keeps for backward with fp8, minus
+    what it keeps without (theoretical_activations.py's count)."""
+    if not _flag(args, "fp8"):
+        return 0
+    e = DTYPE_BYTES[args.params_dtype]
+    t, b, h = args.tensor_model_parallel_size, args.micro_batch_size, args.hidden_size
+    s = args.seq_length // args.context_parallel_size
+    local = s // t if (args.sequence_parallel and t > 1) else s   # a column-parallel input's rows
+    weights = _quantized_weights(args, pp_rank, chunk)
+    layers = len(chunk_layers(args, pp_rank, chunk))
+    per_layer = -(e - 1) * local * b * h                               # linear_fc1's input
+    per_layer += -(e - 1) * args.ffn_hidden_size // t * s * b          # linear_fc2's input
+    if _flag(args, "multi_latent_attention", False):
+        per_layer += -(e - 1) * s * b * args.v_head_dim * args.num_attention_heads // t   # linear_proj's
+        per_layer += (2 - e) * local * b * h                           # two down projections, one input
+        ranks = [args.kv_lora_rank] + ([args.q_lora_rank] if args.q_lora_rank is not None else [])
+        per_layer += sum(-(e - 1) * local * b * r for r in ranks)      # the up projections' latents
+    else:
+        per_layer += -(e - 1) * local * b * h                          # linear_qkv's input
+        per_layer += -(e - 1) * s * b * args.kv_channels * args.num_attention_heads // t   # linear_proj's
+    return layers * per_layer + sum(weights) + 8 * len(weights)
+
+
+def fp8_state_bytes(args, pp_rank: int) -> int:
+    """The scales and amax histories a pipeline stage keeps between steps (all its chunks)."""
+    if not _flag(args, "fp8"):
+        return 0
+    linears = sum(len(_quantized_weights(args, pp_rank, chunk)) for chunk in chunks_of(args))
+    history = args.fp8_amax_history_len if args.fp8_recipe == "delayed" else 0
+    return linears * 3 * 4 * (history + 1)

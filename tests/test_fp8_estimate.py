@@ -1,0 +1,70 @@
+"""The accountant's fp8 terms against what autograd really keeps.
+
+For each layout, two models built from the same validated flags, one with --fp8-format and one
+without, run one forward (the loss included) under saved-tensor hooks; the difference of the
+bytes kept must be theoretical_fp8's delta exactly. tp 2 with sequence parallelism and SwiGLU,
+and multi-latent attention (its two down projections share an input), both in bf16.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distributed import run_ranks
+from minitron.cli.common import validate_pretrain
+from minitron.training.theoretical_fp8 import fp8_activation_delta, fp8_state_bytes
+from minitron.training.tokenizer import build_tokenizer
+
+MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+         "--micro-batch-size", "2", "--train-iters", "1", "--lr", "1e-3", "--mock-data", "--vocab-size", "255",
+         "--bf16", "--fp8-format", "hybrid", "--fp8-amax-history-len", "16"]
+LAYOUTS = {
+    "tp2-sp-swiglu": (2, ["--tp", "2", "--sequence-parallel", "--swiglu"]),
+    "mla": (1, ["--multi-latent-attention", "--rope-type", "rope", "--q-lora-rank", "8", "--kv-lora-rank", "12",
+                "--qk-head-dim", "4", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "6", "--qk-layernorm",
+                "--normalization", "RMSNorm"]),
+}
+
+
+def _args(world, flags):
+    from minitron.cli.command import expand_aliases
+    args = validate_pretrain(expand_aliases(MODEL + flags), world)
+    build_tokenizer(args)
+    return args
+
+
+def _measured_delta(args):
+    def body(rank):
+        import dataclasses
+        from minitron.core.models.gpt import GPTModel
+        from minitron.core.saved_tensors import SavedTensors
+        from minitron.core.tensor_parallel import model_parallel_cuda_manual_seed
+        from minitron.training.arguments import core_transformer_config_from_args
+
+        kept = []
+        for fp8 in ("hybrid", None):
+            config = dataclasses.replace(core_transformer_config_from_args(args), fp8=fp8)
+            model_parallel_cuda_manual_seed(5)
+            model = GPTModel(config, args.padded_vocab_size, args.seq_length,
+                             position_embedding_type=args.position_embedding_type)
+            ids = torch.randint(0, 255, (args.micro_batch_size, args.seq_length), generator=torch.Generator())
+            with SavedTensors(exclude=list(model.parameters())) as seen:
+                model(ids, torch.arange(args.seq_length).expand_as(ids), labels=ids).sum()
+            kept.append(seen.nbytes)
+        return kept[0] - kept[1]
+    return run_ranks(body, world_size=args.world_size, tp=args.tensor_model_parallel_size)
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_fp8_bytes_are_what_autograd_keeps(name):
+    world, flags = LAYOUTS[name]
+    args = _args(world, flags)
+    assert _measured_delta(args) == [fp8_activation_delta(args, 0, 0)] * world
+
+
+def test_fp8_state_bytes():
+    args = _args(2, LAYOUTS["tp2-sp-swiglu"][1])
+    assert fp8_state_bytes(args, 0) == 2 * 4 * 3 * 4 * (16 + 1)   # layers x linears x slots x fp32 (history, scale)
+    args.fp8_recipe = "tensorwise"
+    assert fp8_state_bytes(args, 0) == 2 * 4 * 3 * 4
