@@ -190,6 +190,7 @@ def on_files(files, config):
                 _cached[file.src_uri] = outputs
                 continue
         work.append((file.src_uri, commands))
+    _warm.expected = bool(work)
     if jobs > 1 and work:
         _pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="docs-run")
         for page, commands in work:
@@ -265,6 +266,11 @@ class _WarmRunner:
         self.module = _load_sibling("warm_runner")
         self.path = Path(self.module.__file__)
         self.door = None  # the folder of its socket and of the stand-ins (warm_shim.py), once started
+        # A build with commands to run sets this (on_files): its bash commands start the helper
+        # for their stand-ins. Otherwise (one page expanded on its own, as tests do) they use
+        # it only if it is running already: starting it costs an `import torch`, which one
+        # command that bash runs pays at most once.
+        self.expected = False
 
     def _start(self, root: Path) -> None:
         """Start the helper, with its socket and the stand-ins bash finds first on PATH (called
@@ -289,6 +295,8 @@ class _WarmRunner:
     def shim_env(self, root: Path) -> dict[str, str]:
         """What bash needs for its `minitron` and `python` calls to run warm (warm_shim.py)."""
         with self._lock:
+            if not self.expected and (self._proc is None or self._proc.poll() is not None):
+                return {}
             self._start(root)
             return {"PATH": f"{self.door / 'bin'}{os.pathsep}{command_env()['PATH']}",
                     "MINITRON_WARM_SOCKET": str(self.door / "socket"),
@@ -327,6 +335,7 @@ class _WarmRunner:
                 self._proc.wait(timeout=30)
                 self._proc = None
             self._remove_door()
+            self.expected = False
 
 
 _warm = _WarmRunner()
