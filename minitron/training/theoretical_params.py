@@ -58,7 +58,7 @@ def layer_params(args, layer: int) -> list[Param]:
     out = norm("input_layernorm")
     out += [] if mla else [Param(p + "self_attention.linear_qkv.weight", qkv * h)]
     qkv_bias = bias or _flag(args, "add_qkv_bias", False)   # --add-qkv-bias: this one alone (Qwen 2.5)
-    out += [Param(p + "self_attention.linear_qkv.bias", qkv)] if qkv_bias else []
+    out += [Param(p + "self_attention.linear_qkv.bias", qkv)] if qkv_bias and not mla else []
     # --softmax-type learnable: one attention-sink logit per head, split over tp with the heads
     sink = [Param(p + "self_attention.core_attention.softmax_offset", heads // t)]
     out += sink if _flag(args, "softmax_type", "vanilla") == "learnable" else []
