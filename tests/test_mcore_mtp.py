@@ -5,24 +5,29 @@ spec for the last layer), the same weights (minitron's state_dict loads into Meg
 as it is: the keys are Megatron's, mtp.layers.k.{enorm,hnorm,eh_proj,mtp_model_layer,
 final_layernorm}), one training forward with a loss mask: the main per-token loss, each depth's
 logged MTP loss, and every parameter's gradient after backward (the MTP losses reach them
-through MTPLossAutoScaler) agree within 1e-5. One CPU rank, as tests/test_mcore_peer.py.
+through MTPLossAutoScaler) agree within 1e-5. With experts the MTP layers are MoE layers like
+the decoder's last, and their routers' balance losses are logged after the decoder's, as
+Megatron logs them. One CPU rank, as tests/test_mcore_peer.py.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from test_mcore_moe import trackers  # noqa: F401  (a fixture: both MoE logs empty, scales 1)
 from test_mcore_peer import BATCH, SEQ, SHAPE, VOCAB, nudged, one_rank  # noqa: F401  (one_rank: a fixture)
 
 pytestmark = pytest.mark.mcore
 from megatron.core.models.gpt import GPTModel as McoreGPTModel  # noqa: E402
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_mtp_block_spec  # noqa: E402
 from megatron.core.transformer import multi_token_prediction as mcore_mtp  # noqa: E402
+from megatron.core.transformer.moe import moe_logging as mcore_logging  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig as McoreConfig  # noqa: E402
 
 from minitron.core.models.gpt import GPTModel  # noqa: E402
 from minitron.core.transformer import TransformerConfig  # noqa: E402
 from minitron.core.transformer import multi_token_prediction as mtp  # noqa: E402
+from minitron.core.transformer.moe import moe_logging  # noqa: E402
 
 CASES = {   # name: (TransformerConfig fields both take, GPTModel arguments both take)
     "one-depth-untied": (dict(mtp_num_layers=1), dict(share_embeddings_and_output_weights=False)),
@@ -30,16 +35,20 @@ CASES = {   # name: (TransformerConfig fields both take, GPTModel arguments both
     "llama-two-depths": (dict(mtp_num_layers=2, add_bias_linear=False, normalization="RMSNorm",
                               gated_linear_unit=True, activation_func=torch.nn.functional.silu),
                          dict(share_embeddings_and_output_weights=False)),
+    # DeepSeek-V3's shape: every layer MoE (the MTP ones too), the balance loss on
+    "moe-two-depths": (dict(mtp_num_layers=2, num_moe_experts=4, moe_router_topk=2, moe_aux_loss_coeff=1e-2,
+                            add_bias_linear=False, moe_token_dispatcher_type="allgather"), {}),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_mtp_loss_and_gradients_equal_megatron_cores(one_rank, name):
+def test_mtp_loss_and_gradients_equal_megatron_cores(one_rank, trackers, name):
     fields, model_args = CASES[name]
     model_args = {"position_embedding_type": "rope", "share_embeddings_and_output_weights": True, **model_args}
     ours = nudged(GPTModel(TransformerConfig(**SHAPE, **fields, init_seed=3), VOCAB, SEQ, **model_args)).train()
     config = McoreConfig(**SHAPE, **fields, use_cpu_initialization=True, params_dtype=torch.float32)
-    spec = get_gpt_layer_local_spec(normalization=config.normalization)
+    spec = get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False,
+                                    normalization=config.normalization)
     theirs = McoreGPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=SEQ,
                            mtp_block_spec=get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False),
                            **model_args).train()
@@ -69,3 +78,9 @@ def test_mtp_loss_and_gradients_equal_megatron_cores(one_rank, name):
     worst = max((g1[k] - g2[k]).abs().max().item() for k in g1)
     assert worst <= 1e-5, f"{name}: gradients differ from Megatron-Core 0.19.2's by {worst:.2e}"
     assert g1["mtp.layers.0.eh_proj.weight"].abs().sum() > 0
+    theirs_moe = {k: v.values for k, v in mcore_logging.get_moe_metrics_tracker().metrics.items()}
+    assert theirs_moe.keys() == moe_logging._MOE_LAYER_WISE_LOGGING_TRACKER.keys()
+    if "moe" in name:   # the MTP layers' routers logged in slots 3 and 4
+        assert theirs_moe["load_balancing_loss"][2:].abs().min() > 0
+    for key, values in theirs_moe.items():   # [decoder layers..., MTP layers...]
+        assert torch.allclose(moe_logging._MOE_LAYER_WISE_LOGGING_TRACKER[key], values.float(), atol=1e-5), key

@@ -1,10 +1,11 @@
 """Multi-token prediction (--mtp-num-layers) in minitron's default suite; test_mcore_mtp.py
 holds it to Megatron-Core's own MTP.
 
-1. pretrain_gpt with two MTP depths trains like its serial self, per-iteration lm loss and
-   each depth's logged MTP loss within 1e-5: at pipeline parallel 2, where the MTP layers and
-   a copy of the embedding live on the last stage (kept equal to the first stage's, the output
-   layer tied to it), and at tensor (sequence) parallel 2.
+1. pretrain_gpt with two MTP depths, every layer an MoE layer (the MTP ones too, as in
+   DeepSeek-V3), trains like its serial self, per-iteration lm loss, each depth's logged MTP
+   loss and the balance loss (decoder and MTP routers) within 1e-5: at pipeline parallel 2,
+   where the MTP layers and a copy of the embedding live on the last stage (kept equal to the
+   first stage's, the output layer tied to it), and at tensor (sequence) x expert parallel 2.
 2. Refusals: one line each.
 """
 
@@ -17,8 +18,10 @@ MODEL = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2
          "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "2", "--lr", "1e-2",
          "--mock-data", "--vocab-size", "127", "--make-vocab-size-divisible-by", "32",
          "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "7", "--distributed-backend", "gloo",
-         "--position-embedding-type", "rope", "--mtp-num-layers", "2", "--mtp-loss-scaling-factor", "0.3"]
-KEYS = ("lm_loss", "mtp_1_loss", "mtp_2_loss")
+         "--position-embedding-type", "rope", "--mtp-num-layers", "2", "--mtp-loss-scaling-factor", "0.3",
+         "--num-experts", "4", "--moe-aux-loss-coeff", "1e-2", "--moe-token-dispatcher-type", "alltoall",
+         "--disable-bias-linear"]
+KEYS = ("lm_loss", "mtp_1_loss", "mtp_2_loss", "load_balancing_loss")
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +30,9 @@ def serial(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name, flags", [("pp2", ["--pipeline-model-parallel-size", "2"]),
-                                         ("tp2-sp", ["--tensor-model-parallel-size", "2", "--sequence-parallel"])])
+                                         ("tp2-sp-ep2", ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                                         "--expert-model-parallel-size", "2",
+                                                         "--expert-tensor-parallel-size", "1"])])
 def test_mtp_layout_matches_serial(tmp_path, monkeypatch, serial, name, flags):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     layout = pretrain_records(tmp_path / name, 2, MODEL + flags)
@@ -40,7 +45,6 @@ def test_mtp_layout_matches_serial(tmp_path, monkeypatch, serial, name, flags):
 @pytest.mark.parametrize("flags, words", [
     (["--position-embedding-type", "learned_absolute"], "needs --position-embedding-type rope or none"),
     (["--context-parallel-size", "2"], "does not run with --context-parallel-size > 1"),
-    (["--num-experts", "4"], "make the last layer dense"),
 ])
 def test_mtp_refusals(flags, words):
     base = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "8",

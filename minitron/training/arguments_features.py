@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 
-from minitron.core.layer_patterns import moe_layer_pattern
 from minitron.training.argument_groups import require
 
 
@@ -324,7 +323,7 @@ def validate_moe_routing_extras(args):
 
 
 def validate_mtp(args):
-    """Multi-token prediction: Megatron's rule, and minitron's two limits."""
+    """Multi-token prediction: Megatron's rule, and minitron's limit."""
     if not args.mtp_num_layers:
         return
     require(args.position_embedding_type in ("rope", "none"),
@@ -333,7 +332,3 @@ def validate_mtp(args):
     require(args.context_parallel_size == 1,
             "--mtp-num-layers rolls each sequence on one rank: minitron's MTP does not run with "
             "--context-parallel-size > 1")
-    last_is_moe = args.num_experts is not None and moe_layer_pattern(
-        args.moe_layer_freq if args.moe_layer_freq is not None else 1, args.num_layers)[-1] == 1
-    require(not last_is_moe, "--mtp-num-layers builds MTP layers like the last decoder layer, and minitron's "
-            "are dense only: make the last layer dense (--moe-layer-freq, a list ending in 0)")

@@ -135,8 +135,8 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
     if mpu.is_pipeline_last_stage(ignore_virtual=True):
         loss = reduce_losses(losses_reduced)
     if args.num_experts is not None and logged_losses(args):   # MoE: every rank joins
-        moe = track_moe_metrics(1.0 / get_num_microbatches(), _num_moe_layers(args), args.num_layers,
-                                logged_losses(args))
+        moe = track_moe_metrics(1.0 / get_num_microbatches(), _num_moe_layers(args),
+                                args.num_layers + (args.mtp_num_layers or 0), logged_losses(args))
         loss.update(moe if mpu.is_pipeline_last_stage(ignore_virtual=True) else {})
     if args.mtp_num_layers and mpu.is_pipeline_last_stage(ignore_virtual=True):   # its stage's dp groups
         loss.update(track_mtp_metrics(1.0 / get_num_microbatches()))
@@ -144,7 +144,10 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
 
 
 def _num_moe_layers(args) -> int:
-    return sum(moe_layer_pattern(args.moe_layer_freq, args.num_layers))
+    """The decoder's MoE layers, and the multi-token-prediction layers when the last one is MoE
+    (they are built like it), as Megatron counts them for the log."""
+    pattern = moe_layer_pattern(args.moe_layer_freq, args.num_layers)
+    return sum(pattern) + (args.mtp_num_layers or 0) * pattern[-1]
 
 
 @traced

@@ -109,7 +109,7 @@ class MultiTokenPredictionLayer(MegatronModule):
             # column-parallel, not gathered: each tp rank makes h/tp of the output channels
             self.eh_proj = ColumnParallelLinear(2 * config.hidden_size, config.hidden_size, config=config,
                                                 init_method=config.init_method, gather_output=False, bias=False)
-            self.mtp_model_layer = TransformerLayer(config, layer_number=config.num_layers)
+            self.mtp_model_layer = TransformerLayer(config, layer_number=layer_number, is_mtp_layer=True)
             self.final_layernorm = WrappedTorchNorm(config, config.hidden_size)
 
     def forward(self, input_ids, position_ids, hidden_states, attention_mask, rotary_pos_emb, embedding):

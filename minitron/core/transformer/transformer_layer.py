@@ -34,15 +34,19 @@ def is_moe_layer(config, layer_number: int) -> bool:
 
 
 class TransformerLayer(MegatronModule):
-    def __init__(self, config, layer_number: int = 1):
+    def __init__(self, config, layer_number: int = 1, is_mtp_layer: bool = False):
         super().__init__(config)
-        self.layer_number = layer_number  # 1-based, counted over the whole model
+        self.layer_number = layer_number  # 1-based, counted over the whole model (an MTP layer: its depth)
         self.input_layernorm = WrappedTorchNorm(config, config.hidden_size)
         # Megatron's layer spec picks the attention: MLA (--multi-latent-attention) or the usual one.
         attention = MLASelfAttention if config.multi_latent_attention else SelfAttention
         self.self_attention = attention(config, layer_number)
         self.pre_mlp_layernorm = WrappedTorchNorm(config, config.hidden_size)
-        self.mlp = MoELayer(config, layer_number) if is_moe_layer(config, layer_number) else MLP(config)
+        # A multi-token-prediction layer is built like the decoder's last; its experts and router
+        # count as layer num_layers + depth (their own seeds, their own slot in the MoE log).
+        moe_number = config.num_layers + layer_number if is_mtp_layer else layer_number
+        self.mlp = (MoELayer(config, moe_number) if is_moe_layer(config, min(moe_number, config.num_layers))
+                    else MLP(config))
 
     @traced(args=lambda self, hidden_states, attention_mask=None, rotary_pos_emb=None: {
         "layer_number": self.layer_number, "hidden_states": short_value(hidden_states)})

@@ -156,7 +156,7 @@ class TopKRouter(MegatronModule):
         if self.routing_type == "seq_aux_loss":
             aux_loss = aux_loss / batch
         save_to_aux_losses_tracker(_BALANCE_LOSS_NAMES[self.routing_type], aux_loss / coeff,
-                                   self.layer_number, self.config.num_layers)
+                                   self.layer_number, self._logged_layers())
         return MoEAuxLossAutoScaler.apply(probs, aux_loss)
 
     def apply_z_loss(self, logits):
@@ -167,8 +167,12 @@ class TopKRouter(MegatronModule):
             return logits
         coeff = self.config.moe_z_loss_coeff / parallel_state.get_tensor_and_context_parallel_group().size()
         z_loss = z_loss_func(logits, coeff)
-        save_to_aux_losses_tracker("z_loss", z_loss / coeff, self.layer_number, self.config.num_layers)
+        save_to_aux_losses_tracker("z_loss", z_loss / coeff, self.layer_number, self._logged_layers())
         return MoEAuxLossAutoScaler.apply(logits, z_loss)
+
+    def _logged_layers(self) -> int:
+        """The MoE log's length: every decoder layer, then every multi-token-prediction layer."""
+        return self.config.num_layers + (self.config.mtp_num_layers or 0)
 
     def reset_global_aux_loss_tracker(self) -> None:
         """After each step (finalize_model_grads): the global batch's counts start again."""
