@@ -33,14 +33,16 @@ from typing import Any, Optional, Union
 from minitron.runtime.config_optimizer import ZERO_TESTED, parse_optimizer
 from minitron.runtime.config_sections import parse_precision, parse_scheduler, parse_zero
 from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, flag, json_value, number, positive_int
+from minitron.runtime.monitor.config import parse_monitor
 
 TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-# Top-level keys minitron reads; anything else is refused (see check_keys for keys accepted only
-# at DeepSpeed's default value, such as the seed notes' "wall_clock_breakdown": false).
+# Top-level keys minitron reads; anything else is refused (check_keys can also accept a key at
+# DeepSpeed's default value only; none is left that needs it).
 TOP_LEVEL = TRIAD + ("steps_per_print", "gradient_clipping", "fp16", "bf16", "bfloat16", "optimizer",
                      "scheduler", "zero_optimization", "checkpoint", "zero_allow_untested_optimizer",
-                     "communication_data_type", "prescale_gradients", "gradient_predivide_factor")
-DEFAULT_ONLY = {"wall_clock_breakdown": False}
+                     "communication_data_type", "prescale_gradients", "gradient_predivide_factor",
+                     "wall_clock_breakdown", "tensorboard", "csv_monitor", "wandb", "comet")
+DEFAULT_ONLY: dict = {}
 # Keys DeepSpeed 0.19.8 refuses whatever their value, because the feature behind them is gone
 # (its _REMOVED_TOP_LEVEL_CONFIG_KEYS): a leftover would otherwise be silently ignored.
 REMOVED = {"sparse_gradients": "DeepSpeed 0.19.8 removed sparse compression of dense embedding gradients and "
@@ -191,6 +193,8 @@ class DeepSpeedConfig:
                                        f"{self.zero_optimization_stage}); DeepSpeed runs it only with "
                                        f"\"zero_allow_untested_optimizer\": true")
         self._gradient_communication(params)
+        self.monitor_config = parse_monitor(params)   # where the engine writes its scalars (runtime/monitor/)
+        self.wall_clock_breakdown = flag(params, "wall_clock_breakdown", False, "ds_config")
         # "checkpoint": {"load_universal": true}: load_checkpoint reads a universal checkpoint
         # (runtime/checkpoint/universal_checkpoint.py). DeepSpeed's other checkpoint keys (tag
         # validation, node-local storage, parallel writes) are not built, so they are refused.
@@ -255,4 +259,6 @@ class DeepSpeedConfig:
             "communication_data_type": self.communication_data_type,
             "prescale_gradients": self.prescale_gradients,
             "gradient_predivide_factor": self.gradient_predivide_factor,
+            "wall_clock_breakdown": self.wall_clock_breakdown,
+            **{name: getattr(self.monitor_config, name) for name in ("tensorboard", "csv_monitor", "wandb")},
         }

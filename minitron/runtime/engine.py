@@ -27,6 +27,9 @@ from minitron.runtime import gradient_reduction
 from minitron.runtime.config import DeepSpeedConfig
 from minitron.runtime.loss_scaler import CreateLossScaler
 from minitron.runtime.lr_schedules import SCHEDULERS
+from minitron.runtime.monitor.events import report_step
+from minitron.runtime.monitor.monitor import MonitorMaster
+from minitron.runtime.monitor.timer import EngineTimers, SynchronizedWallClockTimer
 from minitron.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 from minitron.trace import traced
@@ -126,6 +129,9 @@ class DeepSpeedEngine(torch.nn.Module):
                 basic.tensor_sizes[master] = [p.numel() for p in params]
         self.lr_scheduler = self._configure_lr_scheduler(lr_scheduler)
         self.training_dataloader = None
+        # Scalars to TensorBoard/CSV/wandb on rank 0, and wall_clock_breakdown's timers (runtime/monitor/)
+        self.monitor = MonitorMaster(config.monitor_config)
+        self.timers, self.engine_timers = SynchronizedWallClockTimer(), EngineTimers(config.wall_clock_breakdown)
         if training_data is not None:
             sampler = torch.utils.data.DistributedSampler(training_data, num_replicas=self.dp_world_size,
                                                           rank=dist.get_rank(group=self.data_parallel_group))
@@ -204,7 +210,18 @@ class DeepSpeedEngine(torch.nn.Module):
     # --- the loop: forward, backward, step ----------------------------------------------------
 
     def forward(self, *inputs, **kwargs):
-        return self.module(*inputs, **kwargs)
+        self._start_timers(self.engine_timers.forward_timers)
+        output = self.module(*inputs, **kwargs)
+        self._stop_timers(self.engine_timers.forward_timers)
+        return output
+
+    def _start_timers(self, names: list) -> None:   # no names unless wall_clock_breakdown
+        for name in names:
+            self.timers(name).start()
+
+    def _stop_timers(self, names: list) -> None:
+        for name in names:
+            self.timers(name).stop()
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """True for the micro-batch whose step() updates the weights: the last of each
@@ -228,16 +245,24 @@ class DeepSpeedEngine(torch.nn.Module):
             loss = loss.float() / self.gradient_accumulation_steps()
         # ZeRO's gradient hooks must know, during backward, whether this micro-batch ends the step.
         self.optimizer.is_gradient_accumulation_boundary = self.is_gradient_accumulation_boundary()
+        self._start_timers(self.engine_timers.backward_timers + self.engine_timers.backward_inner_timers)
         self.optimizer.backward(loss)    # times the loss scale (1 unless fp16), then backward
+        self._stop_timers(self.engine_timers.backward_inner_timers)
+        self._start_timers(self.engine_timers.backward_reduce_timers)
         self.optimizer.reduce_gradients(self.is_gradient_accumulation_boundary())
+        self._stop_timers(self.engine_timers.backward_reduce_timers + self.engine_timers.backward_timers)
         return loss
 
     def step(self, lr_kwargs: dict | None = None) -> None:
         """``lr_kwargs`` go to the schedule's step(): Megatron's OptimizerParamScheduler counts
         samples and is told how many (``{"increment": global batch}``)."""
         self._step_applied = False
-        if self.is_gradient_accumulation_boundary():
+        self._start_timers(self.engine_timers.step_timers)
+        boundary = self.is_gradient_accumulation_boundary()
+        if boundary:
             self._take_model_step(lr_kwargs)
+        self._stop_timers(self.engine_timers.step_timers)
+        report_step(self, boundary)       # lr (and loss scale) to the monitors; the timers' lines
         self.micro_steps += 1
 
     def _take_model_step(self, lr_kwargs: dict | None = None) -> None:

@@ -92,6 +92,9 @@ class PipelineEngine(DeepSpeedEngine):
         self._exec_schedule(schedule.TrainSchedule(self.micro_batches, self.num_stages, self.stage_id))
         with torch.no_grad():
             self.agg_train_loss = self._aggregate_total_loss()
+        if self.global_rank == 0 and self.monitor.enabled:   # the one event DeepSpeed's pipeline engine writes
+            self.monitor.write_events([("Train/Samples/train_loss", self.agg_train_loss.mean().item(),
+                                        self.global_samples)])
         return self.agg_train_loss
 
     def eval_batch(self, data_iter) -> torch.Tensor:
