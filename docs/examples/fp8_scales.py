@@ -1,0 +1,135 @@
+"""fp8's two formats, one cast, and a real run's scale history. Chapter 21 runs this.
+
+    python docs/examples/fp8_scales.py formats    # e4m3 and e5m2 side by side, one tensor cast
+    python docs/examples/fp8_scales.py history    # pretrain's steps with --fp8-format hybrid
+    python docs/examples/fp8_scales.py bytes      # what minitron estimate counts for fp8
+
+``history`` runs pretrain_gpt's own setup and train_step on one forked gloo rank (the
+launcher's API, as the tests run it): a small GPT on mock data, --fp8-format hybrid with the
+delayed recipe, an amax history of 4 and --fp8-amax-compute-algo max. After every iteration it
+reads the first layer's linear_fc1 slots (core/fp8_utils.py keeps them on the layer): the
+amax each slot saw and the scale it cast with, and for the output gradient (e5m2) how many of
+its non-zero values the cast turned into zero.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+TRAIN = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+         "--micro-batch-size", "4", "--global-batch-size", "4", "--train-iters", "8", "--lr", "1e-2",
+         "--lr-warmup-iters", "0", "--min-lr", "1e-2", "--mock-data", "--vocab-size", "1023", "--seed", "7",
+         "--hidden-dropout", "0", "--attention-dropout", "0", "--distributed-backend", "gloo", "--bf16",
+         "--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "4",
+         "--fp8-amax-compute-algo", "max"]
+
+
+def formats() -> None:
+    from minitron.core.fp8.recipes import FORMATS, current_scale, dequantize, quantize
+
+    print(f"{'format':<6} {'bits (exp, mantissa)':>20} {'largest':>8} {'smallest normal':>16} "
+          f"{'smallest subnormal':>19} {'step after 1':>13}")
+    for name, (dtype, fp8_max) in FORMATS.items():
+        info = torch.finfo(dtype)
+        bits = (4, 3) if name == "e4m3" else (5, 2)
+        subnormal = info.smallest_normal * 2.0 ** -bits[1]
+        print(f"{name:<6} {str(bits):>20} {fp8_max:>8g} {info.smallest_normal:>16g} {subnormal:>19g} {info.eps:>13g}")
+    x = torch.tensor([250.0, -1.7, 0.0123, 3.3e-4])
+    scale = current_scale(x.abs().max(), "e4m3")
+    q = quantize(x, scale, "e4m3")
+    back = dequantize(q, scale.reciprocal())
+    print(f"\ncast to e4m3 with scale 448 / amax = 448 / {x.abs().max():g} = {float(scale):g}")
+    print(f"{'x':>10} {'x * scale':>11} {'e4m3 value':>11} {'back (/ scale)':>15} {'relative error':>15}")
+    for xi, qi, bi in zip(x.tolist(), q.float().tolist(), back.tolist()):
+        print(f"{xi:>10g} {xi * float(scale):>11.4g} {qi:>11g} {bi:>15.4g} {abs(bi - xi) / abs(xi):>15.2%}")
+
+
+def _spy(slot, log):
+    """Wrap one slot's quantize: remember its amax, the scale it cast with, the share of its
+    non-zero values cast to zero, and how many values it clipped at the format's largest."""
+    from minitron.core.fp8.recipes import FORMATS
+    cast, fp8_max = slot.quantize, FORMATS[slot.fmt][1]
+
+    def quantize(x, group=None):
+        q, inv = cast(x, group)
+        lost = ((q.float() == 0) & (x != 0)).sum().item() / max((x != 0).sum().item(), 1)
+        clipped = (x.float().abs() / inv > fp8_max).sum().item()
+        log.append((x.detach().abs().max().item(), 1.0 / inv.item(), lost, clipped))
+        return q, inv
+    slot.quantize = quantize
+
+
+def history() -> list:
+    def body(rank):
+        from minitron.core.fp8_utils import ROLES, fp8_quantizers, get_fp8_context
+        from minitron.training.arguments import core_transformer_config_from_args
+        from minitron.pretrain_gpt import ARGS_DEFAULTS, forward_step, model_provider, train_valid_test_datasets_provider
+        from minitron.training.data import build_train_valid_test_data_iterators
+        from minitron.training.global_vars import get_args
+        from minitron.training.initialize import initialize_megatron
+        from minitron.training.model_setup import setup_model_and_optimizer
+        from minitron.training.training import train_step
+
+        initialize_megatron(args_defaults=ARGS_DEFAULTS, argv=TRAIN)
+        model, optimizer, scheduler = setup_model_and_optimizer(model_provider, "encoder_or_decoder")
+        train_iter, _, _ = build_train_valid_test_data_iterators(train_valid_test_datasets_provider)
+        fc1 = next(m for name, m in model[0].named_modules() if name.endswith("layers.0.mlp.linear_fc1"))
+        with get_fp8_context(core_transformer_config_from_args(get_args())):
+            slots = fp8_quantizers(fc1)   # made now rather than in the first forward, to be watched
+        logs = {role: [] for role in ROLES}
+        for role in ROLES:
+            _spy(slots[role], logs[role])
+        logs["loss"] = []
+        for iteration in range(get_args().train_iters):
+            get_args().curr_iteration = iteration
+            loss = train_step(forward_step, train_iter, model, optimizer, scheduler)[0]["lm loss"]
+            logs["loss"].append(float(loss))
+        return logs
+
+    from minitron.launcher import LaunchConfig, run_on_ranks
+    return run_on_ranks(body, LaunchConfig(world_size=1))[0]
+
+
+def bytes_per_rank() -> None:
+    """Activations and fp8 state of one rank, bf16 against fp8, from `minitron estimate`'s own
+    functions (theoretical_memory_usage.py with theoretical_fp8.py's terms)."""
+    from minitron.cli.common import validate_pretrain
+    from minitron.training.theoretical_memory_usage import report_theoretical_memory
+    from minitron.training.tokenizer import build_tokenizer
+
+    print(f"{'hidden':>6} {'layers':>6} {'micro-batch':>11} | {'bf16 activations':>16} | {'fp8 activations':>15} "
+          f"{'change':>7} {'fp8 state':>9}   (seq 2048, tp 1, GPT-2 vocabulary, history 1024)")
+    for h, layers, mbs in ((1024, 8, 1), (4096, 8, 1), (4096, 8, 8)):
+        model = ["--num-layers", str(layers), "--hidden-size", str(h), "--num-attention-heads", str(h // 64),
+                 "--seq-length", "2048", "--micro-batch-size", str(mbs), "--train-iters", "1", "--lr", "1e-4",
+                 "--mock-data", "--vocab-size", "50257", "--bf16", "--attention-dropout", "0", "--hidden-dropout", "0"]
+        cost = []
+        for fp8 in ([], ["--fp8-format", "hybrid", "--fp8-amax-history-len", "1024"]):
+            args = validate_pretrain(model + fp8, 1)
+            build_tokenizer(args)
+            cost.append(report_theoretical_memory(args)[0].memory)
+        a, b = cost[0]["activations"], cost[1]["activations"]
+        print(f"{h:>6} {layers:>6} {mbs:>11} | {a / 2**20:>12.1f} MiB | {b / 2**20:>11.1f} MiB {b / a - 1:>7.1%} "
+              f"{cost[1]['fp8_state'] / 2**10:>5.0f} KiB")
+
+
+def main() -> None:
+    if sys.argv[1:] == ["formats"]:
+        return formats()
+    if sys.argv[1:] == ["bytes"]:
+        return bytes_per_rank()
+    logs = history()
+    print("layer 1's linear_fc1 under --fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 4 "
+          "--fp8-amax-compute-algo max\n")
+    print(f"{'iteration':>9} {'lm loss':>7} | {'input amax':>10} {'scale':>6} {'clipped':>7} | "
+          f"{'weight amax':>11} {'scale':>5} {'clipped':>7} | {'grad amax':>9} {'scale (e5m2)':>12} {'to 0':>5} {'clipped':>7}")
+    for i, loss in enumerate(logs["loss"]):
+        (xa, xs, _, xc), (wa, ws, _, wc), (ga, gs, lost, gc) = (logs[r][i] for r in ("input", "weight", "grad_output"))
+        print(f"{i + 1:>9} {loss:>7.4f} | {xa:>10.4g} {xs:>6.4g} {xc:>7} | {wa:>11.4g} {ws:>5.0f} {wc:>7} | "
+              f"{ga:>9.3g} {gs:>12.5g} {lost:>5.1%} {gc:>7}")
+
+
+if __name__ == "__main__":
+    main()
