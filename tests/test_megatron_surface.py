@@ -33,7 +33,7 @@ torchrun --nproc_per_node 8 $PRETRAIN \\
 """
 BAD_SCRIPT = """\
 python pretrain_gpt.py --num-layers 2 --hidden-size 32 --num-attention-heads 5 --seq-length 16 \\
-    --micro-batch-size 1 --frobnicate 3 --tokenizer-type Llama2Tokenizer --log-num-zeros-in-grad
+    --micro-batch-size 1 --frobnicate 3 --tokenizer-type SFTTokenizer --log-num-zeros-in-grad
 """
 MODEL_CONF = """\
 if [ -z ${HF_MODEL_CKPT} ]; then
@@ -125,7 +125,7 @@ def test_verdicts_totals_and_blockers(tmp_path, capsys):
         "refused: --deterministic-mode: NCCL_ALGO='Tree' is not deterministic; unset it or use Ring, "
         "CollnetDirect, CollnetChain, ^NVLS")
     assert verdicts["script examples/bad/train.sh"].startswith(
-        "refused: argument --tokenizer-type: invalid choice: 'Llama2Tokenizer'")
+        "refused: argument --tokenizer-type: invalid choice: 'SFTTokenizer'")
     assert "launch scripts: 1 accepted of 2" in out and "launch scripts (hybrid): 1 accepted of 1" in out
     assert "model configurations: 1 accepted of 1" in out and "CI training cases: 1 accepted of 2" in out
     # bad/train.sh: the tokenizer minitron lacks, then the unknown flag, then the heads (a core

@@ -1,14 +1,15 @@
 """More of the flags Megatron's launch scripts and CI configurations pass (issue #36): query-key
-layer scaling, the rerun state machine's mode, CUDA graphs and the wandb entity.
+layer scaling, the rerun state machine's mode, CUDA graphs, the TikTokenizer's two flags,
+--trust-remote-code and the wandb entity.
 
 Names, destinations, choices and defaults are Megatron 0.19.2's (TransformerConfig,
-RerunStateMachineConfig and LoggerConfig fields become these flags there).
---apply-query-key-layer-scaling is implemented (core/transformer/qk_layer_scaling.py); the others
-choose how a step is run or watched, not what it computes, and are listed once in the run's
-header as having no effect here (``args.no_effect_notes``). validate_launch_args is their part of
-validate_args: torch-free, each refusal one line.
+RerunStateMachineConfig, TokenizerConfig and LoggerConfig fields become these flags there).
+--apply-query-key-layer-scaling is implemented (core/transformer/qk_layer_scaling.py), the
+tiktoken flags are read by tokenizer/tiktoken_tokenizer.py; the others choose how a step is run
+or watched, not what it computes, and are listed once in the run's header as having no effect
+here (``args.no_effect_notes``). validate_launch_args is their part of validate_args:
+torch-free, each refusal one line.
 """
-
 from __future__ import annotations
 
 from minitron.training.arguments_ranges import COUNT
@@ -42,6 +43,12 @@ def add_launch_args(parser) -> None:
                    help="(no effect here) which parts of a layer --cuda-graph-impl captures")
     g.add_argument("--cuda-graph-warmup-steps", type=COUNT, default=3, metavar="N",
                    help="(no effect here) eager steps before the capture")
+    g.add_argument("--tiktoken-pattern", default=None, choices=("v1", "v2"),
+                   help="TikTokenizer: the regex that splits text before the merges (v2 when unset)")
+    g.add_argument("--tiktoken-num-special-tokens", type=int, default=1000, metavar="N",
+                   help="TikTokenizer: the special-token ids in front of the BPE ranks")
+    g.add_argument("--trust-remote-code", action="store_true",
+                   help="(no effect here) let a Hugging Face tokenizer run its repository's Python")
     g.add_argument("--wandb-entity", default=None, metavar="NAME",
                    help="(no effect here) the wandb team; minitron's log is stdout, --log-jsonl and the trace")
 
@@ -67,6 +74,12 @@ def validate_launch_args(args) -> None:
         args.cuda_graph_impl = "local" if args.enable_cuda_graph else "transformer_engine"
     if args.cuda_graph_impl != "none":
         notes.append(f"--cuda-graph-impl {args.cuda_graph_impl}: {_CUDA_GRAPH}")
+    if args.tokenizer_type == "TikTokenizer":
+        n = args.tiktoken_num_special_tokens
+        require(7 <= n, f"--tiktoken-num-special-tokens {n}: Megatron's seven named special tokens need 7 ids")
+    if args.trust_remote_code:
+        notes.append("--trust-remote-code: lets a Hugging Face tokenizer run its repository's own Python; "
+                     "minitron reads tokenizer.json through the tokenizers package and runs no repository code")
     if args.wandb_entity is not None:
         notes.append("--wandb-entity: a logger minitron lacks; its log is stdout, --log-jsonl and the trace")
     args.no_effect_notes = [*(getattr(args, "no_effect_notes", None) or ()), *notes]

@@ -60,7 +60,6 @@ NO_EFFECT = {
     "--no-mmap-bin-files": (False, "how the .bin file is read; the same tokens"),
     "--exit-duration-in-mins": (True, "a wall-clock stop for a cluster's time limit: no step computes anything "
                                       "else; a run here ends at --train-iters or --exit-interval"),
-    "--tiktoken-pattern": (True, "read only by --tokenizer-type TikTokenizer, which minitron does not offer"),
     "--export-force-local-attention": (False, "chooses the local attention layers over Transformer Engine's "
                                               "(for export); minitron's are local"),
     "--moe-permute-fusion": (False, _FUSION),

@@ -78,6 +78,10 @@ def _check_data_path(data_path: list[str], split: str) -> None:
 
 def _validate_tokenizer(args) -> None:
     kind = args.tokenizer_type
+    from minitron.training.tokenizer.tokenizer import check_tokenizer_model   # SentencePiece, tiktoken
+    problem = check_tokenizer_model(kind, args.tokenizer_model)
+    if problem:
+        raise ArgumentError(problem)
     if kind == "NullTokenizer" and (args.vocab_size is None or args.vocab_size < 1):
         raise ArgumentError("--tokenizer-type NullTokenizer needs --vocab-size N (N >= 1)")
     if kind == "GPT2BPETokenizer":

@@ -8,6 +8,8 @@ masks look for). The type names are Megatron's where Megatron has the type:
     ByteLevelTokenizer   UTF-8 bytes are the ids (0-255), eod = 256; nothing to download or load
     GPT2BPETokenizer     GPT-2 byte-level BPE from --vocab-file (JSON) and --merge-file
     HuggingFaceTokenizer a tokenizer.json given as --tokenizer-model (needs the `tokenizers` package)
+    GPTSentencePieceTokenizer, Llama2Tokenizer   a SentencePiece --tokenizer-model (`sentencepiece`)
+    TikTokenizer         tiktoken's vocabulary JSON as --tokenizer-model (`tiktoken`), --vocab-size in all
 
 ByteLevelTokenizer is Megatron Core's byte-level library tokenizer with one change: Megatron puts
 eod at id 0, which is also the NUL byte; we give it its own id after the 256 bytes.
@@ -125,11 +127,35 @@ class HuggingFaceTokenizer:
         return self.tokenizer.decode([int(i) for i in ids])
 
 
-TOKENIZER_TYPES = ("NullTokenizer", "ByteLevelTokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer")
+TOKENIZER_TYPES = ("NullTokenizer", "ByteLevelTokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer",
+                   "GPTSentencePieceTokenizer", "Llama2Tokenizer", "TikTokenizer")
+
+
+# The tokenizers whose package minitron does not require: validate_args asks for the package (and
+# the model file) before any rank starts; the package itself is imported only by the rank.
+OPTIONAL_PACKAGES = {"HuggingFaceTokenizer": "tokenizers", "GPTSentencePieceTokenizer": "sentencepiece",
+                     "Llama2Tokenizer": "sentencepiece", "TikTokenizer": "tiktoken"}
+
+
+def check_tokenizer_model(tokenizer_type: str, tokenizer_model) -> str | None:
+    """Torch-free and import-free: what is missing for a tokenizer that reads --tokenizer-model
+    through an optional package (one line), or None."""
+    import importlib.util
+
+    package = OPTIONAL_PACKAGES.get(tokenizer_type)
+    if package is None or tokenizer_type == "HuggingFaceTokenizer":   # (its own checks, in datasets/arguments.py)
+        return None
+    if not tokenizer_model:
+        return f"--tokenizer-type {tokenizer_type} needs --tokenizer-model PATH"
+    if not os.path.isfile(tokenizer_model):
+        return f"--tokenizer-model {tokenizer_model}: no such file"
+    if importlib.util.find_spec(package) is None:
+        return f"--tokenizer-type {tokenizer_type} needs the optional `{package}` package: pip install {package}"
+    return None
 
 
 def make_tokenizer(tokenizer_type: str, vocab_file=None, merge_file=None, tokenizer_model=None,
-                   vocab_size=None):
+                   vocab_size=None, tiktoken_pattern=None, tiktoken_num_special_tokens=1000):
     """The tokenizer alone (no padding arithmetic): what preprocessing needs."""
     if tokenizer_type == "NullTokenizer":
         if vocab_size is None or vocab_size < 1:
@@ -141,6 +167,12 @@ def make_tokenizer(tokenizer_type: str, vocab_file=None, merge_file=None, tokeni
         return GPT2BPETokenizer(vocab_file, merge_file)
     if tokenizer_type == "HuggingFaceTokenizer":
         return HuggingFaceTokenizer(tokenizer_model)
+    if tokenizer_type in ("GPTSentencePieceTokenizer", "Llama2Tokenizer"):   # their modules import lazily
+        from minitron.training.tokenizer.sentencepiece_tokenizer import SentencePieceTokenizer
+        return SentencePieceTokenizer(tokenizer_model, tokenizer_type)
+    if tokenizer_type == "TikTokenizer":
+        from minitron.training.tokenizer.tiktoken_tokenizer import TikTokenizer
+        return TikTokenizer(tokenizer_model, vocab_size, tiktoken_pattern, tiktoken_num_special_tokens)
     raise ValueError(f"--tokenizer-type {tokenizer_type} is not available; choose one of {', '.join(TOKENIZER_TYPES)}")
 
 
@@ -164,7 +196,8 @@ def _vocab_size_with_padding(orig_vocab_size: int, make_vocab_size_divisible_by:
 def build_tokenizer(args):
     """The tokenizer for ``args``; also sets ``args.padded_vocab_size`` (as Megatron does)."""
     tokenizer = make_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.tokenizer_model,
-                               args.vocab_size)
+                               args.vocab_size, getattr(args, "tiktoken_pattern", None),
+                               getattr(args, "tiktoken_num_special_tokens", 1000))
     if getattr(args, "padded_vocab_size", None) is None:   # --padded-vocab-size (or a checkpoint) may set it
         args.padded_vocab_size = _vocab_size_with_padding(
             tokenizer.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size)
