@@ -3,6 +3,7 @@ every rank, then show one rank's call tree, the groups, the checks and the pipel
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
@@ -20,6 +21,7 @@ from minitron.cli import preflight
 from minitron.cli.preflight_memory import check_fits
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate_parallel_sizes
 from minitron.cli.trace_out import clear_meanwhile
+from minitron.training.argument_groups_hybrid import entry_module
 
 MAX_STEPS = 100  # traced iterations: a few show the steady state, and each adds its calls to every rank's trace
 
@@ -134,10 +136,10 @@ def _nodes_picture(out: Path, runs: dict, rank: int) -> Path:
     return picture
 
 
-def play_pretrain_rank(argv: List[str], init_only: bool = False) -> None:
+def play_pretrain_rank(argv: List[str], init_only: bool = False, module: str = "minitron.pretrain_gpt") -> None:
     """One rank of a fake world: pretrain's initialization, then nothing left for the next rank."""
     # lazy: only --backend fake loads torch and the training stack into this process
-    from minitron.pretrain_gpt import run_main
+    run_main = importlib.import_module(module).run_main   # pretrain_gpt's, or pretrain_hybrid's
     from minitron.training.training import INIT_ONLY_ENV, destroy_global_state
 
     if init_only:   # this process is a forked player: the variable leaves with it
@@ -284,7 +286,8 @@ def trace(
     if backend == "fake":
         # The processes that play the ranks hand back each rank's records and its encoded
         # rows of trace.json: a thousand ranks' files are not parsed again here.
-        kept = play_ranks(world, lambda: play_pretrain_rank(argv, init_only), out, ranks=chosen, keep=_records_and_rows)
+        kept = play_ranks(world, lambda: play_pretrain_rank(argv, init_only, entry_module(args)), out, ranks=chosen,
+                          keep=_records_and_rows)
         elapsed = time.perf_counter() - started
         runs = {r: records for r, (records, _) in kept.items()}
         chrome = write_chrome_trace(out, runs, note, encoded={r: text for r, (_, text) in kept.items()})
@@ -293,7 +296,7 @@ def trace(
                            master_port=master_port, env=rank_env,
                            warm=LaunchConfig.warm if steps else (),  # no steps: no optimizer to warm for
                            hang_timeout=hang_timeout)
-        launch(cfg, Target(module="minitron.pretrain_gpt", argv=argv), on_hang=hang_screen() if hang_timeout else None)
+        launch(cfg, Target(module=entry_module(args), argv=argv), on_hang=hang_screen() if hang_timeout else None)
         elapsed = time.perf_counter() - started
         try:
             runs = load_trace(out)

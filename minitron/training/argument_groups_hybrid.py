@@ -110,3 +110,8 @@ def _validate_mamba_shape(args, pattern: str) -> None:
     if args.context_parallel_size > 1:
         _refuse("--context-parallel-size > 1 with Mamba layers: minitron does not split a scan over ranks "
                 "(Megatron's MambaContextParallel); use tensor or pipeline parallelism")
+
+
+def entry_module(args) -> str:
+    """The script every rank runs for these flags: Megatron has one per model family."""
+    return "minitron.pretrain_hybrid" if args.hybrid_layer_pattern is not None else "minitron.pretrain_gpt"

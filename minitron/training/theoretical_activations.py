@@ -134,6 +134,9 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
     each = [layer - core - entering + others[kinds[i % len(kinds)]]
             if kinds[i % len(kinds)] in others and granularity != "selective" else layer
             for i in chunk_layers(args, pp_rank, chunk)]
+    if _flag(args, "hybrid_layer_pattern"):   # a Mamba layer, or one half of the layer above
+        from minitron.training.theoretical_mamba import hybrid_layer_activations
+        each = hybrid_layer_activations(args, chunk_layers(args, pp_rank, chunk), layer, norm, drop, local, s, b, e)
     layers = len(each)
     total = sum(each)
     if granularity == "full":          # a checkpointed run of layers keeps only its input

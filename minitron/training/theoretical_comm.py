@@ -52,6 +52,8 @@ def _linear_pairs(args, layers) -> int:
     MLP's fc1 -> fc2 where the MLP is dense (an MoE layer's experts are cut by expert tp, and
     their traffic is theoretical_moe's; its shared expert, if any, is a dense MLP's pair)."""
     shared = 2 if getattr(args, "moe_shared_expert_intermediate_size", None) else 1
+    if getattr(args, "hybrid_layer_pattern", None):   # each hybrid layer is one half: one pair (M: in/out_proj)
+        return sum(shared - 1 if is_moe_layer(args, layer) else 1 for layer in layers)
     return sum(shared if is_moe_layer(args, layer) else 2 for layer in layers)
 
 
@@ -82,6 +84,8 @@ def _tp_traffic(args, pre: bool, post: bool, chunk: range, tally: _Tally, times:
     g = query_groups(args)
     if g < t:   # fewer kv groups than ranks: linear_qkv's output all-gathered, reduce-scattered back
         qkv = s * b * (args.num_attention_heads + 2 * g) * args.kv_channels * e
+        if getattr(args, "hybrid_layer_pattern", None):   # only the pattern's attention layers have one
+            chunk = [i for i in chunk if args.hybrid_layer_pattern.replace("|", "")[i] == "*"]
         tally.add("tp", qkv // t, times * (len(chunk) + recomputed_layers(args, len(chunk))))   # forward
         tally.add("tp", qkv, times * len(chunk))                                            # backward
     if args.sequence_parallel:                             # full recomputation: forward again

@@ -70,6 +70,9 @@ def _attention_per_token(args) -> tuple[float, float]:
 def num_floating_point_operations(args, batch_size: int) -> float:
     """Model FLOPs of one iteration over ``batch_size`` sequences of ``args.seq_length``
     tokens, as Megatron counts them (see the module's docstring for what is left out)."""
+    if getattr(args, "hybrid_layer_pattern", None):   # Megatron's hybrid_flops: counted by the pattern
+        from minitron.training.theoretical_mamba import hybrid_num_floating_point_operations
+        return hybrid_num_floating_point_operations(args, batch_size)
     tokens = batch_size * args.seq_length
     pattern = moe_layer_pattern(args)
     moe_layers = sum(pattern)

@@ -37,6 +37,9 @@ def query_groups(args) -> int:
 
 def layer_params(args, layer: int) -> list[Param]:
     """One transformer layer's parameters on a tensor-parallel rank, in registration order."""
+    if _flag(args, "hybrid_layer_pattern"):   # a hybrid model's layer: Mamba, or half a transformer layer
+        from minitron.training.theoretical_mamba import hybrid_layer_params
+        return hybrid_layer_params(args, layer, layer_params)
     t, h = args.tensor_model_parallel_size, args.hidden_size
     bias = _flag(args, "add_bias_linear", True)        # --disable-bias-linear
     sp = bool(args.sequence_parallel) and t > 1
@@ -99,6 +102,8 @@ def mla_params(args, p: str, norm) -> list[Param]:
 
 def is_moe_layer(args, layer: int) -> bool:
     """With --num-experts, layers 0, f, 2f, ... (0-based; f = --moe-layer-freq) have experts."""
+    if _flag(args, "hybrid_layer_pattern"):   # a hybrid model's MoE layers are its pattern's E
+        return args.hybrid_layer_pattern.replace("|", "")[layer] == "E"
     return bool(_flag(args, "num_experts")) and moe_layer_pattern(args.moe_layer_freq, args.num_layers)[layer] == 1
 
 
@@ -131,6 +136,9 @@ def moe_mlp_params(args, p: str) -> list[Param]:
 
 def chunk_layers(args, pp_rank: int, chunk: int) -> range:
     """The layer indices (0-based) of model chunk ``chunk`` on pipeline rank ``pp_rank``."""
+    if _flag(args, "hybrid_layer_pattern"):   # the pattern's '|' segments, which may be uneven
+        from minitron.training.theoretical_mamba import hybrid_chunk_layers
+        return hybrid_chunk_layers(args, pp_rank, chunk)
     pp, vp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size or 1
     per = args.num_layers // (pp * vp)
     first = chunk * (args.num_layers // vp) + pp_rank * per
@@ -160,9 +168,10 @@ def model_params(args, pp_rank: int, chunk: int) -> list[Param]:
         out += layer_params(args, layer)
     if post:
         sp = bool(args.sequence_parallel) and t > 1
-        out.append(Param("decoder.final_layernorm.weight", h, sequence_parallel=sp))
+        final = "decoder.final_norm" if _flag(args, "hybrid_layer_pattern") else "decoder.final_layernorm"
+        out.append(Param(final + ".weight", h, sequence_parallel=sp))
         if _flag(args, "normalization", "LayerNorm") != "RMSNorm":
-            out.append(Param("decoder.final_layernorm.bias", h, sequence_parallel=sp))
+            out.append(Param(final + ".bias", h, sequence_parallel=sp))
         if not (pre and tied):
             out.append(Param("output_layer.weight", vocab * h, shared_embedding=tied and split))
     return out
@@ -170,6 +179,9 @@ def model_params(args, pp_rank: int, chunk: int) -> list[Param]:
 
 def total_params(args) -> int:
     """Parameters of the whole model, the tied embedding counted once (tp = pp = 1 arithmetic)."""
+    if _flag(args, "hybrid_layer_pattern"):
+        from minitron.training.theoretical_mamba import hybrid_total_params
+        return hybrid_total_params(args)
     h, layers = args.hidden_size, args.num_layers
     one = type("Serial", (), {**vars(args), "tensor_model_parallel_size": 1, "sequence_parallel": False,
                               "expert_model_parallel_size": 1, "expert_tensor_parallel_size": 1})

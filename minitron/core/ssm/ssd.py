@@ -66,6 +66,7 @@ def ssd_chunked(x, dt, A, B, C, chunk_size: int, D=None, initial_state=None, ret
     multiple of ``chunk_size`` is padded with dt = 0 steps: exp(0) = 1 keeps the state and
     0 * x writes nothing, so the padding changes no number and is cut off again."""
     batch, length, nheads, headdim = x.shape
+    chunk_size = min(chunk_size, length)   # a chunk past the end would only hold padding
     pad = (-length) % chunk_size
     if pad:
         x, B, C = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (x, B, C))
