@@ -129,6 +129,21 @@ def main() -> None:
         (xa, xs, _, xc), (wa, ws, _, wc), (ga, gs, lost, gc) = (logs[r][i] for r in ("input", "weight", "grad_output"))
         print(f"{i + 1:>9} {loss:>7.4f} | {xa:>10.4g} {xs:>6.4g} {xc:>7} | {wa:>11.4g} {ws:>5.0f} {wc:>7} | "
               f"{ga:>9.3g} {gs:>12.5g} {lost:>5.1%} {gc:>7}")
+    _worked_out(logs)
+
+
+def _worked_out(logs) -> None:
+    """The lines the chapter reads the table by, computed from it."""
+    amax = [x[0] for x in logs["input"]]
+    last = len(amax) - 1
+    window = amax[max(0, last - 4):last]
+    print(f"\niteration 1 casts with scale 1: {logs['grad_output'][0][2]:.1%} of the gradient's non-zero values "
+          f"became zero")
+    print(f"iteration {last + 1}'s input scale {logs['input'][last][1]:.4g} = 448 / {max(window):.4g}, the largest "
+          f"input amax of iterations {last + 1 - len(window)}-{last}")
+    for role, name in (("weight", "weight"), ("grad_output", "gradient")):
+        rising = [i + 1 for i, x in enumerate(logs[role]) if x[3]]
+        print(f"iterations whose {name} amax rose above its whole window, and so clipped values: {rising}")
 
 
 if __name__ == "__main__":
