@@ -223,9 +223,13 @@ def validate_moe(args):
     if args.moe_ffn_hidden_size is None:
         args.moe_ffn_hidden_size = args.ffn_hidden_size
     etp = args.expert_tensor_parallel_size
-    require(etp == tp or not (args.save or args.load),
-             f"--save/--load keep one file per (tensor, pipeline, expert) rank, which holds whole "
-             f"expert slices only when --expert-tensor-parallel-size {etp} equals --tensor-model-parallel-size {tp}")
+    # torch_dist keys each expert slice by its expert-tensor-parallel rank (transformer/utils.py),
+    # so any etp saves and resumes; the legacy format's one file per (tp, pp, ep) rank is written
+    # by one rank of each data-parallel group, whose expert slice is whole only when etp = tp.
+    require(etp == tp or not (args.save and args.ckpt_format == "torch"),
+             f"--ckpt-format torch keeps one file per (tensor, pipeline, expert) rank, which holds whole expert "
+             f"slices only when --expert-tensor-parallel-size {etp} equals --tensor-model-parallel-size {tp}: "
+             "use --ckpt-format torch_dist (Megatron's default)")
     require(args.moe_ffn_hidden_size % etp == 0,
              f"the experts' ffn size {args.moe_ffn_hidden_size} (--moe-ffn-hidden-size, default "
              f"--ffn-hidden-size) is not divisible by --expert-tensor-parallel-size {etp}")

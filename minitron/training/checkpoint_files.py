@@ -33,7 +33,7 @@ LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "nu
                "max_position_embeddings", "untie_embeddings_and_output_weights", "tokenizer_type",
                "vocab_size", "make_vocab_size_divisible_by", "virtual_pipeline_model_parallel_size",
                "use_distributed_optimizer", "params_dtype", "num_experts",
-               "expert_model_parallel_size", "moe_ffn_hidden_size", "moe_layer_freq",
+               "expert_model_parallel_size", "expert_tensor_parallel_size", "moe_ffn_hidden_size", "moe_layer_freq",
                # the modern GPT options: each changes a tensor's shape or what it means
                "position_embedding_type", "swiglu", "normalization", "group_query_attention",
                "num_query_groups")
@@ -41,7 +41,7 @@ LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "nu
 
 # What a torch_dist checkpoint lets change on resume: the layout (each rank reads its own pieces).
 RESHARDABLE = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
-               "use_distributed_optimizer", "expert_model_parallel_size")
+               "use_distributed_optimizer", "expert_model_parallel_size", "expert_tensor_parallel_size")
 
 
 class CheckpointError(ValueError):
