@@ -6,11 +6,14 @@ holds it to Megatron-Core's own MTP.
    loss and the balance loss (decoder and MTP routers) within 1e-5: at pipeline parallel 2,
    where the MTP layers and a copy of the embedding live on the last stage (kept equal to the
    first stage's, the output layer tied to it), and at tensor (sequence) x expert parallel 2.
-2. Refusals: one line each.
+2. The estimate's parameter list (theoretical_params.model_params) is what the last stage
+   registers at pp 2 x tp 2, name for name and size for size (the embedding's copy, the MTP
+   layers, no output weight of its own when tied), and total_params counts the serial model's.
+3. Refusals: one line each.
 """
 
 import pytest
-from distributed import pretrain_records
+from distributed import pretrain_records, run_ranks
 
 from minitron.training.arguments import ArgumentError, build_parser, validate_args
 
@@ -40,6 +43,48 @@ def test_mtp_layout_matches_serial(tmp_path, monkeypatch, serial, name, flags):
         ours, theirs = [r[key] for r in layout], [r[key] for r in serial]
         assert ours == pytest.approx(theirs, abs=1e-5), f"{name} {key}: {ours} vs serial {theirs}"
     assert serial[1]["mtp_1_loss"] != serial[0]["mtp_1_loss"]
+
+
+def _registered(rank, argv):
+    from test_estimate import estimate_args
+
+    from minitron.core import parallel_state
+    from minitron.core.models.gpt import GPTModel
+    from minitron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from minitron.training.arguments import core_transformer_config_from_args
+    from minitron.training.theoretical_params import model_params, total_params
+
+    args = estimate_args(torch_world(), *argv)
+    model_parallel_cuda_manual_seed(1)
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    first, last = pp_rank == 0, pp_rank == args.pipeline_model_parallel_size - 1
+    model = GPTModel(core_transformer_config_from_args(args), args.padded_vocab_size, args.max_position_embeddings,
+                     pre_process=first, post_process=last, position_embedding_type="rope",
+                     share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights)
+    # (the estimate numbers decoder layers over the whole model, a stage's module from 0)
+    held = sorted((n, p.numel()) for n, p in model.named_parameters() if not n.startswith("decoder.layers."))
+    estimated = sorted((p.name, p.numel) for p in model_params(args, pp_rank, 0)
+                       if not p.name.startswith("decoder.layers."))
+    total = sum(p.numel() for p in model.parameters())
+    return held == estimated and total == sum(p.numel for p in model_params(args, pp_rank, 0)), held, \
+        estimated, total_params(args) == total
+
+
+def torch_world():
+    import torch
+
+    return torch.distributed.get_world_size()
+
+
+def test_estimated_parameters_are_the_models():
+    argv = MODEL[:MODEL.index("--distributed-backend")] + MODEL[MODEL.index("--position-embedding-type"):]
+    layout = ["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"]
+    ranks = run_ranks(lambda rank: _registered(rank, argv + layout), world_size=4, tp=2, pp=2)
+    for same, held, estimated, _ in ranks:
+        assert same, (set(held) ^ set(estimated))
+    assert any(name.startswith("mtp.layers.1.mtp_model_layer.mlp.experts") for name, _ in ranks[-1][1])
+    same, _, _, total_matches = run_ranks(lambda rank: _registered(rank, argv), world_size=1)[0]
+    assert same and total_matches
 
 
 @pytest.mark.parametrize("flags, words", [

@@ -5,7 +5,7 @@ cut by tp, pp and vp the way the layers cut it. The ground floor of the estimate
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from minitron.core.layer_patterns import moe_layer_pattern
 
@@ -172,8 +172,32 @@ def model_params(args, pp_rank: int, chunk: int) -> list[Param]:
         out.append(Param(final + ".weight", h, sequence_parallel=sp))
         if _flag(args, "normalization", "LayerNorm") != "RMSNorm":
             out.append(Param(final + ".bias", h, sequence_parallel=sp))
-        if not (pre and tied):
+        mtp = bool(_flag(args, "mtp_num_layers"))
+        if mtp and not pre:   # multi-token prediction's copy of the embedding, kept like a tied one
+            out.append(Param("embedding.word_embeddings.weight", vocab * h, shared_embedding=split))
+        if not ((pre or mtp) and tied):
             out.append(Param("output_layer.weight", vocab * h, shared_embedding=tied and split))
+        out += mtp_params(args) if mtp else []
+    return out
+
+
+def mtp_params(args) -> list[Param]:
+    """The multi-token-prediction layers on the last stage (multi_token_prediction.py): per depth
+    two norms, eh_proj [h/t, 2h] and a layer like the decoder's last, then a final norm."""
+    t, h, last = args.tensor_model_parallel_size, args.hidden_size, args.num_layers - 1
+    sp = bool(args.sequence_parallel) and t > 1
+    bias = _flag(args, "normalization", "LayerNorm") != "RMSNorm"
+    out = []
+    for k in range(args.mtp_num_layers):
+        p = f"mtp.layers.{k}."
+
+        def norm(name):
+            return [Param(p + name + ".weight", h, sequence_parallel=sp)] + (
+                [Param(p + name + ".bias", h, sequence_parallel=sp)] if bias else [])
+        out += norm("enorm") + norm("hnorm") + [Param(p + "eh_proj.weight", h // t * 2 * h)]
+        out += [replace(q, name=q.name.replace(f"decoder.layers.{last}.", p + "mtp_model_layer."))
+                for q in layer_params(args, last)]
+        out += norm("final_layernorm")
     return out
 
 
@@ -192,7 +216,8 @@ def total_params(args) -> int:
     position = args.max_position_embeddings * h if _flag(args, "position_embedding_type",
                                                          "learned_absolute") == "learned_absolute" else 0
     final_norm = h * (2 if _flag(args, "normalization", "LayerNorm") != "RMSNorm" else 1)
-    return (layers - moe) * dense + moe * expert_layer + embedding + position + final_norm
+    mtp = sum(q.numel for q in mtp_params(one)) if _flag(args, "mtp_num_layers") else 0
+    return (layers - moe) * dense + moe * expert_layer + embedding + position + final_norm + mtp
 
 
 def chunks_of(args) -> range:
