@@ -12,6 +12,7 @@ from minitron.trace import recorder as rec
 from minitron.trace.reader import TraceError, read_in_flight, read_trace
 
 ARGS = {"group": "WORLD", "ranks": "all", "shape": [4], "dtype": "float32"}
+OPENED = {"rank": 0, "pid": 1, "id": 0, "parent": None, "name": "x", "args": {}, "start_us": 1, "open": True}
 
 
 def record_rank(out, rank: int, hang: bool):
@@ -38,7 +39,8 @@ def record_rank(out, rank: int, hang: bool):
 def test_a_complete_trace_reads_as_one_without_open_records(tmp_path):
     for rank in (0, 1):
         record_rank(tmp_path, rank, hang=False)
-    lines = (tmp_path / "rank0.jsonl").read_text().splitlines()
+    assert '"open"' not in (tmp_path / "rank0.jsonl").read_text()   # one record per finished call, as ever
+    lines = (tmp_path / "entered" / "rank0.jsonl").read_text().splitlines()
     assert sum('"open":true' in line for line in lines) == 4   # init, the step (below a collective), 2 all-reduces
     runs, cut = read_trace(tmp_path)
     assert not cut and [r["name"].rsplit(".", 1)[-1] for r in runs[0]] == \
@@ -61,20 +63,28 @@ def test_a_file_of_open_records_only_points_to_view_hang(tmp_path):
     r = rec.Recorder(tmp_path, 0)
     r.begin("torch.distributed.init_process_group", {"world_size": 1})
     r.write_open()
-    with pytest.raises(TraceError, match="never finished.*--hang"):
+    with pytest.raises(TraceError, match="is empty.*first call.*--hang"):
         read_trace(tmp_path)
     assert read_in_flight(tmp_path)[2][0][0]["name"] == "torch.distributed.init_process_group"
 
 
-@pytest.mark.parametrize("lines, says", [
-    ([{"open": True}], "has no rank"),
-    ([{"rank": 0, "pid": 1, "id": 0, "parent": None, "name": "x", "args": {}, "start_us": 1, "open": True}] * 2,
-     "opened twice"),
-    ([{"rank": 0, "pid": 1, "id": 0, "parent": None, "name": "x", "args": {}, "start_us": 1, "end_us": 2},
-      {"rank": 0, "pid": 1, "id": 0, "parent": None, "name": "x", "args": {}, "start_us": 1, "open": True}],
-     "also the id of line 1"),
+@pytest.mark.parametrize("lines, line, says", [
+    ([{"open": True}], 1, "has no rank"),
+    ([OPENED] * 2, 2, "also the id of an earlier line"),
+    ([{**OPENED, "open": None, "end_us": 2}], 1, 'it has no "open": true'),
+    ([{**OPENED, "id": 1, "parent": 1}], 1, "did not begin before call 1"),
 ])
-def test_a_bad_open_record_is_refused_with_its_line(tmp_path, lines, says):
-    (tmp_path / "rank0.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    with pytest.raises(TraceError, match=says):
+def test_a_bad_open_record_is_refused_with_its_line(tmp_path, lines, line, says):
+    (tmp_path / "rank0.jsonl").write_text(json.dumps({**OPENED, "id": 5, "end_us": 2, "open": None}) + "\n")
+    (tmp_path / "entered").mkdir()
+    (tmp_path / "entered" / "rank0.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(TraceError, match=f"entered/rank0.jsonl:{line}: .*{says}"):
+        read_in_flight(tmp_path)
+
+
+def test_an_open_record_that_tells_another_call_than_its_finished_one_is_refused(tmp_path):
+    (tmp_path / "rank0.jsonl").write_text(json.dumps({**OPENED, "end_us": 2}) + "\n")
+    (tmp_path / "entered").mkdir()
+    (tmp_path / "entered" / "rank0.jsonl").write_text(json.dumps({**OPENED, "name": "y"}) + "\n")
+    with pytest.raises(TraceError, match="different runs"):
         read_in_flight(tmp_path)

@@ -14,10 +14,10 @@ TraceError naming ``FILE:LINE`` and what is wrong. Reading is bounded: one line 
 at most schema.MAX_LINE_BYTES, so a file that never ends (a link to /dev/zero) is refused, not
 read forever, and memory grows with the trace, not with what a line claims.
 
-A call that may block is also written as it begins (an open record, schema.OPEN); the reader
-pairs it with the call's finished record, and an open record left unpaired is a call that was in
-flight when the rank stopped: ``read_trace`` leaves those out (the views show finished calls),
-``read_in_flight`` hands them over too (trace/hang.py reads a hung job with it).
+A call that may block is also written as it begins, as an open record in
+``entered/rank{R}.jsonl`` (schema.OPEN); ``read_in_flight`` pairs those with the finished records,
+and hands over the ones left unpaired: the calls in flight when the rank stopped (trace/hang.py
+reads a hung job with it). ``read_trace`` reads the finished calls alone, as the views show them.
 
 Two things a real run leaves are not errors. A rank that was killed can leave its last line cut
 in half (the recorder writes in 64 KiB blocks): a last line without its newline that does not
@@ -33,7 +33,8 @@ from typing import Callable, Optional
 
 from minitron.trace.group_ranks import expand_group
 from minitron.trace.schema import (
-    CLOCK, GPU_TIME, HOST_TIME, MAX_CALL_DEPTH, MAX_LINE_BYTES, MAX_WORLD, OPEN, PLAYED, RANK_FILE, ROOT,
+    CLOCK, ENTERED_DIR, GPU_TIME, HOST_TIME, MAX_CALL_DEPTH, MAX_LINE_BYTES, MAX_WORLD, OPEN, PLAYED, RANK_FILE,
+    ROOT,
 )
 from minitron.trace.validate import record_problem
 
@@ -60,7 +61,7 @@ def rank_files(trace_dir: str | Path) -> dict[int, Path]:
 def read_rank(path: Path, rank: int | None = None) -> tuple[list[dict], bool]:
     """A rank's records ordered by start time (parents before children), and whether its
     last line was cut short."""
-    records, cut, _, _ = _read_rank(Path(path), _rank_of(Path(path)) if rank is None else rank)
+    records, cut, _ = _read_rank(Path(path), _rank_of(Path(path)) if rank is None else rank)
     return records, cut
 
 
@@ -92,9 +93,12 @@ def _read_dir(trace_dir, check: Check | None, in_flight: bool):
         raise TraceError(f"{trace_dir} holds no rank*.jsonl files: nothing was traced there ({RECORD_ONE})")
     runs, cut, lines, opened = {}, [], {}, {}
     for rank, path in files.items():
-        runs[rank], was_cut, lines[rank], opened[rank] = _read_rank(path, rank, in_flight)
+        entered = path.parent / ENTERED_DIR / path.name
+        opened[rank] = _read_entered(entered, rank) if in_flight and entered.is_file() else {}
+        runs[rank], was_cut, lines[rank] = _read_rank(path, rank, entered.is_file(), bool(opened[rank]))
         if was_cut:
             cut.append(rank)
+        opened[rank] = _unpaired(opened[rank], runs[rank], entered)
     _check_world(runs, files, lines)
     found = check(runs) if check else None
     if found:
@@ -120,13 +124,14 @@ def _rank_of(path: Path) -> int:
     return int(match.group(1))
 
 
-def _read_rank(path: Path, rank: int, in_flight: bool = False) -> tuple[list[dict], bool, dict[int, int], list[dict]]:
-    """The checked records of one file, whether its last line was cut, each id's line, and the
-    open records left unpaired (``in_flight``: a file of those alone is no error)."""
+def _read_rank(path: Path, rank: int, entered: bool = False, opened: bool = False) -> tuple[list[dict], bool, dict[int, int]]:
+    """The checked records of one file, whether its last line was cut, and each id's line.
+    ``entered``: the rank wrote open records, so an empty file is a rank that hung in its first
+    call; ``opened``: those records (read_in_flight), with which an empty file is no error."""
     if not path.is_file():   # a directory, a device, a pipe: nothing a recorder leaves
         kind = "a directory" if path.is_dir() else "not a regular file"
         raise TraceError(f"{path}: is {kind}, not a rank's trace; remove it or trace the run again")
-    records, line_of, cut, number, opened = [], {}, False, 0, {}
+    records, line_of, cut, number = [], {}, False, 0
     try:
         f = open(path, "rb")
     except OSError as exc:
@@ -148,30 +153,57 @@ def _read_rank(path: Path, rank: int, in_flight: bool = False) -> tuple[list[dic
                     cut = True
                     break
                 raise _bad(path, number, _unreadable(exc)) from None
-            is_open = type(record) is dict and record.get(OPEN) is True
             problem = (expand_group(record, MAX_WORLD)   # first: the checks below see the list
-                       or record_problem({**record, "end_us": record.get("start_us")} if is_open else record,
-                                         rank, line.count(b"[") + line.count(b"{"))
-                       or _link_problem(record, line_of)
-                       or (is_open and record["id"] in opened and f"id {record['id']} is opened twice"))
+                       or record_problem(record, rank, line.count(b"[") + line.count(b"{"))
+                       or _link_problem(record, line_of))
             if problem:
                 raise _bad(path, number, problem)
-            if is_open:
-                opened[record["id"]] = record
-                continue
-            opened.pop(record["id"], None)   # paired: the call finished
             line_of[record["id"]] = number
             records.append(record)
-    if not records and not (in_flight and opened):
-        what = "holds only a line cut short" if cut else "is empty"
-        if opened:
-            what, fix = (f"holds only calls that never finished ({len(opened)})",
-                         f"the rank hung or was stopped in its first: `minitron view {path.parent} --hang` shows where")
-        else:
-            fix = "trace the run again, or remove the file"
-        raise _bad(path, 1, what + ": a rank writes a record as each call ends, so it stopped before any did", fix)
-    _check_depth(path, records + list(opened.values()), {**line_of, **{i: 1 for i in opened}})
-    return in_trace_order(records), cut, line_of, sorted(opened.values(), key=lambda r: r["id"])
+    if not records and not opened:
+        raise _bad(path, 1, ("holds only a line cut short" if cut else "is empty") + ": a rank writes a record "
+                   "as each call ends, so it stopped before any did",
+                   f"it hung or was stopped in its first call: `minitron view {path.parent} --hang` shows where"
+                   if entered else "trace the run again, or remove the file")
+    _check_depth(path, records, line_of)
+    return in_trace_order(records), cut, line_of
+
+
+def _read_entered(path: Path, rank: int) -> dict[int, dict]:
+    """id -> open record, from a rank's entered/ file (checked as its records are)."""
+    opened: dict[int, dict] = {}
+    with open(path, "rb") as f:
+        for number, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+            if len(line) > MAX_LINE_BYTES:
+                raise _bad(path, number, f"is longer than {MAX_LINE_BYTES >> 20} MiB, which no record is")
+            try:
+                record = json.loads(line.decode("utf-8"))
+            except (ValueError, RecursionError) as exc:
+                if not line.endswith(b"\n"):   # cut mid-write by a kill: the last line only
+                    break
+                raise _bad(path, number, _unreadable(exc)) from None
+            problem = (("is not an open record (it has no \"open\": true)" if type(record) is not dict
+                        or record.get(OPEN) is not True else None)
+                       or expand_group(record, MAX_WORLD)
+                       or record_problem({**record, "end_us": record.get("start_us")}, rank,
+                                         line.count(b"[") + line.count(b"{"))
+                       or _link_problem(record, {i: 0 for i in opened}))
+            if problem:
+                raise _bad(path, number, problem.replace("line 0", "an earlier line"))
+            opened[record["id"]] = record
+    return opened
+
+
+def _unpaired(opened: dict[int, dict], records: list[dict], path: Path) -> list[dict]:
+    """The open records no finished record pairs with, outermost first: the calls in flight. A
+    finished call's record must tell the same call (name, start) as its open one."""
+    finished = {r["id"]: r for r in records}
+    for call_id, o in opened.items():
+        r = finished.get(call_id)
+        if r is not None and (r["name"], r["start_us"], r["pid"]) != (o["name"], o["start_us"], o["pid"]):
+            raise TraceError(f"{path}: call {call_id} is {o['name']} here and {r['name']} in its rank's file; "
+                             f"these files are of different runs: trace the run again")
+    return sorted((o for i, o in opened.items() if i not in finished), key=lambda r: r["id"])
 
 
 def _link_problem(record: dict, line_of: dict[int, int]) -> str | None:

@@ -7,8 +7,9 @@ source, which steps appear in the trace.
 One record per call, written to ``rank{R}.jsonl`` when the call returns; the format is defined
 once, in trace/schema.py, which the reader checks records against. A call that may block for
 ever (``span(..., blocking=True)``: every torch.distributed call) is also written as it begins,
-with the calls open around it, and the file is flushed then: a rank killed while it waits in a
-collective leaves on disk everything up to that call, and what it was waiting in. The other
+with the calls open around it, into ``entered/rank{R}.jsonl``, and both files are flushed then:
+a rank killed while it waits in a collective leaves on disk everything up to that call, and
+what it was waiting in. The other
 calls cost nothing more: their open records are written only when a blocking call below them, or
 a dump request (trace/dump.py), needs them.
 
@@ -36,7 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
-from minitron.trace.schema import CLOCK, GPU_TIME, new_open_record, new_record, rank_file_name
+from minitron.trace.schema import CLOCK, ENTERED_DIR, GPU_TIME, new_open_record, new_record, rank_file_name
 
 _ACTIVE: "Recorder | None" = None
 _DEVICE_SYNC: Callable[[], None] | None = None   # set_device_sync's, for every recorder started
@@ -76,6 +77,8 @@ class Recorder:
         self.path = Path(out_dir) / rank_file_name(rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "w", buffering=1 << 16)
+        self._entered = None   # entered/rank{R}.jsonl, opened by the first open record
+        (self.path.parent / ENTERED_DIR / self.path.name).unlink(missing_ok=True)   # an earlier run's
         self._next_id = 0
         # The calls now open, innermost last: [id, parent, name, args, start_us]. The first
         # ``_written`` of them have their open record in the file already.
@@ -114,11 +117,16 @@ class Recorder:
     def write_open(self) -> None:
         """Write the open record of every open call not yet written, outermost first, and flush:
         what a rank stopped now would have been doing is on disk."""
+        if self._entered is None:
+            where = self.path.parent / ENTERED_DIR / self.path.name
+            where.parent.mkdir(exist_ok=True)
+            self._entered = open(where, "w", buffering=1 << 16)
         for call_id, parent, name, args, start in self._stack[self._written:]:
-            self._file.write(ENCODE(new_open_record(self.rank, self.pid, call_id, parent, name, args or {},
-                                                    start)) + "\n")
+            self._entered.write(ENCODE(new_open_record(self.rank, self.pid, call_id, parent, name, args or {},
+                                                       start)) + "\n")
         self._written = len(self._stack)
-        self._file.flush()
+        self._file.flush()   # the finished calls before this one too: a killed rank keeps them
+        self._entered.flush()
 
     def end(self, call_id: int, parent: int | None, start_us: int, name: str,
             args: dict | None, error: str | None = None) -> None:
@@ -154,8 +162,9 @@ class Recorder:
         self.end(call_id, parent, start, name, args)
 
     def close(self) -> None:
-        if not self._file.closed:
-            self._file.close()
+        for f in (self._file, self._entered):
+            if f is not None and not f.closed:
+                f.close()
         self._progress = None
 
 

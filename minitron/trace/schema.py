@@ -8,8 +8,10 @@ A trace directory holds one file per rank, ``rank{R}.jsonl``, one JSON object pe
 
 plus ``"error"`` when the call raised. A call that may block (every wrapped torch.distributed
 call, and the calls open around it) is also written when it *begins*, as an open record: the same
-fields less ``end_us``, with ``"open": true``. Its finished record follows under the same id; an
-open record without one is a call that was in flight when the rank stopped (trace/hang.py). Ids count the calls of one rank as they *begin*, so a
+fields less ``end_us``, with ``"open": true``, in a file of its own, ``entered/rank{R}.jsonl``
+(so ``rank{R}.jsonl`` stays one record per finished call for every program that reads it). A
+finished record of the same id pairs with it; an open record without one is a call that was in
+flight when the rank stopped (trace/hang.py). Ids count the calls of one rank as they *begin*, so a
 caller's id is always smaller than its callees': that one rule makes the parent links a forest
 (no cycle can be written), and it is what the reader checks. ``parent`` is ``ROOT`` (JSON null)
 for a call nobody traced called.
@@ -49,6 +51,7 @@ FIELDS = {
 }
 OPTIONAL = {"error": ((str,), "the exception's text")}
 OPEN = "open"   # the key that marks an open record (its value: true)
+ENTERED_DIR = "entered"   # where the open records go: DIR/entered/rank{R}.jsonl
 
 # Bounds that keep reading a file of any content finite. The recorder shortens every argument
 # (recorder.short_value): its longest lines, the run's validated arguments, are ~20 KiB and nest
