@@ -30,7 +30,7 @@ EXPECTED = {
     "llama3_8b": ("--fp8-param-gather", "all-gathers them in fp8 from the distributed optimizer"),
     "llama3_8b_bf16": RUNS,
     "mixtral_8x7b": RUNS,   # gated experts, --load with --no-load-optim --no-load-rng: all taken
-    "gpt_oss": ("--disable-bf16-reduced-precision-matmul", "changes how cuBLAS sums bf16 products"),
+    "gpt_oss": ("--fp8-param-gather", "all-gathers them in fp8 from the distributed optimizer"),
     "deepseek_v2_lite": RUNS,   # MLA's default rope, YaRN with --rotary-scaling-factor 40, as in Megatron
     # MoE at tp 4 without --sequence-parallel: Megatron sets it up (warning) and its MoE layer
     # raises at the first training forward; estimate predicts a step, the trace initializes only

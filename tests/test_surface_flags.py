@@ -90,3 +90,17 @@ def test_defaults_are_megatrons():
     assert (args.rerun_mode, args.cuda_graph_impl, args.ckpt_fully_parallel_save, args.ckpt_fully_parallel_load,
             args.finetune, args.logging_level) == ("validate_results", "none", True, False, False, None)
     assert not [line for line in no_effect_lines(args) if "ckpt" in line or "cuda-graph" in line]
+
+
+def test_disable_bf16_reduced_precision_matmul_sets_torchs_switch_for_bf16():
+    from minitron.training.argument_groups_launch import apply_bf16_matmul_precision
+    matmul = torch.backends.cuda.matmul   # a property object: saved and restored by hand
+    before = matmul.allow_bf16_reduced_precision_reduction
+    try:
+        matmul.allow_bf16_reduced_precision_reduction = True
+        apply_bf16_matmul_precision(validated("--disable-bf16-reduced-precision-matmul"))   # not bf16: Megatron's rule
+        assert matmul.allow_bf16_reduced_precision_reduction is True
+        apply_bf16_matmul_precision(validated("--disable-bf16-reduced-precision-matmul", "--bf16"))
+        assert matmul.allow_bf16_reduced_precision_reduction is False
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction = before

@@ -30,6 +30,9 @@ def add_launch_args(parser) -> None:
     g.add_argument("--apply-query-key-layer-scaling", action="store_true",
                    help="scale q k^T by 1/layer-number before the scores are stored in the training dtype, and "
                         "back by layer-number in fp32 before the softmax (fp16's range); attention runs unfused")
+    g.add_argument("--disable-bf16-reduced-precision-matmul", action="store_true",
+                   help="with --bf16: cuBLAS sums each bf16 matmul's products in fp32 throughout "
+                        "(torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False); GPU only")
     g.add_argument("--rerun-mode", default="validate_results", choices=RERUN_MODES,
                    help="Megatron's rerun state machine: validate_results (its default) "
                         + _RERUN + "; disabled: none; report_stats is refused")
@@ -82,4 +85,16 @@ def validate_launch_args(args) -> None:
                      "minitron reads tokenizer.json through the tokenizers package and runs no repository code")
     if args.wandb_entity is not None:
         notes.append("--wandb-entity: a logger minitron lacks; its log is stdout, --log-jsonl and the trace")
+    if args.disable_bf16_reduced_precision_matmul and not args.bf16:   # Megatron applies it with bf16 only
+        notes.append("--disable-bf16-reduced-precision-matmul: acts on bf16 matmuls, and this run is not --bf16")
     args.no_effect_notes = [*(getattr(args, "no_effect_notes", None) or ()), *notes]
+
+
+def apply_bf16_matmul_precision(args) -> None:
+    """A rank's half of --disable-bf16-reduced-precision-matmul, as Megatron's TransformerConfig
+    applies it (bf16 runs only): cuBLAS may otherwise round partial sums of a bf16 matmul to bf16.
+    torch's CPU matmuls never do, so a CPU run computes the same either way."""
+    if getattr(args, "disable_bf16_reduced_precision_matmul", False) and args.bf16:
+        import torch
+
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False

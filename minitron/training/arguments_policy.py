@@ -93,8 +93,6 @@ _FP8_PARAMS = ("keeps the weights themselves in fp8 and all-gathers them in fp8 
 # flag: (takes a value, why it is refused and what to do instead)
 REFUSED = {
     "--fp8-param-gather": (False, _FP8_PARAMS),
-    "--disable-bf16-reduced-precision-matmul": (False, "changes how cuBLAS sums bf16 products on the GPU; "
-                                                       "minitron leaves torch's setting: drop it"),
 }
 
 

@@ -26,6 +26,7 @@ from minitron.trace import traced
 from minitron.training.argument_groups_ci import apply_deterministic_mode
 from minitron.training.arguments import parse_args, validate_args
 from minitron.training.argument_groups_ckpt import setup_logging
+from minitron.training.argument_groups_launch import apply_bf16_matmul_precision
 from minitron.training.arguments_policy import no_effect_lines
 from minitron.training.global_vars import get_args, set_global_variables
 from minitron.training.utils import print_rank_0, print_to_console
@@ -42,6 +43,7 @@ def initialize_megatron(extra_args_provider=None, args_defaults=None, ignore_unk
             print_to_console(line)
     set_global_variables(args)
     setup_logging(args)   # --logging-level: Megatron's place, once the globals are set
+    apply_bf16_matmul_precision(args)   # --disable-bf16-reduced-precision-matmul, before any matmul
     if args.deterministic_mode:   # before the world is joined: NCCL reads its variables then
         apply_deterministic_mode()
     finish_mpu_init()
