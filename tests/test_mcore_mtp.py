@@ -84,3 +84,32 @@ def test_mtp_loss_and_gradients_equal_megatron_cores(one_rank, trackers, name):
         assert theirs_moe["load_balancing_loss"][2:].abs().min() > 0
     for key, values in theirs_moe.items():   # [decoder layers..., MTP layers...]
         assert torch.allclose(moe_logging._MOE_LAYER_WISE_LOGGING_TRACKER[key], values.float(), atol=1e-5), key
+
+
+FLOPS_MODEL = ["--num-layers", "3", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+               "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "1", "--lr", "1e-3",
+               "--mock-data", "--vocab-size", "256", "--position-embedding-type", "rope", "--swiglu",
+               "--disable-bias-linear"]
+
+
+@pytest.mark.parametrize("extra", [["--mtp-num-layers", "2"],
+                                   ["--mtp-num-layers", "1", "--num-experts", "8", "--moe-router-topk", "2",
+                                    "--moe-ffn-hidden-size", "32"]], ids=["dense", "moe"])
+def test_flops_equal_megatron_trainings_count(extra):
+    """theoretical_flops counts the MTP layers (like the decoder's last), their norms and
+    projection and their logits as Megatron's training.num_floating_point_operations does."""
+    from megatron.training.training import num_floating_point_operations as megatron_flops
+    from test_estimate import estimate_args
+
+    from minitron.training.theoretical_flops import num_floating_point_operations
+
+    args = estimate_args(1, *FLOPS_MODEL, *extra)
+
+    class Theirs:   # minitron's arguments; Megatron's options minitron lacks read as unset (None)
+        def __init__(self):
+            self.__dict__.update(vars(args), is_hybrid_model=False, multi_latent_attention=False)
+
+        def __getattr__(self, name):
+            return None
+
+    assert num_floating_point_operations(args, 2) == megatron_flops(Theirs(), 2)

@@ -75,8 +75,11 @@ def num_floating_point_operations(args, batch_size: int) -> float:
         return hybrid_num_floating_point_operations(args, batch_size)
     tokens = batch_size * args.seq_length
     pattern = moe_layer_pattern(args)
-    moe_layers = sum(pattern)
-    dense_layers = args.num_layers - moe_layers
+    # Multi-token prediction's layers are built like the decoder's last (Megatron counts them so)
+    mtp = getattr(args, "mtp_num_layers", None) or 0
+    layers = args.num_layers + mtp
+    moe_layers = sum(pattern) + mtp * pattern[-1]
+    dense_layers = layers - moe_layers
     gated = 3 if args.swiglu or getattr(args, "quick_geglu", False) else 2   # GEMMs in an MLP: (gate and) up, then down
     routed = shared = 0
     if moe_layers:
@@ -86,10 +89,11 @@ def num_floating_point_operations(args, batch_size: int) -> float:
     mlp = FWD_BWD * FMA * args.hidden_size * (args.ffn_hidden_size * gated * dense_layers
                                               + (routed + shared) * moe_layers)
     projections, core = _attention_per_token(args)
-    logits = FWD_BWD * FMA * args.hidden_size * args.padded_vocab_size
-    per_token = mlp + projections * args.num_layers + logits
+    logits = FWD_BWD * FMA * args.hidden_size * args.padded_vocab_size * (1 + mtp)   # every head's
+    mtp_glue = FWD_BWD * FMA * mtp * (3 * args.hidden_size + 2 * args.hidden_size ** 2)   # norms, eh_proj
+    per_token = mlp + projections * layers + logits + mtp_glue
     # Core attention grows with the square of the sequence: s² per sequence, not s per token.
-    return tokens * per_token + batch_size * args.seq_length ** 2 * core * args.num_layers
+    return tokens * per_token + batch_size * args.seq_length ** 2 * core * layers
 
 
 def throughput_per_gpu(flops: float, iteration_seconds: float, world_size: int) -> float:
