@@ -104,3 +104,17 @@ def test_disable_bf16_reduced_precision_matmul_sets_torchs_switch_for_bf16():
         assert matmul.allow_bf16_reduced_precision_reduction is False
     finally:
         matmul.allow_bf16_reduced_precision_reduction = before
+
+
+MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--disable-bias-linear"]
+
+
+def test_flex_dispatcher_runs_as_alltoall_under_megatrons_rules():
+    args = validated(*MOE, "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "flex",
+                     "--moe-flex-dispatcher-backend", "hybridep", world=2)
+    assert args.moe_token_dispatcher_type == "alltoall"
+    assert any("--moe-token-dispatcher-type flex (hybridep)" in line for line in no_effect_lines(args))
+    with pytest.raises(ArgumentError, match="tensor x expert parallel size > 1"):
+        validated(*MOE, "--moe-token-dispatcher-type", "flex")                  # deepep at tp x ep = 1
+    with pytest.raises(ArgumentError, match="ncclep needs --moe-token-dispatcher-type flex"):
+        validated(*MOE, "--moe-flex-dispatcher-backend", "ncclep")

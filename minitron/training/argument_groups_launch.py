@@ -33,6 +33,9 @@ def add_launch_args(parser) -> None:
     g.add_argument("--disable-bf16-reduced-precision-matmul", action="store_true",
                    help="with --bf16: cuBLAS sums each bf16 matmul's products in fp32 throughout "
                         "(torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False); GPU only")
+    g.add_argument("--moe-flex-dispatcher-backend", default="deepep", choices=("deepep", "hybridep", "ncclep"),
+                   help="--moe-token-dispatcher-type flex: whose all-to-all kernels carry the tokens (run here as "
+                        "minitron's alltoall)")
     g.add_argument("--rerun-mode", default="validate_results", choices=RERUN_MODES,
                    help="Megatron's rerun state machine: validate_results (its default) "
                         + _RERUN + "; disabled: none; report_stats is refused")
@@ -77,6 +80,7 @@ def validate_launch_args(args) -> None:
         args.cuda_graph_impl = "local" if args.enable_cuda_graph else "transformer_engine"
     if args.cuda_graph_impl != "none":
         notes.append(f"--cuda-graph-impl {args.cuda_graph_impl}: {_CUDA_GRAPH}")
+    _validate_flex_dispatcher(args, notes)
     if args.tokenizer_type == "TikTokenizer":
         n = args.tiktoken_num_special_tokens
         require(7 <= n, f"--tiktoken-num-special-tokens {n}: Megatron's seven named special tokens need 7 ids")
@@ -88,6 +92,29 @@ def validate_launch_args(args) -> None:
     if args.disable_bf16_reduced_precision_matmul and not args.bf16:   # Megatron applies it with bf16 only
         notes.append("--disable-bf16-reduced-precision-matmul: acts on bf16 matmuls, and this run is not --bf16")
     args.no_effect_notes = [*(getattr(args, "no_effect_notes", None) or ()), *notes]
+
+
+def _validate_flex_dispatcher(args, notes: list) -> None:
+    """Megatron's flex dispatcher sends the same rows to the same experts as its alltoall and
+    combines them with the same weights; DeepEP, HybridEP and NCCL EP are the kernels that move
+    them (over one tp x ep group, a token sent once per rank). Its rules are checked as Megatron
+    checks them; then it runs as alltoall."""
+    from minitron.training.argument_groups import require
+
+    backend = args.moe_flex_dispatcher_backend
+    require(backend != "ncclep" or args.moe_token_dispatcher_type == "flex",
+            "--moe-flex-dispatcher-backend ncclep needs --moe-token-dispatcher-type flex (Megatron's rule)")
+    if args.moe_token_dispatcher_type != "flex":
+        return
+    require(not (args.moe_pad_expert_input_to_capacity and backend == "deepep"),
+            "--moe-token-dispatcher-type flex with the deepep backend does not pad to capacity (Megatron's rule): "
+            "drop --moe-pad-expert-input-to-capacity or use --moe-flex-dispatcher-backend hybridep")
+    tp_ep = args.tensor_model_parallel_size * args.expert_model_parallel_size
+    require(backend == "hybridep" or tp_ep > 1, f"--moe-flex-dispatcher-backend {backend} needs tensor x expert "
+            f"parallel size > 1 (Megatron's dispatcher asserts it), got {tp_ep}")
+    args.moe_token_dispatcher_type = "alltoall"
+    notes.append(f"--moe-token-dispatcher-type flex ({backend}): the same tokens to the same experts and the same "
+                 "weighted sum as alltoall, moved by other kernels; minitron runs its alltoall")
 
 
 def apply_bf16_matmul_precision(args) -> None:

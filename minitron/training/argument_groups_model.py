@@ -155,9 +155,10 @@ def _add_moe_args(parser):
                    help="aux-loss-free balancing: a per-expert bias on the choice, moved after each step")
     g.add_argument("--moe-router-bias-update-rate", type=float_in(0.0), default=1e-3,
                    help="the expert bias's step per global batch (default 1e-3, DeepSeek-V3's)")
-    g.add_argument("--moe-token-dispatcher-type", default="allgather", choices=["allgather", "alltoall"],
+    g.add_argument("--moe-token-dispatcher-type", default="allgather", choices=["allgather", "alltoall", "flex"],
                    help="how tokens reach their experts: all-gather the group's tokens (Megatron's default) "
-                        "or send each rank only its experts' rows (all-to-all); flex (DeepEP) is not built")
+                        "or send each rank only its experts' rows (all-to-all); flex is Megatron's all-to-all "
+                        "through DeepEP/HybridEP kernels, run here as alltoall (argument_groups_launch.py)")
     g.add_argument("--moe-grouped-gemm", action="store_true",
                    help="run the local experts as one batched matmul instead of one after another")
     g.add_argument("--moe-shared-expert-intermediate-size", type=POSITIVE, default=None,
