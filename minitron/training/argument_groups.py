@@ -172,6 +172,9 @@ def _add_distributed_args(parser):
     g.add_argument("--num-virtual-stages-per-pipeline-rank", "--virtual-pipeline-model-parallel-size",
                    dest="virtual_pipeline_model_parallel_size", type=POSITIVE, default=None,
                    help="model chunks per pipeline rank (the interleaved schedule)")
+    g.add_argument("--microbatch-group-size-per-virtual-pipeline-stage", dest="microbatch_group_size_per_vp_stage",
+                   type=POSITIVE, default=None, help="interleaved schedule: micro-batches run through a model "
+                   "chunk in a row before the next chunk; default: the pipeline size")
     g.add_argument("--context-parallel-size", type=POSITIVE, default=1)
     # Megatron's four kinds; validate_args refuses the two minitron does not build, by name.
     g.add_argument("--cp-comm-type", nargs="+", default=["p2p"], choices=["p2p", "a2a", "a2a+p2p", "allgather"],

@@ -220,12 +220,14 @@ def _validate_training(args):
     validate_lr_schedule(args)
     vp = args.virtual_pipeline_model_parallel_size
     pp = args.pipeline_model_parallel_size
-    if vp is not None:
+    if vp is not None:   # Megatron's group-size rules for the interleaved schedule's table
+        from minitron.core.pipeline_parallel.pp_rank_microbatches import check_microbatch_group_size  # torch-free
+        if args.microbatch_group_size_per_vp_stage is None:
+            args.microbatch_group_size_per_vp_stage = pp
         num_micro = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
-        require(num_micro % pp == 0,
-                 f"the interleaved schedule needs the number of micro-batches ({num_micro} = global batch "
-                 f"{args.global_batch_size} / (micro {args.micro_batch_size} x dp {args.data_parallel_size})) "
-                 f"to be a multiple of --pipeline-model-parallel-size {pp}")
+        problem = check_microbatch_group_size(num_micro, pp, args.microbatch_group_size_per_vp_stage)
+        require(problem is None, f"the interleaved schedule's {num_micro} micro-batches (global batch "
+                f"{args.global_batch_size} / (micro {args.micro_batch_size} x dp {args.data_parallel_size})): {problem}")
     # As Megatron: --eval-interval with --eval-iters 0 runs no validation, and --save-interval
     # without --save saves nothing (CI configs give both to switch the one off; train() reads them so).
     if args.ckpt_convert_format is not None:
@@ -280,6 +282,7 @@ def core_transformer_config_from_args(args):
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+        microbatch_group_size_per_vp_stage=args.microbatch_group_size_per_vp_stage,
         sequence_parallel=args.sequence_parallel, params_dtype=dtype,
         num_layers=args.num_layers, hidden_size=args.hidden_size,
         num_attention_heads=args.num_attention_heads, ffn_hidden_size=args.ffn_hidden_size,

@@ -85,10 +85,12 @@ def _require_splittable(args, batches, per_step: int, what: str) -> None:
         require(batch % per_step == 0,
                 f"{what} reaches a global batch of {batch}, not a multiple of micro batch x "
                 f"data-parallel size = {micro} x {dp} = {per_step}; choose the sizes so every batch of it is")
-        # The interleaved schedule's rule, for every batch and not only the last one.
-        require(args.virtual_pipeline_model_parallel_size is None or (batch // per_step) % pp == 0,
-                f"{what} reaches a global batch of {batch}, {batch // per_step} micro-batches: the interleaved "
-                f"schedule needs a multiple of --pipeline-model-parallel-size {pp}")
+        # The interleaved schedule's group-size rules, for every batch and not only the last one.
+        if args.virtual_pipeline_model_parallel_size is not None:
+            from minitron.core.pipeline_parallel.pp_rank_microbatches import check_microbatch_group_size
+            problem = check_microbatch_group_size(batch // per_step, pp, args.microbatch_group_size_per_vp_stage or pp)
+            require(problem is None, f"{what} reaches a global batch of {batch}, {batch // per_step} "
+                    f"micro-batches: {problem}")
 
 
 def _ramp(args, limit: int):

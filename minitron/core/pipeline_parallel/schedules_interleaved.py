@@ -14,7 +14,10 @@ best in pieces a reader can hold one at a time.
 Megatron's vocabulary, used throughout: ``microbatch_id`` counts the global batch's
 micro-batches (0 .. num_microbatches-1); ``model_chunk_id`` the chunks (0 .. v-1); a
 ``virtual_microbatch_id`` counts (micro-batch, chunk) pairs, the steps of the schedule
-(0 .. num_microbatches * v - 1).
+(0 .. num_microbatches * v - 1). Which pair a step runs is read off Megatron's schedule table
+(pp_rank_microbatches.get_schedule_table): micro-batches cross the chunks in groups of
+``microbatch_group_size_per_vp_stage`` (default pp), the last group taking what is left, so
+the number of micro-batches need not be a multiple of pp.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import torch
 from minitron.accelerator import get_accelerator
 from minitron.core import parallel_state as mpu
 from minitron.core.pipeline_parallel import p2p_communication as p2p
-from minitron.core.pipeline_parallel.pp_rank_microbatches import get_pp_rank_microbatches
+from minitron.core.pipeline_parallel.pp_rank_microbatches import (
+    check_microbatch_group_size, get_pp_rank_microbatches, get_schedule_table,
+)
 from minitron.core.pipeline_parallel.schedules import (
     _finalize, backward_step, deallocate_output_tensor, forward_step, get_model_config, get_tensor_shape,
 )
@@ -41,10 +46,14 @@ class _InterleavedSchedule:
         self.num_model_chunks = len(model)
         self.pp = mpu.get_pipeline_model_parallel_world_size()
         self.pp_rank = mpu.get_pipeline_model_parallel_rank()
-        if num_microbatches % self.pp:
-            raise RuntimeError(f"the interleaved schedule needs the number of micro-batches ({num_microbatches}) "
-                               f"to be a multiple of the pipeline size ({self.pp})")
         self.config = get_model_config(model[0])
+        # validate_args refuses a bad size before any rank starts; this guards direct callers.
+        self.group_size = getattr(self.config, "microbatch_group_size_per_vp_stage", None) or self.pp
+        problem = check_microbatch_group_size(num_microbatches, self.pp, self.group_size)
+        if problem:
+            raise ValueError(problem)
+        self.microbatch_id_table, self.model_chunk_id_table = zip(
+            *get_schedule_table(num_microbatches, self.num_model_chunks, self.group_size))
         if not isinstance(data_iterator, list):
             data_iterator = [data_iterator] * self.num_model_chunks  # get_batch decides per chunk whether to read
         self.data_iterator = data_iterator
@@ -64,22 +73,32 @@ class _InterleavedSchedule:
     def _count_warmup(self) -> None:
         """How many forwards run before the first backward: enough that the first backward finds
         its gradient waiting. A later stage needs fewer (2 per stage, as Megatron counts).
-        Micro-batches go through a chunk in groups of pp (Megatron's default group size)."""
+        A rank runs (v - 1) groups of micro-batches before its last chunk sees its first one."""
         (self.total_num_microbatches, self.are_all_microbatches_in_warmup, self.num_warmup_microbatches,
          self.num_microbatches_remaining) = get_pp_rank_microbatches(
-            self.num_microbatches, self.num_model_chunks, self.pp, self.forward_only,
+            self.num_microbatches, self.num_model_chunks, self.group_size, self.forward_only,
             pipeline_parallel_size=self.pp, pipeline_parallel_rank=self.pp_rank,
             virtual_pipeline_parallel_size=self.num_model_chunks)
 
     # Where a step belongs. ---------------------------------------------------------------
     def get_model_chunk_id(self, virtual_microbatch_id: int, forward: bool) -> int:
-        """Micro-batches go through a chunk in groups of pp; backward visits the chunks in reverse."""
-        group = (virtual_microbatch_id % (self.pp * self.num_model_chunks)) // self.pp
-        return group if forward else self.num_model_chunks - group - 1
+        """The table's chunk; backward walks the same order with the chunks reversed."""
+        chunk = self.model_chunk_id_table[virtual_microbatch_id % self.total_num_microbatches]
+        return chunk if forward else self.num_model_chunks - chunk - 1
 
     def get_microbatch_id_in_model_chunk(self, virtual_microbatch_id: int) -> int:
-        group_size = self.pp * self.num_model_chunks
-        return (virtual_microbatch_id // group_size) * self.pp + virtual_microbatch_id % self.pp
+        return self.microbatch_id_table[virtual_microbatch_id]
+
+    def num_released_microbatches(self, virtual_microbatch_id: int, chunk: int) -> int:
+        """How many inputs of ``chunk`` were popped before step ``virtual_microbatch_id``: after
+        its forward when forward-only, else after its backward (none during warm-up)."""
+        table = self.model_chunk_id_table
+        if self.forward_only:
+            return table[:virtual_microbatch_id].count(chunk)
+        if virtual_microbatch_id < self.num_warmup_microbatches:
+            return 0
+        backward_id = virtual_microbatch_id - self.num_warmup_microbatches
+        return table[:backward_id].count(self.num_model_chunks - chunk - 1)
 
     def is_first_stage(self, model_chunk_id: int) -> bool:
         return mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=model_chunk_id)
@@ -126,15 +145,22 @@ class _InterleavedSchedule:
     def forward_step_helper(self, virtual_microbatch_id: int):
         """Forward one micro-batch through its chunk; return the output to send on."""
         chunk = self.get_model_chunk_id(virtual_microbatch_id, forward=True)
+        microbatch_id = self.get_microbatch_id_in_model_chunk(virtual_microbatch_id)
         inputs = self.input_tensors[chunk]
         if self.is_first_stage(chunk) and len(inputs) == len(self.output_tensors[chunk]):
             inputs.append(None)  # chunk 0 of the first rank reads data: it receives no input
+        # The first rank may hold several received inputs of a chunk at once (a group longer
+        # than pp delivers them before it gets to them): pick this micro-batch's by its number,
+        # less those already released.
+        input_tensor = inputs[microbatch_id - self.num_released_microbatches(virtual_microbatch_id, chunk)]
         output_tensor, num_tokens = forward_step(
             self.forward_step_func, self.data_iterator[chunk], self.model[chunk], self.num_microbatches,
-            inputs[-1], self.forward_data_store, self.config,
-            current_microbatch=self.get_microbatch_id_in_model_chunk(virtual_microbatch_id), vp_stage=chunk)
+            input_tensor, self.forward_data_store, self.config, current_microbatch=microbatch_id, vp_stage=chunk)
         self.total_num_tokens = self.total_num_tokens + num_tokens   # nonzero on the loss chunk only
         self.output_tensors[chunk].append(output_tensor)
+        if self.forward_only:  # nothing to keep for a backward
+            inputs.pop(0)
+            self.output_tensors[chunk].pop()
         return output_tensor
 
     def backward_step_helper(self, virtual_microbatch_id: int):

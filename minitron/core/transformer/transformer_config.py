@@ -39,6 +39,8 @@ class ModelParallelConfig:
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: int | None = None
+    # The interleaved schedule's group: micro-batches in a row per model chunk (None: pp).
+    microbatch_group_size_per_vp_stage: int | None = None
     # Split the sequence dimension across the TP group in the regions TP leaves replicated
     # (layernorm, dropout, residual): saves activation memory, same numbers.
     sequence_parallel: bool = False
