@@ -72,20 +72,25 @@ def _logical_lines(text: str) -> list[str]:
 
 
 def _expand(text: str, env: dict) -> str:
-    """Expand $X, ${X}, ${X:-d}, ${A[@]} (each element quoted: one word each) and $(( ))."""
+    """Expand $X, ${X}, ${X:-d}, ${A[@]} and $(( )): "${A[@]}" gives one word per element, an
+    unquoted ${A[@]} splits the elements again at their spaces (as bash does)."""
     def arith(m):
         try:
             return str(int(eval(_expand(m[1], env), {"__builtins__": {}})))   # integers only, no names
         except Exception:
             return "1"
     text = re.sub(r"\$\(\((.*?)\)\)", arith, text)
-    text = re.sub(r'"(\$\{\w+\[[@*]\]\})"', r"\1", text)   # "${A[@]}": one word per element, as unquoted here
+
+    def quoted_array(m):   # "${A[@]}": one word per element, whatever spaces an element holds
+        value = env.get(m[1])
+        return " ".join(shlex.quote(v) for v in value) if isinstance(value, list) else shlex.quote(value or "")
+    text = re.sub(r'"\$\{(\w+)\[[@*]\]\}"', quoted_array, text)
 
     def var(m):
         name, default = m["name"] or m["plain"], m["default"]
         value = env.get(name)
-        if m["array"] is not None:
-            return " ".join(shlex.quote(v) for v in value) if isinstance(value, list) else (value or "")
+        if m["array"] is not None:   # unquoted ${A[@]}: the elements, split again at their spaces
+            return " ".join(value) if isinstance(value, list) else (value or "")
         if isinstance(value, list):
             value = value[0] if value else ""
         if value in (None, ""):
@@ -155,8 +160,8 @@ def yaml_flags(model_args: dict) -> list[str]:
         elif value is False:
             continue
         elif isinstance(value, list) or re.fullmatch(r"\[[^]]*\]", str(value).strip()):
-            # a YAML list (CI's launcher passes its items as the flag's words); "[a, b]" as a string too
-            items = value if isinstance(value, list) else str(value).strip()[1:-1].split(",")
+            # a YAML list (CI's launcher passes its items as the flag's words); "[a, b]" or "[a b]" as a string too
+            items = value if isinstance(value, list) else re.split(r"[,\s]+", str(value).strip()[1:-1])
             out += [key, *(str(v).strip() for v in items if str(v).strip())]
         else:
             try:

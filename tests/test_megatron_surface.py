@@ -140,3 +140,13 @@ def test_a_folder_that_is_not_a_checkout_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         surface.main(["--megatron", str(tmp_path)])
     assert exit_.value.code == 2 and "has no examples/" in capsys.readouterr().err
+
+
+def test_arrays_split_as_bash_splits_them():
+    """gptoss/02_train.sh keeps "--tokenizer-type NullTokenizer" as one element and expands the
+    array unquoted: bash splits it into two words; quoted, an element stays one word."""
+    env, _ = surface.run_shell('A=("--tokenizer-type NullTokenizer" --mock-data)\n')
+    assert surface.shlex.split(surface._expand("${A[@]}", env)) == ["--tokenizer-type", "NullTokenizer", "--mock-data"]
+    assert surface.shlex.split(surface._expand('"${A[@]}"', env)) == ["--tokenizer-type NullTokenizer", "--mock-data"]
+    assert surface.yaml_flags({"--cuda-graph-modules": "[attn mlp]", "--x": "[1, 2]"}) == [
+        "--cuda-graph-modules", "attn", "mlp", "--x", "1", "2"]
