@@ -40,20 +40,31 @@ def where_file(trace_dir, rank: int) -> Path:
     return Path(trace_dir) / f"rank{rank}{WHERE_SUFFIX}"
 
 
+# What the doorbell thread serves: this process's current recorder and trace directory. One
+# thread per process, however many sessions it runs in turn (a pid: a forked child starts over).
+_serving: dict = {}
+
+
 def install(recorder, trace_dir) -> None:
-    """Answer DUMP_SIGNAL for ``recorder``'s rank from now on (call from the main thread)."""
+    """Answer DUMP_SIGNAL for ``recorder``'s rank from now on. From the main thread only (Python
+    lets no other set a signal handler); elsewhere the rank simply has no doorbell."""
     for stale in (where_file(trace_dir, recorder.rank), Path(trace_dir) / FR_DIR / f"{FR_PREFIX}{recorder.rank}"):
         stale.unlink(missing_ok=True)   # an earlier run's answer is not this one's
+    if threading.current_thread() is not threading.main_thread():
+        return
+    fresh = _serving.get("pid") != os.getpid()
+    _serving.update(pid=os.getpid(), recorder=recorder, trace_dir=Path(trace_dir))
+    if not fresh:
+        return
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)   # the C handler must never block on a full pipe
     signal.signal(DUMP_SIGNAL, lambda signum, frame: None)   # a Python handler: the doorbell rings only for those
     signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    main = threading.main_thread().ident
-    threading.Thread(target=_serve, args=(read_end, recorder, Path(trace_dir), main),
+    threading.Thread(target=_serve, args=(read_end, threading.main_thread().ident),
                      name="minitron-dump", daemon=True).start()
 
 
-def _serve(read_end: int, recorder, trace_dir: Path, main: int) -> None:
+def _serve(read_end: int, main: int) -> None:
     while True:
         try:
             rung = os.read(read_end, 64)
@@ -62,14 +73,15 @@ def _serve(read_end: int, recorder, trace_dir: Path, main: int) -> None:
         if not rung:
             return
         if DUMP_SIGNAL in rung:
+            recorder = _serving["recorder"]
             try:
-                dump(recorder, trace_dir, main)
+                dump(recorder, _serving["trace_dir"], main)
             except Exception as exc:   # a dump must never take the rank down
                 print(f"minitron: rank {recorder.rank} could not write where it is: {exc}", file=sys.stderr)
 
 
 def dump(recorder, trace_dir: Path, main: int) -> None:
-    if not recorder._file.closed:
+    if not recorder.closed:
         recorder.write_open()
     fr = _flight_recorder(recorder.rank, trace_dir)
     frame = sys._current_frames().get(main)

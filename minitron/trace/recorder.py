@@ -161,6 +161,10 @@ class Recorder:
             raise
         self.end(call_id, parent, start, name, args)
 
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
     def close(self) -> None:
         for f in (self._file, self._entered):
             if f is not None and not f.closed:
