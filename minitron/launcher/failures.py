@@ -49,7 +49,7 @@ class JobHung(RankFailure):
     def __init__(self, timeout: float, silent: list[int]):
         RuntimeError.__init__(self, f"hung: no rank finished a traced call for {timeout:g} s; every rank was "
                               "stopped" + (f" ({'rank' if len(silent) == 1 else 'ranks'} {', '.join(map(str, silent))} did not "
-                                           "say where they were)" if silent else ""))
+                                           f"say where {'it was' if len(silent) == 1 else 'they were'})" if silent else ""))
         self.rank, self.exitcode, self.log_path, self._kept = None, 1, None, None
 
 
