@@ -20,8 +20,9 @@ MODEL = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2
          "--micro-batch-size", "1"]
 
 
-def validated(*extra, world=1):
+def validated(*extra, world=None):
     args = megatron_parser().parse_args([*MODEL, *extra])
+    world = world or (2 if "--num-distributed-optimizer-instances" in extra else 1)
     args.rank, args.world_size, args.distributed_backend = 0, world, "gloo"
     return validate_args(args, dict(GPT_ARGS_DEFAULTS))
 
@@ -66,6 +67,10 @@ def test_logging_level_sets_the_root_logger(monkeypatch):
                                      "--ckpt-assume-constant-structure", "--auto-detect-ckpt-format"]),
     (["--cuda-graph-impl", "local", "--wandb-entity", "team"], ["--cuda-graph-impl local", "--wandb-entity"]),
     (["--enable-cuda-graph"], ["--cuda-graph-impl local"]),
+    (["--num-distributed-optimizer-instances", "2", "--use-distributed-optimizer", "--ddp-average-in-collective",
+      "--overlap-p2p-communication-warmup-flush", "--defer-embedding-wgrad-compute", "--async-strategy", "nvrx"],
+     ["--num-distributed-optimizer-instances", "--ddp-average-in-collective",
+      "--overlap-p2p-communication-warmup-flush", "--defer-embedding-wgrad-compute", "--async-strategy"]),
 ])
 def test_accepted_flags_are_listed_once_in_the_header(flags, said):
     lines = no_effect_lines(validated(*flags))
@@ -78,6 +83,7 @@ def test_accepted_flags_are_listed_once_in_the_header(flags, said):
     (["--enable-cuda-graph", "--cuda-graph-impl", "local"], "--enable-cuda-graph"),
     (["--verify-integrity", "--ckpt-format", "torch"], "--verify-integrity"),
     (["--cuda-graph-modules", "attn", "conv"], "invalid choice: 'conv'"),
+    (["--num-distributed-optimizer-instances", "3"], "does not divide data x context parallel size 2"),
 ])
 def test_bad_combinations_are_one_line(flags, match):
     with pytest.raises(ArgumentError, match=match) as err:

@@ -23,6 +23,7 @@ from minitron.training.argument_groups import ArgumentError, build_parser, requi
 from minitron.training.argument_groups_ci import validate_ci_args
 from minitron.training.argument_groups_ckpt import validate_ckpt_args
 from minitron.training.argument_groups_launch import validate_launch_args
+from minitron.training.argument_groups_overlap import validate_overlap_args
 from minitron.training.argument_groups_hybrid import validate_hybrid_args
 from minitron.training.arguments_features import (MOE_CONFIG_FIELDS, validate_context_parallel,
                                                    validate_modern_options, validate_moe)
@@ -109,6 +110,7 @@ def validate_args(args, defaults: dict | None = None):
     require(not args.overlap_param_gather or args.overlap_grad_reduce,
             "--overlap-param-gather works bucket by bucket: add --overlap-grad-reduce")
     validate_launch_args(args)
+    validate_overlap_args(args)
     validate_ckpt_args(args)   # before _validate_training: --finetune decides what a --load reads
     _validate_training(args)  # last: a --load is compared with every shape and dtype set above
     validate_context_parallel(args)
