@@ -121,7 +121,7 @@ def test_the_flight_recorder_dumps_are_read_with_torchs_loader(hangs, tmp_path_f
     from minitron.cli.views.flight_recorder import flight_recorder_lines
 
     d = hangs["skip"]["diagnosis"]
-    lines = flight_recorder_lines(Path(d["trace_dir"]), d["where"])
+    lines = flight_recorder_lines(Path(d["trace_dir"]))
     rank1 = next(line for line in lines if line.startswith("  rank 1:"))
     # torch's own record agrees with minitron's: rank 1's 3rd collective on the world is the barrier
     assert "gloo:barrier" in rank1 and "collective #3" in rank1 and "not finished" in rank1

@@ -71,6 +71,8 @@ class HangWatch:
         with open(path, "r+b") as f:
             self.shared = mmap.mmap(f.fileno(), 0)
         self.env = {PROGRESS_ENV: str(path)}
+        # NCCL's watchdog writes its dumps there on a timeout, and opens no missing folder
+        (self.trace_dir / FR_DIR).mkdir(parents=True, exist_ok=True)
         self.started = time.time()
 
     def last_progress(self) -> float:

@@ -83,7 +83,10 @@ def _serve(read_end: int, main: int) -> None:
 def dump(recorder, trace_dir: Path, main: int) -> None:
     if not recorder.closed:
         recorder.write_open()
-    fr = _flight_recorder(recorder.rank, trace_dir)
+    try:
+        fr = _flight_recorder(recorder.rank, trace_dir)
+    except Exception as exc:   # torch's dump failed: the rest of the answer still matters more
+        fr = f"not written: {type(exc).__name__}: {exc}"
     frame = sys._current_frames().get(main)
     stack = [[f.filename, f.lineno, f.name] for f in traceback.extract_stack(frame)] if frame else []
     where = {"rank": recorder.rank, "pid": os.getpid(), "time_us": time.time_ns() // 1000, "stack": stack,

@@ -35,7 +35,7 @@ def _quiet():
         logger.setLevel(level)
 
 
-def flight_recorder_lines(trace_dir: Path, where: dict) -> list[str]:
+def flight_recorder_lines(trace_dir: Path) -> list[str]:
     folder = trace_dir / FR_DIR
     dumps = sorted(folder.glob(f"{FR_PREFIX}*")) if folder.is_dir() else []
     if not dumps:

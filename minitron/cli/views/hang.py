@@ -80,7 +80,7 @@ def hang_lines(d: dict, silent: list | None = None, timeout: float | None = None
         lines.append("Deadlock")
         lines.append("  " + " → ".join(map(str, d["cycle"])) + ": each rank waits for the next, in a ring")
     lines += _where_lines(d, silent or [])
-    lines += flight_recorder_lines(Path(d["trace_dir"]), d["where"])
+    lines += flight_recorder_lines(Path(d["trace_dir"]))
     if d["stuck"] or d["point_to_point"]:
         lines += ["What to change"] + ["  " + fix for fix in fixes(d)]
     return lines
