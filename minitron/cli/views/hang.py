@@ -60,10 +60,11 @@ def hang_lines(d: dict, silent: list | None = None, timeout: float | None = None
         lines.append(f"  {_group(s['group'], s['ranks'])}, call #{s['seq']}: {inside}; never entered: {never}")
     for p in d["point_to_point"]:
         state = "which is posted" if p["peer_matching"] else "never posted"
-        lines.append(f"  rank {p['rank']} is in {p['call']} to/from rank {p['peer']}: the matching "
+        lines.append(f"  rank {p['rank']} is in {p['call']} {'to' if p['direction'] == 'send' else 'from'} "
+                     f"rank {p['peer']}: the matching "
                      f"{'recv' if p['direction'] == 'send' else 'send'} on rank {p['peer']} is {state}")
+    lines += ["Diverged"] if d["divergences"] else []
     for v in d["divergences"]:
-        lines.append("Diverged")
         first, *others = v["calls"]
         for other in others:
             if v["group"] == NEW_GROUPS:
