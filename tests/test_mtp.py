@@ -1,8 +1,8 @@
 """Multi-token prediction (--mtp-num-layers) in minitron's default suite; test_mcore_mtp.py
 holds it to Megatron-Core's own MTP.
 
-1. pretrain_gpt with two MTP depths, every layer an MoE layer (the MTP ones too, as in
-   DeepSeek-V3), trains like its serial self, per-iteration lm loss, each depth's logged MTP
+1. pretrain_gpt with two MTP depths, every layer an MoE layer (the MTP ones too) routed as in
+   DeepSeek-V3 (sigmoid scores, the expert bias, group-limited top-2), trains like its serial self, per-iteration lm loss, each depth's logged MTP
    loss and the balance loss (decoder and MTP routers) within 1e-5: at pipeline parallel 2,
    where the MTP layers and a copy of the embedding live on the last stage (kept equal to the
    first stage's, the output layer tied to it), and at tensor (sequence) x expert parallel 2.
@@ -14,8 +14,10 @@ holds it to Megatron-Core's own MTP.
 
 import pytest
 from distributed import pretrain_records, run_ranks
+from test_estimate import estimate_args
 
 from minitron.training.arguments import ArgumentError, build_parser, validate_args
+from minitron.training.theoretical_params import model_params, total_params
 
 MODEL = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "8",
          "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "2", "--lr", "1e-2",
@@ -23,7 +25,8 @@ MODEL = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2
          "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "7", "--distributed-backend", "gloo",
          "--position-embedding-type", "rope", "--mtp-num-layers", "2", "--mtp-loss-scaling-factor", "0.3",
          "--num-experts", "4", "--moe-aux-loss-coeff", "1e-2", "--moe-token-dispatcher-type", "alltoall",
-         "--disable-bias-linear"]
+         "--disable-bias-linear", "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+         "--moe-router-num-groups", "2", "--moe-router-group-topk", "1"]
 KEYS = ("lm_loss", "mtp_1_loss", "mtp_2_loss", "load_balancing_loss")
 
 
@@ -45,16 +48,14 @@ def test_mtp_layout_matches_serial(tmp_path, monkeypatch, serial, name, flags):
     assert serial[1]["mtp_1_loss"] != serial[0]["mtp_1_loss"]
 
 
-def _registered(rank, argv):
-    from test_estimate import estimate_args
-
+def _registered(rank, args):
+    """(this stage's parameters other than the decoder's layers as the model registers them and
+    as the estimate lists them, equal?; the lists; its total equal to the estimate's?)"""
     from minitron.core import parallel_state
     from minitron.core.models.gpt import GPTModel
     from minitron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from minitron.training.arguments import core_transformer_config_from_args
-    from minitron.training.theoretical_params import model_params, total_params
 
-    args = estimate_args(torch_world(), *argv)
     model_parallel_cuda_manual_seed(1)
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
     first, last = pp_rank == 0, pp_rank == args.pipeline_model_parallel_size - 1
@@ -63,28 +64,22 @@ def _registered(rank, argv):
                      share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights)
     # (the estimate numbers decoder layers over the whole model, a stage's module from 0)
     held = sorted((n, p.numel()) for n, p in model.named_parameters() if not n.startswith("decoder.layers."))
-    estimated = sorted((p.name, p.numel) for p in model_params(args, pp_rank, 0)
-                       if not p.name.startswith("decoder.layers."))
+    listed = model_params(args, pp_rank, 0)
+    estimated = sorted((p.name, p.numel) for p in listed if not p.name.startswith("decoder.layers."))
     total = sum(p.numel() for p in model.parameters())
-    return held == estimated and total == sum(p.numel for p in model_params(args, pp_rank, 0)), held, \
-        estimated, total_params(args) == total
-
-
-def torch_world():
-    import torch
-
-    return torch.distributed.get_world_size()
+    return held == estimated, held, estimated, total, total == sum(p.numel for p in listed)
 
 
 def test_estimated_parameters_are_the_models():
     argv = MODEL[:MODEL.index("--distributed-backend")] + MODEL[MODEL.index("--position-embedding-type"):]
     layout = ["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"]
-    ranks = run_ranks(lambda rank: _registered(rank, argv + layout), world_size=4, tp=2, pp=2)
-    for same, held, estimated, _ in ranks:
-        assert same, (set(held) ^ set(estimated))
+    args, serial_args = estimate_args(4, *argv, *layout), estimate_args(1, *argv)   # parsed before the fork
+    ranks = run_ranks(lambda rank: _registered(rank, args), world_size=4, tp=2, pp=2)
+    for same, held, estimated, _, total_same in ranks:
+        assert same and total_same, (set(held) ^ set(estimated))
     assert any(name.startswith("mtp.layers.1.mtp_model_layer.mlp.experts") for name, _ in ranks[-1][1])
-    same, _, _, total_matches = run_ranks(lambda rank: _registered(rank, argv), world_size=1)[0]
-    assert same and total_matches
+    same, _, _, total, _ = run_ranks(lambda rank: _registered(rank, serial_args), world_size=1)[0]
+    assert same and total == total_params(serial_args)
 
 
 @pytest.mark.parametrize("flags, words", [
