@@ -124,3 +124,19 @@ def test_flex_dispatcher_runs_as_alltoall_under_megatrons_rules():
         validated(*MOE, "--moe-token-dispatcher-type", "flex")                  # deepep at tp x ep = 1
     with pytest.raises(ArgumentError, match="ncclep needs --moe-token-dispatcher-type flex"):
         validated(*MOE, "--moe-flex-dispatcher-backend", "ncclep")
+
+
+def test_save_retain_interval_keeps_the_latest_and_every_nth(tmp_path):
+    from minitron.training.checkpoint_files import iteration_dir, read_latest_iteration
+    from minitron.training.checkpoint_retain import write_tracker
+    kept = []
+    for it in range(1, 7):   # a save every iteration, as the CI cases' --save-interval does
+        iteration_dir(tmp_path, it).mkdir()
+        write_tracker(tmp_path, it, 3)
+        kept.append(sorted(int(p.name[5:]) for p in tmp_path.glob("iter_*")))
+    assert kept[-1] == [3, 6] and kept[3] == [3, 4] and read_latest_iteration(tmp_path) == 6
+    plain = tmp_path / "plain"
+    for it in (1, 2):
+        iteration_dir(plain, it).mkdir(parents=True)
+        write_tracker(plain, it)
+    assert sorted(p.name for p in plain.glob("iter_*")) == ["iter_0000001", "iter_0000002"]   # unset: all kept

@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import os
 
+from minitron.training.arguments_ranges import POSITIVE
+
 # flag given -> why it changes nothing in minitron (the header's line). Keyed by dest, as read
 # back from the parsed args; only flags whose non-default value is listed.
 _FULLY_PARALLEL = ("spreads the {} of a torch_dist checkpoint's shards over the data-parallel ranks (each rank "
@@ -56,6 +58,9 @@ def add_ckpt_args(parser) -> None:
     g.add_argument("--finetune", action="store_true",
                    help="--load the weights only: no optimizer, schedule or random states, and the run starts at "
                         "iteration 0 with no samples consumed")
+    g.add_argument("--save-retain-interval", type=POSITIVE, default=None, metavar="N",
+                   help="keep the latest checkpoint and those of iterations divisible by N: each save removes "
+                        "the one before it otherwise (after the new one is whole)")
     g.add_argument("--logging-level", type=int, default=None, metavar="LEVEL",
                    help="the root Python logger's level on every rank (10 DEBUG, 20 INFO, 30 WARNING, ...); "
                         "unset: MEGATRON_LOGGING_LEVEL if set")
@@ -66,6 +71,9 @@ def validate_ckpt_args(args) -> None:
 
     require(not (args.verify_integrity and args.ckpt_format != "torch_dist"),
             f"--verify-integrity is for --ckpt-format torch_dist (Megatron's rule), got {args.ckpt_format}")
+    require(not (args.save_retain_interval and getattr(args, "deepspeed", False)),
+            "--save-retain-interval removes Megatron's iter_* checkpoints; a --deepspeed engine saves its own "
+            "layout: drop one of them")
     if args.finetune:
         require(not getattr(args, "deepspeed", False),
                 "--finetune reads Megatron's checkpoint layout; a --deepspeed engine loads its own: drop one")

@@ -94,7 +94,8 @@ def _rng_states_of_data_parallel_ranks() -> list:
 
 
 def _write_tracker(root, iteration: int) -> None:
-    atomic_write_text(str(iteration), Path(root) / TRACKER)
+    from minitron.training.checkpoint_retain import write_tracker   # --save-retain-interval's removal too
+    write_tracker(root, iteration, getattr(get_args(), "save_retain_interval", None))
 
 
 @traced(args=lambda iteration, *a, **k: {"iteration": iteration})

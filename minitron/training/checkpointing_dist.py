@@ -34,8 +34,9 @@ from minitron.core.dist_checkpointing.optimizer import (
 from minitron.core.dist_checkpointing.serialization import BACKEND, CONFIG, load_common_state_dict, read_dcp_metadata
 from minitron.runtime.checkpoint.shard_owner import owner
 from minitron.training.checkpoint_files import (
-    LAYOUT_KEYS, TRACKER, CheckpointError, args_snapshot, atomic_write_text, file_digest, iteration_dir,
+    LAYOUT_KEYS, CheckpointError, args_snapshot, file_digest, iteration_dir,
 )
+from minitron.training.checkpoint_retain import write_tracker
 from minitron.training.utils import print_rank_0
 
 def _layout_cell() -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -96,7 +97,7 @@ def save_checkpoint_dist(iteration: int, model, optimizer, opt_param_scheduler, 
         (tmp / CONFIG).write_text(json.dumps(meta, indent=1))
         shutil.rmtree(final, ignore_errors=True)     # an older save of this same iteration
         os.replace(tmp, final)                       # the directory appears whole, or not at all
-        atomic_write_text(str(iteration), Path(args.save) / TRACKER)
+        write_tracker(args.save, iteration, getattr(args, "save_retain_interval", None))   # then older ones go
     torch.distributed.barrier()
     print_rank_0(f"> saved checkpoint at iteration {iteration} to {args.save} (torch_dist)")
 
