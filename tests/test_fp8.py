@@ -34,9 +34,10 @@ def _scales_used(slot, amaxes):
     """Cast one tensor per step whose amax is given; the scale each cast used (1 / its 1/scale)."""
     used = []
     for a in amaxes:
+        scale = float(slot.scale)   # what the next cast will use
         _, inv = slot.quantize(torch.tensor([a, -a / 3, 0.0]))
-        used.append(float(slot.scale))
-        assert float(inv) == float(slot.scale.reciprocal())
+        assert float(inv) == float(torch.tensor(scale).reciprocal())
+        used.append(scale)
     return used
 
 

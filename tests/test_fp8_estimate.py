@@ -1,9 +1,12 @@
-"""The accountant's fp8 terms against what autograd really keeps.
+"""The accountant's fp8 terms against what autograd really keeps, and what a traced run sends.
 
 For each layout, two models built from the same validated flags, one with --fp8-format and one
 without, run one forward (the loss included) under saved-tensor hooks; the difference of the
 bytes kept must be theoretical_fp8's delta exactly. tp 2 with sequence parallelism and SwiGLU,
-and multi-latent attention (its two down projections share an input), both in bf16.
+and multi-latent attention (its two down projections share an input), both in bf16. Then a
+traced iteration of pretrain (tp 2, sequence parallelism, delayed scaling, two micro-batches) must send
+exactly the bytes `minitron estimate` predicts to every group: the fp8 all-gathers and the
+amax all-reduces included.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import pytest
 import torch
 
 from distributed import run_ranks
+from minitron.cli.estimate import check_trace
 from minitron.cli.common import validate_pretrain
 from minitron.training.theoretical_fp8 import fp8_activation_delta, fp8_state_bytes
 from minitron.training.tokenizer import build_tokenizer
@@ -68,3 +72,19 @@ def test_fp8_state_bytes():
     assert fp8_state_bytes(args, 0) == 2 * 4 * 3 * 4 * (16 + 1)   # layers x linears x slots x fp32 (history, scale)
     args.fp8_recipe = "tensorwise"
     assert fp8_state_bytes(args, 0) == 2 * 4 * 3 * 4
+
+
+def test_traced_fp8_run_sends_what_estimate_predicts(tmp_path, capsys):
+    """test_estimate's measured iteration, with fp8: the bytes sent to every group exactly, and
+    the activations held at the peak within test_estimate's 10%."""
+    from minitron.cli.command import expand_aliases
+    from minitron.training import theoretical_memory_usage as tmu
+    from test_estimate import peak_activations, run_layout
+
+    flags = ["--tp", "2", "--sequence-parallel", "--global-batch-size", "2", "--bf16", "--fp8-format", "hybrid"]
+    args, held, runs, trace_dir = run_layout(tmp_path, 2, expand_aliases(flags))
+    check_trace(trace_dir, as_json=False)   # raises typer.Exit(1) on any difference
+    assert "all 2 ranks sent exactly the predicted bytes" in capsys.readouterr().out
+    for cost, measured in zip(tmu.report_theoretical_memory(args), held):
+        peak = peak_activations(runs[cost.rank], measured["units"])
+        assert abs(cost.memory["activations"] - peak) <= 0.10 * peak, (cost.memory["activations"], peak)

@@ -24,15 +24,21 @@ SwiGLU, GQA, and multi-latent attention with --qk-layernorm. Without --qk-layern
 projections read views of the down projections' outputs, parts of which other operations keep,
 so less is freed than counted here (6% of the delta on the test's model): not exact.
 
-Not counted: fp8 changes no parameter, gradient or optimizer byte here (without
---fp8-param-gather the weights stay in the training dtype); and under sequence parallelism the
-all-gathers of the column-parallel inputs move one byte per element instead of e
-(theoretical_comm.py counts the unquantized gathers).
+Communication (fp8_comm, on top of theoretical_comm.py's unquantized count): under sequence
+parallelism the column-parallel inputs are all-gathered in fp8, one byte per element instead of
+e, in forward and again in backward; under the delayed recipe every cast all-reduces its
+4-byte amax over the amax reduction group ("tp-dp-cp"); under tensorwise only a
+sequence-parallel input's amax is, over the tensor-parallel group.
+
+fp8 changes no parameter, gradient or optimizer byte here: without --fp8-param-gather the
+weights stay in the training dtype.
 """
 
 from __future__ import annotations
 
-from minitron.training.theoretical_params import DTYPE_BYTES, _flag, chunk_layers, chunks_of, model_params
+from minitron.training.theoretical_params import (
+    DTYPE_BYTES, _flag, chunk_layers, chunks_of, model_params, num_microbatches,
+)
 
 # the linears core/fp8 quantizes: every Column/RowParallelLinear inside a transformer layer
 _LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "linear_q_proj", "linear_q_down_proj",
@@ -76,3 +82,34 @@ def fp8_state_bytes(args, pp_rank: int) -> int:
     linears = sum(len(_quantized_weights(args, pp_rank, chunk)) for chunk in chunks_of(args))
     history = args.fp8_amax_history_len if args.fp8_recipe == "delayed" else 0
     return linears * 3 * 4 * (history + 1)
+
+
+def _gathered_widths(args) -> list[int]:
+    """The widths of a layer's column-parallel inputs, which sequence parallelism all-gathers:
+    linear_qkv's and linear_fc1's (h); with MLA the down projections' (h each) and the up
+    projections' (their latents) in place of linear_qkv's."""
+    h = args.hidden_size
+    if not _flag(args, "multi_latent_attention", False):
+        return [h, h]
+    if args.q_lora_rank is None:
+        return [h, h, args.kv_lora_rank, h]
+    return [h, h, args.q_lora_rank, args.kv_lora_rank, h]
+
+
+def fp8_comm(args, pp_rank: int, tally) -> None:
+    """Add fp8's changes to one train_step's communication (theoretical_comm's tally:
+    group key -> [bytes, calls])."""
+    if not _flag(args, "fp8"):
+        return
+    t, m = args.tensor_model_parallel_size, num_microbatches(args)
+    e, b = DTYPE_BYTES[args.params_dtype], args.micro_batch_size
+    rows = args.seq_length // args.context_parallel_size // t * b    # a rank's part of the sequence
+    layers = sum(len(chunk_layers(args, pp_rank, chunk)) for chunk in chunks_of(args))
+    casts = 3 * sum(len(_quantized_weights(args, pp_rank, chunk)) for chunk in chunks_of(args))
+    if args.sequence_parallel and t > 1:   # each column input gathered twice, in 1 byte, not e
+        widths = _gathered_widths(args)
+        tally["tp"][0] -= 2 * m * layers * rows * sum(widths) * (e - 1)
+        if args.fp8_recipe == "tensorwise":   # their amax, so that the gathered pieces share a scale
+            tally.add("tp", 4, m * layers * len(widths))
+    if args.fp8_recipe == "delayed" and t * args.data_parallel_size * args.context_parallel_size > 1:
+        tally.add("tp-dp-cp", 4, m * casts)

@@ -41,7 +41,7 @@ from minitron.core.distributed.distributed_data_parallel_config import (
 from minitron.core.rank_generator import RankGenerator
 from minitron.training.theoretical_activations import in_flight_chunks, unit_activation_bytes
 from minitron.training.theoretical_comm import comm_bytes
-from minitron.training.theoretical_fp8 import fp8_activation_delta, fp8_state_bytes
+from minitron.training.theoretical_fp8 import fp8_activation_delta, fp8_comm, fp8_state_bytes
 from minitron.training.theoretical_params import (
     DTYPE_BYTES, Param, chunks_of, model_params, num_microbatches, optimizer_moments, round_up, total_params,
 )
@@ -206,7 +206,9 @@ def report_theoretical_memory(args) -> list[RankCost]:
         if role[0] not in stages:
             stage = stage_buffers(args, role[0])
             activations = compute_activation_memory(args, num_microbatches(args), role[0])
-            stages[role[0]] = stage, activations, comm_bytes(args, role[0], stage)
+            tally = comm_bytes(args, role[0], stage)
+            fp8_comm(args, role[0], tally)   # fp8 gathers and amax reductions (theoretical_fp8.py)
+            stages[role[0]] = stage, activations, tally
         if role not in roles:
             stage, activations, tally = stages[role[0]]
             params, memory = compute_weight_and_optimizer_memory(args, stage, role[1], role[2])

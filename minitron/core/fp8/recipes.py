@@ -9,9 +9,9 @@ beyond the maximum saturate to it (Transformer Engine casts "satfinite"), never 
 Two of Transformer Engine's recipes, as Megatron selects them with ``--fp8-recipe``:
 
 * ``delayed`` (TE's DelayedScaling): the scale used now comes from amaxes already seen. Each
-  tensor slot keeps the amaxes of its last ``amax_history_len`` steps; after a step the slot's
-  amax is reduced (max) over the amax reduction group, entered into the history, and the next
-  scale is fp8_max / amax / 2^margin, amax being the history's max (``max``) or its newest
+  tensor slot keeps the amaxes of its last ``amax_history_len`` steps; after each cast the
+  slot's amax is reduced (max) over the amax reduction group, entered into the history, and the
+  next scale is fp8_max / amax / 2^margin, amax being the history's max (``max``) or its newest
   entry (``most_recent``). An amax of zero or a non-finite one keeps the previous scale. The
   first step uses scale 1. TE keeps the history as a buffer it rolls in place; the window of
   values, which is all the scale reads, is the same as the newest-first list kept here.
@@ -80,21 +80,18 @@ def _amax(x: torch.Tensor) -> torch.Tensor:
 
 
 class DelayedScaling:
-    """One tensor slot's state under the delayed recipe: history, scale, and the amax of the
-    last use, which is reduced over ``group`` only when the slot is next used (the same value
-    TE reduces at the end of the step; deferring it costs nothing and needs no end-of-step hook)."""
+    """One tensor slot's state under the delayed recipe: the amax history and the scale the
+    next cast will use. A cast uses the scale already there, then reduces its own amax over
+    ``group`` and enters it, so the scale is ready for the next step: TE does the same at the
+    end of the step, for all slots in one all-reduce; here each slot sends its own 4 bytes."""
 
     def __init__(self, fmt: str, history_len: int, algo: str, margin: int, group=None):
         self.fmt, self.algo, self.margin, self.group = fmt, algo, margin, group
         self.history = torch.zeros(history_len, dtype=torch.float32)   # newest first
-        self.scale = torch.ones((), dtype=torch.float32)
-        self.pending: torch.Tensor | None = None
+        self.scale = torch.ones((), dtype=torch.float32)               # the next cast's
 
-    def update(self) -> None:
-        """Close the previous step: reduce its amax, enter it in the history, choose the scale."""
-        if self.pending is None:
-            return
-        amax, self.pending = self.pending, None
+    def record(self, amax: torch.Tensor) -> None:
+        """Close a step: reduce its amax, enter it in the history, choose the next scale."""
         if self.group is not None and dist.get_world_size(self.group) > 1:
             dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.group)
         # kept on the amax's device: no host synchronisation per step
@@ -102,12 +99,12 @@ class DelayedScaling:
         self.scale = delayed_scale(self.history, self.scale.to(amax.device), self.fmt, self.margin, self.algo)
 
     def quantize(self, x: torch.Tensor, group=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(fp8 tensor, 1 / scale), with this step's amax recorded as TE's cast records it.
+        """(fp8 tensor, 1 / the scale it was cast with); the amax it had goes to the history.
         ``group`` is not read: the amax reduction group already spans the tensor-parallel ranks."""
-        self.update()
         scale = self.scale.to(x.device)
-        self.pending = _amax(x)
-        return quantize(x, scale, self.fmt), scale.reciprocal()
+        q = quantize(x, scale, self.fmt)
+        self.record(_amax(x))
+        return q, scale.reciprocal()
 
 
 class CurrentScaling:
