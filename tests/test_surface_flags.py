@@ -84,6 +84,8 @@ def test_accepted_flags_are_listed_once_in_the_header(flags, said):
     (["--verify-integrity", "--ckpt-format", "torch"], "--verify-integrity"),
     (["--cuda-graph-modules", "attn", "conv"], "invalid choice: 'conv'"),
     (["--num-distributed-optimizer-instances", "3"], "does not divide data x context parallel size 2"),
+    (["--ckpt-format", "fsdp_dtensor"], "Megatron-FSDP's checkpoint .* use torch_dist"),
+    (["--use-megatron-fsdp"], "--use-megatron-fsdp is refused: .* minitron has no FSDP yet"),
 ])
 def test_bad_combinations_are_one_line(flags, match):
     with pytest.raises(ArgumentError, match=match) as err:

@@ -238,7 +238,7 @@ def _add_checkpointing_args(parser):
     g.add_argument("--save", default=None, metavar="DIR", help="save checkpoints into DIR")
     g.add_argument("--save-interval", type=POSITIVE, default=None, help="save every N iterations (and at the end)")
     g.add_argument("--load", default=None, metavar="DIR", help="resume from the latest checkpoint in DIR")
-    g.add_argument("--ckpt-format", default="torch_dist", choices=["torch", "torch_dist"],
+    g.add_argument("--ckpt-format", default="torch_dist", choices=["torch", "torch_dist", "fsdp_dtensor"],
                    help="what --save writes: torch_dist (Megatron's default), a sharded checkpoint through "
                         "torch.distributed.checkpoint that any layout resumes; torch, one file per (tp, pp, "
                         "ep) rank that only the same layout resumes. --load reads either")

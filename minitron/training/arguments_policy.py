@@ -90,8 +90,13 @@ NO_EFFECT = {
 _FP8_PARAMS = ("keeps the weights themselves in fp8 and all-gathers them in fp8 from the distributed optimizer; "
                "minitron keeps them in the training dtype and casts them at each forward: drop it")
 
+_FSDP = ("shards the parameters and gradients too and gathers each layer just before it runs (Megatron-FSDP / "
+         "torch's FSDP2); minitron has no FSDP yet: use --use-distributed-optimizer, which shards the optimizer state")
+
 # flag: (takes a value, why it is refused and what to do instead)
 REFUSED = {
+    "--use-megatron-fsdp": (False, _FSDP),
+    "--use-torch-fsdp2": (False, _FSDP),
     "--fp8-param-gather": (False, _FP8_PARAMS),
 }
 
