@@ -35,6 +35,8 @@ CASES = {   # name: (TransformerConfig fields both take, GPTModel arguments both
     "llama-two-depths": (dict(mtp_num_layers=2, add_bias_linear=False, normalization="RMSNorm",
                               gated_linear_unit=True, activation_func=torch.nn.functional.silu),
                          dict(share_embeddings_and_output_weights=False)),
+    # --calculate-per-token-loss: each depth's sum weighted back to its own token count
+    "per-token-loss": (dict(mtp_num_layers=2, calculate_per_token_loss=True), {}),
     # DeepSeek-V3's shape: every layer MoE (the MTP ones too), the balance loss on
     "moe-two-depths": (dict(mtp_num_layers=2, num_moe_experts=4, moe_router_topk=2, moe_aux_loss_coeff=1e-2,
                             add_bias_linear=False, moe_token_dispatcher_type="allgather"), {}),
