@@ -6,7 +6,8 @@ checkout through minitron's parser and validate_args, in this process, without s
 A launch unit is one of
   script   a shell script under examples/ that runs pretrain_gpt.py / pretrain_hybrid.py /
            pretrain_mamba.py: its flags after the script's name, with the variables the script
-           assigns (strings, arrays, ``+=``, ``${X:-default}``) expanded as a shell would;
+           assigns (strings, arrays, ``+=``, ``${X:-default}``) expanded as a shell would (a
+           wrapper that passes only a variable its callers set names no flag: not a unit);
   model    a model configuration of examples/post_training/modelopt/conf/ (its MODEL_ARGS);
   ci       a CI training case, tests/functional_tests/test_cases/**/model_config.yaml whose
            MODEL_ARGS are Megatron flags (not NeMo's) and whose MODE is not inference; its ENV_VARS
@@ -186,7 +187,9 @@ def find_units(root: Path) -> list[dict]:
                 units.append({"kind": "model", "path": path, "argv": shlex.split(str(env["MODEL_ARGS"])), "env": {}})
         elif not conf and ENTRY.search(text):
             argv = script_flags(text)
-            if argv is not None:
+            # A wrapper whose command line is one variable its callers set (sc21/SRUN.sh runs
+            # pretrain_gpt.py ${MEGATRON_PARAMS}) names no flag itself: not a launch unit.
+            if argv is not None and any(w.startswith("--") for w in argv):
                 hybrid = re.search(r"pretrain_(hybrid|mamba)\.py", text) is not None
                 units.append({"kind": "script", "path": path, "argv": argv, "env": {}, "hybrid": hybrid})
     for path in sorted(root.glob("tests/functional_tests/test_cases/**/model_config.yaml")):

@@ -150,3 +150,10 @@ def test_arrays_split_as_bash_splits_them():
     assert surface.shlex.split(surface._expand('"${A[@]}"', env)) == ["--tokenizer-type NullTokenizer", "--mock-data"]
     assert surface.yaml_flags({"--cuda-graph-modules": "[attn mlp]", "--x": "[1, 2]"}) == [
         "--cuda-graph-modules", "attn", "mlp", "--x", "1", "2"]
+
+
+def test_a_wrapper_that_names_no_flag_is_not_a_unit(tmp_path):
+    """sc21/SRUN.sh runs pretrain_gpt.py ${MEGATRON_PARAMS}, set by the scripts that source it."""
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "SRUN.sh").write_text('CMD="python -u pretrain_gpt.py ${MEGATRON_PARAMS}"\nsh -c "$CMD"\n')
+    assert surface.find_units(tmp_path) == []
