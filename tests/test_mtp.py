@@ -12,6 +12,8 @@ holds it to Megatron-Core's own MTP.
 3. Refusals: one line each.
 """
 
+from pathlib import Path
+
 import pytest
 from distributed import pretrain_records, run_ranks
 from test_estimate import estimate_args
@@ -85,6 +87,8 @@ def test_estimated_parameters_are_the_models():
 @pytest.mark.parametrize("flags, words", [
     (["--position-embedding-type", "learned_absolute"], "needs --position-embedding-type rope or none"),
     (["--context-parallel-size", "2"], "does not run with --context-parallel-size > 1"),
+    (["--deepspeed", "--deepspeed-config", str(Path(__file__).parent.parent / "docs/examples/ds_config_pretrain.json")],
+     "--mtp-num-layers with --deepspeed"),
 ])
 def test_mtp_refusals(flags, words):
     base = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "8",

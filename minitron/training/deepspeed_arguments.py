@@ -60,6 +60,9 @@ def _refuse_layout(args) -> None:
                                    "there; set zero_optimization.overlap_comm in the ds_config and drop the flag"),
         (args.expert_model_parallel_size > 1 or args.num_experts,
          "--num-experts / --expert-model-parallel-size with --deepspeed: the engine has no expert groups; drop one"),
+        (args.mtp_num_layers, "--mtp-num-layers with --deepspeed: the engine scales only the loss it is handed, "
+                              "not the MTP losses hung on the hidden states, and its PipelineModule GPT has no "
+                              "MTP layers; drop one"),
         (args.rampup_batch_size is not None, "--rampup-batch-size with --deepspeed: the ds_config's "
                                              "train_batch_size is fixed; drop the ramp-up"),
         (args.step_batch_size_schedule is not None, "--step-batch-size-schedule with --deepspeed: the ds_config's "
