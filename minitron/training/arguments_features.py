@@ -336,3 +336,6 @@ def validate_mtp(args):
     require(args.context_parallel_size == 1,
             "--mtp-num-layers rolls each sequence on one rank: minitron's MTP does not run with "
             "--context-parallel-size > 1")
+    require(not getattr(args, "hybrid_layer_pattern", None),
+            "--mtp-num-layers builds GPT's MTP layers; a hybrid model's (Megatron's MTP pattern after '/') are "
+            "not built here: drop one")
