@@ -258,6 +258,10 @@ def world_of(argv: list[str], path: Path) -> int:
                                            "--context-parallel-size"))
     ep, etp = _int(argv, "--expert-model-parallel-size"), _int(argv, "--expert-tensor-parallel-size", tp)
     smallest = math.lcm(tp * cp, ep * etp) * pp
+    # --num-distributed-optimizer-instances N splits dp x cp into N groups: the layout's smallest
+    # world repeated until it does (Megatron's CI runs these cases on a node of 8)
+    instances = _int(argv, "--num-distributed-optimizer-instances")
+    smallest *= next(k for k in range(1, instances + 1) if (smallest * k // (tp * pp)) % instances == 0)
     nodes = re.search(r"(\d+)N(\d+)G|(\d+)nodes?", path.parent.name)
     if nodes:
         world = int(nodes[1]) * int(nodes[2]) if nodes[1] else 8 * int(nodes[3])

@@ -157,3 +157,8 @@ def test_a_wrapper_that_names_no_flag_is_not_a_unit(tmp_path):
     (tmp_path / "examples").mkdir()
     (tmp_path / "examples" / "SRUN.sh").write_text('CMD="python -u pretrain_gpt.py ${MEGATRON_PARAMS}"\nsh -c "$CMD"\n')
     assert surface.find_units(tmp_path) == []
+
+
+def test_the_world_fits_distributed_optimizer_instances():
+    argv = ["--tensor-model-parallel-size", "2", "--num-distributed-optimizer-instances", "2"]
+    assert surface.world_of(argv, Path("test_cases/gpt/x/model_config.yaml")) == 4   # dp 2: two instances

@@ -68,9 +68,11 @@ def test_logging_level_sets_the_root_logger(monkeypatch):
     (["--cuda-graph-impl", "local", "--wandb-entity", "team"], ["--cuda-graph-impl local", "--wandb-entity"]),
     (["--enable-cuda-graph"], ["--cuda-graph-impl local"]),
     (["--num-distributed-optimizer-instances", "2", "--use-distributed-optimizer", "--ddp-average-in-collective",
-      "--overlap-p2p-communication-warmup-flush", "--defer-embedding-wgrad-compute", "--async-strategy", "nvrx"],
+      "--overlap-p2p-communication-warmup-flush", "--defer-embedding-wgrad-compute", "--async-strategy", "nvrx",
+      "--async-ckpt-use-cpu-shm"],
      ["--num-distributed-optimizer-instances", "--ddp-average-in-collective",
-      "--overlap-p2p-communication-warmup-flush", "--defer-embedding-wgrad-compute", "--async-strategy"]),
+      "--overlap-p2p-communication-warmup-flush", "--defer-embedding-wgrad-compute", "--async-strategy",
+      "--async-ckpt-use-cpu-shm"]),
 ])
 def test_accepted_flags_are_listed_once_in_the_header(flags, said):
     lines = no_effect_lines(validated(*flags))

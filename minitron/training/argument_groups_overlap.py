@@ -29,6 +29,8 @@ _NO_EFFECT = {
         "the pipeline's flush; the same gradient, computed later"),
     "async_strategy": (None, "--async-strategy",
         "chooses --async-save's background writer (nvrx or mcore); minitron writes checkpoints before the next step"),
+    "async_ckpt_use_cpu_shm": (False, "--async-ckpt-use-cpu-shm",
+        "copies the tensors into CPU shared memory for --async-save's background writer; minitron has none"),
 }
 
 
@@ -49,6 +51,8 @@ def add_overlap_args(parser) -> None:
                         "gradients to postpone (0: all)")
     g.add_argument("--async-strategy", default=None, choices=("nvrx", "mcore"),
                    help="(no effect here) --async-save's writer (Megatron: nvrx, or mcore without --async-save)")
+    g.add_argument("--async-ckpt-use-cpu-shm", action="store_true",
+                   help="(no effect here) --async-save's tensors through CPU shared memory")
 
 
 def validate_overlap_args(args) -> None:
