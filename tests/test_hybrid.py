@@ -105,3 +105,18 @@ def test_parallel_layouts_train_the_serial_model(tmp_path, serial_losses, name):
     assert len(losses) == len(serial_losses) == 3
     diff = max(abs(a - b) for a, b in zip(losses, serial_losses))
     assert diff <= 1e-5, f"{name}: losses {losses} differ from the serial run's {serial_losses} by {diff:.1e}"
+
+
+@pytest.mark.stress
+def test_a_tp2_checkpoint_resumes_at_pp2_on_the_serial_path(tmp_path):
+    """torch_dist keys each section of in_proj and the conv on its own (core/ssm/mamba_checkpoint.py),
+    so a checkpoint written at tp 2 loads at tp 1 and goes on as the serial run goes on."""
+    schedule = ["--train-iters", "4", "--lr-decay-iters", "4"]
+    serial = _losses(tmp_path, "serial", 1, ["--hybrid-layer-pattern", "M*-M", *schedule])
+    ckpt = str(tmp_path / "ckpt")
+    _losses(tmp_path, "tp2", 2, ["--hybrid-layer-pattern", "M*-M", "--tensor-model-parallel-size", "2",
+                                 "--sequence-parallel", *schedule, "--exit-interval", "2", "--save", ckpt,
+                                 "--save-interval", "2"])
+    resumed = _losses(tmp_path, "pp2", 2, ["--hybrid-layer-pattern", "M*-|M", "--pipeline-model-parallel-size", "2",
+                                           *schedule, "--load", ckpt])
+    assert len(resumed) == 2 and max(abs(a - b) for a, b in zip(resumed, serial[2:])) <= 1e-5, (resumed, serial)

@@ -140,3 +140,23 @@ def test_tensor_parallel_shapes_equal_megatron_cores(megatron_mixer, monkeypatch
     assert _shapes(ours) == _shapes(theirs)
     assert ours.in_proj.weight.partition_sizes == theirs.in_proj.weight.partition_sizes
     assert ours.conv1d_weight.partition_sizes == theirs.conv1d_weight.partition_sizes
+
+
+def _checkpoint_keys(sharded: dict) -> set[str]:
+    """The torch_dist keys a sharded state dict writes (a factory's as it builds them)."""
+    keys = set()
+    for sh in sharded.values():
+        pieces = sh.build() if hasattr(sh, "build") else [sh]
+        keys |= {p.key for p in (pieces if isinstance(pieces, list) else [pieces])}
+    return {k for k in keys if not k.endswith("_extra_state")}
+
+
+def test_checkpoint_keys_equal_megatron_cores(megatron_mixer):
+    """torch_dist's keys: in_proj split into z, x, B, C, dt; the conv under conv1d.weight/.bias."""
+    from megatron.core import parallel_state as mcore_ps
+    fields = CASES["heads from expand (8 heads, 2 groups)"]
+    ours, theirs = _ours(fields), megatron_mixer(fields)
+    metadata = {"dp_cp_group": mcore_ps.get_data_parallel_group(with_context_parallel=True)}
+    mine, megatrons = _checkpoint_keys(ours.sharded_state_dict("mixer.")), \
+        _checkpoint_keys(theirs.sharded_state_dict("mixer.", metadata=metadata))
+    assert mine == megatrons, f"only minitron's {sorted(mine - megatrons)}; only Megatron's {sorted(megatrons - mine)}"

@@ -54,6 +54,11 @@ class HybridStack(MegatronModule):
         self.final_norm = WrappedTorchNorm(config, config.hidden_size) if post_process else None
         self.input_tensor = None
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """Layers keyed by their global index, norms by Megatron's names (mamba_checkpoint.py)."""
+        from minitron.core.ssm.mamba_checkpoint import hybrid_stack_sharded_state_dict
+        return hybrid_stack_sharded_state_dict(self, prefix, sharded_offsets, metadata)
+
     def set_input_tensor(self, input_tensor: torch.Tensor) -> None:
         self.input_tensor = input_tensor
 

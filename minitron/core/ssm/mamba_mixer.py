@@ -20,7 +20,7 @@ With sequence parallelism in_proj all-gathers the sequence and out_proj reduce-s
 as the attention's linears do: the scan needs the whole sequence of its heads.
 
 Parameter names and shapes are Megatron's (conv1d_weight / conv1d_bias are plain parameters
-there since 0.19; its torch_dist checkpoint keys them conv1d.weight / conv1d.bias).
+there since 0.19); so are the torch_dist checkpoint's keys (mamba_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -144,6 +144,11 @@ class MambaMixer(MegatronModule):
         self.dt_bias.copy_(cut(dt + torch.log(-torch.expm1(-dt)), [self.nheads]))   # softplus^-1(dt)
         A = torch.empty(self.nheads).uniform_(*A_init_range)
         self.A_log.copy_(cut(torch.log(A), [self.nheads]))
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """Megatron's checkpoint keys, each fused weight saved so any tp reads it (mamba_checkpoint.py)."""
+        from minitron.core.ssm.mamba_checkpoint import mixer_sharded_state_dict
+        return mixer_sharded_state_dict(self, prefix, sharded_offsets, metadata)
 
     @traced
     def forward(self, hidden_states: torch.Tensor):
