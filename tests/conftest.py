@@ -61,9 +61,16 @@ def _reads_the_site(item) -> bool:
 # (a few files take 10-20 s of wall time, measured with two workers, most take one or two),
 # then the rest as collected, and last the files whose tests read the site build, so that
 # waiting for the build holds nothing else up. A file missing from LONGEST only runs later.
-LONGEST = ("test_bad_inputs_flags.py", "test_bad_inputs_files.py", "test_architecture.py", "test_faults.py",
-           "test_pretrain_deepspeed.py", "test_launcher.py", "test_moe.py", "test_view.py",
-           "test_training_equivalence.py", "test_context_parallel.py", "test_debug_attach.py")
+# Longest first by the summed --durations of a whole run (two workers, a loaded machine; file
+# by file, so a new heavy file belongs here too): one test of test_moe_sequence_parallel.py
+# trains for real with three commands, and dealt late it ran on alone while the other worker
+# had finished. The refusal tables, once first, now take a few seconds (tests/refusals.py).
+LONGEST = ("test_moe_sequence_parallel.py", "test_launcher.py", "test_trace_reader.py", "test_training_log.py",
+           "test_runner.py", "test_throughput_log.py", "test_architecture.py", "test_faults.py",
+           "test_estimate_check.py", "test_ds_checkpoint.py", "test_trace16.py", "test_ckpt_owner.py",
+           "test_debug_attach.py", "test_estimate.py", "test_fusions.py", "test_layout.py", "test_view.py",
+           "test_pretrain_deepspeed.py", "test_groups_scale.py", "test_training_equivalence.py", "test_moe.py",
+           "test_bad_inputs_flags.py", "test_bad_inputs_files.py", "test_context_parallel.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
