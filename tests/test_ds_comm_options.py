@@ -18,7 +18,8 @@ from minitron.runtime.config_values import DeepSpeedConfigError
 from minitron.runtime.gradient_reduction import for_stage
 from test_ds_checkpoint import TiedNet, batch
 
-BASE = {"train_batch_size": 4, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_allow_untested_optimizer": True}
+BASE = {"train_batch_size": 4, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+        "zero_allow_untested_optimizer": True}
 
 
 def cfg(stage=0, zero=None, **top):

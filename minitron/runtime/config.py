@@ -34,6 +34,7 @@ from minitron.runtime.config_optimizer import ZERO_TESTED, parse_optimizer
 from minitron.runtime.config_sections import parse_precision, parse_scheduler, parse_zero
 from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, flag, json_value, number, positive_int
 from minitron.runtime.monitor.config import parse_monitor
+from minitron.runtime.profiling.config import parse_flops_profiler
 
 TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 # Top-level keys minitron reads; anything else is refused (check_keys can also accept a key at
@@ -41,7 +42,7 @@ TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumul
 TOP_LEVEL = TRIAD + ("steps_per_print", "gradient_clipping", "fp16", "bf16", "bfloat16", "optimizer",
                      "scheduler", "zero_optimization", "checkpoint", "zero_allow_untested_optimizer",
                      "communication_data_type", "prescale_gradients", "gradient_predivide_factor",
-                     "wall_clock_breakdown", "tensorboard", "csv_monitor", "wandb", "comet")
+                     "wall_clock_breakdown", "tensorboard", "csv_monitor", "wandb", "comet", "flops_profiler")
 DEFAULT_ONLY: dict = {}
 # Keys DeepSpeed 0.19.8 refuses whatever their value, because the feature behind them is gone
 # (its _REMOVED_TOP_LEVEL_CONFIG_KEYS): a leftover would otherwise be silently ignored.
@@ -194,7 +195,10 @@ class DeepSpeedConfig:
                                        f"\"zero_allow_untested_optimizer\": true")
         self._gradient_communication(params)
         self.monitor_config = parse_monitor(params)   # where the engine writes its scalars (runtime/monitor/)
-        self.wall_clock_breakdown = flag(params, "wall_clock_breakdown", False, "ds_config")
+        # a per-module profile of one step (runtime/profiling/); it turns the engine's timers on, as in DeepSpeed
+        self.flops_profiler_config = parse_flops_profiler(params)
+        self.wall_clock_breakdown = flag(params, "wall_clock_breakdown", False, "ds_config") \
+            or self.flops_profiler_config["enabled"]
         # "checkpoint": {"load_universal": true}: load_checkpoint reads a universal checkpoint
         # (runtime/checkpoint/universal_checkpoint.py). DeepSpeed's other checkpoint keys (tag
         # validation, node-local storage, parallel writes) are not built, so they are refused.
@@ -260,5 +264,6 @@ class DeepSpeedConfig:
             "prescale_gradients": self.prescale_gradients,
             "gradient_predivide_factor": self.gradient_predivide_factor,
             "wall_clock_breakdown": self.wall_clock_breakdown,
+            "flops_profiler": self.flops_profiler_config,
             **{name: getattr(self.monitor_config, name) for name in ("tensorboard", "csv_monitor", "wandb")},
         }

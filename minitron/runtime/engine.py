@@ -27,9 +27,7 @@ from minitron.runtime import gradient_reduction
 from minitron.runtime.config import DeepSpeedConfig
 from minitron.runtime.loss_scaler import CreateLossScaler
 from minitron.runtime.lr_schedules import SCHEDULERS
-from minitron.runtime.monitor.events import report_step
-from minitron.runtime.monitor.monitor import MonitorMaster
-from minitron.runtime.monitor.timer import EngineTimers, SynchronizedWallClockTimer
+from minitron.runtime.monitor.events import configure_monitoring, report_step
 from minitron.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 from minitron.trace import traced
@@ -129,9 +127,8 @@ class DeepSpeedEngine(torch.nn.Module):
                 basic.tensor_sizes[master] = [p.numel() for p in params]
         self.lr_scheduler = self._configure_lr_scheduler(lr_scheduler)
         self.training_dataloader = None
-        # Scalars to TensorBoard/CSV/wandb on rank 0, and wall_clock_breakdown's timers (runtime/monitor/)
-        self.monitor = MonitorMaster(config.monitor_config)
-        self.timers, self.engine_timers = SynchronizedWallClockTimer(), EngineTimers(config.wall_clock_breakdown)
+        # Scalars to TensorBoard/CSV/wandb, wall_clock_breakdown's timers, the flops profiler
+        configure_monitoring(self, config, mp_group)
         if training_data is not None:
             sampler = torch.utils.data.DistributedSampler(training_data, num_replicas=self.dp_world_size,
                                                           rank=dist.get_rank(group=self.data_parallel_group))
@@ -210,10 +207,20 @@ class DeepSpeedEngine(torch.nn.Module):
     # --- the loop: forward, backward, step ----------------------------------------------------
 
     def forward(self, *inputs, **kwargs):
+        profiling = self.flops_profiler_active()
+        if profiling:
+            self.flops_profiler.start_profile()
         self._start_timers(self.engine_timers.forward_timers)
         output = self.module(*inputs, **kwargs)
         self._stop_timers(self.engine_timers.forward_timers)
+        if profiling:
+            self.flops_profiler.stop_profile()
         return output
+
+    def flops_profiler_active(self) -> bool:
+        """DeepSpeed profiles on global rank 0 while global_steps is the config's profile_step."""
+        return self.flops_profiler is not None and self.global_rank == 0 and \
+            self.global_steps == self._config.flops_profiler_config["profile_step"]
 
     def _start_timers(self, names: list) -> None:   # no names unless wall_clock_breakdown
         for name in names:
@@ -257,12 +264,13 @@ class DeepSpeedEngine(torch.nn.Module):
         """``lr_kwargs`` go to the schedule's step(): Megatron's OptimizerParamScheduler counts
         samples and is told how many (``{"increment": global batch}``)."""
         self._step_applied = False
+        profiling = self.flops_profiler_active()   # asked before the step counts itself
         self._start_timers(self.engine_timers.step_timers)
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
             self._take_model_step(lr_kwargs)
         self._stop_timers(self.engine_timers.step_timers)
-        report_step(self, boundary)       # lr (and loss scale) to the monitors; the timers' lines
+        report_step(self, boundary, profiling)   # monitors, the flops profile, the timers' lines
         self.micro_steps += 1
 
     def _take_model_step(self, lr_kwargs: dict | None = None) -> None:

@@ -9,6 +9,23 @@ monitors (before their line is printed, which resets them) and then their line.
 
 from __future__ import annotations
 
+from minitron import comm as dist
+from minitron.runtime.monitor.monitor import MonitorMaster
+from minitron.runtime.monitor.timer import EngineTimers, SynchronizedWallClockTimer
+from minitron.runtime.profiling.flops_profiler import FlopsProfiler
+
+
+def configure_monitoring(engine, config, mp_group) -> None:
+    """The engine's monitors (rank 0 writes), its timers (named lists, empty unless
+    wall_clock_breakdown), and its flops profiler, with DeepSpeed's attribute names."""
+    engine.monitor = MonitorMaster(config.monitor_config)
+    engine.timers, engine.engine_timers = SynchronizedWallClockTimer(), EngineTimers(config.wall_clock_breakdown)
+    engine.world_size = dist.get_world_size()   # the profile's summary reports both sizes
+    engine.mp_world_size = dist.get_world_size(group=mp_group) if mp_group is not None else 1
+    settings = config.flops_profiler_config
+    engine.flops_profiler = FlopsProfiler(engine.module, engine, settings["recompute_fwd_factor"]) \
+        if settings["enabled"] else None
+
 
 def step_events(engine) -> list:
     events = [("Train/Samples/lr", engine.get_lr()[0], engine.global_samples)]
@@ -24,10 +41,19 @@ def timer_events(engine) -> list:
             for tag, timer in names]
 
 
-def report_step(engine, boundary: bool) -> None:
-    """The monitors' events and the timers' lines after one ``engine.step()``."""
+def report_step(engine, boundary: bool, profiling: bool = False) -> None:
+    """The monitors' events, the flops profile (``profiling``: this step's forward was profiled)
+    and the timers' lines after one ``engine.step()``. DeepSpeed prints the profile at every
+    micro-step of the profiled step (the last forward's counts), labelled with the step count
+    *after* the step, and before the timers' lines reset the timers its summary reads."""
     if boundary and engine.monitor.enabled:
         engine.monitor.write_events(step_events(engine))
+    if profiling:
+        settings = engine._config.flops_profiler_config
+        engine.flops_profiler.print_model_profile(engine.global_steps, settings["module_depth"],
+                                                  settings["top_modules"], settings["detailed"],
+                                                  settings["output_file"])
+        engine.flops_profiler.end_profile()
     if engine._config.wall_clock_breakdown:
         engine.timers.log(engine.engine_timers.micro_timers)
         if boundary:
