@@ -13,7 +13,7 @@ import argparse
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER
 from minitron.training.arguments_ranges import COUNT, LAYERS, LOSS_SCALE, POSITIVE, PROBABILITY, float_in, int_in
 from minitron.training.arguments_policy import add_policy_args
-from minitron.training.arguments_fp8 import add_fp8_args
+from minitron.training.argument_groups_fp8 import add_fp8_args
 from minitron.training.argument_groups_ci import add_ci_args
 from minitron.training.argument_groups_ckpt import add_ckpt_args
 from minitron.training.argument_groups_launch import add_launch_args

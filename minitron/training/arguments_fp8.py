@@ -1,14 +1,14 @@
-"""Megatron's fp8 flags: the ones minitron builds, and one line for each it cannot.
+"""Megatron's fp8 flags (training/argument_groups_fp8.py): what minitron builds, and one line
+for each choice it cannot.
 
-Megatron 0.19.2 generates them from TransformerConfig's fp8 fields (same names and defaults:
-``--fp8-format`` sets ``args.fp8``). With ``--fp8-format`` the linear layers inside the
-transformer layers multiply with fp8 inputs (core/fp8_utils.py, core/fp8/); without it the
-other fp8 flags are read by nobody, as in Megatron. Nothing here imports torch.
+With ``--fp8-format`` the linear layers inside the transformer layers multiply with fp8 inputs
+(core/fp8_utils.py, core/fp8/); without it the other fp8 flags are read by nobody, as in
+Megatron. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
-from minitron.training.arguments_ranges import int_in
+from minitron.training.argument_groups import require
 
 # what core_transformer_config_from_args copies into the TransformerConfig
 FP8_CONFIG_FIELDS = ("fp8", "fp8_recipe", "fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo")
@@ -25,26 +25,8 @@ _UNBUILT_RECIPES = {
 }
 
 
-def add_fp8_args(g) -> None:
-    """Into Megatron's group for them (here: mixed precision)."""
-    g.add_argument("--fp8-format", dest="fp8", choices=["e4m3", "hybrid"], default=None,
-                   help="fp8 GEMM inputs in the transformer layers: e4m3 everywhere, or hybrid "
-                        "(e4m3 forward, e5m2 for gradients)")
-    g.add_argument("--fp8-recipe", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"],
-                   default="delayed", help="how scales are chosen: delayed (from an amax history) or "
-                                           "tensorwise (from each tensor as it is cast)")
-    g.add_argument("--fp8-margin", type=int_in(0, 64, "2^64 would leave fp8 nothing of the range"), default=0,
-                   help="delayed: scale = fp8_max / amax / 2^margin")
-    g.add_argument("--fp8-amax-history-len", type=int_in(1, 1 << 20, "a longer history is never read"),
-                   default=1, help="delayed: how many steps' amaxes the scale is chosen from")
-    g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="most_recent",
-                   help="delayed: the history's newest amax, or its largest")
-
-
 def validate_fp8(args) -> None:
     """What must hold between the fp8 flags and the others; one line each."""
-    from minitron.training.argument_groups import require   # argument_groups imports this module
-
     if not getattr(args, "fp8", None):
         return
     recipe = args.fp8_recipe
