@@ -63,6 +63,8 @@ def test_the_pattern_sets_num_layers_and_the_virtual_pipeline():
     (["--hybrid-layer-pattern", "ME"], "give --num-experts"),
     (["--hybrid-layer-pattern", "M*", "--context-parallel-size", "2"], "does not split a scan"),
     (["--hybrid-layer-pattern", "M*", "--hybrid-override-pattern", "M*"], "cannot both be given"),
+    (["--num-layers", "2", "--export-model-type", "HybridModel"], "give its layers with --hybrid-layer-pattern"),
+    (["--num-layers", "2", "--is-hybrid-model"], "--is-hybrid-model describes a hybrid model"),
 ])
 def test_bad_hybrid_flags_get_one_line(argv, fragment):
     world = 4 if "4" in argv else 2 if "2" in argv else 1

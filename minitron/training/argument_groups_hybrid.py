@@ -33,6 +33,12 @@ def add_hybrid_args(parser) -> None:
                    help="default: 2 x hidden size / --mamba-head-dim")
     g.add_argument("--disable-mamba-mem-eff-path", dest="use_mamba_mem_eff_path", action="store_false",
                    help="Megatron's non-fused Mamba path; minitron has one path, the same numbers either way")
+    g.add_argument("--is-hybrid-model", action="store_true",
+                   help="TransformerConfig.is_hybrid_model; set by --hybrid-layer-pattern anyway (needs one)")
+    # modelopt's flag (megatron/post_training/arguments.py), which its model configurations carry:
+    # the family its builder makes. Pretraining reads the pattern, as pretrain_hybrid does.
+    g.add_argument("--export-model-type", default=None, choices=["GPTModel", "HybridModel", "MambaModel"],
+                   help="modelopt's model family; HybridModel (MambaModel: its old name) needs a pattern")
 
 
 def _refuse(message: str):
@@ -56,6 +62,9 @@ def validate_hybrid_args(args) -> None:
                     "keep --hybrid-layer-pattern (the other is its deprecated name)")
         args.hybrid_layer_pattern = args.hybrid_override_pattern
     pattern = args.hybrid_layer_pattern
+    if pattern is None and (args.is_hybrid_model or args.export_model_type in ("HybridModel", "MambaModel")):
+        flag = "--is-hybrid-model" if args.is_hybrid_model else f"--export-model-type {args.export_model_type}"
+        _refuse(f"{flag} describes a hybrid model: give its layers with --hybrid-layer-pattern (e.g. M-M*-)")
     if pattern is None:
         if spec is not None and spec != ("local",):
             _refuse(f"--spec {' '.join(spec)}: minitron builds its own GPT layers (--spec local) and, with "
