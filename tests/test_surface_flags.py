@@ -18,11 +18,12 @@ from minitron.training.arguments_policy import no_effect_lines
 
 MODEL = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "8",
          "--micro-batch-size", "1"]
+MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--disable-bias-linear"]
 
 
 def validated(*extra, world=None):
     args = megatron_parser().parse_args([*MODEL, *extra])
-    world = world or (2 if "--num-distributed-optimizer-instances" in extra else 1)
+    world = world or (2 if {"--num-distributed-optimizer-instances", "--expert-model-parallel-size"} & set(extra) else 1)
     args.rank, args.world_size, args.distributed_backend = 0, world, "gloo"
     return validate_args(args, dict(GPT_ARGS_DEFAULTS))
 
@@ -73,6 +74,8 @@ def test_logging_level_sets_the_root_logger(monkeypatch):
      ["--num-distributed-optimizer-instances", "--ddp-average-in-collective",
       "--overlap-p2p-communication-warmup-flush", "--defer-embedding-wgrad-compute", "--async-strategy",
       "--async-ckpt-use-cpu-shm"]),
+    (["--overlap-moe-expert-parallel-comm", *MOE, "--bf16", "--expert-model-parallel-size", "2",
+      "--moe-token-dispatcher-type", "alltoall"], ["--overlap-moe-expert-parallel-comm"]),
 ])
 def test_accepted_flags_are_listed_once_in_the_header(flags, said):
     lines = no_effect_lines(validated(*flags))
@@ -87,6 +90,10 @@ def test_accepted_flags_are_listed_once_in_the_header(flags, said):
     (["--cuda-graph-modules", "attn", "conv"], "invalid choice: 'conv'"),
     (["--num-distributed-optimizer-instances", "3"], "does not divide data x context parallel size 2"),
     (["--ckpt-format", "fsdp_dtensor"], "Megatron-FSDP's checkpoint .* use torch_dist"),
+    (["--tp-comm-overlap"], "add --sequence-parallel"),
+    (["--overlap-param-gather-with-optimizer-step", "--use-distributed-optimizer", "--overlap-grad-reduce",
+      "--overlap-param-gather"], "interleaved pipeline"),
+    (["--overlap-moe-expert-parallel-comm", *MOE, "--bf16"], "--expert-model-parallel-size > 1"),
     (["--use-megatron-fsdp"], "--use-megatron-fsdp is refused: .* minitron has no FSDP yet"),
 ])
 def test_bad_combinations_are_one_line(flags, match):
@@ -115,8 +122,6 @@ def test_disable_bf16_reduced_precision_matmul_sets_torchs_switch_for_bf16():
     finally:
         matmul.allow_bf16_reduced_precision_reduction = before
 
-
-MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--disable-bias-linear"]
 
 
 def test_flex_dispatcher_runs_as_alltoall_under_megatrons_rules():
