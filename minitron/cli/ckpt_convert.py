@@ -26,10 +26,39 @@ NOT_INHERITED = {"save", "load", "ckpt_format", "ckpt_convert_format", "ckpt_con
 def saved_flags(values: dict) -> list[str]:
     """Megatron's command line that sets ``values`` (a saved args dict): a flag per value that
     differs from the parser's default, so a user need not repeat the model's flags."""
+    return [word for unit in saved_units(values) for word in unit]
+
+
+def without_implied(units: list[list[str]], rest: list[str], world: int) -> list[list[str]]:
+    """Leave out each flag that validate_args would set to the same value anyway (the padded
+    vocabulary, the expert tensor-parallel size equal to tp, a qkv bias that the linear biases
+    imply): the command printed is the one a user would have typed, and runs the same."""
+    import contextlib
+    import io
+
+    def validated(kept):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            return vars(validate_pretrain([w for unit in kept for w in unit] + rest, world))
+
+    whole = validated(units)
+    kept = list(units)
+    for unit in units:
+        trial = [u for u in kept if u is not unit]
+        try:
+            same = validated(trial) == whole
+        except UserError:
+            same = False
+        if same:
+            kept = trial
+    return kept
+
+
+def saved_units(values: dict) -> list[list[str]]:
+    """saved_flags' flags, each with its values."""
     # lazy: only the commands that rebuild a run's flags load Megatron's parser
     from minitron.training.arguments import megatron_parser
 
-    argv = []
+    units = []
     for action in megatron_parser()._actions:
         if not action.option_strings or action.dest not in values or action.dest in NOT_INHERITED:
             continue
@@ -39,12 +68,12 @@ def saved_flags(values: dict) -> list[str]:
         if action.dest.startswith("moe_") and not values.get("num_experts"):
             continue   # validate_args fills MoE values in for every model; a dense one refuses them as flags
         if action.nargs == 0:   # store_true / store_false: present means "not the default"
-            argv.append(flag)
+            units.append([flag])
         elif isinstance(value, list):
-            argv += [flag, *map(str, value)]
+            units.append([flag, *map(str, value)])
         else:
-            argv += [flag, str(value)]
-    return argv
+            units.append([flag, str(value)])
+    return units
 
 
 def convert(source: Path, dest: Path | None, ckpt_format: str | None) -> None:
@@ -82,9 +111,13 @@ def convert(source: Path, dest: Path | None, ckpt_format: str | None) -> None:
     saved = where / "common.pt" if have == "torch_dist" else rank_dir(
         source, iteration, 0, 0, meta.get("pipeline_model_parallel_size", 1)) / "model_optim_rng.pt"
     args = torch.load(saved, map_location="cpu", weights_only=True)["args"]
-    argv = saved_flags(args) + ["--load", str(source), "--ckpt-format", have, "--ckpt-convert-format",
-                                ckpt_format, "--ckpt-convert-save", str(work)]
+    # The conversion trains nothing, and its batch size is not the saved run's (global batch is
+    # not inherited), so its learning-rate schedule would differ from the checkpoint's, which
+    # Megatron's load refuses: the scheduler is carried over from the checkpoint as it is.
+    rest = ["--load", str(source), "--ckpt-format", have, "--ckpt-convert-format", ckpt_format,
+            "--ckpt-convert-save", str(work), "--use-checkpoint-opt_param-scheduler"]
     world = meta.get("world_size", args["world_size"])
+    argv = [w for unit in without_implied(saved_units(args), rest, world) for w in unit] + rest
     validate_pretrain(argv, world)
     from minitron.launcher import LaunchConfig, RankFailure, Target, launch   # lazy, as above
 
