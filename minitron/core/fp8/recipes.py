@@ -76,7 +76,7 @@ def current_scale(amax: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 def _amax(x: torch.Tensor) -> torch.Tensor:
-    return x.detach().abs().amax().float() if x.numel() else torch.zeros((), dtype=torch.float32)
+    return x.detach().abs().amax().float() if x.numel() else torch.zeros((), dtype=torch.float32, device=x.device)
 
 
 class DelayedScaling:
@@ -87,8 +87,10 @@ class DelayedScaling:
 
     def __init__(self, fmt: str, history_len: int, algo: str, margin: int, group=None):
         self.fmt, self.algo, self.margin, self.group = fmt, algo, margin, group
-        self.history = torch.zeros(history_len, dtype=torch.float32)   # newest first
-        self.scale = torch.ones((), dtype=torch.float32)               # the next cast's
+        # newest first; both move to the amax's device at the first record (a slot is made
+        # before it has seen a tensor, so it does not know the device yet)
+        self.history = torch.zeros(history_len, dtype=torch.float32)   # host: until the first record
+        self.scale = torch.ones((), dtype=torch.float32)               # host: the next cast's, ditto
 
     def record(self, amax: torch.Tensor) -> None:
         """Close a step: reduce its amax, enter it in the history, choose the next scale."""
@@ -112,7 +114,7 @@ class CurrentScaling:
 
     def __init__(self, fmt: str):
         self.fmt = fmt
-        self.scale = torch.ones((), dtype=torch.float32)   # the last one used (for reading)
+        self.scale = torch.ones((), dtype=torch.float32)   # host: the last one used (for reading), replaced by it
 
     def quantize(self, x: torch.Tensor, group=None) -> tuple[torch.Tensor, torch.Tensor]:
         amax = _amax(x)
