@@ -4,6 +4,7 @@ place: the test that records what each does reads the same lists).
 
     minitron estimate --world 8 $(python docs/examples/script_flags.py argv llama3_8b_bf16)
     python docs/examples/script_flags.py verdicts llama3_8b    # each flag: done, no effect, refused
+    python docs/examples/script_flags.py outcomes              # every script through `minitron estimate`
 
 `argv` prints one word per line, and the shell's $(...) splits them again as bash split the
 script's arrays: a quote inside a word stays in it, as it did there.
@@ -44,9 +45,27 @@ def verdicts(name: str) -> dict[str, list[str]]:
     return found
 
 
+def outcomes() -> None:
+    """Each script through `minitron estimate` at its world, as a user would type it: "runs", or
+    the one line it stops with. In this process (tests/cli_here.py runs the command's entry
+    point here): nine answers for one import."""
+    import textwrap
+
+    from cli_here import minitron_here
+
+    for name, script in ALL.items():
+        done = minitron_here("estimate", "--world", str(script.world), *script.argv(PLACEHOLDER))
+        said = "runs" if done.returncode == 0 else done.stderr.strip().splitlines()[-1].removeprefix("minitron: ")
+        print(f"{name} ({script.world} ranks)")
+        print(textwrap.fill(said, width=100, initial_indent="    ", subsequent_indent="    "))
+
+
 def main(argv: list[str]) -> None:
+    if argv == ["outcomes"]:
+        outcomes()
+        return
     if len(argv) != 2 or argv[0] not in ("argv", "verdicts") or argv[1] not in ALL:
-        sys.exit(f"usage: script_flags.py argv|verdicts NAME, NAME one of {', '.join(ALL)}")
+        sys.exit(f"usage: script_flags.py argv|verdicts NAME | outcomes, NAME one of {', '.join(ALL)}")
     what, name = argv
     if what == "argv":
         print("\n".join(ALL[name].argv(PLACEHOLDER)))
