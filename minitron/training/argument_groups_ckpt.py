@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 
-from minitron.training.arguments_ranges import POSITIVE
+from minitron.training.arguments_ranges import COUNT, POSITIVE
 
 # flag given -> why it changes nothing in minitron (the header's line). Keyed by dest, as read
 # back from the parsed args; only flags whose non-default value is listed.
@@ -61,7 +61,7 @@ def add_ckpt_args(parser) -> None:
     g.add_argument("--save-retain-interval", type=POSITIVE, default=None, metavar="N",
                    help="keep the latest checkpoint and those of iterations divisible by N: each save removes "
                         "the one before it otherwise (after the new one is whole)")
-    g.add_argument("--logging-level", type=int, default=None, metavar="LEVEL",
+    g.add_argument("--logging-level", type=COUNT, default=None, metavar="LEVEL",
                    help="the root Python logger's level on every rank (10 DEBUG, 20 INFO, 30 WARNING, ...); "
                         "unset: MEGATRON_LOGGING_LEVEL if set")
 

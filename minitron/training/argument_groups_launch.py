@@ -12,7 +12,7 @@ torch-free, each refusal one line.
 """
 from __future__ import annotations
 
-from minitron.training.arguments_ranges import COUNT
+from minitron.training.arguments_ranges import COUNT, int_in
 
 CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
 CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")   # Megatron's CudaGraphModule
@@ -51,8 +51,9 @@ def add_launch_args(parser) -> None:
                    help="(no effect here) eager steps before the capture")
     g.add_argument("--tiktoken-pattern", default=None, choices=("v1", "v2"),
                    help="TikTokenizer: the regex that splits text before the merges (v2 when unset)")
-    g.add_argument("--tiktoken-num-special-tokens", type=int, default=1000, metavar="N",
-                   help="TikTokenizer: the special-token ids in front of the BPE ranks")
+    g.add_argument("--tiktoken-num-special-tokens", type=int_in(7, 2 ** 20, "more special ids than any vocabulary "
+                                                                        "holds"),   # at least Megatron's seven named ones
+                   default=1000, metavar="N", help="TikTokenizer: the special-token ids in front of the BPE ranks")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="(no effect here) let a Hugging Face tokenizer run its repository's Python")
     g.add_argument("--wandb-entity", default=None, metavar="NAME",
@@ -81,9 +82,6 @@ def validate_launch_args(args) -> None:
     if args.cuda_graph_impl != "none":
         notes.append(f"--cuda-graph-impl {args.cuda_graph_impl}: {_CUDA_GRAPH}")
     _validate_flex_dispatcher(args, notes)
-    if args.tokenizer_type == "TikTokenizer":
-        n = args.tiktoken_num_special_tokens
-        require(7 <= n, f"--tiktoken-num-special-tokens {n}: Megatron's seven named special tokens need 7 ids")
     if args.trust_remote_code:
         notes.append("--trust-remote-code: lets a Hugging Face tokenizer run its repository's own Python; "
                      "minitron reads tokenizer.json through the tokenizers package and runs no repository code")
