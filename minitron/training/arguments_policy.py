@@ -89,6 +89,8 @@ NO_EFFECT = {
 
 _FP8_PARAMS = ("keeps the weights themselves in fp8 and all-gathers them in fp8 from the distributed optimizer; "
                "minitron keeps them in the training dtype and casts them at each forward: drop it")
+_FP8_WGRAD = ("computes the weight gradient from the unquantized input and output gradient (TE's "
+              "override_linear_precision); minitron's fp8 weight gradient is always fp8: drop it")
 
 _FSDP = ("shards the parameters and gradients too and gathers each layer just before it runs (Megatron-FSDP / "
          "torch's FSDP2); minitron has no FSDP yet: use --use-distributed-optimizer, which shards the optimizer state")
@@ -98,6 +100,8 @@ REFUSED = {
     "--use-megatron-fsdp": (False, _FSDP),
     "--use-torch-fsdp2": (False, _FSDP),
     "--fp8-param-gather": (False, _FP8_PARAMS),
+    "--no-fp8-wgrad": (False, _FP8_WGRAD),
+    "--disable-fp8-wgrad": (False, _FP8_WGRAD),
 }
 
 
