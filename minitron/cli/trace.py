@@ -235,7 +235,10 @@ def trace(
     from minitron.training.arguments_features import moe_setup_warning, moe_training_refusal
     if steps and moe_training_refusal(args):   # Megatron's MoE layer would raise at the first step
         raise UserError(moe_training_refusal(args))
-    print_no_effect(args)
+    # Rank 0 prints the list as Megatron prints its arguments, and a fake play shows rank 0's
+    # output here: said once, by whoever is seen (real ranks' output goes to their logs).
+    if not (args.distributed_backend == "fake" and (chosen is None or 0 in chosen)):
+        print_no_effect(args)
     backend = args.distributed_backend
     preflight.check_data_workers(args.num_workers, world)
     if steps and backend == "fake":
