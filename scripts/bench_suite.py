@@ -17,7 +17,8 @@ Two places to run pytest:
 
 The command is read from README.md (section "Test it"), so this follows the README when it
 changes. --pytest-args adds arguments to its pytest (files to select, -n 0, ...): a selection
-gives a ratio for that selection only, and the budget line says so.
+gives a ratio for that selection only, and the budget line says so; --durations=N only adds
+pytest's list of the slowest tests, printed after the times, and still counts as the whole suite.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BUDGET = 90           # the README's test command: at most this many `import torch`
 IMPORTS = 3           # import torch is timed this often; the median counts
+DURATION = re.compile(r"\d+\.\d+s (setup|call|teardown) ")   # a line of pytest's --durations report
 
 
 def readme_steps(readme: Path) -> tuple[list[str], str]:
@@ -101,6 +103,8 @@ def measure(where: Path, pytest_args: list[str]) -> int:
     with tempfile.TemporaryFile() as log:
         wall, cpu, code = timed(command, where, log)
         summary = tail(log, 3)
+        log.seek(0)
+        slowest = [line for line in log.read().decode(errors="replace").splitlines() if DURATION.match(line)]
     torch_wall = statistics.median(w for w, _, _ in imports)
     torch_cpu = statistics.median(c for _, c, _ in imports)
     ratio = wall / torch_wall
@@ -109,7 +113,11 @@ def measure(where: Path, pytest_args: list[str]) -> int:
     print(f"`{command}` in {where}: {wall:.1f} s wall, {cpu:.1f} s CPU, exit code {code}")
     print(f"{os.cpu_count()} cores; 1-minute load average {load_before:.1f} before pytest, "
           f"{os.getloadavg()[0]:.1f} after (a busy machine inflates both times; the ratio moves less)")
-    scope = "the whole suite" if not pytest_args else "this selection only, not the budget's whole suite"
+    for line in slowest:  # --durations=N asked for them: where the time went
+        print(f"  {line}")
+    # --durations only reports; any other argument (files, -k, -m, -n 0, -x) changes the run.
+    whole = all(arg.startswith("--durations") for arg in pytest_args)
+    scope = "the whole suite" if whole else "this selection only, not the budget's whole suite"
     verdict = "within" if ratio <= BUDGET else "OVER"
     print(f"RATIO {ratio:.1f}x import torch wall ({cpu / torch_cpu:.1f}x in CPU); budget at most {BUDGET}x: "
           f"{verdict} ({scope})")
