@@ -12,7 +12,7 @@ torch-free, each refusal one line.
 """
 from __future__ import annotations
 
-from minitron.training.arguments_ranges import COUNT, int_in
+from minitron.training.arguments_ranges import COUNT, POSITIVE, int_in
 
 CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
 CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")   # Megatron's CudaGraphModule
@@ -56,6 +56,12 @@ def add_launch_args(parser) -> None:
                    default=1000, metavar="N", help="TikTokenizer: the special-token ids in front of the BPE ranks")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="(no effect here) let a Hugging Face tokenizer run its repository's Python")
+    g.add_argument("--check-weight-hash-across-dp-replicas-interval", type=POSITIVE, default=None, metavar="N",
+                   help="every N iterations, the data-parallel replicas compare hashes of their parameters and the "
+                        "run stops if any differs (training/weight_hash.py)")
+    g.add_argument("--test-mode", action="store_true",
+                   help="(no effect here) Megatron's real-time test: the q/k layernorm weights compared across "
+                        "ranks at every forward")
     g.add_argument("--wandb-entity", default=None, metavar="NAME",
                    help="(no effect here) the wandb team; minitron's log is stdout, --log-jsonl and the trace")
 
@@ -85,6 +91,10 @@ def validate_launch_args(args) -> None:
     if args.trust_remote_code:
         notes.append("--trust-remote-code: lets a Hugging Face tokenizer run its repository's own Python; "
                      "minitron reads tokenizer.json through the tokenizers package and runs no repository code")
+    if args.test_mode:
+        notes.append("--test-mode: compares the q/k layernorm weights across data- and tensor-parallel ranks at "
+                     "every forward, to catch a silently corrupted rank; a check, not a computation (minitron does "
+                     "not make it; --check-weight-hash-across-dp-replicas-interval compares every weight)")
     if args.wandb_entity is not None:
         notes.append("--wandb-entity: a logger minitron lacks; its log is stdout, --log-jsonl and the trace")
     if args.disable_bf16_reduced_precision_matmul and not args.bf16:   # Megatron applies it with bf16 only

@@ -34,6 +34,7 @@ from minitron.training.initialize import initialize_megatron
 from minitron.training.model_setup import setup_model_and_optimizer
 from minitron.training.training_log import IterationLog, print_vocab_padding
 from minitron.training.utils import calc_params_l2_norm, print_rank_0, print_rank_last, reduce_losses
+from minitron.training.weight_hash import check_param_hashes_across_dp_replicas
 
 
 INIT_ONLY_ENV = "MINITRON_INIT_ONLY"   # "1": stop after initialize_megatron, whatever the flags' run length
@@ -185,6 +186,10 @@ def train(forward_step_func, model, optimizer, opt_param_scheduler, train_data_i
         # data, yet every rank must run the evaluation's collectives together.
         if args.eval_interval and args.do_valid and iteration % args.eval_interval == 0:
             evaluate_and_print_results(f"iteration {iteration}", forward_step_func, valid_data_iterator, model)
+        interval = getattr(args, "check_weight_hash_across_dp_replicas_interval", None)
+        if interval and iteration % interval == 0:   # before a save can keep a corrupted replica
+            force_param_sync(model)   # the distributed optimizer's pending shards, gathered first
+            check_param_hashes_across_dp_replicas(model, iteration)
         saved = bool(args.save and args.save_interval and iteration % args.save_interval == 0)
         if saved:
             force_param_sync(model)
