@@ -19,6 +19,7 @@ from minitron.training.argument_groups_ckpt import add_ckpt_args
 from minitron.training.argument_groups_launch import add_launch_args
 from minitron.training.argument_groups_overlap import add_overlap_args
 from minitron.training.argument_groups_hybrid import add_hybrid_args
+from minitron.training.arguments_pipeline_split import add_pipeline_split_args
 from minitron.training.argument_groups_model import (_add_fusion_args, _add_layer_variant_args, _add_mla_args,
                                                      _add_moe_args, _add_position_embedding_args,
                                                      _add_window_args)
@@ -285,6 +286,7 @@ ARGUMENT_GROUPS = (_add_network_size_args, _add_window_args, _add_mla_args, _add
                    _add_mixed_precision_args, _add_distributed_args, _add_validation_args,
                    _add_data_args, _add_tokenizer_args, _add_moe_args, _add_logging_args,
                    _add_fusion_args, _add_deepspeed_args, add_ci_args, add_policy_args, add_hybrid_args,
+                   add_pipeline_split_args,
                    add_ckpt_args, add_launch_args, add_overlap_args)
 
 

@@ -29,6 +29,7 @@ from minitron.training.arguments_features import (MOE_CONFIG_FIELDS, validate_co
                                                    validate_modern_options, validate_moe)
 from minitron.training.arguments_fp8 import FP8_CONFIG_FIELDS, validate_fp8
 from minitron.training.arguments_layer import validate_layer_variants
+from minitron.training.arguments_pipeline_split import uneven_split, validate_pipeline_split
 from minitron.training.arguments_schedule import validate_batch, validate_lr_schedule, validate_run_length
 from minitron.training.datasets.arguments import validate_data_args
 
@@ -159,10 +160,13 @@ def _validate_layout(args):
                  f"--num-experts {args.num_experts} is not a multiple of --expert-model-parallel-size {ep}")
 
     # Virtual pipeline (interleaved schedule): several model chunks per pipeline rank.
-    require(args.num_layers % pp == 0 or args.hybrid_layer_pattern is not None,   # its '|' may cut unevenly
+    uneven = uneven_split(args)   # an uneven split is checked, whole, by validate_pipeline_split below
+    require(args.num_layers % pp == 0 or args.hybrid_layer_pattern is not None or uneven,   # '|' may cut unevenly
              f"--num-layers {args.num_layers} is not divisible by --pipeline-model-parallel-size {pp}")
     if args.num_layers_per_virtual_pipeline_stage is not None:
-        n, per_stage = args.num_layers_per_virtual_pipeline_stage, args.num_layers // pp
+        n = args.num_layers_per_virtual_pipeline_stage   # the embedding / loss may count as layers (Megatron)
+        per_stage = (args.num_layers + args.account_for_embedding_in_pipeline_split
+                     + args.account_for_loss_in_pipeline_split) // pp
         require(args.virtual_pipeline_model_parallel_size is None,
                  "give --num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank, "
                  "not both")
@@ -183,11 +187,13 @@ def _validate_layout(args):
     if tp == 1:
         args.sequence_parallel = False  # as Megatron: nothing to split the sequence across
     if vp is not None:
-        require(args.num_layers % (pp * vp) == 0 or args.hybrid_layer_pattern is not None,
+        require(args.num_layers % (pp * vp) == 0 or args.hybrid_layer_pattern is not None or uneven,
                  f"--num-layers {args.num_layers} is not divisible by pipeline x virtual pipeline "
                  f"= {pp} x {vp} = {pp * vp}")
         if vp == 1:
             args.virtual_pipeline_model_parallel_size = None  # one chunk per rank: no interleaving
+    if uneven:
+        validate_pipeline_split(args)
 
 
 def _validate_model_shape(args):
@@ -285,6 +291,11 @@ def core_transformer_config_from_args(args):
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
         microbatch_group_size_per_vp_stage=args.microbatch_group_size_per_vp_stage,
+        num_layers_in_first_pipeline_stage=args.decoder_first_pipeline_num_layers,
+        num_layers_in_last_pipeline_stage=args.decoder_last_pipeline_num_layers,
+        account_for_embedding_in_pipeline_split=args.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=args.account_for_loss_in_pipeline_split,
+        pipeline_model_parallel_layout=args.pipeline_model_parallel_layout,
         sequence_parallel=args.sequence_parallel, params_dtype=dtype,
         num_layers=args.num_layers, hidden_size=args.hidden_size,
         num_attention_heads=args.num_attention_heads, ffn_hidden_size=args.ffn_hidden_size,

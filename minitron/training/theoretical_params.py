@@ -139,10 +139,9 @@ def chunk_layers(args, pp_rank: int, chunk: int) -> range:
     if _flag(args, "hybrid_layer_pattern"):   # the pattern's '|' segments, which may be uneven
         from minitron.training.theoretical_mamba import hybrid_chunk_layers
         return hybrid_chunk_layers(args, pp_rank, chunk)
-    pp, vp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size or 1
-    per = args.num_layers // (pp * vp)
-    first = chunk * (args.num_layers // vp) + pp_rank * per
-    return range(first, first + per)
+    # even or uneven, the split the model builds (core/pipeline_parallel/layer_layout.py)
+    from minitron.core.pipeline_parallel.layer_layout import counts_from, stage_layers
+    return stage_layers(counts_from(args), args.pipeline_model_parallel_size, pp_rank, chunk)
 
 
 def chunk_ends(args, pp_rank: int, chunk: int) -> tuple[bool, bool]:

@@ -30,25 +30,23 @@ from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
 
+def _stage_layers(config, vp_stage: int | None) -> range:
+    """This rank's chunk ``vp_stage``: its layers' global indices. Even or uneven, the split
+    lives in pipeline_parallel_layer_layout.py (torch-free, shared with the estimate)."""
+    from minitron.core.transformer.pipeline_parallel_layer_layout import counts_from, layer_counts, stage_layers
+    pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+    counts = counts_from(config) if pp_size == config.pipeline_model_parallel_size else \
+        layer_counts(config.num_layers, pp_size, config.virtual_pipeline_model_parallel_size)  # a bare config
+    return stage_layers(counts, pp_size, parallel_state.get_pipeline_model_parallel_rank(), vp_stage)
+
+
 def get_transformer_layer_offset(config, vp_stage: int | None = None) -> int:
     """How many layers come before this stage's first one (its layer numbers start after)."""
-    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-    pp_size = parallel_state.get_pipeline_model_parallel_world_size()
-    vp_size = config.virtual_pipeline_model_parallel_size
-    if vp_size is None:
-        return pp_rank * (config.num_layers // pp_size)
-    # Interleaved: model chunk c of stage r holds the (c * p + r)-th block of L / (p * v) layers.
-    per_chunk = config.num_layers // (pp_size * vp_size)
-    return (vp_stage or 0) * (config.num_layers // vp_size) + pp_rank * per_chunk
+    return _stage_layers(config, vp_stage).start
 
 
-def get_num_layers_to_build(config) -> int:
-    pp_size = parallel_state.get_pipeline_model_parallel_world_size()
-    vp_size = config.virtual_pipeline_model_parallel_size or 1
-    if config.num_layers % (pp_size * vp_size):
-        raise ValueError(f"num_layers {config.num_layers} does not split into {pp_size} pipeline stages"
-                         f" x {vp_size} model chunks")
-    return config.num_layers // (pp_size * vp_size)
+def get_num_layers_to_build(config, vp_stage: int | None = None) -> int:
+    return len(_stage_layers(config, vp_stage))
 
 
 class TransformerBlock(MegatronModule):
@@ -58,7 +56,7 @@ class TransformerBlock(MegatronModule):
         self.pre_process, self.post_process = pre_process, post_process
         offset = get_transformer_layer_offset(config, vp_stage)
         layers = []
-        for i in range(get_num_layers_to_build(config)):
+        for i in range(get_num_layers_to_build(config, vp_stage)):
             with layer_init_rng(config, offset + i + 1):  # same weights whichever stage builds it
                 layers.append(TransformerLayer(config, layer_number=offset + i + 1))
         self.layers = torch.nn.ModuleList(layers)

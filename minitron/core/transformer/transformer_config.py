@@ -41,6 +41,12 @@ class ModelParallelConfig:
     virtual_pipeline_model_parallel_size: int | None = None
     # The interleaved schedule's group: micro-batches in a row per model chunk (None: pp).
     microbatch_group_size_per_vp_stage: int | None = None
+    # An uneven split of the layers over the pipeline (pipeline_parallel_layer_layout.py).
+    num_layers_in_first_pipeline_stage: int | None = None
+    num_layers_in_last_pipeline_stage: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    pipeline_model_parallel_layout: str | None = None
     # Split the sequence dimension across the TP group in the regions TP leaves replicated
     # (layernorm, dropout, residual): saves activation memory, same numbers.
     sequence_parallel: bool = False
@@ -207,10 +213,11 @@ class TransformerConfig(ModelParallelConfig):
         if self.ffn_hidden_size % tp:
             raise ValueError(f"ffn_hidden_size {self.ffn_hidden_size} is not divisible by "
                              f"tensor_model_parallel_size {tp}")
-        if self.num_layers % self.pipeline_model_parallel_size and not self.is_hybrid_model:
-            # (a hybrid pattern's '|' separators may cut it unevenly: core/ssm/ checks those)
-            raise ValueError(f"num_layers {self.num_layers} is not divisible by "
-                             f"pipeline_model_parallel_size {self.pipeline_model_parallel_size}")
+        if not self.is_hybrid_model:   # (a hybrid pattern's '|' may cut unevenly: core/ssm/ checks those)
+            from minitron.core.transformer.pipeline_parallel_layer_layout import config_split_problem
+            problem = config_split_problem(self)
+            if problem:
+                raise ValueError(problem)
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
