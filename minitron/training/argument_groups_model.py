@@ -64,9 +64,9 @@ def _add_layer_variant_args(g):
     g.add_argument("--squared-relu", action="store_true", help="MLP activation relu(x)^2 (Nemotron)")
     g.add_argument("--quick-geglu", action="store_true",
                    help="gated MLP, quick_gelu(x W_gate) * (x W_up), quick_gelu(x) = x sigmoid(1.702 x) (gpt-oss)")
-    g.add_argument("--glu-linear-offset", type=float, default=0.0,
+    g.add_argument("--glu-linear-offset", type=float_in(float("-inf")), default=0.0,
                    help="gated MLP: act(gate) * (up + offset) (gpt-oss: 1.0)")
-    g.add_argument("--activation-func-clamp-value", type=float, default=None, metavar="V",
+    g.add_argument("--activation-func-clamp-value", type=float_in(0.0, above=True), default=None, metavar="V",
                    help="gated MLP: gate clamped to <= V and up to [-V, V] before the product (gpt-oss: 7.0)")
     g.add_argument("--softmax-type", default="vanilla", choices=["vanilla", "off-by-one", "learnable"],
                    help="attention sinks: one more logit per head in each softmax, 0 (off-by-one) or learned "
@@ -95,8 +95,8 @@ def _add_mla_args(parser):
     # YaRN's stretch, read by MLA's yarn and by --position-embedding-type yarn (Megatron's defaults).
     g.add_argument("--rotary-scaling-factor", type=float_in(0.0, above=True), default=1.0,
                    help="yarn: the context is stretched this many times (1: not at all)")
-    g.add_argument("--mscale", type=float, default=1.0, help="yarn: the attention temperature's numerator weight")
-    g.add_argument("--mscale-all-dim", type=float, default=0.0,
+    g.add_argument("--mscale", type=float_in(0.0), default=1.0, help="yarn: the attention temperature's numerator weight")
+    g.add_argument("--mscale-all-dim", type=float_in(0.0), default=0.0,
                    help="yarn: its denominator weight (MLA folds it into the softmax scale)")
 
 
