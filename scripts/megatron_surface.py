@@ -233,6 +233,10 @@ def _value(argv: list[str], flag: str, default=None):
 
 
 def mock(argv: list[str], scratch: str) -> list[str]:
+    # A value that is still a CI placeholder (--seed ${REPEAT}: the CI driver sets it per repeat)
+    # leaves the flag out: Megatron's default stands in, as for a path.
+    argv = _drop(argv, [argv[i - 1] for i, w in enumerate(argv) if i and re.fullmatch(r"\$\{\w+\}", w)
+                        and argv[i - 1].startswith("--") and argv[i - 1] not in PATH_FLAGS])
     kind = _value(argv, "--tokenizer-type")
     # a type minitron lacks is kept, to be refused by name; "${TOKENIZER_TYPE}" (CI's) is mock data
     keep_tokenizer = kind is not None and kind not in TOKENIZER_TYPES and "$" not in kind

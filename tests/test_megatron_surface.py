@@ -162,3 +162,8 @@ def test_a_wrapper_that_names_no_flag_is_not_a_unit(tmp_path):
 def test_the_world_fits_distributed_optimizer_instances():
     argv = ["--tensor-model-parallel-size", "2", "--num-distributed-optimizer-instances", "2"]
     assert surface.world_of(argv, Path("test_cases/gpt/x/model_config.yaml")) == 4   # dp 2: two instances
+
+
+def test_a_ci_placeholder_value_leaves_the_flag_to_its_default(tmp_path):
+    argv = surface.mock(["--seed", "${REPEAT}", "--lr", "1e-3", "--save", "${CHECKPOINT_SAVE_PATH}"], str(tmp_path))
+    assert "--seed" not in argv and argv[:2] == ["--lr", "1e-3"] and "--save" in argv

@@ -63,6 +63,7 @@ NO_EFFECT = {
     "--export-force-local-attention": (False, "chooses the local attention layers over Transformer Engine's "
                                               "(for export); minitron's are local"),
     "--moe-permute-fusion": (False, _FUSION),
+    "--use-transformer-engine-op-fuser": (False, "Transformer Engine's operation fuser for the MLP; " + _FUSION),
     "--te-rng-tracker": (False, "Transformer Engine's RNG tracker; minitron's own (tensor_parallel/random.py) "
                                 "keeps the same per-rank streams apart"),
     "--moe-per-layer-logging": (False, _LOGGER),
@@ -95,8 +96,13 @@ _FP8_WGRAD = ("computes the weight gradient from the unquantized input and outpu
 _FSDP = ("shards the parameters and gradients too and gathers each layer just before it runs (Megatron-FSDP / "
          "torch's FSDP2); minitron has no FSDP yet: use --use-distributed-optimizer, which shards the optimizer state")
 
+_INJECTION = ("corrupts results on purpose, to exercise Megatron's rerun state machine (--rerun-mode), which "
+              "minitron lacks: drop it")
+
 # flag: (takes a value, why it is refused and what to do instead)
 REFUSED = {
+    "--error-injection-rate": (True, _INJECTION),
+    "--error-injection-type": (True, _INJECTION),
     "--use-megatron-fsdp": (False, _FSDP),
     "--use-torch-fsdp2": (False, _FSDP),
     "--fp8-param-gather": (False, _FP8_PARAMS),
