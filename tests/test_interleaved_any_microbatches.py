@@ -112,3 +112,12 @@ def test_validate_args_takes_megatrons_group_size():
                       "3").microbatch_group_size_per_vp_stage == 3
     with pytest.raises(ArgumentError, match="last group of 1"):
         _validated("--global-batch-size", "3")
+
+
+def test_the_estimate_holds_the_chunks_the_table_runs():
+    from types import SimpleNamespace
+    from minitron.training.theoretical_activations import in_flight_chunks
+    args = SimpleNamespace(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2,
+                           microbatch_group_size_per_vp_stage=3)
+    # rank 0: 2 + (2 - 1) x 3 = 5 warm-up forwards and the first steady one, in the table's order
+    assert in_flight_chunks(args, 0, 3) == [0, 0, 0, 1, 1, 1]

@@ -9,7 +9,7 @@ compared with saved-tensor hooks on a real run (scripts/measure_activations.py).
 
 from __future__ import annotations
 
-from minitron.core.pipeline_parallel.pp_rank_microbatches import get_pp_rank_microbatches
+from minitron.core.pipeline_parallel.pp_rank_microbatches import get_pp_rank_microbatches, get_schedule_table
 from minitron.training.theoretical_params import (
     DTYPE_BYTES, _flag, chunk_ends, chunk_layers, query_groups,
 )
@@ -168,7 +168,9 @@ def in_flight_chunks(args, pp_rank: int, num_microbatches: int) -> list[int]:
     pp, vp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size
     if pp == 1:
         return [0]
+    group = getattr(args, "microbatch_group_size_per_vp_stage", None) or pp
     total, _, warmup, _ = get_pp_rank_microbatches(
-        num_microbatches, vp or 1, pp, pipeline_parallel_size=pp, pipeline_parallel_rank=pp_rank,
+        num_microbatches, vp or 1, group, pipeline_parallel_size=pp, pipeline_parallel_rank=pp_rank,
         virtual_pipeline_parallel_size=vp)
-    return [(k // pp) % (vp or 1) for k in range(min(warmup + 1, total))]
+    table = get_schedule_table(num_microbatches, vp or 1, group)   # the interleaved schedule's own order
+    return [table[k][1] for k in range(min(warmup + 1, total))]
