@@ -62,6 +62,10 @@ def add_launch_args(parser) -> None:
     g.add_argument("--test-mode", action="store_true",
                    help="(no effect here) Megatron's real-time test: the q/k layernorm weights compared across "
                         "ranks at every forward")
+    g.add_argument("--eval-global-batch-size", type=POSITIVE, default=None, metavar="N",
+                   help="samples per evaluation iteration (default: --global-batch-size, its final value)")
+    g.add_argument("--eval-micro-batch-size", type=POSITIVE, default=None, metavar="N",
+                   help="samples per evaluation micro-batch (default: --micro-batch-size)")
     g.add_argument("--wandb-entity", default=None, metavar="NAME",
                    help="(no effect here) the wandb team; minitron's log is stdout, --log-jsonl and the trace")
 
@@ -88,6 +92,7 @@ def validate_launch_args(args) -> None:
     if args.cuda_graph_impl != "none":
         notes.append(f"--cuda-graph-impl {args.cuda_graph_impl}: {_CUDA_GRAPH}")
     _validate_flex_dispatcher(args, notes)
+    _validate_eval_batch(args)
     if args.trust_remote_code:
         notes.append("--trust-remote-code: lets a Hugging Face tokenizer run its repository's own Python; "
                      "minitron reads tokenizer.json through the tokenizers package and runs no repository code")
@@ -123,6 +128,28 @@ def _validate_flex_dispatcher(args, notes: list) -> None:
     args.moe_token_dispatcher_type = "alltoall"
     notes.append(f"--moe-token-dispatcher-type flex ({backend}): the same tokens to the same experts and the same "
                  "weighted sum as alltoall, moved by other kernels; minitron runs its alltoall")
+
+
+def _validate_eval_batch(args) -> None:
+    """Megatron's defaults and rule for the evaluation's batch (validate_args, after the training's)."""
+    from minitron.training.argument_groups import require
+
+    given = args.eval_global_batch_size is not None or args.eval_micro_batch_size is not None
+    args.eval_global_batch_size = args.eval_global_batch_size or args.global_batch_size
+    args.eval_micro_batch_size = args.eval_micro_batch_size or args.micro_batch_size
+    if args.eval_global_batch_size is None:   # no --global-batch-size yet: validate_batch sets it later
+        return
+    gbs, mbs, dp = args.eval_global_batch_size, args.eval_micro_batch_size, args.data_parallel_size
+    require(gbs % (mbs * dp) == 0, f"--eval-global-batch-size {gbs} is not divisible by --eval-micro-batch-size "
+            f"{mbs} x data-parallel size {dp} (Megatron's rule)")
+    vp, pp = args.virtual_pipeline_model_parallel_size, args.pipeline_model_parallel_size
+    if given and vp is not None:   # the interleaved schedule's group-size rules, as for the training's batch
+        from minitron.core.pipeline_parallel.pp_rank_microbatches import check_microbatch_group_size  # torch-free
+        problem = check_microbatch_group_size(gbs // (mbs * dp), pp, args.microbatch_group_size_per_vp_stage or pp)
+        require(problem is None, f"the evaluation's {gbs // (mbs * dp)} micro-batches (--eval-global-batch-size "
+                f"{gbs} / (--eval-micro-batch-size {mbs} x dp {dp})): {problem}")
+    require(not (given and getattr(args, "deepspeed", False)), "--eval-global-batch-size / --eval-micro-batch-size: "
+            "a --deepspeed engine evaluates with its own batch: drop them")
 
 
 def apply_bf16_matmul_precision(args) -> None:

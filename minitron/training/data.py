@@ -15,6 +15,8 @@ their batches from TP rank 0 (training/utils.get_batch).
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from minitron.accelerator import get_accelerator
@@ -42,8 +44,8 @@ def get_train_valid_test_num_samples(args=None) -> tuple[int, int, int]:
     args = args or get_args()
     train_samples = args.train_samples or args.train_iters * args.global_batch_size
     evaluations = (args.train_iters // args.eval_interval if args.eval_interval else 0) + 1
-    return (train_samples, evaluations * args.eval_iters * args.global_batch_size,
-            args.eval_iters * args.global_batch_size)
+    eval_batch = getattr(args, "eval_global_batch_size", None) or args.global_batch_size   # --eval-global-batch-size
+    return train_samples, evaluations * args.eval_iters * eval_batch, args.eval_iters * eval_batch
 
 
 @traced
@@ -67,8 +69,11 @@ def build_train_valid_test_data_loaders(build_train_valid_test_datasets_provider
         train_dataloader = build_pretraining_data_loader(train_ds, args.consumed_train_samples)
         # Validation starts from its first sample on every run: minitron's checkpoints do not
         # record Megatron's consumed_valid_samples.
-        valid_dataloader = build_pretraining_data_loader(valid_ds, 0)
-        test_dataloader = build_pretraining_data_loader(test_ds, 0)
+        # Evaluation reads --eval-micro-batch-size samples at a time (the training's by default).
+        eval_args = copy.copy(args)
+        eval_args.micro_batch_size = getattr(args, "eval_micro_batch_size", None) or args.micro_batch_size
+        valid_dataloader = build_pretraining_data_loader(valid_ds, 0, args=eval_args)
+        test_dataloader = build_pretraining_data_loader(test_ds, 0, args=eval_args)
         flags = [train_dataloader is not None and args.train_iters > 0,
                  valid_dataloader is not None and args.eval_iters > 0,
                  test_dataloader is not None and args.eval_iters > 0]

@@ -227,12 +227,17 @@ def evaluate(forward_step_func, data_iterator, model, eval_iters: int) -> dict:
     for chunk in model:
         chunk.eval()
     reports = []
+    # As Megatron: an evaluation's batch is --eval-global-batch-size in --eval-micro-batch-size
+    # pieces (the training's final sizes unless given), whatever a batch-size ramp is at.
+    micro = getattr(args, "eval_micro_batch_size", None) or args.micro_batch_size
+    batch = getattr(args, "eval_global_batch_size", None) or args.global_batch_size
+    num_microbatches = batch // (micro * mpu.get_data_parallel_world_size())
     with torch.no_grad():
         for _ in range(eval_iters):
             reports += get_forward_backward_func()(
                 forward_step_func=forward_step_func, data_iterator=data_iterator, model=model,
-                num_microbatches=get_num_microbatches(), seq_length=args.seq_length,
-                micro_batch_size=args.micro_batch_size, forward_only=True)
+                num_microbatches=num_microbatches, seq_length=args.seq_length,
+                micro_batch_size=micro, forward_only=True)
     for chunk in model:
         chunk.train()
     return reduce_losses(reports) if reports else {}
