@@ -9,7 +9,7 @@ import torch
 
 from minitron.core.fp8.linear import Fp8LinearWithAsyncCommunication, fp8_gemm
 from minitron.core.fp8.recipes import (
-    FORMATS, CurrentScaling, DelayedScaling, dequantize, formats_for, quantize,
+    FORMATS, CurrentScaling, DelayedScaling, MXScaling, dequantize, formats_for, mx_quantize, quantize,
 )
 from minitron.core.fp8_utils import fp8_quantizers, get_fp8_context
 
@@ -63,6 +63,25 @@ def test_current_scaling_and_formats():
     assert set(formats_for("e4m3").values()) == {"e4m3"}
 
 
+def test_mxfp8_blocks_share_a_power_of_two():
+    """Each 32 elements along the dimension: exponent ceil(log2(amax / 448)) (exactly 448: 0,
+    just above it: 1, zeros: -127), and the block is torch's own cast of x / 2^exponent."""
+    import math
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(64, 64, generator=g) * torch.logspace(-6, 3, 64).unsqueeze(1)   # blocks far apart
+    x[0, :32], x[1, :32] = 0.0, torch.linspace(-448.0, 448.0, 32)
+    x[2, :32] = x[2, :32] / x[2, :32].abs().max() * 449.0
+    q, e = mx_quantize(x, "e4m3", dim=1)
+    amax = x.view(64, 2, 32).abs().amax(-1)
+    expected = torch.tensor([[math.ceil(math.log2(a / 448)) if a > 0 else -127 for a in row] for row in amax.tolist()])
+    assert torch.equal(e.int() - 127, expected) and expected[1, 0] == 0 and expected[2, 0] == 1
+    ref = (x.view(64, 2, 32) / torch.exp2(expected.float()).unsqueeze(-1)).to(torch.float8_e4m3fn).view(64, 64)
+    assert torch.equal(q.view(torch.uint8), ref.view(torch.uint8))   # nothing needed clamping
+    q0, e0 = MXScaling("e4m3").quantize(x.t(), dim=0)                # along the other dimension
+    assert torch.equal(q0.t().view(torch.uint8), q.view(torch.uint8)) and torch.equal(e0.t(), e)
+    torch.testing.assert_close(dequantize(q, e), x, rtol=2 ** -4, atol=0)
+
+
 def test_linear_gemms_are_the_fp8_values_multiplied():
     """Forward, input and weight gradients, bias gradient: each from the fp8 tensors, as written
     out by hand; nothing else (the same float32 products)."""
@@ -102,7 +121,7 @@ def test_quantizers_only_inside_the_context():
 
 
 @pytest.mark.parametrize("flags, words", [
-    (["--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"], "e8m0"),
+    (["--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"], "not so: tokens per micro-batch 16"),
     (["--fp8-format", "hybrid", "--fp8-recipe", "blockwise"], "128x128"),
     (["--fp8-param-gather"], "casts them at each forward"),
     (["--fp8-format", "e4m3", "--recompute-granularity", "full", "--recompute-method", "uniform",

@@ -3,13 +3,15 @@ serial fp8 one.
 
 Each curve is 8 Adam steps on one fixed batch (the loss falls from 5.55 to ~3.8), the model
 built and stepped by hand on forked gloo ranks so that only the layout differs:
-* serial fp8 (hybrid, delayed with a history of 4, "max"; and tensorwise) against serial fp32:
+* serial fp8 (hybrid, delayed with a history of 4, "max"; tensorwise; mxfp8) against serial fp32:
   within 0.02 of the loss at every step (measured: 5e-3; fp8 keeps 3 mantissa bits, but the
   errors of a step's many products mostly cancel);
-* tp 2, tp 2 with sequence parallelism, dp 2, all fp8 delayed, against serial fp8: within
+* tp 2, tp 2 with sequence parallelism, dp 2, all fp8 delayed, and tp 2 with sequence
+  parallelism under mxfp8 (whose 32-element blocks no layout here cuts), against serial: within
   1e-3 (measured: 4.4e-4). The amax reduction over tp x dp gives every layout the serial
   model's scales, so the fp8 values are the same; what differs is fp32's order of summation in
   the partial products, which moves a value across an fp8 rounding boundary now and then.
+  (mxfp8's blocks need no reduction at all; measured: 5e-7.)
 * dp 2 against the serial run of a loss twice as large, within 6e-3 (measured: 2.8e-3). Each
   dp rank averages over half the batch, so its gradients are 2x the serial ones until DDP's
   mean, and under delayed scaling that is not invisible: the first step casts at scale 1,
@@ -69,31 +71,33 @@ def _curve(tp: int = 1, dp: int = 1, sp: bool = False, loss_scale: float = 1.0, 
 
 @pytest.fixture(scope="module")
 def serial():
-    """fp32, fp8 delayed, fp8 tensorwise, and fp8 delayed with the loss doubled for backward."""
+    """fp32, fp8 delayed, fp8 tensorwise, fp8 delayed with the loss doubled for backward, mxfp8."""
     curves = run_ranks(lambda rank: [_curve(), _curve(**FP8), _curve(fp8="hybrid", fp8_recipe="tensorwise"),
-                                     _curve(loss_scale=2.0, **FP8)], world_size=1)[0]
+                                     _curve(loss_scale=2.0, **FP8), _curve(fp8="hybrid", fp8_recipe="mxfp8")],
+                       world_size=1)[0]
     return [torch.tensor(c) for c in curves]
 
 
 def test_fp8_loss_follows_fp32(serial):
-    fp32, delayed, tensorwise, _ = serial
+    fp32, delayed, tensorwise, _, mx = serial
     assert fp32[-1] < fp32[0] - 1.5                       # it learns
-    assert not torch.equal(fp32, delayed) and not torch.equal(fp32, tensorwise)   # and fp8 did quantize
-    torch.testing.assert_close(delayed, fp32, rtol=0, atol=0.02)
-    torch.testing.assert_close(tensorwise, fp32, rtol=0, atol=0.02)
+    for curve in (delayed, tensorwise, mx):
+        assert not torch.equal(fp32, curve)                # fp8 did quantize
+        torch.testing.assert_close(curve, fp32, rtol=0, atol=0.02)
 
 
 def test_fp8_layouts_agree_with_serial(serial):
 
     def layouts(rank):
         from minitron.core import parallel_state as ps
-        curves = {"tp2": _curve(tp=2, **FP8), "tp2-sp": _curve(tp=2, sp=True, **FP8)}
+        curves = {"tp2": _curve(tp=2, **FP8), "tp2-sp": _curve(tp=2, sp=True, **FP8),
+                  "tp2-sp-mxfp8": _curve(tp=2, sp=True, fp8="hybrid", fp8_recipe="mxfp8")}
         ps.destroy_model_parallel()
         ps.initialize_model_parallel(1, 1)
         curves["dp2"] = _curve(dp=2, **FP8)
         return curves
     for rank, curves in enumerate(run_ranks(layouts, world_size=2, tp=2)):
         for name, curve in curves.items():
-            reference, atol = (serial[3], 6e-3) if name == "dp2" else (serial[1], 1e-3)
+            reference, atol = {"dp2": (serial[3], 6e-3), "tp2-sp-mxfp8": (serial[4], 1e-3)}.get(name, (serial[1], 1e-3))
             torch.testing.assert_close(torch.tensor(curve), reference, rtol=0, atol=atol,
                                        msg=lambda m: f"{name} rank {rank}: {m}")

@@ -122,7 +122,7 @@ def test_estimate_lists_each_no_effect_flag_once():
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"], "--fp8-recipe mxfp8 is refused: MXFP8"),
+    (["--fp8-format", "hybrid", "--fp8-recipe", "blockwise"], "--fp8-recipe blockwise is refused: Float8BlockScaling"),
     (["--fp8-param-gather"], "--fp8-param-gather is refused"),
     (["--enable-gpt-oss"], "--enable-gpt-oss is ModelOpt's flag"),
     (["--moe-router-load-balancing-type", "quantile_balancing"], "invalid choice: 'quantile_balancing'"),

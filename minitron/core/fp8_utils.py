@@ -24,10 +24,10 @@ from __future__ import annotations
 import contextlib
 
 from minitron.core import parallel_state
-from minitron.core.fp8.recipes import CurrentScaling, DelayedScaling, formats_for
+from minitron.core.fp8.recipes import CurrentScaling, DelayedScaling, MXScaling, formats_for
 
-# the two of Megatron's --fp8-recipe choices built here (validate_fp8 refuses the others by name)
-BUILT_RECIPES = ("delayed", "tensorwise")
+# the three of Megatron's --fp8-recipe choices built here (validate_fp8 refuses the others by name)
+BUILT_RECIPES = ("delayed", "tensorwise", "mxfp8")
 ROLES = ("input", "weight", "grad_output")
 
 _active_config = None   # the config of the innermost open fp8 context, or None
@@ -45,6 +45,8 @@ def get_fp8_recipe(config):
     fmts = formats_for(config.fp8)
     if config.fp8_recipe == "tensorwise":
         return lambda role: CurrentScaling(fmts[role])
+    if config.fp8_recipe == "mxfp8":
+        return lambda role: MXScaling(fmts[role])
     group = get_amax_reduction_group() if parallel_state.model_parallel_is_initialized() else None
     return lambda role: DelayedScaling(fmts[role], config.fp8_amax_history_len,
                                        config.fp8_amax_compute_algo, config.fp8_margin, group)

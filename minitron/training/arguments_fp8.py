@@ -15,9 +15,6 @@ FP8_CONFIG_FIELDS = ("fp8", "fp8_recipe", "fp8_margin", "fp8_amax_history_len", 
 
 # --fp8-recipe choices Megatron offers and minitron does not build, and what each would need
 _UNBUILT_RECIPES = {
-    "mxfp8": "MXFP8 gives every 32 consecutive elements its own power-of-two (e8m0) scale, along the "
-             "rows for one GEMM and along the columns for the transposed one; minitron's casts are per "
-             "tensor: use --fp8-recipe delayed or tensorwise",
     "blockwise": "Float8BlockScaling scales 1x128 tiles of activations and 128x128 blocks of weights with "
                  "fp32 scales; minitron's casts are per tensor: use --fp8-recipe delayed or tensorwise",
     "custom": "it imports a quantizer factory written against Transformer Engine's classes, which minitron "
@@ -32,6 +29,10 @@ def validate_fp8(args) -> None:
     recipe = args.fp8_recipe
     require(recipe not in _UNBUILT_RECIPES,
             f"--fp8-recipe {recipe} is refused: {_UNBUILT_RECIPES.get(recipe)}")
+    if recipe == "mxfp8":
+        odd = [f"{name} {n}" for name, n in _gemm_dimensions(args) if n % 32]
+        require(not odd, f"--fp8-recipe mxfp8 needs every GEMM dimension in whole 32-element blocks "
+                         f"(TE's MXFP8 does too); not so: {', '.join(odd)}")
     require(args.recompute_granularity != "full",
             "--fp8-format with --recompute-granularity full is refused: the recomputed forward must cast "
             "with the first forward's scales and leave the amax histories alone (TE's fp8 recompute), "
@@ -42,3 +43,30 @@ def validate_fp8(args) -> None:
     require(not getattr(args, "hybrid_layer_pattern", None),
             "--fp8-format with --hybrid-layer-pattern is refused: minitron's hybrid stack does not open the fp8 "
             "context that Megatron's opens around its Mamba and attention layers; train the hybrid model in --bf16")
+
+
+def _gemm_dimensions(args) -> list[tuple[str, int]]:
+    """What MXFP8 cuts into blocks of 32, per rank: the tokens of a micro-batch (a GEMM sums
+    over them for the weight gradient; with sequence parallelism each rank casts its part) and
+    the sizes of the quantized weights, as this rank holds them."""
+    t, h = args.tensor_model_parallel_size, args.hidden_size
+    tokens = args.seq_length // args.context_parallel_size * args.micro_batch_size
+    ffn = args.ffn_hidden_size
+    dims = [("tokens per micro-batch" + (" and tp rank" if args.sequence_parallel and t > 1 else ""),
+             tokens // t if args.sequence_parallel and t > 1 else tokens),
+            ("--hidden-size", h), ("--ffn-hidden-size / tp", ffn // t),
+            ("the MLP's first output / tp", ffn * (2 if args.swiglu else 1) // t)]
+    if args.multi_latent_attention:
+        n, pe = args.num_attention_heads // t, args.qk_pos_emb_head_dim
+        dims += [("--kv-lora-rank", args.kv_lora_rank),
+                 ("(--kv-lora-rank + --qk-pos-emb-head-dim) / tp", (args.kv_lora_rank + pe) // t),
+                 ("query heads x (qk + rope) dims / tp", n * (args.qk_head_dim + pe)),
+                 ("heads x (qk + v) dims / tp", n * (args.qk_head_dim + args.v_head_dim)),
+                 ("heads x --v-head-dim / tp", n * args.v_head_dim)]
+        if args.q_lora_rank is not None:
+            dims += [("--q-lora-rank", args.q_lora_rank), ("--q-lora-rank / tp", args.q_lora_rank // t)]
+    else:
+        groups = args.num_query_groups if args.group_query_attention else args.num_attention_heads
+        dims += [("attention's width / tp", args.kv_channels * args.num_attention_heads // t),
+                 ("linear_qkv's output / tp", args.kv_channels * (args.num_attention_heads + 2 * groups) // t)]
+    return dims

@@ -51,28 +51,37 @@ def _quantized_weights(args, pp_rank: int, chunk: int) -> list[int]:
             if ".layers." in p.name and p.name.endswith(".weight") and p.name.split(".")[-2] in _LINEARS]
 
 
+def _saved_inputs(args, local: int, s: int, b: int) -> list[tuple[int, int]]:
+    """Per layer, each quantized linear's input: (elements of its fp8 copy, elements of the
+    training-dtype tensor that is no longer kept for it)."""
+    t, h = args.tensor_model_parallel_size, args.hidden_size
+    fc = [(local * b * h, local * b * h), (s * b * args.ffn_hidden_size // t,) * 2]   # fc1, fc2
+    if not _flag(args, "multi_latent_attention", False):
+        proj = s * b * args.kv_channels * args.num_attention_heads // t
+        return [(local * b * h, local * b * h), (proj, proj)] + fc                     # qkv, proj
+    proj = s * b * args.v_head_dim * args.num_attention_heads // t
+    ranks = [args.kv_lora_rank] + ([args.q_lora_rank] if args.q_lora_rank is not None else [])
+    # the two down projections read one tensor: two fp8 copies, one tensor freed
+    return [(2 * local * b * h, local * b * h), (proj, proj)] + [(local * b * r,) * 2 for r in ranks] + fc
+
+
 def fp8_activation_delta(args, pp_rank: int, chunk: int) -> int:
     """Bytes one micro-batch's forward through one chunk keeps for backward with fp8, minus
     what it keeps without (theoretical_activations.py's count)."""
     if not _flag(args, "fp8"):
         return 0
     e = DTYPE_BYTES[args.params_dtype]
-    t, b, h = args.tensor_model_parallel_size, args.micro_batch_size, args.hidden_size
+    t, b = args.tensor_model_parallel_size, args.micro_batch_size
     s = args.seq_length // args.context_parallel_size
     local = s // t if (args.sequence_parallel and t > 1) else s   # a column-parallel input's rows
     weights = _quantized_weights(args, pp_rank, chunk)
     layers = len(chunk_layers(args, pp_rank, chunk))
-    per_layer = -(e - 1) * local * b * h                               # linear_fc1's input
-    per_layer += -(e - 1) * args.ffn_hidden_size // t * s * b          # linear_fc2's input
-    if _flag(args, "multi_latent_attention", False):
-        per_layer += -(e - 1) * s * b * args.v_head_dim * args.num_attention_heads // t   # linear_proj's
-        per_layer += (2 - e) * local * b * h                           # two down projections, one input
-        ranks = [args.kv_lora_rank] + ([args.q_lora_rank] if args.q_lora_rank is not None else [])
-        per_layer += sum(-(e - 1) * local * b * r for r in ranks)      # the up projections' latents
-    else:
-        per_layer += -(e - 1) * local * b * h                          # linear_qkv's input
-        per_layer += -(e - 1) * s * b * args.kv_channels * args.num_attention_heads // t   # linear_proj's
-    return layers * per_layer + sum(weights) + 8 * len(weights)
+    inputs = _saved_inputs(args, local, s, b)
+    kept, freed = layers * sum(n for n, _ in inputs), layers * sum(f for _, f in inputs)
+    delta = kept - e * freed + sum(weights)                       # one byte each, e bytes gone
+    if args.fp8_recipe == "mxfp8":   # an e8m0 exponent per 32 elements instead of two 1/scales
+        return delta + kept // 32 + sum(w // 32 for w in weights)
+    return delta + 8 * len(weights)
 
 
 def fp8_state_bytes(args, pp_rank: int) -> int:
@@ -80,6 +89,8 @@ def fp8_state_bytes(args, pp_rank: int) -> int:
     if not _flag(args, "fp8"):
         return 0
     linears = sum(len(_quantized_weights(args, pp_rank, chunk)) for chunk in chunks_of(args))
+    if args.fp8_recipe == "mxfp8":   # no tensor-wide scales: nothing kept between steps
+        return 0
     history = args.fp8_amax_history_len if args.fp8_recipe == "delayed" else 0
     return linears * 3 * 4 * (history + 1)
 
@@ -111,5 +122,8 @@ def fp8_comm(args, pp_rank: int, tally) -> None:
         tally["tp"][0] -= 2 * m * layers * rows * sum(widths) * (e - 1)
         if args.fp8_recipe == "tensorwise":   # their amax, so that the gathered pieces share a scale
             tally.add("tp", 4, m * layers * len(widths))
+        if args.fp8_recipe == "mxfp8":        # and their e8m0 exponents, one byte per 32, both times
+            for width in widths:
+                tally.add("tp", rows * width // 32, 2 * m * layers)
     if args.fp8_recipe == "delayed" and t * args.data_parallel_size * args.context_parallel_size > 1:
         tally.add("tp-dp-cp", 4, m * casts)

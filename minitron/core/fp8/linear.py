@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minitron.core.fp8.recipes import FORMATS, dequantize
+from minitron.core.fp8.recipes import FORMATS, MXScaling, dequantize
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
@@ -49,7 +49,7 @@ def _scaled_mm_takes(a: torch.Tensor, b: torch.Tensor) -> bool:
 def fp8_gemm(a: torch.Tensor, a_inv: torch.Tensor, b: torch.Tensor, b_inv: torch.Tensor,
              out_dtype: torch.dtype) -> torch.Tensor:
     """(a / a_scale) @ (b / b_scale)^T for fp8 a: [m, k], b: [n, k], in out_dtype."""
-    if _scaled_mm_takes(a, b):
+    if a_inv.numel() == 1 and b_inv.numel() == 1 and _scaled_mm_takes(a, b):   # per-tensor scales only
         return torch._scaled_mm(a.contiguous(), b.contiguous().t(), scale_a=a_inv.float(), scale_b=b_inv.float(),
                                 out_dtype=out_dtype)
     return F.linear(dequantize(a, a_inv), dequantize(b, b_inv)).to(out_dtype)
@@ -67,45 +67,63 @@ def _2d(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.size(-1))
 
 
+def _casts(slot, x: torch.Tensor, group=None):
+    """x [rows, cols] in fp8 for the GEMM that sums over its columns, and for the one that sums
+    over its rows: a per-tensor recipe's one cast serves both; MXFP8 blocks along each."""
+    if isinstance(slot, MXScaling):
+        return slot.quantize(x, dim=1), slot.quantize(x, dim=0)
+    cast = slot.quantize(x, group)
+    return cast, cast
+
+
+def _gathered(cast, group, sequence_parallel: bool):
+    """An fp8 input and its scale with the whole sequence: per-tensor scales are shared already,
+    MXFP8's exponents are gathered with the bytes."""
+    if not sequence_parallel:
+        return cast
+    q, inv = cast
+    return _gather_fp8(q, group), (_gather_fp8(inv, group) if inv.dim() else inv)
+
+
 class Fp8LinearWithAsyncCommunication(torch.autograd.Function):
     """LinearWithGradAccumulationAndAsyncCommunication (layers.py) with fp8 GEMM inputs."""
 
     @staticmethod
     def forward(ctx, input_, weight, bias, slots, allreduce_dgrad, sequence_parallel, group):
         # tensorwise: the sequence-parallel rows share one amax over the TP group (TE's rule)
-        q_in, in_inv = slots["input"].quantize(input_, group if sequence_parallel else None)
-        q_w, w_inv = slots["weight"].quantize(weight)
-        total = _gather_fp8(q_in, group) if sequence_parallel else q_in
-        out = fp8_gemm(_2d(total), in_inv, q_w, w_inv, torch.float32)
+        x_rows, x_cols = _casts(slots["input"], _2d(input_), group if sequence_parallel else None)
+        w_rows, w_cols = _casts(slots["weight"], weight)
+        total, total_inv = _gathered(x_rows, group, sequence_parallel)
+        out = fp8_gemm(total, total_inv, *w_rows, torch.float32)
         if bias is not None:
             out = out + bias.float()
-        ctx.save_for_backward(q_in, in_inv, q_w, w_inv)   # fp8 copies: one byte per element
+        ctx.save_for_backward(*x_cols, *w_cols)   # fp8 copies: one byte per element (+ scales)
         ctx.slots, ctx.group, ctx.use_bias = slots, group, bias is not None
         ctx.allreduce_dgrad, ctx.sequence_parallel = allreduce_dgrad, sequence_parallel
-        ctx.input_dtype, ctx.weight_dtype = input_.dtype, weight.dtype
-        return out.to(input_.dtype).reshape(*total.shape[:-1], weight.size(0))
+        ctx.input_shape, ctx.input_dtype, ctx.weight_dtype = input_.shape, input_.dtype, weight.dtype
+        rows = total.size(0) // _2d(input_).size(0) * input_.size(0)   # the sequence, gathered
+        return out.to(input_.dtype).reshape(rows, *input_.shape[1:-1], weight.size(0))
 
     @staticmethod
     @traced(args=_grad_args)
     def backward(ctx, grad_output):
-        q_in, in_inv, q_w, w_inv = ctx.saved_tensors
+        q_x, x_inv, q_w, w_inv = ctx.saved_tensors
         group, need_wgrad = ctx.group, ctx.needs_input_grad[1]
-        q_g, g_inv = ctx.slots["grad_output"].quantize(grad_output)
-        q_g2d = _2d(q_g)
-        grad_input = fp8_gemm(q_g2d, g_inv, q_w.t(), w_inv, ctx.input_dtype)   # dX = dY W
+        (q_g, g_inv), (q_gt, gt_inv) = _casts(ctx.slots["grad_output"], _2d(grad_output))
+        grad_input = fp8_gemm(q_g, g_inv, q_w.t(), w_inv.t(), ctx.input_dtype)   # dX = dY W
         grad_input = grad_input.reshape(*grad_output.shape[:-1], q_w.size(1))
         handle = None
         if ctx.allreduce_dgrad:                        # f's all-reduce, overlapping dL/dW
             handle = torch.distributed.all_reduce(grad_input, group=group, async_op=True)
         elif ctx.sequence_parallel:                    # sum and keep my rows, overlapping dL/dW
             summed = grad_input
-            grad_input = torch.empty(q_in.shape, dtype=ctx.input_dtype, device=summed.device)
+            grad_input = torch.empty(ctx.input_shape, dtype=ctx.input_dtype, device=summed.device)
             handle = torch.distributed.reduce_scatter_tensor(grad_input, summed.contiguous(),
                                                              group=group, async_op=True)
         grad_weight = None
         if need_wgrad:                                 # dW = dY^T X, from the fp8 X kept
-            total = _gather_fp8(q_in, group) if ctx.sequence_parallel else q_in
-            grad_weight = fp8_gemm(q_g2d.t(), g_inv, _2d(total).t(), in_inv, ctx.weight_dtype)
+            total, total_inv = _gathered((q_x, x_inv), group, ctx.sequence_parallel)
+            grad_weight = fp8_gemm(q_gt.t(), gt_inv.t(), total.t(), total_inv.t(), ctx.weight_dtype)
         grad_bias = _2d(grad_output).sum(dim=0) if ctx.use_bias else None
         if handle is not None:
             handle.wait()

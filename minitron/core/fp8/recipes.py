@@ -6,7 +6,7 @@ range, so each tensor is multiplied by a *scale* first, chosen so that its large
 (its *amax*) lands near the format's maximum: q = fp8(x * scale), x ~ q * (1 / scale). Values
 beyond the maximum saturate to it (Transformer Engine casts "satfinite"), never to inf or NaN.
 
-Two of Transformer Engine's recipes, as Megatron selects them with ``--fp8-recipe``:
+Three of Transformer Engine's recipes, as Megatron selects them with ``--fp8-recipe``:
 
 * ``delayed`` (TE's DelayedScaling): the scale used now comes from amaxes already seen. Each
   tensor slot keeps the amaxes of its last ``amax_history_len`` steps; after each cast the
@@ -19,6 +19,9 @@ Two of Transformer Engine's recipes, as Megatron selects them with ``--fp8-recip
   cast, right now (1 if its amax is zero or not finite); no history. Its amax is reduced over a
   group only where TE reduces it: a sequence-parallel input, so its gathered pieces share one
   scale (the caller passes that group).
+
+* ``mxfp8`` (TE's MXFP8BlockScaling): no tensor-wide scale; every 32 consecutive elements along
+  the dimension a GEMM sums over share a power-of-two scale (``mx_quantize``).
 
 A *step* here is one use of the slot: one micro-batch's forward for an input or a weight, one
 backward for a gradient. Megatron enters TE's fp8 context once per micro-batch forward, and TE
@@ -53,8 +56,34 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 def dequantize(q: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
-    """Back to fp32: q * (1 / scale), the factor TE keeps beside each fp8 tensor."""
+    """Back to fp32: q * (1 / scale), the factor TE keeps beside each fp8 tensor; for MXFP8 the
+    e8m0 exponents of q's blocks, along the one dimension where the two shapes differ."""
+    if scale_inv.dtype == torch.uint8:
+        dim = next(d for d in range(q.dim()) if q.shape[d] != scale_inv.shape[d])
+        factor = torch.ldexp(torch.ones_like(scale_inv, dtype=torch.float32), scale_inv.int() - 127)
+        scale_inv = factor.repeat_interleave(MX_BLOCK, dim)
     return q.float() * scale_inv
+
+
+# --- MXFP8 (--fp8-recipe mxfp8) ---------------------------------------------------------------
+MX_BLOCK = 32
+
+
+def mx_quantize(x: torch.Tensor, fmt: str, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8 tensor, e8m0 exponents): every 32 consecutive elements along ``dim`` share a
+    power-of-two scale, kept as one byte, its exponent + 127. The scale is the smallest power
+    of two that brings the block's amax within the format, 2^ceil(log2(amax / fp8_max)), as
+    Megatron-Core's own MXFP8 kernel rounds it (and TE, whose cast rounds the exponent up):
+    nothing saturates. A block of zeros gets 2^-127."""
+    fp8_max = FORMATS[fmt][1]
+    blocks = x.float().movedim(dim, -1).unflatten(-1, (-1, MX_BLOCK))
+    amax = blocks.abs().amax(-1)
+    mantissa, exp = torch.frexp(amax / fp8_max)          # amax / fp8_max = mantissa * 2^exp
+    exp = torch.where(mantissa == 0.5, exp - 1, exp)     # an exact power of two is not rounded up
+    exp = torch.where(amax > 0, exp, torch.full_like(exp, -127)).clamp(-127, 127)
+    scaled = blocks * torch.ldexp(torch.ones_like(amax), -exp).unsqueeze(-1)
+    q = scaled.clamp(-fp8_max, fp8_max).to(FORMATS[fmt][0]).flatten(-2).movedim(-1, dim)
+    return q, (exp + 127).to(torch.uint8).movedim(-1, dim)
 
 
 def delayed_scale(history: torch.Tensor, scale: torch.Tensor, fmt: str, margin: int,
@@ -107,6 +136,17 @@ class DelayedScaling:
         q = quantize(x, scale, self.fmt)
         self.record(_amax(x))
         return q, scale.reciprocal()
+
+
+class MXScaling:
+    """One tensor slot under the mxfp8 recipe: no state; each cast blocks along the dimension
+    the GEMM sums over, so a tensor that enters two GEMMs is cast twice (``cast_for``)."""
+
+    def __init__(self, fmt: str):
+        self.fmt = fmt
+
+    def quantize(self, x: torch.Tensor, group=None, dim: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+        return mx_quantize(x, self.fmt, dim)
 
 
 class CurrentScaling:
