@@ -3,6 +3,7 @@
     python docs/examples/fp8_scales.py formats    # e4m3 and e5m2 side by side, one tensor cast
     python docs/examples/fp8_scales.py history    # pretrain's steps with --fp8-format hybrid
     python docs/examples/fp8_scales.py bytes      # what minitron estimate counts for fp8
+    python docs/examples/fp8_scales.py mx         # one tensor, per-tensor scale against MXFP8 blocks
 
 ``history`` runs pretrain_gpt's own setup and train_step on one forked gloo rank (the
 launcher's API, as the tests run it): a small GPT on mock data, --fp8-format hybrid with the
@@ -115,7 +116,35 @@ def bytes_per_rank() -> None:
               f"{cost[1]['fp8_state'] / 2**10:>5.0f} KiB")
 
 
+def mx() -> None:
+    """64 values in two blocks five orders of magnitude apart, cast to e4m3 with one scale for
+    the tensor (tensorwise) and with a power of two per 32 (mxfp8)."""
+    from minitron.core.fp8.recipes import current_scale, dequantize, mx_quantize, quantize
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(64, generator=g)
+    x[:32] *= 100.0
+    x[32:] *= 1e-3
+    tensor_scale = current_scale(x.abs().max(), "e4m3")
+    per_tensor = dequantize(quantize(x, tensor_scale, "e4m3"), tensor_scale.reciprocal())
+    q, exponents = mx_quantize(x.unsqueeze(0), "e4m3", dim=1)
+    blocks = dequantize(q, exponents).squeeze(0)
+    print(f"tensorwise: one scale, 448 / {x.abs().max():.4g} = {float(tensor_scale):.4g}")
+    print(f"mxfp8: one power of two per 32 elements, 2^{(exponents.int() - 127).tolist()[0]}\n")
+    print(f"{'elements':>8} {'amax':>9} | {'tensorwise: zeros':>17} {'mean rel. error':>15} | "
+          f"{'mxfp8: zeros':>12} {'mean rel. error':>15}")
+    for lo in (0, 32):
+        part = slice(lo, lo + 32)
+        row = [f"{lo}-{lo + 31}", f"{x[part].abs().max():.3g}"]
+        for back in (per_tensor, blocks):
+            err = ((back[part] - x[part]).abs() / x[part].abs()).mean()
+            row += [int((back[part] == 0).sum()), f"{err:.2%}"]
+        print(f"{row[0]:>8} {row[1]:>9} | {row[2]:>17} {row[3]:>15} | {row[4]:>12} {row[5]:>15}")
+
+
 def main() -> None:
+    if sys.argv[1:] == ["mx"]:
+        return mx()
     if sys.argv[1:] == ["formats"]:
         return formats()
     if sys.argv[1:] == ["bytes"]:
