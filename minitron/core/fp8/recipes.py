@@ -72,13 +72,13 @@ MX_BLOCK = 32
 def mx_quantize(x: torch.Tensor, fmt: str, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp8 tensor, e8m0 exponents): every 32 consecutive elements along ``dim`` share a
     power-of-two scale, kept as one byte, its exponent + 127. The scale is the smallest power
-    of two that brings the block's amax within the format, 2^ceil(log2(amax / fp8_max)), as
-    Megatron-Core's own MXFP8 kernel rounds it (and TE, whose cast rounds the exponent up):
-    nothing saturates. A block of zeros gets 2^-127."""
+    of two that brings the block's amax within the format, 2^ceil(log2(amax * (1 / fp8_max))),
+    the product in fp32 as TE's cast takes it before rounding the exponent up: nothing
+    saturates. A block of zeros gets 2^-127 (TE's byte 0)."""
     fp8_max = FORMATS[fmt][1]
     blocks = x.float().movedim(dim, -1).unflatten(-1, (-1, MX_BLOCK))
     amax = blocks.abs().amax(-1)
-    mantissa, exp = torch.frexp(amax / fp8_max)          # amax / fp8_max = mantissa * 2^exp
+    mantissa, exp = torch.frexp(amax * (1.0 / fp8_max))  # = mantissa * 2^exp, mantissa in [0.5, 1)
     exp = torch.where(mantissa == 0.5, exp - 1, exp)     # an exact power of two is not rounded up
     exp = torch.where(amax > 0, exp, torch.full_like(exp, -127)).clamp(-127, 127)
     scaled = blocks * torch.ldexp(torch.ones_like(amax), -exp).unsqueeze(-1)
