@@ -197,7 +197,7 @@ def test_curves_and_bars_carry_their_values():
 
 
 def test_text_is_escaped():
-    root = parse(svg.document(100, 10, [svg.text(0, 0, "a < b & c > d")], 'say "hi" & <bye>'))
+    root = parse(svg.document(120, 16, [svg.text(0, 0, "a < b & c > d")], 'say "hi" & <bye>'))
     assert root.find(f"{NS}text").text == "a < b & c > d"
 
 

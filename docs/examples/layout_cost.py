@@ -75,10 +75,13 @@ COLOURS = {1: "#9e9e9e", 2: "#42a5f5", 4: "#ab47bc", 8: "#ef6c00"}
 
 def memory_svg() -> str:
     """The largest rank's memory (GiB, log scale) against pp, one line per tp, GPT-3 175B on
-    1024 ranks with the distributed optimizer; the dashed line is an 80 GiB GPU."""
+    1024 ranks with the distributed optimizer; the dashed line is an 80 GiB GPU. Drawn on the
+    column's width in the pictures' text sizes (minitron/cli/views/svg.py)."""
     import math
 
-    width, height, left, right, top, bottom = 520, 300, 56, 96, 24, 40
+    from minitron.cli.views import svg
+
+    width, height, left, right, top, bottom = svg.COLUMN, 420, 64, 110, 36, 52
     lo, hi = 4, 4096   # GiB on the axis
     points = {}
     for tp in TPS:
@@ -92,32 +95,46 @@ def memory_svg() -> str:
     def y(gib):
         return top + (math.log2(hi) - math.log2(min(max(gib, lo), hi))) * (height - top - bottom) / math.log2(hi / lo)
 
+    size = svg.TEXT
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
-           f'height="{height}" font-family="sans-serif" font-size="11" role="img" '
+           f'height="{height}" font-family="sans-serif" font-size="{size}" role="img" style="width:100%;height:auto" '
            'aria-label="memory of the largest rank against pipeline and tensor parallel size">']
     for gib in (4, 16, 64, 256, 1024, 4096):
         out.append(f'<line x1="{left}" x2="{width - right}" y1="{y(gib):.1f}" y2="{y(gib):.1f}" stroke="#e0e0e0"/>')
-        out.append(f'<text x="{left - 6}" y="{y(gib) + 4:.1f}" text-anchor="end" fill="#616161">{gib}</text>')
-    out.append(f'<text x="12" y="{top - 8}" fill="#616161">GiB per rank (largest)</text>')
+        out.append(f'<text x="{left - 8}" y="{y(gib) + 5:.1f}" text-anchor="end" fill="#616161">{gib}</text>')
+    out.append(f'<text x="0" y="{top - 14}" fill="#616161">GiB per rank (largest)</text>')
     for pp in PPS:
-        out.append(f'<text x="{x(pp):.1f}" y="{height - bottom + 16}" text-anchor="middle" fill="#616161">{pp}</text>')
-    out.append(f'<text x="{(left + width - right) / 2:.0f}" y="{height - 6}" text-anchor="middle" '
+        out.append(f'<text x="{x(pp):.1f}" y="{height - bottom + 20}" text-anchor="middle" fill="#616161">{pp}</text>')
+    out.append(f'<text x="{(left + width - right) / 2:.0f}" y="{height - 8}" text-anchor="middle" '
                'fill="#616161">pipeline-parallel size (pp)</text>')
     out.append(f'<line x1="{left}" x2="{width - right}" y1="{y(80):.1f}" y2="{y(80):.1f}" stroke="#d32f2f" '
                'stroke-dasharray="4 3"/>')
-    # Labels at the right edge: the curves' ends and the GPU line, pushed apart to stay legible.
+    # Labels at the right edge, one for each curve's end and one for the GPU line. Ends closer
+    # than a line of text would print on top of each other (tp 4 and tp 8 end 40 px apart at
+    # 11 px type, the GPU line between them), so each label goes where its line ends, pushed
+    # down below the one above, then the stack is lifted as a whole if it runs off the bottom;
+    # a leader line joins a pushed label to its line's end.
     labels = {f"tp {tp}": (y(points[(tp, PPS[-1])]), COLOURS[tp]) for tp in TPS}
     labels["80 GiB GPU"] = (y(80), "#d32f2f")
-    floor = -1e9
-    for name, (at, colour) in sorted(labels.items(), key=lambda item: item[1][0]):
-        floor = max(at, floor + 13)
-        out.append(f'<text x="{width - right + 6}" y="{floor + 4:.1f}" fill="{colour}">{name}</text>')
+    ends = sorted(labels.items(), key=lambda item: item[1][0])
+    pitch, placed = size * 1.5, []
+    for _, (at, _) in ends:
+        placed.append(max(at, placed[-1] + pitch) if placed else at)
+    lift = max(0.0, placed[-1] - (height - bottom))
+    placed = [p - lift for p in placed]
+    edge = width - right
+    for (name, (at, colour)), shown in zip(ends, placed):
+        if abs(shown - at) > 1:
+            out.append(f'<polyline points="{edge:.1f},{at:.1f} {edge + 10:.1f},{at:.1f} {edge + 22:.1f},{shown:.1f}" '
+                       f'fill="none" stroke="{colour}" stroke-width="1"/>')
+        out.append(f'<text x="{edge + 26}" y="{shown + size * 0.35:.1f}" fill="{colour}" data-end="{at:.1f}">'
+                   f'{name}</text>')
     for tp in TPS:
         line = " ".join(f"{x(pp):.1f},{y(points[(tp, pp)]):.1f}" for pp in PPS)
-        out.append(f'<polyline points="{line}" fill="none" stroke="{COLOURS[tp]}" stroke-width="2"/>')
+        out.append(f'<polyline points="{line}" fill="none" stroke="{COLOURS[tp]}" stroke-width="2.5"/>')
         for pp in PPS:
             gib = points[(tp, pp)]
-            out.append(f'<circle cx="{x(pp):.1f}" cy="{y(gib):.1f}" r="3" fill="{COLOURS[tp]}">'
+            out.append(f'<circle cx="{x(pp):.1f}" cy="{y(gib):.1f}" r="4" fill="{COLOURS[tp]}">'
                        f'<title>tp {tp} x pp {pp}: {gib:.1f} GiB</title></circle>')
     out.append("</svg>")
     return "\n".join(out) + "\n"

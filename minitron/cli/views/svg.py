@@ -10,8 +10,11 @@ picture in the same style:
   on its own shows it black;
 * the fills are mid-light colours (Tableau's ten, then lighter and darker variants of them)
   under dark text, readable on a light and a dark page alike;
-* a document has a ``viewBox`` and its natural width, and shrinks with a narrow page
-  (``max-width: 100%``) instead of overflowing it.
+* a document is drawn on a canvas COLUMN units wide, the site's content column at a laptop's
+  width (1280 px), and is set ``width: 100%``: there one unit is one pixel, so a text of
+  TEXT units is as large as the page's code (12.8 px), and the picture fills the column
+  instead of sitting at two thirds of it with 9 px print (issue #40). On a narrower page it
+  shrinks with the column. tests/test_pages_browser.py measures both on every page.
 """
 
 from __future__ import annotations
@@ -23,6 +26,11 @@ BASE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07a
 INK = "#1b1b1b"          # text on a coloured fill
 FONT = "ui-monospace, SFMono-Regular, Menlo, Consolas, 'DejaVu Sans Mono', monospace"
 CHAR_W = 0.6             # a monospace character's width, in units of the font size
+COLUMN = 1030            # px: the content column at 1280 px (docs/stylesheets/output.css)
+TEXT = 13                # the smallest text: the page's code is 12.8 px, and this is no smaller
+LABEL = 14               # titles of a panel or a row
+HEADING = 15             # a picture's own heading
+LINE = 1.3               # a line's height, in units of the font size: stacked lines never touch
 
 
 def _mix(colour: str, other: int, amount: float) -> str:
@@ -62,7 +70,7 @@ def polyline(points, **attrs) -> str:
     return f'<polyline points="{pts}"{_attrs(attrs)}/>'
 
 
-def text(x, y, body: str, size: float = 11, anchor: str = "start", fill: str = "currentColor", **attrs) -> str:
+def text(x, y, body: str, size: float = TEXT, anchor: str = "start", fill: str = "currentColor", **attrs) -> str:
     return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" fill="{fill}"'
             f'{_attrs(attrs)}>{escape(body)}</text>')
 
@@ -77,5 +85,5 @@ def document(width: float, height: float, parts: list[str], label: str) -> str:
     width, height = round(width), round(height)
     head = (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
             f'height="{height}" role="img" aria-label={quoteattr(label)} font-family={quoteattr(FONT)} '
-            f'style="max-width:100%;height:auto">')
+            f'style="width:100%;height:auto">')
     return "\n".join([head, title(label), *parts, "</svg>"]) + "\n"

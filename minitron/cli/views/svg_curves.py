@@ -20,10 +20,10 @@ from pathlib import Path
 
 from minitron.cli.views import svg
 
-WIDTH, LEFT, RIGHT, PANEL_H, GAP = 660, 64, 16, 110, 34
-# Tick labels as large as the page's small print, in full ink: at 9 px and 75 % opacity they
-# were grey specks once the picture shrank to a narrow column.
-TICK_SIZE = 11
+WIDTH, LEFT, RIGHT, PANEL_H, GAP = svg.COLUMN, 80, 16, 150, 40
+# Tick labels as large as the page's code, in full ink: at 9 px and 75 % opacity they were grey
+# specks once the picture shrank to a narrow column.
+TICK_SIZE = svg.TEXT
 NAMES = {"lm_loss": "lm loss", "lr": "learning rate", "grad_norm": "grad norm", "loss_scale": "loss scale",
          "global_batch_size": "global batch"}
 
@@ -65,10 +65,10 @@ def curves_svg(xs: list[float], series: dict[str, list[float]], heading: str = "
     def sx(x):
         return LEFT + (x - x_lo) / ((x_hi - x_lo) or 1) * plot_w
 
-    parts, y0 = [], 18.0
+    parts, y0 = [], 22.0
     if heading:
-        parts.append(svg.text(0, 14, heading, size=12, font_weight="bold"))
-        y0 = 42
+        parts.append(svg.text(0, 15, heading, size=svg.HEADING, font_weight="bold"))
+        y0 = 46
     for i, (name, ys) in enumerate(series.items()):
         lo, hi = min(ys), max(ys)
         pad = (hi - lo) * 0.08 or abs(hi) * 0.1 or 1.0
@@ -82,7 +82,7 @@ def curves_svg(xs: list[float], series: dict[str, list[float]], heading: str = "
         ticks = _ticks(lo, hi)
         labels, times = tick_labels(ticks)
         parts.append(f'<g data-series="{name}">')
-        parts.append(svg.text(LEFT, y0 - 4, " ".join(filter(None, [NAMES.get(name, name), times])), size=11,
+        parts.append(svg.text(LEFT, y0 - 6, " ".join(filter(None, [NAMES.get(name, name), times])), size=svg.LABEL,
                               font_weight="bold"))
         for t, label in zip(ticks, labels):
             parts.append(svg.line(LEFT, sy(t), LEFT + plot_w, sy(t), stroke_opacity="0.2"))
@@ -95,25 +95,27 @@ def curves_svg(xs: list[float], series: dict[str, list[float]], heading: str = "
         y0 += PANEL_H + GAP
     y_axis = y0 - GAP + 4
     for t in _ticks(x_lo, x_hi, 6):
-        parts.append(svg.text(sx(t), y_axis + 12, _fmt(t), size=TICK_SIZE, anchor="middle"))
-    parts.append(svg.text(LEFT + plot_w, y_axis + 28, "iteration", size=11, anchor="end"))
+        parts.append(svg.text(sx(t), y_axis + 14, _fmt(t), size=TICK_SIZE, anchor="middle"))
+    parts.append(svg.text(LEFT + plot_w, y_axis + 34, "iteration", anchor="end"))
     label = heading or ", ".join(NAMES.get(n, n) for n in series) + " per iteration"
-    return svg.document(WIDTH, y_axis + 34, parts, label)
+    return svg.document(WIDTH, y_axis + 40, parts, label)
 
 
 def bars_svg(rows: dict[str, dict[str, float]], unit: str = "bytes", heading: str = "") -> str:
     """One horizontal stacked bar per row (a rank): ``rows[row][part]`` is a segment's size."""
     parts_order = list(dict.fromkeys(p for segs in rows.values() for p in segs))
     total_max = max(sum(segs.values()) for segs in rows.values()) or 1
-    label_w, value_w, bar_h = 96, 80, 18
+    # the rows' names ("rank 0 pp0 dp0") and totals ("12.3 MiB") in svg.TEXT, one character spare
+    label_w = max(svg.text_width(name + " ", svg.TEXT) for name in rows) + 6
+    value_w, bar_h = svg.text_width("1023.9 MiB ", svg.TEXT) + 6, 24
     plot_w = WIDTH - label_w - value_w
     out, y = [], 0.0
     if heading:
-        out.append(svg.text(0, 14, heading, size=12, font_weight="bold"))
-        y = 24
+        out.append(svg.text(0, 15, heading, size=svg.HEADING, font_weight="bold"))
+        y = 28
     for name, segs in rows.items():
         out.append(f'<g data-row="{name}">')
-        out.append(svg.text(0, y + bar_h * 0.72, name, size=10))
+        out.append(svg.text(0, y + bar_h * 0.7, name))
         x = float(label_w)
         for i, part in enumerate(parts_order):
             size = segs.get(part, 0)
@@ -121,15 +123,18 @@ def bars_svg(rows: dict[str, dict[str, float]], unit: str = "bytes", heading: st
             out.append(f'<g data-part="{part}" data-value="{size:g}">{svg.title(f"{name}: {part} {size:,.0f} {unit}")}'
                        + svg.rect(x, y, w, bar_h, svg.colour(i), stroke="#ffffff", stroke_width="0.5") + "</g>")
             x += w
-        out.append(svg.text(x + 6, y + bar_h * 0.72, _human(sum(segs.values()), unit), size=10))
+        out.append(svg.text(x + 6, y + bar_h * 0.7, _human(sum(segs.values()), unit)))
         out.append("</g>")
         y += bar_h + 6
+    # The legend: the kinds in a row, wrapped onto another where the column ends.
     x = float(label_w)
     for i, part in enumerate(parts_order):
-        out.append(svg.rect(x, y + 6, 10, 10, svg.colour(i)))
-        out.append(svg.text(x + 14, y + 15, part, size=10))
-        x += 14 + svg.text_width(part, 10) + 14
-    return svg.document(WIDTH, y + 22, out, heading or f"{unit} per rank")
+        if x > label_w and x + 18 + svg.text_width(part, svg.TEXT) > WIDTH:
+            x, y = float(label_w), y + svg.TEXT * svg.LINE + 4
+        out.append(svg.rect(x, y + 6, 12, 12, svg.colour(i)))
+        out.append(svg.text(x + 18, y + 17, part))
+        x += 18 + svg.text_width(part, svg.TEXT) + 18
+    return svg.document(WIDTH, y + 26, out, heading or f"{unit} per rank")
 
 
 def _human(value: float, unit: str) -> str:

@@ -17,10 +17,11 @@ from minitron.cli.views.checks import group_calls
 from minitron.cli.views.layout import MAX_RANKS_DRAWN, TITLES, group_letter
 from minitron.core.rank_generator import DESC_TO_KEY
 
-CELL_W, CELL_H, GAP = 28, 22, 3
-LABEL_W = 30          # the "pp0" column
-PANEL_GAP = 14
-MAX_WIDTH = 660       # the page's content column, in px
+CELL_W, CELL_H, GAP = 40, 28, 4
+LABEL_W = 40          # the "pp0" column
+PANEL_GAP = 20        # at least this between two panels; a row of panels spreads over the column
+MAX_WIDTH = svg.COLUMN
+HEAD = 44             # a panel's title and subtitle, above its cells
 NOT_IN_GROUP = "none"
 # A panel is narrow: two of the layout's titles in fewer words.
 PANEL_TITLES = {**TITLES, "embd": "embedding", "tp-pp": "model parallel"}
@@ -51,17 +52,21 @@ def grid_svg(groups: dict[str, list[list[int]]], kinds: list[str] | None = None,
         raise ValueError(f"{world} ranks are too many to draw one cell each (at most {MAX_RANKS_DRAWN})")
     rows = [sorted(r for r in stage_of if stage_of[r] == s) for s in sorted(set(stage_of.values()))]
     cols = max(len(row) for row in rows)
-    titles = max(svg.text_width(_title(k), 11) for k in kinds)
+    # + a character: a bold face runs a little wider than the 0.6 em that text_width counts
+    titles = max(svg.text_width(_title(k) + " ", svg.LABEL) for k in kinds)
     panel_w = max(LABEL_W + cols * (CELL_W + GAP), titles)
-    panel_h = 34 + len(rows) * (CELL_H + GAP) + 16
+    panel_h = HEAD + len(rows) * (CELL_H + GAP) + 16
     per_row = max(1, int((MAX_WIDTH + PANEL_GAP) // (panel_w + PANEL_GAP)))
-    top = 22 if heading else 0
-    parts = [svg.text(0, 14, heading, size=13, font_weight="bold")] if heading else []
+    # The panels of a row spread over the whole column (the picture is set at its width).
+    across = min(len(kinds), per_row)
+    gap = max(PANEL_GAP, (MAX_WIDTH - across * panel_w) / (across - 1)) if across > 1 else PANEL_GAP
+    top = 26 if heading else 0
+    parts = [svg.text(0, 15, heading, size=svg.HEADING, font_weight="bold")] if heading else []
     for i, kind in enumerate(kinds):
-        x0 = (i % per_row) * (panel_w + PANEL_GAP)
+        x0 = (i % per_row) * (panel_w + gap)
         y0 = top + (i // per_row) * (panel_h + PANEL_GAP)
         parts.append(_panel(kind, groups[kind], rows, x0, y0, panel_w))
-    width = min(len(kinds), per_row) * (panel_w + PANEL_GAP) - PANEL_GAP
+    width = max(across * (panel_w + gap) - gap, MAX_WIDTH, svg.text_width(heading + " ", svg.HEADING))
     height = top + -(-len(kinds) // per_row) * (panel_h + PANEL_GAP) - PANEL_GAP
     label = heading or f"{world} ranks: " + ", ".join(f"{len(groups[k])} {k} groups" for k in kinds)
     return svg.document(width, height, parts, label)
@@ -71,12 +76,12 @@ def _panel(kind: str, kind_groups: list[list[int]], rows: list[list[int]], x0: f
     member = {rank: i for i, group in enumerate(kind_groups) for rank in group}
     sizes = sorted({len(g) for g in kind_groups})
     out = [f'<g data-kind="{kind}">',
-           svg.text(x0, y0 + 12, _title(kind), size=11, font_weight="bold"),
-           svg.text(x0, y0 + 25, f"{len(kind_groups)} groups of {'/'.join(map(str, sizes))}", size=10,
+           svg.text(x0, y0 + 15, _title(kind), size=svg.LABEL, font_weight="bold"),
+           svg.text(x0, y0 + 15 + svg.TEXT * svg.LINE, f"{len(kind_groups)} groups of {'/'.join(map(str, sizes))}",
                     opacity="0.75")]
     for s, row in enumerate(rows):
-        y = y0 + 34 + s * (CELL_H + GAP)
-        out.append(svg.text(x0, y + CELL_H * 0.7, f"pp{s}", size=10, opacity="0.7"))
+        y = y0 + HEAD + s * (CELL_H + GAP)
+        out.append(svg.text(x0, y + CELL_H * 0.68, f"pp{s}", opacity="0.7"))
         for c, rank in enumerate(row):
             x = x0 + LABEL_W + c * (CELL_W + GAP)
             out.append(_cell(kind, rank, member.get(rank), kind_groups, x, y))
@@ -93,13 +98,13 @@ def _cell(kind: str, rank: int, index: int | None, kind_groups: list[list[int]],
         tip = f"rank {rank}: in no {kind} group"
         shape = svg.rect(x, y, CELL_W, CELL_H, "none", stroke="currentColor", stroke_opacity="0.35",
                          stroke_dasharray="3 2", rx=3)
-        label = svg.text(x + CELL_W / 2, y + CELL_H * 0.68, str(rank), size=11, anchor="middle", opacity="0.5")
+        label = svg.text(x + CELL_W / 2, y + CELL_H * 0.68, str(rank), anchor="middle", opacity="0.5")
         group = NOT_IN_GROUP
     else:
         members = ", ".join(map(str, kind_groups[index]))
         tip = f"rank {rank}: {kind} group {group_letter(index)} = [{members}]"
         shape = svg.rect(x, y, CELL_W, CELL_H, svg.colour(index), rx=3)
-        label = svg.text(x + CELL_W / 2, y + CELL_H * 0.68, str(rank), size=11, anchor="middle", fill=svg.INK,
+        label = svg.text(x + CELL_W / 2, y + CELL_H * 0.68, str(rank), size=svg.LABEL, anchor="middle", fill=svg.INK,
                          font_weight="bold")
         group = index
     return (f'<g data-rank="{rank}" data-group="{group}">{svg.title(tip)}{shape}{label}</g>')

@@ -21,11 +21,12 @@ from minitron.cli.views.svg_grid import PANEL_GAP
 from minitron.cli.views.words import rank_ranges
 
 GPUS_PER_NODE = 8     # a DGX-style node: the tensor-parallel group is meant to fit inside one
-ROW_NODES = 64        # nodes per row: 64 cells of CELL + GAP fit the page's content column
-CELL, GAP = 8, 1
-LABEL_W = 40          # the "pp0" column
-TOP = 20              # the heading; the legend's lines follow
-PANEL_HEAD = 30       # a panel's title and subtitle
+ROW_NODES = 64        # nodes per row: 64 cells of CELL + GAP fill the page's content column (svg.COLUMN)
+CELL, GAP = 14, 1
+LABEL_W = 48          # the "pp0" column
+TOP = 24              # the heading; the legend's lines follow
+PANEL_HEAD = 40       # a panel's title and subtitle
+STEP = svg.TEXT * svg.LINE   # one legend line below the other
 KINDS = ("tp", "cp", "ep", "pp", "embd", "dp")   # nearest first: the order the text tells it in
 
 
@@ -58,20 +59,21 @@ def nodes_svg(world: int, rank: int, own: dict[str, list[int]], pp: int, stage_b
     parts = [f'<defs><pattern id="{pid}" width="{pitch}" height="{pitch}" patternUnits="userSpaceOnUse">'
              + svg.rect(0, 0, CELL, CELL, "currentColor", fill_opacity="0.08") + "</pattern></defs>"]
     if heading:
-        parts.append(svg.text(0, 14, heading, size=13, font_weight="bold"))
+        parts.append(svg.text(0, 15, heading, size=svg.HEADING, font_weight="bold"))
     legend = [f"a cell is a node of {GPUS_PER_NODE} GPUs ({-(-world // GPUS_PER_NODE):,} nodes); filled: it holds",
               f"members of rank {rank}'s group (darker: more of its GPUs); outlined: node {home}, rank {rank}'s own"]
     inside = "; ".join(f"{k} {rank_ranges(own[k])}" for k in local)
     legend.append(f"inside node {home}: {inside}" if inside else f"node {home} holds no whole group of it")
     for i, line in enumerate(legend):
-        parts.append(svg.text(0, 32 + 13 * i, line, size=11, opacity="0.8"))
-    y = TOP + 13 * len(legend)
+        parts.append(svg.text(0, TOP + 14 + STEP * i, line, opacity="0.8"))
+    y = TOP + 14 + STEP * len(legend)
     for i, kind in enumerate(wide):
         parts.append(_panel(kind, own[kind], rank, i, y, per_row, labels, pid))
         y += PANEL_HEAD + grid_h + PANEL_GAP
     label = heading or f"{world} ranks as nodes: rank {rank}'s groups"
     # + a character: a bold face runs a little wider than the 0.6 em that text_width counts
-    widest = max([width, svg.text_width(heading + " ", 13)] + [svg.text_width(line + " ", 11) for line in legend])
+    widest = max([width, svg.COLUMN, svg.text_width(heading + " ", svg.HEADING)]
+                 + [svg.text_width(line + " ", svg.TEXT) for line in legend])
     return svg.document(widest, y - PANEL_GAP, parts, label)
 
 
@@ -83,12 +85,12 @@ def _panel(kind: str, group: list[int], rank: int, index: int, y0: float, per_ro
         members[r // GPUS_PER_NODE] = members.get(r // GPUS_PER_NODE, 0) + 1
     where = f"{len(group):,} ranks on {len(members):,} node{'s' if len(members) > 1 else ''}"
     out = [f'<g data-kind="{kind}" data-nodes="{len(members)}">',
-           svg.text(0, y0 + 12, f"{kind}: {TITLES.get(kind, kind)}", size=11, font_weight="bold"),
-           svg.text(0, y0 + 25, f"rank {rank}'s group: {where}", size=10, opacity="0.75")]
+           svg.text(0, y0 + 15, f"{kind}: {TITLES.get(kind, kind)}", size=svg.LABEL, font_weight="bold"),
+           svg.text(0, y0 + 15 + STEP, f"rank {rank}'s group: {where}", opacity="0.75")]
     top = y0 + PANEL_HEAD
     for row, text in enumerate(labels):
         if text:
-            out.append(svg.text(0, top + row * pitch + CELL, text, size=10, opacity="0.7"))
+            out.append(svg.text(0, top + row * pitch + CELL - 1, text, opacity="0.7"))
     out.append(svg.rect(LABEL_W, top, per_row * pitch, len(labels) * pitch, f"url(#{pid})"))
     fill, home = svg.colour(index), rank // GPUS_PER_NODE
     for node, count in sorted(members.items()):

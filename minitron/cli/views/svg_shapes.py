@@ -30,7 +30,11 @@ ROW = "minitron.core.tensor_parallel.layers.RowParallelLinear.forward"
 FILL = {None: "#bab0ac", "seq": "#f28e2b", "hidden": "#4e79a7", "partial": "#59a14f"}
 SAY = {None: "whole, on every rank", "seq": "rank 0's part of the sequence",
        "hidden": "rank 0's part of the hidden dim", "partial": "partial sums (rank 0's share)"}
-COL_W, TENSOR_H, OP_H = 330, 46, 30
+# Two columns side by side fill the page's column (svg.COLUMN); a column's text folds at WRAP
+# characters of svg.TEXT, and a line is svg.LINE of its size below the one before.
+COL_W, TENSOR_H, OP_H = (svg.COLUMN + 20) / 2, 50, 30
+WRAP = int((COL_W - 22 - 20) / svg.text_width("x", svg.TEXT))
+STEP = svg.TEXT * svg.LINE
 
 
 def _shape(record: dict, key: str) -> list[int]:
@@ -95,25 +99,26 @@ def shapes_svg(columns: list[tuple[str, list[dict]]]) -> str:
     parts, height = [], 0.0
     for i, (title, steps, backward, tp) in enumerate(parsed):
         x0 = i * COL_W
-        parts.append(svg.text(x0, 13, title, size=12, font_weight="bold"))
-        y = 24.0
+        parts.append(svg.text(x0, 15, title, size=svg.HEADING, font_weight="bold"))
+        y = 26.0
         for step in steps:
             if step[0] == "op":
-                parts.append(svg.text(x0 + 6, y + 12, "↓", size=12))
-                for k, piece in enumerate(_wrap(step[1], 50)):
-                    parts.append(svg.text(x0 + 22, y + 12 + 11 * k, piece, size=9.5, opacity="0.85"))
-                y += OP_H
+                pieces = _wrap(step[1], WRAP)
+                parts.append(svg.text(x0 + 6, y + 14, "↓", size=svg.LABEL))
+                for k, piece in enumerate(pieces):
+                    parts.append(svg.text(x0 + 22, y + 14 + STEP * k, piece, opacity="0.85"))
+                y += max(OP_H, 10 + STEP * len(pieces))
             else:
                 parts.append(_tensor(x0, y, step, unit))
                 y += TENSOR_H
         # Folded like the op lines: a column is COL_W wide, and the last one ends the picture.
-        footer = _wrap("backward, as traced: " + ", then ".join(backward), 50)
+        footer = _wrap("backward, as traced: " + ", then ".join(backward), WRAP)
         for k, piece in enumerate(footer):
-            parts.append(svg.text(x0, y + 12 + 11 * k, piece, size=9.5, opacity="0.85"))
-        height = max(height, y + 9 + 11 * len(footer))
+            parts.append(svg.text(x0, y + 14 + STEP * k, piece, opacity="0.85"))
+        height = max(height, y + 10 + STEP * len(footer))
     label = "tensor shapes on rank 0 through ColumnParallelLinear -> GeLU -> RowParallelLinear: " + \
         "; ".join(title for title, _ in columns)
-    return svg.document(COL_W * len(columns) - 10, height, parts, label)
+    return svg.document(COL_W * len(columns) - 20, height, parts, label)
 
 
 def _tensor(x0: float, y: float, step: tuple, unit: float) -> str:
@@ -125,8 +130,8 @@ def _tensor(x0: float, y: float, step: tuple, unit: float) -> str:
         f'<g data-tensor="{name}" data-shape="{local}" data-full="{full}">', svg.title(tip),
         svg.rect(x0 + 2, y + 2, fw, fh, "none", stroke="currentColor", stroke_opacity="0.5", stroke_dasharray="3 2"),
         svg.rect(x0 + 2, y + 2, lw, lh, FILL[split], stroke="currentColor", stroke_width="0.6"),
-        svg.text(x0 + 130, y + 13, f"{name}  {local}", size=10.5, font_weight="bold"),
-        svg.text(x0 + 130, y + 26, SAY[split], size=9.5, opacity="0.8"), "</g>"])
+        svg.text(x0 + 130, y + 16, f"{name}  {local}", size=svg.LABEL, font_weight="bold"),
+        svg.text(x0 + 130, y + 16 + svg.LABEL * svg.LINE, SAY[split], opacity="0.8"), "</g>"])
 
 
 def _wrap(text: str, width: int) -> list[str]:

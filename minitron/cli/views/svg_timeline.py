@@ -30,8 +30,14 @@ from minitron.cli.views import svg
 from minitron.cli.views.schedule import FORWARD, in_dependency_order, pipeline_steps, step_key
 from minitron.trace.reader import TraceError, iterations, load_trace
 
-ROW_H, ROW_GAP, LABEL_W, RIGHT_W = 16, 3, 52, 150
-PLOT_W = 660 - LABEL_W - RIGHT_W
+# The picture fills the page's column (svg.COLUMN): the rows' names at the left, the idle share
+# and the peak at the right, and between them the time axis, wide enough that the boxes of an
+# interleaved schedule (each 1/v of a step) still hold their micro-batch's number in svg.TEXT.
+ROW_H, ROW_GAP = 22, 4
+LABEL_W = svg.text_width("stage 00 ", svg.TEXT)
+PEAK_X = svg.text_width(" 100% ", svg.TEXT)   # the peak's column, after the idle share's
+RIGHT_W = 8 + svg.text_width("idle  peak in flight ", svg.TEXT)
+PLOT_W = svg.COLUMN - LABEL_W - RIGHT_W
 FWD, BWD = ("#4e79a7", "#a0cbe8"), ("#59a14f", "#8cd17d")  # chunk 0, chunk 1+ (lighter)
 
 
@@ -85,21 +91,21 @@ def timeline_svg(schedules: list[tuple[str, dict[int, list[dict]]]], mode: str =
     parts, y = [], 0.0
     for name, stages, rows in placed:
         length = max(end for row in rows.values() for _, end, _ in row)
-        parts.append(svg.text(0, y + 13, name, size=12, font_weight="bold"))
-        parts.append(svg.text(LABEL_W + PLOT_W, y + 13, _time(length, mode), size=10, anchor="end",
-                              opacity="0.75"))
-        parts.append(svg.text(LABEL_W + PLOT_W + 8, y + 13, "idle  peak in flight", size=10, opacity="0.75"))
-        y += 20
+        parts.append(svg.text(0, y + 15, name, size=svg.LABEL, font_weight="bold"))
+        parts.append(svg.text(LABEL_W + PLOT_W, y + 15, _time(length, mode), anchor="end", opacity="0.75"))
+        parts.append(svg.text(LABEL_W + PLOT_W + 8, y + 15, "idle  peak in flight", opacity="0.75"))
+        y += 24
         for stage, row in rows.items():
             parts.append(_row(stage, row, y, scale, length, mode))
             y += ROW_H + ROW_GAP
         y += 12
-    parts.append(_legend(y))
-    y += 16
+    chunks = {step["args"].get("chunk") for _, stages, _ in placed for ss in stages.values() for step in ss}
+    parts.append(_legend(y, chunks - {None}))
+    y += 22
     if mode == "unit":  # say what the lengths are, on the picture itself
-        parts.append(svg.text(LABEL_W, y + 11, "unit times, not measured: forward 1, backward 2, each "
-                              "divided by the chunks per stage", size=10, opacity="0.75"))
-        y += 16
+        parts.append(svg.text(LABEL_W, y + 14, "unit times, not measured: forward 1, backward 2, each "
+                              "divided by the chunks per stage", opacity="0.75"))
+        y += 22
     label = "pipeline schedules: " + ", ".join(name for name, _ in schedules)
     return svg.document(LABEL_W + PLOT_W + RIGHT_W, y, parts, label)
 
@@ -111,13 +117,13 @@ def _time(us: float, mode: str) -> str:
 def _row(stage: int, row: list[tuple[float, float, dict]], y: float, scale: float, length: float, mode: str) -> str:
     busy = sum(end - start for start, end, _ in row)
     out = [f'<g data-stage="{stage}">',
-           svg.text(0, y + ROW_H * 0.75, f"stage {stage}", size=10),
+           svg.text(0, y + ROW_H * 0.72, f"stage {stage}"),
            svg.rect(LABEL_W, y, length * scale, ROW_H, "currentColor", opacity="0.07")]
     for start, end, step in row:
         out.append(_box(stage, start, end, step, y, scale, mode))
-    out.append(svg.text(LABEL_W + PLOT_W + 8, y + ROW_H * 0.75, f"{1 - busy / length:4.0%}", size=10))
-    out.append(svg.text(LABEL_W + PLOT_W + 60, y + ROW_H * 0.75, str(peak_in_flight([s for _, _, s in row])),
-                        size=10, font_weight="bold"))
+    out.append(svg.text(LABEL_W + PLOT_W + 8, y + ROW_H * 0.72, f"{1 - busy / length:4.0%}"))
+    out.append(svg.text(LABEL_W + PLOT_W + 8 + PEAK_X, y + ROW_H * 0.72, str(peak_in_flight([s for _, _, s in row])),
+                        font_weight="bold"))
     out.append("</g>")
     return "\n".join(out)
 
@@ -131,20 +137,28 @@ def _box(stage: int, start: float, end: float, step: dict, y: float, scale: floa
     x, w = LABEL_W + start * scale, max((end - start) * scale, 0.8)
     tip = f"stage {stage}: {name}, " + (_time(end - start, mode) if mode == "unit" else f"{(end - start) / 1000:.2f} ms")
     parts = [svg.title(tip), svg.rect(x, y, w, ROW_H, fill, stroke="#ffffff", stroke_width="0.5")]
-    if w >= 9 * len(str(mb)) and mb is not None:
-        parts.append(svg.text(x + w / 2, y + ROW_H * 0.75, str(mb), size=9, anchor="middle", fill=svg.INK))
+    # the number where the box holds it with a pixel either side, else only in the tooltip
+    if mb is not None and w >= svg.text_width(str(mb), svg.TEXT) + 2:
+        parts.append(svg.text(x + w / 2, y + ROW_H * 0.72, str(mb), anchor="middle", fill=svg.INK))
     return (f'<g data-step="{kind}" data-microbatch="{mb}" data-chunk="{"" if chunk is None else chunk}" '
             f'data-us="{end - start:.0f}">' + "".join(parts) + "</g>")
 
 
-def _legend(y: float) -> str:
-    items = [(FWD[0], "forward"), (BWD[0], "backward"), (FWD[1], "forward, chunk 1"), (BWD[1], "backward, chunk 1")]
-    out, x = [], float(LABEL_W)
+def _legend(y: float, chunks: set[int]) -> str:
+    """The fills the picture uses, and no other (``chunks``: the model chunks of its interleaved
+    schedules): the lighter ones, chunk 1 and later, only where an interleaved schedule is
+    drawn. The legend once listed "chunk 1" under a plain 1F1B schedule too."""
+    first = ", chunk 0" if chunks else ""
+    later = f"chunk {max(chunks)}" if len(chunks) == 2 else f"chunks 1-{max(chunks, default=0)}"
+    items = [(FWD[0], "forward" + first), (BWD[0], "backward" + first)]
+    if len(chunks) > 1:
+        items += [(FWD[1], f"forward, {later}"), (BWD[1], f"backward, {later}")]
+    out, x = [], 0.0
     for fill, name in items:
-        out.append(svg.rect(x, y + 2, 10, 10, fill))
-        out.append(svg.text(x + 14, y + 11, name, size=10))
-        x += 14 + svg.text_width(name, 10) + 14
-    out.append(svg.text(x, y + 11, "numbers: micro-batch", size=10, opacity="0.75"))
+        out.append(svg.rect(x, y + 4, 12, 12, fill))
+        out.append(svg.text(x + 16, y + 15, name))
+        x += 16 + svg.text_width(name, svg.TEXT) + 16
+    out.append(svg.text(x, y + 15, "numbers: micro-batch", opacity="0.75"))
     return "\n".join(out)
 
 
