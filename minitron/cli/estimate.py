@@ -19,6 +19,7 @@ import typer
 from minitron.cli import preflight
 from minitron.cli.common import EXTRA, UserError, app, check_world, console, print_no_effect, validate_pretrain
 from minitron.cli.estimate_check import check_trace
+from minitron.cli.estimate_time import compare_layouts, render_time, time_options
 from minitron.cli.views.fitted_table import print_fitted
 from minitron.cli.views.words import human, plural, rank_ranges
 
@@ -129,6 +130,14 @@ def estimate(
     peak_tflops: Optional[str] = typer.Option(None, "--peak-tflops", metavar="TFLOPS|GPU",
                                               help="the device's dense peak (a number, or h100, h200, a100) "
                                                    "for MFU; needs --iteration-time"),
+    cluster: Optional[str] = typer.Option(None, "--cluster", metavar="h100|h200|FILE",
+                                          help="price the iteration in seconds on this cluster (a built-in "
+                                               "node or a .json/.toml description): compute, bubble, each group"),
+    mfu: Optional[float] = typer.Option(None, "--mfu", help="the fraction of peak compute reaches (default: "
+                                                            "minitron's recorded one-H100 run); needs --cluster"),
+    compare: Optional[list[str]] = typer.Option(None, "--compare", metavar="LAYOUT",
+                                                help="rank layouts by iteration time, each as flags over the "
+                                                     "others (\"tp=8,pp=16\"); repeat it; needs --cluster"),
 ):
     """Predict each rank's parameters, memory and communication for pretrain's flags, starting
     nothing. Every other flag is pretrain's (--tp, --pp, --num-layers, --seq-length, ...)."""
@@ -137,6 +146,7 @@ def estimate(
     from minitron.training.theoretical_moe import expectation_keys
 
     peak = _peak(peak_tflops, iteration_time, check)
+    described, mfu, mfu_source = time_options(cluster, mfu, compare, check, iteration_time)
     if check is not None:
         if ctx.args or world is not None:
             raise UserError("--check DIR reads the run's flags and world from its trace; drop the other flags")
@@ -145,6 +155,11 @@ def estimate(
         raise UserError("--world W is required: the number of ranks to estimate for")
     check_world(world)
     preflight.check_world_limit(world, "estimate")  # before the layout's checks, which grow with it
+    if compare:   # theoretical_time.py prices each layout; cli/estimate_time.py ranks them
+        rows = compare_layouts(list(ctx.args), world, compare, described, mfu, mfu_source, _args_for, as_json)
+        if as_json:
+            print(json.dumps({"layouts": rows}))
+        return
     args = _args_for(list(ctx.args), world)
     costs = work_out(args)
     compute = _compute(args, iteration_time, peak)
@@ -154,11 +169,16 @@ def estimate(
             out["expectation_keys"] = sorted(expectation_keys(args))
         if args.no_effect:           # the flags accepted without effect (arguments_policy.py)
             out["no_effect"] = args.no_effect
+        if described:                # --cluster: seconds (theoretical_time.py)
+            from minitron.training.theoretical_time import iteration_time as priced
+            out["time"] = priced(args, costs, described, mfu)
         print(json.dumps(out))
         return
     print_no_effect(args)
     render(args, costs, total_params(args))
     render_compute(args, compute, peak_tflops)
+    if described:
+        render_time(args, costs, described, mfu, mfu_source)
 
 
 def _peak(text: Optional[str], iteration_time: Optional[float], check: Optional[Path]) -> Optional[float]:
