@@ -53,13 +53,28 @@ def validate_modern_options(args):
         require(method is None and n is None, "--recompute-granularity selective recomputes core attention in "
                  "every layer: drop --recompute-method and --recompute-num-layers")
     else:
-        per_stage = args.num_layers // args.pipeline_model_parallel_size
+        most = most_layers_per_rank(args)
         require(method is not None, "--recompute-granularity full needs --recompute-method uniform or block")
-        require(n is not None and n <= per_stage, f"--recompute-granularity full needs --recompute-num-layers "
-                 f"N between 1 and the {per_stage} layers of a pipeline stage")
+        require(n is not None and n <= most, f"--recompute-granularity full needs --recompute-num-layers "
+                 f"N between 1 and the {most} layers of the fullest pipeline stage")
 
     validate_window(args)
     validate_mla(args)
+
+
+def most_layers_per_rank(args) -> int:
+    """The layers of the fullest pipeline rank, all its model chunks, as the split builds them.
+    Megatron's recompute.py applies --recompute-num-layers to the layers a chunk holds (a stage
+    with fewer recomputes all of its own), so with --decoder-first/last-pipeline-num-layers or a
+    layout the bound is the biggest stage, not --num-layers // --pipeline-model-parallel-size."""
+    pp, vp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size or 1
+    if args.hybrid_layer_pattern is not None:   # its '|' may cut unevenly too
+        from minitron.core.ssm.mamba_hybrid_layer_allocation import select_pipeline_segment
+        return max(sum(len(select_pipeline_segment(args.hybrid_layer_pattern, r, pp, v)[0]) for v in range(vp))
+                   for r in range(pp))
+    from minitron.core.pipeline_parallel.layer_layout import counts_from
+    counts = counts_from(args)   # virtual stage i = chunk * pp + rank
+    return max(sum(counts[r::pp]) for r in range(pp))
 
 
 def validate_window(args):

@@ -276,7 +276,15 @@ class TransformerConfig(ModelParallelConfig):
             return
         if method not in ("uniform", "block"):
             raise ValueError(f"full recomputation needs recompute_method 'uniform' or 'block', got {method!r}")
-        per_stage = self.num_layers // self.pipeline_model_parallel_size
-        if n is None or not 1 <= n <= per_stage:
+        # Each model chunk recomputes min(n, its layers) (Megatron's recompute.py), so n is bounded
+        # by the fullest pipeline rank of the split actually built, uneven or not.
+        pp = self.pipeline_model_parallel_size
+        if self.is_hybrid_model:   # (the hybrid pattern's split is core/ssm/'s; the config does not hold it)
+            most = self.num_layers
+        else:
+            from minitron.core.transformer.pipeline_parallel_layer_layout import counts_from
+            counts = counts_from(self)
+            most = max(sum(counts[r::pp]) for r in range(pp))
+        if n is None or not 1 <= n <= most:
             raise ValueError(f"full recomputation needs recompute_num_layers between 1 and the "
-                             f"{per_stage} layers of a pipeline stage, got {n}")
+                             f"{most} layers of the fullest pipeline stage, got {n}")
