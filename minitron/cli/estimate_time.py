@@ -156,6 +156,7 @@ def compare_layouts(argv: list[str], world: int, layouts: list[str], cluster, mf
                       highlight=False)
     if not all(r["fits"] for r in rows):
         console.print(f"! over the GPU's {cluster.memory_gib:g} GiB", highlight=False)
-    console.print(f"compute at MFU {mfu:.1%} ({source}); {MODELLED}", highlight=False)
+    console.print(f"MFU while computing: {mfu:.1%} ({source})", highlight=False)
+    console.print(MODELLED, highlight=False)
     console.print(NOT_MODELLED, highlight=False)
     return rows
