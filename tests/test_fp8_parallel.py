@@ -1,7 +1,7 @@
 """fp8 on a small GPT: its loss curve beside the fp32 one, and every layout's curve beside the
 serial fp8 one.
 
-Each curve is 8 Adam steps on one fixed batch (the loss falls from 5.55 to ~3.8), the model
+Each curve is 6 Adam steps on one fixed batch (the loss falls from 5.55 to ~4.2), the model
 built and stepped by hand on forked gloo ranks so that only the layout differs:
 * serial fp8 (hybrid, delayed with a history of 4, "max"; tensorwise; mxfp8) against serial fp32:
   within 0.02 of the loss at every step (measured: 5e-3; fp8 keeps 3 mantissa bits, but the
@@ -12,7 +12,7 @@ built and stepped by hand on forked gloo ranks so that only the layout differs:
   model's scales, so the fp8 values are the same; what differs is fp32's order of summation in
   the partial products, which moves a value across an fp8 rounding boundary now and then.
   (mxfp8's blocks need no reduction at all; measured: 5e-7.)
-* dp 2 against the serial run of a loss twice as large, within 6e-3 (measured: 2.8e-3). Each
+* dp 2 against the serial run of a loss twice as large, within 6e-3 (measured: 2.4e-3). Each
   dp rank averages over half the batch, so its gradients are 2x the serial ones until DDP's
   mean, and under delayed scaling that is not invisible: the first step casts at scale 1,
   where small gradients sit among e5m2's subnormals and a factor of 2 rounds them differently
@@ -30,7 +30,7 @@ from distributed import run_ranks
 
 import pytest
 
-VOCAB, SEQ, BATCH, STEPS = 256, 32, 4, 8
+VOCAB, SEQ, BATCH, STEPS = 256, 32, 4, 6
 FP8 = dict(fp8="hybrid", fp8_recipe="delayed", fp8_amax_history_len=4, fp8_amax_compute_algo="max")
 
 
@@ -80,7 +80,7 @@ def serial():
 
 def test_fp8_loss_follows_fp32(serial):
     fp32, delayed, tensorwise, _, mx = serial
-    assert fp32[-1] < fp32[0] - 1.5                       # it learns
+    assert fp32[-1] < fp32[0] - 1.0                       # it learns
     for curve in (delayed, tensorwise, mx):
         assert not torch.equal(fp32, curve)                # fp8 did quantize
         torch.testing.assert_close(curve, fp32, rtol=0, atol=0.02)
