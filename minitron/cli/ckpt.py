@@ -93,7 +93,8 @@ def chunk_rows(where: Path, meta: dict, match: str) -> list[list[str]]:
     return rows
 
 
-def target_args(meta: dict, tp: int, pp: int, dp: int, ep: int, vp: int | None, distributed: bool):
+def target_args(meta: dict, tp: int, pp: int, dp: int, ep: int, vp: int | None, distributed: bool,
+                split: list[str] = ()):
     """The target layout with the checkpoint's model, validated as `pretrain` would validate it
     (one line, before anything starts). The model's shape comes from metadata.json, so a layout
     that does not divide it is refused without reading the tensors (or importing torch)."""
@@ -110,7 +111,7 @@ def target_args(meta: dict, tp: int, pp: int, dp: int, ep: int, vp: int | None, 
         argv += ["--virtual-pipeline-model-parallel-size", str(vp)]
     if distributed:
         argv.append("--use-distributed-optimizer")
-    return validate_pretrain(argv, tp * pp * dp)
+    return validate_pretrain(argv + list(split), tp * pp * dp)   # split: an uneven target's own flags
 
 
 def inspect_chunks(where: Path, meta: dict, match: str) -> None:
@@ -131,7 +132,7 @@ def predicted_reads(directory: Path, target: Target, distributed: bool = False):
         if "num_layers" not in meta:
             raise UserError(f"{directory}'s metadata.json does not record the model (num_layers ...): a bare "
                             f"dist_checkpointing.save; inspect with a target reads checkpoints a --save wrote")
-        target_args(meta, target.tp, target.pp, target.dp, target.ep, target.vp, distributed)
+        target_args(meta, target.tp, target.pp, target.dp, target.ep, target.vp, distributed, target.split_flags())
     where, meta = _iteration_dir(directory, first=validate)
     # lazy: the saved args and DCP's metadata are torch files; the refusals above come first
     from minitron.core.dist_checkpointing.serialization import load_common_state_dict, read_dcp_metadata
@@ -163,6 +164,9 @@ def ckpt(
     vp: int = typer.Option(None, "--vp", "--virtual-pipeline-model-parallel-size", help="inspect: target vp"),
     distributed: bool = typer.Option(False, "--use-distributed-optimizer", help="inspect: the target's optimizer"),
     svg: Path = typer.Option(None, "--svg", help="inspect with a target: also draw the bytes per rank here"),
+    first: int = typer.Option(None, "--decoder-first-pipeline-num-layers", help="inspect: the target's first stage"),
+    last: int = typer.Option(None, "--decoder-last-pipeline-num-layers", help="inspect: the target's last stage"),
+    layout: str = typer.Option(None, "--pipeline-model-parallel-layout", help="inspect: the target's stages"),
     ckpt_format: str = typer.Option(None, "--ckpt-format", help="convert: torch or torch_dist"),
 ):
     """Inspect a torch_dist checkpoint (each tensor's chunks and who wrote them; with --tp/--pp/--dp,
@@ -174,10 +178,12 @@ def ckpt(
     if dest is not None or ckpt_format is not None:
         raise UserError("minitron ckpt inspect reads one checkpoint: DST and --ckpt-format belong to "
                         "minitron ckpt convert SRC DST --ckpt-format F")
-    if tp is not None or (pp, dp, ep, vp, distributed, svg) != (1, 1, 1, None, False, None):
+    if tp is not None or (pp, dp, ep, vp, distributed, svg, first, last, layout) != (1, 1, 1, None, False, None,
+                                                                                    None, None, None):
         if not directory.is_dir():
             raise UserError(f"{directory} is not a directory: give a --save directory or one iter_* inside it")
-        return inspect_target(directory, Target(tp or 1, pp, dp, vp, ep), distributed, svg, match)
+        target = Target(tp or 1, pp, dp, vp, ep, first=first, last=last, layout=layout)
+        return inspect_target(directory, target, distributed, svg, match)
     where, meta = _iteration_dir(directory)
     layout = (f"tp {meta.get('tensor_model_parallel_size')} × pp {meta.get('pipeline_model_parallel_size')} × "
               f"dp {meta.get('data_parallel_size')}")

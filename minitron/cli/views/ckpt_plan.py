@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from minitron.core.pipeline_parallel.layer_layout import layer_counts
+from minitron.core.pipeline_parallel.layer_layout import stage_layers as split_stage_layers
 from minitron.training.tokenizer.tokenizer import _vocab_size_with_padding
 
 # partition_dim of each tensor-parallel weight, by the layer that owns it: ColumnParallelLinear
@@ -42,6 +44,12 @@ class Target:
     dp: int
     vp: int | None = None
     ep: int = 1
+    # An uneven split of the target's layers, as pretrain takes it (Megatron-Core's flags)
+    first: int | None = None                  # --decoder-first-pipeline-num-layers
+    last: int | None = None                   # --decoder-last-pipeline-num-layers
+    layout: str | None = None                 # --pipeline-model-parallel-layout (sets vp)
+    embedding: bool = False                   # --account-for-embedding-in-pipeline-split
+    loss: bool = False                        # --account-for-loss-in-pipeline-split
 
     @property
     def world(self) -> int:
@@ -51,17 +59,25 @@ class Target:
         """(tp, pp, dp) of a global rank in Megatron's default order: tp fastest, then dp, then pp."""
         return rank % self.tp, rank // (self.tp * self.dp), rank // self.tp % self.dp
 
+    def split_flags(self) -> list[str]:
+        """The split as pretrain's flags, so that the target is validated as a run would be."""
+        flags = [("--decoder-first-pipeline-num-layers", self.first), ("--decoder-last-pipeline-num-layers",
+                 self.last), ("--pipeline-model-parallel-layout", self.layout)]
+        return [str(part) for flag, value in flags if value is not None for part in (flag, value)] + \
+            ["--account-for-embedding-in-pipeline-split"] * self.embedding + ["--account-for-loss-in-pipeline-split"] * self.loss
+
     def expert_rank(self, rank: int) -> int:
         """The expert-parallel rank: ep folds into the data-parallel ranks (tp, ep, dp/ep, pp)."""
         return rank // self.tp % self.ep
 
 
 def stage_layers(num_layers: int, target: Target, pp_rank: int) -> list[tuple[int, int]]:
-    """[first, end) of each model chunk's layers on this stage (transformer_block.py's offsets)."""
-    vp = target.vp or 1
-    per_chunk = num_layers // (target.pp * vp)
-    # Model chunk c of stage r holds the (c * pp + r)-th block of per_chunk layers.
-    return [((c * target.pp + pp_rank) * per_chunk, (c * target.pp + pp_rank + 1) * per_chunk) for c in range(vp)]
+    """[first, end) of each model chunk's layers on this stage, by the split the model builds
+    (core/pipeline_parallel/layer_layout.py: even, first/last stage sizes, or a layout)."""
+    counts = layer_counts(num_layers, target.pp, target.vp, first=target.first, last=target.last,
+                          embedding=target.embedding, loss=target.loss, layout=target.layout)
+    chunks = len(counts) // target.pp          # a layout sets the chunks per rank
+    return [(r.start, r.stop) for r in (split_stage_layers(counts, target.pp, pp_rank, c) for c in range(chunks))]
 
 
 def _tp_ranges(size: int, stride: int, tp_rank: int, tp: int) -> list[tuple[int, int]]:

@@ -37,6 +37,8 @@ def show_reads(console, where: Path, meta: dict, plan: list[dict], target: Targe
     written = (f"tp {meta['tensor_model_parallel_size']} × pp {meta['pipeline_model_parallel_size']} × "
                f"dp {meta['data_parallel_size']}")
     layout = f"tp {tp} × pp {pp} × dp {dp}" + (f" × ep {ep}" if ep > 1 else "") + (f", vp {vp}" if vp else "")
+    split = " ".join(target.split_flags())   # an uneven split, as pretrain's flags
+    layout += f", {split}" if split else ""
     console.print(f"{where}: written by {written} ({stored:,} bytes in {plural(len(files), 'file')}); "
                   f"read by {layout}, predicted from its metadata:", highlight=False)
     def place(rank: int) -> str:
