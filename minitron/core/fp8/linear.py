@@ -5,16 +5,20 @@ Backward dX = dY W       dY: e4m3, or e5m2 under --fp8-format hybrid
          dW = dY^T X     the fp8 X and W kept from forward (TE's fp8 "wgrad")
 
 What autograd keeps for backward is the fp8 X and the fp8 W with their 1/scale factors: one
-byte per element where the unquantized layer keeps the input in the training dtype. The bias
-gradient is summed from the unquantized dY, as TE's fused cast-and-dbias kernel does.
+byte per element where the unquantized layer keeps the input in the training dtype. Under
+mxfp8 each of X, W and dY is cast once per GEMM it enters, its blocks along the dimension that
+GEMM sums over (``_casts``), and what is kept is the cast the backward needs, with one e8m0
+byte per 32 elements. The bias gradient is summed from the unquantized dY, as TE's fused
+cast-and-dbias kernel does.
 
 The tensor-parallel communication is the unquantized layer's (layers.py), in the same places:
 the input gradient's all-reduce or, with sequence parallelism, its reduce-scatter. Under
 sequence parallelism the input is cast *before* the all-gather, so the gather moves one byte
-per element (TE's fp8 all-gather): every TP rank casts its rows with the same scale.
+per element (TE's fp8 all-gather): every TP rank casts its rows with the same scale (mxfp8:
+its rows' own blocks, whose exponents are gathered with them).
 
-The GEMM itself: on a CUDA device that has fp8 tensor cores (compute capability 8.9+) and
-shapes torch._scaled_mm takes, the fp8 bytes go to it with the two 1/scale factors and the
+The GEMM itself: on a CUDA device that has fp8 tensor cores (compute capability 8.9+), with
+per-tensor scales and shapes torch._scaled_mm takes, the fp8 bytes go to it with the two 1/scale factors and the
 tensor core accumulates in fp32. Everywhere else (the CPU, always) both operands are
 dequantized to fp32 and multiplied there: the same products of the same fp8 values, summed in
 fp32 in a different order, with 1/scale applied to each element instead of to each sum.
