@@ -34,7 +34,7 @@ def main() -> None:
     print(f"FLOPs per iteration: estimate {t['flops_per_iteration']:.6g}, recorded {run['flops_per_iteration']:.6g}"
           f" ({'the same count' if t['flops_per_iteration'] == run['flops_per_iteration'] else 'DIFFERENT'})")
     print(f"at MFU {mfu:.2%} ({source}):")
-    print(f"  estimate {t['iteration_s'] * 1e3:.1f} ms per iteration, recorded {recorded:.1f} ms "
+    print(f"  estimate {t['iteration_s'] * 1e3:,.0f} ms per iteration, recorded {recorded:,.0f} ms "
           f"({t['iteration_s'] * 1e3 / recorded - 1:+.2%})")
 
 
