@@ -70,7 +70,7 @@ def validate_ckpt_args(args) -> None:
     from minitron.training.argument_groups import require   # the module that imports this one
 
     require(args.ckpt_format != "fsdp_dtensor", "--ckpt-format fsdp_dtensor is Megatron-FSDP's checkpoint (each "
-            "rank's DTensor shards through torch's DCP); minitron has no FSDP yet: use torch_dist (Megatron's default)")
+            "rank's DTensor shards through torch's DCP), not built here: use torch_dist (Megatron's default)")
     require(not (args.verify_integrity and args.ckpt_format != "torch_dist"),
             f"--verify-integrity is for --ckpt-format torch_dist (Megatron's rule), got {args.ckpt_format}")
     require(not (args.save_retain_interval and getattr(args, "deepspeed", False)),

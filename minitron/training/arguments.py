@@ -22,6 +22,7 @@ from minitron.trace import traced
 from minitron.training.argument_groups import ArgumentError, build_parser, require
 from minitron.training.argument_groups_ci import validate_ci_args
 from minitron.training.argument_groups_ckpt import validate_ckpt_args
+from minitron.training.argument_groups_fsdp import validate_fsdp_args
 from minitron.training.argument_groups_launch import validate_launch_args
 from minitron.training.argument_groups_overlap import validate_overlap_args
 from minitron.training.argument_groups_hybrid import validate_hybrid_args
@@ -112,6 +113,7 @@ def validate_args(args, defaults: dict | None = None):
             "--overlap-param-gather works bucket by bucket: add --overlap-grad-reduce")
     validate_launch_args(args)
     validate_overlap_args(args)
+    validate_fsdp_args(args)
     validate_ckpt_args(args)   # before _validate_training: --finetune decides what a --load reads
     _validate_training(args)  # last: a --load is compared with every shape and dtype set above
     validate_context_parallel(args)

@@ -93,8 +93,8 @@ _FP8_PARAMS = ("keeps the weights themselves in fp8 and all-gathers them in fp8 
 _FP8_WGRAD = ("computes the weight gradient from the unquantized input and output gradient (TE's "
               "override_linear_precision); minitron's fp8 weight gradient is always fp8: drop it")
 
-_FSDP = ("shards the parameters and gradients too and gathers each layer just before it runs (Megatron-FSDP / "
-         "torch's FSDP2); minitron has no FSDP yet: use --use-distributed-optimizer, which shards the optimizer state")
+_FSDP = ("torch's FSDP2 (fully_shard, parameters as DTensors) is not wired into minitron's training loop; "
+         "--use-megatron-fsdp shards the same way with minitron's own units: use it")
 
 _INJECTION = ("corrupts results on purpose, to exercise Megatron's rerun state machine (--rerun-mode), which "
               "minitron lacks: drop it")
@@ -103,7 +103,6 @@ _INJECTION = ("corrupts results on purpose, to exercise Megatron's rerun state m
 REFUSED = {
     "--error-injection-rate": (True, _INJECTION),
     "--error-injection-type": (True, _INJECTION),
-    "--use-megatron-fsdp": (False, _FSDP),
     "--use-torch-fsdp2": (False, _FSDP),
     "--fp8-param-gather": (False, _FP8_PARAMS),
     "--no-fp8-wgrad": (False, _FP8_WGRAD),

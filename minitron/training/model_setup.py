@@ -54,6 +54,10 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
         model = [Float16Module(chunk.config, chunk) for chunk in model]
     if not wrap_with_ddp:
         return model
+    if args.use_megatron_fsdp:   # Megatron-FSDP wraps each chunk instead of DDP (core/distributed/fsdp)
+        from minitron.core.distributed.fsdp import FullyShardedDataParallel
+        return [FullyShardedDataParallel(chunk.config, chunk, args.data_parallel_sharding_strategy,
+                                         args.data_parallel_random_init) for chunk in model]
     # Imported here, not at the top: `minitron trace` loads this module and builds no model.
     from minitron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
@@ -118,6 +122,8 @@ def setup_model_and_optimizer(model_provider_func, model_type):
         min_loss_scale=args.min_loss_scale, loss_scale_window=args.loss_scale_window,
         hysteresis=args.hysteresis, clip_grad=args.clip_grad,
         use_distributed_optimizer=args.use_distributed_optimizer, log_num_zeros_in_grad=args.log_num_zeros_in_grad)
+    if args.use_megatron_fsdp:   # torch's optimizer over this rank's shards (core/distributed/fsdp)
+        from minitron.core.distributed.fsdp import get_fsdp_optimizer as get_megatron_optimizer
     optimizer = get_megatron_optimizer(config, model)
     opt_param_scheduler = get_optimizer_param_scheduler(optimizer)
 

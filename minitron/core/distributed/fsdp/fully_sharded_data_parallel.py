@@ -1,0 +1,161 @@
+"""FullyShardedDataParallel: Megatron-FSDP's wrapper around one model chunk.
+
+It answers the schedule and finalize_model_grads as DistributedDataParallel does (no_sync,
+finish_grad_sync, zero_grad_buffer, scale_gradients), but its gradients and parameters live
+in per-unit flat buffers (unit.py), and with ``optim_grads_params`` the parameters exist
+whole only while their unit runs:
+
+    forward pre-hook     gather the unit (all-gather of its shards)
+    forward post-hook    free it; hook its outputs, whose gradient arrives just before the
+                         unit's backward begins: that hook gathers it again
+    gradient hooks       when the unit's last parameter has its gradient, reduce-scatter them
+                         into each rank's shard and free the unit
+
+So at any moment a rank holds its shards plus the one or two units that run. The units are
+the transformer layers and the rest of the chunk (embedding, final norm, output layer), as
+Megatron's default ``fsdp_unit_modules`` are the layers.
+"""
+
+from __future__ import annotations
+
+import weakref
+from contextlib import contextmanager
+
+import torch
+
+from minitron.core import parallel_state
+from minitron.core.distributed.fsdp.unit import FSDPUnit
+from minitron.core.transformer.module import MegatronModule
+from minitron.core.transformer.transformer_layer import TransformerLayer
+from minitron.trace import traced
+
+
+def _tensors(output):
+    """The tensors in a module's output (a tensor, or nested tuples/lists/dicts of them)."""
+    if isinstance(output, torch.Tensor):
+        yield output
+    elif isinstance(output, (tuple, list)):
+        for item in output:
+            yield from _tensors(item)
+    elif isinstance(output, dict):
+        for item in output.values():
+            yield from _tensors(item)
+
+
+class FullyShardedDataParallel(MegatronModule):
+    """Wrap ``module`` (one model chunk); ``strategy`` is --data-parallel-sharding-strategy."""
+
+    def __init__(self, config, module: torch.nn.Module, strategy: str, broadcast_from_src: bool = False):
+        super().__init__(config)
+        self.module = module
+        self.strategy = strategy
+        self.dp_cp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        dp = torch.distributed.get_world_size(group=self.dp_cp_group)
+        if broadcast_from_src:   # --data-parallel-random-init: rank 0's draw becomes everyone's
+            src = parallel_state.get_data_parallel_src_rank(with_context_parallel=True)
+            for p in module.parameters():
+                torch.distributed.broadcast(p.data, src=src, group=self.dp_cp_group)
+        # Each layer's parameters, then the rest: the layers' modules, and the chunk itself.
+        unit_modules = [(name, m) for name, m in module.named_modules() if isinstance(m, TransformerLayer)]
+        taken: set = set()
+        plan = []
+        for name, m in unit_modules:
+            params = [p for p in m.parameters() if p.requires_grad and p not in taken]
+            taken.update(params)
+            plan.append((name, m, params))
+        rest = [p for p in module.parameters() if p.requires_grad and p not in taken]
+        plan.append(("(rest)", module, rest))
+        # Gradients are pre-scaled by 1/dp and summed, as DDP does (the same rounding).
+        scale = 1.0 / dp
+        self.units = [FSDPUnit(name, params, strategy, self.dp_cp_group, scale)
+                      for name, _, params in plan if params]
+        self.unit_of = {p: unit for unit in self.units for p in unit.params}
+        self._handles = []
+        ref = weakref.ref(self)   # hooks hold the wrapper weakly (see DistributedDataParallel's hook)
+        for (_, m, params), unit in zip([entry for entry in plan if entry[2]], self.units):
+            self._handles.append(m.register_forward_pre_hook(self._pre_forward(unit)))
+            self._handles.append(m.register_forward_hook(self._post_forward(unit)))
+        for p in self.unit_of:
+            self._handles.append(p.register_post_accumulate_grad_hook(self._grad_hook(ref)))
+
+    # --- hooks -------------------------------------------------------------------------------
+    @staticmethod
+    def _grad_hook(ref):
+        def hook(param):
+            fsdp = ref()
+            if fsdp is not None:
+                fsdp.unit_of[param].grad_ready(param)
+        return hook
+
+    @staticmethod
+    def _pre_forward(unit):
+        def hook(module, *unused):
+            unit.gather()
+        return hook
+
+    @staticmethod
+    def _post_forward(unit):
+        def before_backward(grad):
+            unit.in_backward = True
+            unit.gather()
+            return grad
+
+        def hook(module, args, output):
+            if not unit.in_backward:   # a forward recomputed inside backward keeps its gathered unit
+                unit.free()
+            if torch.is_grad_enabled():
+                for t in _tensors(output):
+                    if t.requires_grad:
+                        t.register_hook(before_backward)
+            return output
+        return hook
+
+    # --- DDP's interface ----------------------------------------------------------------------
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+    @contextmanager
+    def no_sync(self):
+        """Whole gradients (no_shard, optim) add up in grad_flat until finish_grad_sync; sharded
+        ones are reduce-scattered every micro-batch anyway, since no rank keeps a whole one."""
+        yield
+
+    @traced(args=lambda self: {"strategy": self.strategy, "units": len(self.units)})
+    def finish_grad_sync(self) -> None:
+        for unit in self.units:
+            unit.finish_grad_sync()
+
+    def scale_gradients(self, scaling_factor: float) -> None:
+        for unit in self.units:
+            unit.grad_shard.mul_(scaling_factor)
+
+    def zero_grad_buffer(self) -> None:
+        for unit in self.units:
+            unit.zero_grad()
+
+    @traced(args=lambda self: {"strategy": self.strategy})
+    def sync_params_after_step(self) -> None:
+        for unit in self.units:
+            unit.sync_params_after_step()
+
+    def start_param_sync(self, *unused, force_sync: bool = False) -> None:
+        """--overlap-param-gather's entry point (force_param_sync): nothing waits here."""
+
+    def bytes_held(self) -> dict:
+        held = [unit.bytes_held() for unit in self.units]
+        return {key: sum(h[key] for h in held) for key in ("params", "grads")}
+
+    @contextmanager
+    def gathered(self):
+        """Every unit whole for the length of the block (a weight hash, a look at the weights)."""
+        for unit in self.units:
+            unit.gather()
+        try:
+            yield
+        finally:
+            for unit in self.units:
+                unit.free()
+
+    def state_dict(self, *args, **kwargs):
+        with self.gathered():
+            return {k: v.clone() for k, v in self.module.state_dict(*args, **kwargs).items()}

@@ -1,0 +1,160 @@
+"""FSDPUnit: the parameters of one module laid end to end, cut into dp equal shards.
+
+Every parameter of the unit becomes a view into one flat buffer (``flat``), padded to a
+multiple of dp so that it splits into dp equal shards; rank r owns elements [r*S, (r+1)*S).
+What the rank keeps depends on the strategy:
+
+    strategy              parameters            gradients              optimizer steps
+    no_shard              flat, whole           grad_flat, whole       all of flat
+    optim                 flat, whole           grad_flat, whole       its shard of flat
+    optim_grads           flat, whole           its shard only         its shard of flat
+    optim_grads_params    its shard; flat only  its shard only         its own shard
+                          while the unit runs
+
+Freeing without breaking autograd: a layer's forward saves its weight for backward. The weight
+is a view of ``flat``, so the unit frees the *storage* under ``flat`` (resize to 0 bytes) and
+refills it before backward (gather). The saved views then see the gathered values again; the
+gather writes through ``flat``, a tensor autograd never saw, so no saved tensor's version
+counter moves and backward does not mistake the refill for an in-place edit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minitron.trace import traced
+
+
+class FSDPUnit:
+    def __init__(self, name: str, params: list, strategy: str, group, gradient_scaling_factor: float):
+        self.name, self.params, self.strategy, self.group = name, params, strategy, group
+        self.gradient_scaling_factor = gradient_scaling_factor
+        dtypes = {p.dtype for p in params}
+        if len(dtypes) != 1:
+            raise ValueError(f"FSDP unit {name} mixes parameter dtypes {sorted(map(str, dtypes))}: one flat "
+                             "buffer holds one dtype")
+        dp = torch.distributed.get_world_size(group=group)
+        rank = torch.distributed.get_rank(group=group)
+        self.numel = sum(p.numel() for p in params)
+        self.shard_size = -(-self.numel // dp)
+        padded = self.shard_size * dp
+        # [lo, hi): the part of flat whose update (and, sharded, whose gradient) this rank owns
+        self.lo, self.hi = (0, padded) if strategy == "no_shard" else (rank * self.shard_size,
+                                                                        (rank + 1) * self.shard_size)
+        device = params[0].device
+        self.flat = torch.zeros(padded, dtype=params[0].dtype, device=device)
+        self.offsets = {}
+        offset = 0
+        for p in params:
+            n = p.numel()
+            self.flat[offset:offset + n].copy_(p.detach().reshape(-1))
+            p.data = self.flat[offset:offset + n].view_as(p)   # from here on the parameter lives in flat
+            self.offsets[p] = offset
+            offset += n
+        self.sharded_params = strategy == "optim_grads_params"
+        self.sharded_grads = strategy in ("optim_grads", "optim_grads_params")
+        if self.sharded_params:
+            self.shard = self.flat[self.lo:self.hi].clone()   # the one persistent copy of my part
+            self.gathered = True
+            self.free()
+        else:
+            self.shard = self.flat[self.lo:self.hi]             # a view: the step writes into the model
+        if self.sharded_grads:
+            self.grad_flat = None
+            self.grad_shard = torch.zeros(self.shard_size, dtype=self.flat.dtype, device=device)
+        else:
+            self.grad_flat = torch.zeros(padded, dtype=self.flat.dtype, device=device)
+            self.grad_shard = self.grad_flat[self.lo:self.hi]
+        self.arrived: set = set()     # parameters whose gradient this backward has produced
+        self.in_backward = False      # gathered for backward: a recomputed forward must not free it
+
+    # --- parameters -------------------------------------------------------------------------
+    def gather(self) -> None:
+        """optim_grads_params: refill flat from every rank's shard (one all-gather per unit)."""
+        if self.sharded_params and not self.gathered:
+            self._all_gather()
+
+    @traced(args=lambda self: {"unit": self.name, "numel": self.flat.numel()})
+    def _all_gather(self) -> None:
+        self.flat.untyped_storage().resize_(self.flat.numel() * self.flat.element_size())
+        torch.distributed.all_gather_into_tensor(self.flat, self.shard, group=self.group)
+        self.gathered = True
+
+    def free(self) -> None:
+        """optim_grads_params: give back the gathered bytes; shapes (and saved views) stay."""
+        if self.sharded_params and self.gathered:
+            self.flat.untyped_storage().resize_(0)
+            self.gathered = False
+
+    def sync_params_after_step(self) -> None:
+        """optim / optim_grads: every rank stepped its shard of flat; all-gather the rest.
+        (no_shard stepped all of it; optim_grads_params gathers at the next forward.)"""
+        if self.strategy in ("optim", "optim_grads"):
+            mine = self.shard.clone()   # the collective's input must not alias its output
+            torch.distributed.all_gather_into_tensor(self.flat, mine, group=self.group)
+
+    # --- gradients ------------------------------------------------------------------------------
+    def grad_ready(self, param) -> None:
+        """A parameter's gradient for this backward is in .grad (post-accumulate hook)."""
+        if not self.sharded_grads:
+            # Whole gradients: add into the buffer now, reduce once per step (finish_grad_sync).
+            offset = self.offsets[param]
+            self.grad_flat[offset:offset + param.numel()].add_(param.grad.reshape(-1))
+            param.grad = None
+            return
+        self.arrived.add(param)
+        if len(self.arrived) == len(self.params):
+            self.reduce_scatter_grads()
+
+    @traced(args=lambda self: {"unit": self.name, "numel": self.flat.numel()})
+    def reduce_scatter_grads(self) -> None:
+        """optim_grads and up: this micro-batch's gradients, summed over dp, land in each rank's
+        shard; the whole gradient exists only for the length of the collective."""
+        full = torch.zeros(self.flat.numel(), dtype=self.flat.dtype, device=self.flat.device)
+        for p in self.arrived:
+            offset = self.offsets[p]
+            full[offset:offset + p.numel()].copy_(p.grad.reshape(-1))
+            p.grad = None
+        full.mul_(self.gradient_scaling_factor)
+        mine = torch.empty_like(self.grad_shard)
+        torch.distributed.reduce_scatter_tensor(mine, full, group=self.group)
+        self.grad_shard.add_(mine)   # micro-batches of one step add up in the shard
+        self.arrived.clear()
+        self.in_backward = False
+        self.free()
+
+    def finish_grad_sync(self) -> None:
+        """After the last micro-batch: reduce what is still whole."""
+        if self.sharded_grads:
+            if self.arrived:   # some parameters got no gradient in the last backward (unused)
+                self.reduce_scatter_grads()
+            return
+        self.grad_flat.mul_(self.gradient_scaling_factor)
+        if self.strategy == "no_shard":
+            torch.distributed.all_reduce(self.grad_flat, group=self.group)
+        else:   # optim: only my shard of the sum is read by the step
+            mine = torch.empty_like(self.grad_shard)
+            torch.distributed.reduce_scatter_tensor(mine, self.grad_flat, group=self.group)
+            self.grad_shard.copy_(mine)
+
+    def zero_grad(self) -> None:
+        (self.grad_shard if self.sharded_grads else self.grad_flat).zero_()
+        self.arrived.clear()
+
+    # --- what the optimizer steps ---------------------------------------------------------------
+    def piece(self, param):
+        """(part of param.view(-1) this rank steps, its gradient) or None: views into shard and
+        grad_shard. A shard boundary may cut a parameter, as in the distributed optimizer."""
+        start = self.offsets[param]
+        lo, hi = max(start, self.lo), min(start + param.numel(), self.hi)
+        if lo >= hi:
+            return None
+        return self.shard[lo - self.lo:hi - self.lo], self.grad_shard[lo - self.lo:hi - self.lo]
+
+    def bytes_held(self) -> dict:
+        """What this unit holds now, in bytes (the estimate is checked against it)."""
+        size = self.flat.element_size()
+        params = (self.shard.numel() + (self.flat.numel() if self.gathered else 0)) if self.sharded_params \
+            else self.flat.numel()
+        grads = self.grad_shard.numel() if self.sharded_grads else self.grad_flat.numel()
+        return {"params": params * size, "grads": grads * size}

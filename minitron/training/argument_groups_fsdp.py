@@ -1,0 +1,44 @@
+"""Megatron-FSDP's flags (issue #37): --use-megatron-fsdp and --data-parallel-sharding-strategy.
+
+Names and defaults are Megatron 0.19.2's. What each strategy shards is in
+minitron/core/distributed/fsdp/__init__.py. validate_fsdp_args refuses, in one line each and
+before any process starts, the combinations minitron's FSDP does not build yet. Torch-free.
+"""
+
+from __future__ import annotations
+
+from minitron.core.distributed.fsdp import DEFAULT_STRATEGY, STRATEGIES
+
+
+def add_fsdp_args(parser) -> None:
+    g = parser.add_argument_group("Megatron-FSDP")
+    g.add_argument("--use-megatron-fsdp", action="store_true",
+                   help="shard the model over the data-parallel ranks as --data-parallel-sharding-strategy says, "
+                        "gathering each transformer layer just before it runs")
+    g.add_argument("--data-parallel-sharding-strategy", default=DEFAULT_STRATEGY, choices=STRATEGIES,
+                   help="what each data-parallel rank keeps 1/dp of: nothing (no_shard), the optimizer state "
+                        "(optim), and the gradients (optim_grads), and the parameters (optim_grads_params)")
+    g.add_argument("--init-model-with-meta-device", action="store_true",
+                   help="(refused here) build the model on the meta device and materialize only the local shard")
+
+
+def validate_fsdp_args(args) -> None:
+    from minitron.training.argument_groups import require   # the module that imports this one
+
+    require(not args.init_model_with_meta_device, "--init-model-with-meta-device is refused: minitron draws every "
+            "weight on the host before sharding it (the serial model's draws); drop it")
+    if not args.use_megatron_fsdp:
+        return
+    flag = "--use-megatron-fsdp"
+    require(not getattr(args, "deepspeed", False), f"{flag} and --deepspeed are two ways to shard: drop one "
+            "(DeepSpeed's ZeRO stage 3 is --deepspeed's)")
+    require(not (args.fp16 or args.bf16), f"{flag} here keeps fp32 parameters only (16-bit weights would need "
+            "fp32 main shards, not built yet): drop --bf16/--fp16")
+    require(args.pipeline_model_parallel_size == 1, f"{flag} here needs --pipeline-model-parallel-size 1 (the tied "
+            "embedding's sum across stages reads whole gradients, which FSDP does not keep)")
+    require(not args.sequence_parallel and not (args.qk_layernorm and args.tensor_model_parallel_size > 1),
+            f"{flag} here cannot sum partial layernorm gradients over tensor parallelism (sequence parallelism, "
+            "per-head qk norms): drop --sequence-parallel/--qk-layernorm or tensor parallelism")
+    require(not args.num_experts, f"{flag} here has no expert-data-parallel units: drop --num-experts")
+    require(args.save is None and args.load is None, f"{flag} here cannot save or load its shards yet "
+            "(Megatron's --ckpt-format fsdp_dtensor): drop --save/--load")
