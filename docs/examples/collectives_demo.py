@@ -12,7 +12,8 @@ writes down what it held before and after. The parent then reads the trace the r
 each call's shape, dtype and group come from there, and the bytes a rank sent and received are
 computed from them with the algorithm NCCL uses for that collective on a ring (the ``moved``
 function below says which). gloo on a CPU picks its own algorithms, and its bytes are not
-traced; the ring's are the ones a GPU job pays, and the ones chapter 17's cost model counts.
+traced; the ring's are the ones a GPU job pays. (Chapter 17 counts the tensors handed to the
+calls; this rule turns those into bytes on the wire.)
 
 Everything `run` learns is kept in DIR/collectives.json, which `show` and the picture read.
 """
