@@ -2,8 +2,8 @@
 // Evaluated in the page (an expression: its value goes back to the test as JSON).
 (() => {
   const typeset = document.querySelector(".md-content .md-typeset");
-  if (!typeset) return {blocks: 0, scrolling: [], small: [], split: [], tables: [], reference: null,
-                        column: 0, window: window.innerWidth};
+  if (!typeset) return {blocks: 0, scrolling: [], small: [], split: [], tables: [], clipped: [], figures: [],
+                        reference: null, column: 0, window: window.innerWidth};
   // The body's code font size: what a plain code block written in the page gets.
   const probe = document.createElement("div");
   probe.className = "highlight";
@@ -62,6 +62,39 @@
       }
     }
   }
-  return {blocks: blocks.length, scrolling, small, split, tables, clipped, reference,
+  // Every picture (an SVG drawn by minitron/cli/views/svg*.py or docs/examples: role="img"),
+  // as the reader sees it: its width against the width its block leaves it, its smallest text
+  // in screen px (font size times the picture's scale), and the texts whose boxes overlap.
+  const figures = [];
+  const pictures = new Set([...typeset.querySelectorAll("figure svg, svg[role=img]")]
+    .filter((svg) => !svg.parentElement.closest("svg")));
+  for (const svg of pictures) {
+    const box = svg.getBoundingClientRect();
+    const holder = svg.closest("figure") ? svg.closest("figure").parentElement : svg.parentElement;
+    const style = getComputedStyle(holder);
+    const room = holder.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    const scale = svg.getScreenCTM() ? svg.getScreenCTM().a : 1;
+    const texts = [...svg.querySelectorAll("text")].filter((t) => t.textContent.trim())
+      .map((t) => ({t, r: t.getBoundingClientRect(), px: parseFloat(getComputedStyle(t).fontSize) * scale}))
+      .filter(({r}) => r.width > 0);
+    let smallest = {px: Infinity, text: ""};
+    for (const {t, px} of texts) if (px < smallest.px) smallest = {px, text: t.textContent.slice(0, 40)};
+    // Two texts touch when their boxes share any area (a glyph's box is a little taller than
+    // its ink, about 1.17 em of a monospace face, so lines set svg.LINE = 1.3 em apart share none).
+    const overlaps = [];
+    const byLeft = texts.slice().sort((a, b) => a.r.left - b.r.left);
+    for (let i = 0; i < byLeft.length; i++) {
+      for (let j = i + 1; j < byLeft.length && byLeft[j].r.left < byLeft[i].r.right; j++) {
+        const a = byLeft[i].r, b = byLeft[j].r;
+        const w = Math.min(a.right, b.right) - Math.max(a.left, b.left);
+        const h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+        if (w > 0 && h > 0) overlaps.push([byLeft[i].t.textContent.slice(0, 30), byLeft[j].t.textContent.slice(0, 30)]);
+      }
+    }
+    figures.push({label: (svg.getAttribute("aria-label") || "").slice(0, 70), width: Math.round(box.width),
+                  room: Math.round(room), smallest: Math.round(smallest.px * 10) / 10, smallestText: smallest.text,
+                  overlaps});
+  }
+  return {blocks: blocks.length, scrolling, small, split, tables, clipped, reference, figures,
           column: typeset.clientWidth, window: window.innerWidth};
 })()
