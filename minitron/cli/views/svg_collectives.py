@@ -22,11 +22,8 @@ from pathlib import Path
 
 from minitron.cli.views import svg
 
-# The site's sizes (svg.py); the defaults are the same numbers, for a svg.py that names none.
-COLUMN = getattr(svg, "COLUMN", 1030)
-TEXT = getattr(svg, "TEXT", 13)
-LABEL = getattr(svg, "LABEL", 14)
-LINE = getattr(svg, "LINE", 1.3)
+# The site's sizes: the picture is the content column's width, its text the page's code size.
+COLUMN, TEXT, LABEL, LINE = svg.COLUMN, svg.TEXT, svg.LABEL, svg.LINE
 SUM = "#bab0ac"
 CELL_W, CELL_H, ROW_H, HEAD_H, GAP = 44, 22, 27, 26, 16
 BEFORE_X, AFTER_X, BYTES_X = 70, 330, 580
