@@ -238,7 +238,16 @@ def demo() -> int:
         while "in create_group" not in log.read_text():
             assert time.monotonic() < deadline, "rank 0 printed no stack"
             time.sleep(0.02)
-        frames = [ln.strip() for ln in log.read_text().splitlines() if ln.strip().startswith("File ")]
+        # faulthandler prints every thread, each block headed "Thread 0x... (most recent call
+        # first):"; the main thread is the one in create_group (a traced rank also keeps a
+        # sleeping helper thread, trace/dump.py's doorbell, whose block may come first).
+        blocks, block = [], []
+        for ln in log.read_text().splitlines():
+            if "(most recent call first)" in ln:
+                blocks.append(block := [])
+            elif ln.strip().startswith("File "):
+                block.append(ln.strip())
+        frames = next(b for b in blocks if any(f.endswith("in create_group") for f in b))
         for entry in frames[:next(i for i, f in enumerate(frames) if f.endswith("in create_group")) + 1]:
             name = entry.rsplit(" in ", 1)[1]
             where = entry.split('"')[1]
