@@ -121,13 +121,15 @@ def run_main(argv: list[str] | None = None) -> None:
              args_defaults=ARGS_DEFAULTS, argv=argv)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, run=run_main) -> int:
+    # `run` is the traced entry: this module's run_main, or pretrain_hybrid's, which shares
+    # this body rather than repeating it.
     # minitron's one addition to Megatron's entry: the per-rank session (tracing, debugger),
     # driven by environment variables so it behaves the same under any launcher. It opens
     # before the traced entry, since it is what starts the recorder.
     try:
         with rank_session():
-            run_main(argv)
+            run(argv)
     except ArgumentError as exc:
         # Under torchrun no one checked the flags before the ranks started (minitron's own
         # commands do, in the launching process), so every rank finds the same bad flag: one

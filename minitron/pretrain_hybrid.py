@@ -12,16 +12,15 @@ builds the same groups and runs the same schedules.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from minitron.core.models.hybrid import HybridModel
-from minitron.launcher.worker import rank_session
 from minitron.pretrain_gpt import ARGS_DEFAULTS, forward_step, train_valid_test_datasets_provider
+from minitron.pretrain_gpt import main as gpt_main   # the per-rank session around run_main, shared
 from minitron.trace import traced
 from minitron.training.arguments import ArgumentError, core_transformer_config_from_args
 from minitron.training.global_vars import get_args
-from minitron.training.training import destroy_global_state, pretrain
+from minitron.training.training import pretrain
 from minitron.training.utils import print_rank_0
 
 
@@ -55,16 +54,8 @@ def run_main(argv: list[str] | None = None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """As pretrain_gpt.main: the per-rank session around the traced entry, one line for bad flags."""
-    try:
-        with rank_session():
-            run_main(argv)
-    except ArgumentError as exc:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"minitron: error: {exc}", file=sys.stderr)
-        return 2
-    destroy_global_state()
-    return 0
+    """pretrain_gpt.main around this module's traced entry: the per-rank session, one line for bad flags."""
+    return gpt_main(argv, run=run_main)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ FLOORS: list[tuple[str, list[str]]] = [
      ["minitron.core", "minitron.runtime"]),
     ("training (Megatron's training/)", ["minitron.training"]),
     ("entry points: the rank's script, the data tools", ["minitron.pretrain_gpt", "minitron.tools"]),
+    ("the hybrid model's entry point: GPT's with another model (it imports pretrain_gpt's data, "
+     "step and loss, which Megatron's pretrain_hybrid repeats)", ["minitron.pretrain_hybrid"]),
     ("the views of a trace: tables, trees, SVG; the commands use them, they use no command",
      ["minitron.cli.views"]),
     ("the command line", ["minitron.cli"]),
