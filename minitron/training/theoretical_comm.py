@@ -19,6 +19,7 @@ from minitron.training.theoretical_params import (
 )
 from minitron.core.rank_generator import HIERARCHICAL_CP_DESC
 from minitron.training.theoretical_zero import zero_comm
+from minitron.training.theoretical_fsdp import fsdp_comm
 from minitron.training.theoretical_moe import expert_key, moe_traffic, shards, step_traffic
 
 
@@ -153,6 +154,9 @@ def comm_bytes(args, pp_rank: int, stage: list) -> _Tally:
             tally.add("pp", p2p, m * (0 if pre else 1))        # its gradient backward
     if getattr(args, "deepspeed", False):   # DeepSpeed's engine reduces and steps instead
         zero_comm(args, stage[0][0], tally)
+        return tally
+    if getattr(args, "use_megatron_fsdp", False):   # Megatron-FSDP's units reduce and gather instead
+        fsdp_comm(args, tally)
         return tally
     # finalize_model_grads: the data-parallel reduction of every bucket of every chunk, ...
     sp_grads = 0
