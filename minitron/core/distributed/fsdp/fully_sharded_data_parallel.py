@@ -93,6 +93,7 @@ class FullyShardedDataParallel(MegatronModule):
             unit.gather()
         return hook
 
+    # --8<-- [start:post-forward]
     @staticmethod
     def _post_forward(unit):
         def before_backward(grad):
@@ -109,6 +110,7 @@ class FullyShardedDataParallel(MegatronModule):
                         t.register_hook(before_backward)
             return output
         return hook
+    # --8<-- [end:post-forward]
 
     # --- DDP's interface ----------------------------------------------------------------------
     def forward(self, *inputs, **kwargs):
