@@ -30,6 +30,7 @@ import resource
 import runpy
 import select
 import shlex
+import shutil
 import signal
 import socket
 import sys
@@ -234,6 +235,17 @@ def serve() -> None:
         listener.bind(sys.argv[sys.argv.index("--socket") + 1])
         listener.listen(16)
     print("ready", flush=True)
+    try:
+        _serve(listener)
+    finally:
+        if listener:  # its folder too (the stand-ins beside it): the build may have died unannounced
+            listener.close()
+            shutil.rmtree(os.path.dirname(sys.argv[sys.argv.index("--socket") + 1]), ignore_errors=True)
+
+
+def _serve(listener) -> None:
+    """Fork a child for each request, from the build (stdin) or a stand-in (the listener),
+    until the build closes our stdin."""
     pending = b""
     stdin = sys.stdin.fileno()
     while True:
