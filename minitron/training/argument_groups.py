@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER
+from minitron.training.argument_errors import ArgumentError, require  # noqa: F401  (re-exported)
 from minitron.training.arguments_ranges import COUNT, LAYERS, LOSS_SCALE, POSITIVE, PROBABILITY, float_in, int_in
 from minitron.training.arguments_policy import add_policy_args
 from minitron.training.argument_groups_fp8 import add_fp8_args
@@ -25,16 +26,6 @@ from minitron.training.argument_groups_model import (_add_fusion_args, _add_laye
                                                      _add_moe_args, _add_position_embedding_args,
                                                      _add_window_args)
 from minitron.training.tokenizer.tokenizer import TOKENIZER_TYPES
-
-
-class ArgumentError(ValueError):
-    """A bad or inconsistent argument; the message is one line a user can act on."""
-
-
-def require(condition: bool, message: str) -> None:
-    """validate_args' one way to refuse: ArgumentError with ``message`` unless ``condition``."""
-    if not condition:
-        raise ArgumentError(message)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 
+from minitron.training.argument_errors import require
 from minitron.training.arguments_ranges import COUNT, POSITIVE
 
 # Megatron's selective recomputation units (TransformerConfig's allowed recompute_modules).
@@ -71,8 +72,6 @@ def add_ci_args(parser) -> None:
 def validate_ci_args(args) -> None:
     """These flags' rules between flags; before validate_modern_options, which checks the
     recomputation this may switch on."""
-    from minitron.training.argument_groups import require   # the module that imports this one
-
     if args.fp16 and args.loss_scale is None:
         # As Megatron: a dynamic loss scale meets Inf and NaN gradients on purpose (it backs off).
         args.check_for_nan_in_loss_and_grad = False
@@ -96,8 +95,6 @@ def validate_ci_args(args) -> None:
 
 
 def _validate_recompute_modules(args) -> None:
-    from minitron.training.argument_groups import require
-
     notes = []
     if args.moe_layer_recompute:   # Megatron's rewrite of the older flag
         require(args.recompute_granularity != "full",
@@ -119,8 +116,6 @@ def _validate_recompute_modules(args) -> None:
 
 
 def _validate_deterministic(args) -> None:
-    from minitron.training.argument_groups import require
-
     # Megatron's one flag that --deterministic-mode refuses among those minitron has: the fused
     # cross entropy (its compiled reduction's order is not fixed).
     require(not args.cross_entropy_loss_fusion,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 
+from minitron.training.argument_errors import require
 from minitron.training.arguments_ranges import COUNT, POSITIVE
 
 # flag given -> why it changes nothing in minitron (the header's line). Keyed by dest, as read
@@ -67,8 +68,6 @@ def add_ckpt_args(parser) -> None:
 
 
 def validate_ckpt_args(args) -> None:
-    from minitron.training.argument_groups import require   # the module that imports this one
-
     require(args.ckpt_format != "fsdp_dtensor", "--ckpt-format fsdp_dtensor is Megatron-FSDP's checkpoint (each "
             "rank's DTensor shards through torch's DCP), not built here: use torch_dist (Megatron's default)")
     require(not (args.verify_integrity and args.ckpt_format != "torch_dist"),

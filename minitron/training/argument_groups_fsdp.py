@@ -8,6 +8,7 @@ before any process starts, the combinations minitron's FSDP does not build yet. 
 from __future__ import annotations
 
 from minitron.core.distributed.fsdp import DEFAULT_STRATEGY, STRATEGIES
+from minitron.training.argument_errors import require
 
 
 def add_fsdp_args(parser) -> None:
@@ -23,8 +24,6 @@ def add_fsdp_args(parser) -> None:
 
 
 def validate_fsdp_args(args) -> None:
-    from minitron.training.argument_groups import require   # the module that imports this one
-
     require(not args.init_model_with_meta_device, "--init-model-with-meta-device is refused: minitron draws every "
             "weight on the host before sharding it (the serial model's draws); drop it")
     if not args.use_megatron_fsdp:
@@ -32,8 +31,6 @@ def validate_fsdp_args(args) -> None:
     flag = "--use-megatron-fsdp"
     require(not getattr(args, "deepspeed", False), f"{flag} and --deepspeed are two ways to shard: drop one "
             "(DeepSpeed's ZeRO stage 3 is --deepspeed's)")
-    require(not (args.fp16 or args.bf16), f"{flag} here keeps fp32 parameters only (16-bit weights would need "
-            "fp32 main shards, not built yet): drop --bf16/--fp16")
     require(args.pipeline_model_parallel_size == 1, f"{flag} here needs --pipeline-model-parallel-size 1 (the tied "
             "embedding's sum across stages reads whole gradients, which FSDP does not keep)")
     require(not args.sequence_parallel and not (args.qk_layernorm and args.tensor_model_parallel_size > 1),

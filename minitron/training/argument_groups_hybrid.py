@@ -8,6 +8,7 @@ pattern decides --num-layers. Nothing here needs torch.
 
 from __future__ import annotations
 
+from minitron.training.argument_errors import ArgumentError
 from minitron.training.arguments_ranges import POSITIVE
 
 # --spec MODULE FUNCTION values that name Megatron's hybrid stack (the second is the name
@@ -42,7 +43,6 @@ def add_hybrid_args(parser) -> None:
 
 
 def _refuse(message: str):
-    from minitron.training.argument_groups import ArgumentError   # lazy: that module imports this one
     raise ArgumentError(message)
 
 

@@ -12,6 +12,7 @@ torch-free, each refusal one line.
 """
 from __future__ import annotations
 
+from minitron.training.argument_errors import require
 from minitron.training.arguments_ranges import COUNT, POSITIVE, int_in
 
 CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
@@ -71,8 +72,6 @@ def add_launch_args(parser) -> None:
 
 
 def validate_launch_args(args) -> None:
-    from minitron.training.argument_groups import require   # the module that imports this one
-
     notes = []
     # (Megatron's flag also forces the softmax into fp32, which minitron's always is.)
     if args.apply_query_key_layer_scaling:
@@ -112,8 +111,6 @@ def _validate_flex_dispatcher(args, notes: list) -> None:
     combines them with the same weights; DeepEP, HybridEP and NCCL EP are the kernels that move
     them (over one tp x ep group, a token sent once per rank). Its rules are checked as Megatron
     checks them; then it runs as alltoall."""
-    from minitron.training.argument_groups import require
-
     backend = args.moe_flex_dispatcher_backend
     require(backend != "ncclep" or args.moe_token_dispatcher_type == "flex",
             "--moe-flex-dispatcher-backend ncclep needs --moe-token-dispatcher-type flex (Megatron's rule)")
@@ -132,8 +129,6 @@ def _validate_flex_dispatcher(args, notes: list) -> None:
 
 def _validate_eval_batch(args) -> None:
     """Megatron's defaults and rule for the evaluation's batch (validate_args, after the training's)."""
-    from minitron.training.argument_groups import require
-
     given = args.eval_global_batch_size is not None or args.eval_micro_batch_size is not None
     args.eval_global_batch_size = args.eval_global_batch_size or args.global_batch_size
     args.eval_micro_batch_size = args.eval_micro_batch_size or args.micro_batch_size

@@ -10,6 +10,7 @@ Megatron's rules between them: torch-free, each refusal one line.
 
 from __future__ import annotations
 
+from minitron.training.argument_errors import require
 from minitron.training.arguments_ranges import COUNT, POSITIVE
 
 # dest -> (the value that is Megatron's default, the flag, why it changes nothing here)
@@ -70,8 +71,6 @@ def add_overlap_args(parser) -> None:
 
 
 def validate_overlap_args(args) -> None:
-    from minitron.training.argument_groups import require   # the module that imports this one
-
     n = args.num_distributed_optimizer_instances
     dp_cp = args.data_parallel_size * args.context_parallel_size
     require(dp_cp % n == 0, f"--num-distributed-optimizer-instances {n} does not divide data x context parallel "
@@ -93,8 +92,6 @@ def validate_overlap_args(args) -> None:
 
 
 def _validate_moe_overlap(args) -> None:
-    from minitron.training.argument_groups import require
-
     flag = "--overlap-moe-expert-parallel-comm"
     require(args.pipeline_model_parallel_size == 1 or args.virtual_pipeline_model_parallel_size is not None,
             f"{flag} with pipeline parallelism needs the interleaved schedule: add --num-layers-per-virtual-"

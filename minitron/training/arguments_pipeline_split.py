@@ -7,6 +7,7 @@ The split itself: minitron/core/pipeline_parallel/layer_layout.py."""
 from __future__ import annotations
 
 from minitron.core.pipeline_parallel.layer_layout import layout_problem, parse_layout, split_problem
+from minitron.training.argument_errors import ArgumentError
 
 
 def add_pipeline_split_args(parser):
@@ -26,7 +27,6 @@ def add_pipeline_split_args(parser):
 
 
 def _require(ok: bool, message: str) -> None:
-    from minitron.training.argument_groups import ArgumentError   # late: argument_groups imports this file
     if not ok:
         raise ArgumentError(message)
 
