@@ -17,14 +17,16 @@ from minitron.core.pipeline_parallel.layer_layout import counts_from, parse_layo
 from minitron.training.arguments import ArgumentError, build_parser, validate_args
 
 TINY = ["--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16", "--micro-batch-size", "1",
-        "--global-batch-size", "64", "--train-iters", "1", "--lr", "1e-3", "--mock-data", "--distributed-backend", "gloo"]
+        "--global-batch-size", "64", "--train-iters", "1", "--lr", "1e-3", "--mock-data",
+        "--distributed-backend", "gloo"]
 
 
 def chunk_text(layers: range, stage: list[str]) -> str:
     """'E 1-3', '4-5', '61 m L': the stage's own symbols around its layers' numbers."""
     text = f"{layers.start + 1}-{layers.stop}" if len(layers) > 1 else f"{layers.stop}" if layers else ""
     cut = stage.index("t") if "t" in stage else len(stage)
-    return " ".join(part for part in (" ".join(stage[:cut]), text, " ".join(s for s in stage[cut:] if s != "t")) if part)
+    after = " ".join(s for s in stage[cut:] if s != "t")
+    return " ".join(part for part in (" ".join(stage[:cut]), text, after) if part)
 
 
 def main(argv: list[str]) -> int:
@@ -50,7 +52,8 @@ def main(argv: list[str]) -> int:
     width = max(len(chunk_text(stage_layers(counts, pp, r, c), stages[c * pp + r]))
                 for r in range(pp) for c in range(chunks)) + 2
     for rank in range(pp):
-        cells = [chunk_text(stage_layers(counts, pp, rank, c), stages[c * pp + rank]).ljust(width) for c in range(chunks)]
+        cells = [chunk_text(stage_layers(counts, pp, rank, c), stages[c * pp + rank]).ljust(width)
+                 for c in range(chunks)]
         layers = sum(len(stage_layers(counts, pp, rank, c)) for c in range(chunks))
         print(f"  rank {rank:>2}: " + "".join(cells) + f"({layers} layer{'s' * (layers != 1)})")
     return 0

@@ -64,7 +64,8 @@ class Target:
         flags = [("--decoder-first-pipeline-num-layers", self.first), ("--decoder-last-pipeline-num-layers",
                  self.last), ("--pipeline-model-parallel-layout", self.layout)]
         return [str(part) for flag, value in flags if value is not None for part in (flag, value)] + \
-            ["--account-for-embedding-in-pipeline-split"] * self.embedding + ["--account-for-loss-in-pipeline-split"] * self.loss
+            ["--account-for-embedding-in-pipeline-split"] * self.embedding + \
+            ["--account-for-loss-in-pipeline-split"] * self.loss
 
     def expert_rank(self, rank: int) -> int:
         """The expert-parallel rank: ep folds into the data-parallel ranks (tp, ep, dp/ep, pp)."""
