@@ -8,6 +8,7 @@ groups them. Nothing here needs torch.
 
 from __future__ import annotations
 
+from minitron.training.arguments_modelopt import add_modelopt_args
 from minitron.training.arguments_ranges import CAPACITY, EXPERTS, POSITIVE, float_in, layer_pattern, window_size
 
 
@@ -75,8 +76,7 @@ def _add_layer_variant_args(g):
                    help="scale each head's query and key to unit RMS, no weight (Llama 4); instead of --qk-layernorm")
     g.add_argument("--no-rope-freq", type=layer_pattern, default=None,
                    help="layers without rope (Llama 4's NoPE): every N-th layer, or a 0/1 list per layer (1 = no rope)")
-    # ModelOpt's flag (megatron/post_training/arguments.py); taken so that it is refused by name.
-    g.add_argument("--enable-gpt-oss", action="store_true", help="refused: ModelOpt's gpt-oss YaRN preset")
+    add_modelopt_args(g)   # ModelOpt's aliases: --export-qk-l2-norm, --export-moe-apply-..., --enable-gpt-oss
 
 
 def _add_mla_args(parser):

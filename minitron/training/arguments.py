@@ -21,6 +21,7 @@ from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate
 from minitron.trace import traced
 from minitron.training.argument_groups import ArgumentError, build_parser, require
 from minitron.training.argument_groups_ci import validate_ci_args
+from minitron.training.arguments_modelopt import apply_modelopt_flags
 from minitron.training.argument_groups_ckpt import validate_ckpt_args
 from minitron.training.argument_groups_fsdp import validate_fsdp_args
 from minitron.training.argument_groups_launch import validate_launch_args
@@ -87,6 +88,7 @@ def validate_args(args, defaults: dict | None = None):
         require(getattr(args, name) is not None, f"--{name.replace('_', '-')} is required")
 
     validate_ci_args(args)   # first: --moe-layer-recompute switches on what validate_modern_options checks
+    apply_modelopt_flags(args)   # first too: --enable-gpt-oss chooses the position embedding checked below
     _validate_layout(args)
     validate_modern_options(args)
     validate_layer_variants(args)

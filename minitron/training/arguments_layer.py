@@ -31,11 +31,6 @@ def validate_layer_variants(args):
     if args.softmax_type != "vanilla":
         require(args.context_parallel_size == 1, f"--softmax-type {args.softmax_type} with --context-parallel-size "
                 f"{args.context_parallel_size}: minitron's context-parallel attention has no sink column; drop one")
-    require(not args.enable_gpt_oss,
-            "--enable-gpt-oss is ModelOpt's flag (megatron/post_training): Megatron's pretraining ignores it and "
-            "ModelOpt's builder sets gpt-oss's YaRN with it; minitron has no ModelOpt: drop it, and for that rope "
-            "pass --position-embedding-type yarn --rotary-scaling-factor 32 --yarn-original-max-position-embeddings "
-            "131072 --no-yarn-correction-range-round-to-int")
     # Llama 4's attention options
     require(not (args.qk_l2_norm and args.qk_layernorm), "--qk-l2-norm and --qk-layernorm both normalise query "
             "and key (Megatron's spec keeps the L2 norm and drops the other): keep one")
