@@ -5,11 +5,14 @@ model and optimizer each, one traced train_step each, from one data iterator. fc
 so every unit's elements are odd and each unit is padded. Each rank measures what it holds:
 the parameter bytes of its units at their peak (optim_grads_params: its shards plus the units
 gathered at once), its gradient bytes, and its optimizer state after the step (Adam's two
-moments). Then, on every rank, these and the bytes and calls handed to each group kind inside
-that train_step equal the estimate exactly.
+moments, and the fp32 main copies of a bf16 model's pieces). Then, on every rank, these and
+the bytes and calls handed to each group kind inside that train_step equal the estimate
+exactly: in fp32, and (a stress case) in bf16 with fp32 gradients, Megatron's default.
 """
 
 from __future__ import annotations
+
+import pytest
 
 from minitron.cli.common import validate_pretrain
 from minitron.cli.views.diff import comm_by_key
@@ -25,47 +28,57 @@ MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4
          "--use-megatron-fsdp"]
 
 
-def _held(rank):
-    from minitron.core.distributed.fsdp.unit import FSDPUnit
-    from minitron.pretrain_gpt import ARGS_DEFAULTS, forward_step, model_provider, train_valid_test_datasets_provider
-    from minitron.training.data import build_train_valid_test_data_iterators
-    from minitron.training.global_vars import get_args
-    from minitron.training.initialize import initialize_megatron
-    from minitron.training.model_setup import setup_model_and_optimizer
-    from minitron.training.training import train_step
+def _held(argv):
+    """Each rank: initialize once, then per strategy a fresh model and optimizer and one train_step."""
+    def body(rank):
+        from minitron.core.distributed.fsdp.unit import FSDPUnit
+        from minitron.pretrain_gpt import ARGS_DEFAULTS, forward_step, model_provider, train_valid_test_datasets_provider
+        from minitron.training.data import build_train_valid_test_data_iterators
+        from minitron.training.global_vars import get_args
+        from minitron.training.initialize import initialize_megatron
+        from minitron.training.model_setup import setup_model_and_optimizer
+        from minitron.training.training import train_step
 
-    initialize_megatron(args_defaults=ARGS_DEFAULTS, argv=MODEL + ["--train-iters", str(len(STRATEGIES))])
-    get_args().iteration = get_args().consumed_train_samples = 0
-    train_iter, _, _ = build_train_valid_test_data_iterators(train_valid_test_datasets_provider)
-    gather, out = FSDPUnit._all_gather, []
-    for strategy in STRATEGIES:
-        get_args().data_parallel_sharding_strategy = strategy
-        model, optimizer, scheduler = setup_model_and_optimizer(model_provider, "encoder_or_decoder")
-        fsdp, peak = model[0], [model[0].bytes_held()["params"]]
+        initialize_megatron(args_defaults=ARGS_DEFAULTS, argv=argv + ["--train-iters", str(len(STRATEGIES))])
+        get_args().iteration = get_args().consumed_train_samples = 0
+        train_iter, _, _ = build_train_valid_test_data_iterators(train_valid_test_datasets_provider)
+        gather, out = FSDPUnit._all_gather, []
+        for strategy in STRATEGIES:
+            get_args().data_parallel_sharding_strategy = strategy
+            model, optimizer, scheduler = setup_model_and_optimizer(model_provider, "encoder_or_decoder")
+            fsdp, peak = model[0], [model[0].bytes_held()["params"]]
 
-        def measured_gather(unit, fsdp=fsdp, peak=peak):   # the high-water mark of gathered units
-            gather(unit)
-            peak[0] = max(peak[0], fsdp.bytes_held()["params"])
-        FSDPUnit._all_gather = measured_gather
-        get_args().curr_iteration = 0
-        train_step(forward_step, train_iter, model, optimizer, scheduler)
-        FSDPUnit._all_gather = gather
-        state = [t for s in optimizer.optimizer.state.values() for k, t in s.items() if k != "step"]
-        out.append({"params": peak[0], "grads": fsdp.bytes_held()["grads"],
-                    "optimizer": sum(t.numel() * t.element_size() for t in state)})
-    return out
+            def measured_gather(unit, fsdp=fsdp, peak=peak):   # the high-water mark of gathered units
+                gather(unit)
+                peak[0] = max(peak[0], fsdp.bytes_held()["params"])
+            FSDPUnit._all_gather = measured_gather
+            get_args().curr_iteration = 0
+            train_step(forward_step, train_iter, model, optimizer, scheduler)
+            FSDPUnit._all_gather = gather
+            # Adam's moments, and the fp32 main pieces of a 16-bit model (an fp32 one steps its own)
+            state = [t for s in optimizer.optimizer.state.values() for k, t in s.items() if k != "step"]
+            state += [main for piece, main, _ in optimizer.pieces if main is not piece]
+            out.append({"params": peak[0], "grads": fsdp.bytes_held()["grads"],
+                        "optimizer": sum(t.numel() * t.element_size() for t in state)})
+        return out
+    return body
 
 
-def test_estimate_equals_what_each_strategy_holds_and_sends(tmp_path):
+PRECISIONS = {"fp32": [], "bf16": pytest.param(["--bf16"], marks=pytest.mark.stress)}
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS.values()), ids=list(PRECISIONS))
+def test_estimate_equals_what_each_strategy_holds_and_sends(tmp_path, precision):
+    argv = [*MODEL, *precision]
     trace_dir = tmp_path / "trace"
     cfg = LaunchConfig(world_size=2, log_dir=tmp_path / "logs", env=session_env(2, trace_dir))
     try:
-        held = run_on_ranks(_held, cfg)
+        held = run_on_ranks(_held(argv), cfg)
     except RankFailure as failure:
         raise AssertionError(f"{failure}\n{failure.log_tail(30)}") from None
     runs = load_trace(trace_dir)
     for k, strategy in enumerate(STRATEGIES):
-        args = validate_pretrain([*MODEL, "--train-iters", "1", "--data-parallel-sharding-strategy", strategy], 2)
+        args = validate_pretrain([*argv, "--train-iters", "1", "--data-parallel-sharding-strategy", strategy], 2)
         build_tokenizer(args)
         for cost in tmu.report_theoretical_memory(args):
             where = f"{strategy} rank {cost.rank}"

@@ -57,7 +57,8 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
     if args.use_megatron_fsdp:   # Megatron-FSDP wraps each chunk instead of DDP (core/distributed/fsdp)
         from minitron.core.distributed.fsdp import FullyShardedDataParallel
         return [FullyShardedDataParallel(chunk.config, chunk, args.data_parallel_sharding_strategy,
-                                         args.data_parallel_random_init) for chunk in model]
+                                         args.data_parallel_random_init, args.accumulate_allreduce_grads_in_fp32)
+                for chunk in model]
     # Imported here, not at the top: `minitron trace` loads this module and builds no model.
     from minitron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 

@@ -5,11 +5,14 @@ The units are core/distributed/fsdp's: each transformer layer, and the rest of t
 and cut into dp shards of S = P/dp; the padding sits at the end of the unit, so rank r owns
 the real elements [r*S, min((r+1)*S, n)). Per strategy (e bytes per element):
 
-    strategy             params                         grads     optimizer (fp32 moments)
-    no_shard             P e                            P e       n
-    optim                P e                            P e       owned
-    optim_grads          P e                            S e       owned
-    optim_grads_params   S e + the units in flight      S e       owned
+    strategy             params                         grads     optimizer (fp32)
+    no_shard             P e                            P g       n
+    optim                P e                            P g       owned
+    optim_grads          P e                            S g       owned
+    optim_grads_params   S e + the units in flight      S g       owned
+
+(g: the gradients' bytes, 4 with --accumulate-allreduce-grads-in-fp32; the optimizer keeps
+Adam's moments, and for a 16-bit model an fp32 main copy, of each element it steps.)
 
 In flight, for optim_grads_params, are the rest of the chunk (gathered from the model's
 forward until the embedding's gradient is reduced) and one layer at a time: the estimate's
@@ -50,9 +53,14 @@ def _shard(numel: int, dp: int) -> int:
     return -(-numel // dp)
 
 
+def _grad_bytes(args, e: int) -> int:
+    return 4 if args.accumulate_allreduce_grads_in_fp32 else e
+
+
 def fsdp_memory(args, dp_rank: int) -> tuple[int, dict]:
     """(parameters of the model chunk, {"params", "grads", "optimizer"} bytes) on ``dp_rank``."""
     strategy, dp, e = args.data_parallel_sharding_strategy, _dp(args), DTYPE_BYTES[args.params_dtype]
+    main_copy = 4 if e != 4 else 0   # a 16-bit model is stepped through fp32 main pieces
     units = fsdp_units(args)
     padded = {name: _shard(n, dp) * dp for name, n in units.items()}
     shard = {name: _shard(n, dp) for name, n in units.items()}
@@ -68,8 +76,8 @@ def fsdp_memory(args, dp_rank: int) -> tuple[int, dict]:
     else:
         params = sum(padded.values())
     grads = sum(shard.values()) if strategy in ("optim_grads", "optim_grads_params") else sum(padded.values())
-    return sum(units.values()), {"params": params * e, "grads": grads * e,
-                                 "optimizer": owned * 4 * optimizer_moments(args)}
+    return sum(units.values()), {"params": params * e, "grads": grads * _grad_bytes(args, e),
+                                 "optimizer": owned * (4 * optimizer_moments(args) + main_copy)}
 
 
 def fsdp_comm(args, tally) -> None:
@@ -77,24 +85,27 @@ def fsdp_comm(args, tally) -> None:
     per call, times calls), with the bytes each rank hands in: a gather's shard, a reduction's
     whole unit."""
     strategy, dp, e = args.data_parallel_sharding_strategy, _dp(args), DTYPE_BYTES[args.params_dtype]
-    m = num_microbatches(args)
+    g, m = _grad_bytes(args, e), num_microbatches(args)
     units = fsdp_units(args)
     layers = [name for name in units if name != REST]
     recomputed = set(layers[:recomputed_layers(args, len(layers))])
     for name, n in units.items():
         shard = _shard(n, dp)
         if strategy == "no_shard":
-            tally.add("dp-cp", shard * dp * e)                   # all-reduce, once per step
+            tally.add("dp-cp", shard * dp * g)                   # all-reduce, once per step
             continue
         # optim: one reduce-scatter per step; sharded gradients: one per micro-batch's backward
         reductions = 1 if strategy == "optim" else m
-        tally.add("dp-cp", shard * dp * e, reductions)
+        tally.add("dp-cp", shard * dp * g, reductions)
         if strategy == "optim_grads_params":
             # before forward and before backward; a recomputed layer once more (its rerun)
             gathers = m * (3 if name in recomputed else 2)
             tally.add("dp-cp", shard * e, gathers)
         else:
             tally.add("dp-cp", shard * e)                        # the updated shards, after the step
-    if args.clip_grad > 0:   # the gradient norm: over every rank once the gradients are sharded
-        tally.add("tp-pp" if strategy == "no_shard" else "intra-dist-opt", 4)
+    stats = "tp-pp" if strategy == "no_shard" else "intra-dist-opt"   # sharded: over every rank
+    if args.fp16 or args.loss_scale is not None:   # the loss scaler's Inf check
+        tally.add(stats, 4)
+    if args.clip_grad > 0:   # the gradient norm
+        tally.add(stats, 4)
     tally.add("dp-cp", 8)   # train_step's loss: [sum, tokens], summed over dp x cp

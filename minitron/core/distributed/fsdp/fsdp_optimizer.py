@@ -6,8 +6,11 @@ a view into the unit's shard, with its gradient a view into the unit's gradient 
 Adam moments it keeps are 1/dp of the model's. The groups (weight decay, decoupled learning
 rates) are decided per parameter before the cut, so a piece of a bias still gets no decay.
 
-After the step, ``optim`` and ``optim_grads`` all-gather the updated shards into the whole
-parameters; ``optim_grads_params`` keeps only shards, and the next forward gathers.
+A 16-bit model is stepped through fp32 *main* copies of the pieces (as Megatron's
+--megatron-fsdp-main-params-dtype fp32, its default), so that small updates are not lost to
+bf16's spacing; an fp32 model's main piece is the model's piece itself. After the step the
+main pieces are written back, and ``optim`` and ``optim_grads`` all-gather the updated shards
+into the whole parameters; ``optim_grads_params`` keeps only shards, and the next forward gathers.
 """
 
 from __future__ import annotations
@@ -15,50 +18,73 @@ from __future__ import annotations
 import torch
 
 from minitron.core import parallel_state
-from minitron.core.optimizer import _get_param_groups, _make_torch_optimizer
-from minitron.core.optimizer.optimizer import FP32Optimizer, copy_model_parallel_attributes
+from minitron.core.optimizer import _get_param_groups, _make_grad_scaler, _make_torch_optimizer
+from minitron.core.optimizer.optimizer import MixedPrecisionOptimizer, copy_model_parallel_attributes
 
 
-class FSDPOptimizer(FP32Optimizer):
-    def __init__(self, config, model_chunks):
+class FSDPOptimizer(MixedPrecisionOptimizer):
+    def __init__(self, config, model_chunks, grad_scaler):
         self.model_chunks = model_chunks
         self.sharded = model_chunks[0].strategy != "no_shard"
         unit_of = {p: unit for chunk in model_chunks for p, unit in chunk.unit_of.items()}
+        self.pieces = []   # (the model's piece, its fp32 main piece, its gradient piece)
         groups = _get_param_groups(model_chunks, config)
         for group in groups:
-            pieces = []
+            mains = []
             for param in group["params"]:
                 found = unit_of[param].piece(param)
                 if found is None:
                     continue   # another rank owns all of this parameter
                 piece, grad = found
-                piece.main_grad = grad   # FP32Optimizer.prepare_grads hands it over as .grad
-                copy_model_parallel_attributes(piece, param)
-                pieces.append(piece)
-            group["params"] = pieces   # possibly empty: every rank keeps the same groups, in order
-        super().__init__(_make_torch_optimizer(config, groups), config)
+                main = piece if piece.dtype == torch.float32 else piece.detach().clone().float()
+                copy_model_parallel_attributes(main, param)   # the norm skips TP duplicates by these
+                self.pieces.append((piece, main, grad))
+                mains.append(main)
+            group["params"] = mains   # possibly empty: every rank keeps the same groups, in order
+        super().__init__(_make_torch_optimizer(config, groups), config, grad_scaler)
 
     def get_grad_stats_parallel_group(self):
-        """Sharded, each dp rank holds other entries: norms and zero counts span dp too."""
+        """Sharded, each dp rank holds other entries: norms and Inf checks span dp too."""
         if self.sharded:
             return parallel_state.get_group("intra-dist-opt")
         return super().get_grad_stats_parallel_group()
 
-    @torch.no_grad()
-    def step_with_ready_grads(self) -> bool:
-        self.optimizer.step()
+    def get_expert_grad_stats_parallel_group(self):
+        return None   # no experts under FSDP here (validate_fsdp_args)
+
+    def _copy_model_grads_to_main_grads(self) -> None:
+        for _, main, grad in self.pieces:   # a view when fp32 already; clipping scales it in place
+            main.grad = grad if grad.dtype == torch.float32 else grad.float()
+
+    def _collect_main_grad_data_for_unscaling(self):
+        return [main.grad for _, main, _ in self.pieces if main.grad is not None]
+
+    def _copy_main_params_to_model_params(self) -> None:
+        for piece, main, _ in self.pieces:
+            if main is not piece:
+                piece.copy_(main)
         for chunk in self.model_chunks:
             chunk.sync_params_after_step()
-        return True
+
+    def _copy_model_params_to_main_params(self) -> None:
+        for piece, main, _ in self.pieces:
+            if main is not piece:
+                main.data.copy_(piece)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for _, main, _ in self.pieces:
+            main.grad = None
 
     def state_dict(self) -> dict:
-        raise NotImplementedError("saving Megatron-FSDP's optimizer shards is not built here")
+        raise NotImplementedError("saving Megatron-FSDP's optimizer shards is not built here "
+                                  "(validate_fsdp_args refuses --save)")
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        raise NotImplementedError("loading Megatron-FSDP's optimizer shards is not built here "
+                                  "(validate_fsdp_args refuses --load)")
 
 
 def get_fsdp_optimizer(config, model_chunks) -> FSDPOptimizer:
     if config.lr is None:
         raise ValueError("OptimizerConfig.lr is not set: give the peak learning rate (--lr)")
-    if config.fp16 or config.bf16:
-        raise ValueError("Megatron-FSDP here keeps fp32 parameters only (no fp32 main shards of 16-bit "
-                         "weights yet): drop --bf16/--fp16")
-    return FSDPOptimizer(config, model_chunks)
+    return FSDPOptimizer(config, model_chunks, _make_grad_scaler(config))

@@ -45,7 +45,8 @@ def _tensors(output):
 class FullyShardedDataParallel(MegatronModule):
     """Wrap ``module`` (one model chunk); ``strategy`` is --data-parallel-sharding-strategy."""
 
-    def __init__(self, config, module: torch.nn.Module, strategy: str, broadcast_from_src: bool = False):
+    def __init__(self, config, module: torch.nn.Module, strategy: str, broadcast_from_src: bool = False,
+                 grad_reduce_in_fp32: bool = False):
         super().__init__(config)
         self.module = module
         self.strategy = strategy
@@ -67,7 +68,8 @@ class FullyShardedDataParallel(MegatronModule):
         plan.append(("(rest)", module, rest))
         # Gradients are pre-scaled by 1/dp and summed, as DDP does (the same rounding).
         scale = 1.0 / dp
-        self.units = [FSDPUnit(name, params, strategy, self.dp_cp_group, scale)
+        grad_dtype = torch.float32 if grad_reduce_in_fp32 else None   # None: the parameters' dtype
+        self.units = [FSDPUnit(name, params, strategy, self.dp_cp_group, scale, grad_dtype)
                       for name, _, params in plan if params]
         self.unit_of = {p: unit for unit in self.units for p in unit.params}
         self._handles = []

@@ -26,7 +26,8 @@ from minitron.trace import traced
 
 
 class FSDPUnit:
-    def __init__(self, name: str, params: list, strategy: str, group, gradient_scaling_factor: float):
+    def __init__(self, name: str, params: list, strategy: str, group, gradient_scaling_factor: float,
+                 grad_dtype=None):
         self.name, self.params, self.strategy, self.group = name, params, strategy, group
         self.gradient_scaling_factor = gradient_scaling_factor
         dtypes = {p.dtype for p in params}
@@ -59,11 +60,14 @@ class FSDPUnit:
             self.free()
         else:
             self.shard = self.flat[self.lo:self.hi]             # a view: the step writes into the model
+        # Gradients are kept and reduced in the parameters' dtype, or in fp32 with
+        # --accumulate-allreduce-grads-in-fp32 (DDP's rule: summing many 16-bit numbers loses bits).
+        self.grad_dtype = grad_dtype or self.flat.dtype
         if self.sharded_grads:
             self.grad_flat = None
-            self.grad_shard = torch.zeros(self.shard_size, dtype=self.flat.dtype, device=device)
+            self.grad_shard = torch.zeros(self.shard_size, dtype=self.grad_dtype, device=device)
         else:
-            self.grad_flat = torch.zeros(padded, dtype=self.flat.dtype, device=device)
+            self.grad_flat = torch.zeros(padded, dtype=self.grad_dtype, device=device)
             self.grad_shard = self.grad_flat[self.lo:self.hi]
         self.arrived: set = set()     # parameters whose gradient this backward has produced
         self.in_backward = False      # gathered for backward: a recomputed forward must not free it
@@ -110,7 +114,7 @@ class FSDPUnit:
     def reduce_scatter_grads(self) -> None:
         """optim_grads and up: this micro-batch's gradients, summed over dp, land in each rank's
         shard; the whole gradient exists only for the length of the collective."""
-        full = torch.zeros(self.flat.numel(), dtype=self.flat.dtype, device=self.flat.device)
+        full = torch.zeros(self.flat.numel(), dtype=self.grad_dtype, device=self.flat.device)
         for p in self.arrived:
             offset = self.offsets[p]
             full[offset:offset + p.numel()].copy_(p.grad.reshape(-1))
@@ -153,8 +157,7 @@ class FSDPUnit:
 
     def bytes_held(self) -> dict:
         """What this unit holds now, in bytes (the estimate is checked against it)."""
-        size = self.flat.element_size()
         params = (self.shard.numel() + (self.flat.numel() if self.gathered else 0)) if self.sharded_params \
             else self.flat.numel()
-        grads = self.grad_shard.numel() if self.sharded_grads else self.grad_flat.numel()
-        return {"params": params * size, "grads": grads * size}
+        grads = self.grad_shard if self.sharded_grads else self.grad_flat
+        return {"params": params * self.flat.element_size(), "grads": grads.numel() * grads.element_size()}
