@@ -37,5 +37,11 @@ def validate_fsdp_args(args) -> None:
             f"{flag} here cannot sum partial layernorm gradients over tensor parallelism (sequence parallelism, "
             "per-head qk norms): drop --sequence-parallel/--qk-layernorm or tensor parallelism")
     require(not args.num_experts, f"{flag} here has no expert-data-parallel units: drop --num-experts")
+    if args.data_parallel_sharding_strategy == "optim_grads_params":
+        for given, what in ((args.log_params_norm, "--log-params-norm"),
+                            (getattr(args, "check_weight_hash_across_dp_replicas_interval", None),
+                             "--check-weight-hash-across-dp-replicas-interval")):
+            require(not given, f"{what} reads every whole weight between steps, which optim_grads_params does "
+                    "not keep (each rank holds its shards): drop it or choose another sharding strategy")
     require(args.save is None and args.load is None, f"{flag} here cannot save or load its shards yet "
             "(Megatron's --ckpt-format fsdp_dtensor): drop --save/--load")
