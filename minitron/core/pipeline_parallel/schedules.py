@@ -26,6 +26,7 @@ from torch.autograd.variable import Variable
 from minitron.accelerator import get_accelerator
 from minitron.core import parallel_state as mpu
 from minitron.core.pipeline_parallel import p2p_communication as p2p
+from minitron.core.pipeline_parallel.loss_autoscalers import MoEAuxLossAutoScaler, MTPLossAutoScaler
 from minitron.core.pipeline_parallel.pp_rank_microbatches import get_pp_rank_microbatches
 from minitron.trace import traced
 
@@ -132,12 +133,10 @@ def forward_step_calc_loss(output_tensor, loss_func, config, vp_stage, num_micro
         # (its tokens over all the tokens), and the gradient reduction over dp-cp averages.
         # Per-token loss: Megatron gives them the plain scale, and the division by the global
         # token count in finalize_model_grads then applies to them too.
-        from minitron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
         one = torch.ones(1, device=output_tensor.device)
         scale = config.grad_scale_func(one) if config.grad_scale_func is not None else one
         MoEAuxLossAutoScaler.set_loss_scale(scale if per_token else scale * cp_group_size / num_microbatches)
     if getattr(config, "mtp_num_layers", None):   # multi-token prediction: the main loss's scale
-        from minitron.core.transformer.multi_token_prediction import MTPLossAutoScaler
         one = torch.ones(1, device=output_tensor.device)
         scale = config.grad_scale_func(one) if config.grad_scale_func is not None else one
         MTPLossAutoScaler.set_loss_scale(scale if per_token else scale / num_microbatches)

@@ -31,6 +31,8 @@ import torch
 from minitron.core import parallel_state
 from minitron.core.fp8_utils import get_fp8_context
 from minitron.core.init_rng import layer_init_rng
+# MTPLossAutoScaler: Megatron's name here; it sits beside the schedule, which sets its scale.
+from minitron.core.pipeline_parallel.loss_autoscalers import MTPLossAutoScaler
 from minitron.core.tensor_parallel.layers import ColumnParallelLinear
 from minitron.core.tensor_parallel.mappings import (
     gather_from_tensor_model_parallel_region, scatter_to_sequence_parallel_region,
@@ -50,27 +52,6 @@ def roll_tensor(tensor: torch.Tensor, shifts: int = -1, dims: int = -1):
     rolled = torch.roll(tensor, shifts=shifts, dims=dims)
     rolled.select(dims, shifts).fill_(0)
     return rolled, rolled.sum()
-
-
-class MTPLossAutoScaler(torch.autograd.Function):
-    """Identity on ``output``; backward also seeds ``mtp_loss`` with the main loss's scale (the
-    schedule sets it per micro-batch: 1 / micro-batches, x the fp16 loss scale)."""
-
-    main_loss_backward_scale: torch.Tensor = torch.tensor(1.0)
-
-    @staticmethod
-    def forward(ctx, output: torch.Tensor, mtp_loss: torch.Tensor):
-        ctx.save_for_backward(mtp_loss)
-        return output
-
-    @staticmethod
-    def backward(ctx, grad_output: torch.Tensor):
-        (mtp_loss,) = ctx.saved_tensors
-        return grad_output, torch.ones_like(mtp_loss) * MTPLossAutoScaler.main_loss_backward_scale
-
-    @staticmethod
-    def set_loss_scale(scale: torch.Tensor) -> None:
-        MTPLossAutoScaler.main_loss_backward_scale = scale
 
 
 # depth k -> the sum over this step's micro-batches of this rank's loss_k (a mean over its tokens)

@@ -23,6 +23,7 @@ from minitron.core.tensor_parallel.random import checkpoint as tensor_parallel_c
 from minitron.core.tensor_parallel.random import get_cuda_rng_tracker
 from minitron.core.transformer.attention import is_causal_mask
 from minitron.core.transformer.module import MegatronModule
+from minitron.core.transformer.pipeline_parallel_layer_layout import counts_from, layer_counts, stage_layers
 from minitron.core.transformer.torch_norm import WrappedTorchNorm
 from minitron.core.transformer.transformer_layer import TransformerLayer
 from minitron.core.transformer.utils import block_sharded_state_dict
@@ -33,7 +34,6 @@ from minitron.trace.recorder import short_value
 def _stage_layers(config, vp_stage: int | None) -> range:
     """This rank's chunk ``vp_stage``: its layers' global indices. Even or uneven, the split
     lives in pipeline_parallel_layer_layout.py (torch-free, shared with the estimate)."""
-    from minitron.core.transformer.pipeline_parallel_layer_layout import counts_from, layer_counts, stage_layers
     pp_size = parallel_state.get_pipeline_model_parallel_world_size()
     counts = counts_from(config) if pp_size == config.pipeline_model_parallel_size else \
         layer_counts(config.num_layers, pp_size, config.virtual_pipeline_model_parallel_size)  # a bare config

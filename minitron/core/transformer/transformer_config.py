@@ -14,6 +14,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from minitron.core.pipeline_parallel.layer_layout import config_split_problem, counts_from
+
 
 def init_method_normal(sigma: float) -> Callable[[torch.Tensor], torch.Tensor]:
     """Weights ~ N(0, sigma^2), drawn from torch's default generator."""
@@ -214,7 +216,6 @@ class TransformerConfig(ModelParallelConfig):
             raise ValueError(f"ffn_hidden_size {self.ffn_hidden_size} is not divisible by "
                              f"tensor_model_parallel_size {tp}")
         if not self.is_hybrid_model:   # (a hybrid pattern's '|' may cut unevenly: core/ssm/ checks those)
-            from minitron.core.transformer.pipeline_parallel_layer_layout import config_split_problem
             problem = config_split_problem(self)
             if problem:
                 raise ValueError(problem)
@@ -282,7 +283,6 @@ class TransformerConfig(ModelParallelConfig):
         if self.is_hybrid_model:   # (the hybrid pattern's split is core/ssm/'s; the config does not hold it)
             most = self.num_layers
         else:
-            from minitron.core.transformer.pipeline_parallel_layer_layout import counts_from
             counts = counts_from(self)
             most = max(sum(counts[r::pp]) for r in range(pp))
         if n is None or not 1 <= n <= most:

@@ -45,6 +45,8 @@ import math
 
 import torch
 
+# MoEAuxLossAutoScaler: Megatron's name here; it sits beside the schedule, which sets its scale.
+from minitron.core.pipeline_parallel.loss_autoscalers import MoEAuxLossAutoScaler  # noqa: F401
 from minitron.core.transformer.moe.load_balancing import (  # noqa: F401  (re-exported: Megatron's names)
     apply_random_logits, finish_router_step, get_updated_expert_bias, sinkhorn, update_router_expert_bias,
 )
@@ -148,35 +150,6 @@ def switch_load_balancing_loss_func(probs: torch.Tensor, tokens_per_expert: torc
     aggregated_probs_per_expert = probs.sum(dim=0)
     scale = num_experts * moe_aux_loss_coeff / (topk * total_num_tokens * total_num_tokens)
     return torch.sum(aggregated_probs_per_expert * tokens_per_expert) * scale
-
-
-class MoEAuxLossAutoScaler(torch.autograd.Function):
-    """Identity on ``output`` forward; backward also starts a backward from ``aux_loss``.
-
-    The aux loss is born deep inside the model, far from the loss the schedule calls backward
-    on. Attached here, it needs no path of its own: when the gradient reaches ``output``, the
-    aux loss gets d(aux)/d(aux) = the same scale the main loss got (set per step by the
-    schedule: 1 / num_microbatches, times the fp16 loss scale).
-    """
-
-    main_loss_backward_scale: torch.Tensor | None = None
-
-    @staticmethod
-    def forward(ctx, output: torch.Tensor, aux_loss: torch.Tensor):
-        ctx.save_for_backward(aux_loss)
-        return output
-
-    @staticmethod
-    def backward(ctx, grad_output: torch.Tensor):
-        (aux_loss,) = ctx.saved_tensors
-        scale = MoEAuxLossAutoScaler.main_loss_backward_scale
-        if scale is None:
-            scale = torch.tensor(1.0, device=aux_loss.device)
-        return grad_output, torch.ones_like(aux_loss) * scale
-
-    @staticmethod
-    def set_loss_scale(scale: torch.Tensor) -> None:
-        MoEAuxLossAutoScaler.main_loss_backward_scale = scale.detach().reshape(())
 
 
 def group_limited_topk(scores: torch.Tensor, topk: int, num_tokens: int, num_experts: int, num_groups: int,
