@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import os
 
-from minitron.runtime.monitor.monitor import Monitor
+from minitron.runtime.monitor.base import Monitor
 
 
 class csvMonitor(Monitor):   # DeepSpeed's spelling

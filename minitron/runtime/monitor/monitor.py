@@ -11,15 +11,12 @@ Only global rank 0 builds a writer and writes.
 from __future__ import annotations
 
 from minitron import comm as dist
+from minitron.runtime.monitor.base import Monitor
 from minitron.runtime.monitor.config import MonitorConfig
-
-
-class Monitor:
-    def __init__(self, section: dict):
-        self.enabled = section["enabled"]
-
-    def write_events(self, event_list: list) -> None:
-        raise NotImplementedError
+# Each writer imports its package (tensorboard, wandb) only when its section is enabled.
+from minitron.runtime.monitor.csv_monitor import csvMonitor
+from minitron.runtime.monitor.tensorboard import TensorBoardMonitor
+from minitron.runtime.monitor.wandb import WandbMonitor
 
 
 class MonitorMaster(Monitor):
@@ -29,10 +26,6 @@ class MonitorMaster(Monitor):
         self.enabled = config.enabled
         self.monitors = []
         if self.enabled and dist.get_rank() == 0:
-            # lazy: a writer's package (tensorboard, wandb) is imported only when its section asks for it
-            from minitron.runtime.monitor.csv_monitor import csvMonitor
-            from minitron.runtime.monitor.tensorboard import TensorBoardMonitor
-            from minitron.runtime.monitor.wandb import WandbMonitor
             for kind, section in ((TensorBoardMonitor, config.tensorboard), (WandbMonitor, config.wandb),
                                   (csvMonitor, config.csv_monitor)):   # DeepSpeed's order
                 if section["enabled"]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from minitron.runtime.monitor.monitor import Monitor
+from minitron.runtime.monitor.base import Monitor
 
 
 class TensorBoardMonitor(Monitor):

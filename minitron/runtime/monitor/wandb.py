@@ -5,13 +5,17 @@ Needs the ``wandb`` package (config.py refuses the section before the run when i
 
 from __future__ import annotations
 
-from minitron.runtime.monitor.monitor import Monitor
+from minitron.runtime.monitor.base import Monitor
 
 
 class WandbMonitor(Monitor):
     def __init__(self, section: dict):
         super().__init__(section)
-        import wandb   # lazy: an optional package, needed only when this section is enabled
+        try:
+            import wandb   # lazy: an optional package, needed only when this section is enabled
+        except ImportError:
+            raise ImportError("wandb.enabled needs the optional 'wandb' package (pip install wandb); "
+                              "or set it to false") from None
         self.wandb = wandb
         wandb.init(project=section["project"], group=section["group"], entity=section["team"])
 
