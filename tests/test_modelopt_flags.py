@@ -56,3 +56,16 @@ def test_a_flag_the_preset_would_overwrite_is_refused_in_one_line(flags, says):
     with pytest.raises(ArgumentError) as err:
         validate_args(args)
     assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_l2_norm_takes_the_place_of_qk_layernorm_as_in_megatron_s_spec():
+    """Llama-4 Scout's configuration passes --qk-layernorm beside --export-qk-l2-norm: Megatron's
+    layer spec then builds the weightless L2 norm, and so does minitron (saying so)."""
+    from minitron.training.arguments_policy import no_effect_lines
+    args = build_parser().parse_args(BASE + ["--qk-layernorm", "--export-qk-l2-norm"])
+    args.world_size, args.rank = 1, 0
+    validate_args(args)
+    assert (args.qk_l2_norm, args.qk_layernorm) == (True, False)
+    assert no_effect_lines(args) == ["accepted, no effect here: --qk-layernorm: --qk-l2-norm takes its place "
+                                     "(Megatron's layer spec builds the L2 norm)"]
+    assert _config("--qk-layernorm", "--export-qk-l2-norm") == _config("--qk-l2-norm")

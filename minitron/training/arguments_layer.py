@@ -32,8 +32,12 @@ def validate_layer_variants(args):
         require(args.context_parallel_size == 1, f"--softmax-type {args.softmax_type} with --context-parallel-size "
                 f"{args.context_parallel_size}: minitron's context-parallel attention has no sink column; drop one")
     # Llama 4's attention options
-    require(not (args.qk_l2_norm and args.qk_layernorm), "--qk-l2-norm and --qk-layernorm both normalise query "
-            "and key (Megatron's spec keeps the L2 norm and drops the other): keep one")
+    if args.qk_l2_norm and args.qk_layernorm:
+        # Megatron's layer specs (gpt_layer_specs.py, ModelOpt's model_specs.py) build the L2 norm
+        # where both are asked for, as Llama-4 Scout's ModelOpt configuration does: no norm weights.
+        args.qk_layernorm = False
+        args.no_effect_notes = [*(getattr(args, "no_effect_notes", None) or ()),
+                                "--qk-layernorm: --qk-l2-norm takes its place (Megatron's layer spec builds the L2 norm)"]
     require(not (args.qk_l2_norm and args.multi_latent_attention),
             "--qk-l2-norm with --multi-latent-attention: Megatron asserts MLA has no L2 norm; drop one")
     freq = args.no_rope_freq
