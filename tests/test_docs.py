@@ -201,7 +201,7 @@ def test_cli_reference_covers_every_command():
 
 def test_every_chapter_is_in_the_nav():
     nav = (ROOT / "mkdocs.yml").read_text().split("\nnav:", 1)[1]
-    for chapter in sorted((ROOT / "walkthrough").glob("[0-9][0-9]-*.md")):
+    for chapter in sorted((ROOT / "walkthrough").glob("[0-9][0-9]*-*.md")):
         assert f"walkthrough/{chapter.name}" in nav, f"mkdocs.yml nav does not list {chapter.name}"
     for listed in re.findall(r"walkthrough/[\w.-]+\.md", nav):
         assert (ROOT / listed).is_file(), f"mkdocs.yml nav lists {listed}, which does not exist"

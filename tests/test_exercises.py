@@ -71,8 +71,8 @@ def exercises(page: Path) -> list[tuple[str, str, list[str]]]:
 
 
 def all_exercises() -> list:
-    return [pytest.param(command, expected, id=f"{page.stem[:2]}-{n}")
-            for page in sorted((ROOT / "walkthrough").glob("[0-9][0-9]-*.md"))
+    return [pytest.param(command, expected, id=f"{page.stem.split('-')[0]}-{n}")
+            for page in sorted((ROOT / "walkthrough").glob("[0-9][0-9]*-*.md"))
             for n, (_, command, expected) in enumerate(exercises(page), 1)]
 
 
@@ -136,7 +136,7 @@ def test_answer_is_what_the_command_prints(command, expected, monkeypatch):
 
 
 def test_every_chapter_has_two_or_three_exercises():
-    for page in sorted((ROOT / "walkthrough").glob("[0-9][0-9]-*.md")):
+    for page in sorted((ROOT / "walkthrough").glob("[0-9][0-9]*-*.md")):
         assert 2 <= len(exercises(page)) <= 3, f"{page.name}: {len(exercises(page))} exercises"
 
 
