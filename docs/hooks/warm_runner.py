@@ -6,7 +6,7 @@ and the site runs dozens of them. So the build starts this module once as a help
 per line on stdin and, for each, forks a child that runs the command as a fresh process would
 (``sys.argv``, working directory, environment, ``__main__``) with its output sent to a file.
 The helper never runs a thread, so forking it is safe — the same idea as the launcher's warm
-parent (chapter 1).
+parent (appendix A, "How minitron runs ranks").
 
 Protocol: a request is one JSON line ``{"argv": [...], "cwd": ..., "env": {...}, "out": PATH}``;
 the child writes its output to PATH and, when it ends, its exit code to PATH + ".rc".
