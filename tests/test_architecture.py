@@ -21,7 +21,6 @@ Run ``python tests/test_architecture.py`` to print the module graph's findings w
 from __future__ import annotations
 
 import ast
-import copy
 import io
 import re
 import sys
@@ -120,9 +119,8 @@ def _is_type_checking(test: ast.expr) -> bool:
 def imports() -> tuple[Import, ...]:
     found = []
     for module, (path, is_package) in modules().items():
-        source = path.read_text()
-        lines = source.splitlines()
         rel = str(path.relative_to(ROOT))
+        lines = _lines(rel)
 
         def walk(node: ast.AST, in_function: bool, type_checking: bool) -> None:
             for child in ast.iter_child_nodes(node):
@@ -136,7 +134,7 @@ def imports() -> tuple[Import, ...]:
                 guarded = isinstance(child, ast.If) and _is_type_checking(child.test)
                 walk(child, in_function or nested, type_checking or guarded)
 
-        walk(ast.parse(source, rel), False, False)
+        walk(_tree(path), False, False)   # the tree _facts_of reads too: each file parsed once
     return tuple(found)
 
 
@@ -389,6 +387,18 @@ def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), str(path))
 
 
+@lru_cache(maxsize=None)
+def _definitions(path: Path) -> tuple[list[ast.AST], list[ast.ClassDef]]:
+    """(every def, every class) in the module, nested ones included: one walk of its tree."""
+    functions, classes = [], []
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.append(node)
+        elif isinstance(node, ast.ClassDef):
+            classes.append(node)
+    return functions, classes
+
+
 def _constant_bindings(tree: ast.Module):
     """(name, value node, line) for each module-level binding of an UPPER_CASE name, including
     each name of ``A, B = 1, 2``."""
@@ -421,30 +431,28 @@ def _facts_of(path: Path):
         items = literal.items() if isinstance(literal, dict) else [(None, literal)]
         for key, item in items:
             yield ("constant", name, repr(key), repr(item)), name, line
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body[1:] if ast.get_docstring(node) is not None else node.body
-            if len(body) >= 2:
-                yield ("body", _normalised(node, body)), node.name, node.lineno
+    for node in _definitions(path)[0]:
+        body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+        if len(body) >= 2:
+            yield ("body", _normalised(node, body)), node.name, node.lineno
 
 
 def _declared_twice(path: Path):
     """(Class.name, line, first line) for each name a class body declares a second time."""
-    for node in ast.walk(_tree(path)):
-        if isinstance(node, ast.ClassDef):
-            first: dict[str, int] = {}
-            for statement in node.body:
-                if isinstance(statement, ast.AnnAssign):
-                    targets = [statement.target]
-                elif isinstance(statement, ast.Assign):
-                    targets = statement.targets
-                else:
-                    continue
-                for target in targets:
-                    if isinstance(target, ast.Name):
-                        if target.id in first:
-                            yield f"{node.name}.{target.id}", statement.lineno, first[target.id]
-                        first.setdefault(target.id, statement.lineno)
+    for node in _definitions(path)[1]:
+        first: dict[str, int] = {}
+        for statement in node.body:
+            if isinstance(statement, ast.AnnAssign):
+                targets = [statement.target]
+            elif isinstance(statement, ast.Assign):
+                targets = statement.targets
+            else:
+                continue
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    if target.id in first:
+                        yield f"{node.name}.{target.id}", statement.lineno, first[target.id]
+                    first.setdefault(target.id, statement.lineno)
 
 
 def _normalised(function, body) -> str:
@@ -453,14 +461,21 @@ def _normalised(function, body) -> str:
     names = [a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs]
     names += [a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None]
     renamed = {name: f"_{i}" for i, name in enumerate(names)}
+    # Renamed in place and put back after the dump (a deep copy of every body cost seconds);
+    # ast.dump leaves out line numbers, so only the names and the shape make the key.
+    touched = [node for statement in body for node in ast.walk(statement)
+               if isinstance(node, ast.Name) and node.id in renamed]
+    for node in touched:
+        node.id = renamed[node.id]
+    try:
+        return ast.dump(ast.Module(body=list(body), type_ignores=[]))
+    finally:
+        original = {new: name for name, new in renamed.items()}
+        for node in touched:
+            node.id = original[node.id]
 
-    class Rename(ast.NodeTransformer):
-        def visit_Name(self, node):
-            return ast.Name(id=renamed.get(node.id, node.id), ctx=node.ctx)
 
-    return ast.dump(ast.Module(body=[Rename().visit(s) for s in copy.deepcopy(body)], type_ignores=[]))
-
-
+@lru_cache(maxsize=None)
 def _all_fact_offences() -> list[tuple[str, str, str]]:
     """(file, what, message) for each place that states a fact again, ALLOW not consulted."""
     places: dict[tuple, set[tuple[str, int, str]]] = {}
@@ -507,7 +522,7 @@ def _reading(tmp_path, monkeypatch, files: dict[str, str]):
     for name, text in files.items():
         (tmp_path / PACKAGE / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / PACKAGE / name).write_text(text)
-    caches = (modules, imports, _lines, _comments, _tree)
+    caches = (modules, imports, _lines, _comments, _tree, _definitions, _all_fact_offences)
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     for cache in caches:
         cache.cache_clear()
