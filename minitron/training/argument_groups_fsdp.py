@@ -45,3 +45,10 @@ def validate_fsdp_args(args) -> None:
                     "not keep (each rank holds its shards): drop it or choose another sharding strategy")
     require(args.save is None and args.load is None, f"{flag} here cannot save or load its shards yet "
             "(Megatron's --ckpt-format fsdp_dtensor): drop --save/--load")
+    # Megatron-FSDP overlaps its gathers and reductions with compute under these; minitron's units
+    # gather and reduce when needed, computing the same, so the header says so.
+    notes = [f"{given} (with {flag}): overlaps Megatron-FSDP's collectives with compute; minitron's units "
+             "gather and reduce when they are needed, the same numbers"
+             for given, on in (("--overlap-grad-reduce", args.overlap_grad_reduce),
+                               ("--overlap-param-gather", args.overlap_param_gather)) if on]
+    args.no_effect_notes = [*(getattr(args, "no_effect_notes", None) or ()), *notes]
