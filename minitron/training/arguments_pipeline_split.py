@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from minitron.core.pipeline_parallel.layer_layout import layout_problem, parse_layout, split_problem
 from minitron.training.argument_errors import ArgumentError
+from minitron.training.arguments_ranges import LAYERS
 
 
 def add_pipeline_split_args(parser):
     """Megatron-Core 0.19.2's flags, names and defaults."""
     g = parser.add_argument_group("pipeline split")
-    g.add_argument("--decoder-first-pipeline-num-layers", type=int, default=None,
+    # LAYERS: at least 1, Megatron's rule (split_problem repeats it with the chunks), and --num-layers' ceiling.
+    g.add_argument("--decoder-first-pipeline-num-layers", type=LAYERS, default=None,
                    help="transformer layers on the first pipeline stage (default: an even split)")
-    g.add_argument("--decoder-last-pipeline-num-layers", type=int, default=None,
+    g.add_argument("--decoder-last-pipeline-num-layers", type=LAYERS, default=None,
                    help="transformer layers on the last pipeline stage (default: an even split)")
     g.add_argument("--account-for-embedding-in-pipeline-split", action="store_true",
                    help="count the embedding as a layer: the first stage builds one transformer layer fewer")
