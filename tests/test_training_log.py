@@ -33,7 +33,9 @@ def _round_up(n: int, multiple: int) -> int:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     logs = tmp_path_factory.mktemp("pretrain") / "logs"
-    done = run_minitron(*RUN, "--log-dir", str(logs), env=dict(os.environ), timeout=300)  # stdout: a pipe
+    # In this process (its ranks forked from it, torch already imported): the ranks write only to
+    # their logs, and everything `pretrain` prints comes from this process, captured as a pipe.
+    done = run_minitron(*RUN, "--log-dir", str(logs), env=dict(os.environ), here=True)  # stdout: a pipe
     assert done.returncode == 0, done.stdout + done.stderr
     records = [json.loads(line) for line in open(logs / "iterations.jsonl")]
     return done.stdout, records, logs
