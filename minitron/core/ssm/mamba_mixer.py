@@ -126,11 +126,11 @@ class MambaMixer(MegatronModule):
         log-uniform in [dt_min, dt_max]; A uniform in A_init_range, kept as its log."""
         def cut(full, sizes):
             return _tp_sections(full, sizes, rank, tp)
-        w = torch.empty(sum(sections), self.d_model)
+        w = torch.empty(sum(sections), self.d_model)  # host: drawn whole on the CPU, as weight_init.py, then cut
         self.config.init_method(w)
         self.in_proj.weight.copy_(cut(w, sections))
-        conv_w = torch.empty(sum(conv_sections), 1, self.d_conv)
-        conv_b = torch.empty(sum(conv_sections))
+        conv_w = torch.empty(sum(conv_sections), 1, self.d_conv)  # host: as w
+        conv_b = torch.empty(sum(conv_sections))  # host: as w
         torch.nn.init.kaiming_uniform_(conv_w, a=math.sqrt(5))
         torch.nn.init.uniform_(conv_b, -1 / math.sqrt(self.d_conv), 1 / math.sqrt(self.d_conv))
         if conv_init is not None:
@@ -139,10 +139,10 @@ class MambaMixer(MegatronModule):
             torch.nn.init.kaiming_uniform_(conv_w, a=math.sqrt(5))
         self.conv1d_weight.copy_(cut(conv_w, conv_sections))
         self.conv1d_bias.copy_(cut(conv_b, conv_sections))
-        dt = torch.exp(torch.rand(self.nheads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        dt = torch.exp(torch.rand(self.nheads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))  # host: as w
         dt = dt.clamp(min=dt_floor)
         self.dt_bias.copy_(cut(dt + torch.log(-torch.expm1(-dt)), [self.nheads]))   # softplus^-1(dt)
-        A = torch.empty(self.nheads).uniform_(*A_init_range)
+        A = torch.empty(self.nheads).uniform_(*A_init_range)  # host: as w
         self.A_log.copy_(cut(torch.log(A), [self.nheads]))
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):

@@ -82,7 +82,7 @@ class FusedLamb(torch.optim.Optimizer):
             w, u = flat_p.narrow(0, offset, size), flat_u.narrow(0, offset, size)
             coeff = self._trust_ratio(w, u, group)
             w.add_(u, alpha=-step_size * coeff)
-            self.lamb_coeffs.append(torch.tensor(coeff))
+            self.lamb_coeffs.append(torch.tensor(coeff))  # host: a float already, read back by get_lamb_coeffs
             offset += size
 
     @staticmethod

@@ -38,7 +38,7 @@ def sinkhorn(cost: torch.Tensor, tol: float = 0.0001) -> torch.Tensor:
     tokens, experts = mass.shape
     col = torch.ones(experts, device=mass.device, dtype=mass.dtype)
     eps = 1e-8   # no division by an empty row or column
-    change = torch.tensor(float("inf"))
+    change = torch.tensor(float("inf"), device=mass.device)
     while change > tol:
         row = (1 / tokens) * 1 / ((col * mass).sum(dim=1) + eps)                 # rows to 1/T
         new_col = (1 / experts) * 1 / ((row.unsqueeze(1) * mass).sum(dim=0) + eps)   # columns to 1/E
