@@ -33,8 +33,10 @@ ARGV = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "4"
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     logs = tmp_path_factory.mktemp("throughput") / "logs"
+    # In this process (its ranks forked from it, torch already imported): the ranks write only to
+    # their logs, and everything `pretrain` prints comes from this process.
     done = run_minitron("pretrain", "--world", "2", *ARGV, "--log-dir", str(logs), env=dict(os.environ),
-                        timeout=300)
+                        here=True)
     assert done.returncode == 0, done.stdout + done.stderr
     records = [json.loads(line) for line in open(logs / "iterations.jsonl")]
     return records, (logs / "rank1.log").read_text()
