@@ -55,6 +55,7 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
     if not wrap_with_ddp:
         return model
     if args.use_megatron_fsdp:   # Megatron-FSDP wraps each chunk instead of DDP (core/distributed/fsdp)
+        # lazy, as DDP below: `minitron trace` loads this module and builds no model
         from minitron.core.distributed.fsdp import FullyShardedDataParallel
         return [FullyShardedDataParallel(chunk.config, chunk, args.data_parallel_sharding_strategy,
                                          args.data_parallel_random_init, args.accumulate_allreduce_grads_in_fp32)
@@ -124,6 +125,7 @@ def setup_model_and_optimizer(model_provider_func, model_type):
         hysteresis=args.hysteresis, clip_grad=args.clip_grad,
         use_distributed_optimizer=args.use_distributed_optimizer, log_num_zeros_in_grad=args.log_num_zeros_in_grad)
     if args.use_megatron_fsdp:   # torch's optimizer over this rank's shards (core/distributed/fsdp)
+        # lazy: no model, no optimizer (see the module docstring)
         from minitron.core.distributed.fsdp import get_fsdp_optimizer as get_megatron_optimizer
     optimizer = get_megatron_optimizer(config, model)
     opt_param_scheduler = get_optimizer_param_scheduler(optimizer)

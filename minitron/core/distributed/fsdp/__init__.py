@@ -24,10 +24,11 @@ __all__ = ["STRATEGIES", "DEFAULT_STRATEGY", "FullyShardedDataParallel", "get_fs
 
 
 def __getattr__(name: str):
-    # lazy: both need torch, which importing the package must not start (see above)
     if name == "FullyShardedDataParallel":
+        # lazy: it needs torch, which importing the package must not start (see above)
         from minitron.core.distributed.fsdp.fully_sharded_data_parallel import FullyShardedDataParallel as found
     elif name == "get_fsdp_optimizer":
+        # lazy: it needs torch, which importing the package must not start (see above)
         from minitron.core.distributed.fsdp.fsdp_optimizer import get_fsdp_optimizer as found
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
