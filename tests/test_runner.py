@@ -8,9 +8,7 @@ is refused in one line by active_resources.
 
 from __future__ import annotations
 
-import subprocess
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ from minitron.launcher.runner import (
     parse_inclusion_exclusion,
 )
 
-from cli_here import MINITRON
+from cli_here import run_minitron
 
 POOL = OrderedDict([("worker-0", 4), ("worker-1", 2), ("worker-2", 4)])
 
@@ -86,11 +84,21 @@ def test_num_nodes_and_num_gpus(tmp_path):
         active_resources(None, 4, num_nodes=2)
 
 
-def test_launch_dry_run_and_a_local_include(tmp_path):
+# The launches below run `minitron`'s entry point in this process (cli_here.minitron_here), not
+# a fresh interpreter that imports torch again (~1 s of CPU each): the forked ranks write to the
+# real descriptor 1, as they would to a terminal, and pytest's capfd reads what they wrote.
+
+def _launch_here(capfd, *argv, cwd=None):
+    """``minitron launch ARGV`` in this process: the result, and what the ranks printed."""
+    capfd.readouterr()
+    done = run_minitron("launch", *argv, cwd=cwd, here=True)
+    return done, capfd.readouterr().out
+
+
+def test_launch_dry_run_and_a_local_include(tmp_path, capfd):
     hosts = tmp_path / "hosts"
     hosts.write_text("worker-0 slots=2\nworker-1 slots=4\n")
-    dry = subprocess.run([MINITRON, "launch", "--hostfile", str(hosts), "--dry-run", "train.py", "--lr", "1"],
-                         capture_output=True, text=True)
+    dry = run_minitron("launch", "--hostfile", str(hosts), "--dry-run", "train.py", "--lr", "1", here=True)
     assert dry.returncode == 0, dry.stderr
     command = " ".join(dry.stdout.replace("\\\n", " ").split())  # the command is printed over lines
     assert "pdsh -S -f 1024 -w worker-0,worker-1 python -u -m deepspeed.launcher.launch --world_info=$WORLD_INFO" \
@@ -98,31 +106,27 @@ def test_launch_dry_run_and_a_local_include(tmp_path):
     info = encode_world_info(OrderedDict([("worker-0", [0, 1]), ("worker-1", [0, 1, 2, 3])]))
     assert f"\n  {info}\n" in dry.stdout
     assert "--node_rank=%n --master_addr=worker-0 --master_port=29500 train.py --lr 1" in command
-    refused = subprocess.run([MINITRON, "launch", "--hostfile", str(hosts), "docs/examples/launch_demo.py"],
-                             capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    refused = run_minitron("launch", "--hostfile", str(hosts), "docs/examples/launch_demo.py",
+                           cwd=Path(__file__).parent.parent, here=True)
     assert refused.returncode == 2 and "spans worker-0, worker-1" in refused.stderr
     script = tmp_path / "show.py"
     script.write_text("import os; print(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['LOCAL_SIZE'])\n")
-    run = subprocess.run([MINITRON, "launch", "--include", "localhost:0,1", "--backend", "gloo", str(script)],
-                         capture_output=True, text=True)
+    run, printed = _launch_here(capfd, "--include", "localhost:0,1", "--backend", "gloo", str(script))
     assert run.returncode == 0, run.stderr
-    assert sorted(run.stdout.split("\n")[:2]) == ["0 2 2", "1 2 2"]
+    assert sorted(printed.split("\n")[:2]) == ["0 2 2", "1 2 2"]
 
 
-def test_deepspeed_style_launch_passes_local_rank_unless_told_not_to(tmp_path):
+def test_deepspeed_style_launch_passes_local_rank_unless_told_not_to(tmp_path, capfd):
     script = tmp_path / "args.py"
     script.write_text("import os, sys; print(os.environ['RANK'], os.environ['CROSS_SIZE'], *sys.argv[1:])\n")
 
     def lines(*flags):
-        proc = subprocess.run([MINITRON, "launch", *flags, "--backend", "gloo", str(script), "x"],
-                              capture_output=True, text=True)
+        proc, printed = _launch_here(capfd, *flags, "--backend", "gloo", str(script), "x")
         assert proc.returncode == 0, proc.stderr
-        return sorted(proc.stdout.splitlines())
+        return sorted(printed.splitlines())
 
-    # The two launches are independent processes: start them together.
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        passed, left_out = pool.map(lambda flags: lines(*flags),
-                                    [("--include", "localhost:0,1"), ("--include", "localhost:0,1", "--no_local_rank")])
+    passed = lines("--include", "localhost:0,1")
+    left_out = lines("--include", "localhost:0,1", "--no_local_rank")
     assert passed == ["0 1 --local_rank=0 x", "1 1 --local_rank=1 x"]
     # --no_local_rank, and torchrun's way (--world), add nothing: tests/test_cli_flags.py runs the latter.
     assert left_out == ["0 1 x", "1 1 x"]
