@@ -169,6 +169,20 @@ def test_every_snippet_reference_resolves():
     assert checked > 0
 
 
+def shell_parts(command: str) -> list[list[str]]:
+    """The words of each simple command of a shell line, split at |, ||, && and ; as the shell
+    splits them: outside quotes only (a quoted layout string such as "Et|t*2L" is one word)."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    parts = [[]]
+    for token in lexer:
+        if token in ("|", "||", "&&", ";"):
+            parts.append([])
+        else:
+            parts[-1].append(token)
+    return [p for p in parts if p]
+
+
 def test_every_run_command_names_something_that_exists():
     subcommands = minitron_commands()
     path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -176,8 +190,7 @@ def test_every_run_command_names_something_that_exists():
     for page in markdown_pages():
         for command in run_commands(page):
             where = f"{page.relative_to(ROOT)}: <!-- run: {command} -->"
-            for part in re.split(r"&&|\|\||[|;]", command):
-                words = shlex.split(part)
+            for words in shell_parts(command):
                 if not words:
                     continue
                 program = words[0]
