@@ -10,6 +10,8 @@ Megatron's default back into its flag and runs the conversion on as many ranks a
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shutil
 from pathlib import Path
 
@@ -33,9 +35,6 @@ def without_implied(units: list[list[str]], rest: list[str], world: int) -> list
     """Leave out each flag that validate_args would set to the same value anyway (the padded
     vocabulary, the expert tensor-parallel size equal to tp, a qkv bias that the linear biases
     imply): the command printed is the one a user would have typed, and runs the same."""
-    import contextlib
-    import io
-
     def validated(kept):
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             return vars(validate_pretrain([w for unit in kept for w in unit] + rest, world))

@@ -139,8 +139,8 @@ def _nodes_picture(out: Path, runs: dict, rank: int) -> Path:
 def play_pretrain_rank(argv: List[str], init_only: bool = False, module: str = "minitron.pretrain_gpt") -> None:
     """One rank of a fake world: pretrain's initialization, then nothing left for the next rank."""
     # lazy: only --backend fake loads torch and the training stack into this process
-    run_main = importlib.import_module(module).run_main   # pretrain_gpt's, or pretrain_hybrid's
     from minitron.training.training import INIT_ONLY_ENV, destroy_global_state
+    run_main = importlib.import_module(module).run_main   # pretrain_gpt's, or pretrain_hybrid's
 
     if init_only:   # this process is a forked player: the variable leaves with it
         os.environ[INIT_ONLY_ENV] = "1"

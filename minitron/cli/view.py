@@ -10,6 +10,7 @@ that the views do not need: torch stays out of this process.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
@@ -111,8 +112,6 @@ def view(
 
 def _show_hang(trace_dir: Path, as_json: bool) -> None:
     """`view DIR --hang`: the hang screen (cli/views/hang.py) from the files alone."""
-    import json
-
     # Lazy, as view's own imports: a bad trace is refused before the screen loads.
     from minitron.trace.hang import diagnose
     from minitron.trace.reader import TraceError
@@ -121,7 +120,7 @@ def _show_hang(trace_dir: Path, as_json: bool) -> None:
         if as_json:
             print(json.dumps(diagnose(trace_dir), indent=1))
             return
-        from minitron.cli.views.hang import show_hang
+        from minitron.cli.views.hang import show_hang   # lazy: the screen loads only when shown, not for --json
         show_hang(console, trace_dir)
     except TraceError as exc:
         raise UserError(str(exc)) from None

@@ -8,6 +8,8 @@ pattern decides --num-layers. Nothing here needs torch.
 
 from __future__ import annotations
 
+from minitron.core.ssm.mamba_hybrid_layer_allocation import (
+    check_hybrid_pattern, get_hybrid_total_layer_count, get_hybrid_total_pipeline_segment_count)
 from minitron.training.argument_errors import ArgumentError
 from minitron.training.arguments_ranges import POSITIVE
 
@@ -53,8 +55,6 @@ def mamba_num_heads(args) -> int:
 
 def validate_hybrid_args(args) -> None:
     """Megatron's rules for a hybrid pattern, and what minitron's Mamba layers can build."""
-    from minitron.core.ssm.mamba_hybrid_layer_allocation import (
-        check_hybrid_pattern, get_hybrid_total_layer_count, get_hybrid_total_pipeline_segment_count)
     spec = tuple(args.spec) if args.spec else None
     if args.hybrid_override_pattern is not None:
         if args.hybrid_layer_pattern is not None:

@@ -152,6 +152,6 @@ def apply_bf16_matmul_precision(args) -> None:
     applies it (bf16 runs only): cuBLAS may otherwise round partial sums of a bf16 matmul to bf16.
     torch's CPU matmuls never do, so a CPU run computes the same either way."""
     if getattr(args, "disable_bf16_reduced_precision_matmul", False) and args.bf16:
-        import torch
+        import torch   # lazy: validate_launch_args and the flags above are read where torch is not loaded
 
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False

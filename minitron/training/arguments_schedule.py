@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from minitron.core.num_microbatches_calculator import (StepBatchsizeNumMicroBatchesCalculator, rampup_stretches,
                                                        step_schedule_stretches)
+from minitron.core.pipeline_parallel.pp_rank_microbatches import check_microbatch_group_size
 from minitron.training.argument_groups import ArgumentError, require
 
 _MAX_RAMP_STEPS = 100_000  # Megatron's own examples climb in about a hundred
@@ -87,7 +88,6 @@ def _require_splittable(args, batches, per_step: int, what: str) -> None:
                 f"data-parallel size = {micro} x {dp} = {per_step}; choose the sizes so every batch of it is")
         # The interleaved schedule's group-size rules, for every batch and not only the last one.
         if args.virtual_pipeline_model_parallel_size is not None:
-            from minitron.core.pipeline_parallel.pp_rank_microbatches import check_microbatch_group_size
             problem = check_microbatch_group_size(batch // per_step, pp, args.microbatch_group_size_per_vp_stage or pp)
             require(problem is None, f"{what} reaches a global batch of {batch}, {batch // per_step} "
                     f"micro-batches: {problem}")

@@ -71,7 +71,7 @@ def load_cluster(text: str) -> Cluster:
                            f"give one, or a .json/.toml file with {', '.join(KEYS)}")
     try:
         if path.suffix.lower() == ".toml":
-            import tomllib
+            import tomllib   # lazy: Python 3.11's, and pyproject allows 3.10, where only a .toml file needs it
             data = tomllib.loads(path.read_text())
         else:
             data = json.loads(path.read_text())

@@ -43,6 +43,7 @@ def flight_recorder_lines(trace_dir: Path) -> list[str]:
     lines = ["PyTorch's Flight Recorder (its own record of each rank's collectives)"]
     try:
         with _quiet():
+            # lazy: torch loads only when there are dumps, and older torch has no such analyser
             from torch.distributed.flight_recorder.components.loader import read_dump
     except ImportError:
         return lines + [f"  this torch has no flight_recorder analyser: {len(dumps)} dumps in {folder} not read {TAG}"]
@@ -76,6 +77,7 @@ def _analysis(folder: Path) -> str:
     """What torch's analyser makes of the dumps together (it pairs the ranks' entries)."""
     try:
         with _quiet():
+            # lazy: as read_dump above (only with dumps; absent from older torch)
             from torch.distributed.flight_recorder.components.builder import build_db
             from torch.distributed.flight_recorder.components.config_manager import JobConfig
             from torch.distributed.flight_recorder.components.loader import read_dir

@@ -16,6 +16,7 @@ import torch
 
 from minitron.core import parallel_state
 from minitron.core.init_rng import layer_init_rng
+from minitron.core.ssm.mamba_checkpoint import hybrid_stack_sharded_state_dict
 from minitron.core.ssm.mamba_hybrid_layer_allocation import Symbols, select_pipeline_segment
 from minitron.core.ssm.mamba_layer import MambaLayer
 from minitron.core.ssm.mlp_layer import AttentionLayer, MLPLayer
@@ -56,7 +57,6 @@ class HybridStack(MegatronModule):
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
         """Layers keyed by their global index, norms by Megatron's names (mamba_checkpoint.py)."""
-        from minitron.core.ssm.mamba_checkpoint import hybrid_stack_sharded_state_dict
         return hybrid_stack_sharded_state_dict(self, prefix, sharded_offsets, metadata)
 
     def set_input_tensor(self, input_tensor: torch.Tensor) -> None:

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from minitron.core import parallel_state
+from minitron.core.ssm.mamba_checkpoint import mixer_sharded_state_dict
 from minitron.core.ssm.ssd import ssd_chunked
 from minitron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from minitron.core.tensor_parallel.weight_init import init_device, set_tensor_model_parallel_attributes
@@ -147,7 +148,6 @@ class MambaMixer(MegatronModule):
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
         """Megatron's checkpoint keys, each fused weight saved so any tp reads it (mamba_checkpoint.py)."""
-        from minitron.core.ssm.mamba_checkpoint import mixer_sharded_state_dict
         return mixer_sharded_state_dict(self, prefix, sharded_offsets, metadata)
 
     @traced

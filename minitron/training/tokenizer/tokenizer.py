@@ -17,9 +17,12 @@ eod at id 0, which is also the NUL byte; we give it its own id after the 256 byt
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 from minitron.trace import traced
+from minitron.training.tokenizer.sentencepiece_tokenizer import SentencePieceTokenizer
+from minitron.training.tokenizer.tiktoken_tokenizer import TikTokenizer
 
 
 class NullTokenizer:
@@ -140,8 +143,6 @@ OPTIONAL_PACKAGES = {"HuggingFaceTokenizer": "tokenizers", "GPTSentencePieceToke
 def check_tokenizer_model(tokenizer_type: str, tokenizer_model) -> str | None:
     """Torch-free and import-free: what is missing for a tokenizer that reads --tokenizer-model
     through an optional package (one line), or None."""
-    import importlib.util
-
     package = OPTIONAL_PACKAGES.get(tokenizer_type)
     if package is None or tokenizer_type == "HuggingFaceTokenizer":   # (its own checks, in datasets/arguments.py)
         return None
@@ -168,10 +169,8 @@ def make_tokenizer(tokenizer_type: str, vocab_file=None, merge_file=None, tokeni
     if tokenizer_type == "HuggingFaceTokenizer":
         return HuggingFaceTokenizer(tokenizer_model)
     if tokenizer_type in ("GPTSentencePieceTokenizer", "Llama2Tokenizer"):   # their modules import lazily
-        from minitron.training.tokenizer.sentencepiece_tokenizer import SentencePieceTokenizer
         return SentencePieceTokenizer(tokenizer_model, tokenizer_type)
     if tokenizer_type == "TikTokenizer":
-        from minitron.training.tokenizer.tiktoken_tokenizer import TikTokenizer
         return TikTokenizer(tokenizer_model, vocab_size, tiktoken_pattern, tiktoken_num_special_tokens)
     raise ValueError(f"--tokenizer-type {tokenizer_type} is not available; choose one of {', '.join(TOKENIZER_TYPES)}")
 
