@@ -13,6 +13,7 @@ from minitron.core.pipeline_parallel.pp_rank_microbatches import get_pp_rank_mic
 from minitron.training.theoretical_params import (
     DTYPE_BYTES, _flag, chunk_ends, chunk_layers, query_groups,
 )
+from minitron.training.theoretical_mamba import hybrid_layer_activations
 from minitron.training.theoretical_moe import activation_delta
 
 
@@ -135,7 +136,6 @@ def unit_activation_bytes(args, pp_rank: int, chunk: int) -> int:
             if kinds[i % len(kinds)] in others and granularity != "selective" else layer
             for i in chunk_layers(args, pp_rank, chunk)]
     if _flag(args, "hybrid_layer_pattern"):   # a Mamba layer, or one half of the layer above
-        from minitron.training.theoretical_mamba import hybrid_layer_activations
         each = hybrid_layer_activations(args, chunk_layers(args, pp_rank, chunk), layer, norm, drop, local, s, b, e)
     layers = len(each)
     total = sum(each)

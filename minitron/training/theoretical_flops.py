@@ -29,6 +29,9 @@ FLOP counter and finds exactly these differences, no others.
 from __future__ import annotations
 
 from minitron.core import layer_patterns
+from minitron.core.ssm.mamba_hybrid_layer_allocation import Symbols, layer_symbols
+from minitron.training.theoretical_mamba import mamba_dims
+from minitron.training.theoretical_param_type import _flag
 
 FMA = 2        # a multiply-add is two floating-point operations
 FWD_BWD = 3    # forward, plus backward's input-gradient and weight-gradient GEMMs
@@ -67,11 +70,39 @@ def _attention_per_token(args) -> tuple[float, float]:
     return FWD_BWD * FMA * projections, FWD_BWD * FMA * core
 
 
+def mamba_flops_per_token(args) -> float:
+    """Forward and backward FLOPs of one Mamba layer per token (Megatron's count, x3)."""
+    m, h = mamba_dims(args), args.hidden_size
+    return FWD_BWD * (FMA * h * m.in_proj + 7 * m.inner * args.mamba_state_dim + FMA * m.inner * h)
+
+
+def hybrid_num_floating_point_operations(args, batch_size: int) -> float:
+    """Megatron's hybrid_flops: each kind of layer counted by the pattern, each at the cost the
+    GPT count gives its half of a transformer layer (attention, dense MLP, MoE), plus Mamba's."""
+    symbols = layer_symbols(args.hybrid_layer_pattern)
+    count = {s: symbols.count(s) for s in Symbols.BUILT}
+    tokens, h = batch_size * args.seq_length, args.hidden_size
+    gated = 3 if args.swiglu or _flag(args, "quick_geglu", False) else 2
+    projections, core = _attention_per_token(args)
+    mlp = FWD_BWD * FMA * h * args.ffn_hidden_size * gated
+    moe = 0.0
+    if count[Symbols.MOE]:
+        ffn = args.moe_ffn_hidden_size or args.ffn_hidden_size
+        shared = _flag(args, "moe_shared_expert_intermediate_size", None) or 0
+        latent = _flag(args, "moe_latent_size", None)   # routed experts L wide, and h x L down and up
+        routed = (latent * ffn * args.moe_router_topk * gated + 2 * h * latent if latent
+                  else h * ffn * args.moe_router_topk * gated)
+        moe = FWD_BWD * FMA * (routed + h * shared * gated)
+    logits = FWD_BWD * FMA * h * args.padded_vocab_size
+    per_token = (projections * count[Symbols.ATTENTION] + mlp * count[Symbols.MLP] + moe * count[Symbols.MOE]
+                 + mamba_flops_per_token(args) * count[Symbols.MAMBA] + logits)
+    return tokens * per_token + batch_size * args.seq_length ** 2 * core * count[Symbols.ATTENTION]
+
+
 def num_floating_point_operations(args, batch_size: int) -> float:
     """Model FLOPs of one iteration over ``batch_size`` sequences of ``args.seq_length``
     tokens, as Megatron counts them (see the module's docstring for what is left out)."""
     if getattr(args, "hybrid_layer_pattern", None):   # Megatron's hybrid_flops: counted by the pattern
-        from minitron.training.theoretical_mamba import hybrid_num_floating_point_operations
         return hybrid_num_floating_point_operations(args, batch_size)
     tokens = batch_size * args.seq_length
     pattern = moe_layer_pattern(args)
@@ -85,6 +116,9 @@ def num_floating_point_operations(args, batch_size: int) -> float:
     if moe_layers:
         ffn = args.moe_ffn_hidden_size or args.ffn_hidden_size
         routed = ffn * args.moe_router_topk * gated   # each token runs through topk experts
+        latent = getattr(args, "moe_latent_size", None)
+        if latent:   # ... L wide, and is projected h -> L -> h once (per h: Megatron's form)
+            routed = routed * latent / args.hidden_size + 2 * latent
         shared = (getattr(args, "moe_shared_expert_intermediate_size", None) or 0) * gated
     mlp = FWD_BWD * FMA * args.hidden_size * (args.ffn_hidden_size * gated * dense_layers
                                               + (routed + shared) * moe_layers)

@@ -1,8 +1,9 @@
-"""The accountant's hybrid model: a Mamba layer's parameters, activations and FLOPs, and a
-hybrid pattern's layers in place of a GPT's uniform ones.
+"""The accountant's hybrid model: a Mamba layer's widths, parameters and activations, and the
+layers of a hybrid pattern's model chunk.
 
-theoretical_params / _activations / _flops ask here when ``--hybrid-layer-pattern`` is set,
-each with one line; everything else (embedding, output layer, optimizer, pipeline schedule)
+theoretical_params / _activations / _flops use these when ``--hybrid-layer-pattern`` is set;
+the pattern's layer list, total and FLOP count sit there, beside the GPT's, so that this module
+imports none of them. Everything else (embedding, output layer, optimizer, pipeline schedule)
 is the GPT's arithmetic unchanged. Torch-free, like the rest of the accountant.
 
 Per Mamba layer, on a tensor-parallel rank (d = d_inner = heads x head_dim, G groups, N state):
@@ -10,10 +11,10 @@ Per Mamba layer, on a tensor-parallel rank (d = d_inner = heads x head_dim, G gr
 * parameters: in_proj h x (2d + 2GN + H) and out_proj d x h, both cut by t; the conv
   (2GN + d channels x d_conv, and a bias), dt_bias, A_log, D (per head) and the gated norm's
   weight (per channel), all cut by t with the heads and groups; the layer's own norm, whole.
-* FLOPs, Megatron's count (training.py, mamba_layer_flops): the two GEMMs, plus 7·d·N per
-  token for the scan, "a small percent of the layer" by Megatron's own note. minitron takes d
-  from the heads (H x head_dim), which Megatron's count fixes at 2h; they differ only when
-  --mamba-num-heads says otherwise.
+* FLOPs (counted in theoretical_flops.py), Megatron's count (training.py, mamba_layer_flops):
+  the two GEMMs, plus 7·d·N per token for the scan, "a small percent of the layer" by
+  Megatron's own note. minitron takes d from the heads (H x head_dim), which Megatron's count
+  fixes at 2h; they differ only when --mamba-num-heads says otherwise.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from minitron.core.ssm.mamba_hybrid_layer_allocation import Symbols, layer_symbols, select_pipeline_segment
-from minitron.training.theoretical_params import Param, _flag, moe_mlp_params
+from minitron.training.theoretical_param_type import Param, _flag
 
 D_CONV = 4   # the mixer's d_conv (Megatron's default; no flag sets it)
 
@@ -49,70 +50,12 @@ def mamba_layer_params(args, p: str) -> list[Param]:
     return out
 
 
-def hybrid_layer_params(args, layer: int, gpt_layer_params) -> list[Param]:
-    """Layer ``layer`` (0-based) of the pattern: a Mamba layer, or the attention or MLP half of
-    the GPT layer the accountant already knows (``gpt_layer_params``, asked of a GPT twin)."""
-    symbol = layer_symbols(args.hybrid_layer_pattern)[layer]
-    p = f"decoder.layers.{layer}."
-    if symbol == Symbols.MAMBA:
-        return mamba_layer_params(args, p)
-    gpt = SimpleNamespace(**{**vars(args), "hybrid_layer_pattern": None, "num_experts": None})
-    whole = gpt_layer_params(gpt, layer)
-    mlp_half = [x for x in whole if x.name.startswith((p + "pre_mlp_layernorm", p + "mlp."))]
-    if symbol == Symbols.ATTENTION:
-        return [x for x in whole if x not in mlp_half]
-    if symbol == Symbols.MLP:
-        return mlp_half
-    return [x for x in mlp_half if not x.name.startswith(p + "mlp.")] + moe_mlp_params(args, p)   # E
-
-
 def hybrid_chunk_layers(args, pp_rank: int, chunk: int) -> range:
     """The layers (0-based) of a model chunk: the pattern's segment, as HybridStack builds it."""
     segment, offset = select_pipeline_segment(args.hybrid_layer_pattern, pp_rank,
                                               args.pipeline_model_parallel_size,
                                               chunk if args.virtual_pipeline_model_parallel_size else None)
     return range(offset, offset + len(segment))
-
-
-def mamba_flops_per_token(args) -> float:
-    """Forward and backward FLOPs of one Mamba layer per token (Megatron's count, x3)."""
-    from minitron.training.theoretical_flops import FMA, FWD_BWD
-    m, h = mamba_dims(args), args.hidden_size
-    return FWD_BWD * (FMA * h * m.in_proj + 7 * m.inner * args.mamba_state_dim + FMA * m.inner * h)
-
-
-def hybrid_num_floating_point_operations(args, batch_size: int) -> float:
-    """Megatron's hybrid_flops: each kind of layer counted by the pattern, each at the cost the
-    GPT count gives its half of a transformer layer (attention, dense MLP, MoE), plus Mamba's."""
-    from minitron.training.theoretical_flops import FMA, FWD_BWD, _attention_per_token
-    symbols = layer_symbols(args.hybrid_layer_pattern)
-    count = {s: symbols.count(s) for s in Symbols.BUILT}
-    tokens, h = batch_size * args.seq_length, args.hidden_size
-    gated = 3 if args.swiglu or _flag(args, "quick_geglu", False) else 2
-    projections, core = _attention_per_token(args)
-    mlp = FWD_BWD * FMA * h * args.ffn_hidden_size * gated
-    moe = 0.0
-    if count[Symbols.MOE]:
-        ffn = args.moe_ffn_hidden_size or args.ffn_hidden_size
-        shared = _flag(args, "moe_shared_expert_intermediate_size", None) or 0
-        moe = FWD_BWD * FMA * h * (ffn * args.moe_router_topk + shared) * gated
-    logits = FWD_BWD * FMA * h * args.padded_vocab_size
-    per_token = (projections * count[Symbols.ATTENTION] + mlp * count[Symbols.MLP] + moe * count[Symbols.MOE]
-                 + mamba_flops_per_token(args) * count[Symbols.MAMBA] + logits)
-    return tokens * per_token + batch_size * args.seq_length ** 2 * core * count[Symbols.ATTENTION]
-
-
-def hybrid_total_params(args) -> int:
-    """The whole hybrid model's parameters (tp = pp = 1), the tied embedding counted once."""
-    from minitron.training.theoretical_params import layer_params
-    one = SimpleNamespace(**{**vars(args), "tensor_model_parallel_size": 1, "sequence_parallel": False,
-                             "expert_model_parallel_size": 1, "expert_tensor_parallel_size": 1})
-    h = args.hidden_size
-    layers = sum(p.numel for i in range(args.num_layers) for p in layer_params(one, i))
-    embedding = args.padded_vocab_size * h * (2 if args.untie_embeddings_and_output_weights else 1)
-    position = (args.max_position_embeddings * h
-                if _flag(args, "position_embedding_type", "learned_absolute") == "learned_absolute" else 0)
-    return layers + embedding + position + h * (2 if _flag(args, "normalization", "LayerNorm") != "RMSNorm" else 1)
 
 
 CHUNK_SIZE = 128   # the mixer's chunk_size (Megatron's default; no flag sets it)

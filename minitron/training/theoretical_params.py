@@ -5,27 +5,18 @@ cut by tp, pp and vp the way the layers cut it. The ground floor of the estimate
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from types import SimpleNamespace
 
 from minitron.core.layer_patterns import moe_layer_pattern
+from minitron.core.ssm.mamba_hybrid_layer_allocation import Symbols, layer_symbols
+from minitron.training.theoretical_mamba import hybrid_chunk_layers, mamba_layer_params
+from minitron.training.theoretical_param_type import Param, _flag  # noqa: F401  (Param: re-exported)
 
 # Bytes per element, by torch's dtype name: the estimate's tensors, and the trace's records
 # (cli/views/diff.py sums what a traced run sent with this table).
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4,
                "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
-
-
-@dataclass(frozen=True)
-class Param:
-    name: str
-    numel: int
-    shared_embedding: bool = False   # the tied matrix on a pipeline stage (its own DDP bucket)
-    sequence_parallel: bool = False  # replicated and seeing part of the sequence: summed over tp
-    expert: bool = False             # an MoE expert's: a buffer of its own over the expert-dp group
-
-
-def _flag(args, name, default=None):
-    return getattr(args, name, default)
 
 
 def query_groups(args) -> int:
@@ -38,7 +29,6 @@ def query_groups(args) -> int:
 def layer_params(args, layer: int) -> list[Param]:
     """One transformer layer's parameters on a tensor-parallel rank, in registration order."""
     if _flag(args, "hybrid_layer_pattern"):   # a hybrid model's layer: Mamba, or half a transformer layer
-        from minitron.training.theoretical_mamba import hybrid_layer_params
         return hybrid_layer_params(args, layer, layer_params)
     t, h = args.tensor_model_parallel_size, args.hidden_size
     bias = _flag(args, "add_bias_linear", True)        # --disable-bias-linear
@@ -112,8 +102,11 @@ def moe_mlp_params(args, p: str) -> list[Param]:
     [E] bias), replicated like a norm; the shared expert, split over tp like the dense MLP (no
     biases: Megatron allows none); then this expert-parallel rank's E/ep experts, fc1 and fc2
     each cut by expert tp, with whole biases when expert tp is 1 (the only case allowing them).
-    With --swiglu every fc1 (the shared expert's too) is [gate | up], twice as wide."""
+    With --swiglu every fc1 (the shared expert's too) is [gate | up], twice as wide. With
+    --moe-latent-size L the routed experts are L wide, and two whole h x L projections (with
+    biases if any), replicated like the router, take the tokens there and back."""
     h, ep = args.hidden_size, args.expert_model_parallel_size
+    latent = _flag(args, "moe_latent_size", None)
     t = args.tensor_model_parallel_size
     sp = bool(args.sequence_parallel) and t > 1
     bias = _flag(args, "add_bias_linear", True)
@@ -121,12 +114,16 @@ def moe_mlp_params(args, p: str) -> list[Param]:
     gated = 2 if _flag(args, "swiglu", False) or _flag(args, "quick_geglu", False) else 1
     out = [Param(p + "mlp.router.weight", args.num_experts * h, sequence_parallel=sp)]
     out += [Param(p + "mlp.router.bias", args.num_experts, sequence_parallel=sp)] if bias else []
+    for j, (a, b) in enumerate(((latent, h), (h, latent)) if latent else ()):   # fc1: h -> L, fc2: L -> h
+        out += [Param(f"{p}mlp.fc{j + 1}_latent_proj.weight", a * b, sequence_parallel=sp)]
+        out += [Param(f"{p}mlp.fc{j + 1}_latent_proj.bias", a, sequence_parallel=sp)] if bias else []
+    x = latent or h   # what the routed experts see
     for j in range(args.num_experts // ep):
         q = f"{p}mlp.experts.local_experts.{j}."
-        out += [Param(q + "linear_fc1.weight", gated * ffn * h, expert=True)]
+        out += [Param(q + "linear_fc1.weight", gated * ffn * x, expert=True)]
         out += [Param(q + "linear_fc1.bias", gated * ffn, expert=True)] if bias else []
-        out += [Param(q + "linear_fc2.weight", h * ffn, expert=True)]
-        out += [Param(q + "linear_fc2.bias", h, expert=True)] if bias else []
+        out += [Param(q + "linear_fc2.weight", x * ffn, expert=True)]
+        out += [Param(q + "linear_fc2.bias", x, expert=True)] if bias else []
     shared = _flag(args, "moe_shared_expert_intermediate_size", None)
     if shared:
         out += [Param(p + "mlp.shared_experts.linear_fc1.weight", gated * shared // t * h),
@@ -134,10 +131,26 @@ def moe_mlp_params(args, p: str) -> list[Param]:
     return out
 
 
+def hybrid_layer_params(args, layer: int, gpt_layer_params) -> list[Param]:
+    """Layer ``layer`` (0-based) of the pattern: a Mamba layer, or the attention or MLP half of
+    the GPT layer the accountant already knows (``gpt_layer_params``, asked of a GPT twin)."""
+    symbol = layer_symbols(args.hybrid_layer_pattern)[layer]
+    p = f"decoder.layers.{layer}."
+    if symbol == Symbols.MAMBA:
+        return mamba_layer_params(args, p)
+    gpt = SimpleNamespace(**{**vars(args), "hybrid_layer_pattern": None, "num_experts": None})
+    whole = gpt_layer_params(gpt, layer)
+    mlp_half = [x for x in whole if x.name.startswith((p + "pre_mlp_layernorm", p + "mlp."))]
+    if symbol == Symbols.ATTENTION:
+        return [x for x in whole if x not in mlp_half]
+    if symbol == Symbols.MLP:
+        return mlp_half
+    return [x for x in mlp_half if not x.name.startswith(p + "mlp.")] + moe_mlp_params(args, p)   # E
+
+
 def chunk_layers(args, pp_rank: int, chunk: int) -> range:
     """The layer indices (0-based) of model chunk ``chunk`` on pipeline rank ``pp_rank``."""
     if _flag(args, "hybrid_layer_pattern"):   # the pattern's '|' segments, which may be uneven
-        from minitron.training.theoretical_mamba import hybrid_chunk_layers
         return hybrid_chunk_layers(args, pp_rank, chunk)
     # even or uneven, the split the model builds (core/pipeline_parallel/layer_layout.py)
     from minitron.core.pipeline_parallel.layer_layout import counts_from, stage_layers
@@ -203,7 +216,6 @@ def mtp_params(args) -> list[Param]:
 def total_params(args) -> int:
     """Parameters of the whole model, the tied embedding counted once (tp = pp = 1 arithmetic)."""
     if _flag(args, "hybrid_layer_pattern"):
-        from minitron.training.theoretical_mamba import hybrid_total_params
         return hybrid_total_params(args)
     h, layers = args.hidden_size, args.num_layers
     one = type("Serial", (), {**vars(args), "tensor_model_parallel_size": 1, "sequence_parallel": False,
@@ -217,6 +229,18 @@ def total_params(args) -> int:
     final_norm = h * (2 if _flag(args, "normalization", "LayerNorm") != "RMSNorm" else 1)
     mtp = sum(q.numel for q in mtp_params(one)) if _flag(args, "mtp_num_layers") else 0
     return (layers - moe) * dense + moe * expert_layer + embedding + position + final_norm + mtp
+
+
+def hybrid_total_params(args) -> int:
+    """The whole hybrid model's parameters (tp = pp = 1), the tied embedding counted once."""
+    one = SimpleNamespace(**{**vars(args), "tensor_model_parallel_size": 1, "sequence_parallel": False,
+                             "expert_model_parallel_size": 1, "expert_tensor_parallel_size": 1})
+    h = args.hidden_size
+    layers = sum(p.numel for i in range(args.num_layers) for p in layer_params(one, i))
+    embedding = args.padded_vocab_size * h * (2 if args.untie_embeddings_and_output_weights else 1)
+    position = (args.max_position_embeddings * h
+                if _flag(args, "position_embedding_type", "learned_absolute") == "learned_absolute" else 0)
+    return layers + embedding + position + h * (2 if _flag(args, "normalization", "LayerNorm") != "RMSNorm" else 1)
 
 
 def chunks_of(args) -> range:
