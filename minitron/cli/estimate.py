@@ -170,6 +170,7 @@ def estimate(
         if args.no_effect:           # the flags accepted without effect (arguments_policy.py)
             out["no_effect"] = args.no_effect
         if described:                # --cluster: seconds (theoretical_time.py)
+            # lazy: loaded when the command runs, not by `minitron --help`
             from minitron.training.theoretical_time import iteration_time as priced
             out["time"] = priced(args, costs, described, mfu)
         print(json.dumps(out))
