@@ -68,10 +68,13 @@ def test_with_sequence_parallel_every_command_accepts_the_same_flags(tmp_path):
                         here=True)
     assert init.returncode == 0 and "warning: MoE" not in init.stdout, init.stderr
     # Real ranks (gloo) take the training step: each rank's MoE layer runs forward in training.
+    # The commands run in this process, their ranks forked from it (torch is loaded already; a
+    # fresh `minitron` would import it again): what a rank prints goes to its log, and each
+    # command's exit code says whether every rank finished.
     steps = run_minitron("trace", "--steps", "1", "--backend", "gloo", "--show", "checks",
-                         "--out", tmp_path / "steps", *flags)
+                         "--out", tmp_path / "steps", *flags, here=True)
     assert steps.returncode == 0, steps.stdout[-2000:] + steps.stderr[-2000:]
-    pretrain = run_minitron("pretrain", "--backend", "gloo", "--log-dir", tmp_path / "logs", *flags)
+    pretrain = run_minitron("pretrain", "--backend", "gloo", "--log-dir", tmp_path / "logs", *flags, here=True)
     assert pretrain.returncode == 0, pretrain.stdout[-2000:] + pretrain.stderr[-2000:]
 
 
