@@ -41,6 +41,11 @@ def padded(args) -> bool:
     return bool(_flag(args, "moe_pad_expert_input_to_capacity"))
 
 
+def routed_width(args) -> int:
+    """The width of a dispatched row: --moe-latent-size L when given (moe/latent_projection.py), else h."""
+    return _flag(args, "moe_latent_size") or args.hidden_size
+
+
 def all_gather(args) -> bool:
     """The all-gather dispatcher (Megatron's default): its messages carry every token, always."""
     return _flag(args, "moe_token_dispatcher_type", "allgather") == "allgather"
@@ -93,7 +98,7 @@ def moe_traffic(args, pp_rank: int, chunk: int, tally, times: int) -> None:
         return
     # Recomputed layers run their router's and dispatcher's collectives a second time.
     again = moe_layers(args, layers[:recomputed_layers(args, len(layers))])
-    e, h, experts = DTYPE_BYTES[args.params_dtype], args.hidden_size, args.num_experts
+    e, h, experts = DTYPE_BYTES[args.params_dtype], routed_width(args), args.num_experts
     forwards = n + again
     # The router's load-balancing loss: expert counts summed over the ranks sharing a micro-batch.
     if args.moe_aux_loss_coeff > 0 and args.tensor_model_parallel_size * args.context_parallel_size > 1:
@@ -121,7 +126,7 @@ def _all_gather_traffic(args, tally, forwards: int, backwards: int) -> None:
     group = args.expert_model_parallel_size * args.expert_tensor_parallel_size
     if group == 1:
         return
-    e, h, experts, tokens = DTYPE_BYTES[args.params_dtype], args.hidden_size, args.num_experts, local_tokens(args)
+    e, h, experts, tokens = DTYPE_BYTES[args.params_dtype], routed_width(args), args.num_experts, local_tokens(args)
     p = {"fp32": 4, "fp64": 8}.get(_flag(args, "moe_router_dtype"), e)   # probs: the router's dtype
     tally.add("tp-ep", tokens * experts, forwards)                            # the map
     tally.add("tp-ep", tokens * experts * p, forwards)                        # probs
@@ -196,6 +201,7 @@ def activation_delta(args, pp_rank: int, chunk: int) -> int:
     if not n:
         return 0
     e, h, k, experts = DTYPE_BYTES[args.params_dtype], args.hidden_size, args.moe_router_topk, args.num_experts
+    x = routed_width(args)   # the width of what is dispatched (rows below are x wide)
     tokens, etp = local_tokens(args), args.expert_tensor_parallel_size
     sent = round(rows_per_expert(args) * experts)          # rows this rank dispatches
     arrived = sent * etp                                   # rows its expert slices compute
@@ -209,11 +215,13 @@ def activation_delta(args, pp_rank: int, chunk: int) -> int:
         moe += tokens * experts                            # the keep mask (bool)
     if all_gather(args):   # permute and unpermute run on the expert side, over the gathered tokens
         local = experts // args.expert_model_parallel_size
-        moe += arrived * 8 + arrived * (h + saved * ffn) * e   # permute's indices; the experts
-        moe += gathered * local + arrived * h * e + arrived * e   # unpermute: mask, rows, weights
+        moe += arrived * 8 + arrived * (x + saved * ffn) * e   # permute's indices; the experts
+        moe += gathered * local + arrived * x * e + arrived * e   # unpermute: mask, rows, weights
     else:
-        moe += sent * 8 + arrived * (h + saved * ffn) * e  # permute's indices; the experts
-        moe += tokens * experts + sent * h * e + sent * e  # unpermute: mask, rows, weights
+        moe += sent * 8 + arrived * (x + saved * ffn) * e  # permute's indices; the experts
+        moe += tokens * experts + sent * x * e + sent * e  # unpermute: mask, rows, weights
+    if x != h:   # fc2_latent_proj keeps its input (fc1_latent_proj's is the router's, counted)
+        moe += tokens * x * e
     t = args.tensor_model_parallel_size
     s = args.seq_length // args.context_parallel_size
     dense = s * args.micro_batch_size * (h + saved * args.ffn_hidden_size // t) * e
