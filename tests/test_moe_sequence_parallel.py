@@ -15,6 +15,7 @@ import types
 import pytest
 
 from cli_here import run_minitron
+from deadline import deadline
 
 MODEL = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "16",
          "--micro-batch-size", "1", "--num-experts", "2", "--disable-bias-linear",
@@ -71,10 +72,12 @@ def test_with_sequence_parallel_every_command_accepts_the_same_flags(tmp_path):
     # The commands run in this process, their ranks forked from it (torch is loaded already; a
     # fresh `minitron` would import it again): what a rank prints goes to its log, and each
     # command's exit code says whether every rank finished.
-    steps = run_minitron("trace", "--steps", "1", "--backend", "gloo", "--show", "checks",
-                         "--out", tmp_path / "steps", *flags, here=True)
+    with deadline(120):
+        steps = run_minitron("trace", "--steps", "1", "--backend", "gloo", "--show", "checks",
+                             "--out", tmp_path / "steps", *flags, here=True)
     assert steps.returncode == 0, steps.stdout[-2000:] + steps.stderr[-2000:]
-    pretrain = run_minitron("pretrain", "--backend", "gloo", "--log-dir", tmp_path / "logs", *flags, here=True)
+    with deadline(120):
+        pretrain = run_minitron("pretrain", "--backend", "gloo", "--log-dir", tmp_path / "logs", *flags, here=True)
     assert pretrain.returncode == 0, pretrain.stdout[-2000:] + pretrain.stderr[-2000:]
 
 

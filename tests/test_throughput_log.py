@@ -16,6 +16,7 @@ from argparse import Namespace
 import pytest
 
 from cli_here import run_minitron
+from deadline import deadline
 
 from minitron.training.theoretical_flops import num_floating_point_operations, peak_tflops_of
 
@@ -35,8 +36,9 @@ def run(tmp_path_factory):
     logs = tmp_path_factory.mktemp("throughput") / "logs"
     # In this process (its ranks forked from it, torch already imported): the ranks write only to
     # their logs, and everything `pretrain` prints comes from this process.
-    done = run_minitron("pretrain", "--world", "2", *ARGV, "--log-dir", str(logs), env=dict(os.environ),
-                        here=True)
+    with deadline(300):
+        done = run_minitron("pretrain", "--world", "2", *ARGV, "--log-dir", str(logs), env=dict(os.environ),
+                            here=True)
     assert done.returncode == 0, done.stdout + done.stderr
     records = [json.loads(line) for line in open(logs / "iterations.jsonl")]
     return records, (logs / "rank1.log").read_text()

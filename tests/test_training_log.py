@@ -16,6 +16,7 @@ import pytest
 
 from distributed import run_ranks
 from cli_here import run_minitron
+from deadline import deadline
 
 TP, PP, LAYERS, HIDDEN, HEADS, SEQ = 2, 2, 2, 32, 4, 32
 VOCAB = 1024  # NullTokenizer adds the end-of-document id: 1025 tokens
@@ -35,7 +36,8 @@ def run(tmp_path_factory):
     logs = tmp_path_factory.mktemp("pretrain") / "logs"
     # In this process (its ranks forked from it, torch already imported): the ranks write only to
     # their logs, and everything `pretrain` prints comes from this process, captured as a pipe.
-    done = run_minitron(*RUN, "--log-dir", str(logs), env=dict(os.environ), here=True)  # stdout: a pipe
+    with deadline(300):
+        done = run_minitron(*RUN, "--log-dir", str(logs), env=dict(os.environ), here=True)  # stdout: a pipe
     assert done.returncode == 0, done.stdout + done.stderr
     records = [json.loads(line) for line in open(logs / "iterations.jsonl")]
     return done.stdout, records, logs
