@@ -54,8 +54,13 @@ def test_recompute_modules_map_onto_selective_recomputation():
     args = _validate("--moe-layer-recompute")              # Megatron's rewrite: selective, core_attn + moe
     assert (args.recompute_granularity, args.recompute_modules) == ("selective", ["core_attn", "moe"])
     assert no_effect_lines(args) == ["accepted, no effect here: --recompute-modules moe: kept, not recomputed "
-                                     "(minitron recomputes core attention only); memory only, the same gradients"]
-    for flags, words in [("--recompute-granularity selective --recompute-modules mlp", "add core_attn"),
+                                     "(minitron recomputes core_attn, mlp, shared_experts); memory only, the same "
+                                     "gradients"]
+    assert not no_effect_lines(_validate("--recompute-granularity selective --recompute-modules mlp"))
+    for flags, words in [("--recompute-granularity selective --recompute-modules moe_act", "--moe-grouped-gemm"),
+                         ("--recompute-granularity selective --recompute-modules mla_up_proj",
+                          "only with --multi-latent-attention"),
+                         ("--recompute-granularity selective --recompute-modules gdn_norm_out", "does not build"),
                          ("--moe-layer-recompute --recompute-granularity full --recompute-method uniform "
                           "--recompute-num-layers 1", "--moe-layer-recompute is selective"),
                          ("--recompute-modules attention", "invalid choice: 'attention'")]:

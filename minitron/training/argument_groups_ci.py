@@ -18,6 +18,9 @@ from minitron.training.arguments_ranges import COUNT, POSITIVE
 # Megatron's selective recomputation units (TransformerConfig's allowed recompute_modules).
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
                      "gdn_norm_out")
+# The ones minitron recomputes (tensor_parallel.checkpoint around the submodule, as Megatron's):
+# attention.py's core attention, transformer_layer.py's dense MLP, moe_layer.py's shared experts.
+RECOMPUTED = ("core_attn", "mlp", "shared_experts")
 
 # What --deterministic-mode sets when unset, and the values it accepts when set (Megatron's
 # training/determinism.py): the libraries read them when first used, so a rank sets them before
@@ -62,8 +65,8 @@ def add_ci_args(parser) -> None:
                    help="the embedding's and output layer's rows, instead of the tokenizer's vocabulary padded "
                         "to --make-vocab-size-divisible-by x tp (at least the vocabulary, a multiple of tp)")
     g.add_argument("--recompute-modules", nargs="*", default=None, choices=RECOMPUTE_MODULES, metavar="MODULE",
-                   help="with --recompute-granularity selective: what to recompute (default core_attn, the "
-                        "one unit minitron recomputes; the others are accepted and listed as no effect)")
+                   help="with --recompute-granularity selective: what to recompute (default core_attn; "
+                        "minitron recomputes core_attn, mlp and shared_experts, the others are listed as no effect)")
     g.add_argument("--moe-layer-recompute", action="store_true",
                    help="Megatron's older spelling of --recompute-granularity selective --recompute-modules "
                         "core_attn moe")
@@ -105,13 +108,21 @@ def _validate_recompute_modules(args) -> None:
             args.recompute_modules.append("moe")
     if args.recompute_granularity == "selective" or args.recompute_activations:
         modules = args.recompute_modules if args.recompute_modules is not None else ["core_attn"]
-        require("core_attn" in modules, f"--recompute-modules {' '.join(modules) or '(none)'}: minitron's selective "
-                "recomputation is core attention's; add core_attn, or drop selective recomputation")
+        # Megatron's TransformerConfig conditions, each where the module does not exist
+        require("moe_act" not in modules or args.moe_grouped_gemm,
+                "--recompute-modules moe_act: Megatron recomputes the experts' activation only with --moe-grouped-gemm")
+        require("mla_up_proj" not in modules or args.multi_latent_attention,
+                "--recompute-modules mla_up_proj: Megatron recomputes MLA's up projections only with "
+                "--multi-latent-attention")
+        require("gdn_norm_out" not in modules, "--recompute-modules gdn_norm_out: the gated delta net's output "
+                "norm, a layer minitron does not build; drop it")
         args.recompute_modules = modules
-        others = [m for m in modules if m != "core_attn"]
+        # Those Megatron recomputes with its output-discarding checkpoint (layernorm, moe_act,
+        # mla_up_proj) or around the router's counters (moe) cost memory only: kept, and said so.
+        others = [m for m in modules if m not in RECOMPUTED]
         if others:
             notes.append(f"--recompute-modules {' '.join(others)}: kept, not recomputed (minitron recomputes "
-                         "core attention only); memory only, the same gradients")
+                         f"{', '.join(RECOMPUTED)}); memory only, the same gradients")
     args.no_effect_notes = [*(getattr(args, "no_effect_notes", None) or ()), *notes]
 
 

@@ -321,7 +321,7 @@ def core_transformer_config_from_args(args):
         rotary_interleaved=args.rotary_interleaved,
         cp_comm_type=args.cp_comm_type[0] if len(args.cp_comm_type) == 1 else list(args.cp_comm_type),
         recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
-        recompute_num_layers=args.recompute_num_layers,
+        recompute_num_layers=args.recompute_num_layers, recompute_modules=args.recompute_modules,
         # Megatron's fusions, opt-in; the activation's follows --swiglu, as Megatron maps it
         bias_activation_fusion=args.bias_swiglu_fusion if args.swiglu else args.bias_gelu_fusion,
         bias_dropout_fusion=args.bias_dropout_fusion, cross_entropy_loss_fusion=args.cross_entropy_loss_fusion,

@@ -50,8 +50,8 @@ def validate_modern_options(args):
         require(method is None and n is None,
                  "--recompute-method and --recompute-num-layers need --recompute-granularity full")
     elif granularity == "selective":
-        require(method is None and n is None, "--recompute-granularity selective recomputes core attention in "
-                 "every layer: drop --recompute-method and --recompute-num-layers")
+        require(method is None and n is None, "--recompute-granularity selective recomputes --recompute-modules "
+                 "in every layer: drop --recompute-method and --recompute-num-layers")
     else:
         most = most_layers_per_rank(args)
         require(method is not None, "--recompute-granularity full needs --recompute-method uniform or block")
@@ -203,7 +203,7 @@ _MOE_ONLY = ("moe_ffn_hidden_size", "moe_expert_capacity_factor", "moe_pad_exper
              "moe_router_pre_softmax", "moe_router_topk_scaling_factor", "moe_router_dtype", "moe_z_loss_coeff",
              "moe_router_enable_expert_bias", "moe_shared_expert_intermediate_size", "moe_grouped_gemm",
              "moe_router_num_groups", "moe_router_group_topk", "moe_router_force_load_balancing",
-             "moe_apply_probs_on_input")
+             "moe_apply_probs_on_input", "moe_latent_size")
 
 
 def validate_moe(args):
@@ -286,7 +286,7 @@ MOE_CONFIG_FIELDS = ("moe_token_drop_policy", "moe_router_load_balancing_type", 
                      "moe_z_loss_coeff", "moe_router_enable_expert_bias", "moe_router_bias_update_rate",
                      "moe_shared_expert_intermediate_size", "moe_token_dispatcher_type", "moe_grouped_gemm",
                      "moe_router_num_groups", "moe_router_group_topk", "moe_router_force_load_balancing",
-                     "moe_apply_probs_on_input",
+                     "moe_apply_probs_on_input", "moe_latent_size",
                      "mtp_num_layers", "mtp_loss_scaling_factor")   # multi-token prediction's, with MoE's
 
 
@@ -309,6 +309,11 @@ def validate_moe_router(args):
             "--moe-shared-expert-intermediate-size: Megatron's shared experts have no biases; "
             "add --disable-bias-linear")
     shared = args.moe_shared_expert_intermediate_size
+    # Megatron's MoELayer raises at a training forward: the overlap would run the shared expert
+    # on the latent tokens the dispatcher sees, not on the h-wide ones it needs.
+    require(args.moe_latent_size is None or "--moe-shared-expert-overlap" not in (args.no_effect or ()),
+            "--moe-shared-expert-overlap with --moe-latent-size: Megatron's MoE layer refuses it in training; "
+            "drop --moe-shared-expert-overlap")
     require(shared is None or shared % args.tensor_model_parallel_size == 0,
             f"--moe-shared-expert-intermediate-size {shared} is not divisible by --tensor-model-parallel-size "
             f"{args.tensor_model_parallel_size}: the shared expert is split like the dense MLP")

@@ -211,7 +211,8 @@ class SelfAttention(MegatronModule):
         # Selective recomputation (Megatron's checkpoint_core_attention): the s x s scores,
         # probabilities and dropout mask are most of a layer's activations at long sequences
         # and the cheapest to recompute (no weights, a few matmuls), so drop just those.
-        self.checkpoint_core_attention = config.recompute_granularity == "selective"
+        self.checkpoint_core_attention = (config.recompute_granularity == "selective"
+                                          and "core_attn" in (config.recompute_modules or ()))
         self.linear_proj = RowParallelLinear(
             query_projection_size, config.hidden_size, config=config,
             init_method=config.output_layer_init_method, bias=config.add_bias_linear,

@@ -82,7 +82,8 @@ class MLASelfAttention(MegatronModule):
         mscale = _yarn_get_mscale(config.rotary_scaling_factor, config.mscale_all_dim)
         self.softmax_scale = mscale * mscale / math.sqrt(self.q_head_dim)
         self.core_attention.softmax_scale = self.softmax_scale
-        self.checkpoint_core_attention = config.recompute_granularity == "selective"
+        self.checkpoint_core_attention = (config.recompute_granularity == "selective"
+                                          and "core_attn" in (config.recompute_modules or ()))
         self.linear_proj = RowParallelLinear(
             n * config.v_head_dim, config.hidden_size, config=config, init_method=config.output_layer_init_method,
             bias=config.add_bias_linear, input_is_parallel=True, skip_bias_add=True)

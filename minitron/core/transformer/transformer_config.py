@@ -115,6 +115,7 @@ class TransformerConfig(ModelParallelConfig):
     recompute_granularity: str | None = None  # None, "full" (whole layers) or "selective"
     recompute_method: str | None = None       # "uniform" or "block" (full granularity)
     recompute_num_layers: int | None = None   # layers per chunk (uniform) / per stage (block)
+    recompute_modules: list[str] | None = None  # selective: what to recompute (default ["core_attn"], Megatron's)
     distribute_saved_activations: bool = False  # Megatron's; not available in minitron
 # --8<-- [end:config]
 
@@ -151,6 +152,7 @@ class TransformerConfig(ModelParallelConfig):
     moe_router_group_topk: int | None = None  # ... of which each token may use this many (None: off)
     moe_router_force_load_balancing: bool = False   # random logits: balanced load, for benchmarks
     moe_apply_probs_on_input: bool = False   # the routing weight scales the expert's input (top-1), not its output
+    moe_latent_size: int | None = None       # latent MoE: routed experts work in this width (moe/latent_projection.py)
     mtp_num_layers: int | None = None        # multi-token prediction: D extra layers on the last stage
     mtp_loss_scaling_factor: float = 0.1     # their losses' weight, split evenly over the D depths
     expert_model_parallel_size: int = 1
@@ -271,8 +273,10 @@ class TransformerConfig(ModelParallelConfig):
         if granularity not in ("full", "selective"):
             raise ValueError(f"recompute_granularity must be 'full' or 'selective', got {granularity!r}")
         if granularity == "selective":
+            if self.recompute_modules is None:
+                self.recompute_modules = ["core_attn"]
             if method is not None or n is not None:
-                raise ValueError("selective recomputation recomputes core attention in every layer: "
+                raise ValueError("selective recomputation recomputes recompute_modules in every layer: "
                                  "recompute_method and recompute_num_layers must be None")
             return
         if method not in ("uniform", "block"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from minitron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+from minitron.core.tensor_parallel.random import checkpoint as tensor_parallel_checkpoint
 from minitron.core.transformer.attention import SelfAttention
 from minitron.core.transformer.mlp import MLP
 from minitron.core.transformer.module import MegatronModule
@@ -47,6 +48,10 @@ class TransformerLayer(MegatronModule):
         moe_number = config.num_layers + layer_number if is_mtp_layer else layer_number
         self.mlp = (MoELayer(config, moe_number) if is_moe_layer(config, min(moe_number, config.num_layers))
                     else MLP(config))
+        # --recompute-modules mlp (selective): keep only the dense MLP's input, recompute its
+        # fc1 output and activation in backward (an MoE layer's MLP is the "moe" module)
+        self.recompute_mlp = (config.recompute_granularity == "selective" and isinstance(self.mlp, MLP)
+                              and "mlp" in (config.recompute_modules or ()))
 
     @traced(args=lambda self, hidden_states, attention_mask=None, rotary_pos_emb=None: {
         "layer_number": self.layer_number, "hidden_states": short_value(hidden_states)})
@@ -60,5 +65,17 @@ class TransformerLayer(MegatronModule):
         hidden_states = bias_dropout_add(attention_out, residual, p)
 
         residual = hidden_states
-        mlp_out = self.mlp(self.pre_mlp_layernorm(hidden_states))
+        mlp_input = self.pre_mlp_layernorm(hidden_states)
+        if self.recompute_mlp and self.training:
+            # Only the output goes through the checkpoint: fc2's bias (skip_bias_add) is a
+            # parameter, which a checkpoint returning it would take for an output of its own.
+            bias = []
+
+            def mlp_output(x):
+                output, b = self.mlp(x)
+                bias[:] = [b]
+                return output
+            mlp_out = (tensor_parallel_checkpoint(mlp_output, False, mlp_input), bias[0])
+        else:
+            mlp_out = self.mlp(mlp_input)
         return bias_dropout_add(mlp_out, residual, p)
