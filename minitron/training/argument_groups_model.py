@@ -164,6 +164,9 @@ def _add_moe_args(parser):
     g.add_argument("--moe-shared-expert-intermediate-size", type=POSITIVE, default=None,
                    help="width of an MLP every token goes through beside the routed experts "
                         "(n shared experts of width f: n x f)")
+    g.add_argument("--moe-latent-size", type=POSITIVE, default=None,
+                   help="latent MoE (Nemotron-3 Super/Ultra): project each token h -> L before the dispatch "
+                        "and L -> h after the combine; the routed experts work in L (moe/latent_projection.py)")
 
 
 def _add_fusion_args(parser):

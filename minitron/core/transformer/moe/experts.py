@@ -115,7 +115,8 @@ class ExpertLinear(torch.nn.Module):
 class ExpertMLP(MegatronModule):
     def __init__(self, config, ffn_hidden_size: int):
         super().__init__(config)
-        h = config.hidden_size
+        # --moe-latent-size: the experts run in the latent width (moe/latent_projection.py)
+        h = config.moe_latent_size or config.hidden_size
         etp = parallel_state.get_expert_tensor_parallel_group().size()
         if config.add_bias_linear and etp > 1:
             raise ValueError(f"expert biases need expert_tensor_parallel_size 1, got {etp}: "
