@@ -146,7 +146,7 @@ def _validate_deterministic(args) -> None:
 def apply_deterministic_mode() -> None:
     """A rank's half of --deterministic-mode, before it joins the world: the environment's
     defaults, then torch's switch (ops without a deterministic kernel raise instead of running)."""
-    import torch
+    import torch   # lazy: the flags and their checks above are read before any rank, without torch
 
     for name, value in DETERMINISM_ENV.items():
         os.environ.setdefault(name, value)

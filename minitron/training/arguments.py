@@ -257,6 +257,7 @@ def _validate_training(args):
 
 def _activation_func(args):
     """The MLP's activation, as Megatron's core_transformer_config_from_args picks it."""
+    # lazy: parse_args and validate_args run without torch (above); only a rank's config needs these
     import torch
 
     from minitron.core.activations import quick_gelu, squared_relu

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from minitron.core.pipeline_parallel.layer_layout import counts_from
+from minitron.core.ssm.mamba_hybrid_layer_allocation import select_pipeline_segment
 from minitron.training.argument_groups import require
 
 
@@ -69,10 +71,8 @@ def most_layers_per_rank(args) -> int:
     layout the bound is the biggest stage, not --num-layers // --pipeline-model-parallel-size."""
     pp, vp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size or 1
     if args.hybrid_layer_pattern is not None:   # its '|' may cut unevenly too
-        from minitron.core.ssm.mamba_hybrid_layer_allocation import select_pipeline_segment
         return max(sum(len(select_pipeline_segment(args.hybrid_layer_pattern, r, pp, v)[0]) for v in range(vp))
                    for r in range(pp))
-    from minitron.core.pipeline_parallel.layer_layout import counts_from
     counts = counts_from(args)   # virtual stage i = chunk * pp + rank
     return max(sum(counts[r::pp]) for r in range(pp))
 
