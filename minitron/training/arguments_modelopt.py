@@ -13,6 +13,8 @@ every later check reads.
 
 from __future__ import annotations
 
+from minitron.training.argument_errors import require
+
 # ModelOpt's model builder sets exactly these on the config for --enable-gpt-oss (Hugging Face's
 # gpt-oss rope), whatever the position flags said: {args field: value} under minitron's names.
 GPT_OSS_YARN = {"position_embedding_type": "yarn", "rotary_scaling_factor": 32.0,
@@ -46,8 +48,6 @@ def apply_modelopt_flags(args) -> None:
     different value would be overwritten there without a word; here it is refused in one line."""
     if not getattr(args, "enable_gpt_oss", False):
         return
-    from minitron.training.argument_groups import require   # late: argument_groups imports this file
-
     for name, value in GPT_OSS_YARN.items():
         given = getattr(args, name)
         # Two readings would part here: ModelOpt's builder overwrites the flag, and Megatron's
