@@ -63,6 +63,9 @@ NO_EFFECT = {
     "--export-force-local-attention": (False, "chooses the local attention layers over Transformer Engine's "
                                               "(for export); minitron's are local"),
     "--moe-permute-fusion": (False, _FUSION),
+    "--use-fused-weighted-squared-relu": (False, "relu(x)^2 times the routing weight in one kernel (Transformer "
+                                                  "Engine's grouped experts); minitron's experts compute the same "
+                                                  "product unfused (the weight's place: walkthrough chapter 22)"),
     "--use-transformer-engine-op-fuser": (False, "Transformer Engine's operation fuser for the MLP; " + _FUSION),
     "--te-rng-tracker": (False, "Transformer Engine's RNG tracker; minitron's own (tensor_parallel/random.py) "
                                 "keeps the same per-rank streams apart"),
