@@ -123,7 +123,10 @@ def test_quantizers_only_inside_the_context():
 @pytest.mark.parametrize("flags, words", [
     (["--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"], "not so: tokens per micro-batch 16"),
     (["--fp8-format", "hybrid", "--fp8-recipe", "blockwise"], "128x128"),
-    (["--fp8-param-gather"], "casts them at each forward"),
+    (["--fp8-param-gather"], "--fp8-param-gather needs --fp8-format"),
+    (["--fp8-format", "hybrid", "--fp8-param-gather"], "needs --use-distributed-optimizer"),
+    (["--fp8-format", "hybrid", "--fp8-recipe", "mxfp8", "--fp8-param-gather", "--use-distributed-optimizer"],
+     "--fp8-param-gather with --fp8-recipe mxfp8 is refused"),
     (["--fp8-format", "e4m3", "--recompute-granularity", "full", "--recompute-method", "uniform",
       "--recompute-num-layers", "1"], "fp8 recompute"),
     (["--fp8-format", "e4m3", "--fp8-amax-history-len", "0"], "at least 1"),

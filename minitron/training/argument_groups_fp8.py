@@ -22,3 +22,6 @@ def add_fp8_args(g) -> None:
                    default=1, help="delayed: how many steps' amaxes the scale is chosen from")
     g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="most_recent",
                    help="delayed: the history's newest amax, or its largest")
+    g.add_argument("--fp8-param-gather", action="store_true",
+                   help="keep the fp8 linears' weights in fp8 and all-gather them in fp8 from the "
+                        "distributed optimizer (one byte per element instead of two)")

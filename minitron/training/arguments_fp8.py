@@ -24,6 +24,7 @@ _UNBUILT_RECIPES = {
 
 def validate_fp8(args) -> None:
     """What must hold between the fp8 flags and the others; one line each."""
+    _validate_fp8_param_gather(args)
     if not getattr(args, "fp8", None):
         return
     recipe = args.fp8_recipe
@@ -43,6 +44,26 @@ def validate_fp8(args) -> None:
     require(not getattr(args, "hybrid_layer_pattern", None),
             "--fp8-format with --hybrid-layer-pattern is refused: minitron's hybrid stack does not open the fp8 "
             "context that Megatron's opens around its Mamba and attention layers; train the hybrid model in --bf16")
+
+
+def _validate_fp8_param_gather(args) -> None:
+    """--fp8-param-gather (core/fp8/param_gather.py): Megatron's rules, and what minitron lacks."""
+    if not getattr(args, "fp8_param_gather", False):
+        return
+    require(getattr(args, "fp8", None), "--fp8-param-gather needs --fp8-format: it keeps the weights of the "
+                                        "fp8 linears in fp8 (Megatron: fp8_param must be used with fp8)")
+    require(not getattr(args, "use_megatron_fsdp", False),
+            "--fp8-param-gather with --use-megatron-fsdp is refused: minitron's Megatron-FSDP gathers its units "
+            "in the training dtype; use --use-distributed-optimizer")
+    require(args.use_distributed_optimizer,
+            "--fp8-param-gather needs --use-distributed-optimizer: the fp8 weights are cast from its fp32 main "
+            "shards and all-gathered by it (Megatron's rule; it also takes FSDP)")
+    require(not (args.no_load_optim or getattr(args, "finetune", False)),
+            "--fp8-param-gather with --no-load-optim or --finetune is refused: the checkpoint keeps the fp8 weights "
+            "without their scales, so fp32 main weights cannot be rebuilt from them; load the optimizer state too")
+    require(args.fp8_recipe != "mxfp8",
+            "--fp8-param-gather with --fp8-recipe mxfp8 is refused: minitron keeps fp8 weights with one scale "
+            "per tensor, MXFP8 weights need their 32-element blocks in both directions; use delayed or tensorwise")
 
 
 def _gemm_dimensions(args) -> list[tuple[str, int]]:

@@ -91,8 +91,6 @@ NO_EFFECT = {
                                                    "like the parameters, which any tp, pp, ep and dp resumes"),
 }
 
-_FP8_PARAMS = ("keeps the weights themselves in fp8 and all-gathers them in fp8 from the distributed optimizer; "
-               "minitron keeps them in the training dtype and casts them at each forward: drop it")
 _FP8_WGRAD = ("computes the weight gradient from the unquantized input and output gradient (TE's "
               "override_linear_precision); minitron's fp8 weight gradient is always fp8: drop it")
 
@@ -107,7 +105,6 @@ REFUSED = {
     "--error-injection-rate": (True, _INJECTION),
     "--error-injection-type": (True, _INJECTION),
     "--use-torch-fsdp2": (False, _FSDP),
-    "--fp8-param-gather": (False, _FP8_PARAMS),
     "--no-fp8-wgrad": (False, _FP8_WGRAD),
     "--disable-fp8-wgrad": (False, _FP8_WGRAD),
 }

@@ -52,6 +52,11 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
         # engine casts the bare module itself (as DeepSpeed does), and ZeRO-3 must see the
         # GPTModel to register its tied output weight.
         model = [Float16Module(chunk.config, chunk) for chunk in model]
+    if getattr(args, "fp8_param_gather", False):   # Megatron builds these layers under fp8_model_init
+        # lazy, as DDP below: `minitron trace` loads this module and builds no model
+        from minitron.core.fp8.param_gather import keep_fp8_params
+        for chunk in model:
+            keep_fp8_params(chunk, chunk.config)
     if not wrap_with_ddp:
         return model
     if args.use_megatron_fsdp:   # Megatron-FSDP wraps each chunk instead of DDP (core/distributed/fsdp)
@@ -142,6 +147,8 @@ def setup_model_and_optimizer(model_provider_func, model_type):
     args.consumed_train_samples = 0
     if args.load is not None:
         args.iteration = load_checkpoint(model, optimizer, opt_param_scheduler)
+        if args.iteration and getattr(args, "fp8_param_gather", False):
+            optimizer.reload_fp8_params()   # the fp8 weights' scales are not in the checkpoint
     if args.ckpt_convert_format is not None:   # Megatron's conversion: what was loaded, saved again
         convert_checkpoint(model, optimizer, opt_param_scheduler)
     return model, optimizer, opt_param_scheduler

@@ -30,8 +30,14 @@ e, in forward and again in backward; under the delayed recipe every cast all-red
 4-byte amax over the amax reduction group ("tp-dp-cp"); under tensorwise only a
 sequence-parallel input's amax is, over the tensor-parallel group.
 
-fp8 changes no parameter, gradient or optimizer byte here: without --fp8-param-gather the
-weights stay in the training dtype.
+Without --fp8-param-gather fp8 changes no parameter, gradient or optimizer byte: the weights
+stay in the training dtype. With it (core/fp8/param_gather.py) the quantized linears' weights
+are fp8 parameters, one byte each, in a DDP buffer of their own (DDP buffers by dtype), which
+the distributed optimizer all-gathers in one byte an element (``split_fp8_params`` lays the
+buffers out, ``fp8_param_bytes`` and ``fp8_comm`` count them). The forward then casts no
+weight: the weight slots record no amax per micro-batch; instead the optimizer's casts reduce
+all of a stage's weight amaxes in one packed all-reduce a step, over the amax reduction group
+(delayed) or, before the cast, over the data-parallel group (tensorwise).
 """
 
 from __future__ import annotations
@@ -45,10 +51,37 @@ _LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "linear_q_p
             "linear_q_up_proj", "linear_kv_down_proj", "linear_kv_up_proj")
 
 
+def _is_quantized_weight(p) -> bool:
+    return ".layers." in p.name and p.name.endswith(".weight") and p.name.split(".")[-2] in _LINEARS
+
+
 def _quantized_weights(args, pp_rank: int, chunk: int) -> list[int]:
     """Elements of each quantized linear's weight on this rank, layer by layer."""
-    return [p.numel for p in model_params(args, pp_rank, chunk)
-            if ".layers." in p.name and p.name.endswith(".weight") and p.name.split(".")[-2] in _LINEARS]
+    return [p.numel for p in model_params(args, pp_rank, chunk) if _is_quantized_weight(p)]
+
+
+def split_fp8_params(args, buffers: list, layout) -> list:
+    """--fp8-param-gather: the quantized weights leave a chunk's dense buffer (split_buffers'
+    first entry) for an fp8 buffer of their own, laid out by the same rules."""
+    if not (_flag(args, "fp8") and _flag(args, "fp8_param_gather")):
+        return buffers
+    (dense, _), dp = buffers[0], args.data_parallel_size * args.context_parallel_size
+    fp8 = [p for p in dense if _is_quantized_weight(p)]
+    rest = [p for p in dense if not _is_quantized_weight(p)]
+    return [(rest, layout(rest, dp)), (fp8, layout(fp8, dp))] + buffers[1:]
+
+
+def fp8_param_bytes(args, stage: list) -> int:
+    """What the fp8 buffers save in parameter bytes: e - 1 bytes an element (padding included,
+    as DDP allocates it)."""
+    if not (_flag(args, "fp8") and _flag(args, "fp8_param_gather")):
+        return 0
+    e = DTYPE_BYTES[args.params_dtype]
+    return sum(layout[0][-1][1] for plist, layout in stage if _fp8_buffer(plist)) * (e - 1)
+
+
+def _fp8_buffer(plist) -> bool:
+    return bool(plist) and all(_is_quantized_weight(p) for p in plist)
 
 
 def _saved_inputs(args, local: int, s: int, b: int) -> list[tuple[int, int]]:
@@ -107,9 +140,9 @@ def _gathered_widths(args) -> list[int]:
     return [h, h, args.q_lora_rank, args.kv_lora_rank, h]
 
 
-def fp8_comm(args, pp_rank: int, tally) -> None:
+def fp8_comm(args, pp_rank: int, tally, stage: list) -> None:
     """Add fp8's changes to one train_step's communication (theoretical_comm's tally:
-    group key -> [bytes, calls])."""
+    group key -> [bytes, calls]; ``stage``: the stage's buffers, stage_buffers' answer)."""
     if not _flag(args, "fp8"):
         return
     t, m = args.tensor_model_parallel_size, num_microbatches(args)
@@ -125,5 +158,18 @@ def fp8_comm(args, pp_rank: int, tally) -> None:
         if args.fp8_recipe == "mxfp8":        # and their e8m0 exponents, one byte per 32, both times
             for width in widths:
                 tally.add("tp", rows * width // 32, 2 * m * layers)
-    if args.fp8_recipe == "delayed" and t * args.data_parallel_size * args.context_parallel_size > 1:
+    gathered = _flag(args, "fp8_param_gather")
+    weights = casts // 3
+    if gathered:   # the forward casts no weight: the input and output-gradient slots remain
+        casts -= weights
+    dp_cp = args.data_parallel_size * args.context_parallel_size
+    if args.fp8_recipe == "delayed" and t * dp_cp > 1:
         tally.add("tp-dp-cp", 4, m * casts)
+        if gathered and weights:   # the optimizer's casts: every weight amax in one all-reduce
+            tally.add("tp-dp-cp", 4 * weights)
+    if gathered and args.fp8_recipe == "tensorwise" and dp_cp > 1 and weights:
+        tally.add("dp-cp", 4 * weights)   # the shards' amaxes, before the cast
+    if gathered:   # the distributed optimizer gathers the fp8 buffers in 1 byte, not e
+        for plist, (buckets, _) in stage:
+            if _fp8_buffer(plist):
+                tally["dp-cp"][0] -= sum(end - start for start, end in buckets) // dp_cp * (e - 1)

@@ -42,7 +42,9 @@ from minitron.core.distributed.distributed_data_parallel_config import (
 from minitron.core.rank_generator import RankGenerator
 from minitron.training.theoretical_activations import in_flight_chunks, unit_activation_bytes
 from minitron.training.theoretical_comm import comm_bytes
-from minitron.training.theoretical_fp8 import fp8_activation_delta, fp8_comm, fp8_state_bytes
+from minitron.training.theoretical_fp8 import (
+    fp8_activation_delta, fp8_comm, fp8_param_bytes, fp8_state_bytes, split_fp8_params,
+)
 from minitron.training.theoretical_params import (
     DTYPE_BYTES, Param, chunks_of, model_params, num_microbatches, optimizer_moments, round_up, total_params,
 )
@@ -128,7 +130,8 @@ def stage_buffers(args, pp_rank: int) -> list[tuple[list[Param], tuple]]:
         return lambda plist, dp: buffer_layout(plist, dp, args.use_distributed_optimizer, size)
     # Experts (theoretical_moe.py) get a buffer of their own, over the expert-data-parallel group.
     return [entry for chunk in chunks_of(args)
-            for entry in split_buffers(args, model_params(args, pp_rank, chunk), layout_for(chunk))]
+            for entry in split_fp8_params(args, split_buffers(args, model_params(args, pp_rank, chunk), layout_for(chunk)),
+                                          layout_for(chunk))]
 
 
 def compute_weight_and_optimizer_memory(args, stage: list, dp_rank: int, expert_dp_rank: int = 0) -> tuple[int, dict]:
@@ -212,11 +215,12 @@ def report_theoretical_memory(args) -> list[RankCost]:
             stage = stage_buffers(args, role[0])
             activations = compute_activation_memory(args, num_microbatches(args), role[0])
             tally = comm_bytes(args, role[0], stage)
-            fp8_comm(args, role[0], tally)   # fp8 gathers and amax reductions (theoretical_fp8.py)
+            fp8_comm(args, role[0], tally, stage)   # fp8 gathers and amax reductions (theoretical_fp8.py)
             stages[role[0]] = stage, activations, tally
         if role not in roles:
             stage, activations, tally = stages[role[0]]
             params, memory = compute_weight_and_optimizer_memory(args, stage, role[1], role[2])
+            memory["params"] -= fp8_param_bytes(args, stage)   # --fp8-param-gather's one-byte weights
             memory["activations"] = activations
             if getattr(args, "fp8", None):   # scales and amax histories (theoretical_fp8.py)
                 memory["fp8_state"] = fp8_state_bytes(args, role[0])

@@ -107,7 +107,9 @@ class DistributedDataParallel(MegatronModule):
         has one buffer of fp32 gradients; mixed dtypes would get one buffer each."""
         by_dtype: dict[tuple, list] = {}
         for param in params:
-            grad_dtype = torch.float32 if self.ddp_config.grad_reduce_in_fp32 else param.dtype
+            # an fp8 parameter's gradient is in the dtype it stands for (--fp8-param-gather)
+            grad_dtype = torch.float32 if self.ddp_config.grad_reduce_in_fp32 else \
+                getattr(param, "fp8_nominal_dtype", param.dtype)
             by_dtype.setdefault((param.dtype, grad_dtype), []).append(param)
         return [_ParamAndGradBuffer(self.ddp_config, param_dtype, grad_dtype, group_params, group,
                                     bucket_size, param_to_name, gradient_scaling_factor)
@@ -128,6 +130,8 @@ class DistributedDataParallel(MegatronModule):
             if ddp is None:  # the DDP is gone, and the buffer this hook would fill with it
                 return
             bucket_group = ddp.param_to_bucket_group[param]
+            if getattr(param, "grad_added_to_main_grad", False):
+                param.grad = None   # a placeholder: the fp8 layer added the gradient to main_grad (fp8/linear.py)
             if not bucket_group.is_last_microbatch:
                 # Inside no_sync, leave the gradient to autograd: it adds each micro-batch
                 # into .grad, as plain PyTorch does. Moving it every micro-batch frees a

@@ -246,13 +246,15 @@ class _ParamAndGradBuffer:
         self.param_data = None
         if ddp_config.use_distributed_optimizer:
             # The parameters move into one flat buffer too, so that the all-gather after the
-            # optimizer step writes straight into them.
-            self.param_data = torch.zeros(self.numel, dtype=param_dtype, device=device)
+            # optimizer step writes straight into them. fp8 parameters (--fp8-param-gather) live
+            # in a byte buffer, Megatron's uint8: collectives move bytes, they know no fp8 dtype.
+            storage = torch.uint8 if param_dtype.itemsize == 1 else param_dtype
+            self.param_data = torch.zeros(self.numel, dtype=storage, device=device)
         for param in self.params:
             start, _, _ = self.param_index_map[param]
             if self.param_data is not None:
                 old = param.data
-                param.data = self._get(old.shape, start, self.param_data)
+                param.data = self._get(old.shape, start, self.param_data).view(old.dtype)
                 param.data.copy_(old)
             param.main_grad = self._get(param.data.shape, start, self.grad_data)
 

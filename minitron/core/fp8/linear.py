@@ -89,6 +89,17 @@ def _gathered(cast, group, sequence_parallel: bool):
     return _gather_fp8(q, group), (_gather_fp8(inv, group) if inv.dim() else inv)
 
 
+def _into_main_grad(weight, grad_weight):
+    """An fp8 parameter's gradient: autograd would cast it to fp8, the parameter's dtype, so it
+    is added to the DDP buffer's main_grad here (TE's fused wgrad accumulation) and autograd
+    gets a placeholder of the right shape, so that DDP's hook still sees the parameter ready
+    (and drops the placeholder: grad_added_to_main_grad)."""
+    if not hasattr(weight, "main_grad"):
+        raise RuntimeError("an fp8 parameter (--fp8-param-gather) needs DDP's main_grad buffer to take its gradient")
+    weight.main_grad.add_(grad_weight)
+    return torch.zeros((), dtype=weight.dtype, device=weight.device).expand(weight.shape)
+
+
 class Fp8LinearWithAsyncCommunication(torch.autograd.Function):
     """LinearWithGradAccumulationAndAsyncCommunication (layers.py) with fp8 GEMM inputs."""
 
@@ -96,7 +107,9 @@ class Fp8LinearWithAsyncCommunication(torch.autograd.Function):
     def forward(ctx, input_, weight, bias, slots, allreduce_dgrad, sequence_parallel, group):
         # tensorwise: the sequence-parallel rows share one amax over the TP group (TE's rule)
         x_rows, x_cols = _casts(slots["input"], _2d(input_), group if sequence_parallel else None)
-        w_rows, w_cols = _casts(slots["weight"], weight)
+        # --fp8-param-gather: the weight is fp8 already, gathered so, with its 1/scale (param_gather.py)
+        fp8_param = hasattr(weight, "fp8_scale_inv")
+        w_rows, w_cols = ((weight.detach(), weight.fp8_scale_inv),) * 2 if fp8_param else _casts(slots["weight"], weight)
         total, total_inv = _gathered(x_rows, group, sequence_parallel)
         out = fp8_gemm(total, total_inv, *w_rows, torch.float32)
         if bias is not None:
@@ -104,7 +117,9 @@ class Fp8LinearWithAsyncCommunication(torch.autograd.Function):
         ctx.save_for_backward(*x_cols, *w_cols)   # fp8 copies: one byte per element (+ scales)
         ctx.slots, ctx.group, ctx.use_bias = slots, group, bias is not None
         ctx.allreduce_dgrad, ctx.sequence_parallel = allreduce_dgrad, sequence_parallel
-        ctx.input_shape, ctx.input_dtype, ctx.weight_dtype = input_.shape, input_.dtype, weight.dtype
+        ctx.input_shape, ctx.input_dtype = input_.shape, input_.dtype
+        ctx.weight_dtype = weight.fp8_nominal_dtype if fp8_param else weight.dtype
+        ctx.fp8_param = weight if fp8_param else None
         rows = total.size(0) // _2d(input_).size(0) * input_.size(0)   # the sequence, gathered
         return out.to(input_.dtype).reshape(rows, *input_.shape[1:-1], weight.size(0))
 
@@ -129,6 +144,8 @@ class Fp8LinearWithAsyncCommunication(torch.autograd.Function):
             total, total_inv = _gathered((q_x, x_inv), group, ctx.sequence_parallel)
             grad_weight = fp8_gemm(q_gt.t(), gt_inv.t(), total.t(), total_inv.t(), ctx.weight_dtype)
         grad_bias = _2d(grad_output).sum(dim=0) if ctx.use_bias else None
+        if grad_weight is not None and ctx.fp8_param is not None:
+            grad_weight = _into_main_grad(ctx.fp8_param, grad_weight)
         if handle is not None:
             handle.wait()
         return grad_input, grad_weight, grad_bias, None, None, None, None

@@ -121,9 +121,10 @@ class DelayedScaling:
         self.history = torch.zeros(history_len, dtype=torch.float32)   # host: until the first record
         self.scale = torch.ones((), dtype=torch.float32)               # host: the next cast's, ditto
 
-    def record(self, amax: torch.Tensor) -> None:
-        """Close a step: reduce its amax, enter it in the history, choose the next scale."""
-        if self.group is not None and dist.get_world_size(self.group) > 1:
+    def record(self, amax: torch.Tensor, reduced: bool = False) -> None:
+        """Close a step: reduce its amax (unless the caller has: fp8 params, param_gather.py),
+        enter it in the history, choose the next scale."""
+        if not reduced and self.group is not None and dist.get_world_size(self.group) > 1:
             dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.group)
         # kept on the amax's device: no host synchronisation per step
         self.history = torch.cat([amax.reshape(1), self.history[:-1].to(amax.device)])

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from minitron.core import parallel_state
+from minitron.core.fp8.param_gather import dequantized_shard, is_fp8_param, quantize_param_shard, take_init_val
 from minitron.core.optimizer.optimizer import (
     _FLOAT16, MixedPrecisionOptimizer, _zero_grad_group_helper, copy_model_parallel_attributes,
 )
@@ -80,7 +81,11 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
                     continue   # another DP rank owns all of it
                 start, end = self.param_range_map[model_param]
                 shard_model_param = model_param.detach().view(-1)[start:end]
-                if model_param.dtype in _FLOAT16:
+                if is_fp8_param(model_param):   # --fp8-param-gather: fp32 main from the bf16 it was cast from
+                    shard_main = take_init_val(model_param, start, end)
+                    self.model_float16_params.append(model_param)
+                    self.shard_fp32_from_float16_params.append(shard_main)
+                elif model_param.dtype in _FLOAT16:
                     shard_main = shard_model_param.clone().float()
                     self.model_float16_params.append(model_param)
                     self.shard_fp32_from_float16_params.append(shard_main)
@@ -93,6 +98,10 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
                 copy_model_parallel_attributes(shard_main, model_param)
                 shards.append(shard_main)
             group["params"] = shards
+        # every fp8 parameter, mine or not: their casts reduce amaxes together (param_gather.py)
+        self.model_fp8_params = [p for buffer in self.buffers for p in buffer.params if is_fp8_param(p)]
+        for param in self.model_fp8_params:
+            param.__dict__.pop("fp8_init_val", None)   # the main shards have it now (TE clears it too)
 
     def get_grad_stats_parallel_group(self):
         """Each DP rank holds different gradient entries now: norms and Inf checks span the world."""
@@ -122,14 +131,39 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
             shard_main.grad = model_param.main_grad.view(-1)[start:end].float()
 
     def _copy_main_params_to_model_params(self) -> None:
-        """Write my updated shards into the param buffer; start_param_sync gathers the rest."""
+        """Write my updated shards into the param buffer; start_param_sync gathers the rest.
+        fp8 parameters: each rank casts its shards into the byte buffer (quantize_param_shard)."""
+        fp8_mains = {}
         for model_param, shard_main in zip(self.model_float16_params, self.shard_fp32_from_float16_params):
             start, end = self.param_range_map[model_param]
+            if is_fp8_param(model_param):
+                fp8_mains[model_param] = (shard_main, start)
+                continue
             model_param.detach().view(-1)[start:end].copy_(shard_main)
+        quantize_param_shard(self.model_fp8_params, [fp8_mains.get(p, (None,))[0] for p in self.model_fp8_params],
+                             [fp8_mains.get(p, (None, 0))[1] for p in self.model_fp8_params], self.data_parallel_group)
+
+    @torch.no_grad()
+    def reload_fp8_params(self) -> None:
+        """After a checkpoint's optimizer state is loaded: the fp8 weights cast again from the
+        fp32 main shards and gathered, as the step does (their scales are not in the checkpoint).
+        The weight slots start afresh first, as every fp8 slot of a resumed run does, so this
+        cast is the one a resumed run without --fp8-param-gather makes in its first forward."""
+        for param in self.model_fp8_params:
+            fresh = param.fp8_meta
+            fresh.scale = torch.ones_like(fresh.scale)
+            if hasattr(fresh, "history"):
+                fresh.history = torch.zeros_like(fresh.history)
+        self._copy_main_params_to_model_params()
+        for model_chunk in self.model_chunks:
+            model_chunk.start_param_sync(force_sync=True)
 
     def _copy_model_params_to_main_params(self) -> None:
         for model_param, shard_main in zip(self.model_float16_params, self.shard_fp32_from_float16_params):
             start, end = self.param_range_map[model_param]
+            if is_fp8_param(model_param):
+                shard_main.data.copy_(dequantized_shard(model_param, start, end))
+                continue
             shard_main.data.copy_(model_param.detach().view(-1)[start:end])
 
     @torch.no_grad()
