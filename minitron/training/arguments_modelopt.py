@@ -13,8 +13,6 @@ every later check reads.
 
 from __future__ import annotations
 
-from minitron.training.argument_errors import require
-
 # ModelOpt's model builder sets exactly these on the config for --enable-gpt-oss (Hugging Face's
 # gpt-oss rope), whatever the position flags said: {args field: value} under minitron's names.
 GPT_OSS_YARN = {"position_embedding_type": "yarn", "rotary_scaling_factor": 32.0,
@@ -44,15 +42,20 @@ def add_modelopt_args(g) -> None:
 
 
 def apply_modelopt_flags(args) -> None:
-    """--enable-gpt-oss: the preset, as ModelOpt's builder sets it. A position flag given with a
-    different value would be overwritten there without a word; here it is refused in one line."""
+    """--enable-gpt-oss: the preset, as ModelOpt's builder sets it, where the flags leave the
+    position embedding open (the gpt-oss configurations). Where they choose it themselves
+    (examples/gptoss/02_train.sh passes --position-embedding-type rope beside it), the run is
+    Megatron's pretraining from scratch, which builds its own GPT and so never applies the
+    preset: the flags win, and the header says the preset was not applied."""
     if not getattr(args, "enable_gpt_oss", False):
         return
+    chosen = [FLAG[name] for name, value in GPT_OSS_YARN.items()
+              if getattr(args, name) not in (None, value, UNSET.get(name))]
+    if chosen:
+        args.no_effect_notes = [*(getattr(args, "no_effect_notes", None) or ()),
+                                f"--enable-gpt-oss: ModelOpt's YaRN preset is applied by its model builder only, "
+                                f"and {', '.join(chosen)} given here choose the rope as Megatron's pretraining "
+                                "builds it"]
+        return
     for name, value in GPT_OSS_YARN.items():
-        given = getattr(args, name)
-        # Two readings would part here: ModelOpt's builder overwrites the flag, and Megatron's
-        # pretraining without a ModelOpt checkpoint ignores --enable-gpt-oss (examples/gptoss/).
-        require(given in (None, value, UNSET.get(name)), f"--enable-gpt-oss sets {FLAG[name]} {value} "
-                f"(ModelOpt's gpt-oss YaRN, which its builder puts over the flags) and {FLAG[name]} {given} "
-                "was given: drop one")
         setattr(args, name, value)
