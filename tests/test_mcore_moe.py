@@ -116,6 +116,25 @@ def _nudged(module):
 def _input():
     return torch.randn(SEQ, BATCH, SHAPE["hidden_size"], generator=torch.Generator().manual_seed(2))
 
+def against_megatrons_layer(ours, mconfig, name):
+    """Megatron-Core's local-spec MoE layer built from ``mconfig`` and loaded with ``ours``'s
+    weights; both run forward and backward on the same input. The outputs and the input's
+    gradients must agree within 1e-5; returns each side's parameter gradients (ours, theirs)."""
+    build = get_moe_module_spec(use_te=False, num_experts=mconfig.num_moe_experts, moe_grouped_gemm=False)
+    theirs = build(config=mconfig, layer_number=1).train()
+    missing, unexpected = theirs.load_state_dict(ours.state_dict(), strict=False)
+    assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
+    out = {}
+    for who, layer in (("ours", ours), ("theirs", theirs)):
+        x = _input().requires_grad_()
+        y, _ = layer(x)
+        (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
+        out[who] = (y.detach(), x.grad, {n: p.grad for n, p in layer.named_parameters()})
+    (y1, g1, w1), (y2, g2, w2) = out["ours"], out["theirs"]
+    assert (y1 - y2).abs().max() <= 1e-5 and (g1 - g2).abs().max() <= 1e-5, name
+    return w1, w2
+
+
 
 @pytest.mark.parametrize("name", list(ROUTERS))
 def test_router_equals_megatron_cores(one_rank, trackers, name):
@@ -178,18 +197,7 @@ def test_moe_layer_equals_megatron_cores(one_rank, trackers, monkeypatch, name):
     config = TransformerConfig(**SHAPE, **LAYERS[name], init_seed=3)
     ours = _nudged(MoELayer(config, layer_number=1)).train()
     mconfig = McoreConfig(**SHAPE, **fields, use_cpu_initialization=True)
-    build = get_moe_module_spec(use_te=False, num_experts=SHAPE["num_moe_experts"], moe_grouped_gemm=False)
-    theirs = build(config=mconfig, layer_number=1).train()
-    missing, unexpected = theirs.load_state_dict(ours.state_dict(), strict=False)
-    assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
-    out = {}
-    for who, layer in (("ours", ours), ("theirs", theirs)):
-        x = _input().requires_grad_()
-        y, _ = layer(x)
-        (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
-        out[who] = (y.detach(), x.grad, {n: p.grad for n, p in layer.named_parameters()})
-    (y1, g1, w1), (y2, g2, w2) = out["ours"], out["theirs"]
-    assert (y1 - y2).abs().max() <= 1e-5 and (g1 - g2).abs().max() <= 1e-5, name
+    w1, w2 = against_megatrons_layer(ours, mconfig, name)
     assert w1.keys() == w2.keys(), set(w1) ^ set(w2)
     worst = max((w1[k] - w2[k]).abs().max().item() for k in w1)
     assert worst <= 1e-5, f"{name}: gradients differ from Megatron-Core 0.19.2's by {worst:.2e}"

@@ -17,11 +17,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_mcore_moe import _input, _nudged, trackers  # noqa: F401  (the fixture)
+from test_mcore_moe import _input, _nudged, against_megatrons_layer, trackers  # noqa: F401  (the fixture)
 from test_mcore_peer import one_rank  # noqa: F401  (the fixture: both libraries' groups on one CPU rank)
 
 pytestmark = pytest.mark.mcore
-from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec  # noqa: E402
 from megatron.core.transformer.moe import moe_layer as mcore_moe_layer  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig as McoreConfig  # noqa: E402
 
@@ -64,18 +63,7 @@ def test_latent_moe_layer_equals_megatron_cores(one_rank, trackers, monkeypatch,
     assert ours.experts.local_experts[0].linear_fc1.weight.shape == (12, 8)   # the experts work L-wide
     mconfig = McoreConfig(**SHAPE, **LATENT[name], moe_token_dispatcher_type="allgather",
                           use_cpu_initialization=True)
-    build = get_moe_module_spec(use_te=False, num_experts=SHAPE["num_moe_experts"], moe_grouped_gemm=False)
-    theirs = build(config=mconfig, layer_number=1).train()
-    missing, unexpected = theirs.load_state_dict(ours.state_dict(), strict=False)
-    assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
-    out = {}
-    for who, layer in (("ours", ours), ("theirs", theirs)):
-        x = _input().requires_grad_()
-        y, _ = layer(x)
-        (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
-        out[who] = (y.detach(), x.grad, {n: p.grad for n, p in layer.named_parameters()})
-    (y1, g1, w1), (y2, g2, w2) = out["ours"], out["theirs"]
-    assert (y1 - y2).abs().max() <= 1e-5 and (g1 - g2).abs().max() <= 1e-5, name
+    w1, w2 = against_megatrons_layer(ours, mconfig, name)
     assert w1.keys() == w2.keys() and "fc2_latent_proj.weight" in w1, set(w1) ^ set(w2)
     worst = max((w1[k] - w2[k]).abs().max().item() for k in w1)
     assert worst <= 1e-5, f"{name}: gradients differ from Megatron-Core 0.19.2's by {worst:.2e}"

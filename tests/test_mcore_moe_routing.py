@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_mcore_moe import SHAPE, TOL, _input, _nudged, trackers  # noqa: F401  (trackers: a fixture)
+from test_mcore_moe import SHAPE, TOL, against_megatrons_layer, _input, _nudged, trackers  # noqa: F401  (trackers: a fixture)
 from test_mcore_peer import one_rank  # noqa: F401  (the fixture: both libraries' groups on one CPU rank)
 
 pytestmark = pytest.mark.mcore
-from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec  # noqa: E402
 from megatron.core.transformer.moe.moe_utils import get_default_pg_collection  # noqa: E402
 from megatron.core.transformer.moe.router import TopKRouter as McoreRouter  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig as McoreConfig  # noqa: E402
@@ -96,18 +95,7 @@ def test_moe_layer_equals_megatron_cores(one_rank, trackers, monkeypatch, name):
     config = TransformerConfig(**SHAPE, **LAYERS[name], init_seed=3)
     ours = _nudged(MoELayer(config, layer_number=1)).train()
     mconfig = McoreConfig(**SHAPE, **LAYERS[name], moe_token_dispatcher_type="allgather", use_cpu_initialization=True)
-    build = get_moe_module_spec(use_te=False, num_experts=SHAPE["num_moe_experts"], moe_grouped_gemm=False)
-    theirs = build(config=mconfig, layer_number=1).train()
-    missing, unexpected = theirs.load_state_dict(ours.state_dict(), strict=False)
-    assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
-    out = {}
-    for who, layer in (("ours", ours), ("theirs", theirs)):
-        x = _input().requires_grad_()
-        y, _ = layer(x)
-        (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
-        out[who] = (y.detach(), x.grad, {n: p.grad for n, p in layer.named_parameters()})
-    (y1, g1, w1), (y2, g2, w2) = out["ours"], out["theirs"]
-    assert (y1 - y2).abs().max() <= 1e-5 and (g1 - g2).abs().max() <= 1e-5, name
+    w1, w2 = against_megatrons_layer(ours, mconfig, name)
     assert w1.keys() == w2.keys(), set(w1) ^ set(w2)
     worst = max((w1[k] - w2[k]).abs().max().item() for k in w1)
     assert worst <= 1e-5, f"{name}: gradients differ from Megatron-Core 0.19.2's by {worst:.2e}"
