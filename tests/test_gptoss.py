@@ -110,7 +110,6 @@ def test_layer_variant_flags():
     assert count(oss) - count(args_of("")) == 2 + 48 + 16 * 64
     assert core_transformer_config_from_args(args_of("--squared-relu")).activation_func is squared_relu
     for flags, words in (("--glu-linear-offset 1", "--glu-linear-offset"), ("--squared-relu --swiglu", "--swiglu"),
-                         ("--enable-gpt-oss --position-embedding-type rope", "ModelOpt"),
                          ("--no-rope-freq 3 --position-embedding-type rope", "--num-layers"),
                          ("--no-rope-freq [0,1]", "--position-embedding-type learned_absolute"),
                          ("--softmax-type learnable --context-parallel-size 2", "sink")):

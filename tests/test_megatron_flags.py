@@ -124,7 +124,7 @@ def test_estimate_lists_each_no_effect_flag_once():
 @pytest.mark.parametrize("argv,words", [
     (["--fp8-format", "hybrid", "--fp8-recipe", "blockwise"], "--fp8-recipe blockwise is refused: Float8BlockScaling"),
     (["--fp8-format", "hybrid", "--fp8-param-gather"], "--fp8-param-gather needs --use-distributed-optimizer"),
-    (["--enable-gpt-oss", "--position-embedding-type", "rope"], "--enable-gpt-oss sets --position-embedding-type yarn"),
+    (["--enable-gpt-oss", "--yarn-beta-fast", "16"], "--yarn-beta-fast shapes --position-embedding-type yarn"),
     (["--moe-router-load-balancing-type", "quantile_balancing"], "invalid choice: 'quantile_balancing'"),
     (["--no-position-embedding"], "use --position-embedding-type none"),
     (["--position-embedding-type", "mrope"], "--position-embedding-type mrope: multimodal rope"),
