@@ -354,10 +354,16 @@ def main(argv=None) -> int:
     parser.add_argument("--megatron", required=True, type=Path, help="a Megatron-LM checkout (a work tree)")
     parser.add_argument("--units", action="store_true", help="one line per unit, then the totals")
     parser.add_argument("--top", type=int, default=15, help="how many blockers to list")
+    parser.add_argument("--run", action="store_true", help="also run each accepted unit through estimate and "
+                                                           "trace --backend fake at its world (minutes)")
     opts = parser.parse_args(argv)
     if not (opts.megatron / "examples").is_dir():
         parser.error(f"{opts.megatron} has no examples/: give the root of a Megatron-LM checkout")
-    print(report(survey(opts.megatron), opts.megatron, opts.top, opts.units))
+    units = survey(opts.megatron)
+    print(report(units, opts.megatron, opts.top, opts.units))
+    if opts.run:
+        from surface_run import run_accepted   # lazy: only --run pays for the commands' imports
+        print("\n".join(run_accepted(units, opts.megatron, mock, environment)))
     return 0
 
 

@@ -69,6 +69,21 @@ def check_backend(backend: str, world: int) -> None:
                             f"this machine has {gpus}; use --backend gloo (CPU) or fake")
 
 
+def without_backend(argv: List[str]) -> List[str]:
+    """``argv`` less its --distributed-backend: for the commands that start no real rank
+    (estimate counts, a fake play moves nothing), a GPU job's own flags (nccl, as Megatron's
+    scripts pass them) must not ask this machine for GPUs."""
+    kept, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--distributed-backend":
+            skip = True
+        elif not word.startswith("--distributed-backend="):
+            kept.append(word)
+    return kept
+
+
 def validate_pretrain(argv: List[str], world: int):
     """Parse and validate ``argv`` here, as rank 0 of ``world`` will, before any process exists.
 

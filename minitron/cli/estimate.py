@@ -17,7 +17,8 @@ from typing import Optional
 import typer
 
 from minitron.cli import preflight
-from minitron.cli.common import EXTRA, UserError, app, check_world, console, print_no_effect, validate_pretrain
+from minitron.cli.common import (EXTRA, UserError, app, check_world, console, print_no_effect, validate_pretrain,
+                                 without_backend)
 from minitron.cli.estimate_check import check_trace
 from minitron.cli.estimate_time import compare_layouts, render_time, time_options
 from minitron.cli.views.fitted_table import print_fitted
@@ -39,7 +40,7 @@ def _args_for(argv: list[str], world: int):
     from minitron.training.arguments_features import moe_training_refusal
     from minitron.training.tokenizer import build_tokenizer
 
-    args = validate_pretrain(argv, world)
+    args = validate_pretrain(without_backend(argv), world)   # no rank runs: nccl needs no GPU here
     if moe_training_refusal(args):   # the step estimated is one pretrain would refuse to run
         raise UserError(moe_training_refusal(args))
     try:

@@ -15,7 +15,7 @@ import typer
 from minitron.cli.common import (
     CP, EP, PP, TP, vp_option, DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, ORDERS, DebugOptions, UserError, app, check_backend,
     check_order, check_world, console, default_backend, print_no_effect, validate_pretrain, HANG_TIMEOUT,
-    check_hang_timeout, hang_screen,
+    check_hang_timeout, hang_screen, without_backend,
 )
 from minitron.cli import preflight
 from minitron.cli.preflight_memory import check_fits
@@ -227,7 +227,8 @@ def trace(
     if depth is not None and depth < 1:
         raise UserError(f"--depth must be 1 or more, got {depth}")
     views = _views(show, steps)
-    argv = pretrain_argv(tp, pp, cp, ep, vp, order, backend, training_argv(world, tp, pp, cp, steps) + ctx.args)
+    extra = without_backend(ctx.args) if backend == "fake" else ctx.args   # a fake play asks for no GPU
+    argv = pretrain_argv(tp, pp, cp, ep, vp, order, backend, training_argv(world, tp, pp, cp, steps) + extra)
     # Every refusal of the flags happens before torch is imported; the default backend is
     # decided once they pass, as the ranks will decide it (torch-free on a machine without GPUs).
     args = validate_pretrain(argv, world)
