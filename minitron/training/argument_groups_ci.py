@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 from minitron.training.argument_errors import require
+from minitron.training.arguments_policy import note_no_effect
 from minitron.training.arguments_ranges import COUNT, POSITIVE
 
 # Megatron's selective recomputation units (TransformerConfig's allowed recompute_modules).
@@ -123,7 +124,7 @@ def _validate_recompute_modules(args) -> None:
         if others:
             notes.append(f"--recompute-modules {' '.join(others)}: kept, not recomputed (minitron recomputes "
                          f"{', '.join(RECOMPUTED)}); memory only, the same gradients")
-    args.no_effect_notes = [*(getattr(args, "no_effect_notes", None) or ()), *notes]
+    note_no_effect(args, *notes)
 
 
 def _validate_deterministic(args) -> None:

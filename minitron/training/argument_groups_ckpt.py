@@ -16,6 +16,7 @@ import logging
 import os
 
 from minitron.training.argument_errors import require
+from minitron.training.arguments_policy import note_no_effect
 from minitron.training.arguments_ranges import COUNT, POSITIVE
 
 # flag given -> why it changes nothing in minitron (the header's line). Keyed by dest, as read
@@ -83,7 +84,7 @@ def validate_ckpt_args(args) -> None:
         args.no_load_optim = True
         args.no_load_rng = True
     notes = [f"{flag}: {why}" for dest, (given, flag, why) in _NO_EFFECT.items() if getattr(args, dest) == given]
-    args.no_effect_notes = [*(getattr(args, "no_effect_notes", None) or ()), *notes]
+    note_no_effect(args, *notes)
 
 
 def setup_logging(args) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from minitron.core.distributed.fsdp import DEFAULT_STRATEGY, STRATEGIES
 from minitron.training.argument_errors import require
+from minitron.training.arguments_policy import note_no_effect
 
 
 def add_fsdp_args(parser) -> None:
@@ -51,4 +52,4 @@ def validate_fsdp_args(args) -> None:
              "gather and reduce when they are needed, the same numbers"
              for given, on in (("--overlap-grad-reduce", args.overlap_grad_reduce),
                                ("--overlap-param-gather", args.overlap_param_gather)) if on]
-    args.no_effect_notes = [*(getattr(args, "no_effect_notes", None) or ()), *notes]
+    note_no_effect(args, *notes)

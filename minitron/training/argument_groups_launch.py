@@ -13,6 +13,7 @@ torch-free, each refusal one line.
 from __future__ import annotations
 
 from minitron.training.argument_errors import require
+from minitron.training.arguments_policy import note_no_effect
 from minitron.training.arguments_ranges import COUNT, POSITIVE, int_in
 
 CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
@@ -103,7 +104,7 @@ def validate_launch_args(args) -> None:
         notes.append("--wandb-entity: a logger minitron lacks; its log is stdout, --log-jsonl and the trace")
     if args.disable_bf16_reduced_precision_matmul and not args.bf16:   # Megatron applies it with bf16 only
         notes.append("--disable-bf16-reduced-precision-matmul: acts on bf16 matmuls, and this run is not --bf16")
-    args.no_effect_notes = [*(getattr(args, "no_effect_notes", None) or ()), *notes]
+    note_no_effect(args, *notes)
 
 
 def _validate_flex_dispatcher(args, notes: list) -> None:

@@ -11,6 +11,7 @@ Megatron's rules between them: torch-free, each refusal one line.
 from __future__ import annotations
 
 from minitron.training.argument_errors import require
+from minitron.training.arguments_policy import note_no_effect
 from minitron.training.arguments_ranges import COUNT, POSITIVE
 
 # dest -> (the value that is Megatron's default, the flag, why it changes nothing here)
@@ -88,7 +89,7 @@ def validate_overlap_args(args) -> None:
     if args.overlap_moe_expert_parallel_comm:
         _validate_moe_overlap(args)
     notes = [f"{flag}: {why}" for dest, (default, flag, why) in _NO_EFFECT.items() if getattr(args, dest) != default]
-    args.no_effect_notes = [*(getattr(args, "no_effect_notes", None) or ()), *notes]
+    note_no_effect(args, *notes)
 
 
 def _validate_moe_overlap(args) -> None:

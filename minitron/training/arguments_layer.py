@@ -6,6 +6,7 @@ sinks (--softmax-type). Megatron's rules, one line each, before any rank starts;
 from __future__ import annotations
 
 from minitron.training.argument_groups import require
+from minitron.training.arguments_policy import note_no_effect
 
 
 def validate_layer_variants(args):
@@ -36,8 +37,7 @@ def validate_layer_variants(args):
         # Megatron's layer specs (gpt_layer_specs.py, ModelOpt's model_specs.py) build the L2 norm
         # where both are asked for, as Llama-4 Scout's ModelOpt configuration does: no norm weights.
         args.qk_layernorm = False
-        args.no_effect_notes = [*(getattr(args, "no_effect_notes", None) or ()),
-                                "--qk-layernorm: --qk-l2-norm takes its place (Megatron's layer spec builds the L2 norm)"]
+        note_no_effect(args, "--qk-layernorm: --qk-l2-norm takes its place (Megatron's layer spec builds the L2 norm)")
     require(not (args.qk_l2_norm and args.multi_latent_attention),
             "--qk-l2-norm with --multi-latent-attention: Megatron asserts MLA has no L2 norm; drop one")
     freq = args.no_rope_freq

@@ -13,6 +13,8 @@ every later check reads.
 
 from __future__ import annotations
 
+from minitron.training.arguments_policy import note_no_effect
+
 # ModelOpt's model builder sets exactly these on the config for --enable-gpt-oss (Hugging Face's
 # gpt-oss rope), whatever the position flags said: {args field: value} under minitron's names.
 GPT_OSS_YARN = {"position_embedding_type": "yarn", "rotary_scaling_factor": 32.0,
@@ -52,10 +54,8 @@ def apply_modelopt_flags(args) -> None:
     chosen = [FLAG[name] for name, value in GPT_OSS_YARN.items()
               if getattr(args, name) not in (None, value, UNSET.get(name))]
     if chosen:
-        args.no_effect_notes = [*(getattr(args, "no_effect_notes", None) or ()),
-                                f"--enable-gpt-oss: ModelOpt's YaRN preset is applied by its model builder only, "
-                                f"and {', '.join(chosen)} given here choose the rope as Megatron's pretraining "
-                                "builds it"]
+        note_no_effect(args, f"--enable-gpt-oss: ModelOpt's YaRN preset is applied by its model builder only, "
+                             f"and {', '.join(chosen)} given here choose the rope as Megatron's pretraining builds it")
         return
     for name, value in GPT_OSS_YARN.items():
         setattr(args, name, value)

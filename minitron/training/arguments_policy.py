@@ -138,6 +138,13 @@ def add_policy_args(parser) -> None:
                        default=argparse.SUPPRESS, help=why)
 
 
+def note_no_effect(args, *notes: str) -> None:
+    """Add ``notes`` to the header's no-effect list (``args.no_effect_notes``, which
+    no_effect_lines prints): the one way validate_args' checks record a part they accept but
+    cannot honour."""
+    args.no_effect_notes = [*(getattr(args, "no_effect_notes", None) or ()), *notes]
+
+
 def no_effect_lines(args) -> list[str]:
     """One header line per accepted-without-effect flag the command line gave, then one per part
     of an implemented flag that minitron cannot honour (validate_args notes them in
