@@ -116,6 +116,23 @@ def _nudged(module):
 def _input():
     return torch.randn(SEQ, BATCH, SHAPE["hidden_size"], generator=torch.Generator().manual_seed(2))
 
+def routers_agree(ours, theirs, name):
+    """Both routers on the same input, backward through the same weighting of their probabilities:
+    the routing maps must be equal and the probabilities and the input's gradients within TOL;
+    returns the routing map and each side's parameter gradients (ours, theirs)."""
+    weights = torch.randn(SEQ * BATCH, SHAPE["num_moe_experts"], generator=torch.Generator().manual_seed(4))
+    out = {}
+    for who, router in (("ours", ours), ("theirs", theirs)):
+        x = _input().requires_grad_()
+        probs, routing_map = router(x)
+        (probs * weights).sum().backward()
+        out[who] = (probs.detach(), routing_map, x.grad, {n: p.grad for n, p in router.named_parameters()})
+    (p1, m1, g1, w1), (p2, m2, g2, w2) = out["ours"], out["theirs"]
+    assert torch.equal(m1, m2), f"{name}: the routing maps differ"
+    assert (p1 - p2).abs().max() <= TOL and (g1 - g2).abs().max() <= TOL, name
+    return m1, w1, w2
+
+
 def against_megatrons_layer(ours, mconfig, name):
     """Megatron-Core's local-spec MoE layer built from ``mconfig`` and loaded with ``ours``'s
     weights; both run forward and backward on the same input. The outputs and the input's
@@ -147,16 +164,7 @@ def test_router_equals_megatron_cores(one_rank, trackers, name):
     if ours.expert_bias is not None:   # a bias that already moved, so that it changes the choice
         for router in (ours, theirs):
             router.expert_bias.copy_(torch.tensor([0.0, 0.3, -0.2, 0.1, 0.0, -0.1]))
-    weights = torch.randn(SEQ * BATCH, SHAPE["num_moe_experts"], generator=torch.Generator().manual_seed(4))
-    out = {}
-    for who, router in (("ours", ours), ("theirs", theirs)):
-        x = _input().requires_grad_()
-        probs, routing_map = router(x)
-        (probs * weights).sum().backward()
-        out[who] = (probs.detach(), routing_map, x.grad, {n: p.grad for n, p in router.named_parameters()})
-    (p1, m1, g1, w1), (p2, m2, g2, w2) = out["ours"], out["theirs"]
-    assert torch.equal(m1, m2), f"{name}: the routing maps differ"
-    assert (p1 - p2).abs().max() <= TOL and (g1 - g2).abs().max() <= TOL
+    _, w1, w2 = routers_agree(ours, theirs, name)
     assert w1.keys() == w2.keys() and all((w1[k] - w2[k]).abs().max() <= TOL for k in w1)
     logged = {k: v.values for k, v in mcore_logging.get_moe_metrics_tracker().metrics.items()}
     assert logged.keys() == moe_logging._MOE_LAYER_WISE_LOGGING_TRACKER.keys()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_mcore_moe import SHAPE, TOL, against_megatrons_layer, _input, _nudged, trackers  # noqa: F401  (trackers: a fixture)
+from test_mcore_moe import SHAPE, TOL, against_megatrons_layer, routers_agree, _input, _nudged, trackers  # noqa: F401  (trackers: a fixture)
 from test_mcore_peer import one_rank  # noqa: F401  (the fixture: both libraries' groups on one CPU rank)
 
 pytestmark = pytest.mark.mcore
@@ -54,23 +54,12 @@ def test_router_equals_megatron_cores(one_rank, trackers, name):
     if ours.expert_bias is not None:   # a bias that changes the choice
         for router in (ours, theirs):
             router.expert_bias.copy_(torch.tensor([0.0, 0.3, -0.2, 0.1, 0.0, -0.1]))
-    weights = torch.randn(SEQ_TOKENS, SHAPE["num_moe_experts"], generator=torch.Generator().manual_seed(4))
-    out = {}
-    for who, router in (("ours", ours), ("theirs", theirs)):
-        x = _input().requires_grad_()
-        probs, routing_map = router(x)
-        (probs * weights).sum().backward()
-        out[who] = (probs.detach(), routing_map, x.grad, {n: p.grad for n, p in router.named_parameters()})
-    (p1, m1, g1, w1), (p2, m2, g2, w2) = out["ours"], out["theirs"]
-    assert torch.equal(m1, m2), f"{name}: the routing maps differ"
-    assert (p1 - p2).abs().max() <= TOL and (g1 - g2).abs().max() <= TOL, name
+    m1, w1, w2 = routers_agree(ours, theirs, name)
     assert w1.keys() == w2.keys() and all((w1[k] - w2[k]).abs().max() <= TOL for k in w1), name
     if "groups" in name and "force" not in name:   # every token's experts lie in group_topk groups
         per_group = m1.reshape(m1.shape[0], fields["moe_router_num_groups"], -1).any(dim=-1)
         assert (per_group.sum(dim=-1) <= fields["moe_router_group_topk"]).all()
 
-
-SEQ_TOKENS = _input().shape[0] * _input().shape[1]
 
 
 LAYERS = {   # name: TransformerConfig fields both take
