@@ -2,6 +2,7 @@
 
     python scripts/bench_gpu.py [--iters 10] [--fast] [--json results.json]
     python scripts/bench_gpu.py --cpu-smoke      # no GPU: a tiny model on the CPU, to prove the script runs
+    python scripts/bench_gpu.py --fp8 tensorwise # minitron in bf16 against minitron with fp8 GEMMs
     python scripts/bench_gpu.py --show FILE...   # print the figures a --json run recorded
 
 The GPT (defaults: 24 layers, hidden 2048, 16 heads, sequence 2048, the GPT-2 vocabulary of 50257
@@ -24,6 +25,11 @@ module's table.
 
 --fast adds FAST_PATH_FLAGS to minitron's command line: its opt-in fusions (minitron/core/fusions/,
 compiled by torch.compile; the activation's flag that does not fit the model is ignored, as in Megatron).
+
+--fp8 RECIPE measures what fp8 buys instead: minitron twice, in bf16 and with FP8_FLAGS plus
+``--fp8-recipe RECIPE`` (on an fp8-capable GPU, the GEMMs of minitron/core/fp8/linear.py go to
+torch._scaled_mm), and no plain loop; the ratio is fp8's tokens/s over bf16's. The FLOP count and
+so the MFU are bf16's model FLOPs for both, as Megatron counts an fp8 run.
 
 Without a GPU the script says so and exits 2; --cpu-smoke then runs all three sides on the CPU
 at a tiny size (gloo, fp32; torch.compile with its "eager" backend, which captures the graph but
@@ -50,6 +56,8 @@ sys.path.insert(0, str(ROOT))   # run from a checkout without installing it (the
 # minitron's opt-in fast-path flags, added by --fast (see the docstring).
 FAST_PATH_FLAGS: list[str] = ["--bias-gelu-fusion", "--bias-swiglu-fusion", "--bias-dropout-fusion",
                               "--cross-entropy-loss-fusion"]
+# --fp8: Transformer Engine's usual training format (e4m3 forward, e5m2 gradients); the recipe is the flag's.
+FP8_FLAGS: list[str] = ["--fp8-format", "hybrid"]
 # The goal stated beside the figures: on one H100, at the default (1.3B) size.
 GOAL = {"device": "h100", "minitron_over_eager": 1.0, "mfu": 0.45}
 FIRST_TIMED = 4   # iterations before this one warm up
@@ -74,6 +82,8 @@ def options(argv=None) -> argparse.Namespace:
     p.add_argument("--vocab-size", type=int, default=50257)
     p.add_argument("--iters", type=int, default=10, help=f"iterations per side (at least {FIRST_TIMED})")
     p.add_argument("--fast", action="store_true", help="add minitron's fast-path flags (FAST_PATH_FLAGS)")
+    p.add_argument("--fp8", choices=["tensorwise", "delayed", "mxfp8", "blockwise"], metavar="RECIPE",
+                   help="minitron in bf16 against minitron with fp8 GEMMs of this recipe (no plain loop)")
     p.add_argument("--cpu-smoke", action="store_true", help="a tiny model on the CPU: proves the script runs")
     p.add_argument("--json", type=Path, help="also write the figures to this file")
     p.add_argument("--show", type=Path, nargs="+", metavar="FILE",
@@ -175,7 +185,7 @@ def run_child(cmd: list[str], what: str, o) -> str:
     return done.stdout
 
 
-def minitron_side(o) -> dict:
+def minitron_side(o, extra: list[str] = ()) -> dict:
     """minitron's times per iteration from its --log-jsonl, and its peak memory from the
     memory line its rank log carries on a GPU (None on the CPU, where there is none)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -183,7 +193,7 @@ def minitron_side(o) -> dict:
         cmd = [sys.executable, "-m", "minitron", "pretrain", "--world", "1",
                "--backend", "gloo" if o.cpu_smoke else "nccl", "--log-dir", str(logs), *megatron_flags(o),
                "--log-interval", "1", "--log-jsonl", str(jsonl), "--log-throughput",
-               *(FAST_PATH_FLAGS if o.fast else [])]
+               *(FAST_PATH_FLAGS if o.fast else []), *extra]
         run_child(cmd, "minitron pretrain", o)
         records = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
         peaks = re.findall(r"max allocated: ([0-9.]+)", "".join(p.read_text() for p in logs.glob("rank*.log")))
@@ -281,6 +291,8 @@ def main(argv=None) -> int:
     from minitron.training.theoretical_flops import peak_tflops_of
 
     flops, vocab = model_size(o)
+    if o.fp8:
+        return fp8_main(o, flops, vocab)
     plain = json.loads(run_child([sys.executable, __file__, *argv, "--plain-child", str(vocab)],
                                  "the plain loop", o).strip().splitlines()[-1])
     sides = {"minitron": minitron_side(o), "plain eager": plain["eager"], "plain compiled": plain["compiled"]}
@@ -300,6 +312,37 @@ def main(argv=None) -> int:
                                       "flops_per_iteration": flops, "peak_tflops": peak, "results": results,
                                       "ratios": ratios, "goals": goals(o, plain["device"], results, ratios)},
                                      indent=2) + "\n")
+    return 0
+
+
+def fp8_main(o, flops: float, vocab: int) -> int:
+    """--fp8: the same model in bf16 and in fp8, both minitron's; the device named by torch here."""
+    import torch
+
+    from minitron.training.theoretical_flops import peak_tflops_of
+    device = torch.cuda.get_device_name() if o.device == "cuda" else "CPU"
+    fp8_flags = [*FP8_FLAGS, "--fp8-recipe", o.fp8]
+    sides = {"minitron": minitron_side(o), f"minitron fp8 {o.fp8}": minitron_side(o, fp8_flags)}
+    peak = None if o.cpu_smoke else peak_tflops_of(device)
+    results = {name: figures(side, o, flops, peak) for name, side in sides.items()}
+    bf16, fp8 = (r["tokens_per_s"] for r in results.values())
+    ratios = {"fp8/bf16": fp8 / bf16}
+    print(f"GPT: {o.num_layers} layers, hidden {o.hidden_size}, sequence {o.seq_length}, vocabulary {o.vocab_size} "
+          f"padded to {vocab}, batch {o.micro_batch_size} x {o.global_batch_size // o.micro_batch_size}, "
+          f"one {device}; fp8 side: {' '.join(fp8_flags)}")
+    print(f"median of iterations {FIRST_TIMED}-{o.iters} (MFU: bf16 model FLOPs {flops:.3e} over the dense bf16 peak):")
+    print(f"{'side':<26} {'ms/iteration':>12} {'tokens/s':>12} {'MFU':>7} {'peak GiB':>9}")
+    for name, r in results.items():
+        mfu = "n/a" if r["mfu"] is None else format(r["mfu"], ".1%")
+        mem = "n/a" if r["peak_memory_gib"] is None else format(r["peak_memory_gib"], ".2f")
+        print(f"{name:<26} {r['ms_per_iteration']:>12.1f} {r['tokens_per_s']:>12.1f} {mfu:>7} {mem:>9}")
+    print(f"ratio fp8/bf16: {ratios['fp8/bf16']:.3f}x (tokens/s)")
+    if o.json:
+        model = {**{k: getattr(o, k) for k in MODEL_FIELDS}, "padded_vocab": vocab}
+        o.json.write_text(json.dumps({"recorded": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+                                      "model": model, "device": device, "fp8_flags": fp8_flags,
+                                      "flops_per_iteration": flops, "peak_tflops": peak, "results": results,
+                                      "ratios": ratios}, indent=2) + "\n")
     return 0
 
 

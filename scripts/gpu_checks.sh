@@ -2,6 +2,7 @@
 # Everything worth checking on a GPU machine lent for a few minutes, in one run:
 #
 #     OUT=/some/folder bash scripts/gpu_checks.sh
+#     OUT=/some/folder STEPS="machine pytest-gpu fp8" bash scripts/gpu_checks.sh   # some steps only
 #
 # The machine is expected to have python3 with torch (CUDA), numpy, typer, rich, pytest,
 # pytest-xdist and regex, but no internet: anything else minitron imports (debugpy) comes as
@@ -25,10 +26,14 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
+# The steps, in order (STEPS picks some: device time is short, and a rerun checks one thing).
+STEPS=${STEPS:-machine bench pytest-gpu fp8 bench-fp8 readme-gpu torchrun}
+
 # step NAME SECONDS COMMAND...: run it under a time limit, its output in $OUT/NAME.log.
 step() {
     local name=$1 limit=$2 started=$SECONDS rc
     shift 2
+    [[ " $STEPS " == *" $name "* ]] || return 0
     timeout --kill-after=15 "$limit" "$@" > "$OUT/$name.log" 2>&1
     rc=$?
     [ $rc -eq 124 ] && echo "(stopped after $limit s)" >> "$OUT/$name.log"
@@ -43,13 +48,18 @@ step bench 170 python3 scripts/bench_gpu.py --iters 8 --json "$OUT/bench.json"
 # The test files that hold tests marked gpu: collecting the whole suite would need the dev
 # extra's packages (mkdocs, hypothesis), which this machine lacks.
 # Each test's outcome is written as it ends (-rA, unbuffered) and into a JUnit file, and a test
-# that runs past 150 s is stopped with its stack (pytest-timeout, where installed): a step cut
+# that runs past 120 s is stopped with its stack (pytest-timeout, where installed): a step cut
 # off by its limit still says which tests passed and which were still running. (On 2026-11-27
 # the 20 tests ran past 180 s on 12 workers of an H100 and a buffered log could not say which.)
 mapfile -t GPU_TESTS < <(grep -l "mark.gpu" tests/test_*.py)
-PER_TEST=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 150")
-step pytest-gpu 200 env PYTHONUNBUFFERED=1 python3 -m pytest -p no:cacheprovider -p no:benchmark -n 8 -v -rA \
+PER_TEST=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 120")
+step pytest-gpu 180 env PYTHONUNBUFFERED=1 python3 -m pytest -p no:cacheprovider -p no:benchmark -n 8 -v -rA \
     --junitxml "$OUT/pytest-gpu.xml" $PER_TEST -m gpu "${GPU_TESTS[@]}"
+
+# fp8 (issue 37): torch._scaled_mm against the dequantized fp32 product, then the benchmark's
+# model trained in bf16 and with fp8 GEMMs (tensorwise recipe), 6 iterations each.
+step fp8 45 python3 scripts/check_fp8_gpu.py --json "$OUT/fp8_gemm.json"
+step bench-fp8 130 python3 scripts/bench_gpu.py --iters 6 --fp8 tensorwise --json "$OUT/bench_fp8.json"
 
 # The README's one-machine commands (the first bash block of its "On GPUs" section), as they
 # are written there, and its GPT=... flags alone; `minitron` is the checkout's, through python3 -m.
@@ -61,11 +71,11 @@ block = re.search(r"```bash\n(.*?)\n```", section[: section.index("\n## ", 1)], 
 open(f"{sys.argv[1]}/readme_gpu_commands.sh", "w").write(block + "\n")
 open(f"{sys.argv[1]}/readme_gpt_flags.sh", "w").write(block[: block.index("\nminitron ")] + "\n")
 EOF
-step readme-gpu 50 bash -c 'minitron() { python3 -m minitron "$@"; }; set -e; source "$0"' \
+step readme-gpu 45 bash -c 'minitron() { python3 -m minitron "$@"; }; set -e; source "$0"' \
     "$OUT/readme_gpu_commands.sh"
 
 # The README's torchrun command on this one node: --nnodes 1, every GPU here, no tensor parallelism.
-step torchrun 50 bash -c 'source "$0"; torchrun --nnodes 1 --node-rank 0 \
+step torchrun 45 bash -c 'source "$0"; torchrun --nnodes 1 --node-rank 0 \
     --nproc-per-node "$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)" \
     --master-addr 127.0.0.1 --master-port 29500 -m minitron.pretrain_gpt $GPT --distributed-backend nccl' \
     "$OUT/readme_gpt_flags.sh"

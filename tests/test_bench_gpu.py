@@ -113,3 +113,18 @@ def test_show_refuses_a_file_no_run_wrote(tmp_path):
     bad.write_text("{}")
     done = bench("--show", str(bad))
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "notes.json" in done.stderr
+
+
+@pytest.mark.stress
+def test_fp8_sets_minitron_in_bf16_beside_minitron_in_fp8(tmp_path):
+    """--fp8 RECIPE: two minitron sides, no plain loop, and a ratio that is their tokens/s."""
+    out = tmp_path / "fp8.json"
+    done = bench("--cpu-smoke", "--fp8", "tensorwise", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert list(figures["results"]) == ["minitron", "minitron fp8 tensorwise"]
+    assert figures["fp8_flags"] == ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
+    bf16, fp8 = (r["tokens_per_s"] for r in figures["results"].values())
+    assert figures["ratios"]["fp8/bf16"] == pytest.approx(fp8 / bf16, rel=1e-9)
+    printed = re.search(rf"^ratio fp8/bf16: ({NUMBER})x \(tokens/s\)$", done.stdout, re.M)
+    assert printed and float(printed[1]) == pytest.approx(fp8 / bf16, abs=1e-3)
