@@ -112,7 +112,6 @@ def test_trace_gathers_each_layer_before_it_runs(sharded_run):
     (["--pipeline-model-parallel-size", "2", "--num-layers", "2"], "--pipeline-model-parallel-size 1"),
     (["--init-model-with-meta-device"], "--init-model-with-meta-device is refused"),
     (["--log-params-norm"], "optim_grads_params does not keep"),
-    (["--use-torch-fsdp2"], "--use-torch-fsdp2 is refused"),
     (["--data-parallel-sharding-strategy", "zero3"], "invalid choice"),
 ])
 def test_what_is_not_built_is_refused_in_one_line(extra, words):

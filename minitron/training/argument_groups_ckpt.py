@@ -69,8 +69,9 @@ def add_ckpt_args(parser) -> None:
 
 
 def validate_ckpt_args(args) -> None:
-    require(args.ckpt_format != "fsdp_dtensor", "--ckpt-format fsdp_dtensor is Megatron-FSDP's checkpoint (each "
-            "rank's DTensor shards through torch's DCP), not built here: use torch_dist (Megatron's default)")
+    require(args.ckpt_format != "fsdp_dtensor" or getattr(args, "use_megatron_fsdp", False),
+            "--ckpt-format fsdp_dtensor is Megatron-FSDP's checkpoint (its shards by parameter, through torch's "
+            "DCP): add --use-megatron-fsdp, or use torch_dist (Megatron's default)")
     require(not (args.verify_integrity and args.ckpt_format != "torch_dist"),
             f"--verify-integrity is for --ckpt-format torch_dist (Megatron's rule), got {args.ckpt_format}")
     require(not (args.save_retain_interval and getattr(args, "deepspeed", False)),

@@ -44,8 +44,11 @@ def validate_fsdp_args(args) -> None:
                              "--check-weight-hash-across-dp-replicas-interval")):
             require(not given, f"{what} reads every whole weight between steps, which optim_grads_params does "
                     "not keep (each rank holds its shards): drop it or choose another sharding strategy")
-    require(args.save is None and args.load is None, f"{flag} here cannot save or load its shards yet "
-            "(Megatron's --ckpt-format fsdp_dtensor): drop --save/--load")
+    # Megatron asserts the format whenever Megatron-FSDP is on; a run that neither saves nor
+    # loads never reads it, so minitron asks for it only then.
+    require(args.ckpt_format == "fsdp_dtensor" or (args.save is None and args.load is None),
+            f"{flag} saves and loads its shards by parameter: add --ckpt-format fsdp_dtensor "
+            f"(Megatron-FSDP's only checkpoint format), not {args.ckpt_format}")
     # Megatron-FSDP overlaps its gathers and reductions with compute under these; minitron's units
     # gather and reduce when needed, computing the same, so the header says so.
     notes = [f"{given} (with {flag}): overlaps Megatron-FSDP's collectives with compute; minitron's units "

@@ -63,13 +63,20 @@ def check_resumable(args) -> None:
         return  # Megatron's behaviour: nothing to load yet, start from scratch
     meta = read_metadata(args.load, iteration)
     sharded = meta.get("sharded_backend") == "torch_dist"
+    fsdp_dtensor = meta.get("sharded_backend") == "fsdp_dtensor"
+    if fsdp_dtensor != bool(getattr(args, "use_megatron_fsdp", False)):   # Megatron's rule: only FSDP's format
+        raise CheckpointError(
+            f"--load {args.load} (iteration {iteration}) is Megatron-FSDP's fsdp_dtensor checkpoint: add "
+            "--use-megatron-fsdp to read it" if fsdp_dtensor else
+            f"--load {args.load} (iteration {iteration}) is a {meta.get('sharded_backend') or 'torch'} checkpoint; "
+            "Megatron-FSDP reads only --ckpt-format fsdp_dtensor: load it without --use-megatron-fsdp")
     differ = [(key, meta[key], getattr(args, key)) for key in LAYOUT_KEYS
               if key in meta and meta[key] != getattr(args, key) and not (sharded and key in RESHARDABLE)]
     if differ:
         said = "; ".join(f"{_flag(k)} {saved} in the checkpoint, {mine} here" for k, saved, mine in differ)
         raise CheckpointError(f"--load {args.load} (iteration {iteration}) was saved with another layout or "
                               f"model: {said}; resume with the checkpoint's values")
-    if sharded:
+    if sharded or fsdp_dtensor:   # DCP's files either way
         return check_sharded_files(args.load, iteration, meta)   # the torch_dist half
     if args.use_distributed_optimizer and meta.get("data_parallel_size") != args.data_parallel_size:
         raise CheckpointError(f"--load {args.load}: distributed-optimizer shards were saved for "

@@ -103,6 +103,9 @@ def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> No
     args = get_args()
     if args.deepspeed:
         return _save_deepspeed(iteration, model[0])
+    if args.ckpt_format == "fsdp_dtensor":   # Megatron-FSDP's shards, by parameter (lazy: DCP, as below)
+        from minitron.training.checkpointing_fsdp_dtensor import save_checkpoint_fsdp_dtensor
+        return save_checkpoint_fsdp_dtensor(iteration, model, optimizer, opt_param_scheduler, args, get_rng_state())
     if args.ckpt_format == "torch_dist":
         # lazy: torch.distributed.checkpoint costs 0.65 s of imports, paid by a run that saves
         from minitron.training.checkpointing_dist import save_checkpoint_dist
@@ -183,14 +186,18 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
     # The launcher checked every file before starting us; under torchrun nobody did, so each
     # rank checks what it reads (sha256 against metadata.json) before torch sees a byte.
     meta = read_metadata(args.load, iteration)
-    if meta.get("sharded_backend") == "torch_dist":   # the format is read from the checkpoint
+    backend = meta.get("sharded_backend")
+    if backend in ("torch_dist", "fsdp_dtensor"):   # the format is read from the checkpoint
         # lazy: torch.distributed.checkpoint costs 0.65 s of imports, paid by a run that loads
-        from minitron.training.checkpointing_dist import load_checkpoint_dist
-        saved_args, rng_state = load_checkpoint_dist(iteration_dir(args.load, iteration), model, optimizer,
-                                                     opt_param_scheduler, args)
+        if backend == "torch_dist":
+            from minitron.training.checkpointing_dist import load_checkpoint_dist as load_sharded
+        else:
+            from minitron.training.checkpointing_fsdp_dtensor import load_checkpoint_fsdp_dtensor as load_sharded
+        saved_args, rng_state = load_sharded(iteration_dir(args.load, iteration), model, optimizer,
+                                             opt_param_scheduler, args)
         if rng_state is not None:
             _restore_rng(rng_state, saved_args, iteration)
-        print_rank_0(f"> loaded checkpoint from {args.load} at iteration {iteration} (torch_dist)")
+        print_rank_0(f"> loaded checkpoint from {args.load} at iteration {iteration} ({backend})")
         return _start_iteration(args, iteration)
     where = _rank_dir(args.load, iteration)
     state = _load_verified(where / "model_optim_rng.pt", meta, _owner())

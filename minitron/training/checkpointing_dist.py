@@ -69,16 +69,23 @@ def _rng_object(state) -> ShardedObject:
 
 
 def save_checkpoint_dist(iteration: int, model, optimizer, opt_param_scheduler, args, rng_state) -> None:
+    sharded = {"model": _model_sharded(model), "rng_state": _rng_object(rng_state)}
+    names = state_names(optimizer)
+    described = optimizer_sharded_state_dict(optimizer, sharded["model"], names, loading=False)
+    sharded["optimizer"] = {key: entry[0] for key, entry in described.items()}
+    save_checkpoint_dist_common(iteration, sharded, names, optimizer, opt_param_scheduler, args)
+
+
+def save_checkpoint_dist_common(iteration: int, sharded: dict, names: list, optimizer, opt_param_scheduler, args,
+                                backend: str = "torch_dist") -> None:
+    """Write ``sharded`` through DCP with common.pt and metadata.json, the directory appearing
+    whole (fsdp_dtensor, checkpointing_fsdp_dtensor.py, writes its own ``sharded`` so)."""
     final = iteration_dir(args.save, iteration)
     tmp = final.with_name(final.name + ".tmp")
     if torch.distributed.get_rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)   # the remains of a save that was killed
         tmp.mkdir(parents=True)
     torch.distributed.barrier()
-    sharded = {"model": _model_sharded(model), "rng_state": _rng_object(rng_state)}
-    names = state_names(optimizer)
-    described = optimizer_sharded_state_dict(optimizer, sharded["model"], names, loading=False)
-    sharded["optimizer"] = {key: entry[0] for key, entry in described.items()}
     step = next((float(s["step"]) for s in optimizer.optimizer.state.values() if "step" in s), None)
     common = {"iteration": iteration, "checkpoint_version": 3.0, "args": args_snapshot(args),
               "consumed_train_samples": args.consumed_train_samples,
@@ -90,7 +97,7 @@ def save_checkpoint_dist(iteration: int, model, optimizer, opt_param_scheduler, 
                             if getattr(optimizer, "grad_scaler", None) is not None else None}}
     dist_checkpointing.save(sharded, tmp, common, owner=_file_owner())
     if torch.distributed.get_rank() == 0:
-        meta = dict(BACKEND, iteration=iteration, world_size=args.world_size,
+        meta = dict(BACKEND, sharded_backend=backend, iteration=iteration, world_size=args.world_size,
                     data_parallel_size=args.data_parallel_size, **{k: getattr(args, k) for k in LAYOUT_KEYS})
         meta["files"] = {p.name: {"bytes": p.stat().st_size, "sha256": file_digest(p)}
                          for p in sorted(tmp.iterdir()) if p.name != CONFIG}
@@ -99,7 +106,7 @@ def save_checkpoint_dist(iteration: int, model, optimizer, opt_param_scheduler, 
         os.replace(tmp, final)                       # the directory appears whole, or not at all
         write_tracker(args.save, iteration, getattr(args, "save_retain_interval", None))   # then older ones go
     torch.distributed.barrier()
-    print_rank_0(f"> saved checkpoint at iteration {iteration} to {args.save} (torch_dist)")
+    print_rank_0(f"> saved checkpoint at iteration {iteration} to {args.save} ({backend})")
 
 
 def load_checkpoint_dist(where: Path, model, optimizer, opt_param_scheduler, args):

@@ -28,17 +28,20 @@ class FSDPOptimizer(MixedPrecisionOptimizer):
         self.sharded = model_chunks[0].strategy != "no_shard"
         unit_of = {p: unit for chunk in model_chunks for p, unit in chunk.unit_of.items()}
         self.pieces = []   # (the model's piece, its fp32 main piece, its gradient piece)
+        self.owned = {}    # param -> (its main piece, where the piece starts in param.view(-1)): the checkpoint's
         groups = _get_param_groups(model_chunks, config)
         for group in groups:
             mains = []
             for param in group["params"]:
-                found = unit_of[param].piece(param)
+                unit = unit_of[param]
+                found = unit.piece(param)
                 if found is None:
                     continue   # another rank owns all of this parameter
                 piece, grad = found
                 main = piece if piece.dtype == torch.float32 else piece.detach().clone().float()
                 copy_model_parallel_attributes(main, param)   # the norm skips TP duplicates by these
                 self.pieces.append((piece, main, grad))
+                self.owned[param] = (main, max(unit.offsets[param], unit.lo) - unit.offsets[param])
                 mains.append(main)
             group["params"] = mains   # possibly empty: every rank keeps the same groups, in order
         super().__init__(_make_torch_optimizer(config, groups), config, grad_scaler)
@@ -76,12 +79,12 @@ class FSDPOptimizer(MixedPrecisionOptimizer):
             main.grad = None
 
     def state_dict(self) -> dict:
-        raise NotImplementedError("saving Megatron-FSDP's optimizer shards is not built here "
-                                  "(validate_fsdp_args refuses --save)")
+        raise NotImplementedError("Megatron-FSDP's optimizer shards are saved by parameter, through "
+                                  "--ckpt-format fsdp_dtensor (training/checkpointing_fsdp_dtensor.py)")
 
     def load_state_dict(self, state_dict: dict) -> None:
-        raise NotImplementedError("loading Megatron-FSDP's optimizer shards is not built here "
-                                  "(validate_fsdp_args refuses --load)")
+        raise NotImplementedError("Megatron-FSDP's optimizer shards are loaded by parameter, through "
+                                  "--ckpt-format fsdp_dtensor (training/checkpointing_fsdp_dtensor.py)")
 
 
 def get_fsdp_optimizer(config, model_chunks) -> FSDPOptimizer:
