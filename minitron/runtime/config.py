@@ -30,10 +30,12 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from minitron.runtime.activation_checkpointing.config import parse_activation_checkpointing
 from minitron.runtime.config_optimizer import ZERO_TESTED, parse_optimizer
 from minitron.runtime.config_sections import parse_precision, parse_scheduler, parse_zero
 from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, flag, json_value, number, positive_int
 from minitron.runtime.monitor.config import parse_monitor
+from minitron.runtime.swap_tensor.aio_config import parse_aio
 from minitron.runtime.profiling.config import parse_flops_profiler
 
 TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -42,7 +44,8 @@ TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumul
 TOP_LEVEL = TRIAD + ("steps_per_print", "gradient_clipping", "fp16", "bf16", "bfloat16", "optimizer",
                      "scheduler", "zero_optimization", "checkpoint", "zero_allow_untested_optimizer",
                      "communication_data_type", "prescale_gradients", "gradient_predivide_factor",
-                     "wall_clock_breakdown", "tensorboard", "csv_monitor", "wandb", "comet", "flops_profiler")
+                     "wall_clock_breakdown", "tensorboard", "csv_monitor", "wandb", "comet", "flops_profiler",
+                     "activation_checkpointing", "aio", "zero_force_ds_cpu_optimizer")
 DEFAULT_ONLY: dict = {}
 # Keys DeepSpeed 0.19.8 refuses whatever their value, because the feature behind them is gone
 # (its _REMOVED_TOP_LEVEL_CONFIG_KEYS): a leftover would otherwise be silently ignored.
@@ -194,9 +197,16 @@ class DeepSpeedConfig:
                                        f"{self.zero_optimization_stage}); DeepSpeed runs it only with "
                                        f"\"zero_allow_untested_optimizer\": true")
         self._gradient_communication(params)
+        # ZeRO-Offload's companions: the aio section (NVMe swap files, swap_tensor/aio_config.py), and
+        # whether a client optimizer may step offloaded states (DeepSpeed refuses one unless false)
+        self.aio_config = parse_aio(params)
+        self.zero_force_ds_cpu_optimizer = flag(params, "zero_force_ds_cpu_optimizer", True, "ds_config")
         self.monitor_config = parse_monitor(params)   # where the engine writes its scalars (runtime/monitor/)
         # a per-module profile of one step (runtime/profiling/); it turns the engine's timers on, as in DeepSpeed
         self.flops_profiler_config = parse_flops_profiler(params)
+        # ZeRO-R's section: read by deepspeed.checkpointing.configure, not by the engine
+        # (runtime/activation_checkpointing/)
+        self.activation_checkpointing_config = parse_activation_checkpointing(params)
         self.wall_clock_breakdown = flag(params, "wall_clock_breakdown", False, "ds_config") \
             or self.flops_profiler_config["enabled"]
         # "checkpoint": {"load_universal": true}: load_checkpoint reads a universal checkpoint

@@ -206,6 +206,9 @@ def _add_deepspeed_args(parser):
                    help="train through minitron.runtime's engine (DeepSpeed's initialize, ZeRO 0-3)")
     g.add_argument("--deepspeed-config", "--deepspeed_config", dest="deepspeed_config", default=None,
                    metavar="JSON", help="the ds_config; its batch triad must agree with the batch flags")
+    g.add_argument("--deepspeed-activation-checkpointing", action="store_true",
+                   help="checkpoint the --recompute-granularity full layers through DeepSpeed's checkpoint, "
+                        "as the ds_config's activation_checkpointing section says (ZeRO-R)")
 
 
 def _add_validation_args(parser):

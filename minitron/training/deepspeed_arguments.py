@@ -83,6 +83,9 @@ def validate_deepspeed_args(args):
         if args.deepspeed_config is not None:
             raise ArgumentError(f"--deepspeed-config {args.deepspeed_config} is read only with --deepspeed: "
                                 "add --deepspeed, or drop the config")
+        if args.deepspeed_activation_checkpointing:
+            raise ArgumentError("--deepspeed-activation-checkpointing configures DeepSpeed's checkpoint, used only "
+                                "with --deepspeed: add --deepspeed --deepspeed-config ds.json, or drop it")
         return None
     if args.deepspeed_config is None:
         raise ArgumentError("--deepspeed needs --deepspeed-config ds.json (the ds_config: batch triad, "
@@ -103,6 +106,8 @@ def validate_deepspeed_args(args):
                                 "flags (--lr, --weight-decay, --lr-decay-style, ...) build the optimizer and its "
                                 "schedule, as in Megatron-DeepSpeed; drop the section")
     _check_triad(args, config, path, dp)
+    from minitron.training.deepspeed_activation_arguments import validate_activation_checkpointing
+    validate_activation_checkpointing(args, config.activation_checkpointing_config, path)
     if args.pipeline_model_parallel_size > 1 and config.zero_optimization_stage >= 2:
         raise ArgumentError(f"--deepspeed-config {path}: zero_optimization.stage {config.zero_optimization_stage} "
                             "with --pipeline-model-parallel-size "

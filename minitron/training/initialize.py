@@ -98,6 +98,27 @@ def _initialize_distributed():
             order=args.order,
             hierarchical_context_parallel_sizes=args.hierarchical_context_parallel_sizes,
         )
+    # Megatron-DeepSpeed's third step here (seed 002 calls it setting up ZeRO-R): configure
+    # DeepSpeed's activation checkpoint, which the transformer block then uses for its chunks.
+    if args.deepspeed and args.deepspeed_activation_checkpointing:
+        setup_deepspeed_random_and_activation_checkpointing(args)
+
+
+@traced
+def setup_deepspeed_random_and_activation_checkpointing(args):
+    """``deepspeed.checkpointing.configure`` with the ds_config's activation_checkpointing section,
+    this run's count of checkpointed chunks where the section leaves number_checkpoints out (as
+    Megatron-DeepSpeed computes it), and the tensor-parallel group to partition across. Nothing is
+    partitioned yet: that happens in each checkpointed chunk's forward. Megatron-DeepSpeed also
+    swaps in DeepSpeed's random-state tracker; minitron's checkpoints share its one tracker."""
+    from minitron.runtime.activation_checkpointing import checkpointing
+    from minitron.runtime.activation_checkpointing.config import parse_activation_checkpointing
+    from minitron.runtime.config import load_config
+    from minitron.training.deepspeed_activation_arguments import checkpoints_per_forward
+
+    given = parse_activation_checkpointing(load_config(args.deepspeed_config))["number_checkpoints"]
+    checkpointing.configure(mpu, deepspeed_config=args.deepspeed_config,
+                            num_checkpoints=None if given is not None else checkpoints_per_forward(args))
 
 
 def rank_seed(seed: int, data_parallel_random_init: bool = False) -> int:

@@ -7,7 +7,8 @@ Only the last stage (``post_process``) applies the final layernorm.
 
 With ``--recompute-granularity full`` the block is also where activation recomputation happens:
 ``_checkpointed_forward`` runs the layers inside ``tensor_parallel.checkpoint``, which keeps a
-chunk's input and recomputes the rest in backward.
+chunk's input and recomputes the rest in backward (or inside DeepSpeed's checkpoint, which may keep
+a tensor-parallel slice of it: --deepspeed-activation-checkpointing, runtime/activation_checkpointing).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from minitron.core.transformer.pipeline_parallel_layer_layout import counts_from
 from minitron.core.transformer.torch_norm import WrappedTorchNorm
 from minitron.core.transformer.transformer_layer import TransformerLayer
 from minitron.core.transformer.utils import block_sharded_state_dict
+from minitron.runtime.activation_checkpointing import checkpointing as deepspeed_checkpointing
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
@@ -87,18 +89,23 @@ class TransformerBlock(MegatronModule):
                 return hidden_states
             return custom_forward
 
+        def checkpoint(function, *args):
+            # Megatron-DeepSpeed's swap: once deepspeed.checkpointing is configured
+            # (--deepspeed-activation-checkpointing), its checkpoint keeps the chunk inputs
+            # (ZeRO-R: partitioned across TP, or on the host); otherwise Megatron's keeps them whole.
+            if deepspeed_checkpointing.is_configured():
+                return deepspeed_checkpointing.checkpoint(function, *args)
+            return tensor_parallel_checkpoint(function, self.config.distribute_saved_activations, *args)
+
         n, num_layers = self.config.recompute_num_layers, len(self.layers)
         if self.config.recompute_method == "uniform":
             for start in range(0, num_layers, n):
-                hidden_states = tensor_parallel_checkpoint(
-                    custom(start, min(start + n, num_layers)), self.config.distribute_saved_activations,
-                    hidden_states, attention_mask, rotary_pos_emb)
+                hidden_states = checkpoint(custom(start, min(start + n, num_layers)),
+                                           hidden_states, attention_mask, rotary_pos_emb)
         elif self.config.recompute_method == "block":
             for index in range(num_layers):
                 if index < n:
-                    hidden_states = tensor_parallel_checkpoint(
-                        custom(index, index + 1), self.config.distribute_saved_activations,
-                        hidden_states, attention_mask, rotary_pos_emb)
+                    hidden_states = checkpoint(custom(index, index + 1), hidden_states, attention_mask, rotary_pos_emb)
                 else:
                     hidden_states = custom(index, index + 1)(hidden_states, attention_mask, rotary_pos_emb)
         else:
