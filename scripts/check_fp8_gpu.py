@@ -10,7 +10,9 @@ script quantizes random operands as the tensorwise recipe does, for the three pa
 layer uses (forward e4m3 x e4m3, backward e5m2 x e4m3 under --fp8-format hybrid, and e4m3
 gradients), and prints for each: whether _scaled_mm took it, the largest difference between the
 two paths relative to the largest product, and each path's time for one GEMM (median of 20, after
-5 warm-up calls). Exit code 1 if a difference exceeds TOLERANCE or _scaled_mm was not taken.
+5 warm-up calls); and whether the compiled cast that CUDA tensors take (recipes.py) gives the
+plain ops' bytes. Exit code 1 if a difference exceeds TOLERANCE, _scaled_mm was not taken or
+the casts differ.
 Without a CUDA GPU it says so and exits 2.
 """
 
@@ -59,7 +61,7 @@ def main(argv=None) -> int:
         print("check_fp8_gpu: no CUDA GPU here; this check is for a GPU machine", file=sys.stderr)
         return 2
     from minitron.core.fp8.linear import _scaled_mm_takes, fp8_gemm
-    from minitron.core.fp8.recipes import CurrentScaling, dequantize
+    from minitron.core.fp8.recipes import FORMATS, CurrentScaling, _cast, _cast_fused, dequantize
 
     torch.manual_seed(0)
     n = o.size
@@ -80,6 +82,11 @@ def main(argv=None) -> int:
                "bf16_ms": timed(lambda: torch.nn.functional.linear(a_fp32.bfloat16(), b_fp32.bfloat16())) * 1e3}
         failed |= (not took) or diff > TOLERANCE
         rows.append(row)
+    # The compiled cast (one kernel, used on CUDA) against the plain ops: the same bytes.
+    x, scale = torch.randn(4096, 1000, device="cuda", dtype=torch.bfloat16) * 300, torch.tensor(0.37, device="cuda")
+    same_cast = all(torch.equal(_cast_fused(x, scale, FORMATS[f][1], FORMATS[f][0]).view(torch.uint8),
+                                _cast(x, scale, FORMATS[f][1], FORMATS[f][0]).view(torch.uint8)) for f in FORMATS)
+    failed |= not same_cast
     device = torch.cuda.get_device_name()
     print(f"{device}, torch {torch.__version__}, capability {torch.cuda.get_device_capability()}, "
           f"GEMM {n} x {n} x {n}")
@@ -87,10 +94,12 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['pair']:<30} {str(r['scaled_mm']):>10} {r['max_relative_difference']:>13.2e} "
               f"{r['scaled_mm_ms']:>8.3f} {r['dequantized_fp32_ms']:>12.3f} {r['bf16_ms']:>8.3f}")
+    print(f"compiled cast equals the plain ops bit for bit (e4m3, e5m2): {same_cast}")
     print(f"tolerance {TOLERANCE:g}: {'FAILED' if failed else 'passed'}")
     if o.json:
         o.json.write_text(json.dumps({"device": device, "torch": torch.__version__, "size": n,
-                                      "tolerance": TOLERANCE, "rows": rows}, indent=2) + "\n")
+                                      "tolerance": TOLERANCE, "rows": rows,
+                                      "compiled_cast_bit_equal": same_cast}, indent=2) + "\n")
     return 1 if failed else 0
 
 

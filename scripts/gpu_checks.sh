@@ -48,12 +48,13 @@ step bench 170 python3 scripts/bench_gpu.py --iters 8 --json "$OUT/bench.json"
 # The test files that hold tests marked gpu: collecting the whole suite would need the dev
 # extra's packages (mkdocs, hypothesis), which this machine lacks.
 # Each test's outcome is written as it ends (-rA, unbuffered) and into a JUnit file, and a test
-# that runs past 120 s is stopped with its stack (pytest-timeout, where installed): a step cut
+# that runs past 180 s is stopped with its stack (pytest-timeout, where installed): a step cut
 # off by its limit still says which tests passed and which were still running. (On 2026-11-27
-# the 20 tests ran past 180 s on 12 workers of an H100 and a buffered log could not say which.)
+# the 20 tests ran past 180 s on 12 workers of an H100 and a buffered log could not say which;
+# the project's addopts carry -q, which cancels -v, so they are replaced here.)
 mapfile -t GPU_TESTS < <(grep -l "mark.gpu" tests/test_*.py)
-PER_TEST=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 120")
-step pytest-gpu 180 env PYTHONUNBUFFERED=1 python3 -m pytest -p no:cacheprovider -p no:benchmark -n 8 -v -rA \
+PER_TEST=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 180")
+step pytest-gpu 220 env PYTHONUNBUFFERED=1 python3 -m pytest -o addopts= -p no:cacheprovider -p no:benchmark -n 8 -v -rA \
     --junitxml "$OUT/pytest-gpu.xml" $PER_TEST -m gpu "${GPU_TESTS[@]}"
 
 # fp8 (issue 37): torch._scaled_mm against the dequantized fp32 product, then the benchmark's

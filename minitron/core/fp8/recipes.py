@@ -33,6 +33,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from minitron.core.jit import jit_fuser
+
 # format name -> (torch dtype, largest finite magnitude)
 FORMATS = {
     "e4m3": (torch.float8_e4m3fn, 448.0),
@@ -49,10 +51,21 @@ def formats_for(fp8_format: str) -> dict[str, str]:
     return {"input": "e4m3", "weight": "e4m3", "grad_output": grad}
 
 
+def _cast(x: torch.Tensor, scale: torch.Tensor, fp8_max: float, dtype: torch.dtype) -> torch.Tensor:
+    return (x.float() * scale).clamp(-fp8_max, fp8_max).to(dtype)
+
+
+# On a GPU the four passes above (widen, scale, clamp, narrow) each cross memory: measured on an
+# H200, that made fp8 training 0.57x bf16's speed. Compiled, they are one kernel, as TE's fused
+# cast is; the arithmetic is the same fp32 product and clamp (check_fp8_gpu.py holds the two
+# bit for bit). On the CPU the plain ops run: compiling there costs seconds and buys nothing.
+_cast_fused = jit_fuser(_cast)
+
+
 def quantize(x: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
     """fp8(x * scale), saturating at the format's maximum; the product is taken in fp32."""
     dtype, fp8_max = FORMATS[fmt]
-    return (x.float() * scale).clamp(-fp8_max, fp8_max).to(dtype)
+    return (_cast_fused if x.is_cuda else _cast)(x, scale, fp8_max, dtype)
 
 
 def dequantize(q: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
