@@ -29,8 +29,8 @@ from minitron.trace.reader import read_in_flight, world_size_of
 from minitron.trace.schema import DIST, NEW_GROUP
 
 COLLECTIVES = {DIST + n for n in ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-                                  "reduce_scatter_tensor", "broadcast", "reduce", "all_to_all_single", "gather",
-                                  "scatter", "barrier")}
+                                  "reduce_scatter_tensor", "all_gather_single", "reduce_scatter_single", "broadcast",
+                                  "reduce", "all_to_all_single", "gather", "scatter", "barrier")}
 P2P = {DIST + n for n in ("send", "recv", "batch_isend_irecv")}
 MATCHING = {"send": "recv", "recv": "send"}
 NEW_GROUPS = "new_group (every rank)"   # the sequence of group creations, which all ranks share

@@ -24,8 +24,12 @@ from minitron.trace.group_ranks import compact_ranks
 # isend/irecv stay unwrapped: torch.distributed.P2POp accepts only torch's own two functions
 # (it checks their identity). Pipeline traffic is recorded where it is posted, at
 # batch_isend_irecv, with every op's direction, peer and shape.
+# all_gather_single / reduce_scatter_single are torch 2.13's names for the one-tensor gather and
+# reduce-scatter (all_gather_into_tensor and reduce_scatter_tensor now call them inside c10d,
+# unwrapped, so nothing is counted twice); torch's own FSDP2 calls them by these names.
+SINGLE_TENSOR = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_gather_single", "reduce_scatter_single")
 COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+    "all_reduce", "all_gather", "reduce_scatter", *SINGLE_TENSOR,
     "broadcast", "reduce", "all_to_all_single", "gather", "scatter", "barrier",
     "send", "recv", "batch_isend_irecv",
 )
@@ -50,8 +54,8 @@ def describe_group(group) -> dict:
 def _collective_args(name: str, args: tuple, kwargs: dict) -> dict:
     record = {}
     tensor = kwargs.get("tensor", args[0] if args else None)
-    if name in ("all_gather_into_tensor", "reduce_scatter_tensor"):
-        tensor = kwargs.get("input_tensor", args[1] if len(args) > 1 else None)
+    if name in SINGLE_TENSOR:   # record what this rank hands in (FSDP2 passes it by keyword)
+        tensor = kwargs.get("input_tensor", kwargs.get("input", args[1] if len(args) > 1 else None))
     if name == "batch_isend_irecv":
         ops = args[0] if args else kwargs.get("p2p_op_list", [])
         record["ops"] = [
@@ -88,8 +92,8 @@ def _collective_args(name: str, args: tuple, kwargs: dict) -> dict:
 def _positional_group(name: str, args: tuple):
     # Where each collective takes `group` positionally, counting from 0.
     where = {"all_reduce": 2, "broadcast": 2, "all_gather": 2, "all_gather_into_tensor": 2,
-             "reduce_scatter_tensor": 3, "reduce_scatter": 3, "reduce": 3, "send": 2, "recv": 2,
-             "isend": 2, "irecv": 2}.get(name)
+             "all_gather_single": 2, "reduce_scatter_tensor": 3, "reduce_scatter_single": 3, "reduce_scatter": 3,
+             "reduce": 3, "send": 2, "recv": 2, "isend": 2, "irecv": 2}.get(name)
     return args[where] if where is not None and len(args) > where else None
 
 
