@@ -94,7 +94,7 @@ def test_accepted_flags_are_listed_once_in_the_header(flags, said):
     (["--overlap-param-gather-with-optimizer-step", "--use-distributed-optimizer", "--overlap-grad-reduce",
       "--overlap-param-gather"], "interleaved pipeline"),
     (["--overlap-moe-expert-parallel-comm", *MOE, "--bf16"], "--expert-model-parallel-size > 1"),
-    (["--use-torch-fsdp2"], "--use-torch-fsdp2 is refused: .* --use-megatron-fsdp shards the same way"),
+    (["--use-torch-fsdp2"], "--use-torch-fsdp2 needs --no-gradient-accumulation-fusion"),
 ])
 def test_bad_combinations_are_one_line(flags, match):
     with pytest.raises(ArgumentError, match=match) as err:

@@ -89,6 +89,8 @@ def checked_args(trace_dir: Path, recorded: dict) -> argparse.Namespace:
     for action in megatron_parser()._actions:
         if action.default == argparse.SUPPRESS:  # --help
             continue
+        if action.dest == "no_effect":   # the names of the flags accepted to no effect, not one flag's value
+            continue
         if action.dest not in values:
             values.setdefault(action.dest, action.default)
         elif not _fits(action, values[action.dest]):

@@ -1,4 +1,4 @@
-"""Small helpers shared across core: for now, the named scratch buffer that layers borrow.
+"""Small helpers shared across core: the named scratch buffer that layers borrow, and DTensor helpers.
 
 Megatron keeps this in ``megatron/core/utils.py``; ``parallel_state`` owns the one instance.
 """
@@ -6,6 +6,7 @@ Megatron keeps this in ``megatron/core/utils.py``; ``parallel_state`` owns the o
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 
@@ -36,3 +37,25 @@ class GlobalMemoryBuffer:
             # Grow to the largest request seen: later, smaller requests reuse the front of it.
             held = self.buffer[key] = torch.empty(needed, dtype=dtype, device=device, requires_grad=False)
         return held[:needed].view(*tensor_shape)
+
+
+# --- DTensors (torch's FSDP2 parameters and gradients, --use-torch-fsdp2) ------------------------
+# Asked without importing torch.distributed.tensor (seconds of imports here): until something has
+# loaded it, no tensor can be a DTensor.
+def _dtensor_type():
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
+
+
+def to_local_if_dtensor(tensor):
+    """This rank's part of a DTensor (a view of it: in-place edits reach the DTensor); else the tensor."""
+    dtensor = _dtensor_type()
+    return tensor.to_local() if dtensor is not None and isinstance(tensor, dtensor) else tensor
+
+
+def get_data_parallel_group_if_dtensor(tensor, data_parallel_group=None):
+    """The group a DTensor is cut over (FSDP2's data-parallel group), else ``data_parallel_group``."""
+    dtensor = _dtensor_type()
+    if dtensor is not None and isinstance(tensor, dtensor):
+        return tensor.device_mesh.get_group()
+    return data_parallel_group

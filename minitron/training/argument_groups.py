@@ -18,6 +18,7 @@ from minitron.training.argument_groups_fp8 import add_fp8_args
 from minitron.training.argument_groups_ci import add_ci_args
 from minitron.training.argument_groups_ckpt import add_ckpt_args
 from minitron.training.argument_groups_fsdp import add_fsdp_args
+from minitron.training.argument_groups_torch_fsdp2 import add_torch_fsdp2_args
 from minitron.training.argument_groups_launch import add_launch_args
 from minitron.training.argument_groups_overlap import add_overlap_args
 from minitron.training.argument_groups_hybrid import add_hybrid_args
@@ -282,7 +283,7 @@ ARGUMENT_GROUPS = (_add_network_size_args, _add_window_args, _add_mla_args, _add
                    _add_data_args, _add_tokenizer_args, _add_moe_args, _add_logging_args,
                    _add_fusion_args, _add_deepspeed_args, add_ci_args, add_policy_args, add_hybrid_args,
                    add_pipeline_split_args,
-                   add_ckpt_args, add_launch_args, add_overlap_args, add_fsdp_args)
+                   add_ckpt_args, add_launch_args, add_overlap_args, add_fsdp_args, add_torch_fsdp2_args)
 
 
 def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:

@@ -24,6 +24,7 @@ from minitron.training.argument_groups_ci import validate_ci_args
 from minitron.training.arguments_modelopt import apply_modelopt_flags
 from minitron.training.argument_groups_ckpt import validate_ckpt_args
 from minitron.training.argument_groups_fsdp import validate_fsdp_args
+from minitron.training.argument_groups_torch_fsdp2 import validate_torch_fsdp2_args
 from minitron.training.argument_groups_launch import validate_launch_args
 from minitron.training.argument_groups_overlap import validate_overlap_args
 from minitron.training.argument_groups_hybrid import validate_hybrid_args
@@ -116,6 +117,7 @@ def validate_args(args, defaults: dict | None = None):
     validate_launch_args(args)
     validate_overlap_args(args)
     validate_fsdp_args(args)
+    validate_torch_fsdp2_args(args)
     validate_ckpt_args(args)   # before _validate_training: --finetune decides what a --load reads
     _validate_training(args)  # last: a --load is compared with every shape and dtype set above
     validate_context_parallel(args)

@@ -94,9 +94,6 @@ NO_EFFECT = {
 _FP8_WGRAD = ("computes the weight gradient from the unquantized input and output gradient (TE's "
               "override_linear_precision); minitron's fp8 weight gradient is always fp8: drop it")
 
-_FSDP = ("torch's FSDP2 (fully_shard, parameters as DTensors) is not wired into minitron's training loop; "
-         "--use-megatron-fsdp shards the same way with minitron's own units: use it")
-
 _INJECTION = ("corrupts results on purpose, to exercise Megatron's rerun state machine (--rerun-mode), which "
               "minitron lacks: drop it")
 
@@ -104,7 +101,6 @@ _INJECTION = ("corrupts results on purpose, to exercise Megatron's rerun state m
 REFUSED = {
     "--error-injection-rate": (True, _INJECTION),
     "--error-injection-type": (True, _INJECTION),
-    "--use-torch-fsdp2": (False, _FSDP),
     "--no-fp8-wgrad": (False, _FP8_WGRAD),
     "--disable-fp8-wgrad": (False, _FP8_WGRAD),
 }

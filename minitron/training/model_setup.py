@@ -65,6 +65,11 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
         return [FullyShardedDataParallel(chunk.config, chunk, args.data_parallel_sharding_strategy,
                                          args.data_parallel_random_init, args.accumulate_allreduce_grads_in_fp32)
                 for chunk in model]
+    if args.use_torch_fsdp2:   # torch's own FSDP2 wraps each chunk instead (Megatron's torch_FSDP)
+        # lazy, as DDP below; and torch.distributed.tensor, which it loads, costs seconds
+        from minitron.core.distributed.torch_fully_sharded_data_parallel import TorchFullyShardedDataParallel
+        return [TorchFullyShardedDataParallel(chunk.config, chunk, args.torch_fsdp2_reshard_after_forward,
+                                              args.data_parallel_random_init) for chunk in model]
     # Imported here, not at the top: `minitron trace` loads this module and builds no model.
     from minitron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 

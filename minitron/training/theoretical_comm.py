@@ -20,6 +20,7 @@ from minitron.training.theoretical_params import (
 from minitron.core.rank_generator import HIERARCHICAL_CP_DESC
 from minitron.training.theoretical_zero import zero_comm
 from minitron.training.theoretical_fsdp import fsdp_comm
+from minitron.training.theoretical_torch_fsdp2 import torch_fsdp2_comm
 from minitron.training.theoretical_moe import expert_key, moe_traffic, shards, step_traffic
 
 
@@ -157,6 +158,9 @@ def comm_bytes(args, pp_rank: int, stage: list) -> _Tally:
         return tally
     if getattr(args, "use_megatron_fsdp", False):   # Megatron-FSDP's units reduce and gather instead
         fsdp_comm(args, tally)
+        return tally
+    if getattr(args, "use_torch_fsdp2", False):   # torch's FSDP2 gathers and reduces every unit
+        torch_fsdp2_comm(args, tally)
         return tally
     # finalize_model_grads: the data-parallel reduction of every bucket of every chunk, ...
     sp_grads = 0

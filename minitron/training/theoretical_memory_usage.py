@@ -27,7 +27,8 @@ distributed optimizer, fp32/bf16/fp16, the modern options (rope, swiglu, RMSNorm
 embeddings), recomputation, and mixture-of-experts layers (theoretical_moe.py: exact when
 padded to capacity, else the balanced-routing expectation for the all-to-alls), and
 DeepSpeed's ZeRO stages 0-3 under --deepspeed (theoretical_zero.py), and Megatron-FSDP's sharding
-strategies under --use-megatron-fsdp (theoretical_fsdp.py).
+strategies under --use-megatron-fsdp (theoretical_fsdp.py), and torch's FSDP2 under --use-torch-fsdp2
+(theoretical_torch_fsdp2.py).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from minitron.training.theoretical_params import (
 )
 from minitron.training.theoretical_zero import zero_memory
 from minitron.training.theoretical_fsdp import fsdp_memory
+from minitron.training.theoretical_torch_fsdp2 import torch_fsdp2_memory
 from minitron.training.theoretical_moe import has_experts, is_expert_buffer, shards, split_buffers
 
 
@@ -146,6 +148,8 @@ def compute_weight_and_optimizer_memory(args, stage: list, dp_rank: int, expert_
         return zero_memory(args, stage[0][0], dp_rank)
     if getattr(args, "use_megatron_fsdp", False):   # Megatron-FSDP's units and shards instead
         return fsdp_memory(args, dp_rank)
+    if getattr(args, "use_torch_fsdp2", False):   # torch's FSDP2: every parameter's rows cut over dp
+        return torch_fsdp2_memory(args, dp_rank)
     e = DTYPE_BYTES[args.params_dtype]
     grad_e = 4 if args.accumulate_allreduce_grads_in_fp32 else e
     dp, dist_opt = args.data_parallel_size * args.context_parallel_size, args.use_distributed_optimizer
@@ -192,7 +196,7 @@ def _roles(args):
         digits = digits_of(dense, rank)
         dp_rank = digits["dp"] * cp + digits["cp"]   # its place in the dp-cp group
         if not (args.use_distributed_optimizer or getattr(args, "deepspeed", False)
-                or getattr(args, "use_megatron_fsdp", False)):
+                or getattr(args, "use_megatron_fsdp", False) or getattr(args, "use_torch_fsdp2", False)):
             return digits["pp"], 0, 0   # no optimizer shard: every data-parallel rank alike
         return digits["pp"], dp_rank, digits_of(expert, rank)["dp"] if has_experts(args) else 0
     return role

@@ -20,6 +20,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from minitron.core import parallel_state
 from minitron.core.transformer.moe.moe_utils import finish_router_step
+from minitron.core.utils import to_local_if_dtensor
 from minitron.trace import traced
 
 
@@ -76,7 +77,9 @@ def _allreduce_layernorm_grads(model, config) -> None:
         return
     grads = [_grad_of(param) for chunk in model for name, param in chunk.named_parameters()
              if param.requires_grad and _is_partial_over_tp(name, param, config)]
-    grads = [g for g in grads if g is not None]
+    # Under FSDP2 each is a DTensor of this rank's rows: the same rows on every TP rank, so their
+    # local parts are what is summed (a view: the sum lands in the DTensor).
+    grads = [to_local_if_dtensor(g) for g in grads if g is not None]
     if not grads:
         return
     # One collective for all of them: flatten, reduce, copy back.

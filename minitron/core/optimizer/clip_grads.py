@@ -14,6 +14,8 @@ several ranks:
 
 Data-parallel replicas hold identical (already averaged) gradients, so the sum runs over the
 model-parallel group only, unless the distributed optimizer split them (then the whole world).
+Under torch's FSDP2 each gradient is a DTensor of this rank's rows: its local rows are counted
+and the sum runs over its data-parallel group first (the group the DTensor is cut over).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 
 from minitron.accelerator import get_accelerator
 from minitron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+from minitron.core.utils import get_data_parallel_group_if_dtensor, to_local_if_dtensor
 from minitron.trace import traced
 
 
@@ -48,19 +51,28 @@ def get_grad_norm_fp32(grads_for_norm, norm_type: float = 2,
     """The p-norm of the gradients of every rank in ``grad_stats_parallel_group``, in fp32."""
     if isinstance(grads_for_norm, torch.Tensor):
         grads_for_norm = [grads_for_norm]
+    data_parallel_group = None   # FSDP2's: its gradients are DTensors cut over it
+    for grad in grads_for_norm:
+        data_parallel_group = get_data_parallel_group_if_dtensor(grad, data_parallel_group)
+    grads_for_norm = [to_local_if_dtensor(grad) for grad in grads_for_norm]
     norm_type = float(norm_type)
     device = reduction_device(grads_for_norm)
     if norm_type == math.inf:
-        # The max over ranks of the max on each rank.
+        # The max over ranks of the max on each rank (an empty shard adds nothing).
         total = torch.zeros(1, dtype=torch.float32, device=device)
         for grad in grads_for_norm:
-            total = torch.maximum(total, grad.detach().abs().max().float())
+            if grad.numel():
+                total = torch.maximum(total, grad.detach().abs().max().float())
+        if data_parallel_group is not None:
+            torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.MAX, group=data_parallel_group)
         torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.MAX, group=grad_stats_parallel_group)
         return total.item()
     # Sum of |g|^p over my share, summed over ranks, then the p-th root.
     total = torch.zeros(1, dtype=torch.float32, device=device)
     for grad in grads_for_norm:
         total += torch.linalg.vector_norm(grad.detach().float(), norm_type) ** norm_type
+    if data_parallel_group is not None:
+        torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM, group=data_parallel_group)
     torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM, group=grad_stats_parallel_group)
     return total.item() ** (1.0 / norm_type)
 
@@ -80,10 +92,15 @@ def count_zeros_fp32(parameters, grad_stats_parallel_group) -> float:
     """How many gradient entries are exactly zero, model-wide, each value counted once."""
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
-    device = reduction_device([p.grad for p in parameters])
+    device = reduction_device([to_local_if_dtensor(p.grad) for p in parameters if p.grad is not None])
     total = torch.zeros(1, dtype=torch.float32, device=device)
+    data_parallel_group = None   # FSDP2's, as in get_grad_norm_fp32
     for param in parameters:
         if param.grad is not None and param_is_not_shared(param) and param_is_not_tensor_parallel_duplicate(param):
-            total += param.grad.numel() - torch.count_nonzero(param.grad)
+            data_parallel_group = get_data_parallel_group_if_dtensor(param.grad, data_parallel_group)
+            grad = to_local_if_dtensor(param.grad)
+            total += grad.numel() - torch.count_nonzero(grad)
+    if data_parallel_group is not None:
+        torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM, group=data_parallel_group)
     torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM, group=grad_stats_parallel_group)
     return total.item()

@@ -1,0 +1,56 @@
+"""--use-torch-fsdp2 (issue #37): torch's own FSDP2 (fully_shard) over the data-parallel ranks.
+
+Names and defaults are Megatron 0.19.2's. validate_torch_fsdp2_args refuses, in one line each
+and before any process starts, what Megatron's validate_args refuses with the flag, and what
+minitron's wrapper (core/distributed/torch_fully_sharded_data_parallel.py) does not build.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import os
+
+from minitron.training.argument_errors import require
+
+FLAG = "--use-torch-fsdp2"
+
+
+def add_torch_fsdp2_args(parser) -> None:
+    g = parser.add_argument_group("torch FSDP2")
+    g.add_argument(FLAG, action="store_true",
+                   help="shard the model over the data-parallel ranks with torch's fully_shard: parameters, "
+                        "gradients and optimizer state become DTensors of each rank's rows; each transformer "
+                        "layer is gathered just before it runs")
+    g.add_argument("--torch-fsdp2-no-reshard-after-forward", action="store_false",
+                   dest="torch_fsdp2_reshard_after_forward",
+                   help="keep each layer gathered from its forward until its backward (FSDP2's ZeRO-2): "
+                        "one all-gather per layer per micro-batch instead of two")
+
+
+def validate_torch_fsdp2_args(args) -> None:
+    if not args.use_torch_fsdp2:
+        return
+    # Two ways to shard at once.
+    require(not args.use_megatron_fsdp, f"{FLAG} and --use-megatron-fsdp are two ways to shard: drop one")
+    require(not getattr(args, "deepspeed", False), f"{FLAG} and --deepspeed are two ways to shard: drop one")
+    # Megatron's rules, in its order.
+    require(args.pipeline_model_parallel_size == 1,
+            f"{FLAG} is not supported with pipeline parallelism: use --pipeline-model-parallel-size 1")
+    require(getattr(args, "expert_model_parallel_size", 1) == 1,
+            f"{FLAG} is not supported with expert parallelism: use --expert-model-parallel-size 1")
+    require(not args.use_distributed_optimizer, f"{FLAG} shards the optimizer state itself; drop "
+            "--use-distributed-optimizer (Megatron refuses the two together)")
+    require("--no-gradient-accumulation-fusion" in (args.no_effect or ()), f"{FLAG} needs "
+            "--no-gradient-accumulation-fusion (Megatron's fused accumulation writes into DDP's main_grad, "
+            "which FSDP2's DTensor gradients do not have): add it")
+    require(args.ckpt_format == "torch_dist", f"{FLAG} requires --ckpt-format torch_dist (Megatron's rule; "
+            "torch_dcp is not built here)")
+    require(args.untie_embeddings_and_output_weights, f"{FLAG} requires --untie-embeddings-and-output-weights "
+            "(the tied matrix would sit in two units, the embedding and the root)")
+    require(not args.fp16, f"{FLAG} is not supported with --fp16 (Megatron's rule): use --bf16")
+    if args.distributed_backend == "nccl":   # CUDA streams only: gloo ranks have no connections to count
+        require(os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1", f"{FLAG} overlaps its collectives on "
+                "their own CUDA streams, which CUDA_DEVICE_MAX_CONNECTIONS=1 serializes: unset it")
+    # What minitron's wrapper does not build.
+    require(args.save is None and args.load is None, f"{FLAG} here cannot save or load its DTensor shards yet "
+            "(Megatron's torch_dist writes them through their sharded_state_dict): drop --save/--load")
