@@ -10,7 +10,7 @@ once) and leaves out the parameters, which exist whether or not anything is save
 layouts (tp 1, tp 2, tp 2 with sequence parallelism) and three settings (no recomputation,
 selective, full); the table gives the bytes per layer on one rank, next to two formulas:
 
-* minitron's, derived from what its fp32 CPU layer saves (see walkthrough chapter 8), which the
+* minitron's, derived from what its fp32 CPU layer saves (see walkthrough chapter 8c), which the
   measurement must match to the byte, or this script fails;
 * the one of "Reducing Activation Recomputation in Large Transformer Models" (Korthikanti et
   al., 2022) for a 16-bit model with 1-byte dropout masks: sbh(34 + 5as/h), divided as the paper
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 bad.append(f"{layout} {mode}: measured {measured[mode]:,} B, formula {ours[mode]:,} B")
     print("bytes per layer on one rank; ratio = measured / paper")
     if bad:
-        print("the measurement no longer matches minitron's formula (update it and chapter 8):", file=sys.stderr)
+        print("the measurement no longer matches minitron's formula (update it and chapter 8c):", file=sys.stderr)
         print("\n".join(bad), file=sys.stderr)
         return 1
     return 0
