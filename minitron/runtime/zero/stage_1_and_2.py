@@ -38,6 +38,7 @@ from minitron.accelerator import get_accelerator
 from minitron.runtime.gradient_reduction import GradientReduction
 from minitron.runtime.zero.alignment import NCCL_START_ALIGNMENT_FACTOR
 from minitron.runtime.zero.buckets import GradientBuckets
+from minitron.runtime.zero.offload import ZeroOffload, state_bytes
 
 
 def flatten_dense_tensors_aligned(tensors: list, alignment: int) -> torch.Tensor:
@@ -71,7 +72,7 @@ class DeepSpeedZeroOptimizer:
     def __init__(self, init_optimizer: torch.optim.Optimizer, dp_process_group, stage: int, loss_scaler,
                  clip_grad: float = 0.0, model_parallel_group=None, reduce_bucket_size: int = 500_000_000,
                  model_parallel_rank: int | None = None, overlap_comm: bool = False,
-                 round_robin_gradients: bool = False):
+                 round_robin_gradients: bool = False, offload_optimizer=None):
         self.optimizer = init_optimizer
         self._init_model_parallel(model_parallel_group, model_parallel_rank)
         self.dp_process_group = dp_process_group
@@ -89,6 +90,10 @@ class DeepSpeedZeroOptimizer:
         # Where this rank computes: the flat buffers follow the parameters (the engine has moved
         # the module here); the step's own small tensors (overflow flag, norm) are made here.
         self.device = torch.device(get_accelerator().current_device_name())
+        # offload_optimizer: the masters and the moments on the host (zero/offload.py)
+        self.offload = ZeroOffload(offload_optimizer, None, self.device)
+        # DeepSpeed's stages 1-2 keep even device "nvme" states in host memory: no swapper
+        self.swapper, self.swapped = None, set()
         self.overflow = False
         self._global_grad_norm = None
         self.bit16_groups, self.bit16_groups_flat = [], []
@@ -108,7 +113,8 @@ class DeepSpeedZeroOptimizer:
             size = flat.numel() // self.partition_count
             partitions = [flat.narrow(0, k * size, size) for k in range(self.partition_count)]
             self.parallel_partitioned_bit16_groups.append(partitions)
-            master = partitions[self.partition_id].detach().clone().float().requires_grad_(True)
+            master = partitions[self.partition_id].detach().clone().float()
+            master = (self.offload.host_tensor(master) if self.offload.optimizer else master).requires_grad_(True)
             self.single_partition_of_fp32_groups.append(master)
             group["params"] = [master]   # from here on the torch optimizer sees my partition only
             counted = torch.cat([self._counted(p).expand(p.numel()) for p in params]
@@ -220,8 +226,9 @@ class DeepSpeedZeroOptimizer:
         if self.clip_grad > 0.0:
             clip = ((total_norm / self.loss_scale + 1e-6) / self.clip_grad).clamp(min=1.0)
             combined_scale = clip * self.loss_scale
-        for g in grads:
-            g.mul_(1.0 / combined_scale)
+        factor = 1.0 / combined_scale
+        for g in grads:   # (an offloaded gradient is a host tensor: the factor goes to it)
+            g.mul_(factor.to(g.device) if torch.is_tensor(factor) else factor)
 
     @torch.no_grad()
     def step(self) -> None:
@@ -235,18 +242,25 @@ class DeepSpeedZeroOptimizer:
         scaled_norm = self.scaled_global_norm()
         self._global_grad_norm = scaled_norm / prev_scale   # a device tensor: read when logged
         for i, master in enumerate(self.single_partition_of_fp32_groups):
-            grad = partitions[i].float() if partitions[i] is not None else torch.zeros_like(master)
+            if i in self.swapped:   # ZeRO-Infinity (stage 3): the group's files back in host memory
+                self.swapper.swap_in_optimizer_state(master, i)
+            grad = partitions[i] if partitions[i] is not None else torch.zeros_like(master)
+            # offloaded: fp32 on the device, then across to the master on the host
+            grad = self.offload.copy_gradients_to_host(grad, i) if self.offload.optimizer else grad.float()
             self.unscale_and_clip_grads([grad], scaled_norm)
             master.grad = grad
         self.optimizer.step()
         for i, master in enumerate(self.single_partition_of_fp32_groups):
             master.grad = None
             self._publish(i)
+            if i in self.swapped:
+                self.swapper.swap_out_optimizer_state(master, i)
         self.zero_grad()
 
     def _publish(self, i: int) -> None:
         """My updated fp32 partition -> my bit16 partition -> everyone's flat buffer."""
-        self.parallel_partitioned_bit16_groups[i][self.partition_id].copy_(self.single_partition_of_fp32_groups[i])
+        self.offload.publish(self.single_partition_of_fp32_groups[i],
+                             self.parallel_partitioned_bit16_groups[i][self.partition_id], i)
         if self.partition_count > 1:
             dist.all_gather_into_tensor(self.bit16_groups_flat[i],
                                         self.parallel_partitioned_bit16_groups[i][self.partition_id],
@@ -276,10 +290,10 @@ class DeepSpeedZeroOptimizer:
         return {"params": params, "grads": grads, "optimizer_states": self._optimizer_state_bytes()}
 
     def _optimizer_state_bytes(self) -> int:
-        total = 0
-        for master in self.single_partition_of_fp32_groups:
-            total += master.numel() * master.element_size()
-            for value in self.optimizer.state.get(master, {}).values():
-                if torch.is_tensor(value) and value.numel() == master.numel():   # moments, not 'step'
-                    total += value.numel() * value.element_size()
-        return total
+        """On the device: the masters and moments (none of them when offloaded)."""
+        return 0 if self.offload.optimizer else state_bytes(self.optimizer, self.single_partition_of_fp32_groups)
+
+    def host_bytes_held(self) -> dict:
+        """What offloading keeps in host memory between steps (bytes_held: the device's)."""
+        states = state_bytes(self.optimizer, self.single_partition_of_fp32_groups) if self.offload.optimizer else 0
+        return {"params": 0, "optimizer_states": states}
