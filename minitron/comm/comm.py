@@ -283,6 +283,12 @@ def all_gather_into_tensor(output_tensor, tensor, group=None, async_op=False):
 
 
 @_forwards
+def all_to_all_single(output, input, group=None, async_op=False):
+    """Block k of ``input`` goes to the group's rank k; ``output`` holds the block each sent me."""
+    return _cdb().all_to_all_single(output, input, group, async_op)
+
+
+@_forwards
 def barrier(group=None):
     return _cdb().barrier(group)
 
@@ -297,7 +303,8 @@ def recv(tensor, src=None, group=None, tag=0):
     return _cdb().recv(tensor, src, group, tag)
 
 
-def new_group(ranks):
-    """A group over ``ranks`` (world ranks). Collective: every rank calls it for every group."""
-    return _cdb().new_group(list(ranks))
+def new_group(ranks, group_desc=None):
+    """A group over ``ranks`` (world ranks). Collective: every rank calls it for every group.
+    ``group_desc`` is the name the trace gives the group (torch's own argument)."""
+    return _cdb().new_group(list(ranks), group_desc)
 # --8<-- [end:module-api]

@@ -77,6 +77,9 @@ class TorchBackend:
         return torch.distributed.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
                                                        async_op=async_op)
 
+    def all_to_all_single(self, output, input, group=None, async_op=False):
+        return torch.distributed.all_to_all_single(output, input, group=group, async_op=async_op)
+
     def barrier(self, group=None):
         return torch.distributed.barrier(group=group)
 
@@ -87,8 +90,8 @@ class TorchBackend:
     def recv(self, tensor, src=None, group=None, tag=0):
         return torch.distributed.recv(tensor=tensor, src=src, group=group, tag=tag)
 
-    def new_group(self, ranks):
-        return torch.distributed.new_group(ranks=ranks)
+    def new_group(self, ranks, group_desc=None):
+        return torch.distributed.new_group(ranks=ranks, group_desc=group_desc)
 
     def destroy_process_group(self, group=None):
         torch.distributed.destroy_process_group(group)

@@ -1,0 +1,1 @@
+"""DeepSpeed's ``runtime/comm``: collectives built from torch's, for ZeRO (coalesced_collectives.py)."""

@@ -1,0 +1,92 @@
+"""zero_optimization's stage-3 and ZeRO++ keys, as DeepSpeed 0.19.8's DeepSpeedZeroConfig
+defines them (zero/config.py): each field under its own name and, for the ``stage3_`` ones,
+under that alias too (DeepSpeed's models take both). Read by zero/stage3.py only; at stages 0-2
+they are accepted and change nothing, as in DeepSpeed.
+
+Accepted at any value, with what reads them (three with other defaults than DeepSpeed's:
+DEEPSPEED_DEFAULTS below says which and why):
+    stage3_prefetch_bucket_size, stage3_max_live_parameters, stage3_max_reuse_distance,
+    stage3_param_persistence_threshold, stage3_model_persistence_threshold
+                          partitioned_param_coordinator.py
+    zero_hpz_partition_size, zero_quantized_weights        zeropp.py
+    zero_quantized_gradients                               runtime/comm/coalesced_collectives.py
+    stage3_gather_16bit_weights_on_model_save (and its old name, ..._fp16_...)
+                          read only by DeepSpeed's engine.save_16bit_model(), which gathers a
+                          16-bit state dict onto rank 0; minitron's engine has no such method,
+                          so the key changes nothing here, as in a DeepSpeed run that never calls it
+Accepted at DeepSpeed's default only (what minitron does; anything else is refused):
+    sub_group_size (1e9)  the fp32 partition stepped in pieces of that many elements, which
+                          bounds what offloading swaps in at once; minitron steps each group's
+                          partition whole
+    stage3_module_granularity_threshold 0, stage3_use_all_reduce_for_fetch_params false,
+    stage3_allgather_sequential false, zero_quantized_nontrainable_weights false
+                          (minitron's stage 3 partitions trainable parameters only)
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from minitron.runtime.config_values import DeepSpeedConfigError, model_flag, model_int
+
+INTS = {   # field: (alias, minitron's default); every one ge=0
+    "prefetch_bucket_size": ("stage3_prefetch_bucket_size", 0),
+    "param_persistence_threshold": ("stage3_param_persistence_threshold", 0),
+    "model_persistence_threshold": ("stage3_model_persistence_threshold", sys.maxsize),
+    "max_live_parameters": ("stage3_max_live_parameters", 1_000_000_000),
+    "max_reuse_distance": ("stage3_max_reuse_distance", 0),
+    "zero_hpz_partition_size": (None, 1),
+}
+# DeepSpeed's defaults where minitron's differ. With them a small model keeps every parameter
+# whole (all under 1e5 elements), and from the second pass on gathers ahead and keeps a layer's
+# weights from its forward to its backward. minitron's estimate (training/theoretical_zero.py)
+# counts stage 3's gathers module by module, one before each forward and one before each
+# backward; until it follows the coordinator's trace too, the knobs are off unless asked for,
+# so that a config without them runs what the estimate counts.
+DEEPSPEED_DEFAULTS = {"prefetch_bucket_size": 50_000_000, "param_persistence_threshold": 100_000,
+                      "max_reuse_distance": 1_000_000_000}
+FLAGS = {
+    "zero_quantized_weights": (None, False),
+    "zero_quantized_gradients": (None, False),
+    "gather_16bit_weights_on_model_save": ("stage3_gather_16bit_weights_on_model_save", False),
+}
+DEFAULT_ONLY = {"sub_group_size": 1_000_000_000, "stage3_module_granularity_threshold": 0,
+                "module_granularity_threshold": 0, "stage3_use_all_reduce_for_fetch_params": False,
+                "use_all_reduce_for_fetch_params": False, "stage3_allgather_sequential": False,
+                "allgather_sequential": False, "zero_quantized_nontrainable_weights": False}
+STAGE3_KEYS = tuple(k for table in (INTS, FLAGS) for name, (alias, _) in table.items()
+                    for k in (name, alias) if k) + ("stage3_gather_fp16_weights_on_model_save",)
+
+
+@dataclass(frozen=True)
+class Stage3Config:
+    prefetch_bucket_size: int = INTS["prefetch_bucket_size"][1]
+    param_persistence_threshold: int = INTS["param_persistence_threshold"][1]
+    model_persistence_threshold: int = INTS["model_persistence_threshold"][1]
+    max_live_parameters: int = INTS["max_live_parameters"][1]
+    max_reuse_distance: int = INTS["max_reuse_distance"][1]
+    zero_hpz_partition_size: int = 1
+    zero_quantized_weights: bool = False
+    zero_quantized_gradients: bool = False
+    gather_16bit_weights_on_model_save: bool = False
+
+
+def _one(zero: dict, name: str, alias, where: str) -> dict:
+    """The section's value under the field's name or alias ({} when neither): both is refused."""
+    given = [k for k in (name, alias) if k and k in zero]
+    if len(given) > 1:
+        raise DeepSpeedConfigError(f"{where}: {given[0]!r} and {given[1]!r} are one field; keep one")
+    return {name: zero[given[0]]} if given else {}
+
+
+def parse_stage3(zero: dict, where: str) -> Stage3Config:
+    values = {}
+    for name, (alias, default) in INTS.items():
+        values[name] = model_int(_one(zero, name, alias, where), name, default, where, minimum=0)
+    for name, (alias, default) in FLAGS.items():
+        values[name] = model_flag(_one(zero, name, alias, where), name, default, where)
+    if "stage3_gather_fp16_weights_on_model_save" in zero:   # DeepSpeed's deprecated name for the same field
+        values["gather_16bit_weights_on_model_save"] = model_flag(
+            zero, "stage3_gather_fp16_weights_on_model_save", False, where)
+    return Stage3Config(**values)
