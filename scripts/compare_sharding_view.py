@@ -45,17 +45,18 @@ def tables(report: dict) -> list[str]:
     kinds = list(dict.fromkeys(k for row in report["configs"] for k in _by_kind(row)))
     order = [k for k in SHORT.values() if k in kinds] + [k for k in kinds if k not in SHORT.values()]
     lines += ["", "Collectives rank 0 called in the last iteration, over groups of more than one rank:",
-              "calls × KiB handed to them", "",
+              "calls × KiB handed to them (B: bytes, where under a KiB)", "",
               f"{'configuration':<24}" + "".join(f"{k:>17}" for k in order)]
     for row in report["configs"]:
         got = _by_kind(row)
-        cells = [f"{got[k][0]} × {kib(got[k][1])}" if k in got else "-" for k in order]
+        cells = [f"{got[k][0]} × {kib(got[k][1]) if got[k][1] >= 1024 else f'{got[k][1]} B'}" if k in got else "-"
+                 for k in order]
         lines.append(f"{row['name']:<24}" + "".join(f"{c:>17}" for c in cells))
     serial = report.get("serial_losses")
     if serial:
         worst = max(abs(a - b) for row in report["configs"] for a, b in zip(row["losses"], serial))
-        lines += ["", f"losses: serial {', '.join(f'{v:.6f}' for v in serial)}; the largest difference of "
-                      f"any configuration {worst:.1e} (tolerance {report['loss_tolerance']:.0e})"]
+        lines += ["", f"losses of the serial run: {', '.join(f'{v:.6f}' for v in serial)}; the largest difference",
+                  f"of any configuration from them: {worst:.1e} (tolerance {report['loss_tolerance']:.0e})"]
     return lines
 
 

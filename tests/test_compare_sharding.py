@@ -1,0 +1,94 @@
+"""Chapter 12b's table comes from a committed JSON (docs/sharding-runs/compare.json) that
+scripts/compare_sharding.py wrote from ~10 traced 8-rank runs, too slow for every build. Here:
+
+* the committed file is the script's: its configurations, model and world; the checks the script
+  runs (losses = the serial run's, bytes and collectives = the estimate's) pass on it; and its
+  figures are what sharding promises, to the byte where no padding enters;
+* one row, rerun now through the script's own code (the distributed optimizer, 8 ranks, one
+  iteration), holds what the file says: the same bytes at rest, the same collectives in its
+  iteration, and the same first loss;
+* the chapter's picture is what the script draws from the file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+compare = importlib.import_module("compare_sharding")
+view = importlib.import_module("compare_sharding_view")
+COMMITTED = json.loads(compare.JSON.read_text())
+ROWS = {row["name"]: row for row in COMMITTED["configs"]}
+RERUN = "distributed optimizer"
+
+
+def rank0(name: str, when: str = "step") -> dict:
+    return ROWS[name]["ranks"][0][when]
+
+
+def test_committed_file_is_the_scripts_runs():
+    assert list(ROWS) == list(compare.CONFIGS)
+    assert COMMITTED["model"] == compare.MODEL and COMMITTED["world"] == compare.WORLD == 8
+    assert COMMITTED["iters"] == compare.ITERS and COMMITTED["produced"]["commit"]
+    assert view.check(COMMITTED) == []
+    assert all(len(row["losses"]) == COMMITTED["iters"] for row in ROWS.values())
+
+
+def test_committed_figures_are_what_sharding_promises():
+    n, dp = ROWS["DDP"]["ranks"][0]["numel"], COMMITTED["world"]
+    ddp = rank0("DDP")
+    # fp32 everywhere: Megatron steps the model's own fp32 weights (Adam's two moments only);
+    # DeepSpeed keeps an fp32 master copy even then (three fp32 numbers per parameter).
+    assert ddp == {"params": 4 * n, "grads": 4 * n, "optimizer": 8 * n}
+    # What each shards, 1/dp of the whole up to the padding that makes equal partitions
+    # (at most 2 x dp elements a flat buffer or a unit, one element a ZeRO-3 parameter).
+    slack = 4 * 2 * dp * 16
+    for name, sharded, whole in [
+            ("distributed optimizer", {"optimizer": 8}, {"params": 4, "grads": 4}),
+            ("FSDP optim", {"optimizer": 8}, {"params": 4, "grads": 4}),
+            ("FSDP optim_grads", {"optimizer": 8, "grads": 4}, {"params": 4}),
+            ("ZeRO-1", {"optimizer": 12}, {"params": 4, "grads": 4}),
+            ("ZeRO-2", {"optimizer": 12, "grads": 4}, {"params": 4}),
+            ("ZeRO-3", {"optimizer": 12, "grads": 4, "params": 4}, {})]:
+        held = rank0(name)
+        for kind, per in sharded.items():
+            assert 0 <= held[kind] - per * n / dp <= slack, (name, kind, held[kind])
+        for kind, per in whole.items():
+            assert 0 <= held[kind] - per * n <= slack, (name, kind, held[kind])
+    # Parameters sharded: the peak holds the gathered units/modules on top of the step's bytes.
+    for name in ("FSDP optim_grads_params", "ZeRO-3"):
+        peak = sum(ROWS[name]["ranks"][0]["peak"].values())
+        assert peak > sum(rank0(name).values()), name
+    # DDP's gradient all-reduce hands the whole gradient (plus 8 bytes: the loss's all-reduce).
+    hands = {c["kind"]: c["bytes"] for c in ROWS["DDP"]["collectives"] if c["group"] == "dp-cp"}
+    assert hands == {"all_reduce": 4 * n + 8}
+
+
+@pytest.fixture(scope="module")
+def rerun(tmp_path_factory):
+    return compare.run([RERUN], compare.WORLD, iters=1, serial=False)
+
+
+def test_one_row_rerun_holds_what_the_file_says(rerun):
+    assert view.check(rerun) == []   # bytes and collectives = the estimate's, every rank alike
+    now, then = rerun["configs"][0], ROWS[RERUN]
+    assert [r["rest"] for r in now["ranks"]] == [r["rest"] for r in then["ranks"]]
+    assert now["collectives"] == then["collectives"]
+    # The first iteration's loss: one step fewer is the same computation (tolerance: the same
+    # sums on the same machine may run in another thread order).
+    assert now["losses"][0] == pytest.approx(then["losses"][0], abs=1e-6)
+
+
+def test_chapter_figure_is_what_the_script_draws():
+    """Rewrite it with `python scripts/compare_sharding.py svg walkthrough/figures/12b-sharding-compared.svg`."""
+    from test_svg import parse   # well-formed, and every label inside the picture
+
+    drawn = (ROOT / "walkthrough/figures/12b-sharding-compared.svg").read_text()
+    assert drawn == view.figure(COMMITTED)
+    parse(drawn)
