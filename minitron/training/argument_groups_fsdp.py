@@ -32,12 +32,6 @@ def validate_fsdp_args(args) -> None:
     flag = "--use-megatron-fsdp"
     require(not getattr(args, "deepspeed", False), f"{flag} and --deepspeed are two ways to shard: drop one "
             "(DeepSpeed's ZeRO stage 3 is --deepspeed's)")
-    require(args.pipeline_model_parallel_size == 1, f"{flag} here needs --pipeline-model-parallel-size 1 (the tied "
-            "embedding's sum across stages reads whole gradients, which FSDP does not keep)")
-    require(not args.sequence_parallel and not (args.qk_layernorm and args.tensor_model_parallel_size > 1),
-            f"{flag} here cannot sum partial layernorm gradients over tensor parallelism (sequence parallelism, "
-            "per-head qk norms): drop --sequence-parallel/--qk-layernorm or tensor parallelism")
-    require(not args.num_experts, f"{flag} here has no expert-data-parallel units: drop --num-experts")
     if args.data_parallel_sharding_strategy == "optim_grads_params":
         for given, what in ((args.log_params_norm, "--log-params-norm"),
                             (getattr(args, "check_weight_hash_across_dp_replicas_interval", None),

@@ -79,10 +79,16 @@ def _global_layer_names(module) -> dict:
     return out
 
 
+_LOCAL_EXPERT = re.compile(r"(\.experts\.local_experts\.)(\d+)(\.)|(\.experts\.linear_fc[12]\.(?:weight|bias))(\d+)()$")
+
+
 def param_names(fsdp) -> dict:
     """Each parameter of an FSDP chunk -> its name in the checkpoint: Megatron's key (the
-    model's name, wrappers stripped) with the layer's global number."""
+    model's name, wrappers stripped) with the layer's global number and, as Megatron's
+    handle_experts_in_state_dict, the expert's global number (ep rank x local experts + i)."""
     layers = _global_layer_names(fsdp.module)
+    experts = getattr(fsdp.config, "num_moe_experts", None)
+    first_expert = mpu.get_expert_model_parallel_rank() * (experts or 0) // mpu.get_expert_model_parallel_world_size()
     out = {}
     for name, p in fsdp.module.named_parameters():
         for local, found in layers.items():
@@ -91,11 +97,12 @@ def param_names(fsdp) -> dict:
                 break
         while name.startswith("module."):   # Float16Module's wrapping is no part of the model's names
             name = name[len("module."):]
-        out[p] = name
+        out[p] = _LOCAL_EXPERT.sub(lambda m: f"{m.group(1) or m.group(4)}"
+                                   f"{first_expert + int(m.group(2) or m.group(5))}{m.group(3) or ''}", name)
     return out
 
 
-_SWIGLU_FC1 = re.compile(r"\.mlp\.linear_fc1\.(weight|bias)$")
+_SWIGLU_FC1 = re.compile(r"\.mlp\.(experts\.(local_experts\.\d+\.)?)?linear_fc1\.(weight|bias)\d*$")
 
 
 def _parts(name: str, param, gated: bool) -> list:
@@ -112,14 +119,16 @@ def _parts(name: str, param, gated: bool) -> list:
 def _placement(param, shape):
     """(global shape, offset of this rank's slice) of a part of ``shape``: tensor-parallel
     parameters are one slice of the whole, cut along partition_dim."""
-    tp = mpu.get_tensor_model_parallel_world_size()
+    expert = not getattr(param, "allreduce", True)   # an expert is cut over expert tensor parallelism
+    group = mpu.get_expert_tensor_parallel_group() if expert else mpu.get_tensor_model_parallel_group()
+    tp = torch.distributed.get_world_size(group=group)
     if tp == 1 or not getattr(param, "tensor_model_parallel", False):
         return shape, (0,) * len(shape)
     dim = param.partition_dim
     glob = list(shape)
     glob[dim] *= tp
     offset = [0] * len(shape)
-    offset[dim] = mpu.get_tensor_model_parallel_rank() * shape[dim]
+    offset[dim] = torch.distributed.get_rank(group=group) * shape[dim]
     return tuple(glob), tuple(offset)
 
 

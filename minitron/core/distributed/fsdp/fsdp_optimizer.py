@@ -53,7 +53,11 @@ class FSDPOptimizer(MixedPrecisionOptimizer):
         return super().get_grad_stats_parallel_group()
 
     def get_expert_grad_stats_parallel_group(self):
-        return None   # no experts under FSDP here (validate_fsdp_args)
+        """Sharded, the pieces of every rank count each expert element once, over the same
+        group as the dense ones (the distributed optimizer's rule); whole, the replicas' rule."""
+        if self.sharded:
+            return None
+        return super().get_expert_grad_stats_parallel_group()
 
     def _copy_model_grads_to_main_grads(self) -> None:
         for _, main, grad in self.pieces:   # a view when fp32 already; clipping scales it in place

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 import torch
 
 from minitron.core import parallel_state
+from minitron.core.distributed.fsdp.finalize import sum_partial_pieces_over_tp, sum_tied_embedding_pieces_over_stages
 from minitron.core.distributed.fsdp.unit import FSDPUnit
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.transformer_layer import TransformerLayer
@@ -52,33 +53,65 @@ class FullyShardedDataParallel(MegatronModule):
         self.strategy = strategy
         self.dp_cp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
         dp = torch.distributed.get_world_size(group=self.dp_cp_group)
+        # An MoE layer's experts (allreduce=False, moe/experts.py) are replicated only over the
+        # expert-data-parallel group, the ranks holding the same experts: a unit of their own
+        # is sharded over that group (Megatron-FSDP's expert mesh), as DDP gives them buffers of
+        # their own. The scale is 1/dp for both, as DDP's.
+        expert_group = parallel_state.get_expert_data_parallel_group() \
+            if any(not getattr(p, "allreduce", True) for p in module.parameters()) else None
         if broadcast_from_src:   # --data-parallel-random-init: rank 0's draw becomes everyone's
             src = parallel_state.get_data_parallel_src_rank(with_context_parallel=True)
+            expert_src = parallel_state.get_global_ranks("expt-dp")[0] if expert_group is not None else None
             for p in module.parameters():
-                torch.distributed.broadcast(p.data, src=src, group=self.dp_cp_group)
+                dense = getattr(p, "allreduce", True)
+                torch.distributed.broadcast(p.data, src=src if dense else expert_src,
+                                            group=self.dp_cp_group if dense else expert_group)
         # Each layer's parameters, then the rest: the layers' modules, and the chunk itself.
         unit_modules = [(name, m) for name, m in module.named_modules() if isinstance(m, TransformerLayer)]
         taken: set = set()
-        plan = []
+        plan = []   # (unit name, the module whose forward gathers it, its parameters, its group)
         for name, m in unit_modules:
             params = [p for p in m.parameters() if p.requires_grad and p not in taken]
             taken.update(params)
-            plan.append((name, m, params))
+            plan.append((name, m, [p for p in params if getattr(p, "allreduce", True)], self.dp_cp_group))
+            plan.append((name + " (experts)", m, [p for p in params if not getattr(p, "allreduce", True)],
+                         expert_group))
+        # With pipeline stages the tied embedding lives on the first and the last stage, and the
+        # two copies' gradients are summed piece by piece (finish_grad_sync): a unit of its own
+        # gives it the same shards on both stages.
+        tied = self._tied_embedding(module)
+        if tied is not None:
+            taken.add(tied)
+            plan.append(("(tied embedding)", module, [tied], self.dp_cp_group))
         rest = [p for p in module.parameters() if p.requires_grad and p not in taken]
-        plan.append(("(rest)", module, rest))
+        plan.append(("(rest)", module, rest, self.dp_cp_group))
+        plan = [entry for entry in plan if entry[2]]
         # Gradients are pre-scaled by 1/dp and summed, as DDP does (the same rounding).
         scale = 1.0 / dp
         grad_dtype = torch.float32 if grad_reduce_in_fp32 else None   # None: the parameters' dtype
-        self.units = [FSDPUnit(name, params, strategy, self.dp_cp_group, scale, grad_dtype)
-                      for name, _, params in plan if params]
+        self.units = [FSDPUnit(name, params, strategy, group, scale, grad_dtype) for name, _, params, group in plan]
         self.unit_of = {p: unit for unit in self.units for p in unit.params}
         self._handles = []
         ref = weakref.ref(self)   # hooks hold the wrapper weakly (see DistributedDataParallel's hook)
-        for (_, m, params), unit in zip([entry for entry in plan if entry[2]], self.units):
+        for (_, m, _, _), unit in zip(plan, self.units):
             self._handles.append(m.register_forward_pre_hook(self._pre_forward(unit)))
             self._handles.append(m.register_forward_hook(self._post_forward(unit)))
         for p in self.unit_of:
             self._handles.append(p.register_post_accumulate_grad_hook(self._grad_hook(ref)))
+
+    @staticmethod
+    def _tied_embedding(module):
+        """The stage's copy of a tied embedding that another stage holds too, or None."""
+        if parallel_state.get_pipeline_model_parallel_world_size() == 1 or \
+                not parallel_state.is_rank_in_embedding_group(ignore_virtual=True):
+            return None
+        inner = module
+        while not hasattr(inner, "shared_embedding_or_output_weight") and hasattr(inner, "module"):
+            inner = inner.module
+        if not getattr(inner, "share_embeddings_and_output_weights", False):
+            return None
+        weight = inner.shared_embedding_or_output_weight()
+        return weight if weight is not None and weight.requires_grad else None
 
     # --- hooks -------------------------------------------------------------------------------
     @staticmethod
@@ -126,8 +159,12 @@ class FullyShardedDataParallel(MegatronModule):
 
     @traced(args=lambda self: {"strategy": self.strategy, "units": len(self.units)})
     def finish_grad_sync(self) -> None:
+        """Reduce over dp what is still whole; then finalize_model_grads' other two sums, which
+        find no whole gradient here (each rank keeps pieces), done on the pieces (finalize.py)."""
         for unit in self.units:
             unit.finish_grad_sync()
+        sum_partial_pieces_over_tp(self)
+        sum_tied_embedding_pieces_over_stages(self)
 
     def scale_gradients(self, scaling_factor: float) -> None:
         for unit in self.units:
