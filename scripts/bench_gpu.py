@@ -264,12 +264,17 @@ def show(paths: list[Path]) -> int:
             print(f"bench_gpu: {path} is not a file that --json wrote ({err}); give one from docs/gpu-runs/",
                   file=sys.stderr)
             return 2
-        print(f"{path.name}: {'--fast' if o.fast else 'default path'}, {rec['device']}")
+        fp8 = rec.get("fp8_flags")
+        print(f"{path.name}: {'--fp8: ' + ' '.join(fp8) if fp8 else '--fast' if o.fast else 'default path'}, "
+              f"{rec['device']}")
         print(f"  recorded {rec['recorded']}")
         print(f"  torch {rec['torch']}")
         print(f"  GPT {o.num_layers} layers, hidden {o.hidden_size}, sequence {o.seq_length}, "
               f"batch {o.micro_batch_size} x {o.global_batch_size // o.micro_batch_size}, bf16")
-        table(o, rec["device"], rec["results"], rec["ratios"])
+        if fp8:
+            fp8_table(o, rec["flops_per_iteration"], rec["results"], rec["ratios"])
+        else:
+            table(o, rec["device"], rec["results"], rec["ratios"])
         print()
     return 0
 
@@ -315,6 +320,16 @@ def main(argv=None) -> int:
     return 0
 
 
+def fp8_table(o, flops: float, results: dict, ratios: dict) -> None:
+    print(f"median of iterations {FIRST_TIMED}-{o.iters} (MFU: bf16 model FLOPs {flops:.3e} over the dense bf16 peak):")
+    print(f"{'side':<26} {'ms/iteration':>12} {'tokens/s':>12} {'MFU':>7} {'peak GiB':>9}")
+    for name, r in results.items():
+        mfu = "n/a" if r["mfu"] is None else format(r["mfu"], ".1%")
+        mem = "n/a" if r["peak_memory_gib"] is None else format(r["peak_memory_gib"], ".2f")
+        print(f"{name:<26} {r['ms_per_iteration']:>12.1f} {r['tokens_per_s']:>12.1f} {mfu:>7} {mem:>9}")
+    print(f"ratio fp8/bf16: {ratios['fp8/bf16']:.3f}x (tokens/s)")
+
+
 def fp8_main(o, flops: float, vocab: int) -> int:
     """--fp8: the same model in bf16 and in fp8, both minitron's; the device named by torch here."""
     import torch
@@ -330,13 +345,7 @@ def fp8_main(o, flops: float, vocab: int) -> int:
     print(f"GPT: {o.num_layers} layers, hidden {o.hidden_size}, sequence {o.seq_length}, vocabulary {o.vocab_size} "
           f"padded to {vocab}, batch {o.micro_batch_size} x {o.global_batch_size // o.micro_batch_size}, "
           f"one {device}; fp8 side: {' '.join(fp8_flags)}")
-    print(f"median of iterations {FIRST_TIMED}-{o.iters} (MFU: bf16 model FLOPs {flops:.3e} over the dense bf16 peak):")
-    print(f"{'side':<26} {'ms/iteration':>12} {'tokens/s':>12} {'MFU':>7} {'peak GiB':>9}")
-    for name, r in results.items():
-        mfu = "n/a" if r["mfu"] is None else format(r["mfu"], ".1%")
-        mem = "n/a" if r["peak_memory_gib"] is None else format(r["peak_memory_gib"], ".2f")
-        print(f"{name:<26} {r['ms_per_iteration']:>12.1f} {r['tokens_per_s']:>12.1f} {mfu:>7} {mem:>9}")
-    print(f"ratio fp8/bf16: {ratios['fp8/bf16']:.3f}x (tokens/s)")
+    fp8_table(o, flops, results, ratios)
     if o.json:
         model = {**{k: getattr(o, k) for k in MODEL_FIELDS}, "padded_vocab": vocab}
         o.json.write_text(json.dumps({"recorded": time.strftime("%Y-%m-%d"), "torch": torch.__version__,

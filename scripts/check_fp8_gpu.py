@@ -1,6 +1,7 @@
 """fp8 on a GPU: torch._scaled_mm against the CPU path's dequantized fp32 product.
 
     python scripts/check_fp8_gpu.py [--size 4096] [--json FILE]
+    python scripts/check_fp8_gpu.py --show FILE     # print what a --json run recorded
 
 minitron/core/fp8/linear.py sends an fp8 GEMM with per-tensor scales to torch._scaled_mm where the
 device has fp8 tensor cores (compute capability 8.9+), and everywhere else dequantizes both
@@ -51,11 +52,33 @@ def timed(fn, repeats: int = 20) -> float:
     return statistics.median(times)
 
 
+def report(device: str, torch_version: str, n: int, rows: list[dict], same_cast: bool) -> bool:
+    """Print the table; True if every pair passed."""
+    print(f"{device}, torch {torch_version}, GEMM {n} x {n} x {n}")
+    print(f"{'pair':<30} {'_scaled_mm':>10} {'max rel diff':>13} {'fp8 ms':>8} {'deq fp32 ms':>12} {'bf16 ms':>8}")
+    for r in rows:
+        print(f"{r['pair']:<30} {str(r['scaled_mm']):>10} {r['max_relative_difference']:>13.2e} "
+              f"{r['scaled_mm_ms']:>8.3f} {r['dequantized_fp32_ms']:>12.3f} {r['bf16_ms']:>8.3f}")
+    print(f"compiled cast equals the plain ops bit for bit (e4m3, e5m2): {same_cast}")
+    passed = all(r["scaled_mm"] and r["max_relative_difference"] <= TOLERANCE for r in rows)
+    print(f"tolerance {TOLERANCE:g}: {'passed' if passed else 'FAILED'}")
+    return passed
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", type=int, default=4096, help="m = n = k of the GEMM (a multiple of 16)")
     p.add_argument("--json", type=Path)
+    p.add_argument("--show", type=Path, metavar="FILE", help="print the figures an earlier --json run recorded")
     o = p.parse_args(argv)
+    if o.show:
+        try:
+            rec = json.loads(o.show.read_text())
+            report(rec["device"], rec["torch"], rec["size"], rec["rows"], rec["compiled_cast_bit_equal"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            print(f"check_fp8_gpu: {o.show} is not a file that --json wrote ({err})", file=sys.stderr)
+            return 2
+        return 0
     import torch
     if not torch.cuda.is_available():
         print("check_fp8_gpu: no CUDA GPU here; this check is for a GPU machine", file=sys.stderr)
@@ -65,7 +88,7 @@ def main(argv=None) -> int:
 
     torch.manual_seed(0)
     n = o.size
-    rows, failed = [], False
+    rows = []
     for name, (fmt_a, fmt_b) in PAIRS.items():
         a_fp32 = torch.randn(n, n, device="cuda") * (1e-3 if fmt_a == "e5m2" else 1.0)   # gradients are small
         b_fp32 = torch.randn(n, n, device="cuda")
@@ -80,22 +103,14 @@ def main(argv=None) -> int:
                "dequantized_fp32_ms": timed(lambda: torch.nn.functional.linear(dequantize(a, a_inv),
                                                                                dequantize(b, b_inv))) * 1e3,
                "bf16_ms": timed(lambda: torch.nn.functional.linear(a_fp32.bfloat16(), b_fp32.bfloat16())) * 1e3}
-        failed |= (not took) or diff > TOLERANCE
         rows.append(row)
     # The compiled cast (one kernel, used on CUDA) against the plain ops: the same bytes.
     x, scale = torch.randn(4096, 1000, device="cuda", dtype=torch.bfloat16) * 300, torch.tensor(0.37, device="cuda")
     same_cast = all(torch.equal(_cast_fused(x, scale, FORMATS[f][1], FORMATS[f][0]).view(torch.uint8),
                                 _cast(x, scale, FORMATS[f][1], FORMATS[f][0]).view(torch.uint8)) for f in FORMATS)
-    failed |= not same_cast
+    failed = not same_cast
     device = torch.cuda.get_device_name()
-    print(f"{device}, torch {torch.__version__}, capability {torch.cuda.get_device_capability()}, "
-          f"GEMM {n} x {n} x {n}")
-    print(f"{'pair':<30} {'_scaled_mm':>10} {'max rel diff':>13} {'fp8 ms':>8} {'deq fp32 ms':>12} {'bf16 ms':>8}")
-    for r in rows:
-        print(f"{r['pair']:<30} {str(r['scaled_mm']):>10} {r['max_relative_difference']:>13.2e} "
-              f"{r['scaled_mm_ms']:>8.3f} {r['dequantized_fp32_ms']:>12.3f} {r['bf16_ms']:>8.3f}")
-    print(f"compiled cast equals the plain ops bit for bit (e4m3, e5m2): {same_cast}")
-    print(f"tolerance {TOLERANCE:g}: {'FAILED' if failed else 'passed'}")
+    failed |= not report(device, torch.__version__, n, rows, same_cast)
     if o.json:
         o.json.write_text(json.dumps({"device": device, "torch": torch.__version__, "size": n,
                                       "tolerance": TOLERANCE, "rows": rows,

@@ -87,7 +87,10 @@ def test_without_a_gpu_it_says_so_and_exits_2():
     assert len(done.stderr.strip().splitlines()) == 1 and "--cpu-smoke" in done.stderr
 
 
-RECORDED = sorted((ROOT / "docs" / "gpu-runs").glob("*.json"))
+RUNS = sorted((ROOT / "docs" / "gpu-runs").glob("*.json"))
+GEMM = [p for p in RUNS if p.name.endswith("-gemm.json")]            # scripts/check_fp8_gpu.py --json
+FP8 = [p for p in RUNS if p not in GEMM and "fp8_flags" in json.loads(p.read_text())]   # bench_gpu.py --fp8
+RECORDED = [p for p in RUNS if p not in GEMM and p not in FP8]      # bench_gpu.py's three sides
 
 
 def test_the_recorded_gpu_runs_print_as_recorded_and_the_page_quotes_them():
@@ -106,6 +109,32 @@ def test_the_recorded_gpu_runs_print_as_recorded_and_the_page_quotes_them():
     for rec in runs:
         assert f"{rec['ratios']['minitron/eager']:.2f}×" in page
         assert f"{rec['results']['minitron']['mfu']:.1%}".replace("%", "") in page
+
+
+def test_the_recorded_fp8_runs_print_as_recorded_and_the_page_quotes_them():
+    """The fp8 runs (bf16 against fp8, and the GEMM check): --show prints each file's figures,
+    and the ratios and timings docs/gpu.md quotes are the files' own, rounded as quoted."""
+    assert FP8 and GEMM, "docs/gpu-runs/ holds the fp8 runs the GPU page shows"
+    page = (ROOT / "docs" / "gpu.md").read_text()
+    chapter = (ROOT / "walkthrough" / "21-fp8.md").read_text()   # quotes the newest fp8 run too
+    for path in FP8:
+        rec = json.loads(path.read_text())
+        done = bench("--show", str(path))
+        assert done.returncode == 0, done.stderr
+        for side, r in rec["results"].items():
+            assert re.search(rf"^{side} +{r['ms_per_iteration']:.1f} +{r['tokens_per_s']:.1f} ", done.stdout, re.M)
+        assert f"{rec['ratios']['fp8/bf16']:.2f}×" in page, path.name
+    fused = json.loads((ROOT / "docs" / "gpu-runs" / "2026-11-27-h200-fp8.json").read_text())   # one kernel a cast
+    assert f"{fused['ratios']['fp8/bf16']:.2f}×" in chapter
+    for path in GEMM:
+        rec = json.loads(path.read_text())
+        done = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_fp8_gpu.py"), "--show", str(path)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and "tolerance 0.001: passed" in done.stdout, done.stderr
+        forward = rec["rows"][0]
+        quoted = f"{forward['scaled_mm_ms']:.3f} ms against bf16's {forward['bf16_ms']:.3f} ms"
+        assert quoted in page and quoted in chapter
+        assert all(r["max_relative_difference"] < 2e-4 for r in rec["rows"])   # the page's "within 2×10⁻⁴"
 
 
 def test_show_refuses_a_file_no_run_wrote(tmp_path):
