@@ -25,7 +25,6 @@ from minitron.training.theoretical_torch_fsdp2 import unit_shards
 from minitron.training.tokenizer import build_tokenizer
 
 MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
-         "--ffn-hidden-size", "71",   # fc1's 71 rows split 36 + 35: FSDP2 pads rank 1's chunk
          "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "3", "--lr", "1e-2",
          "--mock-data", "--vocab-size", "1023", "--hidden-dropout", "0", "--attention-dropout", "0",
          "--seed", "7", "--distributed-backend", "gloo", "--clip-grad", "1.0", "--untie-embeddings-and-output-weights"]
@@ -138,19 +137,34 @@ def _held(argv):
             sample()
             return scatter(*a, **kw)
 
+        grads, step = [], optimizer.step
+
+        def measured_step():   # the gradients as backward left them, before a 16-bit model's move to fp32
+            grads.append(fsdp.bytes_held()["grads"])
+            return step()
+
         torch.distributed.all_gather_single, torch.distributed.reduce_scatter_single = sampled_gather, sampled_scatter
+        optimizer.step = measured_step
         try:
             train_step(forward_step, train_iter, model, optimizer, scheduler)
         finally:
             torch.distributed.all_gather_single, torch.distributed.reduce_scatter_single = gather, scatter
+        # Adam's moments, and the fp32 main copies of a 16-bit model (an fp32 one steps its own)
         state = [t.to_local() for s in optimizer.optimizer.state.values() for k, t in s.items() if k != "step"]
-        return {"params": peak[0], "grads": fsdp.bytes_held()["grads"],
+        state += [p.to_local() for g in getattr(optimizer, "fp32_from_float16_groups", []) for p in g]
+        return {"params": peak[0], "grads": grads[0],
                 "optimizer": sum(t.numel() * t.element_size() for t in state)}
     return body
 
 
-def test_held_bytes_equal_the_estimate(tmp_path):
-    argv = [*MODEL, *FSDP2, "--train-iters", "1"]
+VARIANTS = {"fp32": [], "bf16": pytest.param(["--bf16"], marks=pytest.mark.stress),
+            "no-reshard": pytest.param(["--torch-fsdp2-no-reshard-after-forward"], marks=pytest.mark.stress)}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS.values()), ids=list(VARIANTS))
+def test_held_bytes_equal_the_estimate(tmp_path, variant):
+    # fc1's 71 rows split 36 + 35: FSDP2 pads rank 1's chunk of it, and of its bias
+    argv = [*MODEL, *FSDP2, "--train-iters", "1", "--ffn-hidden-size", "71", *variant]
     cfg = LaunchConfig(world_size=2, log_dir=tmp_path / "logs", env=session_env(2, None))
     try:
         held = run_on_ranks(_held(argv), cfg)
@@ -173,6 +187,7 @@ def test_held_bytes_equal_the_estimate(tmp_path):
     (["--ckpt-format", "torch"], "requires --ckpt-format torch_dist"),
     (["--use-megatron-fsdp"], "two ways to shard"),
     (["--save", "ckpt"], "cannot save or load"),
+    (["--check-weight-hash-across-dp-replicas-interval", "1"], "each rank holds its rows"),
 ])
 def test_what_megatron_refuses_is_refused_in_one_line(extra, words):
     with pytest.raises(UserError, match=words) as refused:

@@ -52,5 +52,8 @@ def validate_torch_fsdp2_args(args) -> None:
         require(os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1", f"{FLAG} overlaps its collectives on "
                 "their own CUDA streams, which CUDA_DEVICE_MAX_CONNECTIONS=1 serializes: unset it")
     # What minitron's wrapper does not build.
+    require(not getattr(args, "check_weight_hash_across_dp_replicas_interval", None), "--check-weight-hash-across-"
+            f"dp-replicas-interval compares whole weights across dp, which {FLAG} does not keep (each rank holds "
+            "its rows): drop it")
     require(args.save is None and args.load is None, f"{FLAG} here cannot save or load its DTensor shards yet "
             "(Megatron's torch_dist writes them through their sharded_state_dict): drop --save/--load")

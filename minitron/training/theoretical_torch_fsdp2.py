@@ -22,7 +22,8 @@ each gather a rank holds the root, and the flat outputs of two units in forward 
 largest of these moments, measured on the gloo ranks, comes in forward (tests/test_torch_fsdp2.py
 samples every gather and reduction of a step). In backward it holds the root, at most one
 layer whole and two gathers, less in the models measured. With
---torch-fsdp2-no-reshard-after-forward nothing is freed until backward, and every unit counts.
+--torch-fsdp2-no-reshard-after-forward nothing is freed until backward: at each gather every
+unit gathered before it is whole.
 Torch-free, like the rest of the estimator.
 """
 
@@ -74,16 +75,18 @@ def unit_shards(args) -> dict[str, int]:
 
 
 def _peak_gathered(args, shards: dict[str, int]) -> int:
-    """Elements held whole at the peak, beyond the shards (see the module docstring): the root,
-    and the outputs of the last two all-gathers in forward order (the root's then the
-    embedding's, or two neighbouring units')."""
+    """Elements held whole at the peak, beyond the shards (see the module docstring): at the
+    gather of each unit in forward order, the units whole by then, and the flat outputs of this
+    gather and the one before it."""
     dp = _dp(args)
     whole = {name: n * dp for name, n in shards.items()}
     root = whole.pop(ROOT, 0)
     order = [root, *whole.values()]   # forward: the root, the embedding, the layers
-    if not args.torch_fsdp2_reshard_after_forward:   # nothing freed until backward
-        return root + sum(whole.values()) + max((a + b for a, b in zip(order, order[1:])), default=root)
-    return root + max((a + b for a, b in zip(order, order[1:])), default=root)
+    peak = root
+    for k in range(1, len(order)):
+        held = root if args.torch_fsdp2_reshard_after_forward else sum(order[:k])   # copied out by now
+        peak = max(peak, held + order[k - 1] + order[k])
+    return peak
 
 
 def torch_fsdp2_memory(args, dp_rank: int) -> tuple[int, dict]:
@@ -112,6 +115,11 @@ def torch_fsdp2_comm(args, tally) -> None:
     for shard in unit_shards(args).values():
         tally.add("dp-cp", shard * e, m * gathers)
         tally.add("dp-cp", shard * dp * e, m)
+    # finalize_model_grads: the sequence-parallel norms' and biases' rows, summed over tp (one
+    # vector each; a rank's rows, counted as ceil(n/dp): exact where dp divides them)
+    sp_rows = sum(-(-p.numel // dp) for p in model_params(args, 0, 0) if p.sequence_parallel)
+    if sp_rows:
+        tally.add("tp", sp_rows * e)
     if args.clip_grad > 0:   # the gradient norm: the local rows' sum over dp, then over tp x pp
         tally.add("dp-cp", 4)
         tally.add("tp-pp", 4)

@@ -27,6 +27,7 @@ import torch
 
 from minitron.core import parallel_state as mpu
 from minitron.core.tensor_parallel import broadcast_data
+from minitron.core.utils import get_data_parallel_group_if_dtensor, to_local_if_dtensor
 from minitron.trace import traced
 from minitron.training import global_vars
 
@@ -189,16 +190,23 @@ def calc_params_l2_norm(model) -> float:
     from minitron.core.optimizer.clip_grads import param_is_not_shared
     from minitron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
 
-    device = torch.device(next(model[0].parameters()).device)
+    device = torch.device(to_local_if_dtensor(next(model[0].parameters())).device)
     sums = {"dense": torch.zeros(1, dtype=torch.float32, device=device),
             "expert": torch.zeros(1, dtype=torch.float32, device=device)}
+    fsdp2_group = None   # --use-torch-fsdp2: each dp rank holds its rows of every parameter
     for chunk in model:
         for param in chunk.parameters():
             if not param_is_not_tensor_parallel_duplicate(param) or not param_is_not_shared(param):
                 continue
             data = getattr(param, "main_param", None)
-            data = (param if data is None else data).detach().float()
+            data = param if data is None else data
+            fsdp2_group = get_data_parallel_group_if_dtensor(data, fsdp2_group)
+            data = to_local_if_dtensor(data.detach()).float()
             sums["dense" if getattr(param, "allreduce", True) else "expert"] += torch.sum(data * data)
+    if fsdp2_group is not None:   # the rows' sums over dp first, both kinds in one collective
+        both = torch.cat([sums["dense"], sums["expert"]])
+        torch.distributed.all_reduce(both, group=fsdp2_group)
+        sums = {"dense": both[:1], "expert": both[1:]}
     dense_group = mpu.get_model_parallel_group()
     expert_ranks, dense_ranks = mpu.get_global_ranks("tp-ep-pp"), mpu.get_global_ranks("tp-pp")
     if expert_ranks == dense_ranks:   # one sum over one group: the same collective as a dense model's
