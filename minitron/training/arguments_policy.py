@@ -56,6 +56,15 @@ NO_EFFECT = {
     "--profile": (False, _PROFILER),
     "--profile-step-start": (True, _PROFILER),
     "--profile-step-end": (True, _PROFILER),
+    "--profile-ranks": (True, _PROFILER),
+    "--record-memory-history": (False, "snapshots the CUDA allocator's history for its memory viewer; minitron's "
+                                       "memory lines and `estimate` show the bytes instead"),
+    "--use-nccl-ub": (False, "registers the communication buffers with NCCL (user buffers), which frees GPU SMs "
+                             "for compute; the same sums"),
+    "--fsdp-double-buffer": (False, "reuses two Megatron-FSDP communication buffers instead of allocating per "
+                                    "gather: memory management only"),
+    "--fsdp-manual-registration": (False, "registers Megatron-FSDP's buffers with NCCL by hand (needs "
+                                          "--use-nccl-ub): GPU memory registration only"),
     "--empty-unused-memory-level": (True, "when the CUDA allocator's cache is emptied: memory only"),
     "--no-mmap-bin-files": (False, "how the .bin file is read; the same tokens"),
     "--exit-duration-in-mins": (True, "a wall-clock stop for a cluster's time limit: no step computes anything "
