@@ -1,14 +1,20 @@
 """--use-torch-fsdp2: torch's own fully_shard trains the serial model's numbers, traced and estimated.
 
-pretrain_gpt on forked gloo ranks, three iterations of a 2-layer GPT with gradient clipping (so
-the norm, summed over the DTensor shards and then over dp, matters): at dp 2 the losses and
-gradient norms equal the serial run's to 1e-5 relative (FSDP2 averages each micro-batch's
-gradients in its reduce-scatter where the serial run sums them in one backward: only the order
-of the sums differs; measured 1e-7). The same run's trace shows every unit all-gathered before
-its forward and again before its backward, and reduce-scattered after it, on the data-parallel
-group with the shard's shape; and the bytes each group was handed equal the estimate. A second
-launch measures what one train_step holds (parameter shards, the units whole at the peak,
-gradients, Adam's state) against the estimate. tp 2 x dp 2 is a stress case.
+pretrain's path on 2 forked gloo ranks, three iterations of a 2-layer GPT with gradient clipping
+(so the norm, summed over the DTensor rows and then over dp, matters), in one traced launch:
+
+* the losses and gradient norms equal the serial run's to 1e-5 relative: FSDP2 averages each
+  micro-batch's gradients in its reduce-scatter where the serial run sums them in one backward,
+  so only the order of the sums differs (measured: 1e-7);
+* the trace shows every unit all-gathered before its forward and again before its backward, and
+  reduce-scattered after it, on the data-parallel group, with the shard's shape; and the bytes
+  and calls each group kind was handed equal the estimate's;
+* what a rank holds equals the estimate: its parameter shards plus the units whole at the peak
+  (sampled at every gather and reduction), its gradients, and Adam's state. fc1 has 71 rows, so
+  they split 36 + 35 and FSDP2 pads rank 1's chunk.
+
+tp 2 x dp 2 (with sequence parallelism), bf16 and --torch-fsdp2-no-reshard-after-forward are
+stress cases.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ from minitron.training.theoretical_torch_fsdp2 import unit_shards
 from minitron.training.tokenizer import build_tokenizer
 
 MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
-         "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "3", "--lr", "1e-2",
-         "--mock-data", "--vocab-size", "1023", "--hidden-dropout", "0", "--attention-dropout", "0",
+         "--ffn-hidden-size", "71", "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "3",
+         "--lr", "1e-2", "--mock-data", "--vocab-size", "1023", "--hidden-dropout", "0", "--attention-dropout", "0",
          "--seed", "7", "--distributed-backend", "gloo", "--clip-grad", "1.0", "--untie-embeddings-and-output-weights"]
 FSDP2 = ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]
 TOL = 1e-5
@@ -44,6 +50,86 @@ def _assert_close(curve, serial):
     assert serial[-1][0] < serial[0][0]   # the weights moved: the gathers carried new values
 
 
+def _train_and_measure(argv):
+    """Each rank: --train-iters train_steps, sampling what its parameters take at every gather
+    and reduction (the shards, the units whole now, the gathers' outputs still alive); then
+    {"curve": [(loss, grad norm)], "held": bytes of params at the peak, grads, optimizer}."""
+    def body(rank):
+        import weakref
+
+        import torch
+
+        from minitron.pretrain_gpt import ARGS_DEFAULTS, forward_step, model_provider, train_valid_test_datasets_provider
+        from minitron.training.data import build_train_valid_test_data_iterators
+        from minitron.training.global_vars import get_args
+        from minitron.training.initialize import initialize_megatron
+        from minitron.training.model_setup import setup_model_and_optimizer
+        from minitron.training.training import train_step
+
+        initialize_megatron(args_defaults=ARGS_DEFAULTS, argv=argv)
+        args = get_args()
+        args.iteration = args.consumed_train_samples = 0
+        train_iter, _, _ = build_train_valid_test_data_iterators(train_valid_test_datasets_provider)
+        model, optimizer, scheduler = setup_model_and_optimizer(model_provider, "encoder_or_decoder")
+        fsdp = model[0]
+        shards = fsdp.bytes_held()["params"]   # at rest: every unit sharded
+        in_flight, peak = [], [shards]
+
+        def sample():
+            whole = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes()
+                     for p in fsdp.module.parameters() if not hasattr(p, "to_local")}
+            gathering = sum(t.untyped_storage().nbytes() for t in (ref() for ref in in_flight) if t is not None)
+            peak[0] = max(peak[0], shards + sum(whole.values()) + gathering)
+
+        gather, scatter = torch.distributed.all_gather_single, torch.distributed.reduce_scatter_single
+
+        def sampled_gather(output, *a, **kw):
+            in_flight.append(weakref.ref(output))   # FSDP2 keeps it until the next all-gather
+            sample()
+            return gather(output, *a, **kw)
+
+        def sampled_scatter(*a, **kw):
+            sample()
+            return scatter(*a, **kw)
+
+        grads, step = [], optimizer.step
+
+        def measured_step():   # the gradients as backward left them, before a 16-bit model's move to fp32
+            grads.append(fsdp.bytes_held()["grads"])
+            return step()
+
+        torch.distributed.all_gather_single, torch.distributed.reduce_scatter_single = sampled_gather, sampled_scatter
+        optimizer.step = measured_step
+        curve = []
+        try:
+            for iteration in range(args.train_iters):
+                args.curr_iteration = iteration
+                loss, _, grad_norm, _ = train_step(forward_step, train_iter, model, optimizer, scheduler)
+                curve.append((float(next(iter(loss.values()))), grad_norm))
+        finally:
+            torch.distributed.all_gather_single, torch.distributed.reduce_scatter_single = gather, scatter
+        # Adam's moments, and the fp32 main copies of a 16-bit model (an fp32 one steps its own)
+        state = [t.to_local() for s in optimizer.optimizer.state.values() for k, t in s.items() if k != "step"]
+        state += [p.to_local() for g in getattr(optimizer, "fp32_from_float16_groups", []) for p in g]
+        return {"curve": curve, "held": {"params": peak[0], "grads": grads[0],
+                                         "optimizer": sum(t.numel() * t.element_size() for t in state)}}
+    return body
+
+
+def _launch(tmp_path, argv, trace_dir=None):
+    cfg = LaunchConfig(world_size=2, log_dir=tmp_path / "logs", env=session_env(2, trace_dir))
+    try:
+        return run_on_ranks(_train_and_measure(argv), cfg)
+    except RankFailure as failure:
+        raise AssertionError(f"{failure}\n{failure.log_tail(30)}") from None
+
+
+def _estimate(argv):
+    args = validate_pretrain(argv, 2)
+    build_tokenizer(args)
+    return args, tmu.report_theoretical_memory(args)
+
+
 @pytest.fixture(scope="module")
 def serial(tmp_path_factory):
     return _curve(pretrain_records(tmp_path_factory.mktemp("serial") / "run", 1, MODEL))
@@ -51,25 +137,25 @@ def serial(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sharded_run(tmp_path_factory):
-    """dp 2, traced: (curve, the traces of both ranks)."""
+    """dp 2, traced: (what each rank returned, the traces of both ranks)."""
     out = tmp_path_factory.mktemp("fsdp2")
-    records = pretrain_records(out / "run", 2, [*MODEL, *FSDP2], trace_dir=out / "trace")
-    return _curve(records), load_trace(out / "trace")
+    return _launch(out, [*MODEL, *FSDP2], trace_dir=out / "trace"), load_trace(out / "trace")
 
 
 def test_losses_equal_serial(sharded_run, serial):
-    _assert_close(sharded_run[0], serial)
+    _assert_close(sharded_run[0][0]["curve"], serial)
 
 
 @pytest.mark.stress
-def test_tensor_parallel_with_fsdp2_equals_serial(serial, tmp_path):
-    argv = [*MODEL, *FSDP2, "--tensor-model-parallel-size", "2"]
+def test_tensor_parallel_with_fsdp2_equals_serial(tmp_path):
+    model = [*MODEL, "--ffn-hidden-size", "72"]   # fc1's rows split over tp as well
+    serial = _curve(pretrain_records(tmp_path / "serial", 1, model))
+    argv = [*model, *FSDP2, "--tensor-model-parallel-size", "2", "--sequence-parallel"]
     _assert_close(_curve(pretrain_records(tmp_path / "run", 4, argv)), serial)
 
 
 def test_trace_gathers_and_reduces_each_unit_on_the_dp_group(sharded_run):
-    args = validate_pretrain([*MODEL, *FSDP2], 2)
-    build_tokenizer(args)
+    args, _ = _estimate([*MODEL, *FSDP2])
     shards = unit_shards(args)   # the embedding, the two layers, the root: this rank's padded shard
     records = sharded_run[1][0]
     step = [r for r in records if r["name"] == TRAIN_STEP][1]
@@ -87,9 +173,8 @@ def test_trace_gathers_and_reduces_each_unit_on_the_dp_group(sharded_run):
 
 
 def test_traced_bytes_equal_the_estimate(sharded_run):
-    args = validate_pretrain([*MODEL, *FSDP2], 2)
-    build_tokenizer(args)
-    for cost in tmu.report_theoretical_memory(args):
+    args, costs = _estimate([*MODEL, *FSDP2])
+    for cost in costs:
         for step in [r for r in sharded_run[1][cost.rank] if r["name"] == TRAIN_STEP]:
             window = [r for r in sharded_run[1][cost.rank] if step["start_us"] <= r["start_us"] <= step["end_us"]]
             tally = comm_by_key(window, args.params_dtype)
@@ -97,87 +182,24 @@ def test_traced_bytes_equal_the_estimate(sharded_run):
             assert {key: v[1] for key, v in tally.items()} == cost.calls, f"rank {cost.rank}: calls"
 
 
-def _held(argv):
-    """Each rank: one train_step, sampling what its parameters take at every gather and
-    reduction: the shards, the units whole now, and the gathers in flight (their outputs)."""
-    def body(rank):
-        import weakref
-
-        import torch
-
-        from minitron.pretrain_gpt import ARGS_DEFAULTS, forward_step, model_provider, train_valid_test_datasets_provider
-        from minitron.training.data import build_train_valid_test_data_iterators
-        from minitron.training.global_vars import get_args
-        from minitron.training.initialize import initialize_megatron
-        from minitron.training.model_setup import setup_model_and_optimizer
-        from minitron.training.training import train_step
-
-        initialize_megatron(args_defaults=ARGS_DEFAULTS, argv=argv)
-        get_args().iteration = get_args().consumed_train_samples = get_args().curr_iteration = 0
-        train_iter, _, _ = build_train_valid_test_data_iterators(train_valid_test_datasets_provider)
-        model, optimizer, scheduler = setup_model_and_optimizer(model_provider, "encoder_or_decoder")
-        fsdp = model[0]
-        shards = fsdp.bytes_held()["params"]   # at rest: every unit sharded
-        in_flight, peak = [], [shards]
-
-        def sample():
-            whole = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes()
-                     for p in fsdp.module.parameters() if not hasattr(p, "to_local")}
-            gathering = sum(t.untyped_storage().nbytes() for t in (ref() for ref in in_flight) if t is not None)
-            peak[0] = max(peak[0], shards + sum(whole.values()) + gathering)
-
-        gather, scatter = torch.distributed.all_gather_single, torch.distributed.reduce_scatter_single
-
-        def sampled_gather(output, *a, **kw):
-            in_flight.append(weakref.ref(output))   # alive until FSDP2 copies it into the parameters
-            sample()
-            return gather(output, *a, **kw)
-
-        def sampled_scatter(*a, **kw):
-            sample()
-            return scatter(*a, **kw)
-
-        grads, step = [], optimizer.step
-
-        def measured_step():   # the gradients as backward left them, before a 16-bit model's move to fp32
-            grads.append(fsdp.bytes_held()["grads"])
-            return step()
-
-        torch.distributed.all_gather_single, torch.distributed.reduce_scatter_single = sampled_gather, sampled_scatter
-        optimizer.step = measured_step
-        try:
-            train_step(forward_step, train_iter, model, optimizer, scheduler)
-        finally:
-            torch.distributed.all_gather_single, torch.distributed.reduce_scatter_single = gather, scatter
-        # Adam's moments, and the fp32 main copies of a 16-bit model (an fp32 one steps its own)
-        state = [t.to_local() for s in optimizer.optimizer.state.values() for k, t in s.items() if k != "step"]
-        state += [p.to_local() for g in getattr(optimizer, "fp32_from_float16_groups", []) for p in g]
-        return {"params": peak[0], "grads": grads[0],
-                "optimizer": sum(t.numel() * t.element_size() for t in state)}
-    return body
-
-
-VARIANTS = {"fp32": [], "bf16": pytest.param(["--bf16"], marks=pytest.mark.stress),
-            "no-reshard": pytest.param(["--torch-fsdp2-no-reshard-after-forward"], marks=pytest.mark.stress)}
-
-
-@pytest.mark.parametrize("variant", list(VARIANTS.values()), ids=list(VARIANTS))
-def test_held_bytes_equal_the_estimate(tmp_path, variant):
-    # fc1's 71 rows split 36 + 35: FSDP2 pads rank 1's chunk of it, and of its bias
-    argv = [*MODEL, *FSDP2, "--train-iters", "1", "--ffn-hidden-size", "71", *variant]
-    cfg = LaunchConfig(world_size=2, log_dir=tmp_path / "logs", env=session_env(2, None))
-    try:
-        held = run_on_ranks(_held(argv), cfg)
-    except RankFailure as failure:
-        raise AssertionError(f"{failure}\n{failure.log_tail(30)}") from None
-    args = validate_pretrain(argv, 2)
-    build_tokenizer(args)
-    for cost in tmu.report_theoretical_memory(args):
+def _assert_held_as_estimated(held, costs):
+    for cost in costs:
         for key in ("params", "grads", "optimizer"):
-            assert held[cost.rank][key] == cost.memory[key], \
-                f"rank {cost.rank} {key}: {held[cost.rank][key]} held, {cost.memory[key]} estimated"
+            assert held[cost.rank]["held"][key] == cost.memory[key], \
+                f"rank {cost.rank} {key}: {held[cost.rank]['held'][key]} held, {cost.memory[key]} estimated"
     # fc1's 71 rows (and its bias's 71 entries) split 36 + 35: rank 1 owns fewer, its chunk padded.
-    assert held[1]["optimizer"] < held[0]["optimizer"]
+    assert held[1]["held"]["optimizer"] < held[0]["held"]["optimizer"]
+
+
+def test_held_bytes_equal_the_estimate(sharded_run):
+    _assert_held_as_estimated(sharded_run[0], _estimate([*MODEL, *FSDP2])[1])
+
+
+@pytest.mark.stress
+@pytest.mark.parametrize("variant", [["--bf16"], ["--torch-fsdp2-no-reshard-after-forward"]], ids=["bf16", "no-reshard"])
+def test_held_bytes_equal_the_estimate_in_variants(tmp_path, variant):
+    argv = [*MODEL, *FSDP2, "--train-iters", "1", *variant]
+    _assert_held_as_estimated(_launch(tmp_path, argv), _estimate(argv)[1])
 
 
 @pytest.mark.parametrize("extra, words", [
