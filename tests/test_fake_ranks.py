@@ -132,7 +132,7 @@ def test_view_diff_and_estimate_read_a_partial_trace(plays, tmp_path):
 def test_svg_of_a_partial_trace_draws_the_nodes_of_the_shown_ranks_executed_groups(plays, tmp_path):
     import re
 
-    from minitron.cli.trace import write_pictures
+    from minitron.cli.views.trace_pictures import write_pictures
     from minitron.core.rank_generator import rank_layout
 
     _, some = plays

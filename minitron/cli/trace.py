@@ -21,6 +21,7 @@ from minitron.cli import preflight
 from minitron.cli.preflight_memory import check_fits
 from minitron.core.rank_generator import DEFAULT_ORDER, TP_PP_DP_ORDER, validate_parallel_sizes
 from minitron.cli.trace_out import clear_meanwhile
+from minitron.cli.views import trace_pictures
 from minitron.training.argument_groups_hybrid import entry_module
 
 MAX_STEPS = 100  # traced iterations: a few show the steady state, and each adds its calls to every rank's trace
@@ -91,49 +92,6 @@ def training_argv(world: int, tp: int, pp: int, cp: int, steps: int) -> List[str
     dp = world // (tp * pp * cp) if world % (tp * pp * cp) == 0 else 1
     return ["--train-iters", str(steps), "--lr", "1e-4", "--mock-data", "--hidden-dropout", "0",
             "--attention-dropout", "0", "--global-batch-size", str(dp * 2 * pp)]
-
-
-def write_pictures(out: Path, runs: dict, rank: int) -> List[Path]:
-    """--svg: the executed groups as rank grids, and the last traced iteration's schedule as a
-    timeline (minitron/cli/views/svg_grid.py, svg_timeline.py); what the trace cannot show
-    (more ranks than a grid draws, no iteration) is left out. A play of chosen ranks (--ranks)
-    draws the nodes holding ``rank``'s executed groups instead (svg_nodes.py)."""
-    # lazy: only --svg draws
-    from minitron.cli.views.schedule import pipeline_steps
-    from minitron.cli.views.svg_grid import MAX_RANKS_DRAWN, grid_svg, groups_from_trace
-    from minitron.cli.views.svg_timeline import timeline_svg
-    from minitron.trace.reader import iterations, played_ranks
-
-    written = []
-    if played_ranks(runs):  # a few ranks of a large world: the nodes holding the shown rank's groups
-        return [_nodes_picture(out, runs, rank)]
-    groups = groups_from_trace(runs[min(runs)])
-    if "pp" in groups and len(runs) <= MAX_RANKS_DRAWN:
-        (out / "groups.svg").write_text(grid_svg(groups, heading=f"{len(runs)} ranks: the groups they created"))
-        written.append(out / "groups.svg")
-    done = iterations(runs)
-    stages = pipeline_steps(runs, iteration=done[-1]) if done else {}
-    if any(stages.values()):
-        pp = len(stages)
-        (out / "schedule.svg").write_text(timeline_svg([(f"iteration {done[-1]}, {pp} stages", stages)]))
-        written.append(out / "schedule.svg")
-    return written
-
-
-def _nodes_picture(out: Path, runs: dict, rank: int) -> Path:
-    # lazy: only --svg with --ranks draws this
-    from minitron.cli.views.checks import group_calls
-    from minitron.cli.views.rank_groups import layout_line
-    from minitron.cli.views.svg_nodes import nodes_svg
-    from minitron.core.rank_generator import DESC_TO_KEY, parse_order
-    from minitron.trace.reader import layout_args, world_size_of
-
-    sizes, world = layout_args(runs[rank]), world_size_of(runs)
-    own = {DESC_TO_KEY[desc]: list(ranks) for ranks, desc, _ in group_calls(runs[rank]) if desc in DESC_TO_KEY}
-    heading = f"rank {rank} of {layout_line(world, sizes['tp'], sizes['pp'], sizes['cp'], sizes['ep'], sizes['order'])}"
-    picture = out / "nodes.svg"
-    picture.write_text(nodes_svg(world, rank, own, sizes["pp"], parse_order(sizes["order"])[-1] == "pp", heading))
-    return picture
 
 
 def play_pretrain_rank(argv: List[str], init_only: bool = False, module: str = "minitron.pretrain_gpt") -> None:
@@ -308,7 +266,7 @@ def trace(
             print(f"minitron: the ranks' trace cannot be read: {exc}", file=sys.stderr)
             raise typer.Exit(1) from None
         chrome = write_chrome_trace(out, runs, note)
-    pictures = write_pictures(out, runs, rank) if svg else []
+    pictures = trace_pictures.write_pictures(out, runs, rank) if svg else []
     try:
         checks = show_views(console, runs, views, rank, focus=focus,
                             depth=depth if depth is not None else default_depth(runs, focus),
