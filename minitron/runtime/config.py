@@ -34,6 +34,7 @@ from minitron.runtime.activation_checkpointing.config import parse_activation_ch
 from minitron.runtime.config_optimizer import ZERO_TESTED, parse_optimizer
 from minitron.runtime.config_sections import parse_precision, parse_scheduler, parse_zero
 from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, flag, json_value, number, positive_int
+from minitron.runtime.precision_config import check_master_weights, parse_precision_options
 from minitron.runtime.monitor.config import parse_monitor
 from minitron.runtime.swap_tensor.aio_config import parse_aio
 from minitron.runtime.profiling.config import parse_flops_profiler
@@ -182,6 +183,8 @@ class DeepSpeedConfig:
         # a negative value turns clipping off there and here alike.
         self.gradient_clipping = number(params, "gradient_clipping", 1.0, "")
         precision = parse_precision(params)
+        # check_grad_overflow, auto_cast, ... (precision_config.py says where each acts)
+        self.precision_options = parse_precision_options(params)
         self.fp16_enabled, self.bfloat16_enabled = precision.fp16, precision.bf16
         self.loss_scale, self.initial_dynamic_scale = precision.loss_scale, precision.initial_scale
         self.dynamic_loss_scale_args = precision.dynamic_args
@@ -197,6 +200,8 @@ class DeepSpeedConfig:
                                        f"{self.zero_optimization_stage}); DeepSpeed runs it only with "
                                        f"\"zero_allow_untested_optimizer\": true")
         self._gradient_communication(params)
+        check_master_weights(self.precision_options, self.zero_optimization_stage,
+                             getattr(self.zero_config, "offload_optimizer", None))
         # ZeRO-Offload's companions: the aio section (NVMe swap files, swap_tensor/aio_config.py), and
         # whether a client optimizer may step offloaded states (DeepSpeed refuses one unless false)
         self.aio_config = parse_aio(params)

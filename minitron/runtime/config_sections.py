@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
+from minitron.runtime.precision_config import BF16_OPTIONS, FP16_OPTIONS
 from minitron.runtime.config_values import (  # noqa: F401 -- DeepSpeedConfigError re-exported
     DeepSpeedConfigError, check_keys, flag, json_value, lax_bool, model_flag, model_int, model_number, model_view, number,
     positive_int,
@@ -41,10 +42,10 @@ class Precision:
 
 def parse_precision(params: dict) -> Precision:
     fp16 = model_view(_section(params, "fp16"))
-    check_keys(fp16, FP16_KEYS, {"fp16_master_weights_and_grads": False, "auto_cast": False}, "fp16", model=True)
+    check_keys(fp16, FP16_KEYS + tuple(FP16_OPTIONS), {}, "fp16", model=True)   # options: precision_config.py
     bf16_key = "bf16" if "bf16" in params else "bfloat16"  # DeepSpeed still reads the old name
     bf16 = model_view(_section(params, bf16_key))
-    check_keys(bf16, ("enabled",), {"immediate_grad_update": False}, bf16_key, model=True)
+    check_keys(bf16, ("enabled",) + tuple(BF16_OPTIONS), {}, bf16_key, model=True)
     fp16_on, bf16_on = model_flag(fp16, "enabled", False, "fp16"), model_flag(bf16, "enabled", False, bf16_key)
     if fp16_on and bf16_on:
         raise DeepSpeedConfigError("fp16.enabled and bf16.enabled are both true; choose one")

@@ -82,6 +82,17 @@ def _tensor_parallel_rank(mpu) -> int:
     return 0
 
 
+def _cast_inputs_half(inputs):
+    """fp16.auto_cast: every floating tensor among the positional inputs (inside lists, tuples and
+    dicts too) as fp16; the rest (token ids, masks, plain values) as given. Keyword inputs are
+    left alone, as DeepSpeed leaves them."""
+    if isinstance(inputs, (list, tuple)):
+        return type(inputs)(_cast_inputs_half(v) for v in inputs)
+    if isinstance(inputs, dict):
+        return {k: _cast_inputs_half(v) for k, v in inputs.items()}
+    return inputs.half() if torch.is_tensor(inputs) and inputs.is_floating_point() else inputs
+
+
 class DeepSpeedEngine(torch.nn.Module):
     runs_pipelines = False   # PipelineEngine (runtime/pipe/engine.py) says True
 
@@ -119,6 +130,9 @@ class DeepSpeedEngine(torch.nn.Module):
                                                     round_robin_gradients=config.zero_config.round_robin_gradients)
         # The gradients' dtype on the wire and where the mean's 1/dp goes (runtime/gradient_reduction.py)
         self.optimizer.gradient_reduction = gradient_reduction.for_stage(config, self.dp_world_size)
+        if config.bfloat16_enabled and self.zero_optimization_stage() in (1, 2):
+            # bf16.check_grad_overflow: DeepSpeed hands it to stages 1 and 2 only (precision_config.py)
+            self.optimizer.check_grad_overflow = config.precision_options["check_grad_overflow"]
         self.basic_optimizer = basic
         if isinstance(basic, FusedLamb) and self.zero_optimization_stage() == 0:
             # DeepSpeed's stage 0 hands Lamb each tensor; minitron's one flat master per group holds
@@ -211,6 +225,8 @@ class DeepSpeedEngine(torch.nn.Module):
         if profiling:
             self.flops_profiler.start_profile()
         self._start_timers(self.engine_timers.forward_timers)
+        if self._config.precision_options["auto_cast"]:   # fp16.auto_cast, fp16 enabled or not (as DeepSpeed)
+            inputs = _cast_inputs_half(inputs)
         output = self.module(*inputs, **kwargs)
         self._stop_timers(self.engine_timers.forward_timers)
         if profiling:

@@ -69,6 +69,10 @@ def _has_inf_or_nan(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class DeepSpeedZeroOptimizer:
+    # bf16.check_grad_overflow (the engine sets it for bf16 at stages 1-2): false skips the Inf/NaN
+    # check, so a non-finite gradient is stepped into the weights, as DeepSpeed does then
+    check_grad_overflow = True
+
     def __init__(self, init_optimizer: torch.optim.Optimizer, dp_process_group, stage: int, loss_scaler,
                  clip_grad: float = 0.0, model_parallel_group=None, reduce_bucket_size: int = 500_000_000,
                  model_parallel_rank: int | None = None, overlap_comm: bool = False,
@@ -233,7 +237,8 @@ class DeepSpeedZeroOptimizer:
     @torch.no_grad()
     def step(self) -> None:
         partitions = [self.averaged_gradients.get(i) for i in range(len(self.single_partition_of_fp32_groups))]
-        self.overflow = self.has_overflow(partitions)   # one rank's Inf skips the step everywhere
+        # one rank's Inf skips the step everywhere (unless bf16.check_grad_overflow is false)
+        self.overflow = self.check_grad_overflow and self.has_overflow(partitions)
         prev_scale = self.loss_scale
         self.loss_scaler.update_scale(self.overflow)
         if self.overflow:
