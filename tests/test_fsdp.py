@@ -109,7 +109,6 @@ def test_trace_gathers_each_layer_before_it_runs(sharded_run):
 
 
 @pytest.mark.parametrize("extra, words", [
-    (["--init-model-with-meta-device"], "--init-model-with-meta-device is refused"),
     (["--log-params-norm"], "optim_grads_params does not keep"),
     (["--data-parallel-sharding-strategy", "zero3"], "invalid choice"),
 ])

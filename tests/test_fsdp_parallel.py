@@ -11,6 +11,7 @@ the MoE model at ep 2), gives the serial run's losses and clipped gradient norms
     cp 2              the units are cut over dp x cp, as DDP's buffers are
     ep 2 (MoE)        expert units cut over the expert-data-parallel group
     ep 2 + tp 2 + sp  with expert tensor parallel size 1, SwiGLU experts
+    dp 4 meta init    --init-model-with-meta-device: each unit built alone, the same weights
 
 The pipeline case runs by default; the others are stress cases (each about two world-4 runs).
 """
@@ -53,6 +54,7 @@ CASES = {
     "tp2-sp-qk": ([*MODEL, "--qk-layernorm"], ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
     "cp2": (MODEL, ["--context-parallel-size", "2"]),
     "ep2": ([*MODEL, *MOE], ["--expert-model-parallel-size", "2"]),
+    "meta-init": ([*MODEL, "--swiglu"], ["--init-model-with-meta-device"]),
     "ep2-tp2-sp": ([*MODEL, *MOE, "--swiglu"], ["--expert-model-parallel-size", "2", "--tensor-model-parallel-size",
                                                 "2", "--sequence-parallel", "--expert-tensor-parallel-size", "1"]),
 }

@@ -29,6 +29,43 @@ def layer_init_rng(config, index: int):
     on the device outside the tracker comes from the device generator seeded here. Only the
     current device: ``torch.manual_seed`` would reseed every GPU of the machine, and
     ``fork_rng`` would have to save and restore them all."""
+    global _index
+    outer, _index = _index, index   # init_device asks which layer is being built (meta builds)
+    try:
+        with _seeded(config, index):
+            yield
+    finally:
+        _index = outer
+
+
+# --init-model-with-meta-device (Megatron-FSDP): the model is built as shapes only, then each
+# FSDP unit is built again for real, alone (fsdp/meta_init.py). Since a layer's numbers depend
+# only on the seed and its index, building layer n alone draws what the whole model's build
+# draws for it. ``_keep`` says, of the index being built (None: outside every layer), whether
+# its tensors are real; None: a normal build, everything real.
+_index = None
+_keep = None
+
+
+@contextmanager
+def build_on_meta(keep=lambda index: False):
+    """Within the block, tensors made through init_device are meta except those of the layers
+    ``keep`` admits (keep(index), index None outside layer_init_rng)."""
+    global _keep
+    outer, _keep = _keep, keep
+    try:
+        yield
+    finally:
+        _keep = outer
+
+
+def building_on_meta() -> bool:
+    """Is the tensor being made now to be a shape only (build_on_meta)?"""
+    return _keep is not None and not _keep(_index)
+
+
+@contextmanager
+def _seeded(config, index: int):
     seed = getattr(config, "init_seed", None)
     if seed is None:  # a config built by hand: plain torch behaviour
         yield

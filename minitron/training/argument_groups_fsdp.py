@@ -21,12 +21,24 @@ def add_fsdp_args(parser) -> None:
                    help="what each data-parallel rank keeps 1/dp of: nothing (no_shard), the optimizer state "
                         "(optim), and the gradients (optim_grads), and the parameters (optim_grads_params)")
     g.add_argument("--init-model-with-meta-device", action="store_true",
-                   help="(refused here) build the model on the meta device and materialize only the local shard")
+                   help="build the model as shapes only (the meta device); Megatron-FSDP then builds each unit "
+                        "for real, alone, and keeps this rank's shard: nothing full-size is built")
 
 
 def validate_fsdp_args(args) -> None:
-    require(not args.init_model_with_meta_device, "--init-model-with-meta-device is refused: minitron draws every "
-            "weight on the host before sharding it (the serial model's draws); drop it")
+    meta = "--init-model-with-meta-device"
+    if args.init_model_with_meta_device:
+        # Megatron materializes a meta model without FSDP with uninitialized memory; here only
+        # Megatron-FSDP's units build their weights, so it needs them.
+        require(args.use_megatron_fsdp, f"{meta} builds the weights unit by unit inside Megatron-FSDP here: add "
+                "--use-megatron-fsdp")
+        require(args.data_parallel_sharding_strategy != "no_shard", f"{meta} is neither supported nor needed with "
+                "--data-parallel-sharding-strategy no_shard (Megatron's rule): every rank keeps the whole model")
+        require(args.pipeline_model_parallel_size == 1, f"{meta} here needs --pipeline-model-parallel-size 1: the "
+                "last stage's copy of the tied embedding is filled by a collective while the model is built, "
+                "which a unit built alone cannot join")
+        require(not getattr(args, "mtp_num_layers", None), f"{meta} rebuilds each layer by its number; "
+                "multi-token prediction's layers are numbered apart from the decoder's: drop --mtp-num-layers")
     if not args.use_megatron_fsdp:
         return
     flag = "--use-megatron-fsdp"

@@ -13,14 +13,39 @@ from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
 
+import torch
+
 from minitron.accelerator import get_accelerator
 from minitron.core import parallel_state as mpu
+from minitron.core.init_rng import build_on_meta
 from minitron.core.pipeline_parallel.schedules import get_model_config
 from minitron.core.transformer.module import Float16Module
 from minitron.trace import traced
 from minitron.training.checkpointing import convert_checkpoint, load_checkpoint
 from minitron.training.global_vars import get_args
 from minitron.training.training_log import print_parameter_count
+
+
+def _chunk_builder(model_provider_func, vp_stage):
+    """build(keep) -> the chunk of ``vp_stage``; ``keep`` (core/init_rng.build_on_meta) makes
+    the layers it does not admit shapes only; None builds everything. Every build after the
+    first starts from the host generator's state the first one started from, so that what is
+    drawn outside the layers' own seeds is drawn again alike."""
+    start = []
+
+    def build(keep=None):
+        with ExitStack() as stack:
+            if start:
+                stack.enter_context(torch.random.fork_rng(devices=[]))
+                torch.set_rng_state(start[0])
+            else:
+                start.append(torch.get_rng_state())
+            if keep is not None:
+                stack.enter_context(build_on_meta(keep))
+            return model_provider_func(pre_process=mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+                                       post_process=mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+                                       vp_stage=vp_stage)
+    return build
 
 
 @traced
@@ -33,19 +58,18 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
     """
     args = get_args()
     vp = mpu.get_virtual_pipeline_model_parallel_world_size()
-    model = []
-    for chunk in range(vp or 1):
-        vp_stage = chunk if vp is not None else None
-        model.append(model_provider_func(pre_process=mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
-                                         post_process=mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
-                                         vp_stage=vp_stage))
+    builders = [_chunk_builder(model_provider_func, chunk if vp is not None else None) for chunk in range(vp or 1)]
+    # --init-model-with-meta-device: shapes only; Megatron-FSDP then builds each unit for real,
+    # alone, and keeps this rank's shard of it (core/distributed/fsdp/meta_init.py).
+    meta = getattr(args, "init_model_with_meta_device", False)
+    model = [build(keep=(lambda index: False) if meta else None) for build in builders]
     print_parameter_count(model)
     # Megatron's GPU allocation: every chunk goes to this rank's device before it is cast or
     # wrapped, so DDP's buffers and the optimizer's fp32 copies are made there too. Weights
     # drawn on the device (a GPU rank without --use-cpu-initialization) are there already; on
     # a CPU rank the device is the CPU and nothing moves.
     device = get_accelerator().current_device_name()
-    model = [chunk.to(device) for chunk in model]
+    model = [chunk if meta else chunk.to(device) for chunk in model]
     if (args.fp16 or args.bf16) and not args.deepspeed:
         # Megatron's order: count, then cast (Float16Module), then wrap for data parallelism,
         # so DDP's gradient buffers are made for the 16-bit parameters. Under --deepspeed the
@@ -63,8 +87,9 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
         # lazy, as DDP below: `minitron trace` loads this module and builds no model
         from minitron.core.distributed.fsdp import FullyShardedDataParallel
         return [FullyShardedDataParallel(chunk.config, chunk, args.data_parallel_sharding_strategy,
-                                         args.data_parallel_random_init, args.accumulate_allreduce_grads_in_fp32)
-                for chunk in model]
+                                         args.data_parallel_random_init, args.accumulate_allreduce_grads_in_fp32,
+                                         rebuild=build if meta else None)
+                for chunk, build in zip(model, builders)]
     if args.use_torch_fsdp2:   # torch's own FSDP2 wraps each chunk instead (Megatron's torch_FSDP)
         # lazy, as DDP below; and torch.distributed.tensor, which it loads, costs seconds
         from minitron.core.distributed.torch_fully_sharded_data_parallel import TorchFullyShardedDataParallel

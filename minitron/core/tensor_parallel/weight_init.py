@@ -28,12 +28,16 @@ import torch
 
 from minitron.accelerator import get_accelerator
 from minitron.core import parallel_state
+from minitron.core.init_rng import building_on_meta
 from minitron.core.tensor_parallel.random import _MODEL_PARALLEL_RNG_TRACKER_NAME, get_cuda_rng_tracker
 from minitron.core.tensor_parallel.utils import divide
 
 
 def init_device() -> torch.device:
-    """The device this rank's parameters and buffers are made on: the one it computes on."""
+    """The device this rank's parameters and buffers are made on: the one it computes on, or
+    meta while --init-model-with-meta-device builds shapes only (core/init_rng.build_on_meta)."""
+    if building_on_meta():
+        return torch.device("meta")
     return torch.device(get_accelerator().current_device_name())
 
 
@@ -84,7 +88,7 @@ def initialize_affine_weight(weight: torch.Tensor, config, output_size: int, inp
                              rng_tracker_name: str | None = None) -> None:
     """Fill the slice ``weight`` of an [output_size, input_size] matrix split along
     ``partition_dim``, by the rule in the module docstring; label it either way."""
-    if not config.perform_initialization:   # a checkpoint will overwrite it
+    if not config.perform_initialization or weight.is_meta:   # a checkpoint will overwrite it / a shape only
         set_tensor_model_parallel_attributes(weight, True, partition_dim, stride)
     elif config.use_cpu_initialization or weight.device.type == "cpu":
         _initialize_affine_weight_cpu(weight, output_size, input_size, per_partition_size, partition_dim,

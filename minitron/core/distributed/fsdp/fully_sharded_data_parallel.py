@@ -25,6 +25,7 @@ import torch
 
 from minitron.core import parallel_state
 from minitron.core.distributed.fsdp.finalize import sum_partial_pieces_over_tp, sum_tied_embedding_pieces_over_stages
+from minitron.core.distributed.fsdp.meta_init import MetaMaterializer
 from minitron.core.distributed.fsdp.unit import FSDPUnit
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.transformer_layer import TransformerLayer
@@ -47,7 +48,7 @@ class FullyShardedDataParallel(MegatronModule):
     """Wrap ``module`` (one model chunk); ``strategy`` is --data-parallel-sharding-strategy."""
 
     def __init__(self, config, module: torch.nn.Module, strategy: str, broadcast_from_src: bool = False,
-                 grad_reduce_in_fp32: bool = False):
+                 grad_reduce_in_fp32: bool = False, rebuild=None):
         super().__init__(config)
         self.module = module
         self.strategy = strategy
@@ -59,13 +60,6 @@ class FullyShardedDataParallel(MegatronModule):
         # their own. The scale is 1/dp for both, as DDP's.
         expert_group = parallel_state.get_expert_data_parallel_group() \
             if any(not getattr(p, "allreduce", True) for p in module.parameters()) else None
-        if broadcast_from_src:   # --data-parallel-random-init: rank 0's draw becomes everyone's
-            src = parallel_state.get_data_parallel_src_rank(with_context_parallel=True)
-            expert_src = parallel_state.get_global_ranks("expt-dp")[0] if expert_group is not None else None
-            for p in module.parameters():
-                dense = getattr(p, "allreduce", True)
-                torch.distributed.broadcast(p.data, src=src if dense else expert_src,
-                                            group=self.dp_cp_group if dense else expert_group)
         # Each layer's parameters, then the rest: the layers' modules, and the chunk itself.
         unit_modules = [(name, m) for name, m in module.named_modules() if isinstance(m, TransformerLayer)]
         taken: set = set()
@@ -89,7 +83,25 @@ class FullyShardedDataParallel(MegatronModule):
         # Gradients are pre-scaled by 1/dp and summed, as DDP does (the same rounding).
         scale = 1.0 / dp
         grad_dtype = torch.float32 if grad_reduce_in_fp32 else None   # None: the parameters' dtype
-        self.units = [FSDPUnit(name, params, strategy, group, scale, grad_dtype) for name, _, params, group in plan]
+        # --init-model-with-meta-device: each unit is built for real just before it is sharded
+        # (meta_init.py), so one unit at a time exists whole.
+        meta = MetaMaterializer(module, rebuild) if any(p.is_meta for p in module.parameters()) else None
+        if meta is not None and rebuild is None:
+            raise ValueError("a model built on the meta device needs rebuild (model_setup._chunk_builder) "
+                             "to build its units for real")
+        self.units = []
+        for name, m, params, group in plan:
+            if meta is not None:
+                params = meta.real(params, meta.keep_for(m))
+            if broadcast_from_src:   # --data-parallel-random-init: rank 0's draw becomes everyone's
+                dense = group is self.dp_cp_group
+                src = parallel_state.get_data_parallel_src_rank(with_context_parallel=True) if dense \
+                    else parallel_state.get_global_ranks("expt-dp")[0]
+                for p in params:
+                    torch.distributed.broadcast(p.data, src=src, group=group)
+            self.units.append(FSDPUnit(name, params, strategy, group, scale, grad_dtype))
+        if meta is not None:
+            meta.done()
         self.unit_of = {p: unit for unit in self.units for p in unit.params}
         self._handles = []
         ref = weakref.ref(self)   # hooks hold the wrapper weakly (see DistributedDataParallel's hook)

@@ -1,0 +1,67 @@
+"""--init-model-with-meta-device: the model is built as shapes, then one unit at a time for real.
+
+Megatron builds the model under ``torch.device("meta")``, so no weight is allocated, and its
+Megatron-FSDP allocates each rank's shard and runs each module's reset_parameters to fill it,
+one module at a time. Megatron's refill draws new numbers; minitron promises the numbers of the
+normal build, so it builds each unit again, alone: every layer draws from a generator seeded
+by the run's seed and the layer's index only (core/init_rng.py), so layer n built alone with
+every other layer a shape (init_rng.build_on_meta) gets the very numbers the whole model's
+build gave it. The unit's real parameters replace the meta ones in the model (the same
+constructor made them, with the same marks: tensor-parallel dim, expert, shared), FSDPUnit
+copies them into its buffer and keeps this rank's shard, and the rebuilt rest is dropped.
+
+At most one unit exists whole at a time, twice over (the rebuilt parameters and the unit's flat
+buffer, which optim_grads_params frees): the build's peak is the shards plus about two of the
+largest unit, where the normal build holds the whole model.
+"""
+
+from __future__ import annotations
+
+from minitron.core.transformer.transformer_layer import TransformerLayer
+
+
+def _strip_wrappers(name: str) -> str:
+    while name.startswith("module."):   # Float16Module's .module is no part of the built model's names
+        name = name[len("module."):]
+    return name
+
+
+class MetaMaterializer:
+    """Real parameters for a chunk built as shapes, one unit at a time, from ``rebuild(keep)``
+    (training/model_setup._chunk_builder: the same chunk, built with only what ``keep`` admits)."""
+
+    def __init__(self, module, rebuild):
+        self.rebuild = rebuild
+        self.owners = {}   # meta parameter -> [(module holding it, attribute)], and its name
+        self.names = {}
+        for module_name, m in module.named_modules():
+            for attr, p in m.named_parameters(recurse=False):
+                self.owners.setdefault(p, []).append((m, attr))
+                self.names.setdefault(p, _strip_wrappers(f"{module_name}.{attr}" if module_name else attr))
+        self.layer_numbers = {m.layer_number for m in module.modules() if isinstance(m, TransformerLayer)}
+        self._built = (None, None)   # (which layer index, its rebuilt parameters by name)
+
+    def keep_for(self, module) -> int | None:
+        """The layer index a unit's module was built under: a layer's number, or None for the
+        rest of the chunk (everything built outside the layers: embedding, output layer, norm)."""
+        return module.layer_number if isinstance(module, TransformerLayer) else None
+
+    def real(self, params, index: int | None) -> list:
+        """``params`` (meta) replaced in the model by the same parameters built for real."""
+        if self._built[0] != index or self._built[1] is None:
+            layers = self.layer_numbers
+            keep = (lambda i: i == index) if index is not None else (lambda i: i not in layers)
+            self._built = (index, dict(self.rebuild(keep).named_parameters()))
+        built = self._built[1]
+        out = []
+        for p in params:
+            new = built[self.names[p]]
+            if new.dtype != p.dtype:   # Float16Module cast the shapes; cast the numbers alike
+                new.data = new.data.to(p.dtype)
+            for m, attr in self.owners[p]:
+                setattr(m, attr, new)
+            out.append(new)
+        return out
+
+    def done(self) -> None:
+        self._built = (None, None)   # the rebuilt chunk's remains go
