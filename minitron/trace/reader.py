@@ -33,10 +33,9 @@ from typing import Callable, Optional
 
 from minitron.trace.group_ranks import expand_group
 from minitron.trace.schema import (
-    CLOCK, ENTERED_DIR, GPU_TIME, HOST_TIME, MAX_CALL_DEPTH, MAX_LINE_BYTES, MAX_WORLD, OPEN, PLAYED, RANK_FILE,
-    ROOT,
+    CLOCK, ENTERED_DIR, GPU_TIME, HOST_TIME, MAX_LINE_BYTES, MAX_WORLD, OPEN, PLAYED, RANK_FILE,
 )
-from minitron.trace.validate import record_problem
+from minitron.trace.validate import depth_problem, link_problem, record_problem, unreadable
 
 INIT_MP = "minitron.core.parallel_state.initialize_model_parallel"
 INIT_PG = "torch.distributed.init_process_group"
@@ -152,10 +151,10 @@ def _read_rank(path: Path, rank: int, entered: bool = False, opened: bool = Fals
                 if not line.endswith(b"\n"):   # only the last line lacks it: cut mid-write
                     cut = True
                     break
-                raise _bad(path, number, _unreadable(exc)) from None
+                raise _bad(path, number, unreadable(exc)) from None
             problem = (expand_group(record, MAX_WORLD)   # first: the checks below see the list
                        or record_problem(record, rank, line.count(b"[") + line.count(b"{"))
-                       or _link_problem(record, line_of))
+                       or link_problem(record, line_of))
             if problem:
                 raise _bad(path, number, problem)
             line_of[record["id"]] = number
@@ -165,7 +164,9 @@ def _read_rank(path: Path, rank: int, entered: bool = False, opened: bool = Fals
                    "as each call ends, so it stopped before any did",
                    f"it hung or was stopped in its first call: `minitron view {path.parent} --hang` shows where"
                    if entered else "trace the run again, or remove the file")
-    _check_depth(path, records, line_of)
+    too_deep = depth_problem(records)
+    if too_deep:
+        raise _bad(path, line_of[too_deep[0]], too_deep[1])
     return in_trace_order(records), cut, line_of
 
 
@@ -181,13 +182,13 @@ def _read_entered(path: Path, rank: int) -> dict[int, dict]:
             except (ValueError, RecursionError) as exc:
                 if not line.endswith(b"\n"):   # cut mid-write by a kill: the last line only
                     break
-                raise _bad(path, number, _unreadable(exc)) from None
+                raise _bad(path, number, unreadable(exc)) from None
             problem = (("is not an open record (it has no \"open\": true)" if type(record) is not dict
                         or record.get(OPEN) is not True else None)
                        or expand_group(record, MAX_WORLD)
                        or record_problem({**record, "end_us": record.get("start_us")}, rank,
                                          line.count(b"[") + line.count(b"{"))
-                       or _link_problem(record, {i: 0 for i in opened}))
+                       or link_problem(record, {i: 0 for i in opened}))
             if problem:
                 raise _bad(path, number, problem.replace("line 0", "an earlier line"))
             opened[record["id"]] = record
@@ -206,39 +207,9 @@ def _unpaired(opened: dict[int, dict], records: list[dict], path: Path) -> list[
     return sorted((o for i, o in opened.items() if i not in finished), key=lambda r: r["id"])
 
 
-def _link_problem(record: dict, line_of: dict[int, int]) -> str | None:
-    """An id used before, or a caller that did not begin first: the calls would not be trees."""
-    call_id, parent = record["id"], record["parent"]
-    if call_id in line_of:
-        return f"id {call_id} is also the id of line {line_of[call_id]}; a rank numbers each call once"
-    if parent is not ROOT and parent >= call_id:
-        return (f"parent {parent} did not begin before call {call_id} (a caller's id is smaller than its "
-                f"callees'), so the calls do not form a tree")
-    return None
-
-
 def _bad(path: Path, number: int, problem: str,
          fix: str = "not a record minitron's recorder wrote: trace the run again") -> TraceError:
     return TraceError(f"{path}:{number}: {problem}; {fix}")
-
-
-def _unreadable(exc: Exception) -> str:
-    if isinstance(exc, UnicodeDecodeError):
-        return f"is not UTF-8 text (byte {exc.object[exc.start]:#04x} at column {exc.start + 1})"
-    if isinstance(exc, RecursionError):
-        return "nests lists or objects deeper than Python's JSON reader goes"
-    if isinstance(exc, json.JSONDecodeError):
-        return f"is not JSON ({exc.msg} at column {exc.colno})"
-    return f"is not JSON ({exc})"
-
-
-def _check_depth(path: Path, records: list[dict], line_of: dict[int, int]) -> None:
-    """Calls nest at most MAX_CALL_DEPTH deep, so that a view may walk a tree by recursion."""
-    depth: dict[int, int] = {}
-    for r in sorted(records, key=lambda r: r["id"]):   # callers first: their ids are smaller
-        depth[r["id"]] = depth.get(r["parent"], 0) + 1
-        if depth[r["id"]] > MAX_CALL_DEPTH:
-            raise _bad(path, line_of[r["id"]], f"call {r['id']} is nested more than {MAX_CALL_DEPTH} calls deep")
 
 
 def _check_world(runs: dict[int, list[dict]], files: dict[int, Path], lines: dict[int, dict]) -> None:

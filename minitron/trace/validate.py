@@ -7,9 +7,12 @@ Nothing here raises on any JSON value, and nothing recurses on how deep the valu
 
 from __future__ import annotations
 
+import json
 import math
 
-from minitron.trace.schema import DIST, FIELDS, MAX_ARGS_DEPTH, MAX_TIME_US, MAX_WORLD, OPTIONAL, PLAYED
+from minitron.trace.schema import (
+    DIST, FIELDS, MAX_ARGS_DEPTH, MAX_CALL_DEPTH, MAX_TIME_US, MAX_WORLD, OPTIONAL, PLAYED, ROOT,
+)
 
 
 def shown(value) -> str:
@@ -131,3 +134,36 @@ def _depth(value) -> int:
             if level <= MAX_ARGS_DEPTH:  # past the bound the answer is already known
                 stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
     return deepest
+
+
+def link_problem(record: dict, line_of: dict[int, int]) -> str | None:
+    """An id used before, or a caller that did not begin first: the calls would not be trees."""
+    call_id, parent = record["id"], record["parent"]
+    if call_id in line_of:
+        return f"id {call_id} is also the id of line {line_of[call_id]}; a rank numbers each call once"
+    if parent is not ROOT and parent >= call_id:
+        return (f"parent {parent} did not begin before call {call_id} (a caller's id is smaller than its "
+                f"callees'), so the calls do not form a tree")
+    return None
+
+
+def depth_problem(records: list[dict]) -> tuple[int, str] | None:
+    """The first call nested more than MAX_CALL_DEPTH deep (its id, what is wrong), so that a
+    view may walk a tree by recursion; None if none is."""
+    depth: dict[int, int] = {}
+    for r in sorted(records, key=lambda r: r["id"]):   # callers first: their ids are smaller
+        depth[r["id"]] = depth.get(r["parent"], 0) + 1
+        if depth[r["id"]] > MAX_CALL_DEPTH:
+            return r["id"], f"call {r['id']} is nested more than {MAX_CALL_DEPTH} calls deep"
+    return None
+
+
+def unreadable(exc: Exception) -> str:
+    """Why a line did not parse, as the reader words it."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"is not UTF-8 text (byte {exc.object[exc.start]:#04x} at column {exc.start + 1})"
+    if isinstance(exc, RecursionError):
+        return "nests lists or objects deeper than Python's JSON reader goes"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"is not JSON ({exc.msg} at column {exc.colno})"
+    return f"is not JSON ({exc})"
