@@ -197,7 +197,8 @@ def test_held_bytes_equal_the_estimate(sharded_run):
 
 
 @pytest.mark.stress
-@pytest.mark.parametrize("variant", [["--bf16"], ["--torch-fsdp2-no-reshard-after-forward"]], ids=["bf16", "no-reshard"])
+@pytest.mark.parametrize("variant", [["--bf16"], ["--torch-fsdp2-no-reshard-after-forward"]],
+                         ids=["bf16", "no-reshard"])
 def test_held_bytes_equal_the_estimate_in_variants(tmp_path, variant):
     argv = [*MODEL, *FSDP2, "--train-iters", "1", *variant]
     _assert_held_as_estimated(_launch(tmp_path, argv), _estimate(argv)[1])
