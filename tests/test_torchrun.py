@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from minitron.launcher.launch import free_port
+from minitron.launcher.ports import free_port
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 RUNS = 5

@@ -394,7 +394,7 @@ def debug_ports(command: str) -> tuple[dict[str, str], dict[str, str]]:
     if "$DEBUG_PORT_BASE" not in command and "${DEBUG_PORT_BASE}" not in command:
         return {}, {}
     from minitron.launcher.debug import DEFAULT_PORT_BASE
-    from minitron.launcher.launch import free_port
+    from minitron.launcher.ports import free_port
 
     base = free_port(count=DEBUG_PORTS)
     shown = {f":{base + r}": f":{DEFAULT_PORT_BASE + r}" for r in range(DEBUG_PORTS)}
