@@ -75,10 +75,13 @@ def render_time(args, costs, cluster, mfu: float, source: str) -> dict:
 
 
 def print_summary(args, t: dict, source: str) -> None:
-    p = args.pipeline_model_parallel_size
+    p, v, m = args.pipeline_model_parallel_size, t["virtual_stages"], t["microbatches"]
+    # The formula is the bubble's share of compute + bubble; communication, added after, makes its
+    # share of the whole iteration smaller, so the two are printed apart, each named.
     console.print(f"compute {seconds(t['compute_s'])} at MFU {t['mfu']:.1%} ({source}) + bubble "
-                  f"{seconds(t['bubble_s'])} ((p-1)/(v·m+p-1) = {p - 1}/({t['virtual_stages']}·{t['microbatches']}"
-                  f"+{p - 1}) = {t['bubble_fraction']:.1%}) + communication {seconds(t['comm_s'])}", highlight=False)
+                  f"{seconds(t['bubble_s'])} ((p-1)/(v·m+p-1) = {p - 1}/({v}·{m}+{p - 1}) = "
+                  f"{(p - 1) / (v * m + p - 1):.1%} of compute and bubble, {t['bubble_fraction']:.1%} of the "
+                  f"iteration) + communication {seconds(t['comm_s'])}", highlight=False)
     console.print(f"iteration: {seconds(t['iteration_s'])}, an MFU of {t['effective_mfu']:.1%} over the whole "
                   "iteration", highlight=False)
     if t["sampled"]:
