@@ -20,6 +20,14 @@ def add_fsdp_args(parser) -> None:
     g.add_argument("--data-parallel-sharding-strategy", default=DEFAULT_STRATEGY, choices=STRATEGIES,
                    help="what each data-parallel rank keeps 1/dp of: nothing (no_shard), the optimizer state "
                         "(optim), and the gradients (optim_grads), and the parameters (optim_grads_params)")
+    dtypes = ["fp32", "bf16", "fp16", "auto"]
+    g.add_argument("--megatron-fsdp-main-params-dtype", default="fp32", choices=dtypes,
+                   help="the dtype of the optimizer's main copy of each shard; auto: the model's own (no copy)")
+    g.add_argument("--megatron-fsdp-main-grads-dtype", default="auto", choices=dtypes,
+                   help="the dtype gradients are kept and added up in; auto: fp32 with "
+                        "--accumulate-allreduce-grads-in-fp32, else the model's")
+    g.add_argument("--megatron-fsdp-grad-comm-dtype", default="auto", choices=dtypes,
+                   help="the dtype gradients are sent and summed in by the reductions; auto: the gradients' own")
     g.add_argument("--init-model-with-meta-device", action="store_true",
                    help="build the model as shapes only (the meta device); Megatron-FSDP then builds each unit "
                         "for real, alone, and keeps this rank's shard: nothing full-size is built")

@@ -198,12 +198,13 @@ def _optimizer_entries(model, optimizer, names_of_state: list, writing: bool) ->
                     start = unit.offsets[p]
                     lo, hi = max(lo, r0 - start), min(hi, r0 + unit.shard_size - start)
                 state = optimizer.optimizer.state.get(main, {})
-                for name in (["fp32_param"] if p.dtype != torch.float32 else []) + names_of_state:
+                # a main copy of its own (a 16-bit model's fp32 main params) is saved beside the moments
+                for name in (["fp32_param"] if main.dtype != p.dtype else []) + names_of_state:
                     key = f"optimizer.state.module.{names[p]}{{}}.{name}"
                     if writing:
                         value = main.detach() if name == "fp32_param" else state[name]
                     else:
-                        value = torch.zeros(main.numel(), dtype=torch.float32, device=main.device)
+                        value = torch.zeros(main.numel(), dtype=main.dtype, device=main.device)
                         fills.append((value, main, name))
                     entries[f"{i}.{key}"] = _chunks(key, p, _parts(names[p], p, gated), value.reshape(-1), lo, hi,
                                                     p0)

@@ -88,7 +88,10 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
         from minitron.core.distributed.fsdp import FullyShardedDataParallel
         return [FullyShardedDataParallel(chunk.config, chunk, args.data_parallel_sharding_strategy,
                                          args.data_parallel_random_init, args.accumulate_allreduce_grads_in_fp32,
-                                         rebuild=build if meta else None)
+                                         rebuild=build if meta else None,
+                                         main_params_dtype=args.megatron_fsdp_main_params_dtype,
+                                         main_grads_dtype=args.megatron_fsdp_main_grads_dtype,
+                                         grad_comm_dtype=args.megatron_fsdp_grad_comm_dtype)
                 for chunk, build in zip(model, builders)]
     if args.use_torch_fsdp2:   # torch's own FSDP2 wraps each chunk instead (Megatron's torch_FSDP)
         # lazy, as DDP below; and torch.distributed.tensor, which it loads, costs seconds

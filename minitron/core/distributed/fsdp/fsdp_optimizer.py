@@ -27,6 +27,8 @@ class FSDPOptimizer(MixedPrecisionOptimizer):
         self.model_chunks = model_chunks
         self.sharded = model_chunks[0].strategy != "no_shard"
         unit_of = {p: unit for chunk in model_chunks for p, unit in chunk.unit_of.items()}
+        # --megatron-fsdp-main-params-dtype: fp32 (Megatron's default), or auto (None): the model's own
+        main_dtype = model_chunks[0].main_params_dtype or next(iter(unit_of)).dtype
         self.pieces = []   # (the model's piece, its fp32 main piece, its gradient piece)
         self.owned = {}    # param -> (its main piece, where the piece starts in param.view(-1)): the checkpoint's
         groups = _get_param_groups(model_chunks, config)
@@ -38,7 +40,7 @@ class FSDPOptimizer(MixedPrecisionOptimizer):
                 if found is None:
                     continue   # another rank owns all of this parameter
                 piece, grad = found
-                main = piece if piece.dtype == torch.float32 else piece.detach().clone().float()
+                main = piece if piece.dtype == main_dtype else piece.detach().clone().to(main_dtype)
                 copy_model_parallel_attributes(main, param)   # the norm skips TP duplicates by these
                 self.pieces.append((piece, main, grad))
                 self.owned[param] = (main, max(unit.offsets[param], unit.lo) - unit.offsets[param])
@@ -60,8 +62,8 @@ class FSDPOptimizer(MixedPrecisionOptimizer):
         return super().get_expert_grad_stats_parallel_group()
 
     def _copy_model_grads_to_main_grads(self) -> None:
-        for _, main, grad in self.pieces:   # a view when fp32 already; clipping scales it in place
-            main.grad = grad if grad.dtype == torch.float32 else grad.float()
+        for _, main, grad in self.pieces:   # a view when the dtypes agree; clipping scales it in place
+            main.grad = grad if grad.dtype == main.dtype else grad.to(main.dtype)
 
     def _collect_main_grad_data_for_unscaling(self):
         return [main.grad for _, main, _ in self.pieces if main.grad is not None]

@@ -32,6 +32,10 @@ from minitron.core.transformer.transformer_layer import TransformerLayer
 from minitron.trace import traced
 
 
+# Megatron's names for the dtypes of --megatron-fsdp-*-dtype; auto: decided by the rule where used
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "auto": None}
+
+
 def _tensors(output):
     """The tensors in a module's output (a tensor, or nested tuples/lists/dicts of them)."""
     if isinstance(output, torch.Tensor):
@@ -48,7 +52,8 @@ class FullyShardedDataParallel(MegatronModule):
     """Wrap ``module`` (one model chunk); ``strategy`` is --data-parallel-sharding-strategy."""
 
     def __init__(self, config, module: torch.nn.Module, strategy: str, broadcast_from_src: bool = False,
-                 grad_reduce_in_fp32: bool = False, rebuild=None):
+                 grad_reduce_in_fp32: bool = False, rebuild=None, main_params_dtype: str = "fp32",
+                 main_grads_dtype: str = "auto", grad_comm_dtype: str = "auto"):
         super().__init__(config)
         self.module = module
         self.strategy = strategy
@@ -82,7 +87,11 @@ class FullyShardedDataParallel(MegatronModule):
         plan = [entry for entry in plan if entry[2]]
         # Gradients are pre-scaled by 1/dp and summed, as DDP does (the same rounding).
         scale = 1.0 / dp
-        grad_dtype = torch.float32 if grad_reduce_in_fp32 else None   # None: the parameters' dtype
+        # --megatron-fsdp-main-grads-dtype, or by default DDP's rule: fp32 with
+        # --accumulate-allreduce-grads-in-fp32, else the parameters' own dtype (None)
+        grad_dtype = DTYPES[main_grads_dtype] or (torch.float32 if grad_reduce_in_fp32 else None)
+        comm_dtype = DTYPES[grad_comm_dtype]   # None: the gradients' dtype
+        self.main_params_dtype = DTYPES[main_params_dtype]   # the optimizer's (fsdp_optimizer.py); None: the model's
         # --init-model-with-meta-device: each unit is built for real just before it is sharded
         # (meta_init.py), so one unit at a time exists whole.
         meta = MetaMaterializer(module, rebuild) if any(p.is_meta for p in module.parameters()) else None
@@ -99,7 +108,7 @@ class FullyShardedDataParallel(MegatronModule):
                     else parallel_state.get_global_ranks("expt-dp")[0]
                 for p in params:
                     torch.distributed.broadcast(p.data, src=src, group=group)
-            self.units.append(FSDPUnit(name, params, strategy, group, scale, grad_dtype))
+            self.units.append(FSDPUnit(name, params, strategy, group, scale, grad_dtype, comm_dtype))
         if meta is not None:
             meta.done()
         self.unit_of = {p: unit for unit in self.units for p in unit.params}

@@ -27,7 +27,7 @@ from minitron.trace import traced
 
 class FSDPUnit:
     def __init__(self, name: str, params: list, strategy: str, group, gradient_scaling_factor: float,
-                 grad_dtype=None):
+                 grad_dtype=None, comm_dtype=None):
         self.name, self.params, self.strategy, self.group = name, params, strategy, group
         self.gradient_scaling_factor = gradient_scaling_factor
         dtypes = {p.dtype for p in params}
@@ -63,6 +63,9 @@ class FSDPUnit:
         # Gradients are kept and reduced in the parameters' dtype, or in fp32 with
         # --accumulate-allreduce-grads-in-fp32 (DDP's rule: summing many 16-bit numbers loses bits).
         self.grad_dtype = grad_dtype or self.flat.dtype
+        # --megatron-fsdp-grad-comm-dtype: what the reductions send and sum in (default: the
+        # gradients' own dtype); a 16-bit reduction of fp32 gradients halves the bytes sent
+        self.comm_dtype = comm_dtype or self.grad_dtype
         if self.sharded_grads:
             self.grad_flat = None
             self.grad_shard = torch.zeros(self.shard_size, dtype=self.grad_dtype, device=device)
@@ -120,7 +123,8 @@ class FSDPUnit:
             full[offset:offset + p.numel()].copy_(p.grad.reshape(-1))
             p.grad = None
         full.mul_(self.gradient_scaling_factor)
-        mine = torch.empty_like(self.grad_shard)
+        full = full.to(self.comm_dtype)
+        mine = torch.empty(self.shard_size, dtype=self.comm_dtype, device=full.device)
         torch.distributed.reduce_scatter_tensor(mine, full, group=self.group)
         self.grad_shard.add_(mine)   # micro-batches of one step add up in the shard
         self.arrived.clear()
@@ -134,11 +138,14 @@ class FSDPUnit:
                 self.reduce_scatter_grads()
             return
         self.grad_flat.mul_(self.gradient_scaling_factor)
+        sent = self.grad_flat.to(self.comm_dtype)   # the buffer itself when the dtypes agree
         if self.strategy == "no_shard":
-            torch.distributed.all_reduce(self.grad_flat, group=self.group)
+            torch.distributed.all_reduce(sent, group=self.group)
+            if sent is not self.grad_flat:
+                self.grad_flat.copy_(sent)
         else:   # optim: only my shard of the sum is read by the step
-            mine = torch.empty_like(self.grad_shard)
-            torch.distributed.reduce_scatter_tensor(mine, self.grad_flat, group=self.group)
+            mine = torch.empty(self.shard_size, dtype=self.comm_dtype, device=sent.device)
+            torch.distributed.reduce_scatter_tensor(mine, sent, group=self.group)
             self.grad_shard.copy_(mine)
 
     def zero_grad(self) -> None:
