@@ -227,3 +227,10 @@ def test_what_megatron_requires_is_asked_for_in_one_line(drop, words):
     with pytest.raises(UserError, match=words) as refused:
         validate_pretrain([a for a in [*MODEL, *FSDP2] if a != drop], 2)
     assert "\n" not in str(refused.value)
+
+
+def test_overlap_grad_reduce_is_listed_as_changing_nothing():
+    from minitron.training.arguments_policy import no_effect_lines
+
+    args = validate_pretrain([*MODEL, *FSDP2, "--overlap-grad-reduce"], 2)
+    assert [line for line in no_effect_lines(args) if "--overlap-grad-reduce (with --use-torch-fsdp2)" in line]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from minitron.training.argument_errors import require
+from minitron.training.arguments_policy import note_no_effect
 
 FLAG = "--use-torch-fsdp2"
 
@@ -57,3 +58,8 @@ def validate_torch_fsdp2_args(args) -> None:
             "its rows): drop it")
     require(args.save is None and args.load is None, f"{FLAG} here cannot save or load its DTensor shards yet "
             "(Megatron's torch_dist writes them through their sharded_state_dict): drop --save/--load")
+    # FSDP2 decides itself when its reductions run (each unit's, right after its backward), and
+    # DDP's bucketed overlap is not used with it: the header says so.
+    if args.overlap_grad_reduce:
+        note_no_effect(args, f"--overlap-grad-reduce (with {FLAG}): FSDP2 reduce-scatters each unit as soon as "
+                       "its backward is done, whatever this flag says")
