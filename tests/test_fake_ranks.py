@@ -192,3 +192,32 @@ def test_the_layout_check_names_a_wrong_group_and_a_missing_one(plays):
     assert check.ok is False and check.detail == "rank 13 joined no 'tp' group"
     check = _layout(without(set(group)))   # nobody did
     assert check.ok is False and check.detail.startswith(f"missing [('tp', {group})")
+
+
+def test_the_layout_check_uses_the_expert_tensor_parallel_size_the_run_was_given(tmp_path):
+    """Megatron's CI case gpt3_mcore_te_tp2_pp2_cp2_etp4_dp_last: tp 2, pp 2, cp 2 and expert tp
+    4 in order tp-cp-ep-pp-dp. The check rebuilds the layout from initialize_model_parallel's
+    record; with tp's size in place of the expert tp it found expert dp 2 against dense dp 1
+    and stopped with a traceback. The run's own expert tp gives both 1, and the groups match."""
+    done = minitron_here("trace", "--backend", "fake", "--world", "8", "--ranks", "0,4,7", "--show", "checks",
+                         "--out", str(tmp_path / "t"), "--", "--num-layers", "4", "--hidden-size", "64",
+                         "--num-attention-heads", "4", "--seq-length", "64", "--micro-batch-size", "1",
+                         "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                         "--context-parallel-size", "2", "--sequence-parallel", "--use-tp-pp-dp-mapping",
+                         "--expert-tensor-parallel-size", "4", env={"COLUMNS": "200"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "✓ groups match the layout" in done.stdout
+
+
+def test_trace_sizes_the_experts_by_the_flags_after_the_double_dash(tmp_path):
+    """Megatron's CI case gpt3_mcore_te_tp2_pp1_te_8experts_etp1_ep4: tp 2, ep 4, expert tp 1 on
+    4 ranks. trace's early layout check took the expert tp to be tp's (2) and refused the world
+    as not divisible by 2 x 4; the flags after `--` say 1, which divides it."""
+    done = minitron_here("trace", "--backend", "fake", "--world", "4", "--ranks", "0,3", "--show", "checks",
+                         "--out", str(tmp_path / "t"), "--", "--num-layers", "2", "--hidden-size", "64",
+                         "--num-attention-heads", "4", "--seq-length", "64", "--micro-batch-size", "1",
+                         "--tensor-model-parallel-size", "2", "--num-experts", "8", "--expert-model-parallel-size",
+                         "4", "--expert-tensor-parallel-size", "1", "--sequence-parallel", "--disable-bias-linear",
+                         env={"COLUMNS": "200"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "✓ groups match the layout" in done.stdout

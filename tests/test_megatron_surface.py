@@ -11,7 +11,8 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "megatron_surface.py"
 spec = importlib.util.spec_from_file_location("megatron_surface", SCRIPT)
 surface = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(surface)
+spec.loader.exec_module(surface)   # puts scripts/ on sys.path: surface_units imports next
+import surface_units  # noqa: E402
 
 GPT_SCRIPT = """\
 #!/bin/bash
@@ -145,11 +146,14 @@ def test_a_folder_that_is_not_a_checkout_is_one_line(tmp_path, capsys):
 def test_arrays_split_as_bash_splits_them():
     """gptoss/02_train.sh keeps "--tokenizer-type NullTokenizer" as one element and expands the
     array unquoted: bash splits it into two words; quoted, an element stays one word."""
-    env, _ = surface.run_shell('A=("--tokenizer-type NullTokenizer" --mock-data)\n')
-    assert surface.shlex.split(surface._expand("${A[@]}", env)) == ["--tokenizer-type", "NullTokenizer", "--mock-data"]
-    assert surface.shlex.split(surface._expand('"${A[@]}"', env)) == ["--tokenizer-type NullTokenizer", "--mock-data"]
-    assert surface.yaml_flags({"--cuda-graph-modules": "[attn mlp]", "--x": "[1, 2]"}) == [
+    env, _ = surface_units.run_shell('A=("--tokenizer-type NullTokenizer" --mock-data)\n')
+    assert surface_units.shlex.split(surface_units._expand("${A[@]}", env)) == ["--tokenizer-type", "NullTokenizer", "--mock-data"]
+    assert surface_units.shlex.split(surface_units._expand('"${A[@]}"', env)) == ["--tokenizer-type NullTokenizer", "--mock-data"]
+    assert surface_units.yaml_flags({"--cuda-graph-modules": "[attn mlp]", "--x": "[1, 2]"}) == [
         "--cuda-graph-modules", "attn", "mlp", "--x", "1", "2"]
+    # a scalar with spaces is one word, as CI's launcher passes KEY="VALUE" (gpt3_15b_8t_release)
+    assert surface_units.yaml_flags({"--step-batch-size-schedule": "0:384 200B:768"}) == [
+        "--step-batch-size-schedule", "0:384 200B:768"]
 
 
 def test_a_wrapper_that_names_no_flag_is_not_a_unit(tmp_path):

@@ -84,6 +84,18 @@ def without_backend(argv: List[str]) -> List[str]:
     return kept
 
 
+def flag_value(argv: List[str], flag: str) -> str | None:
+    """The value ``argv`` gives ``flag`` (its last one, as argparse takes it), or None. For the
+    early checks that must see a Megatron flag after `--` before validate_args parses them all."""
+    value = None
+    for i, word in enumerate(argv):
+        if word == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif word.startswith(flag + "="):
+            value = word.split("=", 1)[1]
+    return value
+
+
 def validate_pretrain(argv: List[str], world: int):
     """Parse and validate ``argv`` here, as rank 0 of ``world`` will, before any process exists.
 

@@ -15,7 +15,7 @@ import typer
 from minitron.cli.common import (
     CP, EP, PP, TP, vp_option, DEBUG, DEBUG_HOST, DEBUG_PORT_BASE, DEBUG_WAIT, EXTRA, ORDERS, DebugOptions, UserError, app, check_backend,
     check_order, check_world, console, default_backend, print_no_effect, validate_pretrain, HANG_TIMEOUT,
-    check_hang_timeout, hang_screen, without_backend,
+    check_hang_timeout, flag_value, hang_screen, without_backend,
 )
 from minitron.cli import preflight
 from minitron.cli.preflight_memory import check_fits
@@ -170,8 +170,14 @@ def trace(
         raise UserError("--hang-timeout watches real ranks; fake collectives never wait: use --backend gloo")
     if backend is not None:  # given: check it now (the default is known after validation)
         check_backend(backend, world)
+    # The flags after `--` may size the experts' tensor parallelism or order the ranks: this
+    # check must see them (a bad value is validate_args' to refuse, below).
+    expert_tp = flag_value(ctx.args, "--expert-tensor-parallel-size")
+    expert_tp = int(expert_tp) if expert_tp and expert_tp.isdigit() else None
+    if "--use-tp-pp-dp-mapping" in ctx.args:
+        order = TP_PP_DP_ORDER
     try:  # the layout's one home (validate_args asks it again, with the flags after `--`)
-        validate_parallel_sizes(world, tp, pp, cp, ep, vp=vp, order=order)
+        validate_parallel_sizes(world, tp, pp, cp, ep, expert_tp, vp, order)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     rank = (chosen[0] if chosen else 0) if rank is None else rank
@@ -199,7 +205,8 @@ def trace(
     if not (args.distributed_backend == "fake" and (chosen is None or 0 in chosen)):
         print_no_effect(args)
     backend = args.distributed_backend
-    preflight.check_data_workers(args.num_workers, world)
+    if backend != "fake":   # a fake play builds no DataLoader, so a real job's --num-workers starts nothing
+        preflight.check_data_workers(args.num_workers, world)
     if steps and backend == "fake":
         raise UserError("--steps needs real communication: the fake backend moves no data; use gloo")
     if debug and backend == "fake":

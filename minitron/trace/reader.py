@@ -266,7 +266,8 @@ def layout_args(records: list[dict]) -> dict | None:
             a = r["args"]
             return {"tp": a.get("tensor_model_parallel_size", 1), "pp": a.get("pipeline_model_parallel_size", 1),
                     "cp": a.get("context_parallel_size", 1), "ep": a.get("expert_model_parallel_size", 1),
-                    "order": a.get("order", "tp-cp-ep-dp-pp")}
+                    "order": a.get("order", "tp-cp-ep-dp-pp"),
+                    "expert_tp": a.get("expert_tensor_parallel_size")}   # None: tp's, Megatron's default
     return None
 
 

@@ -80,7 +80,8 @@ def layout_problem(runs: dict[int, list[dict]]) -> tuple[int, dict, str] | None:
             continue
         seen.add(tuple(sizes.values()))
         try:
-            validate_parallel_sizes(world, sizes["tp"], sizes["pp"], sizes["cp"], sizes["ep"], order=sizes["order"])
+            validate_parallel_sizes(world, sizes["tp"], sizes["pp"], sizes["cp"], sizes["ep"], sizes["expert_tp"],
+                                    order=sizes["order"])
         except ValueError as exc:
             return rank, record, f"initialize_model_parallel's sizes do not fit the world of {world} ranks ({exc})"
     return None
@@ -124,7 +125,7 @@ def _layout(runs: dict[int, list[dict]]) -> Check:
     if sizes is None:
         return Check(name, None, "no initialize_model_parallel call on the first rank: no layout to compare")
     world = world_size_of(runs)
-    layout_of = (world, sizes["tp"], sizes["pp"], sizes["cp"], sizes["ep"], sizes["order"])
+    layout_of = (world, sizes["tp"], sizes["pp"], sizes["cp"], sizes["ep"], sizes["order"], sizes["expert_tp"])
     sequences = {rank: group_calls(recs) for rank, recs in runs.items()}
     # Only groups with a member in this directory can have been seen created (a node's ranks
     # may keep their trace files apart from another node's; `trace --ranks` plays a few): each
