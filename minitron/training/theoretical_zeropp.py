@@ -23,6 +23,31 @@ from minitron.ops.quantizer.groups import gradient_groups, qgz_applies, weight_g
 INTRA, QGZ_LOCAL, QGZ_GLOBAL = "ZERO_PARAM_INTRA_PARALLEL_GROUP", "QGZ_LOCAL", "QGZ_GLOBAL"
 
 
+def zeropp(cfg) -> bool:
+    """Does this ds_config (a DeepSpeedConfig) ask stage 3 for hpZ or qwZ? qgZ is not estimated
+    for a model: its bytes depend on each matrix's shape, which the estimator's parameter lists
+    do not carry (validate_zeropp refuses it before the estimate starts)."""
+    z3 = cfg.zero_config.stage3
+    return z3.zero_hpz_partition_size > 1 or z3.zero_quantized_weights
+
+
+def unestimated(cfg) -> str | None:
+    """What the estimate cannot count in this ds_config, as the refusal's line, or None."""
+    z3 = cfg.zero_config.stage3
+    if cfg.zero_optimization_stage != 3:
+        return None
+    if z3.zero_quantized_gradients:
+        return ("zero_quantized_gradients: estimate does not count qgZ's all-to-alls for a model (they depend on "
+                "each matrix's shape); run the job with --trace to measure them, or drop the key")
+    knobs = {"stage3_param_persistence_threshold": z3.param_persistence_threshold,
+             "stage3_prefetch_bucket_size": z3.prefetch_bucket_size, "stage3_max_reuse_distance": z3.max_reuse_distance}
+    for key, value in knobs.items():
+        if value:
+            return (f"{key}: estimate counts stage 3's gathers module by module and does not follow the "
+                    "coordinator's trace; set it to 0 for the estimate, or run the job with --trace")
+    return None
+
+
 def _gather(tally, elems: int, key: str, e: int, quantized: bool, calls: int) -> None:
     if quantized:
         tally.add(key, elems, calls)                          # int8 codes

@@ -24,6 +24,8 @@ the optimizer holding the module back would be a cycle that reference counting c
 
 from __future__ import annotations
 
+import collections
+
 from minitron.trace import traced
 
 INVALID, RECORD, COMPLETE = "INVALID", "RECORD", "COMPLETE"   # DeepSpeed's ZeRoTraceMode
@@ -49,21 +51,23 @@ class PartitionedParameterCoordinator:
         self.max_reuse_distance = max_reuse_distance
         self.mode = INVALID
         self.order: list = []           # per step: (id of the module, its parameters)
+        self.queue: collections.deque = collections.deque()   # (param, step it is used at), in trace order
         self.step_id = 0
-        self.fetched_for: dict = {}     # param -> the latest step it was gathered for
+        self.fetched_for: dict = {}     # param -> the latest step it has been gathered (or passed over) for
 
     def reset_step(self) -> None:
         """The model's forward begins: one fwd+bwd has ended (DeepSpeed calls it from a hook
-        on the root module's forward)."""
+        on the root module's forward). The parameter trace, in DeepSpeed's order: step by
+        step, each module's parameters in the order they were made."""
         if self.mode == RECORD and self.order:
             self.mode = COMPLETE
         elif self.mode != COMPLETE:
             self.mode, self.order = RECORD, []
+        self.queue = collections.deque((p, step) for step, (_, params) in enumerate(self.order)
+                                       for p in sorted({id(p): p for p in params}.values(), key=lambda p: getattr(p, "ds_id", 0)))
         self.step_id, self.fetched_for = 0, {}
 
     def _follows(self, module) -> bool:
-        if self.mode == RECORD:
-            return False
         if self.mode == COMPLETE and (self.step_id >= len(self.order) or self.order[self.step_id][0] != id(module)):
             self.mode, self.order = INVALID, []   # the pass left the trace: record the next one
         return self.mode == COMPLETE
@@ -76,28 +80,42 @@ class PartitionedParameterCoordinator:
         gather(params)
         if self.mode == RECORD:
             self.order.append((id(module), list(params)))
-        elif self._follows(module) and self.prefetch_bucket_size > 0:
-            budget = min(self.max_live_parameters - available(), self.prefetch_bucket_size)
-            ahead, numel = {}, 0
-            for step in range(self.step_id + 1, len(self.order)):
-                for p in self.order[step][1]:
-                    if numel >= budget:
-                        break
-                    self.fetched_for[p] = max(self.fetched_for.get(p, -1), step)   # gathered for its use there
-                    if not getattr(p, "ds_persist", False) and p.ds_status != "AVAILABLE" and id(p) not in ahead:
-                        ahead[id(p)] = p
-                        numel += p.ds_numel
-            if ahead:
-                gather(list(ahead.values()))   # one more all-gather: the prefetch
+        elif self._follows(module):
+            # Pass over the trace's entries for my own parameters (those not gathered ahead).
+            mine = {id(p) for p in params if self.fetched_for.get(p, -1) < self.step_id}
+            passed = set()
+            while self.queue and len(passed) < len(mine):
+                p, used_at = self.queue.popleft()
+                self.fetched_for[p] = used_at
+                passed.add(id(p))
+            if self.prefetch_bucket_size > 0:
+                self._prefetch(gather, available)
         self.step_id += 1
 
+    def _prefetch(self, gather, available) -> None:
+        """The next entries of the trace, until the bucket's elements are on their way: one
+        all-gather for the missing ones. An entry passed over (its parameter still gathered) is
+        remembered, so that the module before that use does not release it."""
+        budget = min(self.max_live_parameters - available(), self.prefetch_bucket_size)
+        ahead, numel = {}, 0
+        while self.queue and numel < budget:
+            p, used_at = self.queue.popleft()
+            self.fetched_for[p] = max(self.fetched_for.get(p, -1), used_at)
+            if p.ds_status != "AVAILABLE" and id(p) not in ahead:
+                ahead[id(p)] = p
+                numel += p.ds_numel
+        if ahead:
+            gather(list(ahead.values()))
+
     def params_to_release(self, params: list) -> list:
-        """Of a module's parameters, once it has run: all but the persistent ones; on a complete
-        trace, also not those that come back within max_reuse_distance elements of later steps,
-        nor those prefetched for a later step."""
-        out = [p for p in params if not getattr(p, "ds_persist", False)]
+        """Of a module's parameters, once it has run (forward, or backward). Until the trace is
+        complete: all of them, the persistent ones too (DeepSpeed's first pass gathers those at
+        first use and releases them like the others; the step's gather then keeps them). On a
+        complete trace: not the persistent ones, nor those gathered ahead for a later step, nor
+        those that come back within max_reuse_distance elements of the steps that follow."""
         if self.mode != COMPLETE:
-            return out
+            return list(params)
+        out = [p for p in params if not getattr(p, "ds_persist", False)]
         keep, traversed = set(), 0
         for _, later in self.order[self.step_id:]:
             if traversed >= self.max_reuse_distance:
