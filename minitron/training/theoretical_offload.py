@@ -1,0 +1,89 @@
+"""ZeRO-Offload and ZeRO-Infinity in the estimate: which of a rank's bytes live in host memory
+(or in swap files) instead of on the device, and what crosses between them in one train_step.
+The runtime is minitron/runtime/zero/offload.py and swap_tensor/; theoretical_zero.py counts
+what stays on the device (zero_memory leaves the offloaded parts out).
+
+Per rank, with P my partition's elements (stages 1-2: flat/dp per group; stage 3: my pieces),
+e the weights' bytes and k the optimizer's moments:
+
+    offload_optimizer   host: P x (4 + 4k) (fp32 master and moments)
+                        device -> host: P x 4 each step (my fp32 gradient partition)
+                        host -> device: P x e each step (the updated weights), unless the
+                        stage-3 pieces live on the host too (offload_param): then nothing
+    offload_param       host: my stage-3 pieces, P x e
+                        host -> device: my pieces of a module before each of its gathers
+                        device -> host: P x e each step when the master stays on the device
+    nvme (stage 3)      a group whose fp32 master is at least max(1 MiB, aio.block_size) lives
+                        in 1 + k files, each padded to aio.intra_op_parallelism KiB, read and
+                        written once a step; smaller groups stay in host memory
+"""
+
+from __future__ import annotations
+
+from minitron.runtime.zero.alignment import NCCL_START_ALIGNMENT_FACTOR
+from minitron.training.theoretical_params import DTYPE_BYTES, Param, num_microbatches, optimizer_moments, round_up
+from minitron.training.theoretical_zero import _layer_of, _modules, _recomputed, ds_config, param_groups
+
+KEYS = ("host", "nvme", "to host", "to device", "nvme read", "nvme write")
+
+
+def offloads(args) -> bool:
+    zero = ds_config(args).zero_config
+    return any(c is not None and c.device != "none" for c in (zero.offload_optimizer, zero.offload_param)) \
+        and zero.stage >= 1
+
+
+def _partitions(args, plist: list[Param]) -> list[int]:
+    """My elements of each param group's partition (padding included: it is stepped too)."""
+    stage, dp = ds_config(args).zero_optimization_stage, args.data_parallel_size
+    groups = param_groups(plist)
+    if stage == 3:
+        return [sum(-(-p.numel // dp) for p in g) for g in groups]
+    return [round_up(sum(p.numel for p in g), NCCL_START_ALIGNMENT_FACTOR * dp) // dp for g in groups]
+
+
+def offload_costs(args, plist: list[Param]) -> dict:
+    """{"host", "nvme"} bytes held between steps and {"to host", "to device", "nvme read",
+    "nvme write"} bytes of one train_step, for a rank holding ``plist``."""
+    cfg = ds_config(args)
+    zero, stage = cfg.zero_config, cfg.zero_optimization_stage
+    opt = zero.offload_optimizer if zero.offload_optimizer is not None and zero.offload_optimizer.device != "none" \
+        else None
+    par = stage == 3 and zero.offload_param is not None and zero.offload_param.device != "none"
+    e, k = DTYPE_BYTES[args.params_dtype], optimizer_moments(args)
+    sizes = _partitions(args, plist)
+    out = dict.fromkeys(KEYS, 0)
+    if opt is not None:
+        aio = cfg.aio_config
+        for n in sizes:
+            if opt.device == "nvme" and stage == 3 and n * 4 >= aio.min_swap_bytes:
+                file = round_up(n * 4, aio.aligned_bytes)
+                out["nvme"] += (1 + k) * file
+                out["nvme read"] += (1 + k) * file
+                out["nvme write"] += (1 + k) * file
+            else:
+                out["host"] += n * (4 + 4 * k)
+        out["to host"] += sum(sizes) * 4
+        if not par:
+            out["to device"] += sum(sizes) * e
+    if par:
+        out["host"] += sum(sizes) * e
+        out["to device"] += _gathered_pieces(args, plist) * e
+        if opt is None:
+            out["to host"] += sum(sizes) * e
+    return out
+
+
+def _gathered_pieces(args, plist: list[Param]) -> int:
+    """Elements of my pieces that the gathers of one train_step fetch (as theoretical_zero's
+    stage-3 gathers: each module before its forward and its backward, a recomputed layer once
+    more, the tied embedding again for the output layer)."""
+    dp, m = args.data_parallel_size, num_microbatches(args)
+    piece = {p.name: -(-p.numel // dp) for p in plist}
+    again, total = _recomputed(args), 0
+    for name, params in _modules(plist).items():
+        mine = sum(piece[p.name] for p in params)
+        total += mine * (3 if _layer_of(name) in again else 2) * m
+    if not args.untie_embeddings_and_output_weights:
+        total += piece["embedding.word_embeddings.weight"] * m
+    return total
