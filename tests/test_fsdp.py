@@ -20,7 +20,7 @@ from minitron.trace.reader import load_trace
 MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
          "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "3", "--lr", "1e-2",
          "--mock-data", "--vocab-size", "1023", "--hidden-dropout", "0", "--attention-dropout", "0",
-         "--seed", "7", "--distributed-backend", "gloo", "--clip-grad", "1.0"]
+         "--seed", "7", "--distributed-backend", "gloo", "--clip-grad", "1.0", "--log-params-norm"]
 TOL = 1e-5
 FSDP = "minitron.core.distributed.fsdp."
 
@@ -30,8 +30,13 @@ def _curve(records):
 
 
 @pytest.fixture(scope="module")
-def serial(tmp_path_factory):
-    return _curve(pretrain_records(tmp_path_factory.mktemp("serial") / "run", 1, MODEL))
+def serial_records(tmp_path_factory):
+    return pretrain_records(tmp_path_factory.mktemp("serial") / "run", 1, MODEL)
+
+
+@pytest.fixture(scope="module")
+def serial(serial_records):
+    return _curve(serial_records)
 
 
 def _assert_close(curve, serial):
@@ -46,11 +51,18 @@ def sharded_run(tmp_path_factory):
     """optim_grads_params (Megatron's default strategy) at dp 2, traced: (curve, rank 0's records)."""
     out = tmp_path_factory.mktemp("fsdp")
     records = pretrain_records(out / "run", 2, [*MODEL, "--use-megatron-fsdp"], trace_dir=out / "trace")
-    return _curve(records), load_trace(out / "trace")[0]
+    return _curve(records), load_trace(out / "trace")[0], records
 
 
 def test_optim_grads_params_equals_serial(sharded_run, serial):
     _assert_close(sharded_run[0], serial)
+
+
+def test_params_norm_sums_the_shards(sharded_run, serial_records):
+    """--log-params-norm reads each rank's pieces and sums them over dp (training/utils.py):
+    the serial model's norm (to 1e-6 relative: fp32 sums in another order)."""
+    for mine, theirs in zip(sharded_run[2], serial_records):
+        assert mine["params_norm"] == pytest.approx(theirs["params_norm"], rel=1e-6)
 
 
 @pytest.mark.stress
@@ -120,7 +132,7 @@ def test_trace_gathers_each_layer_before_it_runs(sharded_run):
 
 
 @pytest.mark.parametrize("extra, words", [
-    (["--log-params-norm"], "optim_grads_params does not keep"),
+    (["--check-weight-hash-across-dp-replicas-interval", "1"], "optim_grads_params does not keep"),
     (["--data-parallel-sharding-strategy", "zero3"], "invalid choice"),
 ])
 def test_what_is_not_built_is_refused_in_one_line(extra, words):

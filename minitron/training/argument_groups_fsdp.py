@@ -45,19 +45,17 @@ def validate_fsdp_args(args) -> None:
         require(args.pipeline_model_parallel_size == 1, f"{meta} here needs --pipeline-model-parallel-size 1: the "
                 "last stage's copy of the tied embedding is filled by a collective while the model is built, "
                 "which a unit built alone cannot join")
-        require(not getattr(args, "mtp_num_layers", None), f"{meta} rebuilds each layer by its number; "
-                "multi-token prediction's layers are numbered apart from the decoder's: drop --mtp-num-layers")
     if not args.use_megatron_fsdp:
         return
     flag = "--use-megatron-fsdp"
     require(not getattr(args, "deepspeed", False), f"{flag} and --deepspeed are two ways to shard: drop one "
             "(DeepSpeed's ZeRO stage 3 is --deepspeed's)")
-    if args.data_parallel_sharding_strategy == "optim_grads_params":
-        for given, what in ((args.log_params_norm, "--log-params-norm"),
-                            (getattr(args, "check_weight_hash_across_dp_replicas_interval", None),
-                             "--check-weight-hash-across-dp-replicas-interval")):
-            require(not given, f"{what} reads every whole weight between steps, which optim_grads_params does "
-                    "not keep (each rank holds its shards): drop it or choose another sharding strategy")
+    # Megatron's rule; --log-params-norm reads each rank's pieces (training/utils.calc_params_l2_norm)
+    require(not (args.data_parallel_sharding_strategy == "optim_grads_params"
+                 and getattr(args, "check_weight_hash_across_dp_replicas_interval", None)),
+            "--check-weight-hash-across-dp-replicas-interval compares whole weights across replicas, which "
+            "optim_grads_params does not keep (each rank holds its shards; Megatron's rule): drop it or choose "
+            "another sharding strategy")
     # Megatron asserts the format whenever Megatron-FSDP is on; a run that neither saves nor
     # loads never reads it, so minitron asks for it only then.
     require(args.ckpt_format == "fsdp_dtensor" or (args.save is None and args.load is None),

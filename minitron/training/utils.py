@@ -194,9 +194,20 @@ def calc_params_l2_norm(model) -> float:
     sums = {"dense": torch.zeros(1, dtype=torch.float32, device=device),
             "expert": torch.zeros(1, dtype=torch.float32, device=device)}
     fsdp2_group = None   # --use-torch-fsdp2: each dp rank holds its rows of every parameter
+    # Megatron-FSDP's optim_grads_params keeps only pieces of the units (their storage is freed
+    # between steps): each rank reads its pieces, summed over each unit's group below
+    pieces = {"dense": torch.zeros(1, dtype=torch.float32, device=device),
+              "expert": torch.zeros(1, dtype=torch.float32, device=device)}
     for chunk in model:
+        sharded = getattr(chunk, "strategy", None) == "optim_grads_params"
         for param in chunk.parameters():
             if not param_is_not_tensor_parallel_duplicate(param) or not param_is_not_shared(param):
+                continue
+            if sharded:
+                found = chunk.unit_of[param].piece(param)
+                if found is not None:
+                    pieces["dense" if getattr(param, "allreduce", True) else "expert"] += \
+                        torch.sum(found[0].detach().float() ** 2)
                 continue
             data = getattr(param, "main_param", None)
             data = param if data is None else data
@@ -207,6 +218,10 @@ def calc_params_l2_norm(model) -> float:
         both = torch.cat([sums["dense"], sums["expert"]])
         torch.distributed.all_reduce(both, group=fsdp2_group)
         sums = {"dense": both[:1], "expert": both[1:]}
+    if any(getattr(chunk, "strategy", None) == "optim_grads_params" for chunk in model):
+        torch.distributed.all_reduce(pieces["dense"], group=mpu.get_data_parallel_group(with_context_parallel=True))
+        torch.distributed.all_reduce(pieces["expert"], group=mpu.get_expert_data_parallel_group())
+        sums = {kind: sums[kind] + pieces[kind] for kind in sums}
     dense_group = mpu.get_model_parallel_group()
     expert_ranks, dense_ranks = mpu.get_global_ranks("tp-ep-pp"), mpu.get_global_ranks("tp-pp")
     if expert_ranks == dense_ranks:   # one sum over one group: the same collective as a dense model's

@@ -38,19 +38,28 @@ class MetaMaterializer:
             for attr, p in m.named_parameters(recurse=False):
                 self.owners.setdefault(p, []).append((m, attr))
                 self.names.setdefault(p, _strip_wrappers(f"{module_name}.{attr}" if module_name else attr))
-        self.layer_numbers = {m.layer_number for m in module.modules() if isinstance(m, TransformerLayer)}
+        # Each layer unit's init_rng index: a decoder layer's number; a multi-token-prediction
+        # layer's is num_layers + 1 + its depth (multi_token_prediction.py), shared with its
+        # block's norms and projection, which the rest of the chunk holds.
+        self.index = {}
+        for name, m in module.named_modules():
+            if isinstance(m, TransformerLayer):
+                mtp = name.endswith("mtp_model_layer")
+                self.index[m] = m.config.num_layers + 1 + m.layer_number if mtp else m.layer_number
+        self.decoder = {self.index[m] for name, m in module.named_modules()
+                        if isinstance(m, TransformerLayer) and not name.endswith("mtp_model_layer")}
         self._built = (None, None)   # (which layer index, its rebuilt parameters by name)
 
     def keep_for(self, module) -> int | None:
-        """The layer index a unit's module was built under: a layer's number, or None for the
-        rest of the chunk (everything built outside the layers: embedding, output layer, norm)."""
-        return module.layer_number if isinstance(module, TransformerLayer) else None
+        """The index a unit's module was built under (init_rng.layer_init_rng), or None for the
+        rest of the chunk: everything built outside the decoder's layers."""
+        return self.index.get(module)
 
     def real(self, params, index: int | None) -> list:
         """``params`` (meta) replaced in the model by the same parameters built for real."""
         if self._built[0] != index or self._built[1] is None:
-            layers = self.layer_numbers
-            keep = (lambda i: i == index) if index is not None else (lambda i: i not in layers)
+            decoder = self.decoder
+            keep = (lambda i: i == index) if index is not None else (lambda i: i not in decoder)
             self._built = (index, dict(self.rebuild(keep).named_parameters()))
         built = self._built[1]
         out = []
