@@ -2,6 +2,7 @@
 
     python docs/examples/zero_r_bytes.py          # the table
     python docs/examples/zero_r_bytes.py --json   # every number, for tests/test_ds_activation_checkpointing.py
+    python docs/examples/zero_r_bytes.py --gathers TRACE_DIR   # a traced run's gathers, rank by rank
 
 A 2-layer GPT (hidden 32, sequence 32, micro-batch 2, dropout 0.1 everywhere) with full
 recomputation, one layer per checkpoint, on 2 forked gloo ranks that form one tensor-parallel
@@ -125,6 +126,27 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def gathers(trace_dir: str) -> str:
+    """Each rank's first gather of a partitioned checkpoint in a traced run: what it rebuilt, and
+    the collective underneath (the shape each rank sent, the group)."""
+    from minitron.trace.reader import load_trace
+
+    lines = []
+    for rank, calls in sorted(load_trace(trace_dir).items()):
+        mine = [c for c in calls if c["name"].endswith("gather_partitioned_activations")]
+        first = mine[0]
+        (under,) = [c for c in calls if c.get("parent") == first["id"]]
+        a = under["args"]
+        assert all(c["args"] == first["args"] for c in mine), "the checkpoints' inputs differ in shape"
+        lines += [f"rank {rank}: {len(mine)} gathers in backward, one per checkpoint",
+                  f"  each rebuilds {first['args']['shapes'][0]} from {a['shape']} {a['dtype']} per rank:",
+                  f"  {under['name'].rsplit('.', 1)[-1]} over {a['group']} {a['ranks']}"]
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    answer = run()
-    print(json.dumps(answer, indent=1) if "--json" in sys.argv else table(answer))
+    if "--gathers" in sys.argv:
+        print(gathers(sys.argv[sys.argv.index("--gathers") + 1]))
+    else:
+        answer = run()
+        print(json.dumps(answer, indent=1) if "--json" in sys.argv else table(answer))
