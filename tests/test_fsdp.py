@@ -134,6 +134,8 @@ def test_trace_gathers_each_layer_before_it_runs(sharded_run):
 @pytest.mark.parametrize("extra, words", [
     (["--check-weight-hash-across-dp-replicas-interval", "1"], "optim_grads_params does not keep"),
     (["--data-parallel-sharding-strategy", "zero3"], "invalid choice"),
+    (["--outer-dp-sharding-strategy", "optim", "--data-parallel-sharding-strategy", "optim"],
+     "needs --data-parallel-sharding-strategy optim_grads_params"),
 ])
 def test_what_is_not_built_is_refused_in_one_line(extra, words):
     with pytest.raises(UserError, match=words) as refused:

@@ -20,6 +20,9 @@ def add_fsdp_args(parser) -> None:
     g.add_argument("--data-parallel-sharding-strategy", default=DEFAULT_STRATEGY, choices=STRATEGIES,
                    help="what each data-parallel rank keeps 1/dp of: nothing (no_shard), the optimizer state "
                         "(optim), and the gradients (optim_grads), and the parameters (optim_grads_params)")
+    g.add_argument("--outer-dp-sharding-strategy", default="no_shard", choices=["no_shard", "optim"],
+                   help="(no effect here) Hybrid FSDP (--num-distributed-optimizer-instances > 1): replicate "
+                        "(no_shard) or shard the optimizer state (optim) across the outer data-parallel groups")
     dtypes = ["fp32", "bf16", "fp16", "auto"]
     g.add_argument("--megatron-fsdp-main-params-dtype", default="fp32", choices=dtypes,
                    help="the dtype of the optimizer's main copy of each shard; auto: the model's own (no copy)")
@@ -61,10 +64,16 @@ def validate_fsdp_args(args) -> None:
     require(args.ckpt_format == "fsdp_dtensor" or (args.save is None and args.load is None),
             f"{flag} saves and loads its shards by parameter: add --ckpt-format fsdp_dtensor "
             f"(Megatron-FSDP's only checkpoint format), not {args.ckpt_format}")
+    require(args.outer_dp_sharding_strategy == "no_shard" or args.data_parallel_sharding_strategy ==
+            "optim_grads_params", "--outer-dp-sharding-strategy optim needs --data-parallel-sharding-strategy "
+            "optim_grads_params (Megatron's rule)")
     # Megatron-FSDP overlaps its gathers and reductions with compute under these; minitron's units
     # gather and reduce when needed, computing the same, so the header says so.
     notes = [f"{given} (with {flag}): overlaps Megatron-FSDP's collectives with compute; minitron's units "
              "gather and reduce when they are needed, the same numbers"
              for given, on in (("--overlap-grad-reduce", args.overlap_grad_reduce),
                                ("--overlap-param-gather", args.overlap_param_gather)) if on]
+    if args.outer_dp_sharding_strategy != "no_shard":   # as --num-distributed-optimizer-instances' note says
+        notes.append("--outer-dp-sharding-strategy optim: Hybrid FSDP's sharding across its outer data-parallel "
+                     "groups; minitron's units shard over all data-parallel ranks, the same step")
     note_no_effect(args, *notes)
