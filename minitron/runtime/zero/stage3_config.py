@@ -72,20 +72,23 @@ class Stage3Config:
     gather_16bit_weights_on_model_save: bool = False
 
 
-def _one(zero: dict, name: str, alias, where: str) -> dict:
-    """The section's value under the field's name or alias ({} when neither): both is refused."""
+def _one(zero: dict, name: str, alias, where: str) -> tuple:
+    """(the key the section spells the field with, the section): the field's name or its alias,
+    both refused; the name when neither is given (the default then stands)."""
     given = [k for k in (name, alias) if k and k in zero]
     if len(given) > 1:
         raise DeepSpeedConfigError(f"{where}: {given[0]!r} and {given[1]!r} are one field; keep one")
-    return {name: zero[given[0]]} if given else {}
+    return (given[0] if given else name), zero
 
 
 def parse_stage3(zero: dict, where: str) -> Stage3Config:
     values = {}
     for name, (alias, default) in INTS.items():
-        values[name] = model_int(_one(zero, name, alias, where), name, default, where, minimum=0)
+        key, section = _one(zero, name, alias, where)
+        values[name] = model_int(section, key, default, where, minimum=0)
     for name, (alias, default) in FLAGS.items():
-        values[name] = model_flag(_one(zero, name, alias, where), name, default, where)
+        key, section = _one(zero, name, alias, where)
+        values[name] = model_flag(section, key, default, where)
     if "stage3_gather_fp16_weights_on_model_save" in zero:   # DeepSpeed's deprecated name for the same field
         values["gather_16bit_weights_on_model_save"] = model_flag(
             zero, "stage3_gather_fp16_weights_on_model_save", False, where)
