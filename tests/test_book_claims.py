@@ -158,3 +158,32 @@ def test_start_here_commands_name_real_commands_and_flags():
             assert flag in helps[words[1]], f"{command}: {flag} is not an option of minitron {words[1]}"
     for script in re.findall(r"^ {8}python (\S+)", text, re.M):
         assert (ROOT / script).is_file(), script
+
+
+def test_ch19_prints_each_no_effect_list_once():
+    """The page showed a script's "accepted, no effect here" list in its verdicts, then again at
+    the top of every estimate and trace of that script: four times for one content. The verdicts
+    keep it; the other commands drop it, wrapped continuation lines included. Nor does the page
+    assume an iteration time: `--cluster h100` derives it from the recorded run."""
+    page = chapter("19")
+    runs = [c for kind, c in RUN.findall(page) if "script_flags.py argv" in c]
+    assert runs and not any("--iteration-time" in c for c in runs)
+    for command in runs:
+        assert "awk '/^accepted, no effect/" in command or re.search(r"\| (grep|tail) ", command), command
+    mixtral = next(c for c in runs if c.startswith("minitron estimate") and "mixtral_8x7b" in c)
+    out = shell(mixtral)
+    assert "largest rank" in out
+    # the list has a line wider than the page (--no-masked-softmax-fusion's reason), wrapped
+    assert "no effect" not in out and "compute the same" not in out
+
+
+def test_ch17b_memory_falls_short_of_the_recorded_peak_by_about_a_tenth(capsys):
+    """Chapter 17b reads the estimate's memory for the recorded H100 model as short of the run's
+    allocated peak by about a tenth (what a step allocates and frees is not counted), and the
+    FLOPs as the very count the bench divided by."""
+    example("time_vs_recorded").main()
+    out = capsys.readouterr().out
+    assert "(the same count)" in out
+    kept, peak = map(float, re.search(r"memory: estimate ([\d.]+) GiB kept, recorded peak ([\d.]+) GiB", out).groups())
+    assert 0.85 <= kept / peak < 1.0, (kept, peak)
+    assert "falls short of it by about a tenth" in " ".join(chapter("17b").split())
