@@ -15,8 +15,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from minitron.launcher import LaunchConfig, run_on_ranks, session_env
+from minitron.runtime.activation_checkpointing import checkpointing
 from minitron.training.argument_groups import ArgumentError, build_parser
 from minitron.training.arguments import validate_args
 
@@ -105,3 +107,34 @@ def test_accepted_with_the_flag(tmp_path):
                                          f"--deepspeed-activation-checkpointing {FULL}".split())
         args.rank, args.world_size = 0, 1
         validate_args(args, {"tokenizer_type": "NullTokenizer", "vocab_size": 1024})
+
+
+def _in_process(section: dict, chunks: int) -> torch.Tensor:
+    """``chunks`` checkpoints of a tanh in this process (tensor-parallel size 1: no group needed)."""
+    checkpointing.configure(None, deepspeed_config={"activation_checkpointing": section})
+    try:
+        x = torch.linspace(-1, 1, 8, requires_grad=True)
+        y = x
+        for _ in range(chunks):
+            y = checkpointing.checkpoint(torch.tanh, y)
+        y.sum().backward()
+        return x.grad
+    finally:
+        checkpointing._SETTINGS = checkpointing._Settings()
+
+
+def test_profile_prints_each_checkpoints_times(capsys):
+    _in_process({"profile": True, "synchronize_checkpoint_boundary": True}, chunks=2)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["activation checkpoint forward"] * 2 + \
+        ["activation checkpoint backward"] * 2
+
+
+def test_contiguous_buffers_hold_number_checkpoints_and_no_more():
+    section = {"partition_activations": True, "contiguous_memory_optimization": True, "number_checkpoints": 2}
+    x = torch.linspace(-1, 1, 8)
+    expected = 1 - torch.tanh(torch.tanh(x)) ** 2   # d/dx tanh(tanh(x)) = (1 - tanh(tanh x)^2)(1 - tanh(x)^2)
+    # the closed form rounds otherwise than autograd's chain of two tanh backwards: 1e-6 relative
+    assert torch.allclose(_in_process(section, chunks=2), expected * (1 - torch.tanh(x) ** 2), rtol=1e-6, atol=0)
+    with pytest.raises(RuntimeError, match="more checkpoints in one forward than number_checkpoints"):
+        _in_process(section, chunks=3)
