@@ -43,6 +43,11 @@ def _args_for(argv: list[str], world: int):
     args = validate_pretrain(without_backend(argv), world)   # no rank runs: nccl needs no GPU here
     if moe_training_refusal(args):   # the step estimated is one pretrain would refuse to run
         raise UserError(moe_training_refusal(args))
+    if getattr(args, "deepspeed", False):   # what the stage-3 estimate cannot count yet (theoretical_zeropp.py)
+        from minitron.training.theoretical_zero import ds_config
+        from minitron.training.theoretical_zeropp import unestimated
+        if unestimated(ds_config(args)):
+            raise UserError(f"--deepspeed-config {args.deepspeed_config}: {unestimated(ds_config(args))}")
     try:
         build_tokenizer(args)   # sets padded_vocab_size, as the ranks will
     except (ValueError, OSError) as exc:

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 from minitron.runtime.precision_config import BF16_OPTIONS, FP16_OPTIONS
+from minitron.runtime.zero.stage3_config import DEFAULT_ONLY as STAGE3_DEFAULT_ONLY, STAGE3_KEYS, Stage3Config, \
+    parse_stage3
 from minitron.runtime.config_values import (  # noqa: F401 -- DeepSpeedConfigError re-exported
     DeepSpeedConfigError, check_keys, flag, json_value, lax_bool, model_flag, model_int, model_number, model_view, number,
     positive_int,
@@ -207,6 +209,8 @@ class ZeroConfig:
     reduce_scatter: bool = True
     allgather_partitions: bool = True
     round_robin_gradients: bool = False
+    # stage 3's knobs and ZeRO++ (zero/stage3_config.py)
+    stage3: Stage3Config = Stage3Config()
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -227,7 +231,8 @@ def parse_zero(params: dict) -> ZeroConfig:
         if not off:
             raise DeepSpeedConfigError(f"{where}.{key}: offloading to CPU or NVMe is not implemented in "
                                        f"minitron; remove it (or set it to false)")
-    check_keys({k: v for k, v in zero.items() if k not in OFFLOAD_KEYS}, ZERO_KEYS, {}, where, model=True)
+    check_keys({k: v for k, v in zero.items() if k not in OFFLOAD_KEYS}, ZERO_KEYS + STAGE3_KEYS, STAGE3_DEFAULT_ONLY,
+               where, model=True)
     try:  # pydantic's int enum: 1.0, "1" and true are all stage 1
         stage = model_int(zero, "stage", 0, where, minimum=0, maximum=3)
     except DeepSpeedConfigError:
@@ -251,4 +256,4 @@ def parse_zero(params: dict) -> ZeroConfig:
     flags = {key: model_flag(zero, key, default, where) for key, default in (
         ("contiguous_gradients", True), ("reduce_scatter", True), ("allgather_partitions", True),
         ("round_robin_gradients", False))}
-    return ZeroConfig(stage, reduce_size, allgather, overlap, **flags)
+    return ZeroConfig(stage, reduce_size, allgather, overlap, **flags, stage3=parse_stage3(zero, where))

@@ -120,7 +120,8 @@ class DeepSpeedEngine(torch.nn.Module):
         if self.zero_optimization_stage() == 3:
             self.optimizer = DeepSpeedZeroOptimizer_Stage3(self.module, basic, self.data_parallel_group, scaler,
                                                            config.gradient_clipping, mp_group,
-                                                           config.zero_config.overlap_comm)
+                                                           config.zero_config.overlap_comm,
+                                                           zero_config=config.zero_config)
         else:
             self.optimizer = DeepSpeedZeroOptimizer(basic, self.data_parallel_group, self.zero_optimization_stage(),
                                                     scaler, config.gradient_clipping, mp_group,

@@ -43,6 +43,7 @@ from minitron.runtime.zero.alignment import NCCL_START_ALIGNMENT_FACTOR
 from minitron.training.theoretical_params import (
     DTYPE_BYTES, Param, chunk_layers, num_microbatches, optimizer_moments, recomputed_layers, round_up,
 )
+from minitron.training.theoretical_zeropp import stage3_comm, zeropp
 
 
 def ds_config(args) -> DeepSpeedConfig:
@@ -184,7 +185,17 @@ def zero_comm(args, plist: list[Param], tally) -> None:
     m, e = num_microbatches(args), DTYPE_BYTES[args.params_dtype]
     groups = param_groups(plist)
     flats = [round_up(sum(p.numel for p in g), NCCL_START_ALIGNMENT_FACTOR * dp) for g in groups]
-    if stage == 3:
+    if stage == 3 and zeropp(cfg):   # hpZ, qwZ: theoretical_zeropp.py's arithmetic, module by module
+        piece = {p.name: -(-p.numel // dp) for p in plist}
+        modules = [[piece[p.name] for p in params] for params in _modules(plist).values()]
+        again = [[piece[p.name] for p in params] for name, params in _modules(plist).items()
+                 if _layer_of(name) in _recomputed(args)]
+        if not args.untie_embeddings_and_output_weights:
+            again.append([piece["embedding.word_embeddings.weight"]])
+        z3 = cfg.zero_config.stage3
+        stage3_comm(tally, modules + again, [(p.numel,) for p in plist], dp=dp, e=e, m=m, dp_key="dp",
+                    hpz=z3.zero_hpz_partition_size, quantized_weights=z3.zero_quantized_weights, again=len(again))
+    elif stage == 3:
         piece = {p.name: -(-p.numel // dp) for p in plist}
         again = _recomputed(args)
         for name, params in _modules(plist).items():

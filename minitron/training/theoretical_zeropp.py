@@ -12,6 +12,10 @@ Bytes are what a rank hands to each call (its input: cli/views/diff.py's call_by
     gradient, plain    the whole gradient padded to dp pieces (reduce-scatter), e bytes each
     gradient, qgZ      a matrix: n/2 bytes of int4 and 4 per block inside the node, then
                        n/(2L) and 4 per block / L between nodes; 1-D ones reduce-scatter
+
+``minitron estimate`` counts an iteration after the first: under hpZ the run's first forward
+finds the secondary pieces that initialization cut and gathers inside the node (``first_step``
+counts that one, for the tests).
 """
 
 from __future__ import annotations

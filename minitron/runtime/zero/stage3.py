@@ -37,9 +37,14 @@ import torch
 
 from minitron import comm as dist   # as DeepSpeed's ZeRO: from deepspeed import comm as dist
 from minitron.accelerator import get_accelerator
+from minitron.runtime.comm.coalesced_collectives import all_to_all_quant_reduce, qgz_applies, qgz_groups
 from minitron.runtime.gradient_reduction import GradientReduction
 from minitron.runtime.zero.buckets import weakly_bound
+from minitron.runtime.zero.partitioned_param_coordinator import (
+    PartitionedParameterCoordinator, mark_persistent_parameters,
+)
 from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+from minitron.runtime.zero.zeropp import ZeroPlusPlus
 from minitron.trace import traced
 
 AVAILABLE, NOT_AVAILABLE = "AVAILABLE", "NOT_AVAILABLE"   # DeepSpeed's ZeroParamStatus
@@ -69,13 +74,14 @@ class _GatherBeforeBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        ctx.optimizer.gather(_params_of(ctx.module))
+        ctx.optimizer._fetch(ctx.module)
         return (None, None, *grads)
 
 
 class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
     def __init__(self, module: torch.nn.Module, init_optimizer: torch.optim.Optimizer, dp_process_group,
-                 loss_scaler, clip_grad: float = 0.0, model_parallel_group=None, overlap_comm: bool = True):
+                 loss_scaler, clip_grad: float = 0.0, model_parallel_group=None, overlap_comm: bool = True,
+                 zero_config=None):
         self.optimizer = init_optimizer
         self._init_model_parallel(model_parallel_group)
         self.dp_process_group = dp_process_group
@@ -121,12 +127,25 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         for p in self._group_of:
             p.ds_status = AVAILABLE
             p.register_post_accumulate_grad_hook(weakly_bound(self._reduce_partition_and_release))
-        self.release(list(self._group_of))
-        self._hooks = []
+        self._configure_knobs(module, zero_config)
+        self.release(list(self._group_of))   # the persistent too: gathered at their first use
+        self._hooks = [module.register_forward_pre_hook(lambda *_: self.coordinator.reset_step())]
+        # Every module, as DeepSpeed hooks every one: one without parameters gathers nothing, but
+        # its forward and backward are steps of the coordinator's trace all the same.
         for m in module.modules():
-            if any(p in self._group_of for p in _params_of(m)):
-                self._hooks += [m.register_forward_pre_hook(self._pre_forward),
-                                m.register_forward_hook(self._post_forward)]
+            self._hooks += [m.register_forward_pre_hook(self._pre_forward), m.register_forward_hook(self._post_forward)]
+
+    def _configure_knobs(self, module, zero_config) -> None:
+        """Stage 3's knobs (persistence, prefetch, reuse: partitioned_param_coordinator.py) and
+        ZeRO++ (zeropp.py; qgZ, runtime/comm/coalesced_collectives.py)."""
+        from minitron.runtime.zero.stage3_config import Stage3Config   # DeepSpeed's defaults
+        z = zero_config.stage3 if zero_config is not None else Stage3Config()
+        mark_persistent_parameters(module, self._group_of, z.param_persistence_threshold, z.model_persistence_threshold)
+        self.coordinator = PartitionedParameterCoordinator(z.prefetch_bucket_size, z.max_live_parameters,
+                                                           z.max_reuse_distance)
+        self.zeropp = ZeroPlusPlus(self.dp_process_group, z.zero_hpz_partition_size, z.zero_quantized_weights)
+        self.zeropp.check(list(self._group_of))
+        self.qgz = qgz_groups(self.dp_world_size) if z.zero_quantized_gradients else None
 
     # --- gather and release ---------------------------------------------------------------
 
@@ -135,35 +154,33 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         """One all-gather for all of a module's missing parameters, as DeepSpeed coalesces them:
         my pieces end to end go out, every rank's come back as the rows of ``full``, and
         parameter p is its column range of the rows, read row after row."""
-        todo = list(dict.fromkeys(p for p in params if p in self._group_of and p.ds_status != AVAILABLE))
+        todo = list({id(p): p for p in params if p in self._group_of and p.ds_status != AVAILABLE}.values())
         for dtype in dict.fromkeys(p.ds_tensor.dtype for p in todo):   # one dtype per collective
-            same = [p for p in todo if p.ds_tensor.dtype == dtype]
-            mine = torch.cat([p.ds_tensor for p in same])
-            full = mine.new_empty(self.dp_world_size * mine.numel())
-            dist.all_gather_into_tensor(full, mine, group=self.dp_process_group)
-            full = full.view(self.dp_world_size, mine.numel())
-            offset = 0
-            for p in same:
-                piece = p.ds_tensor.numel()
-                p.data = full[:, offset:offset + piece].reshape(-1)[:p.ds_numel].view(p.ds_shape)
-                p.ds_status = AVAILABLE
-                offset += piece
+            # zeropp.py: from the node's secondary pieces under hpZ, in int8 under qwZ
+            self.zeropp.all_gather([p for p in todo if p.ds_tensor.dtype == dtype])
 
     def release(self, params: list) -> None:
         for p in params:
             if p in self._group_of:
+                if p.ds_status == AVAILABLE:
+                    self.zeropp.keep_secondary(p)   # hpZ: my 1/h of the whole, for the next gathers
                 p.data = p.ds_tensor.new_empty(0)   # on the device the parameter lives on
                 p.ds_status = NOT_AVAILABLE
 
+    def _fetch(self, module) -> None:
+        available = lambda: sum(p.ds_numel for p in self._group_of if p.ds_status == AVAILABLE)   # noqa: E731
+        own = [p for p in _params_of(module) if p in self._group_of]
+        self.coordinator.fetch_sub_module(module, own, self.gather, available)
+
     def _pre_forward(self, module, inputs):
-        self.gather(_params_of(module))
+        self._fetch(module)
 
     def _post_forward(self, module, inputs, output):
         # Wrap first, release second: a module may hand back one of its own parameters (a
         # linear with skip_bias_add returns its bias, added by the caller); the wrapper's view
         # of it keeps the gathered values that the caller still adds.
         output = self._wrap_outputs(module, output)
-        self.release(_params_of(module))
+        self.release(self.coordinator.params_to_release(_params_of(module)))
         return output
 
     def _wrap_outputs(self, module, output):
@@ -193,6 +210,14 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         (averaged), accumulate it into my gradient partition, drop the full gradient and p."""
         i, offset = self._group_of[p]
         piece = p.ds_tensor.numel()
+        if self.qgz is not None and qgz_applies(tuple(p.grad.shape), self.dp_world_size):
+            # qgZ: int4 all-to-alls, synchronous; what comes back is my partition already summed
+            # over the ranks and divided by the number of nodes (coalesced_collectives.py)
+            wire = p.grad if self.gradient_reduction.dtype is None else p.grad.to(self.gradient_reduction.dtype)
+            self._add(i, offset, all_to_all_quant_reduce(wire, **self.qgz))
+            p.grad = None
+            self.release(self.coordinator.params_to_release([p]))
+            return
         padded = p.grad.new_zeros(piece * self.dp_world_size)
         padded[:p.ds_numel].copy_(p.grad.reshape(-1))
         padded = self.gradient_reduction.to_wire(padded)
@@ -203,7 +228,7 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         else:
             self._add(i, offset, mine)
         p.grad = None
-        self.release([p])
+        self.release(self.coordinator.params_to_release([p]))
 
     def _add(self, i: int, offset: int, mine: torch.Tensor) -> None:
         if i not in self.averaged_gradients:
@@ -223,14 +248,23 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
     # --- the step's last move, bytes, full parameters ---------------------------------------
 
     def _publish(self, i: int) -> None:
-        # My pieces take the update; nobody gathers now: the next forward does, module by module.
+        # My pieces take the update; nobody gathers now: the next forward does, module by module,
+        # but for the persistent parameters, kept whole, so gathered now (DeepSpeed's _post_step);
+        # hpZ's secondary pieces hold the old weights and go.
         self.fp16_partitioned_groups_flat[i].copy_(self.single_partition_of_fp32_groups[i])
+        self.zeropp.invalidate_secondary(self.fp16_groups[i])
+        for p in self.fp16_groups[i]:
+            if p.ds_persist:   # one all-gather each, as DeepSpeed's all_gather of the list makes them
+                p.ds_status = NOT_AVAILABLE
+                self.gather([p])
 
     def zero_grad(self) -> None:
         self.averaged_gradients = {}
 
     def bytes_held(self) -> dict:
-        gathered = sum(p.numel() * p.element_size() for p in self._group_of)   # 0 between steps
-        params = gathered + sum(f.numel() * f.element_size() for f in self.fp16_partitioned_groups_flat)
+        gathered = sum(p.numel() * p.element_size() for p in self._group_of)   # between steps: the persistent
+        secondary = sum(p.ds_secondary_tensor.numel() * p.ds_secondary_tensor.element_size()   # hpZ's
+                        for p in self._group_of if getattr(p, "ds_secondary_tensor", None) is not None)
+        params = gathered + secondary + sum(f.numel() * f.element_size() for f in self.fp16_partitioned_groups_flat)
         grads = sum(g.numel() * g.element_size() for g in self.averaged_gradients.values())
         return {"params": params, "grads": grads, "optimizer_states": self._optimizer_state_bytes()}
