@@ -187,3 +187,12 @@ def test_ch17b_memory_falls_short_of_the_recorded_peak_by_about_a_tenth(capsys):
     kept, peak = map(float, re.search(r"memory: estimate ([\d.]+) GiB kept, recorded peak ([\d.]+) GiB", out).groups())
     assert 0.85 <= kept / peak < 1.0, (kept, peak)
     assert "falls short of it by about a tenth" in " ".join(chapter("17b").split())
+
+
+def test_ch19_names_as_refused_only_flags_minitron_refuses():
+    """Chapter 19 listed fp8 weights and a learned softmax as refused after both had been built."""
+    from minitron.training.arguments_policy import REFUSED
+
+    bullet = re.search(r"^- \*\*refused\*\*:(.*?)(?=^\S)", chapter("19"), re.S | re.M).group(1)
+    named = re.findall(r"`(--[a-z0-9-]+)`", bullet)
+    assert named and all(flag in REFUSED for flag in named), named
