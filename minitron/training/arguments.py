@@ -28,8 +28,8 @@ from minitron.training.argument_groups_torch_fsdp2 import validate_torch_fsdp2_a
 from minitron.training.argument_groups_launch import validate_launch_args
 from minitron.training.argument_groups_overlap import validate_overlap_args
 from minitron.training.argument_groups_hybrid import validate_hybrid_args
-from minitron.training.arguments_features import (MOE_CONFIG_FIELDS, validate_context_parallel,
-                                                   validate_modern_options, validate_moe)
+from minitron.training.arguments_features import validate_context_parallel, validate_modern_options
+from minitron.training.arguments_moe import MOE_CONFIG_FIELDS, validate_moe
 from minitron.training.arguments_fp8 import FP8_CONFIG_FIELDS, validate_fp8
 from minitron.training.arguments_layer import validate_layer_variants
 from minitron.training.arguments_pipeline_split import uneven_split, validate_pipeline_split
