@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import sys
 import time
@@ -35,6 +34,7 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
                            TimeRemainingColumn, TransferSpeedColumn)
 
 from minitron.core.datasets.indexed_dataset_format import DType, IndexedDatasetBuilder  # numpy only
+from minitron.tools.preprocess_encoder import encode_batch, init_worker
 from minitron.tools.preprocess_workers import Workers
 from minitron.training.tokenizer import TOKENIZER_TYPES, make_tokenizer
 
@@ -53,87 +53,11 @@ class PreprocessResult:
     input_bytes: int
     seconds: float
     skipped: list[tuple[int, str]] = field(default_factory=list)  # (line number, reason)
-    empty: int = 0  # documents with no token: kept, with no sequence (see _encode_batch)
+    empty: int = 0  # documents with no token: kept, with no sequence (see encode_batch)
 
     @property
     def mb_per_s(self) -> float:
         return self.input_bytes / 2**20 / max(self.seconds, 1e-9)
-
-
-# --- the worker side: one tokenizer per process, built once by the pool's initializer -------
-_WORKER: dict = {}
-
-
-def _init_worker(spec: dict) -> None:
-    _WORKER["tokenizer"] = make_tokenizer(**spec["tokenizer"])
-    _WORKER["spec"] = spec
-
-
-def _encode_batch(batch: tuple[int, bytes]):
-    """Tokenize a block of whole lines -> per key (tokens, lengths), bad lines, sizes.
-
-    ``batch`` is (number of its first line, raw bytes ending in a newline): splitting lines
-    here, not in the reading process, keeps the reader's work to one read and one count.
-    """
-    tokenizer, spec = _WORKER["tokenizer"], _WORKER["spec"]
-    keys, append_eod, dtype = spec["json_keys"], spec["append_eod"], spec["dtype"]
-    fast_bytes = hasattr(tokenizer, "tokenize_bytes")  # ByteLevelTokenizer: the UTF-8 bytes are the ids
-    first_lineno, blob = batch
-    out = {key: ([], []) for key in keys}
-    bad, empty = [], 0  # empty: documents (line x key) with no token
-    for lineno, line in enumerate(blob.split(b"\n"), start=first_lineno):
-        if not line.strip():
-            continue  # blank lines (a trailing newline, say) are not documents
-        try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            bad.append((lineno, f"not valid JSON ({getattr(err, 'msg', None) or err})"))
-            continue
-        except RecursionError:  # json recurses per level: 10,000 [ would kill a worker
-            bad.append((lineno, "JSON nested too deeply (a line is one object with string fields)"))
-            continue
-        texts = [record.get(key) if isinstance(record, dict) else None for key in keys]
-        missing = [k for k, t in zip(keys, texts) if not isinstance(t, str)]
-        if missing:
-            bad.append((lineno, f"no string under key {missing[0]!r}"))
-            continue
-        docs = []
-        try:
-            for text in texts:
-                if fast_bytes:
-                    ids = np.frombuffer(tokenizer.tokenize_bytes(text), dtype=np.uint8).astype(dtype)
-                else:
-                    ids = _in_vocabulary(tokenizer.tokenize(text), tokenizer).astype(dtype)
-                if len(ids) and append_eod:
-                    ids = np.append(ids, np.array(tokenizer.eod, dtype=dtype))
-                docs.append(ids)
-        except ValueError as err:  # e.g. NullTokenizer given words instead of ids
-            bad.append((lineno, str(err)))
-            continue
-        # An empty text stays a document with no sequence (Megatron's preprocessing does the
-        # same), so line n of the input is still document n of every key's index.
-        empty += sum(len(d) == 0 for d in docs)
-        for key, ids in zip(keys, docs):
-            out[key][0].append(ids)
-            out[key][1].append(len(ids))
-    arrays = {key: (np.concatenate(t) if t else np.zeros(0, dtype), np.asarray(n, dtype=np.int64))
-              for key, (t, n) in out.items()}
-    return arrays, bad, empty, len(blob)
-
-
-def _in_vocabulary(ids: list, tokenizer) -> np.ndarray:
-    """A tokenizer's ids, each checked to be an id of its vocabulary (NullTokenizer takes the
-    numbers it reads as they are; 70000 would not fit the uint16 the .bin holds)."""
-    vocab_size = tokenizer.vocab_size
-    try:
-        array = np.asarray(ids, dtype=np.int64)
-    except OverflowError:
-        array = np.asarray([vocab_size])  # beyond int64, so beyond the vocabulary too
-    if len(array) and not (0 <= array.min() and array.max() < vocab_size):
-        wrong = next(int(i) for i in ids if not 0 <= i < vocab_size)
-        raise ValueError(f"token id {str(wrong)[:20]} is outside the vocabulary (ids 0..{vocab_size - 1}; "
-                         f"{tokenizer.eod} is the end-of-document id)")
-    return array
 
 
 def _batches(path: str, lineno: int = 1, offset: int = 0):
@@ -211,8 +135,8 @@ def run_preprocess(input: str, output_prefix: str, tokenizer_type: str = "ByteLe
     # started: a corpus that is not JSONL at all (the common mistake) is refused at once.
     start = time.perf_counter()
     first = next(_batches(input), None)  # its generator is dropped, and its file closed, here
-    _init_worker(spec)
-    done = [_encode_batch(first)] if first is not None else []
+    init_worker(spec)
+    done = [encode_batch(first)] if first is not None else []
     for _, bad, _, _ in done:
         _refuse_bad_lines(input, bad, skip_bad_lines)
     # the batches after the first, read from where it ended
@@ -229,9 +153,9 @@ def run_preprocess(input: str, output_prefix: str, tokenizer_type: str = "ByteLe
     pool = None
     try:
         if workers == 1:
-            results = itertools.chain(done, map(_encode_batch, rest))
+            results = itertools.chain(done, map(encode_batch, rest))
         else:
-            pool = Workers(workers, _init_worker, spec, _encode_batch)
+            pool = Workers(workers, init_worker, spec, encode_batch)
             results = itertools.chain(done, pool.ordered(rest))
         with _progress(progress, os.path.getsize(input)) as bar:
             task = bar.add_task("tokenizing", total=os.path.getsize(input), docs=0)
