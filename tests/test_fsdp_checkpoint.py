@@ -3,14 +3,18 @@ another data-parallel size and sharding strategy, continuing the uninterrupted r
 
 Saved at dp 2 with optim_grads_params (Megatron's default) at iteration 2 of 4; resumed there
 at dp 4 with optim_grads and at dp 1 (no_shard), each giving iterations 3 and 4 of the
-uninterrupted run's losses (rel 1e-5: only the order of the sums differs, as test_fsdp.py). The
-stored tensors have the model's shapes under Megatron's keys, and the flat-range-to-rectangles
-cut covers every element once.
+uninterrupted run's losses (rel 1e-5: only the order of the sums differs, as test_fsdp.py; the
+dp 1 resume is a stress case). The stored tensors have the model's shapes under Megatron's keys,
+the flat-range-to-rectangles cut covers every element once, and chapter 18's committed runs
+(docs/fsdp-runs/fsdp_dtensor.json, scripts/fsdp_dtensor_runs.py, same flags) are this run's.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,11 +22,10 @@ from distributed import pretrain_records
 from minitron.cli.common import UserError, validate_pretrain
 from minitron.training.checkpoint_files import TRACKER, iteration_dir
 
-MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
-         "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "4", "--lr", "1e-2",
-         "--mock-data", "--vocab-size", "1023", "--hidden-dropout", "0", "--attention-dropout", "0",
-         "--seed", "7", "--distributed-backend", "gloo", "--clip-grad", "1.0", "--swiglu"]
-FSDP = ["--use-megatron-fsdp", "--ckpt-format", "fsdp_dtensor"]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+runs = importlib.import_module("fsdp_dtensor_runs")   # chapter 18's committed runs, made from these flags
+COMMITTED = json.loads(runs.JSON.read_text())
+MODEL = [flag for flag in runs.MODEL if flag not in ("--use-megatron-fsdp", "--ckpt-format", "fsdp_dtensor")]
 
 
 def _losses(records):
@@ -34,9 +37,23 @@ def saved(tmp_path_factory):
     """The uninterrupted run (dp 2, optim_grads_params, 4 iterations), which saves at 2 and 4;
     the resumes start from iteration 2's checkpoint (the marker moved back to it)."""
     tmp = tmp_path_factory.mktemp("fsdp_ckpt")
-    run = pretrain_records(tmp / "first", 2, [*MODEL, *FSDP, "--save-interval", "2", "--save", str(tmp / "ck")])
+    world, strategy = runs.FIRST
+    run = pretrain_records(tmp / "first", world, [*runs.MODEL, "--data-parallel-sharding-strategy", strategy,
+                                                  "--save-interval", "2", "--save", str(tmp / "ck")])
     (tmp / "ck" / TRACKER).write_text("2")
     return tmp, run
+
+
+def test_chapter_18s_committed_runs_are_these(saved):
+    """docs/fsdp-runs/fsdp_dtensor.json (scripts/fsdp_dtensor_runs.py) holds this checkpoint's
+    layout, chunk for chunk, and this run's losses (the same flags on the same kind of ranks:
+    to 1e-6, the sums' order being the same)."""
+    tmp, run = saved
+    assert runs.layout(iteration_dir(tmp / "ck", 2)) == COMMITTED["layout"]
+    assert [r["lm_loss"] for r in run] == pytest.approx(COMMITTED["uninterrupted"], rel=1e-6)
+    for resumed in COMMITTED["resumed"]:   # the committed resumes continue the committed run
+        assert resumed["iterations"] == [3, 4]
+        assert resumed["losses"] == pytest.approx(COMMITTED["uninterrupted"][2:], rel=1e-5)
 
 
 def test_saved_by_parameter_under_megatrons_keys(saved):
@@ -58,11 +75,12 @@ def test_saved_by_parameter_under_megatrons_keys(saved):
     assert sum(c.sizes[0] * c.sizes[1] for c in chunks) == 96 * 32
 
 
-@pytest.mark.parametrize("world, strategy", [(4, "optim_grads"), (1, "no_shard")])
+@pytest.mark.parametrize("world, strategy", [pytest.param(*resume, marks=[pytest.mark.stress] if resume[0] == 1 else [])
+                                             for resume in runs.RESUMES])
 def test_resumed_at_another_dp_size_and_strategy_continues(saved, world, strategy):
     tmp, run = saved
     second = pretrain_records(tmp / f"resumed-{world}", world, [
-        *MODEL, *FSDP, "--data-parallel-sharding-strategy", strategy, "--load", str(tmp / "ck")])
+        *runs.MODEL, "--data-parallel-sharding-strategy", strategy, "--load", str(tmp / "ck")])
     assert [r["iteration"] for r in second] == [3, 4]
     assert _losses(second) == pytest.approx(_losses(run)[2:], rel=1e-5)
 

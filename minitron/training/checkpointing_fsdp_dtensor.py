@@ -37,7 +37,7 @@ from minitron.core import parallel_state as mpu
 from minitron.core.dist_checkpointing import ShardedTensor
 from minitron.core.dist_checkpointing.serialization import load_common_state_dict, read_dcp_metadata
 from minitron.core.transformer.transformer_layer import TransformerLayer
-from minitron.training.checkpointing_dist import _file_owner, _rng_object, save_checkpoint_dist_common
+from minitron.training.checkpointing_dist import _rng_object, save_checkpoint_dist_common
 
 BACKEND_NAME = "fsdp_dtensor"
 

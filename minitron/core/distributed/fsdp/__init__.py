@@ -12,7 +12,9 @@ ranks keeps (Megatron's default is the most sharded, ``optim_grads_params``):
 A *unit* is one transformer layer, or what is left of the chunk (embedding, final norm,
 output layer): the granularity of the gathers (unit.py). The wrapper that hooks the units
 into forward and backward is fully_sharded_data_parallel.py; the optimizer over the shards is
-fsdp_optimizer.py.
+fsdp_optimizer.py; the tensor- and pipeline-parallel gradient sums on the shards, finalize.py;
+building the units one at a time from a meta model (--init-model-with-meta-device),
+meta_init.py. The checkpoint (--ckpt-format fsdp_dtensor) is training/checkpointing_fsdp_dtensor.py.
 
 Importing this package imports no torch (the memory estimator reads STRATEGIES).
 """

@@ -8,14 +8,13 @@ rates) are decided per parameter before the cut, so a piece of a bias still gets
 
 A 16-bit model is stepped through fp32 *main* copies of the pieces (as Megatron's
 --megatron-fsdp-main-params-dtype fp32, its default), so that small updates are not lost to
-bf16's spacing; an fp32 model's main piece is the model's piece itself. After the step the
+bf16's spacing; an fp32 model's main piece is the model's piece itself, and so is a 16-bit
+one's with ``auto`` (no copy: the step rounds to bf16). After the step the
 main pieces are written back, and ``optim`` and ``optim_grads`` all-gather the updated shards
 into the whole parameters; ``optim_grads_params`` keeps only shards, and the next forward gathers.
 """
 
 from __future__ import annotations
-
-import torch
 
 from minitron.core import parallel_state
 from minitron.core.optimizer import _get_param_groups, _make_grad_scaler, _make_torch_optimizer
