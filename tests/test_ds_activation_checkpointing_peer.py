@@ -4,7 +4,8 @@ its CPU accelerator, in the same forked gloo ranks (2, one tensor-parallel group
 checkpoint`` and once through minitron's, partition_activations off and on.
 
 Held bit for bit (same arithmetic in the same order, same draws replayed): the loss, every
-gradient, and what each keeps per chunk for the backward (the very partition tensors). The
+gradient, and what each keeps per chunk for the backward (the very partition tensors). And one
+difference, on purpose: DeepSpeed empties a partitioned input in place, minitron does not. The
 hidden dropout is on; the attention dropout is off, because it draws from minitron's
 model-parallel stream, which DeepSpeed's checkpoint does not know (Megatron-DeepSpeed swaps
 Megatron's tracker for DeepSpeed's for that reason; minitron's checkpoint shares minitron's).
@@ -99,12 +100,28 @@ def _both(rank):
                 all((a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
                     for a, b in zip(x, y)) for x, y in zip(theirs["kept"], ours["kept"])) if partition else True,
         }
+    # What minitron does not copy: DeepSpeed empties each input it partitioned, in place, so a
+    # tensor handed to two checkpoints (a rotary table, say) reaches the second as a 0-d tensor
+    # of whatever memory it got, and broadcasting hides it. minitron's leaves the input whole.
+    from deepspeed.runtime.activation_checkpointing import checkpointing as theirs
+    from minitron.core import parallel_state
+    from minitron.runtime.activation_checkpointing import checkpointing as ours
+
+    shapes = {}
+    for who, module in (("deepspeed", theirs), ("minitron", ours)):
+        module.configure(parallel_state, partition_activations=True)
+        h, table = torch.ones(4, 8, requires_grad=True), torch.ones(4, 8)
+        module.checkpoint(lambda a, b: a * b, h, table)
+        shapes[who] = list(table.shape)
+    ours._SETTINGS = ours._Settings()
+    out["shared input after one checkpoint"] = shapes
     return out
 
 
 def test_deepspeed_checkpoint_keeps_and_computes_the_same():
     results = run_ranks(_both, world_size=2, tp=2)
     for rank in results:
+        assert rank.pop("shared input after one checkpoint") == {"deepspeed": [], "minitron": [4, 8]}
         for partition, row in rank.items():
             assert row["loss"] and row["grads"], (partition, row)
             assert row["same_kept"], partition
