@@ -11,8 +11,10 @@ the real elements [r*S, min((r+1)*S, n)). Per strategy (e bytes per element):
     optim_grads          P e                            S g       owned
     optim_grads_params   S e + the units in flight      S g       owned
 
-(g: the gradients' bytes, 4 with --accumulate-allreduce-grads-in-fp32; the optimizer keeps
-Adam's moments, and for a 16-bit model an fp32 main copy, of each element it steps.)
+(g: the gradients' bytes, 4 with --accumulate-allreduce-grads-in-fp32 or as
+--megatron-fsdp-main-grads-dtype says, and the reductions send --megatron-fsdp-grad-comm-dtype's;
+the optimizer keeps Adam's moments, and a main copy when --megatron-fsdp-main-params-dtype differs
+from the model's (fp32 for a 16-bit model, Megatron's default), of each element it steps.)
 
 In flight, for optim_grads_params, are the rest of the chunk (gathered from the model's
 forward until the embedding's gradient is reduced) and one layer at a time: the estimate's
@@ -53,14 +55,25 @@ def _shard(numel: int, dp: int) -> int:
     return -(-numel // dp)
 
 
+_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}   # --megatron-fsdp-*-dtype; auto decides by the rule where used
+
+
 def _grad_bytes(args, e: int) -> int:
-    return 4 if args.accumulate_allreduce_grads_in_fp32 else e
+    chosen = _BYTES.get(getattr(args, "megatron_fsdp_main_grads_dtype", "auto"))
+    return chosen or (4 if args.accumulate_allreduce_grads_in_fp32 else e)
+
+
+def _comm_bytes(args, e: int) -> int:
+    """What a gradient reduction sends per element: --megatron-fsdp-grad-comm-dtype, else the gradients'."""
+    return _BYTES.get(getattr(args, "megatron_fsdp_grad_comm_dtype", "auto")) or _grad_bytes(args, e)
 
 
 def fsdp_memory(args, dp_rank: int) -> tuple[int, dict]:
     """(parameters of the model chunk, {"params", "grads", "optimizer"} bytes) on ``dp_rank``."""
     strategy, dp, e = args.data_parallel_sharding_strategy, _dp(args), DTYPE_BYTES[args.params_dtype]
-    main_copy = 4 if e != 4 else 0   # a 16-bit model is stepped through fp32 main pieces
+    # the optimizer's main pieces: a copy of their own unless they are the model's dtype
+    main = _BYTES.get(getattr(args, "megatron_fsdp_main_params_dtype", "fp32")) or e
+    main_copy = main if main != e else 0
     units = fsdp_units(args)
     padded = {name: _shard(n, dp) * dp for name, n in units.items()}
     shard = {name: _shard(n, dp) for name, n in units.items()}
@@ -77,7 +90,7 @@ def fsdp_memory(args, dp_rank: int) -> tuple[int, dict]:
         params = sum(padded.values())
     grads = sum(shard.values()) if strategy in ("optim_grads", "optim_grads_params") else sum(padded.values())
     return sum(units.values()), {"params": params * e, "grads": grads * _grad_bytes(args, e),
-                                 "optimizer": owned * (4 * optimizer_moments(args) + main_copy)}
+                                 "optimizer": owned * (main * optimizer_moments(args) + main_copy)}
 
 
 def fsdp_comm(args, tally) -> None:
@@ -85,7 +98,7 @@ def fsdp_comm(args, tally) -> None:
     per call, times calls), with the bytes each rank hands in: a gather's shard, a reduction's
     whole unit."""
     strategy, dp, e = args.data_parallel_sharding_strategy, _dp(args), DTYPE_BYTES[args.params_dtype]
-    g, m = _grad_bytes(args, e), num_microbatches(args)
+    g, m = _comm_bytes(args, e), num_microbatches(args)
     units = fsdp_units(args)
     layers = [name for name in units if name != REST]
     recomputed = set(layers[:recomputed_layers(args, len(layers))])
