@@ -26,6 +26,7 @@ def test_bash_commands_call_minitron_and_python_warm_and_print_what_bash_prints(
                                    "sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)\n")
     (tmp_path / "upper.py").write_text("import sys\nprint(sys.stdin.read().upper(), end='')\n")
     (tmp_path / "warm.py").write_text("import sys\nprint('torch' in sys.modules)\n")
+    (tmp_path / "calls.py").write_text("import subprocess\nsubprocess.run(['python', 'warm.py'], check=True)\n")
     hook = load_hook()
     hook._cache.clear()
     hook._warm.expected = True   # as in a build with pages to run (on_files sets it)
@@ -33,6 +34,9 @@ def test_bash_commands_call_minitron_and_python_warm_and_print_what_bash_prints(
         scratch = hook.scratch_dir(tmp_path)
         # `;` keeps it with bash; the script sees the warm runner's torch, not a fresh interpreter's.
         assert hook.execute("python warm.py; true", "page.md", tmp_path) == "True"
+        # A script the runner runs warm (no bash) that calls `python` itself: the call is warm too.
+        assert hook._warm.module.warm_plan("python calls.py", str(hook.command_env()["PATH"]).split(":")[0])
+        assert hook.execute("python calls.py", "page.md", tmp_path) == "True"
         for command in COMMANDS:
             shown = hook.execute(command, "page.md", tmp_path)
             bash = subprocess.run(["bash", "-c", command], cwd=scratch, env=hook.command_env(),

@@ -17,7 +17,9 @@ folded, backticks dropped), and every chapter has two or three exercises. The co
 a reader runs them, from the repository root, but in this process where they can: ``minitron
 ...`` through the CLI's main(), ``python FILE ...`` as ``__main__``. This process has torch loaded
 already, so a check costs what the command computes, not a fresh interpreter's import (on the
-busy 2-core machine, 2 to 20 s each). Anything with shell syntax runs through bash.
+busy 2-core machine, 2 to 20 s each). So do ``python -c CODE``, a call that ends in ``; echo
+"exit code $?"`` (its exit code is printed after it) and a call piped into ``grep`` (grep reads
+what the call printed here). Anything else with shell syntax runs through bash.
 """
 
 from __future__ import annotations
@@ -85,17 +87,49 @@ def output_of(command: str, monkeypatch) -> str:
         monkeypatch.chdir(ROOT)
         for name, value in (("COLUMNS", "80"), ("NO_COLOR", "1")):
             monkeypatch.setenv(name, value)
-        words = shlex.split(command)
-        if SHELL & set(command) or words[0] not in ("minitron", "python"):
+        # Two shell forms the chapters use run here too (each costs a fresh interpreter's
+        # `import torch` in bash): a call that ends in `; echo "exit code $?"`, and a call
+        # piped into grep (the call runs here, grep filters what it printed).
+        call, shown_code, grep = command, False, None
+        if call.endswith(EXIT_CODE):
+            call, shown_code = call[:-len(EXIT_CODE)], True
+        if " | grep " in call:
+            call, grep = call.split(" | grep ", 1)
+        words = shlex.split(call)
+        if SHELL & set(unquoted(call)) or words[0] not in ("minitron", "python") \
+                or (grep and SHELL & set(unquoted(grep))):
             _seen[command] = _in_bash(command)
-        elif words[0] == "minitron":
-            _seen[command] = _in_app(words[1:], monkeypatch)
+            return _seen[command]
+        if words[0] == "minitron":
+            output, code = _in_app(words[1:], monkeypatch)
+        elif words[1] == "-c" and len(words) == 3:
+            output, code = _captured(lambda: exec(compile(words[2], "<string>", "exec"), {"__name__": "__main__"}),
+                                     ["-c"], monkeypatch)
         else:
-            _seen[command] = _in_script(words[1], words[2:], monkeypatch)
+            output, code = _in_script(words[1], words[2:], monkeypatch)
+        if grep:
+            output = subprocess.run(["grep", *shlex.split(grep)], input=output, capture_output=True, text=True).stdout
+        _seen[command] = output + (f"exit code {code}\n" if shown_code else "")
     return _seen[command]
 
 
-def _in_app(args: list[str], monkeypatch) -> str:
+EXIT_CODE = '; echo "exit code $?"'
+
+
+def unquoted(command: str) -> str:
+    """The command without its quoted parts: a `;` inside ``python -c "..."`` is Python's."""
+    kept, quote = [], None
+    for ch in command:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        else:
+            kept.append(ch)
+    return "".join(kept)
+
+
+def _in_app(args: list[str], monkeypatch) -> tuple[str, int]:
     """The CLI's entry point in this process: the torch and minitron it needs are loaded already
     (ranks it starts are forked from here, as tests/test_svg.py's traced run is). main(), not
     the typer app alone, because main() is what turns bad input into its one line."""
@@ -104,22 +138,24 @@ def _in_app(args: list[str], monkeypatch) -> str:
     return _captured(main, ["minitron", *args], monkeypatch)
 
 
-def _in_script(path: str, args: list[str], monkeypatch) -> str:
+def _in_script(path: str, args: list[str], monkeypatch) -> tuple[str, int]:
     """A docs/examples or scripts/ file run as __main__ in this process, which has already paid
     for importing torch: under a busy machine that import alone was most of each check."""
     return _captured(lambda: runpy.run_path(str(ROOT / path), run_name="__main__"), [path, *args], monkeypatch)
 
 
-def _captured(run, argv: list[str], monkeypatch) -> str:
+def _captured(run, argv: list[str], monkeypatch) -> tuple[str, int]:
+    """(what ``run`` printed, its exit code as the shell's $? would say)."""
     monkeypatch.setattr(sys, "argv", argv)
-    out = io.StringIO()
+    out, code = io.StringIO(), 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         try:
             run()
         except SystemExit as stop:  # an exit is the command's answer, not the test's end
             if stop.code not in (None, 0, 2):
                 print(stop.code)
-    return out.getvalue()
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    return out.getvalue(), code
 
 
 def _in_bash(command: str) -> str:

@@ -313,9 +313,13 @@ class _WarmRunner:
             if not self.expected and (self._proc is None or self._proc.poll() is not None):
                 return {}
             self._start(root)
-            return {"PATH": f"{self.door / 'bin'}{os.pathsep}{command_env()['PATH']}",
-                    "MINITRON_WARM_SOCKET": str(self.door / "socket"),
-                    "MINITRON_WARM_BIN": str(Path(sys.executable).parent)}
+            return self._door_env()
+
+    def _door_env(self) -> dict[str, str]:
+        """The stand-ins first on PATH, and where they find this runner (called with the lock held)."""
+        return {"PATH": f"{self.door / 'bin'}{os.pathsep}{command_env()['PATH']}",
+                "MINITRON_WARM_SOCKET": str(self.door / "socket"),
+                "MINITRON_WARM_BIN": str(Path(sys.executable).parent)}
 
     def _remove_door(self) -> None:
         if self.door is not None:
@@ -330,6 +334,11 @@ class _WarmRunner:
                        "err": str(err) if separate_stderr else None}
             with self._lock:
                 self._start(root)
+                # A script run here may itself call `minitron` (chapter 22's example prints
+                # three training commands and their losses): with the stand-ins first on its
+                # PATH those calls fork from this runner too, instead of each paying for a
+                # fresh interpreter's `import torch`, as they already do in bash commands.
+                request["env"].update(self._door_env(), MINITRON_WARM_CPU_LOG=str(Path(tmp) / "cpu"))
                 self._proc.stdin.write(json.dumps(request) + "\n")
                 self._proc.stdin.flush()
             rc = Path(str(out) + ".rc")
@@ -339,7 +348,8 @@ class _WarmRunner:
                     raise PluginError(f"`{' '.join(argv)}` did not finish in {TIMEOUT_S} s")
                 time.sleep(0.02)
             code, cpu = rc.read_text().split()
-            self.cpu = float(cpu)
+            called = Path(tmp) / "cpu"   # what its own stand-in calls used (warm_shim.py writes it)
+            self.cpu = float(cpu) + (sum(map(float, called.read_text().split())) if called.exists() else 0.0)
             errors = err.read_bytes().decode("utf-8", errors="replace") if separate_stderr and err.exists() else ""
             return int(code), out.read_bytes().decode("utf-8", errors="replace"), errors
 
