@@ -5,8 +5,9 @@ pretrain_gpt on forked gloo ranks, three iterations of a 2-layer GPT with gradie
 optim_grads_params gives the serial run's losses and gradient norms to 1e-5 (relative; what
 differs is only the order of the sums). The traced optim_grads_params run shows each layer
 all-gathered inside forward_step before that layer runs, again inside backward, and its
-gradients reduce-scattered there. The default run keeps one strategy; the others, and dp 2 x
-tp 2, and bf16 against DDP, are stress cases.
+gradients reduce-scattered there, and --log-params-norm sums the shards to the serial norm.
+The default run keeps one strategy; the others, dp 2 x tp 2, bf16 against DDP and bf16
+gradient reductions (--megatron-fsdp-grad-comm-dtype) are stress cases.
 """
 
 from __future__ import annotations
