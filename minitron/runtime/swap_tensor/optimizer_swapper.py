@@ -33,12 +33,12 @@ import os
 import torch
 
 from minitron.runtime.swap_tensor.aio_config import AioConfig
-from minitron.runtime.zero.offload_config import OffloadConfig
 from minitron.trace import traced
 
 
 class PartitionedOptimizerSwapper:
-    def __init__(self, config: OffloadConfig, aio: AioConfig, optimizer: torch.optim.Optimizer, rank: int):
+    def __init__(self, config, aio: AioConfig, optimizer: torch.optim.Optimizer, rank: int):
+        """``config``: the offload_optimizer section (zero/offload_config.py): nvme_path, buffer_count."""
         self.optimizer, self.aio, self.buffer_count = optimizer, aio, config.buffer_count
         self.swap_folder = os.path.join(config.nvme_path, "zero_stage_3", "optimizer", f"rank{rank}")
         os.makedirs(self.swap_folder, exist_ok=True)
