@@ -12,8 +12,7 @@ kernel computes in float32 throughout, in its own order:
   ``bc1 = 1 - beta1_t`` and ``bc2 = 1 / sqrt(1 - beta2_t)``, all float32;
 * lr, betas, eps and weight decay are float32 (C++ ``float`` arguments), so are the derived
   ``step_size = -lr / bc1`` and ``w_decay = -lr * weight_decay``;
-* each element goes through fused multiply-adds (the SIMD path's ``simd_fma``; the scalar tail
-  is contracted the same way by the compiler):
+* each element goes through fused multiply-adds (the SIMD path's ``simd_fma``):
 
       grad     = fma(param, weight_decay, grad)           Adam (adamw_mode off) only
       m        = fma(grad, 1 - beta1, m * beta1)
@@ -22,8 +21,14 @@ kernel computes in float32 throughout, in its own order:
       param    = fma(param, w_decay, param)               AdamW only
       param    = fma(m / denom, step_size, param)
 
+  except the last ``numel % SIMD_WIDTH`` elements of a tensor (16 floats with AVX-512, 8 with
+  AVX2), which its scalar C++ loop steps; GCC contracts that loop's two moment lines the other
+  way round, ``m = fma(m, beta1, grad * (1 - beta1))`` and ``v = fma(v, beta2, grad * grad *
+  (1 - beta2))``, a last-bit difference that the tests found and this follows.
+
 An fma rounds once; torch has no fused multiply-add on CPU tensors, so ``_fma`` takes the
-product in float64 (exact for two float32 values) and the sum there, then rounds to float32.
+product in float64 (exact for two float32 values) and the sum there, then rounds to float32;
+sqrt and the division go through float64 too (``_exact``).
 That rounds twice, and can differ from a true fma in the last bit when the float64 sum lands on
 a float32 tie: rare (about one element in 2**29), which is why tests hold this against
 DeepSpeed's compiled kernel element by element. What the kernel adds and this does not: SIMD
@@ -39,6 +44,11 @@ import struct
 import torch
 
 
+# Floats per SIMD instruction in the kernel DeepSpeed would build here (its -march=native build
+# takes the widest the CPU has; torch reports the same capability). Without either: all scalar.
+SIMD_WIDTH = {"AVX512": 16, "AVX2": 8}.get(torch.backends.cpu.get_cpu_capability(), 1 << 62)
+
+
 def _f32(x: float) -> float:
     """A Python float rounded to float32, as a C++ ``float`` holds it. One +, -, *, / or sqrt
     done in double and rounded once gives the float32 result exactly (53 >= 2 * 24 + 2 bits)."""
@@ -49,6 +59,13 @@ def _fma(a: torch.Tensor, b, c: torch.Tensor) -> torch.Tensor:
     """a * b + c, rounded to float32 once after the exact product (see the margin above)."""
     b = b.double() if torch.is_tensor(b) else b
     return (a.double() * b + c.double()).float()
+
+
+def _exact(a: torch.Tensor, op, *others) -> torch.Tensor:
+    """sqrt or division, correctly rounded to float32 as the kernel's SIMD instructions are:
+    torch's own float32 kernels need not be (its vectorized sqrt is 1 ulp off for some inputs on
+    an AVX-512 CPU), float64 then one rounding is."""
+    return op(a.double(), *(o.double() for o in others)).float()
 
 
 class DeepSpeedCPUAdam(torch.optim.Optimizer):
@@ -116,9 +133,12 @@ class DeepSpeedCPUAdam(torch.optim.Optimizer):
         grad, m, v, param = p.grad.float(), state["exp_avg"], state["exp_avg_sq"], p.data
         if decay > 0 and not self.adam_w_mode:
             grad = _fma(param, decay, grad)
-        m.copy_(_fma(grad, _f32(1 - beta1), m * beta1))
-        v.copy_(_fma(grad * grad, _f32(1 - beta2), v * beta2))
-        denom = _fma(v.sqrt(), bc2, torch.full_like(v, eps))
+        simd = m.numel() - m.numel() % SIMD_WIDTH   # the vector loop's elements; the rest: the scalar tail
+        m_new, v_new = _fma(grad, _f32(1 - beta1), m * beta1), _fma(grad * grad, _f32(1 - beta2), v * beta2)
+        m_tail, v_tail = _fma(m, beta1, grad * _f32(1 - beta1)), _fma(v, beta2, grad * grad * _f32(1 - beta2))
+        m.view(-1).copy_(torch.cat([m_new.view(-1)[:simd], m_tail.view(-1)[simd:]]))
+        v.view(-1).copy_(torch.cat([v_new.view(-1)[:simd], v_tail.view(-1)[simd:]]))
+        denom = _fma(_exact(v, torch.sqrt), bc2, torch.full_like(v, eps))
         if decay > 0 and self.adam_w_mode:
             param.copy_(_fma(param, w_decay, param))
-        param.copy_(_fma(m / denom, step_size, param))
+        param.copy_(_fma(_exact(m, torch.div, denom), step_size, param))
