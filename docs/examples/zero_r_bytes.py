@@ -135,12 +135,13 @@ def gathers(trace_dir: str) -> str:
     for rank, calls in sorted(load_trace(trace_dir).items()):
         mine = [c for c in calls if c["name"].endswith("gather_partitioned_activations")]
         first = mine[0]
-        (under,) = [c for c in calls if c.get("parent") == first["id"]]
-        a = under["args"]
+        under = [c for c in calls if c.get("parent") == first["id"]]   # one per floating input
         assert all(c["args"] == first["args"] for c in mine), "the checkpoints' inputs differ in shape"
-        lines += [f"rank {rank}: {len(mine)} gathers in backward, one per checkpoint",
-                  f"  each rebuilds {first['args']['shapes'][0]} from {a['shape']} {a['dtype']} per rank:",
-                  f"  {under['name'].rsplit('.', 1)[-1]} over {a['group']} {a['ranks']}"]
+        lines.append(f"rank {rank}: {len(mine)} gathers in backward, one per checkpoint")
+        for shape, call in zip(first["args"]["shapes"], under):
+            a = call["args"]
+            lines += [f"  each rebuilds {shape} from {a['shape']} {a['dtype']} per rank:",
+                      f"  {call['name'].rsplit('.', 1)[-1]} over {a['group']} {a['ranks']}"]
     return "\n".join(lines)
 
 

@@ -19,6 +19,7 @@ from minitron.training.theoretical_params import (
 )
 from minitron.core.rank_generator import HIERARCHICAL_CP_DESC
 from minitron.training.theoretical_zero import zero_comm
+from minitron.training.theoretical_zero_r import zero_r_gathers
 from minitron.training.theoretical_fsdp import fsdp_comm
 from minitron.training.theoretical_torch_fsdp2 import torch_fsdp2_comm
 from minitron.training.theoretical_moe import expert_key, moe_traffic, shards, step_traffic
@@ -154,6 +155,7 @@ def comm_bytes(args, pp_rank: int, stage: list) -> _Tally:
             tally.add("pp", p2p, m * (0 if post else 1))       # activation forward
             tally.add("pp", p2p, m * (0 if pre else 1))        # its gradient backward
     if getattr(args, "deepspeed", False):   # DeepSpeed's engine reduces and steps instead
+        zero_r_gathers(args, tally, m)       # ZeRO-R's partitioned checkpoints, gathered in backward
         zero_comm(args, stage[0][0], tally)
         return tally
     if getattr(args, "use_megatron_fsdp", False):   # Megatron-FSDP's units reduce and gather instead
