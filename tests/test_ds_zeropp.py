@@ -179,3 +179,23 @@ def test_the_keys_parse_as_deepspeeds_fields():
                        ({"stage3_prefetch_bucket_size": -1}, "stage3_prefetch_bucket_size")):
         with pytest.raises(DeepSpeedConfigError, match=says):
             parse(**zero)
+
+
+@pytest.mark.parametrize("zero, says", [({"zero_hpz_partition_size": 2}, "needs data parallelism over every rank"),
+                                        ({"zero_quantized_gradients": True}, "needs data parallelism over every rank"),
+                                        ({"zero_hpz_partition_size": 3}, "must divide the 4 ranks")])
+def test_pretrain_refuses_groups_zeropp_cannot_cut(tmp_path, zero, says):
+    """Before any rank starts: ZeRO++'s groups are cut from world ranks, so with tensor
+    parallelism (dp 2 of 4) hpZ and qgZ are refused, and an hpZ size that does not divide dp."""
+    import json
+
+    from minitron.cli.common import UserError, validate_pretrain
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 1,
+                                "zero_optimization": {"stage": 3, **zero}}))
+    tp = ["--tensor-model-parallel-size", "2"] if "every rank" in says else []
+    argv = [*tp, "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+            "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "1", "--lr", "1e-3",
+            "--mock-data", "--vocab-size", "1023", "--deepspeed", "--deepspeed-config", str(path)]
+    with pytest.raises(UserError, match=says):   # the CLI prints it as one line and exits 2
+        validate_pretrain(argv, 4)

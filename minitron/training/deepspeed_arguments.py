@@ -106,6 +106,7 @@ def validate_deepspeed_args(args):
                                 "flags (--lr, --weight-decay, --lr-decay-style, ...) build the optimizer and its "
                                 "schedule, as in Megatron-DeepSpeed; drop the section")
     _check_triad(args, config, path, dp)
+    _check_zeropp(args, config, path, dp)
     from minitron.training.deepspeed_activation_arguments import validate_activation_checkpointing
     validate_activation_checkpointing(args, config.activation_checkpointing_config, path)
     if args.pipeline_model_parallel_size > 1 and config.zero_optimization_stage >= 2:
@@ -122,6 +123,23 @@ def validate_deepspeed_args(args):
             raise ArgumentError(f"--deepspeed-config {path} {said} {key} but {flag} is "
                                 f"{'not ' if enabled else ''}given: make them agree")
     return config
+
+
+def _check_zeropp(args, config, path, dp: int) -> None:
+    """ZeRO++'s groups are cut from world ranks (DeepSpeed's _create_zero_param_parallel_group,
+    _get_local_all_to_all_group): refused, before any rank starts, where data parallelism is
+    not the whole world or hpZ's size does not divide it."""
+    z3 = config.zero_config.stage3
+    if config.zero_optimization_stage != 3 or not (z3.zero_hpz_partition_size > 1 or z3.zero_quantized_gradients):
+        return
+    key = "zero_hpz_partition_size" if z3.zero_hpz_partition_size > 1 else "zero_quantized_gradients"
+    if dp != args.world_size:
+        raise ArgumentError(f"--deepspeed-config {path}: {key} needs data parallelism over every rank (DeepSpeed "
+                            f"builds its groups from world ranks), here {dp} of {args.world_size}; drop it or the "
+                            "model parallelism")
+    if z3.zero_hpz_partition_size > 1 and dp % z3.zero_hpz_partition_size:
+        raise ArgumentError(f"--deepspeed-config {path}: zero_hpz_partition_size {z3.zero_hpz_partition_size} "
+                            f"must divide the {dp} ranks (a node's worth of them)")
 
 
 def _check_triad(args, config, path, dp: int) -> None:
