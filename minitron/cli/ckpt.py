@@ -56,9 +56,11 @@ def _iteration_dir(directory: Path, first=None) -> tuple[Path, dict]:
             raise UserError(f"{directory} holds no checkpoint (no latest_checkpointed_iteration.txt and no "
                             f".metadata): give a --save directory or one iter_* inside it")
         meta = read_metadata(directory, iteration)
-        if meta.get("sharded_backend") != "torch_dist":
-            raise UserError(f"{iteration_dir(directory, iteration)} is a --ckpt-format torch checkpoint (one file "
-                            f"per tp/pp rank); inspect reads torch_dist checkpoints")
+        if meta.get("sharded_backend") != "torch_dist":   # fsdp_dtensor's keys are Megatron-FSDP's, not torch_dist's
+            kind = meta.get("sharded_backend") or "torch"
+            raise UserError(f"{iteration_dir(directory, iteration)} is a --ckpt-format {kind} checkpoint"
+                            f"{' (one file per tp/pp rank)' if kind == 'torch' else ''}; inspect reads torch_dist "
+                            "checkpoints")
         if first is not None:
             first(meta)
         check_sharded_files(directory, iteration, meta)
