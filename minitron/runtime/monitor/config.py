@@ -14,7 +14,8 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Optional
 
-from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, json_value, model_flag, model_view
+from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, json_value, model_flag, model_int, \
+    model_view
 
 # section -> (its fields and their DeepSpeed defaults, the package its writer needs)
 SECTIONS = {
@@ -51,11 +52,32 @@ def parse_monitor(params: dict) -> MonitorConfig:
             raise DeepSpeedConfigError(f"{name}.enabled needs the {package!r} package, which is not installed here "
                                        f"(pip install {package}); or set it to false")
         out[name] = values
+    _comet(params)
+    return MonitorConfig(**out)
+
+
+# CometConfig's fields: a disabled section is still a pydantic model in DeepSpeed, which refuses a
+# wrong kind of value or an unknown key in it, so minitron reads it as far as that before saying
+# it does not build the monitor (scripts/ds_config_surface.py found these accepted here)
+COMET = {"samples_log_interval": 100, "project": None, "workspace": None, "api_key": None, "experiment_name": None,
+         "experiment_key": None, "mode": None}
+
+
+def _comet(params: dict) -> None:
     comet = params.get("comet", {})
-    if isinstance(comet, dict) and comet.get("enabled") not in (None, False):
+    if not isinstance(comet, dict):
+        raise DeepSpeedConfigError(f"comet must be an object, got {json_value(comet)}")
+    comet = model_view(comet)
+    check_keys(comet, ("enabled", "online") + tuple(COMET), {}, "comet", model=True)
+    model_int(comet, "samples_log_interval", 100, "comet", minimum=None)
+    for key in COMET:
+        if key != "samples_log_interval" and key in comet:
+            _text(comet[key], f"comet.{key}", nullable=True)
+    if comet.get("online") is not None:
+        model_flag(comet, "online", False, "comet")
+    if model_flag(comet, "enabled", False, "comet"):
         raise DeepSpeedConfigError("comet: the Comet monitor is not built in minitron; use tensorboard, csv_monitor "
                                    "or wandb")
-    return MonitorConfig(**out)
 
 
 def _text(value, name: str, nullable: bool) -> Optional[str]:
