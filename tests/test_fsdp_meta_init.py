@@ -68,7 +68,6 @@ def test_the_meta_build_holds_shards_and_a_few_units(builds):
 
 @pytest.mark.parametrize("extra, words", [
     (["--data-parallel-sharding-strategy", "no_shard"], "no_shard"),
-    (["--pipeline-model-parallel-size", "2"], "--pipeline-model-parallel-size 1"),
 ])
 def test_what_meta_init_does_not_build_is_refused(extra, words):
     argv = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",

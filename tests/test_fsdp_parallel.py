@@ -12,7 +12,8 @@ the MoE model at ep 2), gives the serial run's losses and clipped gradient norms
     ep 2 (MoE)        expert units cut over the expert-data-parallel group
     ep 2 + tp 2 + sp  with expert tensor parallel size 1, SwiGLU experts
     dp 4 meta init    --init-model-with-meta-device: each unit built alone, the same weights
-                      (an MTP layer too, under its own seed index)
+                      (an MTP layer too, under its own seed index; and at pp 2 x vp 2, where
+                      the tied embedding's copy is summed when the rest of a chunk is built)
 
 The pipeline case runs by default; the others are stress cases (each about two world-4 runs).
 """
@@ -57,6 +58,9 @@ CASES = {
     "ep2": ([*MODEL, *MOE], ["--expert-model-parallel-size", "2"]),
     "meta-init": ([*MODEL, "--swiglu", "--mtp-num-layers", "1", "--position-embedding-type", "rope"],
                   ["--init-model-with-meta-device"]),
+    "meta-init-pp2-vp2": ([*MODEL, "--num-layers", "4"],
+                          ["--init-model-with-meta-device", "--pipeline-model-parallel-size", "2",
+                           "--num-layers-per-virtual-pipeline-stage", "1"]),
     "ep2-tp2-sp": ([*MODEL, *MOE, "--swiglu"], ["--expert-model-parallel-size", "2", "--tensor-model-parallel-size",
                                                 "2", "--sequence-parallel", "--expert-tensor-parallel-size", "1"]),
 }

@@ -45,9 +45,6 @@ def validate_fsdp_args(args) -> None:
                 "--use-megatron-fsdp")
         require(args.data_parallel_sharding_strategy != "no_shard", f"{meta} is neither supported nor needed with "
                 "--data-parallel-sharding-strategy no_shard (Megatron's rule): every rank keeps the whole model")
-        require(args.pipeline_model_parallel_size == 1, f"{meta} here needs --pipeline-model-parallel-size 1: the "
-                "last stage's copy of the tied embedding is filled by a collective while the model is built, "
-                "which a unit built alone cannot join")
     if not args.use_megatron_fsdp:
         return
     flag = "--use-megatron-fsdp"

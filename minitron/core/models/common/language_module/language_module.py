@@ -61,6 +61,8 @@ class LanguageModule(MegatronModule):
             weight.data.fill_(0)
             weight.shared = True
             weight.shared_embedding = True
+        if getattr(self.shared_embedding_or_output_weight(), "is_meta", False):
+            return   # --init-model-with-meta-device: a shape has nothing to sum; the unit built for real will
         if parallel_state.is_rank_in_embedding_group(ignore_virtual=False, vp_stage=self.vp_stage):
             # On the device before the collective (NCCL moves only GPU memory), as Megatron
             # moves it here; the layers made it there already, so this is a no-op unless a
