@@ -199,7 +199,7 @@ def test_parameters_add_up_to_the_closed_form(layout):
 
 
 def _dp_rank(args, rank):
-    from minitron.core.rank_generator import rank_coordinates
+    from minitron.core.group_layout import rank_coordinates
     return rank_coordinates(rank, args.world_size, args.tensor_model_parallel_size,
                             args.pipeline_model_parallel_size, 1, args.order)["dp"]
 

@@ -66,7 +66,7 @@ def test_chosen_ranks_played_alone_do_what_they_do_in_a_full_play(plays):
 
 
 def test_a_rank_layout_from_its_digits_is_its_part_of_the_whole_layout():
-    from minitron.core.rank_generator import layout, rank_layout
+    from minitron.core.group_layout import layout, rank_layout
 
     for world, tp, pp, cp, ep, order in ((64, 2, 4, 2, 2, "tp-cp-ep-dp-pp"), (64, 4, 2, 1, 8, "tp-cp-ep-dp-pp"),
                                          (48, 2, 3, 2, 1, "tp-cp-ep-dp-pp"), (32, 2, 2, 2, 2, "tp-cp-ep-pp-dp")):
@@ -133,7 +133,7 @@ def test_svg_of_a_partial_trace_draws_the_nodes_of_the_shown_ranks_executed_grou
     import re
 
     from minitron.cli.views.trace_pictures import write_pictures
-    from minitron.core.rank_generator import rank_layout
+    from minitron.core.group_layout import rank_layout
 
     _, some = plays
     [picture] = write_pictures(tmp_path, load_trace(some), 40)
@@ -160,7 +160,8 @@ def test_chosen_ranks_of_2048_do_what_they_do_in_a_full_play(tmp_path):
 def test_chosen_ranks_of_131072_keep_the_groups_the_layout_gives(tmp_path):
     """No full play of 131,072 ranks is possible here: the arithmetic is the reference."""
     from minitron.cli.views.checks import check_trace
-    from minitron.core.rank_generator import DESC_TO_KEY, rank_layout
+    from minitron.core.rank_generator import DESC_TO_KEY
+    from minitron.core.group_layout import rank_layout
 
     layout = dict(tp=8, pp=16, cp=2, ep=8)
     chosen = [12345, 131071]

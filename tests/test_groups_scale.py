@@ -12,7 +12,7 @@ import pytest
 from chromium import Browser, find_chromium
 from cli_here import minitron_here
 
-from minitron.core.rank_generator import layout, rank_coordinates, rank_layout
+from minitron.core.group_layout import layout, rank_coordinates, rank_layout
 
 BIG = ["--world", "131072", "--tp", "8", "--pp", "16", "--cp", "2", "--ep", "8"]
 JOB = ["--world", "16384", "--tp", "8", "--pp", "16", "--cp", "2", "--ep", "8"]

@@ -17,7 +17,7 @@ from megatron_reference import (
     DEFAULT_ORDER, EXTRA_KINDS, KINDS, TP_PP_DP_ORDER, Refused, coordinates, reference_layout,
     sizes_of,
 )
-from minitron.core.rank_generator import layout, rank_coordinates
+from minitron.core.group_layout import layout, rank_coordinates
 
 D, P = DEFAULT_ORDER, TP_PP_DP_ORDER
 
@@ -258,7 +258,8 @@ def test_the_group_table_walks_megatrons_new_group_sequence():
     """all_groups (what initialize_model_parallel creates, gloo twins aside) is, call for call,
     Megatron's creation sequence as tests/megatron_reference.py recomputes it."""
     from megatron_reference import creation_sequence
-    from minitron.core.rank_generator import all_groups, generators
+    from minitron.core.rank_generator import generators
+    from minitron.core.group_layout import all_groups
 
     for world, tp, pp, cp, ep, order in LAYOUTS:
         walked = []

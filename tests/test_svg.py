@@ -19,7 +19,7 @@ from minitron.cli.views.svg_curves import bars_svg, curves_svg
 from minitron.cli.views.svg_grid import grid_svg, groups_from_trace, shown_kinds
 from minitron.cli.views.svg_timeline import peak_in_flight, place, timeline_svg
 from minitron.trace.reader import load_trace
-from minitron.core.rank_generator import layout
+from minitron.core.group_layout import layout
 
 NS = "{http://www.w3.org/2000/svg}"
 ROOT = Path(__file__).resolve().parent.parent

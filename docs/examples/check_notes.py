@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from minitron.core.rank_generator import layout, rank_coordinates
+from minitron.core.group_layout import layout, rank_coordinates
 
 # name -> (world, tp, pp, {kind: claimed groups})
 CLAIMS = {

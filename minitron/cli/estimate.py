@@ -114,7 +114,7 @@ def _groups_of_one(args) -> set[str]:
     still calls the collectives there (the batch broadcast, the norm's all-reduce), and a trace
     records them, but they move nothing, so the table leaves them out."""
     # lazy: loaded when the command runs, not by `minitron --help`
-    from minitron.core.rank_generator import rank_layout
+    from minitron.core.group_layout import rank_layout
 
     own = rank_layout(0, args.world_size, args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
                       args.context_parallel_size, args.expert_model_parallel_size, args.order,

@@ -9,7 +9,8 @@ import typer
 
 from minitron.cli.common import CP, EP, ORDERS, PP, TP, UserError, app, check_order, check_world, console, vp_option
 from minitron.cli import preflight
-from minitron.core.rank_generator import DEFAULT_ORDER, LAYOUT_KEYS, layout, validate_parallel_sizes
+from minitron.core.rank_generator import DEFAULT_ORDER, LAYOUT_KEYS, validate_parallel_sizes
+from minitron.core.group_layout import layout
 
 
 @app.command()
@@ -64,7 +65,8 @@ def _one_rank(world: int, rank: int, tp: int, pp: int, cp: int, ep: int, order: 
     # lazy: only --rank draws these
     from minitron.cli.views.rank_groups import layout_line, rank_json, rank_view
     from minitron.cli.views.svg_nodes import nodes_svg
-    from minitron.core.rank_generator import parse_order, rank_layout
+    from minitron.core.rank_generator import parse_order
+    from minitron.core.group_layout import rank_layout
 
     own = rank_layout(rank, world, tp, pp, cp, ep, order)
     if as_json:

@@ -16,8 +16,8 @@ from datetime import timedelta
 import torch
 
 from minitron.comm.timer_slack import release_together
-from minitron.core.rank_generator import (DEFAULT_ORDER, HIERARCHICAL_CP_DESC, all_groups, generators,
-                                         hierarchical_group_ranks, validate_parallel_sizes)
+from minitron.core.rank_generator import DEFAULT_ORDER, HIERARCHICAL_CP_DESC, generators, validate_parallel_sizes
+from minitron.core.group_layout import all_groups, hierarchical_group_ranks
 from minitron.core.utils import GlobalMemoryBuffer
 from minitron.trace import traced
 

@@ -135,7 +135,7 @@ class GroupTime:
 def group_times(args, cost, cluster: Cluster) -> list[GroupTime]:
     """One rank's communication, group kind by group kind, priced on ``cluster``."""
     # lazy: rank_generator is light, but this keeps the import order of estimate's
-    from minitron.core.rank_generator import rank_layout
+    from minitron.core.group_layout import rank_layout
 
     layout = rank_layout(cost.rank, args.world_size, args.tensor_model_parallel_size,
                          args.pipeline_model_parallel_size, args.context_parallel_size,

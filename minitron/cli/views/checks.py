@@ -22,7 +22,8 @@ from rich.text import Text
 from minitron.trace.reader import INIT_MP, backend_of, layout_args, world_size_of
 from minitron.trace.schema import NEW_GROUP
 from minitron.cli.views.words import plural, rank_ranges
-from minitron.core.rank_generator import DESC_TO_KEY, GROUP_KINDS, layout, rank_layout, validate_parallel_sizes
+from minitron.core.rank_generator import DESC_TO_KEY, GROUP_KINDS, validate_parallel_sizes
+from minitron.core.group_layout import layout, rank_layout
 
 LAYOUT_ALL = tuple(kind.key for kind in GROUP_KINDS)  # every kind a rank may keep, shown or not
 

@@ -8,7 +8,8 @@ from rich.table import Table
 from minitron.cli.views.checks import group_calls
 from minitron.trace.reader import layout_args, world_size_of
 from minitron.cli.views.words import rank_ranges
-from minitron.core.rank_generator import DESC_TO_KEY, rank_coordinates
+from minitron.core.rank_generator import DESC_TO_KEY
+from minitron.core.group_layout import rank_coordinates
 
 TABLE_KEYS = ("tp", "cp", "dp", "pp", "embd", "ep")
 WRAP_ABOVE = 64  # worlds larger than this have groups too long for a line (`trace --ranks`)

@@ -14,7 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from minitron.core.rank_generator import rank_coordinates
+from minitron.core.group_layout import rank_coordinates
 
 PALETTE = ("red", "green", "blue", "magenta", "cyan", "yellow", "bright_red", "bright_green",
            "bright_blue", "bright_magenta", "bright_cyan", "orange3", "purple", "turquoise2",

@@ -17,7 +17,7 @@ from pathlib import Path
 from minitron.trace.reader import clock_of, layout_args, load_trace, world_size_of
 from minitron.trace.schema import HOST_TIME
 from minitron.trace.recorder import ENCODE
-from minitron.core.rank_generator import rank_coordinates
+from minitron.core.group_layout import rank_coordinates
 
 
 def rank_label(rank: int, world_size: int, sizes: dict | None) -> str:

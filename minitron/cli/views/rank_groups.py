@@ -16,7 +16,8 @@ from rich.text import Text
 from minitron.cli.views.group_table import short_ranks
 from minitron.cli.views.layout import TITLES
 from minitron.cli.views.svg_nodes import GPUS_PER_NODE
-from minitron.core.rank_generator import GROUP_KINDS, LAYOUT_KEYS, rank_coordinates
+from minitron.core.rank_generator import GROUP_KINDS, LAYOUT_KEYS
+from minitron.core.group_layout import rank_coordinates
 
 DESCS = {kind.key: kind.desc for kind in GROUP_KINDS}
 

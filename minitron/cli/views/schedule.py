@@ -17,7 +17,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from minitron.trace.reader import layout_args, world_size_of
-from minitron.core.rank_generator import rank_coordinates
+from minitron.core.group_layout import rank_coordinates
 
 FORWARD = "minitron.core.pipeline_parallel.schedules.forward_step"
 BACKWARD = "minitron.core.pipeline_parallel.schedules.backward_step"
