@@ -113,7 +113,8 @@ def _site_scratch(config) -> Path:
 # tests do, so the two do not collide; the two of chapter 1 that serve on 29500 (a fixed port
 # keeps the page the same) are below the range free ports come from.
 def pytest_collection_finish(session):
-    if any(_reads_the_site(item) for item in session.items):
+    # (--collect-only runs no test: a build started there was waited for at the end, minutes.)
+    if not session.config.option.collectonly and any(_reads_the_site(item) for item in session.items):
         _start_site_build(session)
     if hasattr(session.config, "workerinput"):
         # The build is the run's longest chain of work (its commands and then the browser's
@@ -171,3 +172,27 @@ def site_build(request):
             pytest.fail("the site build did not finish within 600 s")
         time.sleep(0.2)
     return scratch / "site", int(code.read_text()), (scratch / "stdout").read_text(), (scratch / "stderr").read_text()
+
+
+# --- where the CPU goes (opt-in) --------------------------------------------------------------
+# MINITRON_TEST_CPU=FILE appends one line per test: CPU seconds of this worker, CPU seconds of
+# the processes it waited for during the test (forked ranks, `minitron` subprocesses), node id.
+# Wall time (--durations) on a shared machine mostly measures the neighbours; CPU is what the
+# suite's budget is made of. Sum by file: awk '{s[$3]+=$1+$2} END {for(f in s) print s[f], f}'.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    target = os.environ.get("MINITRON_TEST_CPU")
+    if not target:
+        yield
+        return
+    import resource
+
+    def cpu(who):
+        usage = resource.getrusage(who)
+        return usage.ru_utime + usage.ru_stime
+
+    own, waited = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
+    yield
+    own, waited = cpu(resource.RUSAGE_SELF) - own, cpu(resource.RUSAGE_CHILDREN) - waited
+    with open(target, "a") as out:
+        out.write(f"{own:.3f} {waited:.3f} {item.nodeid}\n")

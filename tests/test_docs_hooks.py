@@ -106,11 +106,21 @@ def test_wide_output_lines_fold_at_spaces_and_keep_their_font(tmp_path):
     assert "stylesheets/output.css" in (ROOT / "mkdocs.yml").read_text()
 
 
-def test_piped_and_or_echo_commands_run_warm_and_print_what_bash_prints(tmp_path):
+@pytest.fixture(scope="module")
+def warm_hook():
+    """One hook for the tests of the warm runner: starting it is an `import torch` and the
+    launcher's warm-up (~3 s of CPU), which each test paid for again with a hook of its own."""
+    hook = load_hook()
+    hook._warm.expected = True   # as in a build with pages to run (on_files sets it)
+    yield hook
+    hook.on_post_build(None)
+
+
+def test_piped_and_or_echo_commands_run_warm_and_print_what_bash_prints(tmp_path, warm_hook):
     """`A | sort`, `A 2>&1 | tail -2`, `A 2>&1 || echo "(exit code $?)"` run from the warm
     process (no torch import per command) yet print what bash prints; a piped call that writes
     to stderr, or fails, is run by bash after all (its output's place among the lines is bash's)."""
-    hook = load_hook()
+    hook = warm_hook
     (tmp_path / "p.py").write_text("import sys\nprint('b'); print('a'); print('c')\n"
                                    "if sys.argv[1:] == ['err']: print('oops', file=sys.stderr)\n"
                                    "sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)\n")
@@ -120,19 +130,55 @@ def test_piped_and_or_echo_commands_run_warm_and_print_what_bash_prints(tmp_path
     assert [warm.warm_plan(c, str(BIN)) is not None for c in commands] == [True] * 5
     assert warm.warm_plan("python p.py 2>/dev/null | sort", str(BIN)) is None
     assert warm.warm_plan("python p.py | sort | head -1", str(BIN)) is None
-    try:
-        for command in commands:
-            hook._cache.clear()
-            plan = warm.warm_plan(command, str(BIN))
-            done, _ = hook._run_warm(plan, hook.scratch_dir(tmp_path))
-            bash = subprocess.run(["bash", "-c", command], cwd=hook.scratch_dir(tmp_path), env=hook.command_env(),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            if command.endswith("err | sort"):
-                assert done is None   # stderr beside a pipe: left to bash
-            else:
-                assert done == (bash.returncode, bash.stdout), command
-    finally:
-        hook.on_post_build(None)
+    for command in commands:
+        hook._cache.clear()
+        plan = warm.warm_plan(command, str(BIN))
+        done, _ = hook._run_warm(plan, hook.scratch_dir(tmp_path))
+        bash = subprocess.run(["bash", "-c", command], cwd=hook.scratch_dir(tmp_path), env=hook.command_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if command.endswith("err | sort"):
+            assert done is None   # stderr beside a pipe: left to bash
+        else:
+            assert done == (bash.returncode, bash.stdout), command
+
+
+# docs/hooks/warm_shim.py: in a command that bash runs, `minitron` and `python` are stand-ins
+# that fork the call from the build's warm runner. Such a call really runs warm (torch is
+# already imported when the script starts), yet every command prints what plain bash prints --
+# pipes, `$(...)`, `$PIPESTATUS`, stdin, stderr beside stdout, exit codes -- and what the
+# stand-in cannot hand over (`python -c`) runs for real.
+STAND_IN_COMMANDS = [
+    'python p.py 2>/dev/null | sort; echo "rc ${PIPESTATUS[0]}"',
+    "python p.py 3 2>&1; echo rc $?",
+    "echo $(python p.py 2>/dev/null) done",
+    "echo hi | python upper.py && python3 -c 'print(6 * 7)'",
+    'minitron trace --wrld 16; echo "(exit code $?)"',
+    "minitron groups --world 8 --tp 2 | head -3",
+    "python -m json.tool <<< '{\"a\": 1}' && cat p.py | python upper.py | head -1",
+]
+
+
+def test_bash_commands_call_minitron_and_python_warm_and_print_what_bash_prints(tmp_path, warm_hook):
+    (tmp_path / "p.py").write_text("import sys\nprint('b'); print('a'); print('oops', file=sys.stderr); print('c')\n"
+                                   "sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)\n")
+    (tmp_path / "upper.py").write_text("import sys\nprint(sys.stdin.read().upper(), end='')\n")
+    (tmp_path / "warm.py").write_text("import sys\nprint('torch' in sys.modules)\n")
+    (tmp_path / "calls.py").write_text("import subprocess\nsubprocess.run(['python', 'warm.py'], check=True)\n")
+    hook = warm_hook
+    hook._cache.clear()
+    scratch = hook.scratch_dir(tmp_path)
+    # `;` keeps it with bash; the script sees the warm runner's torch, not a fresh interpreter's.
+    assert hook.execute("python warm.py; true", "page.md", tmp_path) == "True"
+    # A script the runner runs warm (no bash) that calls `python` itself: the call is warm too.
+    assert hook._warm.module.warm_plan("python calls.py", str(BIN))
+    assert hook.execute("python calls.py", "page.md", tmp_path) == "True"
+    for command in STAND_IN_COMMANDS:
+        shown = hook.execute(command, "page.md", tmp_path)
+        bash = subprocess.run(["bash", "-c", command], cwd=scratch, env=hook.command_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert shown == hook.clean(bash.stdout, hook.places(tmp_path)), command
+    assert subprocess.run(["bash", "-c", "python warm.py"], cwd=scratch, env=hook.command_env(),
+                          capture_output=True, text=True).stdout.strip() == "False"   # the control
 
 
 def test_a_pages_outputs_are_kept_under_a_key_of_its_commands_and_sources(tmp_path):
