@@ -166,20 +166,21 @@ def test_param_groups_are_the_optimizers():
     assert all(p.name.endswith(".bias") or "layernorm" in p.name for p in one_d)
 
 
-def test_offload_is_refused_in_one_line(capsys, monkeypatch, tmp_path):
-    """The engine does not offload, so neither is it estimated: the ds_config's own refusal."""
+def test_offload_refusal_is_one_line(capsys, monkeypatch, tmp_path):
+    """What the engine does not offload is not estimated either: the ds_config's own refusal
+    (parameters to NVMe; zero/offload_config.py)."""
     import sys
 
     from minitron.cli import main
 
     config = tmp_path / "ds.json"
     config.write_text(json.dumps({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 1, "zero_optimization":
-                                  {"stage": 3, "offload_param": {"device": "cpu"}}}))
+                                  {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}}))
     monkeypatch.setattr(sys, "argv", ["minitron", "estimate", "--world", "2", *MODEL, "--deepspeed-config", str(config)])
     with pytest.raises(SystemExit) as stop:
         main()
     err = capsys.readouterr().err
-    assert stop.value.code == 2 and "offload_param: offloading" in err and len(err.strip().splitlines()) == 1, err
+    assert stop.value.code == 2 and "offload_param.device \"nvme\"" in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_deepspeeds_formulas_term_by_term():

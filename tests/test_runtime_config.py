@@ -112,8 +112,8 @@ def test_deepspeed_defaults():
 @pytest.mark.parametrize("config, message", [
     ({"train_batch_size": 8, "fp16": {"enabled": True}, "bf16": {"enabled": True}}, "both true"),
     ({"train_batch_size": 8, "zero_optimization": {"stage": 4}}, "stage must be 0, 1, 2 or 3"),
-    ({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, "offloading"),
-    ({"train_batch_size": 8, "zero_optimization": {"cpu_offload": True}}, "offloading"),
+    ({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "disk"}}}, "device"),
+    ({"train_batch_size": 8, "zero_optimization": {"cpu_offload": True}}, "offloading the optimizer needs ZeRO"),
     ({"train_batch_size": 8, "optimizer": {"type": "OneBitAdam"}}, "Adam, AdamW, Lamb, SGD"),
     ({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"betas": [0.9]}}}, "betas"),
     ({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"torch_adam": "yes"}}},

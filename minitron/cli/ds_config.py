@@ -52,3 +52,9 @@ def ds_config(
     if zero.stage > 0:
         # overlap_comm's default depends on the stage (on at 3 only): say what it resolved to.
         console.print(f"overlap_comm {str(zero.overlap_comm).lower()}; reduce_bucket_size {zero.reduce_bucket_size:,}")
+        # ZeRO-Offload (zero/offload_config.py): where the optimizer's states and the pieces live
+        for key in ("offload_optimizer", "offload_param"):
+            section = getattr(zero, key)
+            if section is not None and section.device != "none":
+                where = f"{section.device}" + (f" ({section.nvme_path})" if section.device == "nvme" else "")
+                console.print(f"{key} {where}; pin_memory {str(section.pin_memory).lower()}", highlight=False)

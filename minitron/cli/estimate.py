@@ -20,6 +20,7 @@ from minitron.cli import preflight
 from minitron.cli.common import (EXTRA, UserError, app, check_world, console, print_no_effect, validate_pretrain,
                                  without_backend)
 from minitron.cli.estimate_check import check_trace
+from minitron.cli.estimate_offload import offload_rows, render_offload
 from minitron.cli.estimate_time import compare_layouts, render_time, time_options
 from minitron.cli.views.fitted_table import print_fitted
 from minitron.cli.views.words import human, plural, rank_ranges
@@ -150,6 +151,7 @@ def estimate(
     # lazy: loaded when the command runs, not by `minitron --help`
     from minitron.training.theoretical_memory_usage import report_theoretical_memory as work_out, total_params
     from minitron.training.theoretical_moe import expectation_keys
+    from minitron.training.theoretical_offload import offloads
 
     peak = _peak(peak_tflops, iteration_time, check)
     described, mfu, mfu_source = time_options(cluster, mfu, compare, check, iteration_time)
@@ -175,6 +177,8 @@ def estimate(
             out["expectation_keys"] = sorted(expectation_keys(args))
         if args.no_effect:           # the flags accepted without effect (arguments_policy.py)
             out["no_effect"] = args.no_effect
+        if getattr(args, "deepspeed", False) and offloads(args):   # ZeRO-Offload's host side, per stage's ranks
+            out["offload"] = [{"ranks": ranks, **row} for ranks, row in offload_rows(args, costs)]
         if described:                # --cluster: seconds (theoretical_time.py)
             # lazy: loaded when the command runs, not by `minitron --help`
             from minitron.training.theoretical_time import iteration_time as priced
@@ -183,6 +187,8 @@ def estimate(
         return
     print_no_effect(args)
     render(args, costs, total_params(args))
+    if getattr(args, "deepspeed", False) and offloads(args):   # host and swap bytes (estimate_offload.py)
+        render_offload(args, costs)
     render_compute(args, compute, peak_tflops)
     if described:
         render_time(args, costs, described, mfu, mfu_source)

@@ -30,5 +30,5 @@ def render_offload(args, costs) -> None:
 
     rows = offload_rows(args, costs)
     keys = [k for k in KEYS if any(r[k] for _, r in rows)]
-    print_fitted(console, "ZeRO-Offload: bytes held off the device, and crossing it, one train_step",
+    print_fitted(console, "ZeRO-Offload, one train_step",
                  ["ranks", *keys], [[rank_ranges(ranks), *[human(r[k]) for k in keys]] for ranks, r in rows])

@@ -2,7 +2,7 @@
 ``config_optimizer.py``).
 
 Defaults are DeepSpeed's (deepspeed/runtime/constants.py, zero/config.py, lr_schedules.py). Each
-parser refuses what minitron does not run — offloading, other optimizers, other schedules — with
+parser refuses what minitron does not run — other optimizers, other schedules — with
 one line, instead of accepting a key and doing nothing with it.
 """
 
@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from minitron.runtime.precision_config import BF16_OPTIONS, FP16_OPTIONS
+from minitron.runtime.zero.offload_config import OFFLOAD_KEYS, OffloadConfig, parse_offload
 from minitron.runtime.zero.stage3_config import DEFAULT_ONLY as STAGE3_DEFAULT_ONLY, STAGE3_KEYS, Stage3Config, \
     parse_stage3
+from minitron.runtime.precision_config import BF16_OPTIONS, FP16_OPTIONS
 from minitron.runtime.config_values import (  # noqa: F401 -- DeepSpeedConfigError re-exported
-    DeepSpeedConfigError, check_keys, flag, json_value, lax_bool, model_flag, model_int, model_number, model_view, number,
+    DeepSpeedConfigError, check_keys, flag, json_value, model_flag, model_int, model_number, model_view, number,
     positive_int,
 )
 
@@ -209,6 +210,9 @@ class ZeroConfig:
     reduce_scatter: bool = True
     allgather_partitions: bool = True
     round_robin_gradients: bool = False
+    # ZeRO-Offload / ZeRO-Infinity (zero/offload_config.py): None when not asked for
+    offload_optimizer: Optional[OffloadConfig] = None
+    offload_param: Optional[OffloadConfig] = None
     # stage 3's knobs and ZeRO++ (zero/stage3_config.py)
     stage3: Stage3Config = Stage3Config()
 
@@ -218,19 +222,11 @@ class ZeroConfig:
 
 ZERO_KEYS = ("stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients",
              "reduce_scatter", "allgather_partitions", "round_robin_gradients")
-OFFLOAD_KEYS = ("offload_param", "offload_optimizer", "cpu_offload", "cpu_offload_params")
 
 
 def parse_zero(params: dict) -> ZeroConfig:
     where = "zero_optimization"
     zero = model_view(_section(params, where))
-    for key in OFFLOAD_KEYS:
-        value = zero.get(key)
-        off = value.get("device", "none") == "none" if isinstance(value, dict) else value is None or \
-            lax_bool(value) is False
-        if not off:
-            raise DeepSpeedConfigError(f"{where}.{key}: offloading to CPU or NVMe is not implemented in "
-                                       f"minitron; remove it (or set it to false)")
     check_keys({k: v for k, v in zero.items() if k not in OFFLOAD_KEYS}, ZERO_KEYS + STAGE3_KEYS, STAGE3_DEFAULT_ONLY,
                where, model=True)
     try:  # pydantic's int enum: 1.0, "1" and true are all stage 1
@@ -256,4 +252,6 @@ def parse_zero(params: dict) -> ZeroConfig:
     flags = {key: model_flag(zero, key, default, where) for key, default in (
         ("contiguous_gradients", True), ("reduce_scatter", True), ("allgather_partitions", True),
         ("round_robin_gradients", False))}
-    return ZeroConfig(stage, reduce_size, allgather, overlap, **flags, stage3=parse_stage3(zero, where))
+    offload_optimizer, offload_param = parse_offload(zero, stage, where)
+    return ZeroConfig(stage, reduce_size, allgather, overlap, **flags, offload_optimizer=offload_optimizer,
+                      offload_param=offload_param, stage3=parse_stage3(zero, where))

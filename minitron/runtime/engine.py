@@ -21,6 +21,7 @@ import torch
 from minitron import comm as dist   # deepspeed/runtime/engine.py: from deepspeed import comm as dist
 from minitron.accelerator import get_accelerator
 from minitron.ops.adam import FusedAdam
+from minitron.ops.adam.cpu_adam import DeepSpeedCPUAdam
 from minitron.ops.lamb import FusedLamb
 from minitron.runtime.checkpoint import engine_checkpoint as checkpoint
 from minitron.runtime import gradient_reduction
@@ -28,6 +29,7 @@ from minitron.runtime.config import DeepSpeedConfig
 from minitron.runtime.loss_scaler import CreateLossScaler
 from minitron.runtime.lr_schedules import SCHEDULERS
 from minitron.runtime.monitor.events import configure_monitoring, report_step
+from minitron.runtime.zero.offload_config import offloaded
 from minitron.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 from minitron.trace import traced
@@ -117,18 +119,22 @@ class DeepSpeedEngine(torch.nn.Module):
         basic = self._configure_basic_optimizer(optimizer, model_parameters)
         dtype = torch.half if config.fp16_enabled else torch.bfloat16 if config.bfloat16_enabled else torch.float
         scaler = CreateLossScaler(dtype, config.loss_scale, config.loss_scale == 0, config.dynamic_loss_scale_args)
+        zero = config.zero_config
         if self.zero_optimization_stage() == 3:
             self.optimizer = DeepSpeedZeroOptimizer_Stage3(self.module, basic, self.data_parallel_group, scaler,
                                                            config.gradient_clipping, mp_group,
                                                            config.zero_config.overlap_comm,
-                                                           zero_config=config.zero_config)
+                                                           offload_optimizer=zero.offload_optimizer,
+                                                           offload_param=zero.offload_param, aio=config.aio_config,
+                                                           zero_config=zero)
         else:
             self.optimizer = DeepSpeedZeroOptimizer(basic, self.data_parallel_group, self.zero_optimization_stage(),
                                                     scaler, config.gradient_clipping, mp_group,
                                                     config.zero_config.reduce_bucket_size,
                                                     model_parallel_rank=_tensor_parallel_rank(mpu),
                                                     overlap_comm=config.zero_config.overlap_comm,
-                                                    round_robin_gradients=config.zero_config.round_robin_gradients)
+                                                    round_robin_gradients=config.zero_config.round_robin_gradients,
+                                                    offload_optimizer=zero.offload_optimizer)
         # The gradients' dtype on the wire and where the mean's 1/dp goes (runtime/gradient_reduction.py)
         self.optimizer.gradient_reduction = gradient_reduction.for_stage(config, self.dp_world_size)
         if config.bfloat16_enabled and self.zero_optimization_stage() in (1, 2):
@@ -172,6 +178,12 @@ class DeepSpeedEngine(torch.nn.Module):
 
     def _configure_basic_optimizer(self, optimizer, model_parameters) -> torch.optim.Optimizer:
         params = list(model_parameters) if model_parameters is not None else list(self.module.parameters())
+        offload = offloaded(self._config.zero_config.offload_optimizer)
+        if optimizer is not None and offload and self._config.zero_force_ds_cpu_optimizer \
+                and not isinstance(optimizer, DeepSpeedCPUAdam):
+            # DeepSpeed's ZeRORuntimeException: a GPU optimizer handed host tensors is slow at best
+            raise ValueError("ZeRO-Offload with a client optimizer: DeepSpeed refuses it unless the ds_config says "
+                             "\"zero_force_ds_cpu_optimizer\": false (or the config's own \"optimizer\" builds CPU-Adam)")
         if isinstance(optimizer, torch.optim.Optimizer):
             return optimizer
         if callable(optimizer):
@@ -192,6 +204,8 @@ class DeepSpeedEngine(torch.nn.Module):
         # form, not in arithmetic: ops/adam/fused_adam.py. torch_adam asks for torch's instead.
         if kwargs.pop("torch_adam", False):
             return (torch.optim.AdamW if adam_w else torch.optim.Adam)(params, **kwargs)
+        if offload:   # the states live on the host: DeepSpeed steps them with CPU-Adam (ops/adam/cpu_adam.py)
+            return DeepSpeedCPUAdam(params, adamw_mode=adam_w, **kwargs)
         return FusedAdam(params, adam_w_mode=adam_w, **kwargs)
 
     def _configure_lr_scheduler(self, client_scheduler):
@@ -315,11 +329,18 @@ class DeepSpeedEngine(torch.nn.Module):
         """Parameter, gradient and optimizer-state bytes held by this rank (see zero/)."""
         return self.optimizer.bytes_held()
 
+    def host_bytes_held(self) -> dict:
+        """What ZeRO-Offload keeps in host memory instead (all zero without offloading)."""
+        return self.optimizer.host_bytes_held()
+
     # --- checkpoints: DeepSpeed 0.19.8's layout (runtime/checkpoint/) ---------------------------
 
     def save_checkpoint(self, save_dir, tag=None, client_state: dict | None = None, save_latest: bool = True):
         """``save_dir/tag/`` in DeepSpeed's layout, then ``save_dir/latest`` naming the tag. Every
         rank must call it: each writes its own partition."""
+        if getattr(self.optimizer, "swapper", None) is not None:   # ZeRO-Infinity's states are in files
+            raise ValueError("save_checkpoint with offload_optimizer.device \"nvme\" is not built in minitron (the "
+                             "states live in swap files); use device \"cpu\" to save")
         return checkpoint.save_checkpoint(self, save_dir, tag, client_state, save_latest)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True):

@@ -107,6 +107,7 @@ def validate_deepspeed_args(args):
                                 "schedule, as in Megatron-DeepSpeed; drop the section")
     _check_triad(args, config, path, dp)
     _check_zeropp(args, config, path, dp)
+    _check_offload(args, config, path)
     from minitron.training.deepspeed_activation_arguments import validate_activation_checkpointing
     validate_activation_checkpointing(args, config.activation_checkpointing_config, path)
     if args.pipeline_model_parallel_size > 1 and config.zero_optimization_stage >= 2:
@@ -123,6 +124,22 @@ def validate_deepspeed_args(args):
             raise ArgumentError(f"--deepspeed-config {path} {said} {key} but {flag} is "
                                 f"{'not ' if enabled else ''}given: make them agree")
     return config
+
+
+def _check_offload(args, config, path) -> None:
+    """ZeRO-Offload under pretrain: Megatron's flags build a torch optimizer and hand it to the
+    engine as a client optimizer, which DeepSpeed refuses to step offloaded states unless told;
+    states swapped to NVMe are not saved or loaded by minitron's checkpoints."""
+    offload = config.zero_config.offload_optimizer
+    if offload is None or offload.device == "none":
+        return
+    if config.zero_force_ds_cpu_optimizer:
+        raise ArgumentError(f"--deepspeed-config {path}: offload_optimizer with pretrain's own (client) optimizer: "
+                            "DeepSpeed refuses it unless the config says \"zero_force_ds_cpu_optimizer\": false; "
+                            "add that")
+    if offload.device == "nvme" and config.zero_optimization_stage == 3 and (args.save or args.load):
+        raise ArgumentError(f"--deepspeed-config {path}: checkpoints of states swapped to NVMe are not built in "
+                            "minitron; drop --save/--load or use offload_optimizer.device \"cpu\"")
 
 
 def _check_zeropp(args, config, path, dp: int) -> None:

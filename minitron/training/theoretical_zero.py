@@ -89,7 +89,7 @@ def zero_memory(args, plist: list[Param], dp_rank: int) -> tuple[int, dict]:
     total = sum(p.numel for p in plist)
     if stage == 3:   # every parameter cut alone: my piece of each, end to end
         pieces = sum(-(-p.numel // dp) for g in groups for p in g)
-        return total, {"params": pieces * e, "grads": pieces * e, "optimizer": pieces * state}
+        return total, _on_device(args, {"params": pieces * e, "grads": pieces * e, "optimizer": pieces * state})
     count = dp if stage >= 1 else 1
     numels = [sum(p.numel for p in g) for g in groups]
     flats = [round_up(n, NCCL_START_ALIGNMENT_FACTOR * dp) for n in numels]
@@ -98,7 +98,18 @@ def zero_memory(args, plist: list[Param], dp_rank: int) -> tuple[int, dict]:
         grads = sum(size for n, size in zip(numels, sizes) if dp_rank * size < n) * e
     else:            # every p.grad, accumulated over the micro-batches
         grads = total * e
-    return total, {"params": sum(flats) * e, "grads": grads, "optimizer": sum(sizes) * state}
+    return total, _on_device(args, {"params": sum(flats) * e, "grads": grads, "optimizer": sum(sizes) * state})
+
+
+def _on_device(args, held: dict) -> dict:
+    """ZeRO-Offload: what offload_optimizer / offload_param (stage 3) keep on the host instead
+    is not the device's (theoretical_offload.py counts it there)."""
+    zero = ds_config(args).zero_config
+    if zero.stage >= 1 and zero.offload_optimizer is not None and zero.offload_optimizer.device != "none":
+        held["optimizer"] = 0
+    if zero.stage == 3 and zero.offload_param is not None and zero.offload_param.device != "none":
+        held["params"] = 0
+    return held
 
 
 def arrival_order(plist: list[Param]) -> list[Param]:

@@ -43,6 +43,9 @@ from minitron.runtime.zero.buckets import weakly_bound
 from minitron.runtime.zero.partitioned_param_coordinator import (
     PartitionedParameterCoordinator, mark_persistent_parameters,
 )
+from minitron.runtime.swap_tensor.aio_config import AioConfig
+from minitron.runtime.swap_tensor.optimizer_swapper import PartitionedOptimizerSwapper
+from minitron.runtime.zero.offload import ZeroOffload
 from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 from minitron.runtime.zero.zeropp import ZeroPlusPlus
 from minitron.trace import traced
@@ -81,7 +84,7 @@ class _GatherBeforeBackward(torch.autograd.Function):
 class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
     def __init__(self, module: torch.nn.Module, init_optimizer: torch.optim.Optimizer, dp_process_group,
                  loss_scaler, clip_grad: float = 0.0, model_parallel_group=None, overlap_comm: bool = True,
-                 zero_config=None):
+                 offload_optimizer=None, offload_param=None, aio=None, zero_config=None):
         self.optimizer = init_optimizer
         self._init_model_parallel(model_parallel_group)
         self.dp_process_group = dp_process_group
@@ -93,6 +96,10 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         self.partition_id = dist.get_rank(group=dp_process_group)
         self.loss_scaler, self.clip_grad = loss_scaler, clip_grad
         self.device = torch.device(get_accelerator().current_device_name())   # see stage_1_and_2.py
+        # offload_optimizer / offload_param: what lives on the host (zero/offload.py)
+        self.offload = ZeroOffload(offload_optimizer, offload_param, self.device)
+        # DeepSpeed's ds_id: the parameter's place in the module (its swap files are named by them)
+        ds_ids = {p: k for k, p in enumerate(module.parameters())}
         self.overflow, self._global_grad_norm = False, None
         self.fp16_groups, self.fp16_partitioned_groups_flat, self.single_partition_of_fp32_groups = [], [], []
         self.averaged_gradients: dict = {}
@@ -106,24 +113,29 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
             self.fp16_groups.append(params)
             pieces = []
             for p in params:
-                p.ds_numel, p.ds_shape = p.numel(), p.shape
+                p.ds_numel, p.ds_shape, p.ds_id = p.numel(), p.shape, ds_ids.get(p, -1)
                 piece = -(-p.numel() // dp)            # ceil: the last rank's piece holds the padding
                 padded = p.new_zeros(piece * dp)   # on p's device: the engine has moved the module
                 padded[:p.numel()].copy_(p.detach().reshape(-1))
                 pieces.append(padded[r * piece:(r + 1) * piece])
             flat = torch.cat(pieces) if pieces else torch.zeros(0, device=self.device)
+            flat = self.offload.host_tensor(flat) if self.offload.param else flat
             self.fp16_partitioned_groups_flat.append(flat)
             offset = 0
             for p, piece in zip(params, pieces):
                 p.ds_tensor = flat[offset:offset + piece.numel()]   # my piece, a view into my flat
                 self._group_of[p] = (i, offset)
                 offset += piece.numel()
-            master = flat.detach().clone().float().requires_grad_(True)
+            master = flat.detach().float()
+            master = self.offload.host_tensor(master) if self.offload.optimizer else master.to(self.device, copy=True)
+            master.requires_grad_(True)
+            master.ds_id = f"{params[0].ds_id}_{params[-1].ds_id}" if params else "empty"
             self.single_partition_of_fp32_groups.append(master)
             self.norm_mask.append(torch.cat([self._counted(p).expand(piece.numel())
                                              for p, piece in zip(params, pieces)]
                                             or [torch.zeros(0, dtype=torch.float64, device=self.device)]))
             group["params"] = [master]
+        self._nvme(offload_optimizer, aio)
         for p in self._group_of:
             p.ds_status = AVAILABLE
             p.register_post_accumulate_grad_hook(weakly_bound(self._reduce_partition_and_release))
@@ -157,7 +169,8 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         todo = list({id(p): p for p in params if p in self._group_of and p.ds_status != AVAILABLE}.values())
         for dtype in dict.fromkeys(p.ds_tensor.dtype for p in todo):   # one dtype per collective
             # zeropp.py: from the node's secondary pieces under hpZ, in int8 under qwZ
-            self.zeropp.all_gather([p for p in todo if p.ds_tensor.dtype == dtype])
+            self.zeropp.all_gather([p for p in todo if p.ds_tensor.dtype == dtype],
+                                   lambda mine: self.offload.fetch(mine, None))   # host -> device, offloaded
 
     def release(self, params: list) -> None:
         for p in params:
@@ -231,8 +244,9 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         self.release(self.coordinator.params_to_release([p]))
 
     def _add(self, i: int, offset: int, mine: torch.Tensor) -> None:
-        if i not in self.averaged_gradients:
-            self.averaged_gradients[i] = torch.zeros_like(self.fp16_partitioned_groups_flat[i])
+        if i not in self.averaged_gradients:   # on the device, even when the pieces live on the host
+            flat = self.fp16_partitioned_groups_flat[i]
+            self.averaged_gradients[i] = torch.zeros(flat.shape, dtype=flat.dtype, device=self.device)
         mean = self.gradient_reduction.from_wire(mine, self.averaged_gradients[i].dtype)   # divided before the sum
         self.averaged_gradients[i][offset:offset + mine.numel()].add_(mean)
 
@@ -248,10 +262,11 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
     # --- the step's last move, bytes, full parameters ---------------------------------------
 
     def _publish(self, i: int) -> None:
-        # My pieces take the update; nobody gathers now: the next forward does, module by module,
-        # but for the persistent parameters, kept whole, so gathered now (DeepSpeed's _post_step);
+        # My pieces take the update; nobody gathers now: the next forward does, module by module.
+        self.offload.publish(self.single_partition_of_fp32_groups[i], self.fp16_partitioned_groups_flat[i], i,
+                             dest_on_host=self.offload.param)
+        # ... but for the persistent parameters, kept whole, so gathered now (DeepSpeed's _post_step);
         # hpZ's secondary pieces hold the old weights and go.
-        self.fp16_partitioned_groups_flat[i].copy_(self.single_partition_of_fp32_groups[i])
         self.zeropp.invalidate_secondary(self.fp16_groups[i])
         for p in self.fp16_groups[i]:
             if p.ds_persist:   # one all-gather each, as DeepSpeed's all_gather of the list makes them
@@ -265,6 +280,25 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         gathered = sum(p.numel() * p.element_size() for p in self._group_of)   # between steps: the persistent
         secondary = sum(p.ds_secondary_tensor.numel() * p.ds_secondary_tensor.element_size()   # hpZ's
                         for p in self._group_of if getattr(p, "ds_secondary_tensor", None) is not None)
-        params = gathered + secondary + sum(f.numel() * f.element_size() for f in self.fp16_partitioned_groups_flat)
+        params = gathered + secondary + (0 if self.offload.param else self._pieces_bytes())
         grads = sum(g.numel() * g.element_size() for g in self.averaged_gradients.values())
         return {"params": params, "grads": grads, "optimizer_states": self._optimizer_state_bytes()}
+
+    def _pieces_bytes(self) -> int:
+        return sum(f.numel() * f.element_size() for f in self.fp16_partitioned_groups_flat)
+
+    def host_bytes_held(self) -> dict:
+        return {**super().host_bytes_held(), "params": self._pieces_bytes() if self.offload.param else 0}
+
+    def _nvme(self, offload_optimizer, aio) -> None:
+        """ZeRO-Infinity: each group's master big enough to pay for the I/O goes to its files now
+        and comes back for each step (swap_tensor/optimizer_swapper.py)."""
+        self.swapper, self.swapped = None, set()
+        if offload_optimizer is None or offload_optimizer.device != "nvme":
+            return
+        self.swapper = PartitionedOptimizerSwapper(offload_optimizer, aio or AioConfig(), self.optimizer,
+                                                   dist.get_rank())
+        for i, master in enumerate(self.single_partition_of_fp32_groups):
+            if self.swapper.swappable(master.numel(), master.element_size()):
+                self.swapped.add(i)
+                self.swapper.swap_out_optimizer_state(master, i)
