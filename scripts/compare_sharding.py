@@ -33,11 +33,12 @@ ROOT = Path(__file__).resolve().parents[1]
 JSON = ROOT / "docs/sharding-runs/compare.json"
 WORLD, ITERS = 8, 2
 # Dropout off and one seed: every configuration then computes the same sums in another order,
-# so the losses differ by fp32 rounding alone.
+# so the losses differ by fp32 rounding alone. Embedding and output weights untied: FSDP2 refuses
+# a tied pair (Megatron's rule), and every row must train the same model.
 MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
          "--micro-batch-size", "1", "--global-batch-size", "16", "--lr", "1e-3", "--mock-data",
          "--vocab-size", "1023", "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "7",
-         "--distributed-backend", "gloo"]
+         "--untie-embeddings-and-output-weights", "--distributed-backend", "gloo"]
 # Summing 16 micro-batches' gradients over 8 ranks in another order moves the fp32 loss by
 # ~1e-6 after two Adam steps; a sharding bug (a lost or doubled gradient) moves it by >1e-3.
 LOSS_TOL = 1e-5
@@ -52,6 +53,9 @@ CONFIGS = {   # name: (Megatron flags, ZeRO stage under --deepspeed or None)
     **{f"FSDP {s}": (["--use-megatron-fsdp", "--data-parallel-sharding-strategy", s], None)
        for s in ("no_shard", "optim", "optim_grads", "optim_grads_params")},
     **{f"ZeRO-{stage}": ([], stage) for stage in (1, 2, 3)},
+    # torch's fully_shard; Megatron requires the flag beside it (its fused accumulation writes
+    # into DDP's main_grad, which FSDP2's gradients do not have). On CPU it changes nothing else.
+    "FSDP2": (["--use-torch-fsdp2", "--no-gradient-accumulation-fusion"], None),
 }
 
 
@@ -102,10 +106,11 @@ def environment() -> dict:
     import torch
 
     def git(*a):
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.rstrip("\n")
     return {"utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), "commit": git("rev-parse", "--short", "HEAD"),
-            "uncommitted_script_changes": bool(git("status", "--porcelain", "--", "scripts/compare_sharding.py",
-                                             "scripts/compare_sharding_measure.py")),
+            # what the ranks ran that the commit does not hold (tracked files changed since)
+            "uncommitted": sorted(line[3:] for line in git("status", "--porcelain", "--untracked-files=no", "--",
+                                                           "minitron", "scripts/compare_sharding*.py").splitlines()),
             "torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "backend": "gloo, forked CPU ranks"}
 

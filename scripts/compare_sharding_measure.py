@@ -4,7 +4,8 @@ sampled while `pretrain` runs, and what rank 0 called in the last iteration.
 The parent patches three places before it forks the ranks, so each rank inherits them:
 ``training.train`` (to hook the model and optimizer it is handed, and to measure once training
 is done), Megatron-FSDP's per-unit all-gather and ZeRO-3's per-module gather (to sample the
-moment parameters are whole). Each rank writes ``measured-rank{R}.json``.
+moment parameters are whole), and torch's one-tensor gather and reduce-scatter, through which
+FSDP2 moves its units. Each rank writes ``measured-rank{R}.json``.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import weakref
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("params", "grads", "optimizer")
-_state = {"out": None, "probe": None}   # the parent sets "out" before each launch; a rank, "probe"
+# The parent sets "out" before each launch; a rank sets "probe", and keeps in "gathering" (weakly)
+# the outputs of FSDP2's all-gathers, whole parameters not yet copied into the units.
+_state = {"out": None, "probe": None, "gathering": []}
 
 
 def _megatron_measure():
@@ -39,6 +43,17 @@ def held(model, optimizer) -> dict:
     from minitron.runtime.engine import DeepSpeedEngine
 
     chunk = model[0]
+    if type(chunk).__name__ == "TorchFullyShardedDataParallel":   # imported only under --use-torch-fsdp2
+        # The shards stay while a unit is whole (its parameters are then plain tensors, by
+        # storage), and a gather's output is memory before it is copied in: tests/test_torch_fsdp2.py's
+        # count, which the estimate matches.
+        shards = _state["shards"]
+        whole = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes()
+                 for p in chunk.module.parameters() if not hasattr(p, "to_local")}
+        gathering = sum(t.untyped_storage().nbytes() for t in (ref() for ref in _state["gathering"]) if t is not None)
+        state = [t.to_local() for s in optimizer.optimizer.state.values() for k, t in s.items() if k != "step"]
+        return {"params": shards + sum(whole.values()) + gathering, "grads": chunk.bytes_held()["grads"],
+                "optimizer": _nbytes(state)}
     if isinstance(chunk, DeepSpeedEngine):   # ZeRO's own account (stage_1_and_2.py, stage3.py)
         b = chunk.bytes_held()
         return {"params": b["params"], "grads": b["grads"], "optimizer": b["optimizer_states"]}
@@ -59,6 +74,8 @@ def _total(h: dict) -> int:
 
 def _install() -> None:
     """Patch, in the parent, the places every rank will run through (see the module docstring)."""
+    import torch
+
     from minitron.core.distributed.fsdp.unit import FSDPUnit
     from minitron.runtime.engine import DeepSpeedEngine
     from minitron.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
@@ -76,11 +93,28 @@ def _install() -> None:
         return wrapper
 
     FSDPUnit._all_gather = sampled(FSDPUnit._all_gather)
+    # FSDP2 gathers through torch's one-tensor collectives (torch_fully_sharded_data_parallel.py):
+    # sample as each gather starts (its output counted) and before each reduction.
+    gather, scatter = torch.distributed.all_gather_single, torch.distributed.reduce_scatter_single
+
+    def gather_sampled(output, *args, **kwargs):
+        _state["gathering"].append(weakref.ref(output))
+        if _state["probe"] is not None:
+            _state["probe"]()
+        return gather(output, *args, **kwargs)
+
+    def scatter_sampled(*args, **kwargs):
+        if _state["probe"] is not None:
+            _state["probe"]()
+        return scatter(*args, **kwargs)
+    torch.distributed.all_gather_single, torch.distributed.reduce_scatter_single = gather_sampled, scatter_sampled
     DeepSpeedZeroOptimizer_Stage3.gather = sampled(DeepSpeedZeroOptimizer_Stage3.gather)
     real_train = training.train
 
     def train(forward_step_func, model, optimizer, *args, **kwargs):
         seen = {"peak": None, "peak_params": 0, "step": None}
+        if hasattr(model[0], "bytes_held"):   # before the first forward: every unit sharded
+            _state["shards"] = model[0].bytes_held()["params"]
 
         def probe():
             now = held(model, optimizer)
