@@ -55,14 +55,15 @@ def test_committed_figures_are_what_sharding_promises():
             ("FSDP optim_grads", {"optimizer": 8, "grads": 4}, {"params": 4}),
             ("ZeRO-1", {"optimizer": 12}, {"params": 4, "grads": 4}),
             ("ZeRO-2", {"optimizer": 12, "grads": 4}, {"params": 4}),
-            ("ZeRO-3", {"optimizer": 12, "grads": 4, "params": 4}, {})]:
+            ("ZeRO-3", {"optimizer": 12, "grads": 4, "params": 4}, {}),
+            ("FSDP2", {"optimizer": 8, "grads": 4, "params": 4}, {})]:
         held = rank0(name)
         for kind, per in sharded.items():
             assert 0 <= held[kind] - per * n / dp <= slack, (name, kind, held[kind])
         for kind, per in whole.items():
             assert 0 <= held[kind] - per * n <= slack, (name, kind, held[kind])
     # Parameters sharded: the peak holds the gathered units/modules on top of the step's bytes.
-    for name in ("FSDP optim_grads_params", "ZeRO-3"):
+    for name in ("FSDP optim_grads_params", "ZeRO-3", "FSDP2"):
         peak = sum(ROWS[name]["ranks"][0]["peak"].values())
         assert peak > sum(rank0(name).values()), name
     # DDP's gradient all-reduce hands the whole gradient (plus 8 bytes: the loss's all-reduce).
