@@ -278,6 +278,12 @@ def reduce_scatter_tensor(output_tensor, tensor, op=ReduceOp.SUM, group=None, as
 
 
 @_forwards
+def all_gather(tensor_list, tensor, group=None, async_op=False):
+    """Every rank's ``tensor`` into ``tensor_list`` (one tensor per rank, in rank order)."""
+    return _cdb().all_gather(tensor_list, tensor, group, async_op)
+
+
+@_forwards
 def all_gather_into_tensor(output_tensor, tensor, group=None, async_op=False):
     return _cdb().all_gather_into_tensor(output_tensor, tensor, group, async_op)
 

@@ -68,6 +68,9 @@ class TorchBackend:
     def broadcast(self, tensor, src, group=None, async_op=False):
         return torch.distributed.broadcast(tensor=tensor, src=src, group=group, async_op=async_op)
 
+    def all_gather(self, tensor_list, tensor, group=None, async_op=False):
+        return torch.distributed.all_gather(tensor_list, tensor, group=group, async_op=async_op)
+
     def all_gather_into_tensor(self, output_tensor, input_tensor, group=None, async_op=False):
         return torch.distributed.all_gather_into_tensor(output_tensor=output_tensor, input_tensor=input_tensor,
                                                         group=group, async_op=async_op)

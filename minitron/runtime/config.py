@@ -194,6 +194,13 @@ class DeepSpeedConfig:
         self.zero_optimization_stage = self.zero_config.stage
         self.zero_enabled = self.zero_optimization_stage > 0
         self.zero_allow_untested_optimizer = flag(params, "zero_allow_untested_optimizer", False, "ds_config")
+        if self.optimizer_name == "OneBitAdam":   # its compressed stage all-reduces the momentum, not gradients
+            if self.zero_enabled:   # DeepSpeed's assertion, before its untested-optimizer check
+                raise DeepSpeedConfigError(f"optimizer.type OneBitAdam is not compatible with ZeRO (stage "
+                                           f"{self.zero_optimization_stage}); use zero_optimization.stage 0")
+            if self.bfloat16_enabled:   # DeepSpeed steps it inside its BF16_Optimizer, which minitron lacks
+                raise DeepSpeedConfigError("optimizer.type OneBitAdam with bf16 is not built in minitron (it runs "
+                                           "in fp32 and fp16); set bf16.enabled false")
         if self.zero_enabled and self.optimizer_name not in (None,) + ZERO_TESTED \
                 and not self.zero_allow_untested_optimizer:   # DeepSpeed's _do_optimizer_sanity_check
             raise DeepSpeedConfigError(f"optimizer.type {self.optimizer_name!r} is untested with ZeRO (stage "

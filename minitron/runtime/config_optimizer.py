@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Optional
 
 from minitron.runtime.config_sections import _section, _typed_section
-from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, flag, json_value, number
+from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, flag, json_value, number, \
+    positive_int
 
 # DeepSpeed's own optimizers are named in any case ("lamb", "LAMB"); any other type is looked up
 # in torch.optim by its exact name (getattr(torch.optim, type)), so "SGD" is torch's SGD and
@@ -18,7 +19,10 @@ from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, fla
 OPTIMIZERS = {"Adam": ("lr", "betas", "eps", "weight_decay"), "AdamW": ("lr", "betas", "eps", "weight_decay"),
               "Lamb": ("lr", "bias_correction", "betas", "eps", "eps_inside_sqrt", "weight_decay", "max_coeff",
                        "min_coeff"),
-              "SGD": ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize")}
+              "SGD": ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"),
+              # DeepSpeed 0.19.6's (0.19.7 removed it): runtime/fp16/onebit/adam.py says what runs
+              "OneBitAdam": ("lr", "freeze_step", "bias_correction", "betas", "eps", "eps_inside_sqrt",
+                             "weight_decay", "amsgrad", "cuda_aware", "comm_backend_name")}
 TORCH_NAMED = ("SGD",)
 # The optimizers DeepSpeed's ZeRO runs without asking (zero/utils.py's ZERO_SUPPORTED_OPTIMIZERS,
 # those of them minitron builds): FusedAdam and torch's Adam/AdamW. Lamb and SGD are not among them.
@@ -42,6 +46,8 @@ def parse_optimizer(params: dict) -> tuple[Optional[str], Optional[dict]]:
     check_keys(opt, OPTIMIZERS[kind] + extra, {}, where)
     if kind == "SGD":
         return kind, _sgd(opt, where)
+    if kind == "OneBitAdam":
+        return kind, _onebit_adam(opt, where)
     out = {"lr": number(opt, "lr", 1e-3, where, low=0),
            "eps": number(opt, "eps", 1e-8, where, low=0),
            "weight_decay": number(opt, "weight_decay", 0.0, where, low=0),
@@ -75,4 +81,28 @@ def _sgd(opt: dict, where: str) -> dict:
            "nesterov": flag(opt, "nesterov", False, where), "maximize": flag(opt, "maximize", False, where)}
     if out["nesterov"] and (out["momentum"] <= 0 or out["dampening"] != 0):
         raise DeepSpeedConfigError(f"{where}.nesterov needs a momentum > 0 and dampening 0 (torch.optim.SGD)")
+    return out
+
+
+def _onebit_adam(opt: dict, where: str) -> dict:
+    """OnebitAdam's arguments and DeepSpeed 0.19.6's defaults. Its constructor refuses amsgrad;
+    a comm_backend_name it does not know leaves it without a backend (its AttributeError)."""
+    out = {"lr": number(opt, "lr", 1e-3, where, low=0), "eps": number(opt, "eps", 1e-8, where, low=0),
+           "weight_decay": number(opt, "weight_decay", 0.0, where, low=0), "betas": _betas(opt),
+           "freeze_step": positive_int(opt, "freeze_step", where=where, minimum=0) if "freeze_step" in opt else 100000,
+           "bias_correction": flag(opt, "bias_correction", True, where),
+           "eps_inside_sqrt": flag(opt, "eps_inside_sqrt", False, where),
+           "cuda_aware": flag(opt, "cuda_aware", False, where),
+           "comm_backend_name": opt.get("comm_backend_name", "nccl")}
+    if flag(opt, "amsgrad", False, where):
+        raise DeepSpeedConfigError(f"{where}.amsgrad: 1-bit Adam does not support the AMSGrad variant (DeepSpeed "
+                                   f"refuses it too); leave it false")
+    backend = out["comm_backend_name"]
+    if backend in ("mpi", "hccl"):
+        raise DeepSpeedConfigError(f"{where}.comm_backend_name {backend!r} is not built in minitron ("
+                                   f"{'mpi4py point-to-point gathers' if backend == 'mpi' else 'Ascend torch_npu'}"
+                                   f"); \"nccl\" or \"compressed\" run the same arithmetic over torch.distributed")
+    if backend not in ("nccl", "compressed"):
+        raise DeepSpeedConfigError(f"{where}.comm_backend_name must be \"nccl\", \"compressed\", \"mpi\" or "
+                                   f"\"hccl\", got {json_value(backend)}")
     return out

@@ -26,6 +26,7 @@ from minitron.ops.lamb import FusedLamb
 from minitron.runtime.checkpoint import engine_checkpoint as checkpoint
 from minitron.runtime import gradient_reduction
 from minitron.runtime.config import DeepSpeedConfig
+from minitron.runtime.fp16.onebit import OnebitAdam
 from minitron.runtime.loss_scaler import CreateLossScaler
 from minitron.runtime.lr_schedules import SCHEDULERS
 from minitron.runtime.monitor.events import configure_monitoring, report_step
@@ -114,6 +115,7 @@ class DeepSpeedEngine(torch.nn.Module):
         mp_group = _model_parallel_group(mpu)
         self.global_steps = self.global_samples = self.micro_steps = self.skipped_steps = 0
         self._is_gradient_accumulation_boundary, self._step_applied = None, False
+        self.enable_backward_allreduce = True   # 1-bit Adam turns it off when its variance freezes
         self._configure_distributed_model()
         self._broadcast_model()
         basic = self._configure_basic_optimizer(optimizer, model_parameters)
@@ -141,11 +143,24 @@ class DeepSpeedEngine(torch.nn.Module):
             # bf16.check_grad_overflow: DeepSpeed hands it to stages 1 and 2 only (precision_config.py)
             self.optimizer.check_grad_overflow = config.precision_options["check_grad_overflow"]
         self.basic_optimizer = basic
-        if isinstance(basic, FusedLamb) and self.zero_optimization_stage() == 0:
+        if isinstance(basic, (FusedLamb, OnebitAdam)) and self.zero_optimization_stage() == 0:
             # DeepSpeed's stage 0 hands Lamb each tensor; minitron's one flat master per group holds
             # them end to end, so Lamb is told where each lies to take its trust ratio per tensor.
+            # 1-bit Adam compresses per tensor likewise; in fp16 DeepSpeed's FP16_Optimizer hands it
+            # one flat tensor per group, so the group is one part.
             for master, params in zip(self.optimizer.single_partition_of_fp32_groups, self.optimizer.bit16_groups):
-                basic.tensor_sizes[master] = [p.numel() for p in params]
+                sizes = [p.numel() for p in params]
+                one = isinstance(basic, OnebitAdam) and config.fp16_enabled
+                basic.tensor_sizes[master] = [sum(sizes)] if one else sizes
+            if isinstance(basic, OnebitAdam) and config.fp16_enabled:
+                # FP16_Optimizer steps its optimizer once on zero gradients as it is built
+                # (initialize_optimizer_states): in fp16, 1-bit Adam's first call happens here
+                masters = self.optimizer.single_partition_of_fp32_groups
+                for master in masters:
+                    master.grad = torch.zeros_like(master)
+                basic.step()
+                for master in masters:
+                    master.grad = None
         self.lr_scheduler = self._configure_lr_scheduler(lr_scheduler)
         self.training_dataloader = None
         # Scalars to TensorBoard/CSV/wandb, wall_clock_breakdown's timers, the flops profiler
@@ -198,6 +213,11 @@ class DeepSpeedEngine(torch.nn.Module):
             return torch.optim.SGD(params, **kwargs)
         if self._config.optimizer_name == "Lamb":
             return FusedLamb(params, **kwargs)
+        if self._config.optimizer_name == "OneBitAdam":   # it stops this engine's all-reduce at its freeze
+            if self.runs_pipelines:
+                raise ValueError("OneBitAdam in minitron's PipelineEngine is not built (DeepSpeed's turns off the "
+                                 "pipeline's own all-reduce); use the data-parallel engine")
+            return OnebitAdam(params, self, **kwargs)
         # DeepSpeed's "Adam" is AdamW (decoupled weight decay) unless adam_w_mode is false.
         adam_w = kwargs.pop("adam_w_mode", True) or self._config.optimizer_name == "AdamW"
         # Its default is FusedAdam, whose state (and so checkpoint) differs from torch's Adam in
@@ -287,7 +307,10 @@ class DeepSpeedEngine(torch.nn.Module):
         self.optimizer.backward(loss)    # times the loss scale (1 unless fp16), then backward
         self._stop_timers(self.engine_timers.backward_inner_timers)
         self._start_timers(self.engine_timers.backward_reduce_timers)
-        self.optimizer.reduce_gradients(self.is_gradient_accumulation_boundary())
+        if self.enable_backward_allreduce:
+            self.optimizer.reduce_gradients(self.is_gradient_accumulation_boundary())
+        else:   # 1-bit Adam after its warm-up: each rank keeps its own gradient; the optimizer averages momenta
+            self.optimizer.reduce_gradients(self.is_gradient_accumulation_boundary(), all_reduce=False)
         self._stop_timers(self.engine_timers.backward_reduce_timers + self.engine_timers.backward_timers)
         return loss
 

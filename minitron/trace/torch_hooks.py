@@ -78,6 +78,7 @@ def _collective_args(name: str, args: tuple, kwargs: dict) -> dict:
         record["dtype"] = str(tensor.dtype).replace("torch.", "")
     elif isinstance(tensor, list) and tensor and hasattr(tensor[0], "shape"):
         record["shape"] = [list(t.shape) for t in tensor[:4]]
+        record["dtype"] = str(tensor[0].dtype).replace("torch.", "")   # (all_gather's list: one dtype)
     for key in ("src", "dst", "op", "group_src", "group_dst"):
         if key in kwargs and kwargs[key] is not None:
             record[key] = str(kwargs[key]) if key == "op" else kwargs[key]

@@ -171,7 +171,7 @@ class DeepSpeedZeroOptimizer:
             offset += p.numel()
         return flat
 
-    def reduce_gradients(self, is_gradient_accumulation_boundary: bool) -> None:
+    def reduce_gradients(self, is_gradient_accumulation_boundary: bool, all_reduce: bool = True) -> None:
         """Called after every backward. Stages 0 and 1 let gradients accumulate in ``p.grad`` and
         reduce once, at the boundary: an all-reduce (stage 0) or a reduce-scatter into each
         rank's partition (stage 1). Stage 2 (and stage 1 with overlap_comm, at the boundary) has
@@ -181,6 +181,9 @@ class DeepSpeedZeroOptimizer:
             self.buckets.finish()   # the last bucket, and the wait for those in flight
             return
         if not is_gradient_accumulation_boundary or self.buckets:
+            return
+        if not all_reduce:   # stage 0 under 1-bit Adam's compressed stage: the engine reduces nothing
+            self.averaged_gradients = {i: self._flat_grad(i) for i in range(len(self.bit16_groups))}
             return
         reduction = self.gradient_reduction   # sum over ranks -> mean, in the configured dtype
         for i in range(len(self.bit16_groups)):
