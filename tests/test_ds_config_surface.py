@@ -25,6 +25,8 @@ CASES = {
     "comet.project=bad": "comet.project must be a string",        # DeepSpeed's CometConfig refuses it
     "zero_optimization.compute_grad_norm=default": None,          # DeepSpeed's default: what minitron does
     "zero_optimization.compute_grad_norm=typical": "implements only true",
+    "optimizer[AdamW].amsgrad=default": None,                    # FusedAdam's default: minitron's Adam
+    "optimizer[AdamW].bias_correction=typical": "implements only true",
     "full ZeRO-3 bf16 offload=cpu": None,
     "full Hugging Face template (ZeRO-2, auto)": "got 'auto'",   # the Trainer fills the triad in first
     "full Hugging Face template, filled in": None,

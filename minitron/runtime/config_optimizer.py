@@ -43,7 +43,12 @@ def parse_optimizer(params: dict) -> tuple[Optional[str], Optional[dict]]:
         raise DeepSpeedConfigError(f"{where}.max_grad_norm is not supported as an optimizer parameter; use the "
                                    f"top-level \"gradient_clipping\" instead")
     extra = ("adam_w_mode", "torch_adam") if kind in ("Adam", "AdamW") else ()
-    check_keys(opt, OPTIMIZERS[kind] + extra, {}, where)
+    # FusedAdam's and DeepSpeedCPUAdam's arguments at their defaults are minitron's Adam (it
+    # corrects the bias and keeps no running max); torch's AdamW (torch_adam) has no
+    # bias_correction, so DeepSpeed's constructor refuses that key there.
+    at_default = {} if kind not in ("Adam", "AdamW") else \
+        {"amsgrad": False, **({} if opt.get("torch_adam") is True else {"bias_correction": True})}
+    check_keys(opt, OPTIMIZERS[kind] + extra, at_default, where)
     if kind == "SGD":
         return kind, _sgd(opt, where)
     if kind == "OneBitAdam":
