@@ -1,4 +1,4 @@
-"""Tables for chapter 16's routing options, computed at build time by minitron's own router
+"""Tables for chapter 16b's routing options, computed at build time by minitron's own router
 functions on one set of logits (no ranks needed: routing is per token, or per rank's tokens).
 
     python scripts/moe_routing_tables.py groups    plain top-k beside group-limited top-k, per token

@@ -1,4 +1,4 @@
-"""Tables for chapter 16, read from the rank*.jsonl files of a `minitron trace --steps 1` run
+"""Tables for chapters 16 and 16b, read from the rank*.jsonl files of a `minitron trace --steps 1` run
 with experts.
 
     python scripts/moe_tables.py dispatch TRACE_DIR   the first MoE layer's two all-to-alls, per rank
