@@ -45,6 +45,7 @@ def _args_for(argv: list[str], world: int):
     if moe_training_refusal(args):   # the step estimated is one pretrain would refuse to run
         raise UserError(moe_training_refusal(args))
     if getattr(args, "deepspeed", False):   # what the stage-3 estimate cannot count yet (theoretical_zeropp.py)
+        # lazy: as above, and only a DeepSpeed job reads its ds_config here
         from minitron.training.theoretical_zero import ds_config
         from minitron.training.theoretical_zeropp import unestimated
         if unestimated(ds_config(args)):
