@@ -45,6 +45,9 @@ FLOORS: list[tuple[str, list[str]]] = [
     ("DeepSpeed's ops: the optimizers its engine builds, in plain torch", ["minitron.ops"]),
     ("the model and its parallelism (Megatron core); DeepSpeed's runtime",
      ["minitron.core", "minitron.runtime"]),
+    ("DeepSpeed's activation checkpoint (ZeRO-R): it recomputes Megatron's layers with their random "
+     "streams, so it stands on both; its configure() installs it in the model (replace_checkpoint)",
+     ["minitron.runtime.activation_checkpointing.checkpointing"]),
     ("training (Megatron's training/)", ["minitron.training"]),
     ("entry points: the rank's script, the data tools", ["minitron.pretrain_gpt", "minitron.tools"]),
     ("the hybrid model's entry point: GPT's with another model (it imports pretrain_gpt's data, "

@@ -120,7 +120,7 @@ def _in_process(section: dict, chunks: int) -> torch.Tensor:
         y.sum().backward()
         return x.grad
     finally:
-        checkpointing._SETTINGS = checkpointing._Settings()
+        checkpointing.unconfigure()
 
 
 def test_profile_prints_each_checkpoints_times(capsys):

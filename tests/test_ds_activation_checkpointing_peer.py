@@ -30,7 +30,8 @@ def _run(use_deepspeed: bool, partition: bool) -> dict:
     from minitron.core import parallel_state
     from minitron.core.models.gpt import GPTModel
     from minitron.core.tensor_parallel import model_parallel_cuda_manual_seed
-    from minitron.core.transformer import TransformerConfig, transformer_block
+    from minitron.core.tensor_parallel.random import replace_checkpoint
+    from minitron.core.transformer import TransformerConfig
     from minitron.runtime.activation_checkpointing import checkpointing as ours
 
     kept = []
@@ -51,10 +52,7 @@ def _run(use_deepspeed: bool, partition: bool) -> dict:
             # functions read their inputs by position and never see them. So does this one.
             return theirs.checkpoint(lambda *given: function(*given[:len(args)]), *args)
 
-        class Swapped:   # Megatron-DeepSpeed's swap of the checkpoint function, made here by hand
-            is_configured = staticmethod(lambda: True)
-            checkpoint = staticmethod(by_position)
-        transformer_block.deepspeed_checkpointing = Swapped
+        replace_checkpoint(by_position)   # Megatron-DeepSpeed's swap, to DeepSpeed's own checkpoint
     else:
         ours.configure(parallel_state, partition_activations=partition)
 
@@ -77,8 +75,8 @@ def _run(use_deepspeed: bool, partition: bool) -> dict:
         loss = model(ids, torch.arange(SEQ).expand(BATCH, SEQ), labels=labels).mean()
         loss.backward()
     finally:
-        transformer_block.deepspeed_checkpointing, ours._keep, theirs.partition_activations = ours, keep, record
-        ours._SETTINGS = ours._Settings()
+        ours._keep, theirs.partition_activations = keep, record
+        ours.unconfigure()
     return {"loss": loss.detach(), "grads": {n: p.grad for n, p in model.named_parameters()}, "kept": kept}
 
 
@@ -113,7 +111,7 @@ def _both(rank):
         h, table = torch.ones(4, 8, requires_grad=True), torch.ones(4, 8)
         module.checkpoint(lambda a, b: a * b, h, table)
         shapes[who] = list(table.shape)
-    ours._SETTINGS = ours._Settings()
+    ours.unconfigure()
     out["shared input after one checkpoint"] = shapes
     return out
 

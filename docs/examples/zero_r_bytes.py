@@ -51,7 +51,7 @@ SECTION = "activation_checkpointing"
 
 def _one_case(section) -> dict:
     if section is None:
-        checkpointing._SETTINGS = checkpointing._Settings()   # not configured: Megatron's checkpoint
+        checkpointing.unconfigure()   # not configured: Megatron's checkpoint
     else:
         checkpointing.configure(parallel_state, deepspeed_config={SECTION: section})
     config = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=128,
@@ -103,7 +103,7 @@ def measure(rank: int) -> dict:
     try:
         results = {name: _one_case(section) for name, section in CASES.items()}
     finally:
-        checkpointing._SETTINGS = checkpointing._Settings()
+        checkpointing.unconfigure()
         parallel_state.destroy_model_parallel()
     reference = results["Megatron's checkpoint"]["grads"]
     for result in results.values():

@@ -103,7 +103,8 @@ def save_checkpoint(iteration: int, model, optimizer, opt_param_scheduler) -> No
     args = get_args()
     if args.deepspeed:
         return _save_deepspeed(iteration, model[0])
-    if args.ckpt_format == "fsdp_dtensor":   # Megatron-FSDP's shards, by parameter (lazy: DCP, as below)
+    if args.ckpt_format == "fsdp_dtensor":   # Megatron-FSDP's shards, by parameter
+        # lazy: torch.distributed.checkpoint costs 0.65 s of imports, paid by a run that saves
         from minitron.training.checkpointing_fsdp_dtensor import save_checkpoint_fsdp_dtensor
         return save_checkpoint_fsdp_dtensor(iteration, model, optimizer, opt_param_scheduler, args, get_rng_state())
     if args.ckpt_format == "torch_dist":
@@ -188,10 +189,11 @@ def load_checkpoint(model, optimizer, opt_param_scheduler) -> int:
     meta = read_metadata(args.load, iteration)
     backend = meta.get("sharded_backend")
     if backend in ("torch_dist", "fsdp_dtensor"):   # the format is read from the checkpoint
-        # lazy: torch.distributed.checkpoint costs 0.65 s of imports, paid by a run that loads
         if backend == "torch_dist":
+            # lazy: torch.distributed.checkpoint's 0.65 s of imports, paid by a run that loads
             from minitron.training.checkpointing_dist import load_checkpoint_dist as load_sharded
         else:
+            # lazy: torch.distributed.checkpoint's 0.65 s of imports, paid by a run that loads
             from minitron.training.checkpointing_fsdp_dtensor import load_checkpoint_fsdp_dtensor as load_sharded
         saved_args, rng_state = load_sharded(iteration_dir(args.load, iteration), model, optimizer,
                                              opt_param_scheduler, args)

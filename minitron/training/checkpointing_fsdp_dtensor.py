@@ -37,7 +37,9 @@ from minitron.core import parallel_state as mpu
 from minitron.core.dist_checkpointing import ShardedTensor
 from minitron.core.dist_checkpointing.serialization import load_common_state_dict, read_dcp_metadata
 from minitron.core.transformer.transformer_layer import TransformerLayer
+from minitron.training.checkpoint_files import CheckpointError
 from minitron.training.checkpointing_dist import _rng_object, save_checkpoint_dist_common
+from minitron.training.utils import print_rank_0
 
 BACKEND_NAME = "fsdp_dtensor"
 
@@ -236,7 +238,6 @@ def load_checkpoint_fsdp_dtensor(where, model, optimizer, opt_param_scheduler, a
     try:
         loaded = dist_checkpointing.load(sharded, where)
     except dist_checkpointing.CheckpointingException as exc:
-        from minitron.training.checkpoint_files import CheckpointError
         raise CheckpointError(str(exc)) from None
     if args.no_load_optim:
         optimizer.reload_model_params()
@@ -257,7 +258,6 @@ def load_checkpoint_fsdp_dtensor(where, model, optimizer, opt_param_scheduler, a
             optimizer.grad_scaler.load_state_dict(saved["grad_scaler"])
         opt_param_scheduler.load_state_dict(common["opt_param_scheduler"])
     if not load_rng and not args.no_load_rng:
-        from minitron.training.utils import print_rank_0
         print_rank_0("> the checkpoint was written by another layout: its random states do not fit this one, "
                      "the streams start from --seed (Megatron does the same)")
     args.consumed_train_samples = common["consumed_train_samples"]

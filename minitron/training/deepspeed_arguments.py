@@ -26,6 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from minitron.training.argument_groups import ArgumentError
+from minitron.training.deepspeed_activation_arguments import validate_activation_checkpointing
 
 
 def _refuse_layout(args) -> None:
@@ -108,7 +109,6 @@ def validate_deepspeed_args(args):
     _check_triad(args, config, path, dp)
     _check_zeropp(args, config, path, dp)
     _check_offload(args, config, path)
-    from minitron.training.deepspeed_activation_arguments import validate_activation_checkpointing
     validate_activation_checkpointing(args, config.activation_checkpointing_config, path)
     if args.pipeline_model_parallel_size > 1 and config.zero_optimization_stage >= 2:
         raise ArgumentError(f"--deepspeed-config {path}: zero_optimization.stage {config.zero_optimization_stage} "

@@ -22,6 +22,7 @@ from minitron import comm
 from minitron.accelerator import get_accelerator, set_accelerator_for_backend
 from minitron.core import parallel_state as mpu
 from minitron.core import tensor_parallel
+from minitron.core.tensor_parallel import random as tensor_parallel_random
 from minitron.trace import traced
 from minitron.training.argument_groups_ci import apply_deterministic_mode
 from minitron.training.arguments import parse_args, validate_args
@@ -102,6 +103,8 @@ def _initialize_distributed():
     # DeepSpeed's activation checkpoint, which the transformer block then uses for its chunks.
     if args.deepspeed and args.deepspeed_activation_checkpointing:
         setup_deepspeed_random_and_activation_checkpointing(args)
+    else:   # a run in the same process before this one may have installed DeepSpeed's
+        tensor_parallel_random.replace_checkpoint(None)
 
 
 @traced
@@ -111,6 +114,8 @@ def setup_deepspeed_random_and_activation_checkpointing(args):
     Megatron-DeepSpeed computes it), and the tensor-parallel group to partition across. Nothing is
     partitioned yet: that happens in each checkpointed chunk's forward. Megatron-DeepSpeed also
     swaps in DeepSpeed's random-state tracker; minitron's checkpoints share its one tracker."""
+    # lazy: only a DeepSpeed run with --deepspeed-activation-checkpointing reads these; the others
+    # never load DeepSpeed's checkpoint or its ds_config section
     from minitron.runtime.activation_checkpointing import checkpointing
     from minitron.runtime.activation_checkpointing.config import parse_activation_checkpointing
     from minitron.runtime.config import load_config

@@ -10,6 +10,7 @@ recomputation, so s is the whole sequence and there is one model chunk.)
 
 from __future__ import annotations
 
+from minitron.training.deepspeed_activation_arguments import checkpoints_per_forward
 from minitron.training.theoretical_params import DTYPE_BYTES
 
 
@@ -27,8 +28,6 @@ def zero_r_gathers(args, tally, times: int) -> None:
     section, t = zero_r_sections(args), args.tensor_model_parallel_size
     if section is None or not section["partition_activations"] or t == 1:
         return
-    from minitron.training.deepspeed_activation_arguments import checkpoints_per_forward
-
     checkpoints, s, b = checkpoints_per_forward(args), args.seq_length, args.micro_batch_size
     tally.add("tp", s * b * args.hidden_size * DTYPE_BYTES[args.params_dtype] // t, times * checkpoints)
     if getattr(args, "position_embedding_type", None) in ("rope", "yarn"):

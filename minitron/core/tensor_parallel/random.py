@@ -252,3 +252,22 @@ def checkpoint(function, distribute_saved_activations: bool, *args):
     require grad, or autograd never calls the backward that recomputes.
     """
     return CheckpointFunction.apply(function, distribute_saved_activations, *args)
+
+
+# Megatron-DeepSpeed swaps this checkpoint for deepspeed.checkpointing.checkpoint when it is given
+# --deepspeed-activation-checkpointing (ZeRO-R). The model sits on a floor below DeepSpeed's
+# runtime and never imports it: DeepSpeed's configure() installs its checkpoint here
+# (runtime/activation_checkpointing/checkpointing.py), and the transformer block asks for it.
+_REPLACEMENT = None
+
+
+def replace_checkpoint(function) -> None:
+    """Checkpoint the transformer block's chunks with ``function(chunk, *args)`` instead (None:
+    Megatron's own again)."""
+    global _REPLACEMENT
+    _REPLACEMENT = function
+
+
+def checkpoint_replacement():
+    """The installed replacement, or None."""
+    return _REPLACEMENT

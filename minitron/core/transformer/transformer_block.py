@@ -21,14 +21,13 @@ from minitron.core import parallel_state
 from minitron.core.fp8_utils import get_fp8_context
 from minitron.core.init_rng import layer_init_rng
 from minitron.core.tensor_parallel.random import checkpoint as tensor_parallel_checkpoint
-from minitron.core.tensor_parallel.random import get_cuda_rng_tracker
+from minitron.core.tensor_parallel.random import checkpoint_replacement, get_cuda_rng_tracker
 from minitron.core.transformer.attention import is_causal_mask
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.pipeline_parallel_layer_layout import counts_from, layer_counts, stage_layers
 from minitron.core.transformer.torch_norm import WrappedTorchNorm
 from minitron.core.transformer.transformer_layer import TransformerLayer
 from minitron.core.transformer.utils import block_sharded_state_dict
-from minitron.runtime.activation_checkpointing import checkpointing as deepspeed_checkpointing
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
@@ -93,8 +92,9 @@ class TransformerBlock(MegatronModule):
             # Megatron-DeepSpeed's swap: once deepspeed.checkpointing is configured
             # (--deepspeed-activation-checkpointing), its checkpoint keeps the chunk inputs
             # (ZeRO-R: partitioned across TP, or on the host); otherwise Megatron's keeps them whole.
-            if deepspeed_checkpointing.is_configured():
-                return deepspeed_checkpointing.checkpoint(function, *args)
+            deepspeed_checkpoint = checkpoint_replacement()
+            if deepspeed_checkpoint is not None:
+                return deepspeed_checkpoint(function, *args)
             return tensor_parallel_checkpoint(function, self.config.distribute_saved_activations, *args)
 
         n, num_layers = self.config.recompute_num_layers, len(self.layers)

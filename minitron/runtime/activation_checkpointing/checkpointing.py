@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 import torch
 
 from minitron.accelerator import get_accelerator
-from minitron.core.tensor_parallel.random import _fork_rng, _get_all_rng_states, _set_all_rng_states
+from minitron.runtime.activation_checkpointing.config import parse_activation_checkpointing
+from minitron.runtime.config import load_config
+from minitron.core.tensor_parallel.random import _fork_rng, _get_all_rng_states, _set_all_rng_states, replace_checkpoint
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
 
@@ -64,9 +66,6 @@ def configure(mpu_, deepspeed_config=None, partition_activations=None, contiguou
     """DeepSpeed's ``deepspeed.checkpointing.configure``: the ds_config's section first, then any
     argument that is not None over it. ``mpu_`` gives the tensor-parallel group the partitions
     are cut across (minitron's parallel_state is one)."""
-    from minitron.runtime.activation_checkpointing.config import parse_activation_checkpointing
-    from minitron.runtime.config import load_config
-
     section = parse_activation_checkpointing(load_config(deepspeed_config)) if deepspeed_config is not None \
         else parse_activation_checkpointing({})
     given = {"partition_activations": partition_activations, "contiguous_memory_optimization": contiguous_checkpointing,
@@ -86,6 +85,16 @@ def configure(mpu_, deepspeed_config=None, partition_activations=None, contiguou
         s.mp_group = mpu_.get_tensor_model_parallel_group()
     global _SETTINGS
     _SETTINGS = s
+    # Megatron-DeepSpeed's swap: from now on the transformer block checkpoints its chunks here
+    replace_checkpoint(checkpoint)
+
+
+def unconfigure() -> None:
+    """Back to Megatron's checkpoint and no settings (minitron's, not DeepSpeed's: a later run or
+    test in the same process must not inherit this one's partitioning)."""
+    global _SETTINGS
+    _SETTINGS = _Settings()
+    replace_checkpoint(None)
 
 
 def is_configured() -> bool:
