@@ -27,6 +27,8 @@ CASES = {
     "zero_optimization.compute_grad_norm=typical": "implements only true",
     "optimizer[AdamW].amsgrad=default": None,                    # FusedAdam's default: minitron's Adam
     "optimizer[AdamW].bias_correction=typical": "implements only true",
+    "comms_logger.verbose=typical": None,                        # the logger stays off: nothing asked
+    "comms_logger.enabled=typical": "comms logger is not built",
     "full ZeRO-3 bf16 offload=cpu": None,
     "full Hugging Face template (ZeRO-2, auto)": "got 'auto'",   # the Trainer fills the triad in first
     "full Hugging Face template, filled in": None,

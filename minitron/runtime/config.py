@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from minitron.runtime.comm.comms_logger_config import parse_comms_logger
 from minitron.runtime.activation_checkpointing.config import parse_activation_checkpointing
 from minitron.runtime.config_optimizer import ZERO_TESTED, parse_optimizer
 from minitron.runtime.config_sections import parse_precision, parse_scheduler, parse_zero
@@ -40,13 +41,13 @@ from minitron.runtime.swap_tensor.aio_config import parse_aio
 from minitron.runtime.profiling.config import parse_flops_profiler
 
 TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-# Top-level keys minitron reads; anything else is refused (check_keys can also accept a key at
-# DeepSpeed's default value only; none is left that needs it).
+# Top-level keys minitron reads; anything else is refused, but for the keys check_keys accepts at
+# DeepSpeed's default value only (config_values.AT_DEFAULT; this file's DEFAULT_ONLY holds none).
 TOP_LEVEL = TRIAD + ("steps_per_print", "gradient_clipping", "fp16", "bf16", "bfloat16", "optimizer",
                      "scheduler", "zero_optimization", "checkpoint", "zero_allow_untested_optimizer",
                      "communication_data_type", "prescale_gradients", "gradient_predivide_factor",
                      "wall_clock_breakdown", "tensorboard", "csv_monitor", "wandb", "comet", "flops_profiler",
-                     "activation_checkpointing", "aio", "zero_force_ds_cpu_optimizer")
+                     "activation_checkpointing", "aio", "zero_force_ds_cpu_optimizer", "comms_logger")
 DEFAULT_ONLY: dict = {}
 # Keys DeepSpeed 0.19.8 refuses whatever their value, because the feature behind them is gone
 # (its _REMOVED_TOP_LEVEL_CONFIG_KEYS): a leftover would otherwise be silently ignored.
@@ -214,6 +215,7 @@ class DeepSpeedConfig:
         self.aio_config = parse_aio(params)
         self.zero_force_ds_cpu_optimizer = flag(params, "zero_force_ds_cpu_optimizer", True, "ds_config")
         self.monitor_config = parse_monitor(params)   # where the engine writes its scalars (runtime/monitor/)
+        parse_comms_logger(params)   # accepted while it leaves the logger off (runtime/comm/comms_logger_config.py)
         # a per-module profile of one step (runtime/profiling/); it turns the engine's timers on, as in DeepSpeed
         self.flops_profiler_config = parse_flops_profiler(params)
         # ZeRO-R's section: read by deepspeed.checkpointing.configure, not by the engine
