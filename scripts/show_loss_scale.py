@@ -53,8 +53,8 @@ def scale_trace(flags: str, initial: float, window: int, hysteresis: int, min_sc
     import torch._dynamo  # noqa: F401  (torch.optim loads it on first use; import it up front)
 
     from minitron.core import parallel_state
-    from minitron.core.distributed import (
-        DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads)
+    from minitron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from minitron.core.distributed.finalize_model_grads import finalize_model_grads
     from minitron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)

@@ -30,8 +30,8 @@ def rank_main(bucket_size: int | None) -> dict:
     import torch
 
     from minitron.core import parallel_state
-    from minitron.core.distributed import (
-        DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads)
+    from minitron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from minitron.core.distributed.finalize_model_grads import finalize_model_grads
     from minitron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from minitron.trace import traced
 

@@ -31,9 +31,8 @@ class _Stage(torch.nn.Module):
 
 def _body(rank):
     from minitron.core import parallel_state as ps
-    from minitron.core.distributed import (
-        DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads,
-    )
+    from minitron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from minitron.core.distributed.finalize_model_grads import finalize_model_grads
     config = SimpleNamespace(sequence_parallel=True, calculate_per_token_loss=True)
     stage = _Stage(ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage())
     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(), stage)

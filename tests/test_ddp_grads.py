@@ -34,9 +34,8 @@ def _serial_grads(x, y, seed=0):
 def _body(world: int, ddp_kwargs: dict):
     def body(rank):
         from minitron.core import parallel_state as ps
-        from minitron.core.distributed import (
-            DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads,
-        )
+        from minitron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from minitron.core.distributed.finalize_model_grads import finalize_model_grads
         dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
         assert dp == world
         # Replicas start different on purpose: broadcast_params must make them rank 0's.

@@ -33,7 +33,8 @@ GATHER = "torch.distributed.all_gather_into_tensor"
 def _run(keep_fp8: bool, recipe: str):
     """(losses, full fp32 main weights by name, checks of the gathered fp8 weights)."""
     from minitron.core import parallel_state as ps
-    from minitron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from minitron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from minitron.core.distributed.finalize_model_grads import finalize_model_grads
     from minitron.core.fp8.param_gather import FP8_WEIGHT, is_fp8_param, keep_fp8_params
     from minitron.core.fp8.recipes import current_scale, quantize
     from minitron.core.models.gpt import GPTModel

@@ -34,9 +34,8 @@ def _scheduler(optimizer, global_batch: int):
 def _body(world: int):
     def body(rank):
         from minitron.core import parallel_state as ps
-        from minitron.core.distributed import (
-            DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads,
-        )
+        from minitron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from minitron.core.distributed.finalize_model_grads import finalize_model_grads
         from minitron.core.optimizer import DistributedOptimizer, FP32Optimizer, OptimizerConfig, get_megatron_optimizer
         dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
         global_batch = PER_RANK * dp

@@ -18,9 +18,8 @@ def _toy() -> torch.nn.Module:
 
 def _body(rank):
     from minitron.core import parallel_state as ps
-    from minitron.core.distributed import (
-        DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads,
-    )
+    from minitron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from minitron.core.distributed.finalize_model_grads import finalize_model_grads
     from minitron.core.optimizer import (
         DistributedOptimizer, Float16OptimizerWithFloat16Params, OptimizerConfig, get_megatron_optimizer,
     )
