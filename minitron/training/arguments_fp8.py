@@ -52,12 +52,9 @@ def _validate_fp8_param_gather(args) -> None:
         return
     require(getattr(args, "fp8", None), "--fp8-param-gather needs --fp8-format: it keeps the weights of the "
                                         "fp8 linears in fp8 (Megatron: fp8_param must be used with fp8)")
-    require(not getattr(args, "use_megatron_fsdp", False),
-            "--fp8-param-gather with --use-megatron-fsdp is refused: minitron's Megatron-FSDP gathers its units "
-            "in the training dtype; use --use-distributed-optimizer")
-    require(args.use_distributed_optimizer,
-            "--fp8-param-gather needs --use-distributed-optimizer: the fp8 weights are cast from its fp32 main "
-            "shards and all-gathered by it (Megatron's rule; it also takes FSDP)")
+    require(args.use_distributed_optimizer or getattr(args, "use_megatron_fsdp", False),
+            "--fp8-param-gather needs --use-distributed-optimizer or --use-megatron-fsdp: the fp8 weights are "
+            "cast from their fp32 main shards and all-gathered as fp8 (Megatron's rule)")
     require(not (args.no_load_optim or getattr(args, "finetune", False)),
             "--fp8-param-gather with --no-load-optim or --finetune is refused: the checkpoint keeps the fp8 weights "
             "without their scales, so fp32 main weights cannot be rebuilt from them; load the optimizer state too")

@@ -47,6 +47,9 @@ NO_EFFECT = {
     "--no-gradient-accumulation-fusion": (False, _FUSION),
     "--no-persist-layer-norm": (False, _FUSION),
     "--moe-shared-expert-overlap": (False, "runs the shared experts while the tokens travel; the same sum"),
+    "--delay-wgrad-compute": (False, "computes each weight gradient later in the backward, so that it overlaps the "
+                              "experts' all-to-all (Transformer Engine's split wgrad); the same gradients, "
+                              "which minitron computes in order"),
     "--tensorboard-dir": (True, _LOGGER),
     "--tensorboard-log-interval": (True, _LOGGER),
     "--log-timers-to-tensorboard": (False, _LOGGER),

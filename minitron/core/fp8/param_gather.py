@@ -72,16 +72,21 @@ def keep_fp8_params(chunk, config) -> list:
             layer.weight = new
             params.append(new)
             inits.append(new.fp8_init_val.view(-1))
+    if params and params[0].is_meta:   # --init-model-with-meta-device: cast as each unit is built
+        # (fsdp/meta_init.py); a shape has no numbers to cast, nor an amax to record
+        return params
     quantize_param_shard(params, inits, [0] * len(params), None)
     return params
 
 
 @torch.no_grad()
-def quantize_param_shard(model_params, main_params, start_offsets, data_parallel_group) -> None:
+def quantize_param_shard(model_params, main_params, start_offsets, data_parallel_group, into=None) -> None:
     """Cast each main shard (None where this rank holds none of that weight) into the fp8
-    parameter's bytes at its offset, and set every parameter's 1/scale. Every rank of the amax
-    group (delayed) or of ``data_parallel_group`` (tensorwise) calls this with the same
-    parameters in the same order: the amaxes travel in one packed all-reduce."""
+    parameter's bytes at its offset, or into ``into``'s tensor for it (Megatron-FSDP: the
+    rank's fp8 shard, where the parameter's own bytes may be freed), and set every parameter's
+    1/scale. Every rank of the amax group (delayed) or of ``data_parallel_group`` (tensorwise)
+    calls this with the same parameters in the same order: the amaxes travel in one packed
+    all-reduce."""
     if not model_params:
         return
     device = model_params[0].device
@@ -95,9 +100,10 @@ def quantize_param_shard(model_params, main_params, start_offsets, data_parallel
         if data_parallel_group is not None and dist.get_world_size(data_parallel_group) > 1:
             dist.all_reduce(amaxes, op=dist.ReduceOp.MAX, group=data_parallel_group)
         scales = list(current_scale(amaxes, FP8_WEIGHT).unbind())
-    for p, high, start, scale in zip(model_params, highs, start_offsets, scales):
+    for i, (p, high, start, scale) in enumerate(zip(model_params, highs, start_offsets, scales)):
         if high is not None:
-            p.detach().view(-1)[start:start + high.numel()].copy_(quantize(high, scale, FP8_WEIGHT))
+            out = p.detach().view(-1)[start:start + high.numel()] if into is None else into[i]
+            out.copy_(quantize(high, scale, FP8_WEIGHT))
         p.fp8_scale, p.fp8_scale_inv = scale, scale.reciprocal()   # the scale of the bytes now held
         if not delayed:
             p.fp8_meta.scale = scale

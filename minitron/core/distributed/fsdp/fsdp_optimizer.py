@@ -12,11 +12,19 @@ bf16's spacing; an fp32 model's main piece is the model's piece itself, and so i
 one's with ``auto`` (no copy: the step rounds to bf16). After the step the
 main pieces are written back, and ``optim`` and ``optim_grads`` all-gather the updated shards
 into the whole parameters; ``optim_grads_params`` keeps only shards, and the next forward gathers.
+
+An fp8 weight (--fp8-param-gather) has an fp32 main piece made from the bf16 value it was cast
+from, and the step writes it back by casting: every rank casts its main piece into its fp8
+piece (core/fp8/param_gather.py, as the distributed optimizer does; TE's
+cast_master_weights_to_fp8 in Megatron-FSDP), so what the units gather is fp8 already.
 """
 
 from __future__ import annotations
 
+import torch
+
 from minitron.core import parallel_state
+from minitron.core.fp8.param_gather import is_fp8_param, quantize_param_shard, take_init_val
 from minitron.core.optimizer import _get_param_groups, _make_grad_scaler, _make_torch_optimizer
 from minitron.core.optimizer.optimizer import MixedPrecisionOptimizer, copy_model_parallel_attributes
 
@@ -39,12 +47,24 @@ class FSDPOptimizer(MixedPrecisionOptimizer):
                 if found is None:
                     continue   # another rank owns all of this parameter
                 piece, grad = found
-                main = piece if piece.dtype == main_dtype else piece.detach().clone().to(main_dtype)
+                start = max(unit.offsets[param], unit.lo) - unit.offsets[param]
+                if is_fp8_param(param):   # from the bf16 it was cast from; fp32 whatever main_dtype says
+                    main = take_init_val(param, start, start + piece.numel())
+                else:
+                    main = piece if piece.dtype == main_dtype else piece.detach().clone().to(main_dtype)
                 copy_model_parallel_attributes(main, param)   # the norm skips TP duplicates by these
                 self.pieces.append((piece, main, grad))
-                self.owned[param] = (main, max(unit.offsets[param], unit.lo) - unit.offsets[param])
+                if is_fp8_param(param):
+                    main.fp8_param = param   # whose bytes (and 1/scale) the step casts it into
+                self.owned[param] = (main, start)
                 mains.append(main)
             group["params"] = mains   # possibly empty: every rank keeps the same groups, in order
+        # every fp8 weight, mine or not, in the units' order (the same on every rank): their
+        # casts reduce the amaxes together (param_gather.py)
+        self.fp8_params = [p for chunk in model_chunks for unit in chunk.units for p in unit.params
+                           if is_fp8_param(p)]
+        for param in self.fp8_params:
+            param.__dict__.pop("fp8_init_val", None)   # the main pieces have it now (TE clears it too)
         super().__init__(_make_torch_optimizer(config, groups), config, grad_scaler)
 
     def get_grad_stats_parallel_group(self):
@@ -68,16 +88,36 @@ class FSDPOptimizer(MixedPrecisionOptimizer):
         return [main.grad for _, main, _ in self.pieces if main.grad is not None]
 
     def _copy_main_params_to_model_params(self) -> None:
+        fp8 = {}   # fp8 weight -> (its main piece, its fp8 piece)
         for piece, main, _ in self.pieces:
-            if main is not piece:
+            if is_fp8_param(piece):
+                fp8[main.fp8_param] = (main, piece)
+            elif main is not piece:
                 piece.copy_(main)
+        if self.fp8_params:
+            mine = [fp8.get(p, (None, None)) for p in self.fp8_params]
+            quantize_param_shard(self.fp8_params, [m for m, _ in mine], [0] * len(mine),
+                                 self.model_chunks[0].dp_cp_group, into=[piece for _, piece in mine])
         for chunk in self.model_chunks:
             chunk.sync_params_after_step()
 
     def _copy_model_params_to_main_params(self) -> None:
         for piece, main, _ in self.pieces:
-            if main is not piece:
+            if is_fp8_param(piece):   # what the bytes stand for, with the weight's 1/scale
+                main.data.copy_(piece.float() * main.fp8_param.fp8_scale_inv)
+            elif main is not piece:
                 main.data.copy_(piece)
+
+    @torch.no_grad()
+    def reload_fp8_params(self) -> None:
+        """After a checkpoint is loaded: the fp8 weights cast again from the fp32 main pieces,
+        their slots started afresh (the distributed optimizer's rule, distrib_optimizer.py)."""
+        for param in self.fp8_params:
+            fresh = param.fp8_meta
+            fresh.scale = torch.ones_like(fresh.scale)
+            if hasattr(fresh, "history"):
+                fresh.history = torch.zeros_like(fresh.history)
+        self._copy_main_params_to_model_params()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for _, main, _ in self.pieces:

@@ -27,6 +27,7 @@ from minitron.core import parallel_state
 from minitron.core.distributed.fsdp.finalize import sum_partial_pieces_over_tp, sum_tied_embedding_pieces_over_stages
 from minitron.core.distributed.fsdp.meta_init import MetaMaterializer
 from minitron.core.distributed.fsdp.unit import FSDPUnit
+from minitron.core.fp8.param_gather import is_fp8_param
 from minitron.core.transformer.module import MegatronModule
 from minitron.core.transformer.transformer_layer import TransformerLayer
 from minitron.trace import traced
@@ -84,6 +85,10 @@ class FullyShardedDataParallel(MegatronModule):
             plan.append(("(tied embedding)", module, [tied], self.dp_cp_group))
         rest = [p for p in module.parameters() if p.requires_grad and p not in taken]
         plan.append(("(rest)", module, rest, self.dp_cp_group))
+        # --fp8-param-gather: a unit's fp8 weights get a unit of their own beside it, gathered by
+        # the same module's hooks, as Megatron-FSDP keeps one buffer per dtype (unit.py).
+        plan = [(name + " (fp8)" if fp8 else name, m, [p for p in params if is_fp8_param(p) == fp8], group)
+                for name, m, params, group in plan for fp8 in (False, True)]
         plan = [entry for entry in plan if entry[2]]
         # Gradients are pre-scaled by 1/dp and summed, as DDP does (the same rounding).
         scale = 1.0 / dp
@@ -155,6 +160,7 @@ class FullyShardedDataParallel(MegatronModule):
         def before_backward(grad):
             unit.in_backward = True
             unit.gather()
+            unit.open_main_grads()
             return grad
 
         def hook(module, args, output):

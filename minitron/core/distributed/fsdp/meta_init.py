@@ -17,6 +17,9 @@ largest unit, where the normal build holds the whole model.
 
 from __future__ import annotations
 
+import torch
+
+from minitron.core.fp8.param_gather import is_fp8_param, quantize_param_shard
 from minitron.core.transformer.transformer_layer import TransformerLayer
 
 
@@ -62,15 +65,31 @@ class MetaMaterializer:
             keep = (lambda i: i == index) if index is not None else (lambda i: i not in decoder)
             self._built = (index, dict(self.rebuild(keep).named_parameters()))
         built = self._built[1]
-        out = []
+        out, fp8 = [], []
         for p in params:
             new = built[self.names[p]]
-            if new.dtype != p.dtype:   # Float16Module cast the shapes; cast the numbers alike
+            if is_fp8_param(p):   # --fp8-param-gather: the real weight becomes an fp8 one (below)
+                new = self._fp8_like(p, new)
+                fp8.append(new)
+            elif new.dtype != p.dtype:   # Float16Module cast the shapes; cast the numbers alike
                 new.data = new.data.to(p.dtype)
             for m, attr in self.owners[p]:
                 setattr(m, attr, new)
             out.append(new)
+        # keep_fp8_params left the shapes uncast; each unit's weights are cast as it is built, in
+        # the units' order on every rank (their amaxes are reduced together)
+        quantize_param_shard(fp8, [q.fp8_init_val.view(-1) for q in fp8], [0] * len(fp8), None)
         return out
+
+    @staticmethod
+    def _fp8_like(shape, built):
+        """An fp8 parameter with ``shape``'s marks (its weight slot, tensor-parallel dim) and
+        ``built``'s numbers in the dtype it stands for, kept for the optimizer's main copy."""
+        new = torch.nn.Parameter(torch.empty_like(built, dtype=shape.dtype, device=built.device),
+                                 requires_grad=shape.requires_grad)
+        new.__dict__.update(shape.__dict__)
+        new.fp8_init_val = built.detach().to(shape.fp8_nominal_dtype)
+        return new
 
     def done(self) -> None:
         self._built = (None, None)   # the rebuilt chunk's remains go

@@ -16,13 +16,27 @@ is a view of ``flat``, so the unit frees the *storage* under ``flat`` (resize to
 refills it before backward (gather). The saved views then see the gathered values again; the
 gather writes through ``flat``, a tensor autograd never saw, so no saved tensor's version
 counter moves and backward does not mistake the refill for an in-place edit.
+
+fp8 weights (--fp8-param-gather, core/fp8/param_gather.py) form units of their own, as
+Megatron-FSDP keeps one buffer per dtype in a unit: ``flat`` holds their fp8 bytes, so the
+all-gather moves one byte an element (as uint8: the collectives know no fp8 dtype), and every
+rank already holds the 1/scale that goes with them (the same on all: param_gather.py). The fp8
+linear adds its weight gradient to ``main_grad`` (fp8/linear.py), in the weight's nominal dtype
+(bf16) or fp32: views into the unit's gradient buffer, whole from the unit's backward to its
+reduce-scatter.
 """
 
 from __future__ import annotations
 
 import torch
 
+from minitron.core.fp8.param_gather import is_fp8_param
 from minitron.trace import traced
+
+
+def _wire(t: torch.Tensor) -> torch.Tensor:
+    """What a collective sends of ``t``: fp8 bytes as uint8 (gloo and NCCL have no fp8 dtype)."""
+    return t.view(torch.uint8) if is_fp8_param(t) else t
 
 
 class FSDPUnit:
@@ -62,7 +76,9 @@ class FSDPUnit:
             self.shard = self.flat[self.lo:self.hi]             # a view: the step writes into the model
         # Gradients are kept and reduced in the parameters' dtype, or in fp32 with
         # --accumulate-allreduce-grads-in-fp32 (DDP's rule: summing many 16-bit numbers loses bits).
-        self.grad_dtype = grad_dtype or self.flat.dtype
+        # An fp8 weight's gradient is kept in the dtype it stands for (TE's Float8Tensor.dtype).
+        self.fp8 = is_fp8_param(params[0])
+        self.grad_dtype = grad_dtype or (params[0].fp8_nominal_dtype if self.fp8 else self.flat.dtype)
         # --megatron-fsdp-grad-comm-dtype: what the reductions send and sum in (default: the
         # gradients' own dtype); a 16-bit reduction of fp32 gradients halves the bytes sent
         self.comm_dtype = comm_dtype or self.grad_dtype
@@ -72,6 +88,10 @@ class FSDPUnit:
         else:
             self.grad_flat = torch.zeros(padded, dtype=self.grad_dtype, device=device)
             self.grad_shard = self.grad_flat[self.lo:self.hi]
+            if self.fp8:   # the fp8 linears add into the whole buffer, which the step reduces
+                for p in params:
+                    p.main_grad = self.grad_flat[self.offsets[p]:self.offsets[p] + p.numel()].view_as(p)
+        self.grad_full = None         # sharded fp8 unit: the whole gradient, from backward to reduce
         self.arrived: set = set()     # parameters whose gradient this backward has produced
         self.in_backward = False      # gathered for backward: a recomputed forward must not free it
 
@@ -84,7 +104,7 @@ class FSDPUnit:
     @traced(args=lambda self: {"unit": self.name, "numel": self.flat.numel()})
     def _all_gather(self) -> None:
         self.flat.untyped_storage().resize_(self.flat.numel() * self.flat.element_size())
-        torch.distributed.all_gather_into_tensor(self.flat, self.shard, group=self.group)
+        torch.distributed.all_gather_into_tensor(_wire(self.flat), _wire(self.shard), group=self.group)
         self.gathered = True
 
     def free(self) -> None:
@@ -98,11 +118,24 @@ class FSDPUnit:
         (no_shard stepped all of it; optim_grads_params gathers at the next forward.)"""
         if self.strategy in ("optim", "optim_grads"):
             mine = self.shard.clone()   # the collective's input must not alias its output
-            torch.distributed.all_gather_into_tensor(self.flat, mine, group=self.group)
+            torch.distributed.all_gather_into_tensor(_wire(self.flat), _wire(mine), group=self.group)
 
     # --- gradients ------------------------------------------------------------------------------
+    def open_main_grads(self) -> None:
+        """Sharded fp8 unit, its backward about to run: whole main_grad views for the fp8
+        linears to add into (zeros: each micro-batch's sum is reduce-scattered on its own)."""
+        if self.fp8 and self.sharded_grads and self.grad_full is None:
+            self.grad_full = torch.zeros(self.flat.numel(), dtype=self.grad_dtype, device=self.flat.device)
+            for p in self.params:
+                p.main_grad = self.grad_full[self.offsets[p]:self.offsets[p] + p.numel()].view_as(p)
+
     def grad_ready(self, param) -> None:
-        """A parameter's gradient for this backward is in .grad (post-accumulate hook)."""
+        """A parameter's gradient for this backward is in .grad (post-accumulate hook); an fp8
+        weight's .grad is a placeholder, its gradient already in main_grad (fp8/linear.py)."""
+        if self.fp8:
+            param.grad = None
+            if not self.sharded_grads:
+                return
         if not self.sharded_grads:
             # Whole gradients: add into the buffer now, reduce once per step (finish_grad_sync).
             offset = self.offsets[param]
@@ -117,11 +150,17 @@ class FSDPUnit:
     def reduce_scatter_grads(self) -> None:
         """optim_grads and up: this micro-batch's gradients, summed over dp, land in each rank's
         shard; the whole gradient exists only for the length of the collective."""
-        full = torch.zeros(self.flat.numel(), dtype=self.grad_dtype, device=self.flat.device)
-        for p in self.arrived:
-            offset = self.offsets[p]
-            full[offset:offset + p.numel()].copy_(p.grad.reshape(-1))
-            p.grad = None
+        if self.fp8:   # the linears added into grad_full already (open_main_grads)
+            self.open_main_grads()   # (unless no backward reached the unit: zeros)
+            full, self.grad_full = self.grad_full, None
+            for p in self.params:
+                del p.main_grad
+        else:
+            full = torch.zeros(self.flat.numel(), dtype=self.grad_dtype, device=self.flat.device)
+            for p in self.arrived:
+                offset = self.offsets[p]
+                full[offset:offset + p.numel()].copy_(p.grad.reshape(-1))
+                p.grad = None
         full.mul_(self.gradient_scaling_factor)
         full = full.to(self.comm_dtype)
         mine = torch.empty(self.shard_size, dtype=self.comm_dtype, device=full.device)
