@@ -64,7 +64,10 @@ def test_the_gather_is_on_the_trace_over_the_tensor_parallel_group(run):
     gathers = [c for c in calls if c["name"].endswith("gather_partitioned_activations")]
     assert len(gathers) == 2 * len(PARTITIONED)
     assert gathers[0]["args"]["shapes"] == [[demo.SEQ, demo.BATCH, 32]]
+    # through minitron.comm, as DeepSpeed's goes through deepspeed.comm; torch's call inside it
     children = [c for c in calls if c.get("parent") == gathers[0]["id"]]
+    assert [c["name"] for c in children] == ["minitron.comm.comm.all_gather_into_tensor"]
+    children = [c for c in calls if c.get("parent") == children[0]["id"]]
     assert [c["name"] for c in children] == ["torch.distributed.all_gather_into_tensor"]
     # each rank sends its half of the flattened input: 32 x 2 x 32 / 2 numbers
     assert children[0]["args"] == {"shape": [demo.SEQ * demo.BATCH * 32 // demo.TP], "dtype": "float32",

@@ -85,6 +85,8 @@ def _both(rank):
 
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")   # adopts the world the ranks already joined
+    from minitron import comm
+    comm.init_distributed(dist_backend="gloo")         # and minitron's, which its checkpoint gathers through
     out = {}
     for partition in (False, True):
         theirs, ours = _run(True, partition), _run(False, partition)

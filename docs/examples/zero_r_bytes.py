@@ -26,6 +26,7 @@ import sys
 
 import torch
 
+from minitron import comm
 from minitron.core import parallel_state
 from minitron.core.models.gpt import GPTModel
 from minitron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -99,6 +100,7 @@ def _one_case(section) -> dict:
 def measure(rank: int) -> dict:
     """Every case on this rank; gradients compared here, against Megatron's checkpoint's."""
     torch.set_num_threads(1)
+    comm.init_distributed()   # DeepSpeed's checkpoint gathers through it, as through deepspeed.comm
     parallel_state.initialize_model_parallel(TP)
     try:
         results = {name: _one_case(section) for name, section in CASES.items()}

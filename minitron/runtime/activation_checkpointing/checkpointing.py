@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minitron import comm as dist   # as DeepSpeed's: from deepspeed import comm as dist
 from minitron.accelerator import get_accelerator
 from minitron.runtime.activation_checkpointing.config import parse_activation_checkpointing
 from minitron.runtime.config import load_config
@@ -174,7 +175,7 @@ def gather_partitioned_activations(kept: list, shapes: list, device) -> list:
         if s.mp_size == 1:
             flat.copy_(part)
         else:
-            torch.distributed.all_gather_into_tensor(flat, part.to(device), group=s.mp_group)
+            dist.all_gather_into_tensor(flat, part.to(device), group=s.mp_group)
         whole.append(flat.view(shape))
     return whole
 
@@ -205,7 +206,7 @@ def _boundary(what: str, start: float | None = None) -> float:
     if s.synchronize:
         get_accelerator().synchronize()
     now = time.perf_counter()
-    if s.profile and start is not None and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+    if s.profile and start is not None and (not dist.is_initialized() or dist.get_rank() == 0):
         print(f"activation checkpoint {what}: {1000 * (now - start):.2f} ms", flush=True)
     return now
 
