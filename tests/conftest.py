@@ -65,7 +65,11 @@ def _reads_the_site(item) -> bool:
 # by file, so a new heavy file belongs here too): one test of test_moe_sequence_parallel.py
 # trains for real with three commands, and dealt late it ran on alone while the other worker
 # had finished. The refusal tables, once first, now take a few seconds (tests/refusals.py).
-LONGEST = ("test_moe_sequence_parallel.py", "test_launcher.py", "test_trace_reader.py", "test_training_log.py",
+# test_docs_hooks.py (its warm runner's start, then commands) and test_cli_flags.py (two Ctrl-C
+# and script-flag jobs) took 26 and 28 s of a loaded fresh-clone run, mostly waiting, and were
+# dealt in the middle as collected.
+LONGEST = ("test_moe_sequence_parallel.py", "test_launcher.py", "test_trace_reader.py", "test_docs_hooks.py",
+           "test_cli_flags.py", "test_training_log.py",
            "test_runner.py", "test_throughput_log.py", "test_architecture.py", "test_faults.py",
            "test_estimate_check.py", "test_ds_checkpoint.py", "test_trace16.py", "test_ckpt_owner.py",
            "test_debug_attach.py", "test_estimate.py", "test_fusions.py", "test_layout.py", "test_view.py",
