@@ -159,7 +159,7 @@ def comm_bytes(args, pp_rank: int, stage: list) -> _Tally:
         zero_comm(args, stage[0][0], tally)
         return tally
     if getattr(args, "use_megatron_fsdp", False):   # Megatron-FSDP's units reduce and gather instead
-        fsdp_comm(args, tally)
+        fsdp_comm(args, tally, pp_rank)
         return tally
     if getattr(args, "use_torch_fsdp2", False):   # torch's FSDP2 gathers and reduces every unit
         torch_fsdp2_comm(args, tally)

@@ -169,7 +169,8 @@ def fp8_comm(args, pp_rank: int, tally, stage: list) -> None:
             tally.add("tp-dp-cp", 4 * weights)
     if gathered and args.fp8_recipe == "tensorwise" and dp_cp > 1 and weights:
         tally.add("dp-cp", 4 * weights)   # the shards' amaxes, before the cast
-    if gathered:   # the distributed optimizer gathers the fp8 buffers in 1 byte, not e
+    if gathered and not _flag(args, "use_megatron_fsdp"):   # the distributed optimizer gathers the fp8
+        # buffers in 1 byte, not e (Megatron-FSDP's fp8 units are counted so: theoretical_fsdp.py)
         for plist, (buckets, _) in stage:
             if _fp8_buffer(plist):
                 tally["dp-cp"][0] -= sum(end - start for start, end in buckets) // dp_cp * (e - 1)

@@ -1,9 +1,12 @@
 """What Megatron-FSDP (--use-megatron-fsdp) holds and sends per rank, from the arguments alone.
 
-The units are core/distributed/fsdp's: each transformer layer, and the rest of the chunk
-(embedding, final norm, output layer). A unit of n elements is padded to P = dp * ceil(n/dp)
-and cut into dp shards of S = P/dp; the padding sits at the end of the unit, so rank r owns
-the real elements [r*S, min((r+1)*S, n)). Per strategy (e bytes per element):
+The units are core/distributed/fsdp's, per model chunk: each transformer layer (with, beside
+it, a unit of its experts cut over the expert-data-parallel group, and one of its fp8 weights
+under --fp8-param-gather), the tied embedding where two pipeline stages hold it, and the rest
+of the chunk (embedding, final norm, output layer). A unit of n elements over a group of g
+ranks is padded to P = g * ceil(n/g) and cut into g shards of S = P/g; the padding sits at the
+end of the unit, so rank r owns the real elements [r*S, min((r+1)*S, n)). Per strategy
+(e bytes per element: the model's, 1 for an fp8 unit):
 
     strategy             params                         grads     optimizer (fp32)
     no_shard             P e                            P g       n
@@ -14,41 +17,80 @@ the real elements [r*S, min((r+1)*S, n)). Per strategy (e bytes per element):
 (g: the gradients' bytes, 4 with --accumulate-allreduce-grads-in-fp32 or as
 --megatron-fsdp-main-grads-dtype says, and the reductions send --megatron-fsdp-grad-comm-dtype's;
 the optimizer keeps Adam's moments, and a main copy when --megatron-fsdp-main-params-dtype differs
-from the model's (fp32 for a 16-bit model, Megatron's default), of each element it steps.)
+from the model's (fp32 for a 16-bit model, Megatron's default), of each element it steps; an
+fp8 weight's main copy is fp32 always.)
 
-In flight, for optim_grads_params, are the rest of the chunk (gathered from the model's
-forward until the embedding's gradient is reduced) and one layer at a time: the estimate's
-"params" is that peak. Torch-free, like the rest of the estimator.
+In flight, for optim_grads_params, are the units the chunk's own hooks gather (the rest and the
+tied embedding: from the chunk's forward until their gradients are reduced) and one layer's
+units at a time: the estimate's "params" is that peak. finalize_model_grads' sums run on the
+pieces a rank owns (fsdp/finalize.py), so their bytes depend on the rank's place in dp.
+Torch-free, like the rest of the estimator.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-from minitron.training.theoretical_params import DTYPE_BYTES, model_params, num_microbatches, optimizer_moments, \
-    recomputed_layers
+from minitron.training.theoretical_fp8 import _is_quantized_weight
+from minitron.training.theoretical_moe import expert_data_parallel_size, has_experts
+from minitron.training.theoretical_params import DTYPE_BYTES, _flag, chunks_of, model_params, num_microbatches, \
+    optimizer_moments, recomputed_layers
 
 _LAYER = re.compile(r"^(.*?layers\.\d+)\.")
-REST = "(rest)"
+REST, TIED = "(rest)", "(tied embedding)"
 
 
-def fsdp_units(args, pp_rank: int = 0) -> dict[str, int]:
-    """unit name -> its elements, in the order the model registers them (the rest last)."""
-    units: dict[str, int] = {}
-    rest = 0
-    for p in model_params(args, pp_rank, 0):
+@dataclass(frozen=True)
+class Unit:
+    name: str
+    params: tuple          # its Params (theoretical_params.Param), in order
+    expert: bool           # cut over the expert-data-parallel group, not dp x cp
+    fp8: bool              # --fp8-param-gather's one-byte weights
+    layer: str | None      # the layer whose hooks gather it; None: the chunk's own hooks
+
+    @property
+    def numel(self) -> int:
+        return sum(p.numel for p in self.params)
+
+
+def _fp8(args, p) -> bool:
+    return bool(_flag(args, "fp8") and _flag(args, "fp8_param_gather")) and not p.expert and _is_quantized_weight(p)
+
+
+def fsdp_units(args, pp_rank: int = 0, chunk: int = 0) -> list[Unit]:
+    """The chunk's units in the wrapper's order: per layer its dense, fp8 and expert units;
+    then the tied embedding; then the rest."""
+    layers: dict[str, list] = {}
+    tied, rest = [], []
+    split = args.pipeline_model_parallel_size > 1 and not args.untie_embeddings_and_output_weights
+    for p in model_params(args, pp_rank, chunk):
         found = _LAYER.match(p.name)
         if found:
-            units[found.group(1)] = units.get(found.group(1), 0) + p.numel
+            layers.setdefault(found.group(1), []).append(p)
+        elif split and p.shared_embedding:
+            tied.append(p)
         else:
-            rest += p.numel
-    if rest:
-        units[REST] = rest
+            rest.append(p)
+    units = []
+    for name, params in layers.items():
+        for expert in (False, True):
+            for fp8 in (False, True):
+                mine = tuple(p for p in params if p.expert == expert and _fp8(args, p) == fp8)
+                label = name + (" (experts)" if expert else "") + (" (fp8)" if fp8 else "")
+                if mine:
+                    units.append(Unit(label, mine, expert, fp8, name))
+    units += [Unit(TIED, tuple(tied), False, False, None)] if tied else []
+    units += [Unit(REST, tuple(rest), False, False, None)] if rest else []
     return units
 
 
 def _dp(args) -> int:
     return args.data_parallel_size * args.context_parallel_size
+
+
+def _group(args, unit: Unit) -> int:
+    return expert_data_parallel_size(args) if unit.expert else _dp(args)
 
 
 def _shard(numel: int, dp: int) -> int:
@@ -68,57 +110,99 @@ def _comm_bytes(args, e: int) -> int:
     return _BYTES.get(getattr(args, "megatron_fsdp_grad_comm_dtype", "auto")) or _grad_bytes(args, e)
 
 
-def fsdp_memory(args, dp_rank: int) -> tuple[int, dict]:
-    """(parameters of the model chunk, {"params", "grads", "optimizer"} bytes) on ``dp_rank``."""
-    strategy, dp, e = args.data_parallel_sharding_strategy, _dp(args), DTYPE_BYTES[args.params_dtype]
+def _owned(args, unit: Unit, rank: int) -> tuple[int, int]:
+    """[lo, hi) of the unit's elements the optimizer of the rank at ``rank`` in its group steps."""
+    if args.data_parallel_sharding_strategy == "no_shard":
+        return 0, unit.numel
+    shard = _shard(unit.numel, _group(args, unit))
+    return min(unit.numel, rank * shard), min(unit.numel, (rank + 1) * shard)
+
+
+def fsdp_memory(args, dp_rank: int, pp_rank: int = 0, expert_dp_rank: int = 0) -> tuple[int, dict]:
+    """(parameters of the stage's chunks, {"params", "grads", "optimizer"} bytes) on the rank."""
+    strategy, e = args.data_parallel_sharding_strategy, DTYPE_BYTES[args.params_dtype]
     # the optimizer's main pieces: a copy of their own unless they are the model's dtype
     main = _BYTES.get(getattr(args, "megatron_fsdp_main_params_dtype", "fp32")) or e
-    main_copy = main if main != e else 0
-    units = fsdp_units(args)
-    padded = {name: _shard(n, dp) * dp for name, n in units.items()}
-    shard = {name: _shard(n, dp) for name, n in units.items()}
-    if strategy == "no_shard":
-        owned = sum(units.values())
-    else:
-        owned = sum(max(0, min(n, (dp_rank + 1) * shard[name]) - dp_rank * shard[name])
-                    for name, n in units.items())
-    if strategy == "optim_grads_params":
-        layers = [padded[name] for name in units if name != REST]
-        in_flight = padded.get(REST, 0) + max(layers, default=0)
-        params = sum(shard.values()) + in_flight
-    else:
-        params = sum(padded.values())
-    grads = sum(shard.values()) if strategy in ("optim_grads", "optim_grads_params") else sum(padded.values())
-    return sum(units.values()), {"params": params * e, "grads": grads * _grad_bytes(args, e),
-                                 "optimizer": owned * (main * optimizer_moments(args) + main_copy)}
+    g = _grad_bytes(args, e)
+    numel = params = grads = optimizer = 0
+    in_flight: dict = {}   # (chunk, its layer or None: the chunk's own hooks) -> bytes gathered with it
+    for chunk in chunks_of(args):
+        for unit in fsdp_units(args, pp_rank, chunk):
+            ue, group = (1 if unit.fp8 else e), _group(args, unit)
+            shard = _shard(unit.numel, group)
+            lo, hi = _owned(args, unit, expert_dp_rank if unit.expert else dp_rank)
+            umain = 4 if unit.fp8 else main
+            numel += unit.numel
+            if strategy == "optim_grads_params":
+                params += shard * ue
+                where = (chunk, unit.layer)
+                in_flight[where] = in_flight.get(where, 0) + shard * group * ue
+            else:
+                params += shard * group * ue
+            grads += (shard if strategy in ("optim_grads", "optim_grads_params") else shard * group) * g
+            optimizer += max(0, hi - lo) * (umain * optimizer_moments(args) + (umain if umain != ue else 0))
+    # each chunk's own units (a virtual stage's rest stays gathered while its micro-batches are
+    # in flight), and one layer at a time of all chunks: a layer is freed after its forward
+    params += sum(v for (_, layer), v in in_flight.items() if layer is None)
+    params += max((v for (_, layer), v in in_flight.items() if layer is not None), default=0)
+    return numel, {"params": params, "grads": grads, "optimizer": optimizer}
 
 
-def fsdp_comm(args, tally) -> None:
+def fsdp_comm(args, tally, pp_rank: int = 0) -> None:
     """Add one train_step's data-parallel collectives to ``tally`` (theoretical_comm's: bytes
     per call, times calls), with the bytes each rank hands in: a gather's shard, a reduction's
-    whole unit."""
-    strategy, dp, e = args.data_parallel_sharding_strategy, _dp(args), DTYPE_BYTES[args.params_dtype]
+    whole unit. What depends on the rank's dp place is fsdp_piece_sums'."""
+    strategy, e = args.data_parallel_sharding_strategy, DTYPE_BYTES[args.params_dtype]
     g, m = _comm_bytes(args, e), num_microbatches(args)
-    units = fsdp_units(args)
-    layers = [name for name in units if name != REST]
-    recomputed = set(layers[:recomputed_layers(args, len(layers))])
-    for name, n in units.items():
-        shard = _shard(n, dp)
-        if strategy == "no_shard":
-            tally.add("dp-cp", shard * dp * g)                   # all-reduce, once per step
-            continue
-        # optim: one reduce-scatter per step; sharded gradients: one per micro-batch's backward
-        reductions = 1 if strategy == "optim" else m
-        tally.add("dp-cp", shard * dp * g, reductions)
-        if strategy == "optim_grads_params":
-            # before forward and before backward; a recomputed layer once more (its rerun)
-            gathers = m * (3 if name in recomputed else 2)
-            tally.add("dp-cp", shard * e, gathers)
-        else:
-            tally.add("dp-cp", shard * e)                        # the updated shards, after the step
+    for chunk in chunks_of(args):
+        units = fsdp_units(args, pp_rank, chunk)
+        layers = list(dict.fromkeys(unit.layer for unit in units if unit.layer is not None))
+        recomputed = set(layers[:recomputed_layers(args, len(layers))])
+        for unit in units:
+            key, group, ue = ("expt-dp" if unit.expert else "dp-cp"), _group(args, unit), (1 if unit.fp8 else e)
+            shard = _shard(unit.numel, group)
+            if strategy == "no_shard":
+                tally.add(key, shard * group * g)                   # all-reduce, once per step
+                continue
+            # optim: one reduce-scatter per step; sharded gradients: one per micro-batch's backward
+            tally.add(key, shard * group * g, 1 if strategy == "optim" else m)
+            if strategy == "optim_grads_params":
+                # before forward and before backward; a recomputed layer once more (its rerun)
+                tally.add(key, shard * ue, m * (3 if unit.layer in recomputed else 2))
+            else:
+                tally.add(key, shard * ue)                        # the updated shards, after the step
     stats = "tp-pp" if strategy == "no_shard" else "intra-dist-opt"   # sharded: over every rank
-    if args.fp16 or args.loss_scale is not None:   # the loss scaler's Inf check
-        tally.add(stats, 4)
-    if args.clip_grad > 0:   # the gradient norm
-        tally.add(stats, 4)
-    tally.add("dp-cp", 8)   # train_step's loss: [sum, tokens], summed over dp x cp
+    checks = (1 if args.fp16 or args.loss_scale is not None else 0) + (1 if args.clip_grad > 0 else 0)
+    tally.add(stats, 4, checks)   # the loss scaler's Inf check, the gradient norm
+    if has_experts(args):
+        etp = args.expert_tensor_parallel_size or args.tensor_model_parallel_size
+        if strategy == "no_shard" and etp * args.expert_model_parallel_size != args.tensor_model_parallel_size:
+            tally.add("tp-ep-pp", 4, checks)   # whole replicas: the experts' statistics, as DDP's
+        if args.moe_aux_loss_coeff > 0:   # track_moe_metrics: one value per layer, over pp, tp x cp, dp
+            for key in ("pp", "tp-cp", "dp"):
+                tally.add(key, args.num_layers * 4)
+    if pp_rank == args.pipeline_model_parallel_size - 1:
+        tally.add("dp-cp", 8)   # train_step's loss: [sum, tokens], summed over dp x cp
+
+
+def fsdp_piece_sums(args, tally, pp_rank: int, dp_rank: int) -> None:
+    """finalize_model_grads' sums on the rank's pieces (fsdp/finalize.py): the partial gradients
+    over TP, in one all-reduce of the pieces it owns (none: no call); the tied embedding's
+    piece over the first and last stage."""
+    g = _grad_bytes(args, DTYPE_BYTES[args.params_dtype])
+    partial = tied = 0
+    for chunk in chunks_of(args):
+        for unit in fsdp_units(args, pp_rank, chunk):
+            lo, hi = _owned(args, unit, dp_rank)
+            start = 0
+            for p in unit.params:
+                mine = max(0, min(hi, start + p.numel) - max(lo, start))
+                if unit.name == TIED:
+                    tied += mine
+                elif p.sequence_parallel and not unit.expert:
+                    partial += mine
+                start += p.numel
+    if args.tensor_model_parallel_size > 1 and partial:
+        tally.add("tp", partial * g)
+    if tied:
+        tally.add("embd", tied * g)

@@ -42,7 +42,7 @@ from minitron.core.distributed.distributed_data_parallel_config import (
 )
 from minitron.core.rank_generator import RankGenerator
 from minitron.training.theoretical_activations import in_flight_chunks, unit_activation_bytes
-from minitron.training.theoretical_comm import comm_bytes
+from minitron.training.theoretical_comm import _Tally, comm_bytes
 from minitron.training.theoretical_fp8 import (
     fp8_activation_delta, fp8_comm, fp8_param_bytes, fp8_state_bytes, split_fp8_params,
 )
@@ -50,7 +50,7 @@ from minitron.training.theoretical_params import (
     DTYPE_BYTES, Param, chunks_of, model_params, num_microbatches, optimizer_moments, round_up, total_params,
 )
 from minitron.training.theoretical_zero import zero_memory
-from minitron.training.theoretical_fsdp import fsdp_memory
+from minitron.training.theoretical_fsdp import fsdp_memory, fsdp_piece_sums
 from minitron.training.theoretical_torch_fsdp2 import torch_fsdp2_memory
 from minitron.training.theoretical_moe import has_experts, is_expert_buffer, shards, split_buffers
 
@@ -136,7 +136,8 @@ def stage_buffers(args, pp_rank: int) -> list[tuple[list[Param], tuple]]:
                                           layout_for(chunk))]
 
 
-def compute_weight_and_optimizer_memory(args, stage: list, dp_rank: int, expert_dp_rank: int = 0) -> tuple[int, dict]:
+def compute_weight_and_optimizer_memory(args, stage: list, dp_rank: int, expert_dp_rank: int = 0,
+                                        pp_rank: int = 0) -> tuple[int, dict]:
     """(parameters on the rank, {"params", "grads", "optimizer"} bytes); ``stage`` is
     stage_buffers' answer for the rank's pipeline stage.
 
@@ -147,7 +148,7 @@ def compute_weight_and_optimizer_memory(args, stage: list, dp_rank: int, expert_
     if getattr(args, "deepspeed", False):   # DeepSpeed's engine holds ZeRO's partitions instead
         return zero_memory(args, stage[0][0], dp_rank)
     if getattr(args, "use_megatron_fsdp", False):   # Megatron-FSDP's units and shards instead
-        return fsdp_memory(args, dp_rank)
+        return fsdp_memory(args, dp_rank, pp_rank, expert_dp_rank)
     if getattr(args, "use_torch_fsdp2", False):   # torch's FSDP2: every parameter's rows cut over dp
         return torch_fsdp2_memory(args, dp_rank)
     e = DTYPE_BYTES[args.params_dtype]
@@ -223,8 +224,12 @@ def report_theoretical_memory(args) -> list[RankCost]:
             stages[role[0]] = stage, activations, tally
         if role not in roles:
             stage, activations, tally = stages[role[0]]
-            params, memory = compute_weight_and_optimizer_memory(args, stage, role[1], role[2])
-            memory["params"] -= fp8_param_bytes(args, stage)   # --fp8-param-gather's one-byte weights
+            params, memory = compute_weight_and_optimizer_memory(args, stage, role[1], role[2], role[0])
+            if getattr(args, "use_megatron_fsdp", False):   # finalize's sums on this rank's pieces
+                tally = _Tally({k: list(v) for k, v in tally.items()})
+                fsdp_piece_sums(args, tally, role[0], role[1])
+            else:   # --fp8-param-gather's one-byte weights (Megatron-FSDP's units count them)
+                memory["params"] -= fp8_param_bytes(args, stage)
             memory["activations"] = activations
             if getattr(args, "fp8", None):   # scales and amax histories (theoretical_fp8.py)
                 memory["fp8_state"] = fp8_state_bytes(args, role[0])
