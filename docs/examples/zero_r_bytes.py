@@ -137,7 +137,9 @@ def gathers(trace_dir: str) -> str:
     for rank, calls in sorted(load_trace(trace_dir).items()):
         mine = [c for c in calls if c["name"].endswith("gather_partitioned_activations")]
         first = mine[0]
-        under = [c for c in calls if c.get("parent") == first["id"]]   # one per floating input
+        # one minitron.comm call per floating input, torch's collective inside each (it has the args)
+        comm_calls = [c["id"] for c in calls if c.get("parent") == first["id"]]
+        under = [c for c in calls if c.get("parent") in comm_calls]
         assert all(c["args"] == first["args"] for c in mine), "the checkpoints' inputs differ in shape"
         lines.append(f"rank {rank}: {len(mine)} gathers in backward, one per checkpoint")
         for shape, call in zip(first["args"]["shapes"], under):
