@@ -14,7 +14,9 @@ world_size=dp). Both sides read the same files at data-parallel size 2. A disagr
   bad value        DeepSpeed accepts a value of the wrong kind or range because nothing reads
                    it before a step (a string steps_per_print); minitron refuses it at once;
   missing feature  a real DeepSpeed key, value or type minitron does not run: the list to read;
-  minitron bug     minitron accepts what DeepSpeed refuses.
+  minitron bug     minitron accepts what DeepSpeed refuses;
+  kept             minitron accepts what DeepSpeed 0.19.8 refuses because 0.19.7 removed it, on
+                   purpose (KEPT: 1-bit Adam, run as 0.19.6 ran it).
 
 The class comes from what each config was built to be (its kind), not from the refusal's text.
 Nothing is written into the repository but the --json summary the chapter prints.
@@ -42,6 +44,7 @@ CLASSES = {"unknown": "unknown key DeepSpeed ignores (minitron's deliberate stri
            "bad": "bad value DeepSpeed lets through (minitron checks it at once)",
            "feature": "a DeepSpeed feature minitron lacks",
            "bug": "accepted by minitron, refused by DeepSpeed (a minitron bug)",
+           "kept": "accepted by minitron, refused by DeepSpeed 0.19.8, which removed it (KEPT says why)",
            "later": "refused by both, by DeepSpeed only once a model is built (refused_later says where)"}
 
 # Configs DeepSpeed refuses too, but only where the peer cannot look without a model: 16-bit
@@ -55,6 +58,15 @@ def refused_later(config: dict) -> bool:
     offload = ((config.get("zero_optimization") or {}).get("offload_optimizer") or {}).get("device")
     cpu_adam = str((config.get("optimizer") or {}).get("type", "")).lower() in ("adam", "adamw")
     return master and not (offload == "cpu" and cpu_adam)
+
+# What DeepSpeed 0.19.7 removed and minitron keeps on purpose, as the last release that had it
+# (0.19.6) ran it: the optimizer type, and why.
+KEPT = {"OneBitAdam": "1-bit Adam, removed in DeepSpeed 0.19.7; minitron runs 0.19.6's to teach it (chapter 14)"}
+
+
+def kept(config: dict) -> bool:
+    return str((config.get("optimizer") or {}).get("type", "")) in KEPT
+
 
 # every key and section the battery tries as DeepSpeed's own
 DEEPSPEED_KEYS = {key for _, key, *_ in KEYS} | {part for section, *_ in KEYS for part in section.split(".") if part}
@@ -100,7 +112,7 @@ def classify(unit: dict) -> str | None:
     if theirs is None:
         return None
     if ours is None and not theirs["accepted"]:
-        return "bug"
+        return "kept" if kept(unit["config"]) else "bug"
     if ours is not None and theirs["accepted"]:
         if refused_later(unit["config"]):
             return "later"
@@ -143,6 +155,8 @@ def totals(units: list[dict]) -> dict:
                                    for u in units if u["class"] == "feature"]
         out["minitron_bugs"] = [{"config": u["name"], "deepspeed": u["deepspeed"]["reason"]}
                                 for u in units if u["class"] == "bug"]
+        out["kept"] = [{"config": u["name"], "why": KEPT[u["config"]["optimizer"]["type"]]}
+                       for u in units if u["class"] == "kept"]
     return out
 
 
@@ -158,13 +172,13 @@ def report(units: list[dict], each: bool) -> str:
             lines.append(f"[{u['kind']}] {u['name']}: minitron {ours}{theirs}")
         lines.append("")
     lines += summary(totals(units))
-    for c in ("feature", "bug", "bad", "unknown") if "deepspeed" in (units or [{}])[0] else ():
+    for c in ("feature", "bug", "kept", "bad", "unknown") if "deepspeed" in (units or [{}])[0] else ():
         group = [u for u in units if u["class"] == c]
         if group:   # one line per refusal, then the configs it refused
             lines.append(f"\n{CLASSES[c]}:")
             by_reason: dict = {}
             for u in group:
-                why = short(u["minitron"]) if c != "bug" else f"DeepSpeed: {u['deepspeed']['reason']}"
+                why = short(u["minitron"]) if c not in ("bug", "kept") else f"DeepSpeed: {u['deepspeed']['reason']}"
                 by_reason.setdefault(why, []).append(u["name"])
             for why, names in by_reason.items():
                 lines.append(f"  {why}\n      {', '.join(names)}")
@@ -182,7 +196,7 @@ def summary(t: dict) -> list[str]:
         lines.append(f"both accept {t['both_accept']}, both refuse {t['both_refuse']} ({t['classes']['later']} of "
                      f"them refused by DeepSpeed only once a model is built)")
         lines.append(f"accepted by DeepSpeed, refused by minitron: {t['deepspeed_accepts_minitron_refuses']}")
-        for c, label in list(CLASSES.items())[:4]:
+        for c, label in list(CLASSES.items())[:5]:
             lines.append(f"  {t['classes'][c]:>4}  {label}")
     return lines
 
