@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--world", type=int, default=WORLD, help="ranks (= data-parallel size), 2-8")
     r.add_argument("--iters", type=int, default=ITERS, help="iterations, 1-4")
     r.add_argument("--out", type=Path, default=JSON, help=f"where the JSON goes (default {JSON.relative_to(ROOT)})")
+    r.add_argument("--no-serial", action="store_true", help="skip the one-rank run the losses are held against")
     s = sub.add_parser("show", help="print the tables of a JSON")
     s.add_argument("json", nargs="?", type=Path, default=JSON)
     g = sub.add_parser("svg", help="write the figure of a JSON")
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--world must divide the global batch of 16 and be 2-8, got {args.world}")
         if not 1 <= args.iters <= 4:
             parser.error(f"--iters must be 1-4, got {args.iters}")
-        report = run(args.only or list(CONFIGS), args.world, args.iters)
+        report = run(args.only or list(CONFIGS), args.world, args.iters, serial=not args.no_serial)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")   # kept when a check fails, to be read
         print("\n".join(tables(report)))

@@ -1,7 +1,8 @@
 """The measuring half of scripts/compare_sharding.py: what a rank's model and optimizer hold,
 sampled while `pretrain` runs, and what rank 0 called in the last iteration.
 
-The parent patches three places before it forks the ranks, so each rank inherits them:
+While it launches the ranks, the parent patches three places, so each rank inherits them (and
+puts them back after):
 ``training.train`` (to hook the model and optimizer it is handed, and to measure once training
 is done), Megatron-FSDP's per-unit all-gather and ZeRO-3's per-module gather (to sample the
 moment parameters are whole), and torch's one-tensor gather and reduce-scatter, through which
@@ -15,6 +16,7 @@ import json
 import os
 import weakref
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,8 +74,10 @@ def _total(h: dict) -> int:
     return sum(h[k] for k in KINDS)
 
 
-def _install() -> None:
-    """Patch, in the parent, the places every rank will run through (see the module docstring)."""
+@contextmanager
+def _installed():
+    """Patch, in the parent, the places every rank will run through (see the module docstring),
+    and put them back after: a caller in the same process (a test's worker) runs on unpatched."""
     import torch
 
     from minitron.core.distributed.fsdp.unit import FSDPUnit
@@ -81,8 +85,11 @@ def _install() -> None:
     from minitron.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
     from minitron.training import training
 
-    if getattr(training.train, "measured", False):
-        return
+    saved = [(FSDPUnit, "_all_gather", FSDPUnit._all_gather),
+             (torch.distributed, "all_gather_single", torch.distributed.all_gather_single),
+             (torch.distributed, "reduce_scatter_single", torch.distributed.reduce_scatter_single),
+             (DeepSpeedZeroOptimizer_Stage3, "gather", DeepSpeedZeroOptimizer_Stage3.gather),
+             (training, "train", training.train)]
 
     def sampled(original):
         def wrapper(*args, **kwargs):
@@ -145,8 +152,12 @@ def _install() -> None:
         Path(_state["out"], f"measured-rank{os.environ['RANK']}.json").write_text(json.dumps(report))
         return result
 
-    train.measured = True
     training.train = train
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
 
 
 def launch_measured(argv: list[str], world: int, out: Path) -> tuple[list, list]:
@@ -154,12 +165,12 @@ def launch_measured(argv: list[str], world: int, out: Path) -> tuple[list, list]
     measures, the losses of each iteration)."""
     from minitron.launcher import LaunchConfig, RankFailure, Target, launch, session_env
 
-    _install()
     out.mkdir(parents=True)
     _state["out"] = out
     cfg = LaunchConfig(world_size=world, log_dir=out / "logs", env=session_env(world, out / "trace"))
     try:
-        launch(cfg, Target(module="minitron.pretrain_gpt", argv=[*argv, "--log-jsonl", str(out / "it.jsonl")]))
+        with _installed():
+            launch(cfg, Target(module="minitron.pretrain_gpt", argv=[*argv, "--log-jsonl", str(out / "it.jsonl")]))
     except RankFailure as failure:
         raise SystemExit(f"{failure}\n{failure.log_tail(30)}") from None
     ranks = [json.loads((out / f"measured-rank{r}.json").read_text()) for r in range(world)]

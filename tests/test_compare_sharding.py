@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -73,7 +74,14 @@ def test_committed_figures_are_what_sharding_promises():
 
 @pytest.fixture(scope="module")
 def rerun(tmp_path_factory):
-    return compare.run([RERUN], compare.WORLD, iters=1, serial=False)
+    """The script's own run, in its own interpreter: its launches patch this process's modules while
+    they run, and a forked rank of a later test in this worker must not find anything of them."""
+    out = tmp_path_factory.mktemp("rerun") / "row.json"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare_sharding.py"), "run", "--only", RERUN,
+                           "--world", str(compare.WORLD), "--iters", "1", "--no-serial", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads(out.read_text())
 
 
 def test_one_row_rerun_holds_what_the_file_says(rerun):
