@@ -60,14 +60,8 @@ class LaunchConfig:
     # Modules the forked ranks will need, imported once here (see _warm_parent). torch.optim
     # imports torch._dynamo when a rank builds its first optimizer: 1.8 s of CPU in every rank
     # unless the parent has it. A job that builds none (`minitron trace` without --steps)
-    # passes warm=() and saves the parent that time. The others are what pretrain imports on
-    # its way to the first step (the optimizer, DDP, the data pipeline, the schedules): a rank
-    # imported them itself, ~25 ms of CPU per rank (compiling them too where Python writes no
-    # bytecode cache), paid once here instead.
-    warm: tuple[str, ...] = ("torch._dynamo", "minitron.core.optimizer", "minitron.core.distributed.finalize_model_grads",
-                             "minitron.core.distributed.distributed_data_parallel", "minitron.training.data",
-                             "minitron.core.pipeline_parallel.schedules_interleaved", "minitron.core.activations",
-                             "minitron.core.fp8.param_gather", "minitron.training.deepspeed_arguments")
+    # passes warm=() and saves the parent that time.
+    warm: tuple[str, ...] = ("torch._dynamo",)
     # --hang-timeout: seconds without any rank finishing a traced call before the job counts as
     # hung, is diagnosed and stopped (hang_watch.py). Needs tracing on (MINITRON_TRACE_DIR in env).
     hang_timeout: float | None = None
