@@ -251,7 +251,7 @@ def load_checkpoint_fsdp_dtensor(where, model, optimizer, opt_param_scheduler, a
             state = optimizer.optimizer.state.setdefault(main, {})
             state[name] = value.view_as(main).to(main.dtype)
             if step is not None:
-                state["step"] = torch.tensor(float(step))   # torch's Adam keeps its count on the host
+                state["step"] = torch.tensor(float(step))   # host: torch's Adam keeps its step count there
         for group, saved_group in zip(optimizer.optimizer.param_groups, saved["param_groups"]):
             group.update(saved_group)
         if saved["grad_scaler"] is not None and getattr(optimizer, "grad_scaler", None) is not None:

@@ -86,7 +86,7 @@ def all_to_all_quant_reduce(tensor: torch.Tensor, groups: dict, world: int, loca
     node, local_rank = rank // local, rank % local
     blocks = gradient_groups(tuple(tensor.shape), world)   # intra_quant_group
     parts = tensor.detach().reshape(world, -1).to(torch.half)
-    slots = torch.tensor(swizzle_slots(world, local))
+    slots = torch.tensor(swizzle_slots(world, local), device=parts.device)
     swizzled = torch.empty_like(parts)
     swizzled[slots] = parts
     codes, scales = quantize(swizzled, blocks, 4)

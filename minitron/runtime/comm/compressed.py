@@ -38,7 +38,11 @@ from minitron.trace import traced
 # the same test the error uses; "compressed" (DeepSpeed's kernel for other accelerators) packs
 # "sign bit clear", so -0.0 packs to 0 there while its error takes it as +1. Elsewhere they agree.
 BACKENDS = ("nccl", "compressed")
-_BIT_WEIGHTS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)   # first element: top bit
+_BIT_WEIGHTS = (128, 64, 32, 16, 8, 4, 2, 1)   # first element: top bit
+
+
+def _weights(like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(_BIT_WEIGHTS, dtype=torch.uint8, device=like.device)
 
 
 def plus_minus_one(x: torch.Tensor) -> torch.Tensor:
@@ -50,12 +54,12 @@ def packbits(x: torch.Tensor, backend: str = "nccl") -> torch.Tensor:
     """One bit per element of ``x`` (numel a multiple of 8), eight to a byte, first element in the
     byte's top bit: numpy's packbits, which cupy's (and the XPU kernel's) order is."""
     bits = ~torch.signbit(x) if backend == "compressed" else x.sign().add(1).bool()
-    return (bits.to(torch.uint8).reshape(-1, 8) * _BIT_WEIGHTS).sum(1, dtype=torch.uint8)
+    return (bits.to(torch.uint8).reshape(-1, 8) * _weights(bits)).sum(1, dtype=torch.uint8)
 
 
 def unpackbits(packed: torch.Tensor) -> torch.Tensor:
     """Bytes -> +1.0 (bit set) / -1.0 (clear), in packbits' order."""
-    bits = (packed.to(torch.uint8).reshape(-1, 1) & _BIT_WEIGHTS).ne(0)
+    bits = (packed.to(torch.uint8).reshape(-1, 1) & _weights(packed)).ne(0)
     return bits.reshape(-1).float().add_(-0.5).mul_(2.0)
 
 

@@ -71,7 +71,7 @@ class PartitionedOptimizerSwapper:
                 f.write(data)
                 f.write(bytes(self._aligned(len(data)) - len(data)))
             self.shapes[path] = (t.numel(), t.dtype, t.shape)
-            t.data = torch.empty(0, dtype=t.dtype)
+            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
 
     @traced(args=lambda self, master, group: {"group": group})
     def swap_in_optimizer_state(self, master: torch.Tensor, group: int) -> None:
