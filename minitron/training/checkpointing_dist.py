@@ -129,8 +129,17 @@ def load_checkpoint_dist(where: Path, model, optimizer, opt_param_scheduler, arg
     if args.no_load_optim:
         optimizer.reload_model_params()   # the fp32 main params from the weights just read
     else:
+        restore_optimizer_state(optimizer, loaded.get("optimizer", {}), described, common["optimizer"]["step"])
+    restore_common(args, optimizer, opt_param_scheduler, common, load_rng)
+    return common["args"], loaded.get("rng_state")
+
+
+def restore_common(args, optimizer, opt_param_scheduler, common: dict, load_rng: bool) -> None:
+    """What both sharded formats (torch_dist, fsdp_dtensor) keep in their common file, once the
+    tensors are back: the optimizer's groups, loss scaler and schedule (unless --no-load-optim),
+    the samples consumed, and a word when the random states do not fit this layout."""
+    if not args.no_load_optim:
         saved = common["optimizer"]
-        restore_optimizer_state(optimizer, loaded.get("optimizer", {}), described, saved["step"])
         for group, saved_group in zip(optimizer.optimizer.param_groups, saved["param_groups"]):
             group.update(saved_group)
         if saved["grad_scaler"] is not None and getattr(optimizer, "grad_scaler", None) is not None:
@@ -140,4 +149,3 @@ def load_checkpoint_dist(where: Path, model, optimizer, opt_param_scheduler, arg
         print_rank_0("> the checkpoint was written by another layout: its random states do not fit this one, "
                      "the streams start from --seed (Megatron does the same)")
     args.consumed_train_samples = common["consumed_train_samples"]
-    return common["args"], loaded.get("rng_state")

@@ -38,8 +38,7 @@ from minitron.core.dist_checkpointing import ShardedTensor
 from minitron.core.dist_checkpointing.serialization import load_common_state_dict, read_dcp_metadata
 from minitron.core.transformer.transformer_layer import TransformerLayer
 from minitron.training.checkpoint_files import CheckpointError
-from minitron.training.checkpointing_dist import _rng_object, save_checkpoint_dist_common
-from minitron.training.utils import print_rank_0
+from minitron.training.checkpointing_dist import _rng_object, restore_common, save_checkpoint_dist_common
 
 BACKEND_NAME = "fsdp_dtensor"
 
@@ -242,8 +241,7 @@ def load_checkpoint_fsdp_dtensor(where, model, optimizer, opt_param_scheduler, a
     if args.no_load_optim:
         optimizer.reload_model_params()
     else:
-        saved = common["optimizer"]
-        step = saved["step"]
+        step = common["optimizer"]["step"]
         for value, main, name in fills:
             if name == "fp32_param":
                 main.data.copy_(value.view_as(main))
@@ -252,13 +250,5 @@ def load_checkpoint_fsdp_dtensor(where, model, optimizer, opt_param_scheduler, a
             state[name] = value.view_as(main).to(main.dtype)
             if step is not None:
                 state["step"] = torch.tensor(float(step))   # host: torch's Adam keeps its step count there
-        for group, saved_group in zip(optimizer.optimizer.param_groups, saved["param_groups"]):
-            group.update(saved_group)
-        if saved["grad_scaler"] is not None and getattr(optimizer, "grad_scaler", None) is not None:
-            optimizer.grad_scaler.load_state_dict(saved["grad_scaler"])
-        opt_param_scheduler.load_state_dict(common["opt_param_scheduler"])
-    if not load_rng and not args.no_load_rng:
-        print_rank_0("> the checkpoint was written by another layout: its random states do not fit this one, "
-                     "the streams start from --seed (Megatron does the same)")
-    args.consumed_train_samples = common["consumed_train_samples"]
+    restore_common(args, optimizer, opt_param_scheduler, common, load_rng)
     return common["args"], loaded.get("rng_state")
