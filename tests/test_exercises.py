@@ -36,6 +36,8 @@ from pathlib import Path
 
 import pytest
 
+from test_docs import load_hook   # the build hooks, loaded from their files as the docs tests load them
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 ANSWER = re.compile(r"^\?\?\? answer\b")
@@ -96,8 +98,9 @@ def output_of(command: str, monkeypatch) -> str:
         if " | grep " in call:
             call, grep = call.split(" | grep ", 1)
         words = shlex.split(call)
-        if SHELL & set(unquoted(call)) or words[0] not in ("minitron", "python") \
-                or (grep and SHELL & set(unquoted(grep))):
+        bare, bare_grep = outside_quotes(call), outside_quotes(grep or "")
+        if bare is None or bare_grep is None or SHELL & set(bare + bare_grep) \
+                or words[0] not in ("minitron", "python"):
             _seen[command] = _in_bash(command)
             return _seen[command]
         if words[0] == "minitron":
@@ -114,19 +117,9 @@ def output_of(command: str, monkeypatch) -> str:
 
 
 EXIT_CODE = '; echo "exit code $?"'
-
-
-def unquoted(command: str) -> str:
-    """The command without its quoted parts: a `;` inside ``python -c "..."`` is Python's."""
-    kept, quote = [], None
-    for ch in command:
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        else:
-            kept.append(ch)
-    return "".join(kept)
+# The docs build's rule for what lies outside quotes (a `;` inside ``python -c "..."`` is Python's;
+# None: an escape or an open quote, left to bash), from its warm runner.
+outside_quotes = load_hook("warm_runner").outside_quotes
 
 
 def _in_app(args: list[str], monkeypatch) -> tuple[str, int]:

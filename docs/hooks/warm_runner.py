@@ -62,7 +62,7 @@ def warm_plan(command: str, bin_dir: str):
     piped into (``| sort``, ``| grep -v X``, ``| head -3``), its stdout only unless the call
     ends in ``2>&1`` (merged); or None. or_exit_code: the command ends
     in ``|| echo "(exit code $?)"``. Other pipes, ``2>/dev/null``, ``;`` and the rest stay with bash."""
-    bare = _outside_quotes(command)
+    bare = outside_quotes(command)
     if bare is None or any(ch in SHELL_SYNTAX for ch in bare):
         return None
     lexer = shlex.shlex(command, posix=True, punctuation_chars="&|>")
@@ -100,7 +100,7 @@ def warm_plan(command: str, bin_dir: str):
 FILTERS = ("sort", "grep", "head", "tail", "sed", "fold")
 
 
-def _outside_quotes(command: str) -> str | None:
+def outside_quotes(command: str) -> str | None:
     """The command without its quoted parts (None if it escapes a quote: leave that to bash)."""
     kept, quote = [], None
     for ch in command:
