@@ -70,3 +70,25 @@ def rope_gpt_loss_backward(config, vocab: int, seq: int, batch: int):
 def tp_shard(full, param, rank: int, tp: int):
     """This rank's slice of the serial tensor ``full``, cut as ``param`` is (whole if replicated)."""
     return full.chunk(tp, dim=param.partition_dim)[rank] if getattr(param, "tensor_model_parallel", False) else full
+
+
+def train_chunk(chunk, optimizer, vocab: int, seq: int, batch: int, steps: int) -> list[float]:
+    """``steps`` steps of a wrapped GPT chunk (DDP or Megatron-FSDP) on one seeded batch per
+    data-parallel rank, in train_step's order: zero the buffers, forward, backward,
+    finalize_model_grads, step. The losses."""
+    # lazy: from the submodule, as everywhere (the package's name of it can be the module)
+    from minitron.core.distributed.finalize_model_grads import finalize_model_grads
+
+    g = torch.Generator().manual_seed(1 + ps.get_data_parallel_rank())
+    ids, labels = (torch.randint(0, vocab, (batch, seq), generator=g) for _ in range(2))
+    losses = []
+    for _ in range(steps):
+        chunk.zero_grad_buffer()
+        optimizer.zero_grad()
+        loss = chunk(ids, torch.arange(seq).expand(batch, seq), labels=labels).mean()
+        loss.backward()
+        finalize_model_grads([chunk])
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from distributed import run_ranks
+from distributed import run_ranks, train_chunk
 from minitron.cli.views.diff import call_bytes
 from minitron.trace.reader import load_trace
 
@@ -32,9 +32,7 @@ GATHER = "torch.distributed.all_gather_into_tensor"
 
 def _run(keep_fp8: bool, recipe: str):
     """(losses, full fp32 main weights by name, checks of the gathered fp8 weights)."""
-    from minitron.core import parallel_state as ps
     from minitron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from minitron.core.distributed.finalize_model_grads import finalize_model_grads
     from minitron.core.fp8.param_gather import FP8_WEIGHT, is_fp8_param, keep_fp8_params
     from minitron.core.fp8.recipes import current_scale, quantize
     from minitron.core.models.gpt import GPTModel
@@ -54,17 +52,7 @@ def _run(keep_fp8: bool, recipe: str):
         use_distributed_optimizer=True, grad_reduce_in_fp32=True), model)
     optimizer = get_megatron_optimizer(OptimizerConfig(lr=1e-2, bf16=True, use_distributed_optimizer=True,
                                                                  clip_grad=0.0), [chunk])
-    g = torch.Generator().manual_seed(1 + ps.get_data_parallel_rank())
-    ids, labels = (torch.randint(0, VOCAB, (2, SEQ), generator=g) for _ in range(2))
-    losses = []
-    for _ in range(STEPS):
-        chunk.zero_grad_buffer()
-        optimizer.zero_grad()
-        loss = chunk(ids, torch.arange(SEQ).expand(2, SEQ), labels=labels).mean()
-        loss.backward()
-        finalize_model_grads([chunk])
-        optimizer.step()
-        losses.append(loss.item())
+    losses = train_chunk(chunk, optimizer, VOCAB, SEQ, 2, STEPS)
     # the whole fp32 main weights, from the shards (each rank contributes its own, zeros elsewhere)
     names = {p: n for n, p in model.named_parameters()}
     mains = {names[p]: torch.zeros(p.numel()) for p in model.parameters()}

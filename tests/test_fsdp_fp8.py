@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distributed import run_ranks
+from distributed import run_ranks, train_chunk
 from minitron.cli.views.diff import call_bytes
 from minitron.trace.reader import load_trace
 
@@ -33,10 +33,7 @@ UNIT_GATHER = "minitron.core.distributed.fsdp.unit.FSDPUnit._all_gather"
 
 def _run(layout: str):
     """(losses, the fp8 weights' bytes and 1/scales by name) of one layout's 3 steps."""
-    from minitron.core import parallel_state as ps
     from minitron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    # from the submodule itself: once it is imported, the package's name means the module
-    from minitron.core.distributed.finalize_model_grads import finalize_model_grads
     from minitron.core.distributed.fsdp import FullyShardedDataParallel, get_fsdp_optimizer
     from minitron.core.fp8.param_gather import is_fp8_param, keep_fp8_params
     from minitron.core.models.gpt import GPTModel
@@ -65,17 +62,7 @@ def _run(layout: str):
         chunk = FullyShardedDataParallel(config, model, strategy, grad_reduce_in_fp32=True,
                                          rebuild=build if meta else None)
         optimizer = get_fsdp_optimizer(opt, [chunk])
-    g = torch.Generator().manual_seed(1 + ps.get_data_parallel_rank())
-    ids, labels = (torch.randint(0, VOCAB, (1, SEQ), generator=g) for _ in range(2))
-    losses = []
-    for _ in range(STEPS):
-        chunk.zero_grad_buffer()
-        optimizer.zero_grad()
-        loss = chunk(ids, torch.arange(SEQ).expand(1, SEQ), labels=labels).mean()
-        loss.backward()
-        finalize_model_grads([chunk])
-        optimizer.step()
-        losses.append(loss.item())
+    losses = train_chunk(chunk, optimizer, VOCAB, SEQ, 1, STEPS)
     gathered = chunk.gathered() if layout != "distopt" else torch.no_grad()
     with gathered:
         weights = {name: (p.detach().view(torch.uint8).clone(), p.fp8_scale_inv.clone())
