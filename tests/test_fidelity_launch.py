@@ -13,9 +13,8 @@ import uuid
 
 import pytest
 
-from minitron.comm.comm import (
-    DiscoveryError, discover_world_info, expand_hostlist, slurm_tasks_on_node, with_master_addr,
-)
+from minitron.comm.comm import DiscoveryError, with_master_addr
+from minitron.comm.utils import discover_world_info, expand_hostlist, slurm_tasks_on_node
 from minitron.launcher.launch import LaunchConfig, Target, rank_env, rank_target
 
 # torchrun --standalone --nproc-per-node 2, rank 1 (MASTER_ADDR/PORT and the run id vary by run).

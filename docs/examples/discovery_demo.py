@@ -9,7 +9,8 @@ and prints what minitron concludes.
 
 import textwrap
 
-from minitron.comm.comm import DiscoveryError, discover_world_info, with_master_addr
+from minitron.comm.comm import DiscoveryError, with_master_addr
+from minitron.comm.utils import discover_world_info
 
 ENVIRONMENTS = {
     "torchrun / minitron launch": {

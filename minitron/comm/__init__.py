@@ -3,10 +3,11 @@ its module-level API, through which the runtime (``from minitron import comm as 
 every collective call, as DeepSpeed's does through ``deepspeed.comm``."""
 
 from minitron.comm.comm import (
-    ReduceOp, WorldInfo, all_gather, all_gather_into_tensor, all_reduce, all_to_all_single, barrier, broadcast,
-    destroy_process_group, discover_world_info, get_global_rank, get_rank, get_world_group, get_world_size,
+    ReduceOp, all_gather, all_gather_into_tensor, all_reduce, all_to_all_single, barrier, broadcast,
+    destroy_process_group, get_global_rank, get_rank, get_world_group, get_world_size,
     init_distributed, is_initialized, new_group, recv, reduce, reduce_scatter_tensor, send,
 )
+from minitron.comm.utils import WorldInfo, discover_world_info
 
 __all__ = [
     "ReduceOp", "WorldInfo", "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all_single", "barrier", "broadcast",
