@@ -12,7 +12,7 @@ which puts the two (and the communication) together for every rank. The pieces:
 
 * parameters: the model's own list (theoretical_params.py), in the order the modules register
   them, cut by tp, pp and vp as the layers cut them;
-* gradients: the DDP buffer those parameters are laid into, padded as param_and_grad_buffer
+* gradients: the DDP buffer those parameters are laid into, padded as param_and_grad_buffer_layout
   pads it for the distributed optimizer;
 * optimizer: fp32 main copies (for a 16-bit model) and Adam's two moments, for the slice of
   the buffer this data-parallel rank owns with --use-distributed-optimizer;
@@ -73,11 +73,11 @@ class RankCost:
 # --- the gradient buffer ----------------------------------------------------------------------
 def buffer_layout(params: list[Param], dp: int, dist_opt: bool,
                   bucket_size: int | None = None) -> tuple[list[tuple[int, int]], dict]:
-    """param_and_grad_buffer._lay_out without tensors: the buckets [(start, end)] and each
-    parameter's (start, end). Parameters are laid out last first; a bucket closes once it holds
-    ``bucket_size`` elements (None: one bucket); with the distributed optimizer each parameter
-    starts on a 64-element boundary, each bucket ends on lcm(dp, 128), and the tied embedding
-    has a bucket of its own."""
+    """_ParamAndGradBuffer._lay_out (param_and_grad_buffer_layout.py) without tensors: the
+    buckets [(start, end)] and each parameter's (start, end). Parameters are laid out last
+    first; a bucket closes once it holds ``bucket_size`` elements (None: one bucket); with the
+    distributed optimizer each parameter starts on a 64-element boundary, each bucket ends on
+    lcm(dp, 128), and the tied embedding has a bucket of its own."""
     align = math.lcm(dp, BUCKET_END_ALIGN)
     buckets, where, next_free, bucket_start, in_bucket = [], {}, 0, 0, 0
 

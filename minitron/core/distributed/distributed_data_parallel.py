@@ -5,7 +5,7 @@ gradient is the gradient of *its* samples' loss; the average over the ranks is t
 the whole global batch. This wrapper owns that average:
 
 * at construction, every parameter gets ``main_grad``, a view into a contiguous buffer
-  (param_and_grad_buffer.py), and a hook that moves each fresh ``param.grad`` into it;
+  (param_and_grad_buffer_layout.py), and a hook that moves each fresh ``param.grad`` into it;
 * ``no_sync()`` lets gradient-accumulation micro-batches add up locally (in ``.grad``, moved
   into the buffer by the last micro-batch's hook), without talking;
 * ``finish_grad_sync()`` (called by finalize_model_grads after the last micro-batch) runs the

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# How the distributed optimizer pads the gradient buffer (param_and_grad_buffer.py), in elements:
+# How the distributed optimizer pads the gradient buffer (param_and_grad_buffer_layout.py), in elements:
 # every parameter starts on a multiple of 64 (128 bytes of a 16-bit type) and every bucket ends
 # on a multiple of lcm(dp, 128), so that it splits into dp equal shards that start aligned.
 # Kept here, torch-free, because the memory estimator lays out the same buffer without torch.

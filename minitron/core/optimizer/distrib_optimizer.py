@@ -12,7 +12,7 @@ gradient and state. So split the work:
 A reduce-scatter followed by an all-gather moves the same bytes as one all-reduce, so the
 communication is unchanged while the optimizer memory per rank drops by a factor dp.
 
-The shards are the equal slices of each gradient bucket (param_and_grad_buffer.py). A shard
+The shards are the equal slices of each gradient bucket (param_and_grad_buffer_layout.py). A shard
 boundary can fall inside a parameter, so a rank may own just part of a weight: the optimizer
 works on flat slices, ``param.view(-1)[start:end]``, never on whole tensors.
 """
