@@ -77,7 +77,7 @@ def test_ch14_runs_the_include_its_prose_names_and_shows_world_info():
 
 def test_ch01_timing_says_which_line_is_arithmetic():
     """"16 ranks, each a fresh interpreter: 13.34 s" read as measured; it is 16 x one import."""
-    lines = example("journey").timing_lines(16, 1.25, 0.1, 1.0)
+    lines = example("journey_launch").timing_lines(16, 1.25, 0.1, 1.0)
     assert all(line.startswith(("measured:", "arithmetic")) for line in lines)
     product = [line for line in lines if "20.00" in line]
     assert len(product) == 1 and product[0].startswith("arithmetic, not run")

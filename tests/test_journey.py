@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs" / "examples"))
 
 import journey  # noqa: E402  (docs/examples/journey.py: the chapters' demos)
+import journey_launch  # noqa: E402  (docs/examples/journey_launch.py: appendix A's)
 
 WORLD, PP, GBS, MBS = 4, 2, 8, 1  # so DP = 2 and each rank runs GBS / (MBS * DP) = 4 micro-batches
 ARGV = ["--pipeline-model-parallel-size", str(PP), "--num-layers", "2", "--hidden-size", "16",
@@ -185,6 +186,6 @@ def test_who_hosts_the_store_is_found_from_proc():
     with socket.socket() as listener:  # this process listens: /proc must say so
         listener.bind(("127.0.0.1", 0))
         listener.listen()
-        assert journey._listener_pid(listener.getsockname()[1]) == os.getpid()
+        assert journey_launch._listener_pid(listener.getsockname()[1]) == os.getpid()
     # minitron's ranks are told that an agent (the launcher's keeper) serves the store, not rank 0
     assert rank_env(0, LaunchConfig(world_size=2, master_port=1))["TORCHELASTIC_USE_AGENT_STORE"] == "True"
