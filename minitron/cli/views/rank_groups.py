@@ -1,8 +1,8 @@
 """`minitron groups --rank N`: one rank's view of the layout, at any world size.
 
-What a rank knows after initialize_model_parallel is one group of each kind (parallel_state's
+What a rank knows after initialize_model_parallel is one group of each kind (parallel_state_getters'
 _GROUP), not the layout: this view prints just that, worked out from the rank's own digits
-(rank_generator.rank_layout), so rank 12,345 of 131,072 costs what rank 5 of 16 does. Beside
+(group_layout.rank_layout), so rank 12,345 of 131,072 costs what rank 5 of 16 does. Beside
 each group: the rank's place in it (its tensor-parallel rank, its stage, ...) and how many
 nodes of 8 GPUs the group spans, which is what decides whether its traffic stays on NVLink.
 """
