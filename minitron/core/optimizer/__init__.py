@@ -19,9 +19,8 @@ import torch
 from minitron.core import parallel_state
 from minitron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from minitron.core.optimizer.grad_scaler import ConstantGradScaler, DynamicGradScaler
-from minitron.core.optimizer.optimizer import (
-    Float16OptimizerWithFloat16Params, FP32Optimizer, MegatronOptimizer,
-)
+from minitron.core.optimizer.float16_optimizer import Float16OptimizerWithFloat16Params
+from minitron.core.optimizer.optimizer import FP32Optimizer, MegatronOptimizer
 from minitron.core.optimizer.optimizer_config import OptimizerConfig
 from minitron.trace import traced
 
