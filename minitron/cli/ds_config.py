@@ -46,6 +46,8 @@ def ds_config(
     scale = ("dynamic loss scale from 2^{:g}".format(__import__("math").log2(config.initial_dynamic_scale))
              if config.fp16_enabled and config.loss_scale == 0 else f"loss scale {config.loss_scale:g}")
     console.print(f"precision {precision}" + (f" ({scale})" if config.fp16_enabled else ""))
+    for key, why in resolved["no_effect"].items():   # accepted keys that change nothing in minitron's engine
+        console.print(f"{key}: accepted, changes nothing here: {why}", highlight=False)
     zero = config.zero_config
     console.print(f"ZeRO stage {zero.stage}; gradient clipping {config.gradient_clipping:g}; optimizer "
                   f"{config.optimizer_name or '(the program’s own)'}; scheduler {config.scheduler_name or 'none'}")

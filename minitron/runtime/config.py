@@ -33,6 +33,8 @@ from typing import Any, Optional, Union
 from minitron.runtime.comm.comms_logger_config import parse_comms_logger
 from minitron.runtime.activation_checkpointing.config import parse_activation_checkpointing
 from minitron.runtime.config_optimizer import ZERO_TESTED, parse_optimizer
+from minitron.runtime.config_engine import ENGINE_KEYS, check_unmanaged, parse_engine_switches
+from minitron.runtime.config_features import no_effect_notes, parse_features
 from minitron.runtime.config_sections import parse_precision, parse_scheduler, parse_zero
 from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, flag, json_value, number, positive_int
 from minitron.runtime.precision_config import check_master_weights, parse_precision_options
@@ -47,7 +49,8 @@ TOP_LEVEL = TRIAD + ("steps_per_print", "gradient_clipping", "fp16", "bf16", "bf
                      "scheduler", "zero_optimization", "checkpoint", "zero_allow_untested_optimizer",
                      "communication_data_type", "prescale_gradients", "gradient_predivide_factor",
                      "wall_clock_breakdown", "tensorboard", "csv_monitor", "wandb", "comet", "flops_profiler",
-                     "activation_checkpointing", "aio", "zero_force_ds_cpu_optimizer", "comms_logger")
+                     "activation_checkpointing", "aio", "zero_force_ds_cpu_optimizer", "comms_logger",
+                     "data_types", "timers", "compile") + ENGINE_KEYS
 DEFAULT_ONLY: dict = {}
 # Keys DeepSpeed 0.19.8 refuses whatever their value, because the feature behind them is gone
 # (its _REMOVED_TOP_LEVEL_CONFIG_KEYS): a leftover would otherwise be silently ignored.
@@ -194,6 +197,9 @@ class DeepSpeedConfig:
         self.zero_config = parse_zero(params)
         self.zero_optimization_stage = self.zero_config.stage
         self.zero_enabled = self.zero_optimization_stage > 0
+        # the engine's switches: gradient_allreduce_op, managed_gradient_accumulation, ... (config_engine.py)
+        self.engine_switches = parse_engine_switches(params, self.zero_optimization_stage)
+        check_unmanaged(self.engine_switches, self.zero_config)
         self.zero_allow_untested_optimizer = flag(params, "zero_allow_untested_optimizer", False, "ds_config")
         if self.optimizer_name == "OneBitAdam":   # its compressed stage all-reduces the momentum, not gradients
             if self.zero_enabled:   # DeepSpeed's assertion, before its untested-optimizer check
@@ -224,13 +230,16 @@ class DeepSpeedConfig:
         self.wall_clock_breakdown = flag(params, "wall_clock_breakdown", False, "ds_config") \
             or self.flops_profiler_config["enabled"]
         # "checkpoint": {"load_universal": true}: load_checkpoint reads a universal checkpoint
-        # (runtime/checkpoint/universal_checkpoint.py). DeepSpeed's other checkpoint keys (tag
-        # validation, node-local storage, parallel writes) are not built, so they are refused.
+        # (runtime/checkpoint/universal_checkpoint.py); its other keys, data_types, timers and
+        # compile: config_features.py
         checkpoint = params.get("checkpoint", {})
         if not isinstance(checkpoint, dict):
             raise DeepSpeedConfigError(f"checkpoint must be an object, got {json_value(checkpoint)}")
-        check_keys(checkpoint, ("load_universal",), {}, "checkpoint")
+        check_keys(checkpoint, ("load_universal", "tag_validation", "use_node_local_storage", "parallel_write"), {},
+                   "checkpoint")
         self.load_universal_checkpoint = flag(checkpoint, "load_universal", False, "checkpoint")
+        model_dtype = "fp16" if self.fp16_enabled else "bf16" if self.bfloat16_enabled else "fp32"
+        self.features = parse_features(params, checkpoint, model_dtype, self.zero_optimization_stage)
 
     def _gradient_communication(self, params: dict) -> None:
         """communication_data_type, prescale_gradients, gradient_predivide_factor (what they do:
@@ -246,7 +255,10 @@ class DeepSpeedConfig:
             raise DeepSpeedConfigError(f"gradient_predivide_factor must be positive, got "
                                        f"{json_value(params['gradient_predivide_factor'])}")
         zero, stage = self.zero_config, self.zero_optimization_stage
-        if stage >= 2 and zero.reduce_scatter and (self.prescale_gradients or self.gradient_predivide_factor != 1):
+        scaled = self.prescale_gradients or self.gradient_predivide_factor != 1
+        if self.engine_switches.gradient_allreduce_op == "sum":   # a sum reads neither knob: DeepSpeed checks neither
+            scaled = False
+        if stage >= 2 and zero.reduce_scatter and scaled:
             what = "prescale_gradients" if self.prescale_gradients else "gradient_predivide_factor != 1.0"
             raise DeepSpeedConfigError(f"{what} is not supported by DeepSpeed's ZeRO stage {stage} with reduce "
                                        f"scatter enabled; set zero_optimization.reduce_scatter to false or drop it")
@@ -289,5 +301,7 @@ class DeepSpeedConfig:
             "gradient_predivide_factor": self.gradient_predivide_factor,
             "wall_clock_breakdown": self.wall_clock_breakdown,
             "flops_profiler": self.flops_profiler_config,
+            **vars(self.engine_switches),
+            "no_effect": no_effect_notes(self._param_dict),   # given, and changing nothing here: why
             **{name: getattr(self.monitor_config, name) for name in ("tensorboard", "csv_monitor", "wandb")},
         }

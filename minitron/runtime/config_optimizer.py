@@ -42,13 +42,10 @@ def parse_optimizer(params: dict) -> tuple[Optional[str], Optional[dict]]:
     if "max_grad_norm" in opt:   # DeepSpeed's engine refuses it for every optimizer, with this advice
         raise DeepSpeedConfigError(f"{where}.max_grad_norm is not supported as an optimizer parameter; use the "
                                    f"top-level \"gradient_clipping\" instead")
-    extra = ("adam_w_mode", "torch_adam") if kind in ("Adam", "AdamW") else ()
-    # FusedAdam's and DeepSpeedCPUAdam's arguments at their defaults are minitron's Adam (it
-    # corrects the bias and keeps no running max); torch's AdamW (torch_adam) has no
-    # bias_correction, so DeepSpeed's constructor refuses that key there.
-    at_default = {} if kind not in ("Adam", "AdamW") else \
-        {"amsgrad": False, **({} if opt.get("torch_adam") is True else {"bias_correction": True})}
-    check_keys(opt, OPTIMIZERS[kind] + extra, at_default, where)
+    # torch's AdamW (torch_adam) has no bias_correction, so DeepSpeed's constructor refuses that key there.
+    extra = ("adam_w_mode", "torch_adam", "amsgrad") + (() if opt.get("torch_adam") is True else ("bias_correction",)) \
+        if kind in ("Adam", "AdamW") else ()
+    check_keys(opt, OPTIMIZERS[kind] + extra, {}, where)
     if kind == "SGD":
         return kind, _sgd(opt, where)
     if kind == "OneBitAdam":
@@ -67,6 +64,13 @@ def parse_optimizer(params: dict) -> tuple[Optional[str], Optional[dict]]:
         out["adam_w_mode"] = flag(opt, "adam_w_mode", True, where)
     if "torch_adam" in opt:    # torch's Adam/AdamW instead of DeepSpeed's default FusedAdam
         out["torch_adam"] = flag(opt, "torch_adam", False, where)
+    if "bias_correction" in opt:   # false: FusedAdam/CPU-Adam divide by neither 1 - beta1^t nor 1 - beta2^t
+        out["bias_correction"] = flag(opt, "bias_correction", True, where)
+    if flag(opt, "amsgrad", False, where):   # the running max of the second moments: torch's Adam has it
+        if not out.get("torch_adam"):
+            raise DeepSpeedConfigError(f"{where}.amsgrad: DeepSpeed's FusedAdam and CPU-Adam do not support the "
+                                       f"AMSGrad variant (their constructors refuse it); add \"torch_adam\": true")
+        out["amsgrad"] = True
     return kind, out
 
 

@@ -25,22 +25,15 @@ class DeepSpeedConfigError(ValueError):
 
 
 # Keys of DeepSpeed 0.19.8 minitron takes at their default value only, by section: at that value
-# each asks for what minitron does anyway (it averages gradients, all-gathers after the step, keeps
-# the Python GC, loads ZeRO's fp32 partitions, resumes at the same data-parallel size, keeps a
-# last short batch, steps at the accumulation boundary...), so a config that spells the default
-# out loads; any other value asks for a behaviour minitron does not build and is refused.
+# each asks for what minitron does anyway (it loads ZeRO's fp32 partitions, resumes at the same
+# data-parallel size, keeps fp32 optimizer states...), so a config that spells the default out
+# loads; any other value asks for a behaviour minitron does not build and is refused.
 AT_DEFAULT = {
-    "ds_config": {"gradient_allreduce_op": "mean", "seq_parallel_communication_data_type": "fp32",
-                  "disable_allgather": False, "dump_state": False, "disable_python_gc": False,
-                  "memory_breakdown": False, "dataloader_drop_last": False,
-                  "use_data_before_expert_parallelism": False, "managed_gradient_accumulation": True,
-                  "log_level": None, "vocabulary_size": None},
     "zero_optimization": {"use_multi_rank_bucket_allreduce": True, "compute_grad_norm": True,
                           "load_from_fp32_weights": True, "elastic_checkpoint": False, "legacy_stage1": False,
                           "parameter_alignment": False, "pipeline_loading_checkpoint": False,
                           "log_trace_cache_warnings": False, "enable_sanity_checks": False},
     "bf16": {"bf16_optimizer_states": False}, "bfloat16": {"bf16_optimizer_states": False},
-    "checkpoint": {"use_node_local_storage": False, "parallel_write": {"pipeline_stage": False}},
 }
 
 

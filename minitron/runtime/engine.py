@@ -26,6 +26,7 @@ from minitron.ops.lamb import FusedLamb
 from minitron.runtime.checkpoint import engine_checkpoint as checkpoint
 from minitron.runtime import gradient_reduction
 from minitron.runtime.config import DeepSpeedConfig
+from minitron.runtime import engine_switches as switches
 from minitron.runtime.fp16.onebit import OnebitAdam
 from minitron.runtime.loss_scaler import CreateLossScaler
 from minitron.runtime.lr_schedules import SCHEDULERS
@@ -103,6 +104,7 @@ class DeepSpeedEngine(torch.nn.Module):
                  config: DeepSpeedConfig):
         super().__init__()
         self.module, self.mpu, self._config = model, mpu, config
+        switches.configure_switches(self)   # log_level, disable_python_gc, ... (engine_switches.py)
         self.data_parallel_group = mpu.get_data_parallel_group() if mpu is not None else dist.get_world_group()
         self.dp_world_size = dist.get_world_size(group=self.data_parallel_group)
         self.global_rank = dist.get_rank()
@@ -116,6 +118,7 @@ class DeepSpeedEngine(torch.nn.Module):
         self.global_steps = self.global_samples = self.micro_steps = self.skipped_steps = 0
         self._is_gradient_accumulation_boundary, self._step_applied = None, False
         self.enable_backward_allreduce = True   # 1-bit Adam turns it off when its variance freezes
+        switches.memory(self, "DeepSpeed Engine: Before configure distributed model")
         self._configure_distributed_model()
         self._broadcast_model()
         basic = self._configure_basic_optimizer(optimizer, model_parameters)
@@ -165,12 +168,9 @@ class DeepSpeedEngine(torch.nn.Module):
         self.training_dataloader = None
         # Scalars to TensorBoard/CSV/wandb, wall_clock_breakdown's timers, the flops profiler
         configure_monitoring(self, config, mp_group)
-        if training_data is not None:
-            sampler = torch.utils.data.DistributedSampler(training_data, num_replicas=self.dp_world_size,
-                                                          rank=dist.get_rank(group=self.data_parallel_group))
-            self.training_dataloader = torch.utils.data.DataLoader(
-                training_data, batch_size=self.train_micro_batch_size_per_gpu(), sampler=sampler,
-                collate_fn=collate_fn)
+        if training_data is not None:   # with dataloader_drop_last (engine_switches.py)
+            self.training_dataloader = switches.training_dataloader(self, training_data, collate_fn)
+        switches.dump_state(self)   # last: every attribute the engine ended up with
 
     # --- set-up ------------------------------------------------------------------------------
 
@@ -182,6 +182,7 @@ class DeepSpeedEngine(torch.nn.Module):
             self.module.half()
         elif self._config.bfloat16_enabled:
             self.module.to(torch.bfloat16)
+        switches.keep_fp32_buffers(self)   # data_types.keep_in_fp32_modules
         self.device = torch.device(get_accelerator().current_device_name())
         self.module.to(self.device)
 
@@ -256,6 +257,7 @@ class DeepSpeedEngine(torch.nn.Module):
     # --- the loop: forward, backward, step ----------------------------------------------------
 
     def forward(self, *inputs, **kwargs):
+        switches.memory(self, "Engine before forward")   # memory_breakdown, here and below
         profiling = self.flops_profiler_active()
         if profiling:
             self.flops_profiler.start_profile()
@@ -266,6 +268,7 @@ class DeepSpeedEngine(torch.nn.Module):
         self._stop_timers(self.engine_timers.forward_timers)
         if profiling:
             self.flops_profiler.stop_profile()
+        switches.memory(self, "Engine after forward")
         return output
 
     def flops_profiler_active(self) -> bool:
@@ -286,6 +289,8 @@ class DeepSpeedEngine(torch.nn.Module):
         gradient_accumulation_steps, unless the caller said otherwise (below)."""
         if self._is_gradient_accumulation_boundary is not None:
             return self._is_gradient_accumulation_boundary
+        if not switches.managed(self):   # managed_gradient_accumulation false: step() is the boundary
+            return self._running_engine_step
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
 
     def set_gradient_accumulation_boundary(self, is_boundary) -> None:
@@ -297,6 +302,8 @@ class DeepSpeedEngine(torch.nn.Module):
     # --8<-- [start:backward-step]
     @traced(args=lambda self, loss: {"boundary": self.is_gradient_accumulation_boundary()})
     def backward(self, loss: torch.Tensor) -> torch.Tensor:
+        switches.memory(self, "Engine before backward")
+        self._unmanaged_backward_count += 1   # global_samples' count when the caller owns the boundary
         # Each micro-batch's loss is a mean over its samples; dividing by the number of
         # micro-batches makes the accumulated gradient the mean over the whole step's batch.
         if self.gradient_accumulation_steps() > 1:
@@ -312,20 +319,26 @@ class DeepSpeedEngine(torch.nn.Module):
         else:   # 1-bit Adam after its warm-up: each rank keeps its own gradient; the optimizer averages momenta
             self.optimizer.reduce_gradients(self.is_gradient_accumulation_boundary(), all_reduce=False)
         self._stop_timers(self.engine_timers.backward_reduce_timers + self.engine_timers.backward_timers)
+        switches.memory(self, "Engine after backward")
         return loss
 
     def step(self, lr_kwargs: dict | None = None) -> None:
         """``lr_kwargs`` go to the schedule's step(): Megatron's OptimizerParamScheduler counts
         samples and is told how many (``{"increment": global batch}``)."""
         self._step_applied = False
+        switches.memory(self, "Engine before step")
         profiling = self.flops_profiler_active()   # asked before the step counts itself
         self._start_timers(self.engine_timers.step_timers)
+        if not switches.managed(self):
+            switches.unmanaged_boundary(self)   # reduces what backward left local; the boundary until the end
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
             self._take_model_step(lr_kwargs)
         self._stop_timers(self.engine_timers.step_timers)
         report_step(self, boundary, profiling)   # monitors, the flops profile, the timers' lines
         self.micro_steps += 1
+        self._running_engine_step = False
+        switches.memory(self, "Engine after step")
 
     def _take_model_step(self, lr_kwargs: dict | None = None) -> None:
         self.optimizer.step()             # skips itself on an fp16 overflow
@@ -335,8 +348,16 @@ class DeepSpeedEngine(torch.nn.Module):
         elif self.lr_scheduler is not None:
             self.lr_scheduler.step(**(lr_kwargs or {}))
         self.global_steps += 1
-        self.global_samples += self.train_batch_size()
+        self.global_samples += switches.samples_this_step(self)
     # --8<-- [end:backward-step]
+
+    def destroy(self) -> None:
+        """What the engine holds of the process, given back (disable_python_gc's switch)."""
+        switches.destroy(self)
+
+    def collect_python_gc(self) -> int:
+        """One collection at a point the loop chooses (with disable_python_gc, the only ones)."""
+        return switches.python_gc.collect()
 
     def was_step_applied(self) -> bool:
         """Did the last step() update the weights? False between boundaries and on an overflow."""

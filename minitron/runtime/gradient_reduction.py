@@ -22,6 +22,10 @@ which matters in 16 bits. Where DeepSpeed applies them (``where`` below):
                so does config.py (and at stage 3 without reduce_scatter it refuses a factor,
                which DeepSpeed would apply around its division but not undo when it equals dp).
 
+A fourth, gradient_allreduce_op "sum" (DeepSpeed's gradient_average false), drops the mean
+altogether: every path above sums and divides by nothing, predivide and prescale included (DeepSpeed
+tests gradient_average before it reads either). The step then sees dp times the mean gradient.
+
 A rank hands ``to_wire`` its gradient, runs the collective (a sum) on what it got back, and takes
 ``from_wire`` of the result.
 """
@@ -46,11 +50,14 @@ class GradientReduction:
     # ZeRO 1-2: all-reduce the whole gradient and keep my partition of it, rather than reduce each
     # partition onto its owner (DeepSpeed: contiguous_gradients or reduce_scatter false)
     all_reduce: bool = False
+    average: bool = True   # gradient_allreduce_op "mean"; False: "sum", nothing divides
 
     def to_wire(self, grad: torch.Tensor) -> torch.Tensor:
         """A tensor to sum over the ranks: ``grad`` itself when no cast is asked for (the
         collective then works in place), else a cast copy."""
         wire = grad if self.dtype in (None, grad.dtype) else grad.to(self.dtype)
+        if not self.average:
+            return wire
         if self.where == "divide":
             return wire.div_(self.dp)
         if self.prescale:
@@ -61,7 +68,7 @@ class GradientReduction:
 
     def from_wire(self, summed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The sum over the ranks -> the mean, in ``dtype`` (the gradient's)."""
-        if self.where != "divide" and not self.prescale and self.predivide != self.dp:
+        if self.average and self.where != "divide" and not self.prescale and self.predivide != self.dp:
             summed.mul_(self.predivide / self.dp)
         return summed if summed.dtype == dtype else summed.to(dtype)
 
@@ -79,4 +86,6 @@ def for_stage(config, dp: int) -> GradientReduction:
     dtype = DTYPES[config.communication_data_type] if config.communication_data_type else None
     predivide = 1.0 if where == "divide" else config.gradient_predivide_factor
     all_reduce = stage == 0 or stage in (1, 2) and not (zero.contiguous_gradients and zero.reduce_scatter)
-    return GradientReduction(dp, where, dtype, config.prescale_gradients and where != "divide", predivide, all_reduce)
+    average = config.engine_switches.gradient_allreduce_op == "mean"
+    return GradientReduction(dp, where, dtype, config.prescale_gradients and where != "divide", predivide, all_reduce,
+                             average)

@@ -16,6 +16,7 @@ weights, stored once), and the frozen parameters, which no optimizer partition h
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from minitron.runtime.checkpoint import constants as C
 from minitron.runtime.checkpoint.pickles import load_state, save_state
 from minitron.runtime.checkpoint.shard_owner import owner, owner_mismatch, read_owner, stamp_owner
 from minitron.runtime.checkpoint.universal_checkpoint import load_universal_state
+from minitron.runtime.utils import logger
 from minitron.runtime.checkpoint.zero_checkpoint import (load_stage0_state_dict, load_zero_state_dict,
                                                          optimizer_groups, stage0_state_dict, zero_state_dict)
 
@@ -147,6 +149,7 @@ def save_checkpoint(engine, save_dir, tag=None, client_state: dict | None = None
     if engine.global_rank == 0:
         path.mkdir(parents=True, exist_ok=True)
     dist.barrier()
+    _validate_tag(engine, tag)
     names = {p: n for n, p in engine.module.named_parameters()}
     if stage == 3 or _dp_rank(engine) == 0:
         torch.save({**_model_state(engine, names), **(client_state or {})}, ckpt_name(engine, path))
@@ -164,6 +167,26 @@ def save_checkpoint(engine, save_dir, tag=None, client_state: dict | None = None
         (Path(save_dir) / C.LATEST).write_text(tag)
     dist.barrier()
     return True
+
+
+def _validate_tag(engine, tag: str) -> None:
+    """checkpoint.tag_validation: every rank must save under one tag, or the save is torn across
+    directories (a tag with the rank in it). The tag's SHA-1, all-reduced as max and as min,
+    equals this rank's own only if every rank has the same one. "Warn" logs, "Fail" refuses."""
+    mode = engine._config.features.tag_validation
+    if mode == "IGNORE":
+        return
+    mine = torch.tensor(list(hashlib.sha1(tag.encode()).digest()), dtype=torch.uint8, device=engine.device)
+    high, low = mine.clone(), mine.clone()
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    if torch.equal(high, mine) and torch.equal(low, mine):
+        return
+    message = (f"[rank={engine.global_rank}] The checkpoint tag name '{tag}' is not consistent across all ranks; "
+               "a tag with rank-specific parts tears the checkpoint across directories")
+    if mode == "FAIL":
+        raise ValueError(message + " (checkpoint.tag_validation \"Fail\")")
+    logger.warning(message)
 
 
 def _read(file: Path, what: str) -> dict:
