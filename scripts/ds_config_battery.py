@@ -251,6 +251,8 @@ def _context(section: str, key: str) -> dict:
     if key.endswith("master_weights_and_grads") or key == "bf16_optimizer_states":
         _merge(out, S1)
         return _merge(out, {"bf16": {"bf16_master_weights_and_grads": True}} if key == "bf16_optimizer_states" else {})
+    if section == "zero_optimization" and key == "compute_grad_norm":   # false needs clipping off
+        return _merge(_merge(out, S2), {"gradient_clipping": 0.0})
     if section == "zero_optimization" and key != "stage":
         return _merge(out, S2)
     return out

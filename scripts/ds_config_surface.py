@@ -55,9 +55,17 @@ def refused_later(config: dict) -> bool:
     fp16, bf16 = config.get("fp16") or {}, config.get("bf16") or {}
     master = fp16.get("fp16_master_weights_and_grads") is True or \
         (bf16.get("bf16_master_weights_and_grads") is True and bf16.get("bf16_optimizer_states") is not True)
-    offload = ((config.get("zero_optimization") or {}).get("offload_optimizer") or {}).get("device")
+    zero = config.get("zero_optimization") or {}
+    offload = (zero.get("offload_optimizer") or {}).get("device")
     cpu_adam = str((config.get("optimizer") or {}).get("type", "")).lower() in ("adam", "adamw")
-    return master and not (offload == "cpu" and cpu_adam)
+    # The engine's _configure_zero_optimizer raises for legacy_stage1 under ZeRO, and the ZeRO-1/2
+    # optimizer's constructor for compute_grad_norm false with clipping (1.0 by default) or offload.
+    stage = zero.get("stage", 0)
+    legacy = zero.get("legacy_stage1") is True and stage in (1, 2, 3)
+    clip = config.get("gradient_clipping", 1.0)
+    no_norm = zero.get("compute_grad_norm") is False and stage in (1, 2) and (
+        isinstance(clip, (int, float)) and clip > 0 or offload in ("cpu", "nvme"))
+    return master and not (offload == "cpu" and cpu_adam) or legacy or no_norm
 
 # What DeepSpeed 0.19.7 removed and minitron keeps on purpose, as the last release that had it
 # (0.19.6) ran it: the optimizer type, and why.

@@ -13,6 +13,7 @@ from typing import Optional
 
 from minitron.runtime.zero.offload_config import OFFLOAD_KEYS, OffloadConfig, parse_offload
 from minitron.runtime.zero.stage3_config import DEFAULT_ONLY as STAGE3_DEFAULT_ONLY, STAGE3_KEYS, Stage3Config, \
+from minitron.runtime.zero.stage_1_and_2_config import KNOB_KEYS, parse_stage_1_and_2
     parse_stage3
 from minitron.runtime.precision_config import BF16_OPTIONS, FP16_OPTIONS
 from minitron.runtime.config_values import (  # noqa: F401 -- DeepSpeedConfigError re-exported
@@ -219,6 +220,8 @@ class ZeroConfig:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    compute_grad_norm: bool = True   # these two: zero/stage_1_and_2_config.py
+    use_multi_rank_bucket_allreduce: bool = True
 
 ZERO_KEYS = ("stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients",
              "reduce_scatter", "allgather_partitions", "round_robin_gradients")
@@ -227,7 +230,8 @@ ZERO_KEYS = ("stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_co
 def parse_zero(params: dict) -> ZeroConfig:
     where = "zero_optimization"
     zero = model_view(_section(params, where))
-    check_keys({k: v for k, v in zero.items() if k not in OFFLOAD_KEYS}, ZERO_KEYS + STAGE3_KEYS, STAGE3_DEFAULT_ONLY,
+    check_keys({k: v for k, v in zero.items() if k not in OFFLOAD_KEYS}, ZERO_KEYS + KNOB_KEYS + STAGE3_KEYS,
+               STAGE3_DEFAULT_ONLY,
                where, model=True)
     try:  # pydantic's int enum: 1.0, "1" and true are all stage 1
         stage = model_int(zero, "stage", 0, where, minimum=0, maximum=3)
@@ -254,4 +258,5 @@ def parse_zero(params: dict) -> ZeroConfig:
         ("round_robin_gradients", False))}
     offload_optimizer, offload_param = parse_offload(zero, stage, where)
     return ZeroConfig(stage, reduce_size, allgather, overlap, **flags, offload_optimizer=offload_optimizer,
-                      offload_param=offload_param, stage3=parse_stage3(zero, where))
+                      offload_param=offload_param, stage3=parse_stage3(zero, where),
+                      **parse_stage_1_and_2(zero, stage, params, offload_optimizer, where))

@@ -29,10 +29,8 @@ class DeepSpeedConfigError(ValueError):
 # data-parallel size, keeps fp32 optimizer states...), so a config that spells the default out
 # loads; any other value asks for a behaviour minitron does not build and is refused.
 AT_DEFAULT = {
-    "zero_optimization": {"use_multi_rank_bucket_allreduce": True, "compute_grad_norm": True,
-                          "load_from_fp32_weights": True, "elastic_checkpoint": False, "legacy_stage1": False,
-                          "parameter_alignment": False, "pipeline_loading_checkpoint": False,
-                          "log_trace_cache_warnings": False, "enable_sanity_checks": False},
+    "zero_optimization": {"load_from_fp32_weights": True, "elastic_checkpoint": False,
+                          "parameter_alignment": False, "pipeline_loading_checkpoint": False},
     "bf16": {"bf16_optimizer_states": False}, "bfloat16": {"bf16_optimizer_states": False},
 }
 

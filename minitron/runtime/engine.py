@@ -145,6 +145,9 @@ class DeepSpeedEngine(torch.nn.Module):
         if config.bfloat16_enabled and self.zero_optimization_stage() in (1, 2):
             # bf16.check_grad_overflow: DeepSpeed hands it to stages 1 and 2 only (precision_config.py)
             self.optimizer.check_grad_overflow = config.precision_options["check_grad_overflow"]
+        if self.zero_optimization_stage() in (1, 2):   # ZeRO 1-2's knobs (zero/stage_1_and_2_config.py)
+            self.optimizer.compute_grad_norm = zero.compute_grad_norm
+            self.optimizer.use_multi_rank_bucket_allreduce = zero.use_multi_rank_bucket_allreduce
         self.basic_optimizer = basic
         if isinstance(basic, (FusedLamb, OnebitAdam)) and self.zero_optimization_stage() == 0:
             # DeepSpeed's stage 0 hands Lamb each tensor; minitron's one flat master per group holds

@@ -25,8 +25,9 @@ and k the optimizer's fp32 moments (2 for Adam), a rank holds between micro-batc
 Communication on the data-parallel group (key ``dp``, the engine's mpu group) in one iteration
 of m micro-batches: stage 0 all-reduces, stage 1 reduce-scatters each flat gradient once, at the
 last micro-batch (with overlap_comm: reduces it bucket by bucket during that backward, as stage 2
-does); stage 2 reduces every gradient during each backward, bucket by bucket, to the ranks owning
-its elements (P x e per micro-batch); stage 3 all-gathers each module's pieces
+does); stage 2 reduces every gradient during each backward, bucket by bucket (one all-reduce
+of each bucket, or with use_multi_rank_bucket_allreduce false one reduce to each rank owning
+some of its elements: P x e per micro-batch either way); stage 3 all-gathers each module's pieces
 before its forward and again before its backward, and reduce-scatters each gradient (padded to
 dp pieces); with full recomputation the recomputed layers gather a third time. The step then
 all-reduces the overflow flag (fp32) and the squared norm (fp64) over dp and tp, and stages 1
@@ -125,10 +126,12 @@ def arrival_order(plist: list[Param]) -> list[Param]:
     return order
 
 
-def _bucket_reduces(plist: list[Param], groups: list[list[Param]], dp: int, bucket_size: int) -> list[int]:
-    """ZeRO-2's reduces of one backward (buckets.py): elements of each call. Gradients are
+def _bucket_reduces(plist: list[Param], groups: list[list[Param]], dp: int, bucket_size: int,
+                    all_reduce: bool = True) -> list[int]:
+    """ZeRO-2's reductions of one backward (buckets.py): elements of each call. Gradients are
     taken as they arrive (the bytes do not depend on the order, the number of calls a little);
-    one reduce per owner of a bucket's elements."""
+    one all-reduce of each bucket (``all_reduce``: use_multi_rank_bucket_allreduce), else one
+    reduce per owner of a bucket's elements."""
     where, sizes = {}, []
     for i, g in enumerate(groups):
         offset = 0
@@ -139,6 +142,9 @@ def _bucket_reduces(plist: list[Param], groups: list[list[Param]], dp: int, buck
     calls, bucket, elements = [], [], 0
 
     def flush():
+        if all_reduce:
+            calls.append(sum(p.numel for p in bucket))
+            return
         owned: dict[int, int] = {}
         for p in bucket:
             i, first = where[p.name]
@@ -220,18 +226,22 @@ def zero_comm(args, plist: list[Param], tally) -> None:
             tally.add("dp", piece[p.name] * dp * e, m)
     elif stage == 2 or (stage == 1 and cfg.zero_config.overlap_comm):
         # stage 2 in every backward; stage 1 with overlap_comm in the last micro-batch's only
-        for n in _bucket_reduces(plist, groups, dp, cfg.zero_config.reduce_bucket_size):
+        for n in _bucket_reduces(plist, groups, dp, cfg.zero_config.reduce_bucket_size,
+                                 cfg.zero_config.use_multi_rank_bucket_allreduce or not (
+                                     cfg.zero_config.contiguous_gradients and cfg.zero_config.reduce_scatter)):
             tally.add("dp", n * e, m if stage == 2 else 1)
     else:                                                # once, after the last micro-batch
         for flat in flats:
             tally.add("dp", flat * e)                    # all-reduce (0) or reduce-scatter (1)
     # engine.step: the overflow flag, the squared norm (fp64), over dp and then tp ...
+    norm = cfg.zero_config.compute_grad_norm   # false (stages 1-2): no norm, no all-reduce of it
     tally.add("dp", 4)
-    if dp > 1 and stage >= 1:
+    if dp > 1 and stage >= 1 and norm:
         tally.add("dp", 8)
     if t > 1:
         tally.add("tp", 4)
-        tally.add("tp", 8)
+        if norm:
+            tally.add("tp", 8)
     if stage in (1, 2) and dp > 1:                       # ... my updated partition, to everyone
         for flat in flats:
             tally.add("dp", flat // dp * e)

@@ -9,11 +9,15 @@ gradients dropped. The last, partial bucket is reduced after backward (the engin
 DeepSpeed (with overlap_comm) its reduction runs while backward computes the next bucket.
 
 Reducing a bucket: every element of it belongs to one rank's partition of the flat buffer
-(stage_1_and_2.py). For each owner in turn, the pieces it owns are put end to end and summed
-onto it with one ``reduce``; the owner adds the sum, divided by dp, into its partition's
-gradient. DeepSpeed reduces each (owner, offset) run of the bucket on its own; one call per
-owner moves the same bytes in fewer, larger messages. Every rank runs the same backward, so the
-buckets and the calls come in the same order everywhere, as collectives must.
+(stage_1_and_2.py). DeepSpeed's default (``use_multi_rank_bucket_allreduce``) all-reduces the
+whole bucket in one call and each rank keeps the pieces it owns: one message per bucket, however
+many ranks own a part of it, which pays when the model is small and the ranks many. With it
+false, for each owner in turn the pieces it owns are put end to end and summed onto it with one
+``reduce``; the owner adds the sum, divided by dp, into its partition's gradient: half the bytes
+of an all-reduce reach each rank, in one call per owner (DeepSpeed reduces each (owner, offset)
+run of the bucket on its own; one call per owner moves the same bytes in fewer, larger
+messages). Every rank runs the same backward, so the buckets and the calls come in the same
+order everywhere, as collectives must.
 """
 
 from __future__ import annotations
@@ -105,9 +109,19 @@ class GradientBuckets:
         if self.overlap_comm and len(self.in_flight) == 2:
             self._wait(*self.in_flight.pop(0))   # both bucket buffers busy: wait for the older
         mine, handles = None, []
-        for owner in sorted(owned):
-            pieces = owned[owner]
-            summed = opt.gradient_reduction.to_wire(torch.cat([bucket[b:b + n] for _, _, b, n in pieces]))
+        # DeepSpeed's default: the whole bucket, once; my pieces where they lie in it (so too without
+        # contiguous_gradients or reduce_scatter: its buffered_reduce_fallback)
+        if opt.use_multi_rank_bucket_allreduce or opt.gradient_reduction.all_reduce:
+            summed = opt.gradient_reduction.to_wire(bucket)
+            handles.append(dist.all_reduce(summed, group=group, async_op=self.overlap_comm))
+            mine = (owned[opt.partition_id], summed) if opt.partition_id in owned else None
+            owned = {}
+        for owner in sorted(owned):   # else: onto each owner, its pieces end to end
+            pieces, k = [], 0   # (group, offset in the partition, where in the sum, elements)
+            for i, offset, _, n in owned[owner]:
+                pieces.append((i, offset, k, n))
+                k += n
+            summed = opt.gradient_reduction.to_wire(torch.cat([bucket[b:b + n] for _, _, b, n in owned[owner]]))
             handles.append(dist.reduce(summed, dst=dist.get_global_rank(group, owner), group=group,
                                        async_op=self.overlap_comm))
             if owner == opt.partition_id:
@@ -135,13 +149,11 @@ class GradientBuckets:
         opt, (pieces, summed) = self.opt, mine
         # the sum over ranks -> the mean over the batch, back in the gradients' dtype
         summed = opt.gradient_reduction.from_wire(summed, opt.bit16_groups_flat[0].dtype)
-        k = 0
-        for i, offset, _, n in pieces:
+        for i, offset, k, n in pieces:   # k: where the piece lies in the sum
             size = opt.bit16_groups_flat[i].numel() // opt.partition_count
             if i not in opt.averaged_gradients:   # on the device the gradients were reduced on
                 opt.averaged_gradients[i] = summed.new_zeros(size)
             opt.averaged_gradients[i][offset:offset + n].add_(summed[k:k + n])
-            k += n
 
     def finish(self) -> None:
         """After backward: reduce the last, partial bucket and wait for every one in flight."""

@@ -15,7 +15,9 @@ k + 2, ... will need:
                                   layer's weights, used in its forward, come back in its backward
 
 A pass that does not follow the trace (another order, an eval forward without backward) makes it
-invalid, and the pass after records again, as DeepSpeed's does. Persistent parameters
+invalid, and the pass after records again, as DeepSpeed's does; with ``log_trace_cache_warnings``
+rank 0 prints a line saying where (DeepSpeed's "Invalidate trace cache @ step ..."), since each
+invalidation costs a pass without prefetch and a silent one is hard to find. Persistent parameters
 (``ds_persist``, stage3_param_persistence_threshold) are never released, so never gathered here.
 
 The trace holds parameters, not modules: a module holds the optimizer through its hooks, and
@@ -44,16 +46,22 @@ def mark_persistent_parameters(module, partitioned, param_threshold: int, model_
             p.ds_persist, total = True, total + p.ds_numel
 
 
+def _name(module) -> str:
+    """How a warning names a module: its class and DeepSpeed's number for it (stage3.py sets it)."""
+    return f"{getattr(module, 'ds_id', '?')} ({type(module).__name__})"
+
+
 class PartitionedParameterCoordinator:
     def __init__(self, prefetch_bucket_size: int, max_live_parameters: int, max_reuse_distance: int):
         self.prefetch_bucket_size = prefetch_bucket_size
         self.max_live_parameters = max_live_parameters
         self.max_reuse_distance = max_reuse_distance
         self.mode = INVALID
-        self.order: list = []           # per step: (id of the module, its parameters)
+        self.order: list = []           # per step: (id of the module, its parameters, its name)
         self.queue: collections.deque = collections.deque()   # (param, step it is used at), in trace order
         self.step_id = 0
         self.fetched_for: dict = {}     # param -> the latest step it has been gathered (or passed over) for
+        self.log_trace_cache_warnings = False
 
     def reset_step(self) -> None:
         """The model's forward begins: one fwd+bwd has ended (DeepSpeed calls it from a hook
@@ -63,14 +71,26 @@ class PartitionedParameterCoordinator:
             self.mode = COMPLETE
         elif self.mode != COMPLETE:
             self.mode, self.order = RECORD, []
-        self.queue = collections.deque((p, step) for step, (_, params) in enumerate(self.order)
+        self.queue = collections.deque((p, step) for step, (_, params, _) in enumerate(self.order)
                                        for p in sorted({id(p): p for p in params}.values(), key=lambda p: getattr(p, "ds_id", 0)))
         self.step_id, self.fetched_for = 0, {}
 
     def _follows(self, module) -> bool:
-        if self.mode == COMPLETE and (self.step_id >= len(self.order) or self.order[self.step_id][0] != id(module)):
-            self.mode, self.order = INVALID, []   # the pass left the trace: record the next one
+        if self.mode == COMPLETE and self.step_id >= len(self.order):
+            self._invalidate_trace(f"cache has only {len(self.order)} modules")
+        elif self.mode == COMPLETE and self.order[self.step_id][0] != id(module):
+            self._invalidate_trace(f"expected module {self.order[self.step_id][2]}, but got module "
+                                   f"{_name(module)}")
         return self.mode == COMPLETE
+
+    @traced(name="minitron.runtime.zero.partitioned_param_coordinator.invalidate_trace",
+            args=lambda self, why: {"step": self.step_id, "why": why})
+    def _invalidate_trace(self, why: str) -> None:
+        """The pass left the trace: record the next one."""
+        self.mode, self.order = INVALID, []
+        if self.log_trace_cache_warnings:
+            from minitron.training.utils import print_rank_0   # (runtime/ does not import training/ at load)
+            print_rank_0(f"Invalidate trace cache @ step {self.step_id}: {why}")
 
     @traced(name="minitron.runtime.zero.partitioned_param_coordinator.fetch_sub_module",
             args=lambda self, module, params, gather, available: {"step": self.step_id, "mode": self.mode})
@@ -79,7 +99,7 @@ class PartitionedParameterCoordinator:
         ``gather`` all-gathers a list of parameters; ``available()`` counts gathered elements."""
         gather(params)
         if self.mode == RECORD:
-            self.order.append((id(module), list(params)))
+            self.order.append((id(module), list(params), _name(module)))
         elif self._follows(module):
             # Pass over the trace's entries for my own parameters (those not gathered ahead).
             mine = {id(p) for p in params if self.fetched_for.get(p, -1) < self.step_id}
@@ -117,7 +137,7 @@ class PartitionedParameterCoordinator:
             return list(params)
         out = [p for p in params if not getattr(p, "ds_persist", False)]
         keep, traversed = set(), 0
-        for _, later in self.order[self.step_id:]:
+        for _, later, _ in self.order[self.step_id:]:
             if traversed >= self.max_reuse_distance:
                 break
             for p in later:

@@ -46,6 +46,8 @@ from minitron.runtime.zero.partitioned_param_coordinator import (
 from minitron.runtime.swap_tensor.aio_config import AioConfig
 from minitron.runtime.swap_tensor.optimizer_swapper import PartitionedOptimizerSwapper
 from minitron.runtime.zero.offload import ZeroOffload
+from minitron.runtime.zero.partition_parameters import fetch
+from minitron.runtime.zero.utils import assert_ints_same_as_other_ranks
 from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 from minitron.runtime.zero.zeropp import ZeroPlusPlus
 from minitron.trace import traced
@@ -144,7 +146,8 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         self._hooks = [module.register_forward_pre_hook(lambda *_: self.coordinator.reset_step())]
         # Every module, as DeepSpeed hooks every one: one without parameters gathers nothing, but
         # its forward and backward are steps of the coordinator's trace all the same.
-        for m in module.modules():
+        for k, m in enumerate(module.modules()):
+            m.ds_id = k   # DeepSpeed numbers the modules too: the coordinator's warnings name them by it
             self._hooks += [m.register_forward_pre_hook(self._pre_forward), m.register_forward_hook(self._post_forward)]
 
     def _configure_knobs(self, module, zero_config) -> None:
@@ -158,6 +161,9 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         self.zeropp = ZeroPlusPlus(self.dp_process_group, z.zero_hpz_partition_size, z.zero_quantized_weights)
         self.zeropp.check(list(self._group_of))
         self.qgz = qgz_groups(self.dp_world_size) if z.zero_quantized_gradients else None
+        self.allgather_sequential, self.all_reduce_fetch = z.allgather_sequential, z.use_all_reduce_for_fetch_params
+        self.enable_sanity_checks = z.enable_sanity_checks
+        self.coordinator.log_trace_cache_warnings = z.log_trace_cache_warnings
 
     # --- gather and release ---------------------------------------------------------------
 
@@ -168,9 +174,10 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         parameter p is its column range of the rows, read row after row."""
         todo = list({id(p): p for p in params if p in self._group_of and p.ds_status != AVAILABLE}.values())
         for dtype in dict.fromkeys(p.ds_tensor.dtype for p in todo):   # one dtype per collective
-            # zeropp.py: from the node's secondary pieces under hpZ, in int8 under qwZ
-            self.zeropp.all_gather([p for p in todo if p.ds_tensor.dtype == dtype],
-                                   lambda mine: self.offload.fetch(mine, None))   # host -> device, offloaded
+            # partition_parameters.py: coalesced (zeropp.py: hpZ's secondary pieces, qwZ's int8),
+            # one by one, or one all-reduce, as the config asks; host -> device first, offloaded
+            fetch([p for p in todo if p.ds_tensor.dtype == dtype], self.zeropp,
+                  lambda mine: self.offload.fetch(mine, None), self.allgather_sequential, self.all_reduce_fetch)
 
     def release(self, params: list) -> None:
         for p in params:
@@ -223,6 +230,8 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         (averaged), accumulate it into my gradient partition, drop the full gradient and p."""
         i, offset = self._group_of[p]
         piece = p.ds_tensor.numel()
+        if self.enable_sanity_checks:   # do the ranks reduce the same parameter now? (zero/utils.py)
+            assert_ints_same_as_other_ranks([p.ds_id])
         if self.qgz is not None and qgz_applies(tuple(p.grad.shape), self.dp_world_size):
             # qgZ: int4 all-to-alls, synchronous; what comes back is my partition already summed
             # over the ranks and divided by the number of nodes (coalesced_collectives.py)

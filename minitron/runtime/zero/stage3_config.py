@@ -14,13 +14,34 @@ DEEPSPEED_DEFAULTS below says which and why):
                           read only by DeepSpeed's engine.save_16bit_model(), which gathers a
                           16-bit state dict onto rank 0; minitron's engine has no such method,
                           so the key changes nothing here, as in a DeepSpeed run that never calls it
+    stage3_use_all_reduce_for_fetch_params
+                          a gather of several parameters becomes one all-reduce of a zeroed
+                          buffer in which each rank wrote its pieces (stage3.py, zeropp.py)
+    stage3_allgather_sequential
+                          each parameter all-gathered on its own, no coalescing (zeropp.py)
+    enable_sanity_checks  before each gradient's reduce-scatter the ranks compare the ds_ids
+                          they are about to reduce (stage3.py): an all-gather, and a clear error
+                          where the ranks' backward orders differ
+    log_trace_cache_warnings
+                          a warning each time the coordinator's trace is invalidated
+                          (partitioned_param_coordinator.py)
+    override_module_apply read by DeepSpeed only inside ``with deepspeed.zero.Init()``, where
+                          Module.apply gathers partitioned parameters while the model is built;
+                          the engine partitions a model already built, there and here (minitron
+                          has no zero.Init), so either value changes nothing
 Accepted at DeepSpeed's default only (what minitron does; anything else is refused):
     sub_group_size (1e9)  the fp32 partition stepped in pieces of that many elements, which
                           bounds what offloading swaps in at once; minitron steps each group's
                           partition whole
-    stage3_module_granularity_threshold 0, stage3_use_all_reduce_for_fetch_params false,
-    stage3_allgather_sequential false, zero_quantized_nontrainable_weights false
+    stage3_module_granularity_threshold 0
+                          (no module fetched as one leaf)
+    zero_quantized_nontrainable_weights false
                           (minitron's stage 3 partitions trainable parameters only)
+    memory_efficient_linear true
+                          DeepSpeed swaps torch's F.linear for an autograd function that saves
+                          the weight parameter, not a view of its gathered buffer; minitron's
+                          linear layers (Megatron's) save the parameter already, and have no
+                          torch F.linear path to switch back to
 """
 
 from __future__ import annotations
@@ -50,11 +71,15 @@ FLAGS = {
     "zero_quantized_weights": (None, False),
     "zero_quantized_gradients": (None, False),
     "gather_16bit_weights_on_model_save": ("stage3_gather_16bit_weights_on_model_save", False),
+    "use_all_reduce_for_fetch_params": ("stage3_use_all_reduce_for_fetch_params", False),
+    "allgather_sequential": ("stage3_allgather_sequential", False),
+    "enable_sanity_checks": (None, False),
+    "log_trace_cache_warnings": (None, False),
+    "override_module_apply": (None, True),
 }
 DEFAULT_ONLY = {"sub_group_size": 1_000_000_000, "stage3_module_granularity_threshold": 0,
-                "module_granularity_threshold": 0, "stage3_use_all_reduce_for_fetch_params": False,
-                "use_all_reduce_for_fetch_params": False, "stage3_allgather_sequential": False,
-                "allgather_sequential": False, "zero_quantized_nontrainable_weights": False}
+                "module_granularity_threshold": 0, "zero_quantized_nontrainable_weights": False,
+                "memory_efficient_linear": True}
 STAGE3_KEYS = tuple(k for table in (INTS, FLAGS) for name, (alias, _) in table.items()
                     for k in (name, alias) if k) + ("stage3_gather_fp16_weights_on_model_save",)
 
@@ -70,6 +95,11 @@ class Stage3Config:
     zero_quantized_weights: bool = False
     zero_quantized_gradients: bool = False
     gather_16bit_weights_on_model_save: bool = False
+    use_all_reduce_for_fetch_params: bool = False
+    allgather_sequential: bool = False
+    enable_sanity_checks: bool = False
+    log_trace_cache_warnings: bool = False
+    override_module_apply: bool = True
 
 
 def _one(zero: dict, name: str, alias, where: str) -> tuple:

@@ -72,6 +72,13 @@ class DeepSpeedZeroOptimizer:
     # bf16.check_grad_overflow (the engine sets it for bf16 at stages 1-2): false skips the Inf/NaN
     # check, so a non-finite gradient is stepped into the weights, as DeepSpeed does then
     check_grad_overflow = True
+    # zero_optimization.compute_grad_norm (stages 1-2; the config refuses it with clipping or
+    # offload, as DeepSpeed does): false skips the norm and its all-reduce, one collective less
+    # a step, and get_global_grad_norm() answers None
+    compute_grad_norm = True
+    # zero_optimization.use_multi_rank_bucket_allreduce: a bucket's gradients all-reduced in one
+    # call (DeepSpeed's default), or reduced onto each owner in turn (buckets.py)
+    use_multi_rank_bucket_allreduce = True
 
     def __init__(self, init_optimizer: torch.optim.Optimizer, dp_process_group, stage: int, loss_scaler,
                  clip_grad: float = 0.0, model_parallel_group=None, reduce_bucket_size: int = 500_000_000,
@@ -247,8 +254,9 @@ class DeepSpeedZeroOptimizer:
         if self.overflow:
             self.zero_grad()
             return
-        scaled_norm = self.scaled_global_norm()
-        self._global_grad_norm = scaled_norm / prev_scale   # a device tensor: read when logged
+        scaled_norm = self.scaled_global_norm() if self.compute_grad_norm else None
+        # a device tensor: read when logged
+        self._global_grad_norm = scaled_norm / prev_scale if self.compute_grad_norm else None
         for i, master in enumerate(self.single_partition_of_fp32_groups):
             if i in self.swapped:   # ZeRO-Infinity (stage 3): the group's files back in host memory
                 self.swapper.swap_in_optimizer_state(master, i)

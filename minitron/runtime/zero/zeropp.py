@@ -72,12 +72,16 @@ class ZeroPlusPlus:
         for p in params:
             p.ds_secondary_tensor = None
 
+    def uses_secondary(self, params: list) -> bool:
+        """hpZ: a gather of ``params`` reads the node's secondary pieces (all have one)."""
+        return self.hpz > 1 and all(getattr(p, "ds_secondary_tensor", None) is not None for p in params)
+
     @torch.no_grad()
     def all_gather(self, params: list, to_device=lambda t: t) -> None:
         """One gather of ``params`` (one dtype): from the node's secondary pieces when all have
         one, else from every dp rank's piece; int8 blocks and their scales under qwZ.
         ``to_device`` brings my pieces, end to end, where the collective runs (offload_param)."""
-        secondary = self.hpz > 1 and all(getattr(p, "ds_secondary_tensor", None) is not None for p in params)
+        secondary = self.uses_secondary(params)
         pieces = [p.ds_secondary_tensor if secondary else p.ds_tensor for p in params]
         group, world = (self.intra_group, self.hpz) if secondary else (self.dp_process_group, self.dp)
         mine = to_device(torch.cat(pieces))

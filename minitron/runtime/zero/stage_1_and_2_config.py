@@ -1,0 +1,45 @@
+"""zero_optimization's keys for ZeRO stages 1 and 2, as DeepSpeed 0.19.8 reads them (the
+fields in zero/config.py, the checks in its validators and in DeepSpeedZeroOptimizer's
+constructor, which minitron makes before any rank starts):
+
+    compute_grad_norm (true)   false: the step skips the global gradient norm and its
+                               all-reduce (stage_1_and_2.py), and get_global_grad_norm() is None.
+                               Stages 1-2 only; not with gradient_clipping (which needs the norm;
+                               DeepSpeed's default is 1.0, so the config must say 0)
+                               nor with offload_optimizer (DeepSpeed's CPU path always takes it)
+    use_multi_rank_bucket_allreduce (true)
+                               a gradient bucket is all-reduced whole (true) or reduced onto
+                               each owning rank in turn (false): buckets.py
+    legacy_stage1 (false)      the ZeRO-1 of DeepSpeed before 0.5.9: DeepSpeed 0.19.8 raises at
+                               initialize when a ZeRO stage is on, and reads it nowhere at
+                               stage 0; minitron refuses it at once, there alike
+"""
+
+from __future__ import annotations
+
+from minitron.runtime.config_values import DeepSpeedConfigError, model_flag
+
+KNOB_KEYS = ("compute_grad_norm", "use_multi_rank_bucket_allreduce", "legacy_stage1")
+
+
+def parse_stage_1_and_2(zero: dict, stage: int, params: dict, offload_optimizer, where: str) -> dict:
+    """The knobs' values, by the ZeroConfig field they fill."""
+    out = {"compute_grad_norm": model_flag(zero, "compute_grad_norm", True, where),
+           "use_multi_rank_bucket_allreduce": model_flag(zero, "use_multi_rank_bucket_allreduce", True, where)}
+    if model_flag(zero, "legacy_stage1", False, where) and stage > 0:
+        raise DeepSpeedConfigError(f"{where}.legacy_stage1: the ZeRO stage 1 of DeepSpeed before 0.5.9, which "
+                                   "0.19.8 refuses at initialize as well; remove it")
+    if not out["compute_grad_norm"]:
+        why = ("is supported only with ZeRO stage 1 or 2" if stage not in (1, 2) else
+               "requires gradient_clipping 0 (clipping needs the norm)" if _clips(params) else
+               "does not support offload_optimizer" if offload_optimizer is not None
+               and offload_optimizer.device != "none" else None)
+        if why:   # DeepSpeed's own three refusals, here before any rank starts
+            raise DeepSpeedConfigError(f"{where}.compute_grad_norm false {why}")
+    return out
+
+
+def _clips(params: dict) -> bool:
+    # DeepSpeed's default is 1.0 (since 0.19.3): compute_grad_norm false needs an explicit 0
+    clip = params.get("gradient_clipping", 1.0)   # (its own parser says what a bad value is)
+    return isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip > 0
