@@ -220,6 +220,9 @@ class ZeroConfig:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    compute_grad_norm: bool = True   # these three: zero/stage_1_and_2_config.py
+    use_multi_rank_bucket_allreduce: bool = True
+    load_from_fp32_weights: bool = True
     compute_grad_norm: bool = True   # these two: zero/stage_1_and_2_config.py
     use_multi_rank_bucket_allreduce: bool = True
 

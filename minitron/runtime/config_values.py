@@ -29,8 +29,7 @@ class DeepSpeedConfigError(ValueError):
 # data-parallel size, keeps fp32 optimizer states...), so a config that spells the default out
 # loads; any other value asks for a behaviour minitron does not build and is refused.
 AT_DEFAULT = {
-    "zero_optimization": {"load_from_fp32_weights": True, "elastic_checkpoint": False,
-                          "parameter_alignment": False, "pipeline_loading_checkpoint": False},
+    "zero_optimization": {"elastic_checkpoint": False, "parameter_alignment": False},
     "bf16": {"bf16_optimizer_states": False}, "bfloat16": {"bf16_optimizer_states": False},
 }
 

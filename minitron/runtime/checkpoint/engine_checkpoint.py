@@ -29,7 +29,8 @@ from minitron.runtime.checkpoint.shard_owner import owner, owner_mismatch, read_
 from minitron.runtime.checkpoint.universal_checkpoint import load_universal_state
 from minitron.runtime.utils import logger
 from minitron.runtime.checkpoint.zero_checkpoint import (load_stage0_state_dict, load_zero_state_dict,
-                                                         optimizer_groups, stage0_state_dict, zero_state_dict)
+                                                         optimizer_groups, pipeline_loading, stage0_state_dict,
+                                                         zero_state_dict)
 
 # The model-states keys that are the engine's; load_checkpoint returns the rest as client state.
 _ENGINE_KEYS = frozenset({
@@ -233,8 +234,10 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict: bool = True)
         load_stage0_state_dict(opt, state["optimizer"], _dtype(engine))
     else:
         _check_owner(engine, zero_ckpt_name(engine, path), per_data_parallel_rank=True)
-        load_zero_state_dict(opt, _read(zero_ckpt_name(engine, path), "this rank's optimizer partition")
-                             [C.OPTIMIZER_STATE_DICT])
+        zero = engine._config.zero_config
+        with pipeline_loading(stage, zero.stage3.pipeline_loading_checkpoint):   # the node's ranks in turn
+            load_zero_state_dict(opt, _read(zero_ckpt_name(engine, path), "this rank's optimizer partition")
+                                 [C.OPTIMIZER_STATE_DICT], zero.load_from_fp32_weights)
     return _restore_counters(engine, path, state)
 
 

@@ -26,9 +26,14 @@ of them minitron wrote before it wrote DeepSpeed's object.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from types import SimpleNamespace
 
 import torch
+
+from minitron import comm as dist
+from minitron.accelerator import get_accelerator
 
 from minitron.ops.adam import FusedAdam
 from minitron.runtime.checkpoint import constants as C
@@ -113,9 +118,14 @@ def zero_state_dict(opt, names: dict) -> dict:
 
 
 @torch.no_grad()
-def load_zero_state_dict(opt, state: dict) -> None:
+def load_zero_state_dict(opt, state: dict, load_from_fp32_weights: bool = True) -> None:
     """The inverse of zero_state_dict, for a file minitron or DeepSpeed wrote. The fp32 masters
-    are the truth: the 16-bit (or fp32) model weights are copied from them."""
+    are the truth: the 16-bit (or fp32) model weights are copied from them. With
+    ``zero_optimization.load_from_fp32_weights`` false, stages 1-2 take the masters from the
+    model's weights instead, loaded already from the model-states file (DeepSpeed's
+    _restore_from_bit16_weights): a 16-bit model's masters come back rounded to 16 bits, and
+    the checkpoint's fp32 partitions are not read. DeepSpeed's stage-3 loader restores the fp32
+    pieces whatever the key says, and so does this one."""
     saved_count = state[C.PARTITION_COUNT]
     saved_count = max(saved_count) if isinstance(saved_count, list) else saved_count
     if int(state[C.ZERO_STAGE]) != opt.stage or saved_count != opt.partition_count:
@@ -129,8 +139,35 @@ def load_zero_state_dict(opt, state: dict) -> None:
     saved = state[C.FP32_FLAT_GROUPS if three else C.SINGLE_PARTITION_OF_FP32_GROUPS]
     for i, (master, part) in enumerate(zip(opt.single_partition_of_fp32_groups, saved)):
         master.zero_()                      # the padding a lean partition left out
-        master[:part.numel()].copy_(part)
+        if load_from_fp32_weights or three:
+            master[:part.numel()].copy_(part)
+        else:
+            master.copy_(opt.parallel_partitioned_bit16_groups[i][opt.partition_id])
         opt._publish(i)
+
+
+@contextlib.contextmanager
+def pipeline_loading(stage: int, on: bool):
+    """``zero_optimization.pipeline_loading_checkpoint``: a node's ranks read their optimizer
+    files one after the other, each waiting for the previous local rank's word (a one-element
+    send/recv), so that a node's host memory holds one rank's file at a time rather than all of
+    them at once (DeepSpeed's _load_zero_checkpoint). Stage 3 only, asserted at the load, as
+    DeepSpeed asserts it."""
+    if not on:
+        yield
+        return
+    if stage != 3:
+        raise ValueError("zero_optimization.pipeline_loading_checkpoint: only ZeRO stage 3 loads checkpoints "
+                         f"in a pipeline (DeepSpeed's assertion), this run has stage {stage}; remove the key")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local = int(os.environ.get("LOCAL_RANK", rank))   # DeepSpeed's dist.get_local_rank() reads it too
+    serial = torch.zeros(1, device=get_accelerator().current_device_name())
+    if local != 0:
+        dist.recv(serial, src=rank - 1)
+    yield
+    serial += 1
+    if local != world - 1:   # DeepSpeed compares the local rank with the world's last rank, as here
+        dist.send(serial, dst=rank + 1)
 
 
 # --- stage 0: one state per parameter ----------------------------------------------------------

@@ -25,6 +25,9 @@ DEEPSPEED_DEFAULTS below says which and why):
     log_trace_cache_warnings
                           a warning each time the coordinator's trace is invalidated
                           (partitioned_param_coordinator.py)
+    pipeline_loading_checkpoint
+                          a node's ranks load their optimizer files one after another
+                          (checkpoint/zero_checkpoint.py; the load refuses it below stage 3)
     override_module_apply read by DeepSpeed only inside ``with deepspeed.zero.Init()``, where
                           Module.apply gathers partitioned parameters while the model is built;
                           the engine partitions a model already built, there and here (minitron
@@ -76,6 +79,7 @@ FLAGS = {
     "enable_sanity_checks": (None, False),
     "log_trace_cache_warnings": (None, False),
     "override_module_apply": (None, True),
+    "pipeline_loading_checkpoint": (None, False),
 }
 DEFAULT_ONLY = {"sub_group_size": 1_000_000_000, "stage3_module_granularity_threshold": 0,
                 "module_granularity_threshold": 0, "zero_quantized_nontrainable_weights": False,
@@ -100,6 +104,7 @@ class Stage3Config:
     enable_sanity_checks: bool = False
     log_trace_cache_warnings: bool = False
     override_module_apply: bool = True
+    pipeline_loading_checkpoint: bool = False
 
 
 def _one(zero: dict, name: str, alias, where: str) -> tuple:
