@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 from minitron.runtime.zero.offload_config import OFFLOAD_KEYS, OffloadConfig, parse_offload
-from minitron.runtime.zero.stage3_config import DEFAULT_ONLY as STAGE3_DEFAULT_ONLY, STAGE3_KEYS, Stage3Config, \
 from minitron.runtime.zero.stage_1_and_2_config import KNOB_KEYS, parse_stage_1_and_2
+from minitron.runtime.zero.stage3_config import DEFAULT_ONLY as STAGE3_DEFAULT_ONLY, STAGE3_KEYS, Stage3Config, \
     parse_stage3
 from minitron.runtime.precision_config import BF16_OPTIONS, FP16_OPTIONS
 from minitron.runtime.config_values import (  # noqa: F401 -- DeepSpeedConfigError re-exported
@@ -211,6 +211,9 @@ class ZeroConfig:
     reduce_scatter: bool = True
     allgather_partitions: bool = True
     round_robin_gradients: bool = False
+    compute_grad_norm: bool = True   # these three: zero/stage_1_and_2_config.py
+    use_multi_rank_bucket_allreduce: bool = True
+    load_from_fp32_weights: bool = True
     # ZeRO-Offload / ZeRO-Infinity (zero/offload_config.py): None when not asked for
     offload_optimizer: Optional[OffloadConfig] = None
     offload_param: Optional[OffloadConfig] = None
@@ -220,11 +223,6 @@ class ZeroConfig:
     def as_dict(self) -> dict:
         return asdict(self)
 
-    compute_grad_norm: bool = True   # these three: zero/stage_1_and_2_config.py
-    use_multi_rank_bucket_allreduce: bool = True
-    load_from_fp32_weights: bool = True
-    compute_grad_norm: bool = True   # these two: zero/stage_1_and_2_config.py
-    use_multi_rank_bucket_allreduce: bool = True
 
 ZERO_KEYS = ("stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients",
              "reduce_scatter", "allgather_partitions", "round_robin_gradients")
