@@ -13,7 +13,7 @@ import torch
 from minitron.ops.adam import FusedAdam
 from minitron.runtime import DeepSpeedConfig
 from minitron.runtime.checkpoint.adam_state import running_form
-from minitron.runtime.engine import DeepSpeedEngine
+from minitron.runtime.engine_optimizer import configure_basic_optimizer
 
 
 def _params(seed: int = 0) -> list:
@@ -84,7 +84,7 @@ def test_a_state_steps_on_in_the_other_form(source, target):
 def test_the_engine_builds_the_adam_deepspeed_builds(kind, params, chosen, decoupled):
     config = DeepSpeedConfig({"train_batch_size": 2, "optimizer": {"type": kind, "params": params}}, world_size=1)
     engine = SimpleNamespace(_config=config, module=torch.nn.Linear(2, 2))
-    optimizer = DeepSpeedEngine._configure_basic_optimizer(engine, None, None)
+    optimizer = configure_basic_optimizer(engine, None, None)
     assert type(optimizer) is chosen
     if chosen is FusedAdam:
         assert optimizer.adam_w_mode == int(decoupled)

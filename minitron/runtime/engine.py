@@ -1,5 +1,5 @@
-"""``deepspeed.initialize`` and the ``DeepSpeedEngine`` it returns (``deepspeed/__init__.py``,
-``deepspeed/runtime/engine.py``), small.
+"""The ``DeepSpeedEngine`` that ``initialize()`` (runtime/__init__.py) returns
+(``deepspeed/runtime/engine.py``), small.
 
 The engine wraps the model and takes over the three calls of a training loop:
 
@@ -11,7 +11,9 @@ The engine wraps the model and takes over the three calls of a training loop:
                               the learning-rate schedule
 
 so a loop calls all three once per micro-batch and never asks whether this one is the last of
-its step. The ZeRO optimizer (``zero/``) does the partitioning; the engine only picks it.
+its step. The ZeRO optimizer (``zero/``) does the partitioning; the engine only picks it
+(engine_optimizer.py builds it, with the basic optimizer inside and the schedule). Saving and
+loading are checkpoint/engine_checkpoint.py's; the monitors and timers monitor/events.py's.
 """
 
 from __future__ import annotations
@@ -20,70 +22,13 @@ import torch
 
 from minitron import comm as dist   # deepspeed/runtime/engine.py: from deepspeed import comm as dist
 from minitron.accelerator import get_accelerator
-from minitron.ops.adam import FusedAdam
-from minitron.ops.adam.cpu_adam import DeepSpeedCPUAdam
-from minitron.ops.lamb import FusedLamb
 from minitron.runtime.checkpoint import engine_checkpoint as checkpoint
-from minitron.runtime import gradient_reduction
 from minitron.runtime.config import DeepSpeedConfig
 from minitron.runtime import engine_switches as switches
-from minitron.runtime.fp16.onebit import OnebitAdam
-from minitron.runtime.loss_scaler import CreateLossScaler
-from minitron.runtime.lr_schedules import SCHEDULERS
+from minitron.runtime.engine_optimizer import (configure_basic_optimizer, configure_lr_scheduler,
+                                               configure_zero_optimizer, model_parallel_group)
 from minitron.runtime.monitor.events import configure_monitoring, report_step
-from minitron.runtime.zero.offload_config import offloaded
-from minitron.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
-from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 from minitron.trace import traced
-
-
-def initialize(args=None, model: torch.nn.Module = None, optimizer=None, model_parameters=None,
-               training_data=None, lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None,
-               config=None, config_params=None, engine_class=None):
-    """Returns ``(engine, optimizer, training_dataloader, lr_scheduler)``, as DeepSpeed does.
-
-    ``optimizer``/``lr_scheduler`` may be objects or callables (DeepSpeed accepts both); when
-    absent they come from the config. ``training_dataloader`` is None unless ``training_data``
-    (a Dataset) is given. ``mpu`` is a model-parallel unit such as Megatron's parallel_state.
-    """
-    if model is None:
-        raise ValueError("initialize() needs a model")
-    engine_class = engine_class or DeepSpeedEngine   # the package's initialize picks PipelineEngine
-    dist.init_distributed(dist_init_required=dist_init_required)   # from the environment, if not yet
-    config = config if config is not None else config_params
-    if config is None and getattr(args, "deepspeed_config", None) is not None:
-        config = args.deepspeed_config
-    if config is None:
-        raise ValueError("initialize() needs a ds_config: pass config= (a dict or a JSON path) "
-                         "or args.deepspeed_config")
-    engine = engine_class(model, optimizer, model_parameters, training_data, lr_scheduler, mpu, collate_fn,
-                          DeepSpeedConfig(config, mpu))
-    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
-
-
-def _model_parallel_group(mpu):
-    """The tensor-parallel group, or None when there is none to span. Megatron's
-    parallel_state names it get_tensor_model_parallel_group; DeepSpeed's mpu interface
-    get_model_parallel_group."""
-    if mpu is None:
-        return None
-    if hasattr(mpu, "get_tensor_model_parallel_group"):
-        size, group = mpu.get_tensor_model_parallel_world_size(), mpu.get_tensor_model_parallel_group
-    else:
-        size, group = mpu.get_model_parallel_world_size(), mpu.get_model_parallel_group
-    return group() if size > 1 else None
-
-
-def _tensor_parallel_rank(mpu) -> int:
-    """Which slice of a tensor-parallel weight this rank holds (DeepSpeed's
-    bwc_tensor_model_parallel_rank): a pipeline grid's "model parallel" group spans the
-    stages too, so its rank in that group is not the answer there."""
-    if mpu is None:
-        return 0
-    for getter in ("get_slice_parallel_rank", "get_tensor_model_parallel_rank", "get_model_parallel_rank"):
-        if hasattr(mpu, getter):
-            return getattr(mpu, getter)()
-    return 0
 
 
 def _cast_inputs_half(inputs):
@@ -114,60 +59,17 @@ class DeepSpeedEngine(torch.nn.Module):
             raise ValueError(f"the mpu has pipeline-parallel size {pp}, and this engine runs data and tensor "
                              "parallelism only: build the model as a PipelineModule (runtime/pipe)")
         # The clipping norm and the overflow check also span the tensor-parallel group.
-        mp_group = _model_parallel_group(mpu)
+        mp_group = model_parallel_group(mpu)
         self.global_steps = self.global_samples = self.micro_steps = self.skipped_steps = 0
         self._is_gradient_accumulation_boundary, self._step_applied = None, False
         self.enable_backward_allreduce = True   # 1-bit Adam turns it off when its variance freezes
         switches.memory(self, "DeepSpeed Engine: Before configure distributed model")
         self._configure_distributed_model()
         self._broadcast_model()
-        basic = self._configure_basic_optimizer(optimizer, model_parameters)
-        dtype = torch.half if config.fp16_enabled else torch.bfloat16 if config.bfloat16_enabled else torch.float
-        scaler = CreateLossScaler(dtype, config.loss_scale, config.loss_scale == 0, config.dynamic_loss_scale_args)
-        zero = config.zero_config
-        if self.zero_optimization_stage() == 3:
-            self.optimizer = DeepSpeedZeroOptimizer_Stage3(self.module, basic, self.data_parallel_group, scaler,
-                                                           config.gradient_clipping, mp_group,
-                                                           config.zero_config.overlap_comm,
-                                                           offload_optimizer=zero.offload_optimizer,
-                                                           offload_param=zero.offload_param, aio=config.aio_config,
-                                                           zero_config=zero)
-        else:
-            self.optimizer = DeepSpeedZeroOptimizer(basic, self.data_parallel_group, self.zero_optimization_stage(),
-                                                    scaler, config.gradient_clipping, mp_group,
-                                                    config.zero_config.reduce_bucket_size,
-                                                    model_parallel_rank=_tensor_parallel_rank(mpu),
-                                                    overlap_comm=config.zero_config.overlap_comm,
-                                                    round_robin_gradients=config.zero_config.round_robin_gradients,
-                                                    offload_optimizer=zero.offload_optimizer)
-        # The gradients' dtype on the wire and where the mean's 1/dp goes (runtime/gradient_reduction.py)
-        self.optimizer.gradient_reduction = gradient_reduction.for_stage(config, self.dp_world_size)
-        if config.bfloat16_enabled and self.zero_optimization_stage() in (1, 2):
-            # bf16.check_grad_overflow: DeepSpeed hands it to stages 1 and 2 only (precision_config.py)
-            self.optimizer.check_grad_overflow = config.precision_options["check_grad_overflow"]
-        if self.zero_optimization_stage() in (1, 2):   # ZeRO 1-2's knobs (zero/stage_1_and_2_config.py)
-            self.optimizer.compute_grad_norm = zero.compute_grad_norm
-            self.optimizer.use_multi_rank_bucket_allreduce = zero.use_multi_rank_bucket_allreduce
-        self.basic_optimizer = basic
-        if isinstance(basic, (FusedLamb, OnebitAdam)) and self.zero_optimization_stage() == 0:
-            # DeepSpeed's stage 0 hands Lamb each tensor; minitron's one flat master per group holds
-            # them end to end, so Lamb is told where each lies to take its trust ratio per tensor.
-            # 1-bit Adam compresses per tensor likewise; in fp16 DeepSpeed's FP16_Optimizer hands it
-            # one flat tensor per group, so the group is one part.
-            for master, params in zip(self.optimizer.single_partition_of_fp32_groups, self.optimizer.bit16_groups):
-                sizes = [p.numel() for p in params]
-                one = isinstance(basic, OnebitAdam) and config.fp16_enabled
-                basic.tensor_sizes[master] = [sum(sizes)] if one else sizes
-            if isinstance(basic, OnebitAdam) and config.fp16_enabled:
-                # FP16_Optimizer steps its optimizer once on zero gradients as it is built
-                # (initialize_optimizer_states): in fp16, 1-bit Adam's first call happens here
-                masters = self.optimizer.single_partition_of_fp32_groups
-                for master in masters:
-                    master.grad = torch.zeros_like(master)
-                basic.step()
-                for master in masters:
-                    master.grad = None
-        self.lr_scheduler = self._configure_lr_scheduler(lr_scheduler)
+        # The optimizer and the schedule, as DeepSpeed's _configure_optimizer builds them (engine_optimizer.py)
+        self.basic_optimizer = configure_basic_optimizer(self, optimizer, model_parameters)
+        self.optimizer = configure_zero_optimizer(self, self.basic_optimizer, mp_group)
+        self.lr_scheduler = configure_lr_scheduler(self, lr_scheduler)
         self.training_dataloader = None
         # Scalars to TensorBoard/CSV/wandb, wall_clock_breakdown's timers, the flops profiler
         configure_monitoring(self, config, mp_group)
@@ -194,51 +96,6 @@ class DeepSpeedEngine(torch.nn.Module):
         src = dist.get_global_rank(self.data_parallel_group, 0)
         for tensor in list(self.module.parameters()) + list(self.module.buffers()):
             dist.broadcast(tensor.data, src, group=self.data_parallel_group)
-
-    def _configure_basic_optimizer(self, optimizer, model_parameters) -> torch.optim.Optimizer:
-        params = list(model_parameters) if model_parameters is not None else list(self.module.parameters())
-        offload = offloaded(self._config.zero_config.offload_optimizer)
-        if optimizer is not None and offload and self._config.zero_force_ds_cpu_optimizer \
-                and not isinstance(optimizer, DeepSpeedCPUAdam):
-            # DeepSpeed's ZeRORuntimeException: a GPU optimizer handed host tensors is slow at best
-            raise ValueError("ZeRO-Offload with a client optimizer: DeepSpeed refuses it unless the ds_config says "
-                             "\"zero_force_ds_cpu_optimizer\": false (or the config's own \"optimizer\" builds CPU-Adam)")
-        if isinstance(optimizer, torch.optim.Optimizer):
-            return optimizer
-        if callable(optimizer):
-            return optimizer(params)
-        if self._config.optimizer_name is None:
-            # DeepSpeed builds no optimizer then (a section without "type" included): ZeRO 1-2
-            # refuse at initialize, stage 0 at the first step(). Either way a training run cannot go on.
-            raise ValueError("no optimizer: the ds_config names no optimizer \"type\" and initialize() was given "
-                             "no optimizer=; name one in either")
-        kwargs = dict(self._config.optimizer_params)
-        if self._config.optimizer_name == "SGD":     # any other torch.optim name: getattr(torch.optim, name)
-            return torch.optim.SGD(params, **kwargs)
-        if self._config.optimizer_name == "Lamb":
-            return FusedLamb(params, **kwargs)
-        if self._config.optimizer_name == "OneBitAdam":   # it stops this engine's all-reduce at its freeze
-            if self.runs_pipelines:
-                raise ValueError("OneBitAdam in minitron's PipelineEngine is not built (DeepSpeed's turns off the "
-                                 "pipeline's own all-reduce); use the data-parallel engine")
-            return OnebitAdam(params, self, **kwargs)
-        # DeepSpeed's "Adam" is AdamW (decoupled weight decay) unless adam_w_mode is false.
-        adam_w = kwargs.pop("adam_w_mode", True) or self._config.optimizer_name == "AdamW"
-        # Its default is FusedAdam, whose state (and so checkpoint) differs from torch's Adam in
-        # form, not in arithmetic: ops/adam/fused_adam.py. torch_adam asks for torch's instead.
-        if kwargs.pop("torch_adam", False):
-            return (torch.optim.AdamW if adam_w else torch.optim.Adam)(params, **kwargs)
-        if offload:   # the states live on the host: DeepSpeed steps them with CPU-Adam (ops/adam/cpu_adam.py)
-            return DeepSpeedCPUAdam(params, adamw_mode=adam_w, **kwargs)
-        return FusedAdam(params, adam_w_mode=adam_w, **kwargs)
-
-    def _configure_lr_scheduler(self, client_scheduler):
-        if client_scheduler is not None:
-            return client_scheduler(self.optimizer) if callable(client_scheduler) and not hasattr(
-                client_scheduler, "step") else client_scheduler
-        if self._config.scheduler_name is None:
-            return None
-        return SCHEDULERS[self._config.scheduler_name](self.optimizer, **self._config.scheduler_params)
 
     # --- the config, by DeepSpeed's accessor names ----------------------------------------------
 

@@ -1,8 +1,8 @@
 """``deepspeed/ops/adam/fused_adam.py``: FusedAdam, DeepSpeed's default Adam, in plain torch.
 
 A ds_config's ``"Adam"`` or ``"AdamW"`` builds this optimizer unless its params say
-``"torch_adam": true`` (then torch's own Adam or AdamW: runtime/engine.py). DeepSpeed runs it
-as one kernel over many tensors (CUDA, or a C++ extension it JIT-builds on its CPU
+``"torch_adam": true`` (then torch's own Adam or AdamW: runtime/engine_optimizer.py). DeepSpeed
+runs it as one kernel over many tensors (CUDA, or a C++ extension it JIT-builds on its CPU
 accelerator); minitron runs the same arithmetic one tensor at a time. What must match exactly
 is the *state*, because a checkpoint is that state pickled, and DeepSpeed's engine steps it
 straight after loading:
