@@ -30,7 +30,7 @@ MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4
          "--use-megatron-fsdp", "--ckpt-format", "fsdp_dtensor"]
 FIRST = (2, "optim_grads_params")
 RESUMES = [(4, "optim_grads"), (1, "no_shard")]
-SHOWN = ["model.module.decoder.layers.0.self_attention.linear_qkv.weight",
+SHOWN = ["model.module.decoder.layers.0.self_attention.linear_proj.weight",
          "model.module.decoder.layers.0.mlp.linear_fc1.weight_w",
          "optimizer.state.module.decoder.layers.0.mlp.linear_fc1.weight_w.exp_avg"]
 

@@ -7,7 +7,7 @@ is the rest of its load path, and that is what this holds:
 
 1. the llama case of test_mcore_peer.py (SwiGLU, grouped-query attention, RMSNorm, rope,
    untied output) is saved by minitron's Megatron-FSDP at dp 2 (optim_grads_params, so the
-   shards cut parameters mid-row) on two forked ranks;
+   shards cut parameters, between rows) on two forked ranks;
 2. every key Megatron's GPTModel asks for under Megatron's fsdp_dtensor names
    (``model.module.<name>``, SwiGLU's fc1 as ``_w`` / ``_v``, handle_swiglu_in_state_dict's),
    flattened by Megatron's own flatten_state_dict as its loader does, is in the checkpoint;

@@ -2,9 +2,9 @@
 
     python docs/examples/fsdp_dtensor_view.py
 
-Three of the stored tensors with every chunk and the rank that wrote it (a shard of a unit cuts
-a parameter anywhere, so a row may be split between two ranks), then the losses of the run
-that saved and of the runs that resumed its checkpoint at other dp sizes and strategies.
+Three of the stored tensors with every chunk and the rank that wrote it (a shard boundary of a
+unit may fall inside a parameter, between two of its rows), then the losses of the run that
+saved and of the runs that resumed its checkpoint at other dp sizes and strategies.
 """
 
 from __future__ import annotations

@@ -3,13 +3,15 @@
 The units are core/distributed/fsdp's, per model chunk: each transformer layer (with, beside
 it, a unit of its experts cut over the expert-data-parallel group, and one of its fp8 weights
 under --fp8-param-gather), the tied embedding where two pipeline stages hold it, and the rest
-of the chunk (embedding, final norm, output layer). A unit of n elements over a group of g
-ranks is padded to P = g * ceil(n/g) and cut into g shards of S = P/g; the padding sits at the
-end of the unit, so rank r owns the real elements [r*S, min((r+1)*S, n)). Per strategy
-(e bytes per element: the model's, 1 for an fp8 unit):
+of the chunk (embedding, final norm, output layer). A unit over a group of g ranks is laid
+out as core/distributed/fsdp/buffer_index.py lays it out, from each parameter's elements and row
+width: P elements, chunk gaps and end padding included (sharded: a multiple of g chunks; no_shard:
+no padding), cut into g shards of S = P/g, of which rank r owns [r*S, (r+1)*S) and steps the
+parameters' elements inside it. Per strategy (e bytes per element: the model's, 1 for an fp8
+unit):
 
     strategy             params                         grads     optimizer (fp32)
-    no_shard             P e                            P g       n
+    no_shard             P e                            P g       n (all the unit's elements)
     optim                P e                            P g       owned
     optim_grads          P e                            S g       owned
     optim_grads_params   S e + the units in flight      S g       owned
@@ -32,6 +34,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from minitron.core.distributed.fsdp.buffer_index import BufferIndex, build_buffer_index
 from minitron.training.theoretical_fp8 import _is_quantized_weight
 from minitron.training.theoretical_moe import expert_data_parallel_size, has_experts
 from minitron.training.theoretical_params import DTYPE_BYTES, _flag, chunks_of, model_params, num_microbatches, \
@@ -52,6 +55,11 @@ class Unit:
     @property
     def numel(self) -> int:
         return sum(p.numel for p in self.params)
+
+    def index(self, group: int, sharded: bool) -> BufferIndex:
+        """The unit's buffer over ``group`` ranks, as FSDPUnit lays it out (a parameter's shape
+        enters only as its elements and its row width)."""
+        return build_buffer_index([(p.numel // p.row, p.row) for p in self.params], group, sharded)
 
 
 def _fp8(args, p) -> bool:
@@ -93,10 +101,6 @@ def _group(args, unit: Unit) -> int:
     return expert_data_parallel_size(args) if unit.expert else _dp(args)
 
 
-def _shard(numel: int, dp: int) -> int:
-    return -(-numel // dp)
-
-
 _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}   # --megatron-fsdp-*-dtype; auto decides by the rule where used
 
 
@@ -110,12 +114,16 @@ def _comm_bytes(args, e: int) -> int:
     return _BYTES.get(getattr(args, "megatron_fsdp_grad_comm_dtype", "auto")) or _grad_bytes(args, e)
 
 
-def _owned(args, unit: Unit, rank: int) -> tuple[int, int]:
-    """[lo, hi) of the unit's elements the optimizer of the rank at ``rank`` in its group steps."""
-    if args.data_parallel_sharding_strategy == "no_shard":
-        return 0, unit.numel
-    shard = _shard(unit.numel, _group(args, unit))
-    return min(unit.numel, rank * shard), min(unit.numel, (rank + 1) * shard)
+def _index(args, unit: Unit) -> BufferIndex:
+    return unit.index(_group(args, unit), args.data_parallel_sharding_strategy != "no_shard")
+
+
+def _owned(args, unit: Unit, rank: int) -> list[int]:
+    """Elements of each of the unit's parameters that the optimizer of the rank at ``rank`` in
+    its group steps: those inside its shard (no_shard: all); gaps and padding are nobody's."""
+    index = _index(args, unit)
+    lo, hi = (0, index.size) if args.data_parallel_sharding_strategy == "no_shard" else index.shard(rank)
+    return [max(0, min(hi, start + p.numel) - max(lo, start)) for p, start in zip(unit.params, index.offsets)]
 
 
 def fsdp_memory(args, dp_rank: int, pp_rank: int = 0, expert_dp_rank: int = 0) -> tuple[int, dict]:
@@ -128,19 +136,18 @@ def fsdp_memory(args, dp_rank: int, pp_rank: int = 0, expert_dp_rank: int = 0) -
     in_flight: dict = {}   # (chunk, its layer or None: the chunk's own hooks) -> bytes gathered with it
     for chunk in chunks_of(args):
         for unit in fsdp_units(args, pp_rank, chunk):
-            ue, group = (1 if unit.fp8 else e), _group(args, unit)
-            shard = _shard(unit.numel, group)
-            lo, hi = _owned(args, unit, expert_dp_rank if unit.expert else dp_rank)
+            ue, index = (1 if unit.fp8 else e), _index(args, unit)
+            owned = sum(_owned(args, unit, expert_dp_rank if unit.expert else dp_rank))
             umain = 4 if unit.fp8 else main
             numel += unit.numel
             if strategy == "optim_grads_params":
-                params += shard * ue
+                params += index.shard_size * ue
                 where = (chunk, unit.layer)
-                in_flight[where] = in_flight.get(where, 0) + shard * group * ue
+                in_flight[where] = in_flight.get(where, 0) + index.size * ue
             else:
-                params += shard * group * ue
-            grads += (shard if strategy in ("optim_grads", "optim_grads_params") else shard * group) * g
-            optimizer += max(0, hi - lo) * (umain * optimizer_moments(args) + (umain if umain != ue else 0))
+                params += index.size * ue
+            grads += (index.shard_size if strategy in ("optim_grads", "optim_grads_params") else index.size) * g
+            optimizer += owned * (umain * optimizer_moments(args) + (umain if umain != ue else 0))
     # each chunk's own units (a virtual stage's rest stays gathered while its micro-batches are
     # in flight), and one layer at a time of all chunks: a layer is freed after its forward
     params += sum(v for (_, layer), v in in_flight.items() if layer is None)
@@ -159,18 +166,17 @@ def fsdp_comm(args, tally, pp_rank: int = 0) -> None:
         layers = list(dict.fromkeys(unit.layer for unit in units if unit.layer is not None))
         recomputed = set(layers[:recomputed_layers(args, len(layers))])
         for unit in units:
-            key, group, ue = ("expt-dp" if unit.expert else "dp-cp"), _group(args, unit), (1 if unit.fp8 else e)
-            shard = _shard(unit.numel, group)
+            key, ue, index = ("expt-dp" if unit.expert else "dp-cp"), (1 if unit.fp8 else e), _index(args, unit)
             if strategy == "no_shard":
-                tally.add(key, shard * group * g)                   # all-reduce, once per step
+                tally.add(key, index.size * g)                      # all-reduce, once per step
                 continue
             # optim: one reduce-scatter per step; sharded gradients: one per micro-batch's backward
-            tally.add(key, shard * group * g, 1 if strategy == "optim" else m)
+            tally.add(key, index.size * g, 1 if strategy == "optim" else m)
             if strategy == "optim_grads_params":
                 # before forward and before backward; a recomputed layer once more (its rerun)
-                tally.add(key, shard * ue, m * (3 if unit.layer in recomputed else 2))
+                tally.add(key, index.shard_size * ue, m * (3 if unit.layer in recomputed else 2))
             else:
-                tally.add(key, shard * ue)                        # the updated shards, after the step
+                tally.add(key, index.shard_size * ue)             # the updated shards, after the step
     stats = "tp-pp" if strategy == "no_shard" else "intra-dist-opt"   # sharded: over every rank
     checks = (1 if args.fp16 or args.loss_scale is not None else 0) + (1 if args.clip_grad > 0 else 0)
     tally.add(stats, 4, checks)   # the loss scaler's Inf check, the gradient norm
@@ -193,15 +199,11 @@ def fsdp_piece_sums(args, tally, pp_rank: int, dp_rank: int) -> None:
     partial = tied = 0
     for chunk in chunks_of(args):
         for unit in fsdp_units(args, pp_rank, chunk):
-            lo, hi = _owned(args, unit, dp_rank)
-            start = 0
-            for p in unit.params:
-                mine = max(0, min(hi, start + p.numel) - max(lo, start))
+            for p, mine in zip(unit.params, _owned(args, unit, dp_rank)):
                 if unit.name == TIED:
                     tied += mine
                 elif p.sequence_parallel and not unit.expert:
                     partial += mine
-                start += p.numel
     if args.tensor_model_parallel_size > 1 and partial:
         tally.add("tp", partial * g)
     if tied:

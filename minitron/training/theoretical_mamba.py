@@ -40,10 +40,11 @@ def mamba_layer_params(args, p: str) -> list[Param]:
     t, h = args.tensor_model_parallel_size, args.hidden_size
     m = mamba_dims(args)
     sp = bool(args.sequence_parallel) and t > 1
-    out = [Param(p + "mixer.conv1d_weight", m.conv // t * D_CONV), Param(p + "mixer.conv1d_bias", m.conv // t),
+    out = [Param(p + "mixer.conv1d_weight", m.conv // t * D_CONV, row=D_CONV), Param(p + "mixer.conv1d_bias", m.conv // t),
            Param(p + "mixer.dt_bias", m.heads // t), Param(p + "mixer.A_log", m.heads // t),
-           Param(p + "mixer.D", m.heads // t), Param(p + "mixer.in_proj.weight", m.in_proj // t * h),
-           Param(p + "mixer.norm.weight", m.inner // t), Param(p + "mixer.out_proj.weight", h * m.inner // t)]
+           Param(p + "mixer.D", m.heads // t), Param(p + "mixer.in_proj.weight", m.in_proj // t * h, row=h),
+           Param(p + "mixer.norm.weight", m.inner // t),
+           Param(p + "mixer.out_proj.weight", h * m.inner // t, row=m.inner // t)]
     out += [Param(p + "norm.weight", h, sequence_parallel=sp)]
     if _flag(args, "normalization", "LayerNorm") != "RMSNorm":
         out += [Param(p + "norm.bias", h, sequence_parallel=sp)]

@@ -17,6 +17,7 @@ class Param:
     shared_embedding: bool = False   # the tied matrix on a pipeline stage (its own DDP bucket)
     sequence_parallel: bool = False  # replicated and seeing part of the sequence: summed over tp
     expert: bool = False             # an MoE expert's: a buffer of its own over the expert-dp group
+    row: int = 1                     # elements per row (shape[1:]): Megatron-FSDP keeps rows whole
 
 
 def _flag(args, name, default=None):

@@ -49,13 +49,13 @@ def layer_params(args, layer: int) -> list[Param]:
     if mla:
         q = args.v_head_dim * heads                    # linear_proj reads n value heads
     out = norm("input_layernorm")
-    out += [] if mla else [Param(p + "self_attention.linear_qkv.weight", qkv * h)]
+    out += [] if mla else [Param(p + "self_attention.linear_qkv.weight", qkv * h, row=h)]
     qkv_bias = bias or _flag(args, "add_qkv_bias", False)   # --add-qkv-bias: this one alone (Qwen 2.5)
     out += [Param(p + "self_attention.linear_qkv.bias", qkv)] if qkv_bias and not mla else []
     # --softmax-type learnable: one attention-sink logit per head, split over tp with the heads
     sink = [Param(p + "self_attention.core_attention.softmax_offset", heads // t)]
     out += sink if _flag(args, "softmax_type", "vanilla") == "learnable" else []
-    out += [Param(p + "self_attention.linear_proj.weight", h * q // t)]
+    out += [Param(p + "self_attention.linear_proj.weight", h * q // t, row=q // t)]
     out += [Param(p + "self_attention.linear_proj.bias", h, sequence_parallel=sp)] if bias else []
     out += mla_params(args, p + "self_attention.", norm) if mla else []
     if _flag(args, "qk_layernorm", False) and not mla:   # over one head's channels; each TP rank sees its heads
@@ -64,9 +64,9 @@ def layer_params(args, layer: int) -> list[Param]:
     out += norm("pre_mlp_layernorm")
     if is_moe_layer(args, layer):
         return out + moe_mlp_params(args, p)
-    out += [Param(p + "mlp.linear_fc1.weight", ffn * h)]
+    out += [Param(p + "mlp.linear_fc1.weight", ffn * h, row=h)]
     out += [Param(p + "mlp.linear_fc1.bias", ffn)] if bias else []
-    out += [Param(p + "mlp.linear_fc2.weight", h * args.ffn_hidden_size // t)]
+    out += [Param(p + "mlp.linear_fc2.weight", h * args.ffn_hidden_size // t, row=args.ffn_hidden_size // t)]
     out += [Param(p + "mlp.linear_fc2.bias", h, sequence_parallel=sp)] if bias else []
     return out
 
@@ -78,12 +78,13 @@ def mla_params(args, p: str, norm) -> list[Param]:
     t, h, heads = args.tensor_model_parallel_size, args.hidden_size, args.num_attention_heads
     q_head, rank = args.qk_head_dim + args.qk_pos_emb_head_dim, args.q_lora_rank
     if rank is None:
-        out = [Param(p + "linear_q_proj.weight", h * heads * q_head // t)]
+        out = [Param(p + "linear_q_proj.weight", h * heads * q_head // t, row=h)]
     else:
-        out = [Param(p + "linear_q_down_proj.weight", h * rank // t),
-               Param(p + "linear_q_up_proj.weight", rank * heads * q_head // t)]
-    out += [Param(p + "linear_kv_down_proj.weight", h * (args.kv_lora_rank + args.qk_pos_emb_head_dim) // t),
-            Param(p + "linear_kv_up_proj.weight", args.kv_lora_rank * heads * (args.qk_head_dim + args.v_head_dim) // t)]
+        out = [Param(p + "linear_q_down_proj.weight", h * rank // t, row=h),
+               Param(p + "linear_q_up_proj.weight", rank * heads * q_head // t, row=rank)]
+    out += [Param(p + "linear_kv_down_proj.weight", h * (args.kv_lora_rank + args.qk_pos_emb_head_dim) // t, row=h),
+            Param(p + "linear_kv_up_proj.weight", args.kv_lora_rank * heads * (args.qk_head_dim + args.v_head_dim) // t,
+                  row=args.kv_lora_rank)]
     if _flag(args, "qk_layernorm", False):
         out += norm("self_attention.q_layernorm", rank) if rank is not None else []
         out += norm("self_attention.kv_layernorm", args.kv_lora_rank)
@@ -112,22 +113,22 @@ def moe_mlp_params(args, p: str) -> list[Param]:
     bias = _flag(args, "add_bias_linear", True)
     ffn = args.moe_ffn_hidden_size // args.expert_tensor_parallel_size
     gated = 2 if _flag(args, "swiglu", False) or _flag(args, "quick_geglu", False) else 1
-    out = [Param(p + "mlp.router.weight", args.num_experts * h, sequence_parallel=sp)]
+    out = [Param(p + "mlp.router.weight", args.num_experts * h, sequence_parallel=sp, row=h)]
     out += [Param(p + "mlp.router.bias", args.num_experts, sequence_parallel=sp)] if bias else []
     for j, (a, b) in enumerate(((latent, h), (h, latent)) if latent else ()):   # fc1: h -> L, fc2: L -> h
-        out += [Param(f"{p}mlp.fc{j + 1}_latent_proj.weight", a * b, sequence_parallel=sp)]
+        out += [Param(f"{p}mlp.fc{j + 1}_latent_proj.weight", a * b, sequence_parallel=sp, row=b)]
         out += [Param(f"{p}mlp.fc{j + 1}_latent_proj.bias", a, sequence_parallel=sp)] if bias else []
     x = latent or h   # what the routed experts see
     for j in range(args.num_experts // ep):
         q = f"{p}mlp.experts.local_experts.{j}."
-        out += [Param(q + "linear_fc1.weight", gated * ffn * x, expert=True)]
+        out += [Param(q + "linear_fc1.weight", gated * ffn * x, expert=True, row=x)]
         out += [Param(q + "linear_fc1.bias", gated * ffn, expert=True)] if bias else []
-        out += [Param(q + "linear_fc2.weight", x * ffn, expert=True)]
+        out += [Param(q + "linear_fc2.weight", x * ffn, expert=True, row=ffn)]
         out += [Param(q + "linear_fc2.bias", x, expert=True)] if bias else []
     shared = _flag(args, "moe_shared_expert_intermediate_size", None)
     if shared:
-        out += [Param(p + "mlp.shared_experts.linear_fc1.weight", gated * shared // t * h),
-                Param(p + "mlp.shared_experts.linear_fc2.weight", h * shared // t)]
+        out += [Param(p + "mlp.shared_experts.linear_fc1.weight", gated * shared // t * h, row=h),
+                Param(p + "mlp.shared_experts.linear_fc2.weight", h * shared // t, row=shared // t)]
     return out
 
 
@@ -173,9 +174,9 @@ def model_params(args, pp_rank: int, chunk: int) -> list[Param]:
     vocab = args.padded_vocab_size // t
     out = []
     if pre:
-        out.append(Param("embedding.word_embeddings.weight", vocab * h, shared_embedding=tied and split))
+        out.append(Param("embedding.word_embeddings.weight", vocab * h, shared_embedding=tied and split, row=h))
         if _flag(args, "position_embedding_type", "learned_absolute") == "learned_absolute":
-            out.append(Param("embedding.position_embeddings.weight", args.max_position_embeddings * h))
+            out.append(Param("embedding.position_embeddings.weight", args.max_position_embeddings * h, row=h))
     for layer in chunk_layers(args, pp_rank, chunk):
         out += layer_params(args, layer)
     if post:
@@ -186,9 +187,9 @@ def model_params(args, pp_rank: int, chunk: int) -> list[Param]:
             out.append(Param(final + ".bias", h, sequence_parallel=sp))
         mtp = bool(_flag(args, "mtp_num_layers"))
         if mtp and not pre:   # multi-token prediction's copy of the embedding, kept like a tied one
-            out.append(Param("embedding.word_embeddings.weight", vocab * h, shared_embedding=split))
+            out.append(Param("embedding.word_embeddings.weight", vocab * h, shared_embedding=split, row=h))
         if not ((pre or mtp) and tied):
-            out.append(Param("output_layer.weight", vocab * h, shared_embedding=tied and split))
+            out.append(Param("output_layer.weight", vocab * h, shared_embedding=tied and split, row=h))
         out += mtp_params(args) if mtp else []
     return out
 
@@ -206,7 +207,7 @@ def mtp_params(args) -> list[Param]:
         def norm(name):
             return [Param(p + name + ".weight", h, sequence_parallel=sp)] + (
                 [Param(p + name + ".bias", h, sequence_parallel=sp)] if bias else [])
-        out += norm("enorm") + norm("hnorm") + [Param(p + "eh_proj.weight", h // t * 2 * h)]
+        out += norm("enorm") + norm("hnorm") + [Param(p + "eh_proj.weight", h // t * 2 * h, row=2 * h)]
         out += [replace(q, name=q.name.replace(f"decoder.layers.{last}.", p + "mtp_model_layer."))
                 for q in layer_params(args, last)]
         out += norm("final_layernorm")

@@ -1,8 +1,10 @@
-"""FSDPUnit: the parameters of one module laid end to end, cut into dp equal shards.
+"""FSDPUnit: the parameters of one module in one flat buffer, cut into dp equal shards.
 
-Every parameter of the unit becomes a view into one flat buffer (``flat``), padded to a
-multiple of dp so that it splits into dp equal shards; rank r owns elements [r*S, (r+1)*S).
-What the rank keeps depends on the strategy:
+Every parameter of the unit becomes a view into one flat buffer (``flat``), laid out and padded
+as Megatron-FSDP lays out its buckets (buffer_index.py: rows kept whole on chunk boundaries,
+the buffer a multiple of dp chunks) so that it splits into dp equal shards; rank r owns
+elements [r*S, (r+1)*S), and the gaps between parameters stay zero. What the rank keeps
+depends on the strategy:
 
     strategy              parameters            gradients              optimizer steps
     no_shard              flat, whole           grad_flat, whole       all of flat
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from minitron.core.distributed.fsdp.buffer_index import build_buffer_index
 from minitron.core.fp8.param_gather import is_fp8_param
 from minitron.trace import traced
 
@@ -51,21 +54,19 @@ class FSDPUnit:
         dp = torch.distributed.get_world_size(group=group)
         rank = torch.distributed.get_rank(group=group)
         self.numel = sum(p.numel() for p in params)
-        self.shard_size = -(-self.numel // dp)
-        padded = self.shard_size * dp
+        self.index = build_buffer_index([p.shape for p in params], dp, sharded=strategy != "no_shard")
+        self.shard_size = self.index.shard_size
+        padded = self.index.size
         # [lo, hi): the part of flat whose update (and, sharded, whose gradient) this rank owns
-        self.lo, self.hi = (0, padded) if strategy == "no_shard" else (rank * self.shard_size,
-                                                                        (rank + 1) * self.shard_size)
+        self.lo, self.hi = (0, padded) if strategy == "no_shard" else self.index.shard(rank)
         device = params[0].device
         self.flat = torch.zeros(padded, dtype=params[0].dtype, device=device)
         self.offsets = {}
-        offset = 0
-        for p in params:
+        for p, offset in zip(params, self.index.offsets):
             n = p.numel()
             self.flat[offset:offset + n].copy_(p.detach().reshape(-1))
             p.data = self.flat[offset:offset + n].view_as(p)   # from here on the parameter lives in flat
             self.offsets[p] = offset
-            offset += n
         self.sharded_params = strategy == "optim_grads_params"
         self.sharded_grads = strategy in ("optim_grads", "optim_grads_params")
         if self.sharded_params:
