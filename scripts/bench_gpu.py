@@ -52,6 +52,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))   # run from a checkout without installing it (the GPU machine)
+# and its report module beside it, also when this file is loaded by path (a test) rather than
+# run as a script, which alone puts the script's folder on the path
+sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_gpu_report import FIRST_TIMED, MODEL_FIELDS, fp8_table, goals, report, show  # noqa: E402 (beside this file)
 
