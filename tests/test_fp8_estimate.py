@@ -4,7 +4,8 @@ For each layout, two models built from the same validated flags, one with --fp8-
 without, run one forward (the loss included) under saved-tensor hooks; the difference of the
 bytes kept must be theoretical_fp8's delta exactly. tp 2 with sequence parallelism and SwiGLU,
 and multi-latent attention (its two down projections share an input), both in bf16; the first
-under mxfp8 too. Then a
+under mxfp8 too; and an MoE model at ep 2 (gated experts with a shared one, padded to capacity so
+that every expert's rows are known: 72 arrive, fp8 pads them to 80), under both recipes. Then a
 traced iteration of pretrain (tp 2, sequence parallelism, delayed scaling, two micro-batches) must send
 exactly the bytes `minitron estimate` predicts to every group: the fp8 all-gathers and the
 amax all-reduces included.
@@ -29,6 +30,9 @@ LAYOUTS = {
     "mla": (1, ["--multi-latent-attention", "--rope-type", "rope", "--q-lora-rank", "8", "--kv-lora-rank", "12",
                 "--qk-head-dim", "4", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "6", "--qk-layernorm",
                 "--normalization", "RMSNorm"]),
+    "moe-ep2": (2, ["--ep", "2", "--num-experts", "4", "--moe-router-topk", "2", "--moe-expert-capacity-factor", "1.1",
+                    "--moe-pad-expert-input-to-capacity", "--moe-token-dispatcher-type", "alltoall", "--swiglu",
+                    "--disable-bias-linear", "--moe-shared-expert-intermediate-size", "64"]),
 }
 
 
@@ -59,14 +63,15 @@ def _measured_delta(args, recipes=("delayed",)):
                 model(ids, torch.arange(args.seq_length).expand_as(ids), labels=ids).sum()
             kept.append(seen.nbytes)
         return [k - kept[-1] for k in kept[:-1]]
-    return run_ranks(body, world_size=args.world_size, tp=args.tensor_model_parallel_size)
+    return run_ranks(body, world_size=args.world_size, tp=args.tensor_model_parallel_size,
+                     ep=args.expert_model_parallel_size)
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_fp8_bytes_are_what_autograd_keeps(name):
     world, flags = LAYOUTS[name]
     args = _args(world, flags)
-    recipes = ("delayed", "mxfp8") if name == "tp2-sp-swiglu" else ("delayed",)   # MLA's test sizes: not 32s
+    recipes = ("delayed",) if name == "mla" else ("delayed", "mxfp8")   # MLA's test sizes: not 32s
     estimated = []
     for recipe in recipes:
         args.fp8_recipe = recipe
@@ -79,6 +84,8 @@ def test_fp8_state_bytes():
     assert fp8_state_bytes(args, 0) == 2 * 4 * 3 * 4 * (16 + 1)   # layers x linears x slots x fp32 (history, scale)
     args.fp8_recipe = "tensorwise"
     assert fp8_state_bytes(args, 0) == 2 * 4 * 3 * 4
+    moe = _args(2, LAYOUTS["moe-ep2"][1])   # per layer: qkv, proj, the shared fc1 and fc2, 2 local experts' two
+    assert fp8_state_bytes(moe, 0) == 2 * (4 + 2 * 2) * 3 * 4 * (16 + 1)
 
 
 def test_traced_fp8_run_sends_what_estimate_predicts(tmp_path, capsys):

@@ -5,7 +5,8 @@ and current scaling rules live in Transformer Engine (megatron/core/fp8_utils.py
 TE's recipe objects and opens TE's context), and its one fp8 cast in plain reach is a Triton
 MXFP8 kernel for inference, a recipe minitron refuses. So the peer check is of the interface:
 each flag minitron builds parses to the same destination, default and value as in Megatron's
-parser, and the TransformerConfig fields they fill have Megatron-Core's defaults.
+parser, and the TransformerConfig fields they fill have Megatron-Core's defaults; and the one
+fp8 rule of Megatron's MoE code, the multiple an expert's rows are padded to.
 """
 
 from __future__ import annotations
@@ -51,3 +52,17 @@ def test_config_fields_have_megatron_cores_defaults():
     theirs = {f.name: f.default for f in dataclasses.fields(McoreConfig)}
     ours = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
     assert {f: ours[f] for f in FP8_CONFIG_FIELDS} == {f: theirs[f] for f in FP8_CONFIG_FIELDS}
+
+
+def test_expert_rows_padded_as_megatron_pads_them():
+    """How many rows an expert's fp8 GEMMs take their rows in multiples of (moe/experts.py pads
+    to it): Megatron-Core's own rule, per recipe, and none without fp8."""
+    from types import SimpleNamespace
+
+    from megatron.core.transformer.moe.moe_utils import get_align_size_for_quantization as theirs
+
+    from minitron.core.transformer.moe.moe_utils import get_align_size_for_quantization as ours
+
+    for fp8, recipe in ((None, "delayed"), ("hybrid", "delayed"), ("e4m3", "tensorwise"), ("hybrid", "mxfp8")):
+        config = SimpleNamespace(fp8=fp8, fp8_recipe=recipe, fp4=None, use_transformer_engine_op_fuser=False)
+        assert ours(config) == theirs(config), (fp8, recipe)

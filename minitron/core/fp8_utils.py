@@ -17,6 +17,13 @@ checkpoint, minitron does not, so a resumed run starts its amax histories afresh
 The amax reduction group is Megatron's ``get_amax_reduction_group(with_context_parallel=True)``:
 the tensor-, data- and context-parallel ranks of one pipeline stage. Every rank of a layout
 then sees the amax the serial model would see, so delayed scales agree across layouts.
+
+MoE experts (moe/experts.py, experts_grouped.py) quantize as the dense linears do, each expert
+with slots of its own. Megatron hands them the same group: TE reduces the amaxes of all its
+slots in one all-reduce, position by position, so with expert parallelism local expert i of
+one rank shares its delayed scales with local expert i of every other (experts i, i + E/ep,
+... take the max of their amaxes); only at ep 1 is every expert's scale its own. minitron's
+slots reduce one by one in the same order, which pairs them the same way.
 """
 
 from __future__ import annotations
@@ -67,14 +74,17 @@ def get_fp8_context(config):
         _active_config = outer
 
 
-def fp8_quantizers(layer) -> dict | None:
+def fp8_quantizers(layer, num_gemms: int | None = None) -> dict | list | None:
     """The layer's slots {role: quantizer} inside an fp8 context, made on first use; else None.
     Every rank of the amax group reaches its layers in the same order, so slots made lazily
-    still pair up across ranks for the reductions."""
+    still pair up across ranks for the reductions. ``num_gemms``: a list of that many sets,
+    one per GEMM of a grouped linear (TE's GroupedLinear keeps an input, weight and gradient
+    scale per GEMM: each local expert its own)."""
     if _active_config is None:
         return None
     slots = layer.__dict__.get("_fp8_quantizers")
     if slots is None:
         make = get_fp8_recipe(_active_config)
-        slots = layer.__dict__["_fp8_quantizers"] = {role: make(role) for role in ROLES}
+        sets = [{role: make(role) for role in ROLES} for _ in range(num_gemms or 1)]
+        slots = layer.__dict__["_fp8_quantizers"] = sets if num_gemms else sets[0]
     return slots

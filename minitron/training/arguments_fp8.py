@@ -2,7 +2,8 @@
 for each choice it cannot.
 
 With ``--fp8-format`` the linear layers inside the transformer layers multiply with fp8 inputs
-(core/fp8_utils.py, core/fp8/); without it the other fp8 flags are read by nobody, as in
+(core/fp8_utils.py, core/fp8/), the MoE experts' GEMMs too, each expert with scales of its own
+(moe/experts.py); without it the other fp8 flags are read by nobody, as in
 Megatron. Nothing here imports torch.
 """
 
@@ -38,9 +39,9 @@ def validate_fp8(args) -> None:
             "--fp8-format with --recompute-granularity full is refused: the recomputed forward must cast "
             "with the first forward's scales and leave the amax histories alone (TE's fp8 recompute), "
             "which minitron does not do; use --recompute-granularity selective")
-    require(not getattr(args, "num_experts", None),
-            "--fp8-format with --num-experts is refused: Megatron's experts run Transformer Engine's fp8 "
-            "grouped GEMM, minitron's experts have no fp8 path; train the MoE model in --bf16")
+    require(not (getattr(args, "num_experts", None) and getattr(args, "moe_latent_size", None)),
+            "--fp8-format with --moe-latent-size is refused: Megatron runs the two latent projections as "
+            "TE linears in fp8, minitron's run in the training dtype; leave out --moe-latent-size or --fp8-format")
     require(not getattr(args, "hybrid_layer_pattern", None),
             "--fp8-format with --hybrid-layer-pattern is refused: minitron's hybrid stack does not open the fp8 "
             "context that Megatron's opens around its Mamba and attention layers; train the hybrid model in --bf16")
@@ -58,6 +59,10 @@ def _validate_fp8_param_gather(args) -> None:
     require(not (args.no_load_optim or getattr(args, "finetune", False)),
             "--fp8-param-gather with --no-load-optim or --finetune is refused: the checkpoint keeps the fp8 weights "
             "without their scales, so fp32 main weights cannot be rebuilt from them; load the optimizer state too")
+    require(not getattr(args, "num_experts", None),
+            "--fp8-param-gather with --num-experts is refused: the experts' weights would be fp8 parameters "
+            "sharded over the expert-data-parallel group, which minitron's fp8 casts of the main shards do not "
+            "cover; leave out --fp8-param-gather (the experts still multiply in fp8)")
     require(args.fp8_recipe != "mxfp8",
             "--fp8-param-gather with --fp8-recipe mxfp8 is refused: minitron keeps fp8 weights with one scale "
             "per tensor, MXFP8 weights need their 32-element blocks in both directions; use delayed or tensorwise")
@@ -87,4 +92,8 @@ def _gemm_dimensions(args) -> list[tuple[str, int]]:
         groups = args.num_query_groups if args.group_query_attention else args.num_attention_heads
         dims += [("attention's width / tp", args.kv_channels * args.num_attention_heads // t),
                  ("linear_qkv's output / tp", args.kv_channels * (args.num_attention_heads + 2 * groups) // t)]
+    if getattr(args, "num_experts", None):   # an expert's GEMMs: its rows are padded to 32s already
+        etp, ffn = args.expert_tensor_parallel_size, args.moe_ffn_hidden_size
+        dims += [("--moe-ffn-hidden-size / expert tp", ffn // etp),
+                 ("an expert's first output / expert tp", ffn * (2 if args.swiglu else 1) // etp)]
     return dims

@@ -11,8 +11,12 @@ bytes. So each micro-batch in flight holds, per quantized linear:
 
 where the unquantized input was kept by that linear alone (true of every input but one: the
 two down projections of multi-latent attention read the same normalised hidden states, so
-there the e-byte tensor is freed and two fp8 copies are kept). The output layer, the embedding
-and the experts are not quantized (they are not, either, in Megatron with Transformer Engine).
+there the e-byte tensor is freed and two fp8 copies are kept). The output layer and the
+embedding are not quantized (nor are they in Megatron with Transformer Engine). The routed
+experts are (moe/experts.py): each local expert's fc1 and fc2 keep their rows, padded with zero
+rows to a multiple of 16 (mxfp8: 32), in fp8, and the activation between them keeps its
+padding rows in e bytes. How many rows arrive is the dispatcher's count
+(theoretical_moe.expert_rows): exact when padded to capacity, else the balanced expectation.
 
 Persistent besides: each quantized linear has three tensor slots (input, weight, output
 gradient); under the delayed recipe each keeps an amax history of --fp8-amax-history-len fp32
@@ -42,8 +46,9 @@ all of a stage's weight amaxes in one packed all-reduce a step, over the amax re
 
 from __future__ import annotations
 
+from minitron.training.theoretical_moe import expert_rows
 from minitron.training.theoretical_params import (
-    DTYPE_BYTES, _flag, chunk_layers, chunks_of, model_params, num_microbatches,
+    DTYPE_BYTES, _flag, chunk_layers, chunks_of, is_moe_layer, model_params, num_microbatches,
 )
 
 # the linears core/fp8 quantizes: every Column/RowParallelLinear inside a transformer layer
@@ -84,11 +89,12 @@ def _fp8_buffer(plist) -> bool:
     return bool(plist) and all(_is_quantized_weight(p) for p in plist)
 
 
-def _saved_inputs(args, local: int, s: int, b: int) -> list[tuple[int, int]]:
+def _saved_inputs(args, local: int, s: int, b: int, moe: bool = False) -> list[tuple[int, int]]:
     """Per layer, each quantized linear's input: (elements of its fp8 copy, elements of the
-    training-dtype tensor that is no longer kept for it)."""
+    training-dtype tensor that is no longer kept for it). ``moe``: a layer whose MLP is experts."""
     t, h = args.tensor_model_parallel_size, args.hidden_size
-    fc = [(local * b * h, local * b * h), (s * b * args.ffn_hidden_size // t,) * 2]   # fc1, fc2
+    fc = _moe_inputs(args, local, s, b) if moe else [(local * b * h, local * b * h),
+                                                     (s * b * args.ffn_hidden_size // t,) * 2]   # fc1, fc2
     if not _flag(args, "multi_latent_attention", False):
         proj = s * b * args.kv_channels * args.num_attention_heads // t
         return [(local * b * h, local * b * h), (proj, proj)] + fc                     # qkv, proj
@@ -96,6 +102,30 @@ def _saved_inputs(args, local: int, s: int, b: int) -> list[tuple[int, int]]:
     ranks = [args.kv_lora_rank] + ([args.q_lora_rank] if args.q_lora_rank is not None else [])
     # the two down projections read one tensor: two fp8 copies, one tensor freed
     return [(2 * local * b * h, local * b * h), (proj, proj)] + [(local * b * r,) * 2 for r in ranks] + fc
+
+
+def _moe_inputs(args, local: int, s: int, b: int) -> list[tuple[int, int]]:
+    """An MoE layer's quantized inputs. The shared expert's fc1 reads the normalised tokens that
+    the router keeps too (unless --moe-router-dtype casts the router's own copy), so its fp8
+    copy frees nothing. Each local expert's fc1 and fc2 keep their padded rows in fp8 and free
+    the rows that arrived (moe/experts.py)."""
+    h, t, etp = args.hidden_size, args.tensor_model_parallel_size, args.expert_tensor_parallel_size
+    out = []
+    shared = _flag(args, "moe_shared_expert_intermediate_size")
+    if shared:
+        out += [(local * b * h, local * b * h if _flag(args, "moe_router_dtype") else 0), (s * b * shared // t,) * 2]
+    arrived, padded, local_experts = expert_rows(args)
+    ffn = args.moe_ffn_hidden_size // etp
+    return out + [(local_experts * padded * h, local_experts * arrived * h),
+                  (local_experts * padded * ffn, local_experts * arrived * ffn)]
+
+
+def _expert_padding(args) -> float:
+    """Bytes an MoE layer's experts keep in the training dtype for their padding rows: the
+    activation's saved input (gated: fc1's [gate | up] and silu(gate), 3 ffn wide)."""
+    arrived, padded, local_experts = expert_rows(args)
+    width = (3 if _flag(args, "swiglu", False) else 1) * args.moe_ffn_hidden_size // args.expert_tensor_parallel_size
+    return local_experts * (padded - arrived) * width * DTYPE_BYTES[args.params_dtype]
 
 
 def fp8_activation_delta(args, pp_rank: int, chunk: int) -> int:
@@ -108,13 +138,16 @@ def fp8_activation_delta(args, pp_rank: int, chunk: int) -> int:
     s = args.seq_length // args.context_parallel_size
     local = s // t if (args.sequence_parallel and t > 1) else s   # a column-parallel input's rows
     weights = _quantized_weights(args, pp_rank, chunk)
-    layers = len(chunk_layers(args, pp_rank, chunk))
-    inputs = _saved_inputs(args, local, s, b)
-    kept, freed = layers * sum(n for n, _ in inputs), layers * sum(f for _, f in inputs)
+    layers = chunk_layers(args, pp_rank, chunk)
+    moe = sum(1 for layer in layers if is_moe_layer(args, layer))
+    inputs = ((len(layers) - moe) * _saved_inputs(args, local, s, b)
+              + moe * (_saved_inputs(args, local, s, b, moe=True) if moe else []))
+    kept, freed = sum(n for n, _ in inputs), sum(f for _, f in inputs)
     delta = kept - e * freed + sum(weights)                       # one byte each, e bytes gone
+    delta += moe * _expert_padding(args) if moe else 0
     if args.fp8_recipe == "mxfp8":   # an e8m0 exponent per 32 elements instead of two 1/scales
-        return delta + kept // 32 + sum(w // 32 for w in weights)
-    return delta + 8 * len(weights)
+        return round(delta + kept // 32 + sum(w // 32 for w in weights))
+    return round(delta + 8 * len(weights))
 
 
 def fp8_state_bytes(args, pp_rank: int) -> int:
@@ -128,16 +161,18 @@ def fp8_state_bytes(args, pp_rank: int) -> int:
     return linears * 3 * 4 * (history + 1)
 
 
-def _gathered_widths(args) -> list[int]:
+def _gathered_widths(args, layer: int) -> list[int]:
     """The widths of a layer's column-parallel inputs, which sequence parallelism all-gathers:
     linear_qkv's and linear_fc1's (h); with MLA the down projections' (h each) and the up
-    projections' (their latents) in place of linear_qkv's."""
+    projections' (their latents) in place of linear_qkv's. An MoE layer has an fc1 of that kind
+    only in its shared expert (the routed experts' tokens travel in the dispatcher's dtype)."""
     h = args.hidden_size
+    fc1 = [h] if not is_moe_layer(args, layer) or _flag(args, "moe_shared_expert_intermediate_size") else []
     if not _flag(args, "multi_latent_attention", False):
-        return [h, h]
+        return [h] + fc1
     if args.q_lora_rank is None:
-        return [h, h, args.kv_lora_rank, h]
-    return [h, h, args.q_lora_rank, args.kv_lora_rank, h]
+        return [h, h, args.kv_lora_rank] + fc1
+    return [h, h, args.q_lora_rank, args.kv_lora_rank] + fc1
 
 
 def fp8_comm(args, pp_rank: int, tally, stage: list) -> None:
@@ -148,16 +183,16 @@ def fp8_comm(args, pp_rank: int, tally, stage: list) -> None:
     t, m = args.tensor_model_parallel_size, num_microbatches(args)
     e, b = DTYPE_BYTES[args.params_dtype], args.micro_batch_size
     rows = args.seq_length // args.context_parallel_size // t * b    # a rank's part of the sequence
-    layers = sum(len(chunk_layers(args, pp_rank, chunk)) for chunk in chunks_of(args))
+    layers = [layer for chunk in chunks_of(args) for layer in chunk_layers(args, pp_rank, chunk)]
     casts = 3 * sum(len(_quantized_weights(args, pp_rank, chunk)) for chunk in chunks_of(args))
     if args.sequence_parallel and t > 1:   # each column input gathered twice, in 1 byte, not e
-        widths = _gathered_widths(args)
-        tally["tp"][0] -= 2 * m * layers * rows * sum(widths) * (e - 1)
+        widths = [w for layer in layers for w in _gathered_widths(args, layer)]
+        tally["tp"][0] -= 2 * m * rows * sum(widths) * (e - 1)
         if args.fp8_recipe == "tensorwise":   # their amax, so that the gathered pieces share a scale
-            tally.add("tp", 4, m * layers * len(widths))
+            tally.add("tp", 4, m * len(widths))
         if args.fp8_recipe == "mxfp8":        # and their e8m0 exponents, one byte per 32, both times
             for width in widths:
-                tally.add("tp", rows * width // 32, 2 * m * layers)
+                tally.add("tp", rows * width // 32, 2 * m)
     gathered = _flag(args, "fp8_param_gather")
     weights = casts // 3
     if gathered:   # the forward casts no weight: the input and output-gradient slots remain

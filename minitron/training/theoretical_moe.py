@@ -84,6 +84,15 @@ def rows_per_expert(args) -> float:
     return fair if capacity is None else min(fair, capacity)
 
 
+def expert_rows(args) -> tuple[float, int, int]:
+    """(rows one local expert computes per micro-batch: what arrived from the ep sources,
+    gathered over expert tp; those rows padded as fp8 pads them, moe_utils'
+    get_align_size_for_quantization; the local experts)."""
+    arrived = rows_per_expert(args) * args.expert_model_parallel_size * args.expert_tensor_parallel_size
+    align = (32 if args.fp8_recipe == "mxfp8" else 16) if _flag(args, "fp8") else 1
+    return arrived, math.ceil(arrived / align) * align, args.num_experts // args.expert_model_parallel_size
+
+
 def moe_layers(args, layers) -> int:
     return sum(1 for layer in layers if is_moe_layer(args, layer))
 

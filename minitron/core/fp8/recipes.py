@@ -89,7 +89,8 @@ def mx_quantize(x: torch.Tensor, fmt: str, dim: int) -> tuple[torch.Tensor, torc
     the product in fp32 as TE's cast takes it before rounding the exponent up: nothing
     saturates. A block of zeros gets 2^-127 (TE's byte 0)."""
     fp8_max = FORMATS[fmt][1]
-    blocks = x.float().movedim(dim, -1).unflatten(-1, (-1, MX_BLOCK))
+    along = x.float().movedim(dim, -1)   # the block count spelt out: an expert may have no rows
+    blocks = along.unflatten(-1, (along.size(-1) // MX_BLOCK, MX_BLOCK))
     amax = blocks.abs().amax(-1)
     mantissa, exp = torch.frexp(amax * (1.0 / fp8_max))  # = mantissa * 2^exp, mantissa in [0.5, 1)
     exp = torch.where(mantissa == 0.5, exp - 1, exp)     # an exact power of two is not rounded up

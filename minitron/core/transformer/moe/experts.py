@@ -21,6 +21,15 @@ bias added there would be added once per slice. With whole experts, each expert'
 carry a bias like the dense MLP's (zeros at the start). The routing weight multiplies the whole
 expert output, bias included (unpermute applies it): p * (W2 act(W1 x + b1) + b2).
 
+Under --fp8-format (inside the block's fp8 context, core/fp8_utils.py) each expert's fc1 and
+fc2 multiply with fp8 inputs as a dense linear does (core/fp8/linear.py), with slots of their
+own: per-expert scales for the input, the weight and the output gradient. As Megatron does
+(its _pad_tensor_for_quantization, TE's Fp8Padding), an expert's rows are first padded with
+zero rows to a multiple of 16 (32 under mxfp8) and the output cut back; the padding rows of
+fc2's input are zeroed again after the activation (a bias would make them act(b1); Megatron's
+are zero because their routing probability, applied there, is 0). Zero rows raise no amax and
+add nothing to a sum, so the padding changes no number; it costs their bytes.
+
 Expert parameters carry ``allreduce = False`` (Megatron's mark). DDP reads it: their gradients
 are averaged over the expert-data-parallel group, the ranks holding the *same* experts, not
 over the dense data-parallel group.
@@ -34,10 +43,13 @@ import torch
 import torch.nn.functional as F
 
 from minitron.core import parallel_state
+from minitron.core.fp8.linear import Fp8LinearWithAsyncCommunication
+from minitron.core.fp8_utils import fp8_quantizers
 from minitron.core.tensor_parallel import divide, get_expert_parallel_rng_tracker_name
 from minitron.core.tensor_parallel.weight_init import init_device, initialize_affine_weight
 from minitron.core.transformer.mlp import mlp_activation
 from minitron.core.transformer.module import MegatronModule
+from minitron.core.transformer.moe.moe_utils import get_align_size_for_quantization, pad_rows
 from minitron.core.transformer.utils import replace_prefix_for_sharding, sharded_state_dict_default
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
@@ -109,7 +121,15 @@ class ExpertLinear(torch.nn.Module):
         self.bias = bias
 
     def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
+        return expert_linear(x, self.weight, self.bias, fp8_quantizers(self))
+
+
+def expert_linear(x, weight, bias, fp8_slots):
+    """One expert GEMM: with fp8 slots (inside the fp8 context) on fp8 inputs, with no
+    collective inside (an expert slice's communication is the dispatcher's); else plain."""
+    if fp8_slots is None:
+        return F.linear(x, weight, bias)
+    return Fp8LinearWithAsyncCommunication.apply(x, weight, bias, fp8_slots, False, False, None)
 
 
 class ExpertMLP(MegatronModule):
@@ -131,7 +151,12 @@ class ExpertMLP(MegatronModule):
         self.activation_func = mlp_activation(config)   # with --swiglu: silu(gate) * up
 
     def forward(self, x):
-        return self.linear_fc2(self.activation_func(self.linear_fc1(x)))
+        align = get_align_size_for_quantization(self.config)
+        if not align:
+            return self.linear_fc2(self.activation_func(self.linear_fc1(x)))
+        rows = x.size(0)   # fp8: padded to whole multiples of ``align`` (see the module docstring)
+        hidden = self.activation_func(self.linear_fc1(pad_rows(x, align)))
+        return self.linear_fc2(pad_rows(hidden[:rows], align))[:rows]
 
 
 class SequentialMLP(MegatronModule):

@@ -15,15 +15,23 @@ are interchangeable, as Megatron's are: save with the grouped GEMM, resume witho
 another ep. Gated (--swiglu), each weight{i} of fc1 is that expert's [gate | up], cut by expert
 tp with stride 2 as SequentialMLP's is, and the gating runs on the last dimension of the whole
 block.
+
+Under --fp8-format each local expert's GEMM gets slots of its own (TE's GroupedLinear keeps
+scales per GEMM): its input rows, its weight and its output gradient are cast apart, then
+multiplied (core/fp8/linear.py), the same casts and products as SequentialMLP's experts. The
+block's rows are rounded up to a multiple of 16 (mxfp8: 32), Megatron's padding of every
+expert (experts.py), and the rows past an expert's count are zeroed again before fc2.
 """
 
 from __future__ import annotations
 
 import torch
 
+from minitron.core.fp8_utils import fp8_quantizers
 from minitron.core.transformer.mlp import mlp_activation
 from minitron.core.transformer.module import MegatronModule
-from minitron.core.transformer.moe.experts import ExpertMLP, expert_init_rng, expert_sharded_offsets
+from minitron.core.transformer.moe.experts import ExpertMLP, expert_init_rng, expert_linear, expert_sharded_offsets
+from minitron.core.transformer.moe.moe_utils import get_align_size_for_quantization
 from minitron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 from minitron.trace import traced
 from minitron.trace.recorder import short_value
@@ -41,6 +49,10 @@ class _GroupedLinear(torch.nn.Module):
 
     def forward(self, x):
         """x [E_local, rows, in] -> [E_local, rows, out]: one batched product, then the biases."""
+        slots = fp8_quantizers(self, self.num_gemms)
+        if slots is not None:   # fp8: each expert's GEMM with its own casts
+            return torch.stack([expert_linear(x[i], getattr(self, f"weight{i}"), getattr(self, f"bias{i}"), slots[i])
+                                for i in range(self.num_gemms)])
         weights = torch.stack([getattr(self, f"weight{i}") for i in range(self.num_gemms)])
         out = torch.bmm(x, weights.transpose(1, 2))
         if self.bias0 is not None:
@@ -87,6 +99,12 @@ class GroupedMLP(MegatronModule):
         expert_of_row = torch.repeat_interleave(torch.arange(len(counts), device=x.device),
                                                 torch.tensor(counts, device=x.device))
         slot_of_row = torch.cat([torch.arange(n, device=x.device) for n in counts])
-        block = x.new_zeros(len(counts), max(counts + [1]), x.shape[-1]).index_put((expert_of_row, slot_of_row), x)
-        out = self.linear_fc2(self.activation_func(self.linear_fc1(block)))
+        align = get_align_size_for_quantization(self.config)
+        rows = -(-max(counts + [1]) // align) * align if align else max(counts + [1])
+        block = x.new_zeros(len(counts), rows, x.shape[-1]).index_put((expert_of_row, slot_of_row), x)
+        hidden = self.activation_func(self.linear_fc1(block))
+        if align:   # fp8: a row past its expert's count enters fc2 as zeros (experts.py)
+            hidden = hidden.new_zeros(hidden.shape).index_put((expert_of_row, slot_of_row),
+                                                              hidden[expert_of_row, slot_of_row])
+        out = self.linear_fc2(hidden)
         return out[expert_of_row, slot_of_row], None

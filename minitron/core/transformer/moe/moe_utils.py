@@ -36,6 +36,10 @@ z_loss_func
 (Balancing without a loss, re-exported here under Megatron's names: Sinkhorn, forced balance
 with random logits, the aux-loss-free expert bias's step, is load_balancing.py.)
 
+get_align_size_for_quantization, pad_rows
+    Under fp8 each expert's rows are padded with zero rows to a multiple of 16 (mxfp8: 32), as
+    the fp8 grouped GEMM needs them (experts.py says why the padding changes no number).
+
 (The per-layer record of these losses, what the iteration log prints, is moe_logging.py.)
 """
 
@@ -58,6 +62,21 @@ def sort_chunks_by_idxs(input: torch.Tensor, split_sizes: list[int], sorted_idxs
     (the dispatcher regroups what arrived by source rank into groups by local expert)."""
     chunks = torch.split(input, split_sizes, dim=0)
     return torch.cat([chunks[i] for i in sorted_idxs], dim=0)
+
+
+def get_align_size_for_quantization(config) -> int:
+    """Under fp8 an expert's GEMMs take its rows in whole multiples of 16 (32 under mxfp8, whose
+    weight-gradient GEMM blocks them along the rows): Megatron pads every expert's rows with
+    zeros up to that (TE's Fp8Padding); 0 without fp8: no padding."""
+    if not getattr(config, "fp8", None):
+        return 0
+    return 32 if config.fp8_recipe == "mxfp8" else 16
+
+
+def pad_rows(x: torch.Tensor, align: int) -> torch.Tensor:
+    """x with zero rows appended up to a multiple of ``align`` rows (none when it is one)."""
+    extra = -x.size(0) % align
+    return torch.cat([x, x.new_zeros(extra, *x.shape[1:])]) if extra else x
 
 
 def get_capacity(num_tokens: int, num_experts: int, capacity_factor: float) -> int:
