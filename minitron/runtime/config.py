@@ -32,14 +32,16 @@ from typing import Any, Optional, Union
 
 from minitron.runtime.comm.comms_logger_config import parse_comms_logger
 from minitron.runtime.activation_checkpointing.config import parse_activation_checkpointing
-from minitron.runtime.config_optimizer import ZERO_TESTED, parse_optimizer
+from minitron.runtime import basic_optimizer, torch_schedules
+from minitron.runtime.config_optimizer import OPTIMIZERS, ZERO_TESTED, parse_optimizer
 from minitron.runtime.config_engine import ENGINE_KEYS, check_unmanaged, parse_engine_switches
 from minitron.runtime.config_features import no_effect_notes, parse_features
-from minitron.runtime.config_sections import parse_precision, parse_scheduler, parse_zero
+from minitron.runtime.config_sections import SCHEDULERS, parse_precision, parse_scheduler, parse_zero
 from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, flag, json_value, number, positive_int
 from minitron.runtime.precision_config import check_master_weights, parse_precision_options
 from minitron.runtime.monitor.config import parse_monitor
 from minitron.runtime.swap_tensor.aio_config import parse_aio
+from minitron.runtime.zero.offload_config import offloaded
 from minitron.runtime.profiling.config import parse_flops_profiler
 
 TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -213,6 +215,12 @@ class DeepSpeedConfig:
             raise DeepSpeedConfigError(f"optimizer.type {self.optimizer_name!r} is untested with ZeRO (stage "
                                        f"{self.zero_optimization_stage}); DeepSpeed runs it only with "
                                        f"\"zero_allow_untested_optimizer\": true")
+        if self.optimizer_name not in (None,) + tuple(OPTIMIZERS):   # torch's, Adagrad, Lion...: tried once
+            basic_optimizer.check(self.optimizer_name, self.optimizer_params,
+                                  offloaded(getattr(self.zero_config, "offload_optimizer", None)))
+        if self.scheduler_name is not None and self.scheduler_name not in SCHEDULERS:   # torch's, by name
+            torch_schedules.check_wrapped(self.scheduler_name, self.zero_optimization_stage, self.fp16_enabled,
+                                          self.bfloat16_enabled)
         self._gradient_communication(params)
         check_master_weights(self.precision_options, self.zero_optimization_stage,
                              getattr(self.zero_config, "offload_optimizer", None))

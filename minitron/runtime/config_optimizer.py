@@ -1,5 +1,6 @@
 """The ds_config's ``optimizer`` section, as DeepSpeed 0.19.8's engine reads it
-(``_configure_basic_optimizer``): its own Adam, AdamW and Lamb, and torch's SGD.
+(``_configure_basic_optimizer``): its own Adam, AdamW and Lamb, and torch's SGD, read key by key
+here; its Adagrad and Lion, mup's, and any other torch.optim class in basic_optimizer.py.
 
 Under ZeRO (stage 1-3) DeepSpeed runs an optimizer it has not tested with ZeRO only when
 ``"zero_allow_untested_optimizer": true`` says so; config.py asks that once the stage is known.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from minitron.runtime import basic_optimizer
 from minitron.runtime.config_sections import _section, _typed_section
 from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, flag, json_value, number, \
     positive_int
@@ -25,8 +27,9 @@ OPTIMIZERS = {"Adam": ("lr", "betas", "eps", "weight_decay"), "AdamW": ("lr", "b
                              "weight_decay", "amsgrad", "cuda_aware", "comm_backend_name")}
 TORCH_NAMED = ("SGD",)
 # The optimizers DeepSpeed's ZeRO runs without asking (zero/utils.py's ZERO_SUPPORTED_OPTIMIZERS,
-# those of them minitron builds): FusedAdam and torch's Adam/AdamW. Lamb and SGD are not among them.
-ZERO_TESTED = ("Adam", "AdamW")
+# those of them minitron builds): FusedAdam, torch's Adam/AdamW/Adagrad, CPU-Adagrad, both Lions.
+# Lamb, SGD and torch's others are not among them.
+ZERO_TESTED = ("Adam", "AdamW", "Adagrad", "Lion")
 
 
 def parse_optimizer(params: dict) -> tuple[Optional[str], Optional[dict]]:
@@ -36,6 +39,13 @@ def parse_optimizer(params: dict) -> tuple[Optional[str], Optional[dict]]:
     if "type" not in _section(params, "optimizer"):
         check_keys(_section(params, "optimizer"), ("type", "params"), {}, "optimizer")
         return None, None
+    other = basic_optimizer.resolve(_section(params, "optimizer").get("type"))
+    if other is not None and other not in OPTIMIZERS:
+        # DeepSpeed's Adagrad, Lion, mup's and Muon, or any torch.optim class: its params go to
+        # its constructor unread, and config.py tries that constructor once the offload is known
+        check_keys(_section(params, "optimizer"), ("type", "params"), {}, "optimizer")
+        return other, dict(_section(_section(params, "optimizer"), "params"))
+    _refuse_unknown(_section(params, "optimizer").get("type"))
     kind, opt = _typed_section(params, "optimizer", OPTIMIZERS,
                                any_case=tuple(n for n in OPTIMIZERS if n not in TORCH_NAMED))
     where = "optimizer.params"
@@ -72,6 +82,20 @@ def parse_optimizer(params: dict) -> tuple[Optional[str], Optional[dict]]:
                                        f"AMSGrad variant (their constructors refuse it); add \"torch_adam\": true")
         out["amsgrad"] = True
     return kind, out
+
+
+def _refuse_unknown(kind) -> None:
+    """A type that is neither DeepSpeed's (any case) nor torch.optim's (as written): its refusal."""
+    own = [n for n in OPTIMIZERS if n not in TORCH_NAMED] + list(basic_optimizer.DEEPSPEED_OWN)
+    if isinstance(kind, str) and (kind.lower() in {n.lower() for n in own} or kind in TORCH_NAMED):
+        return
+    hint = ""
+    if isinstance(kind, str):
+        import torch   # only on the way to a refusal: which torch.optim name was meant
+        case = next((n for n in dir(torch.optim) if n.lower() == kind.lower()), None)
+        hint = f"; DeepSpeed looks a torch optimizer up by its exact name: write {case!r}" if case else ""
+    raise DeepSpeedConfigError(f"optimizer.type {json_value(kind)} is neither DeepSpeed's own ({', '.join(own)}; any "
+                               f"case) nor a torch.optim optimizer{hint}")
 
 
 def _betas(opt: dict) -> list:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
+from minitron.runtime import torch_schedules
 from minitron.runtime.zero.offload_config import OFFLOAD_KEYS, OffloadConfig, parse_offload
 from minitron.runtime.zero.stage_1_and_2_config import KNOB_KEYS, parse_stage_1_and_2
 from minitron.runtime.zero.stage3_config import DEFAULT_ONLY as STAGE3_DEFAULT_ONLY, STAGE3_KEYS, Stage3Config, \
@@ -113,6 +114,14 @@ def parse_scheduler(params: dict) -> tuple[Optional[str], Optional[dict]]:
     lets its constructors find bad values (or not: a string step size fails at the first step);
     here each is refused with its name before anything runs. Per-param-group lists, which the
     constructors also take, are not read: one value for every group."""
+    kind = _section(params, "scheduler").get("type")
+    if kind not in SCHEDULERS and torch_schedules.resolve(kind) is not None:   # torch's, by its exact name
+        check_keys(_section(params, "scheduler"), ("type", "params"), {}, "scheduler")
+        sched = dict(_section(_section(params, "scheduler"), "params"))
+        torch_schedules.check(kind, sched)   # config.py refuses it where DeepSpeed's optimizer is a wrapper
+        return kind, sched
+    if "type" in _section(params, "scheduler") and kind not in SCHEDULERS:
+        torch_schedules.refuse_unknown(kind, tuple(SCHEDULERS))
     kind, sched = _typed_section(params, "scheduler", SCHEDULERS)
     if kind is None:
         return None, None
