@@ -151,7 +151,14 @@ def _start_site_build(session) -> None:
     session.config.stash[SITE_BUILD] = process
 
 
+def pytest_sessionstart(session):
+    session.config.stash[SESSION_START] = time.time()
+
+
 def pytest_sessionfinish(session, exitstatus):
+    if not hasattr(session.config, "workerinput"):   # the controller: every worker has finished
+        from shm_leftovers import remove_leftovers   # DeepSpeed's shm buffers: shm_leftovers.py says why
+        remove_leftovers(session.config.stash[SESSION_START] - 1)
     process = session.config.stash.get(SITE_BUILD, None)
     if process is not None and process.poll() is None:
         if session.shouldstop or session.shouldfail or exitstatus == pytest.ExitCode.INTERRUPTED:
@@ -163,6 +170,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 SITE_BUILD = pytest.StashKey[subprocess.Popen]()
+SESSION_START = pytest.StashKey[float]()
 SITE_SCRATCH = pytest.StashKey[Path]()
 
 
