@@ -15,7 +15,6 @@ process still maps (another session's job), are removed.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 SHM = Path("/dev/shm")
