@@ -179,7 +179,7 @@ def test_nvme_swap_files_as_deepspeed_lays_them_out(runs):
     ({"stage": 2, "cpu_offload": True, "offload_optimizer": {"device": "cpu"}}, "together"),
     ({"stage": 0, "offload_optimizer": {"device": "cpu"}}, "stage 1, 2 or 3"),
     ({"stage": 2, "offload_optimizer": {"device": "gpu"}}, "must be \"none\", \"cpu\" or \"nvme\""),
-    ({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/t", "pipeline_read": True}}, "pipeline_read"),
+    ({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/t", "super_offload": True}}, "Grace-Hopper"),
 ])
 def test_refusals_name_the_key(zero, message):
     with pytest.raises(DeepSpeedConfigError, match=message):

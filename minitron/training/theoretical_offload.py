@@ -13,14 +13,15 @@ e the weights' bytes and k the optimizer's moments:
     offload_param       host: my stage-3 pieces, P x e
                         host -> device: my pieces of a module before each of its gathers
                         device -> host: P x e each step when the master stays on the device
-    nvme (stage 3)      a group whose fp32 master is at least max(1 MiB, aio.block_size) lives
+    nvme (stage 3)      a sub-group whose fp32 master is at least max(1 MiB, aio.block_size) lives
                         in 1 + k files, each padded to aio.intra_op_parallelism KiB, read and
-                        written once a step; smaller groups stay in host memory
+                        written once a step; smaller sub-groups stay in host memory
 """
 
 from __future__ import annotations
 
 from minitron.runtime.zero.alignment import NCCL_START_ALIGNMENT_FACTOR
+from minitron.runtime.zero.stage3 import sub_group_bounds
 from minitron.training.theoretical_params import DTYPE_BYTES, Param, num_microbatches, optimizer_moments, round_up
 from minitron.training.theoretical_zero import _layer_of, _modules, _recomputed, ds_config, param_groups
 
@@ -34,11 +35,15 @@ def offloads(args) -> bool:
 
 
 def _partitions(args, plist: list[Param]) -> list[int]:
-    """My elements of each param group's partition (padding included: it is stepped too)."""
-    stage, dp = ds_config(args).zero_optimization_stage, args.data_parallel_size
+    """My elements of each param group's partition (padding included: it is stepped too); at
+    stage 3, of each sub-group's (sub_group_size cuts a group as zero/stage3.py cuts it)."""
+    cfg = ds_config(args)
+    stage, dp = cfg.zero_optimization_stage, args.data_parallel_size
     groups = param_groups(plist)
     if stage == 3:
-        return [sum(-(-p.numel // dp) for p in g) for g in groups]
+        cut = cfg.zero_config.stage3.sub_group_size
+        pieces = [[-(-p.numel // dp) for p in g] for g in groups]
+        return [sum(ps[a:b]) for ps in pieces for a, b in sub_group_bounds(ps, cut)]
     return [round_up(sum(p.numel for p in g), NCCL_START_ALIGNMENT_FACTOR * dp) // dp for g in groups]
 
 

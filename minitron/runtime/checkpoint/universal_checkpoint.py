@@ -87,11 +87,14 @@ def load_universal_state(opt, zero: Path, names: dict) -> None:
     checkpoint's ``zero/`` folder. ``names`` maps each parameter to its name in the module."""
     common = load_state(zero / C.UNIVERSAL_OPTIMIZER_STATE)
     groups, saved_groups = optimizer_groups(opt), common[C.PARAM_GROUPS]
-    if len(saved_groups) != len(groups):
+    # stage 3's groups are sub-groups (sub_group_size), each owned by one of the torch optimizer's groups
+    owner = getattr(opt, "sub_group_to_group_id", list(range(len(groups))))
+    if len(saved_groups) != len(opt.optimizer.param_groups):
         raise ValueError(f"{zero} was saved with {len(saved_groups)} param groups, this optimizer has "
-                         f"{len(groups)}: build the optimizer's param groups as the saving run did")
+                         f"{len(opt.optimizer.param_groups)}: build the optimizer's param groups as the saving "
+                         "run did")
     step = _step(zero, [names[p] for params in groups for p in params], common)
-    state, param_groups = {}, []
+    state = {}
     for i, params in enumerate(groups):
         # At stage 3 a released parameter's own numel is 0; ds_numel is its whole size.
         parts = {key: _my_partition(opt, i, [_whole(zero, names[p], key, getattr(p, "ds_numel", p.numel()))
@@ -99,7 +102,8 @@ def load_universal_state(opt, zero: Path, names: dict) -> None:
                  for key in C.UNIVERSAL_STATES}
         opt.single_partition_of_fp32_groups[i].copy_(parts[C.FP32_WEIGHT_KEY])
         state[i] = {"step": step.clone(), "exp_avg": parts["exp_avg"], "exp_avg_sq": parts["exp_avg_sq"]}
-        param_groups.append({**saved_groups[i], "params": [i]})
+    param_groups = [{**saved, "params": [i for i, g in enumerate(owner) if g == k]}
+                    for k, saved in enumerate(saved_groups)]
     # The saved hyperparameters, the count in the running Adam's type (adam_state.py).
     opt.optimizer.load_state_dict(running_form(opt.optimizer, {"state": state, "param_groups": param_groups}))
     opt.loss_scaler.load_state_dict(scaler_state(opt.loss_scaler, common[C.LOSS_SCALER]))

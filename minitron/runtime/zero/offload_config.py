@@ -13,6 +13,11 @@ What each key does here (the ZeRO optimizers read them: zero/offload.py):
     buffer_count  the swapper's pool of aligned I/O buffers (nvme): a step needs one per
                   swapped tensor of a group, and stops with a clear line when it has fewer
     ratio         < 1 offloads part of the states (stage 3 only in DeepSpeed): refused, not built
+    pipeline_read, pipeline_write
+                  nvme at stage 3: read the next sub-group's files while this one steps, and
+                  write this one's while the next steps (swap_tensor/pipelined_optimizer_swapper.py);
+                  DeepSpeed reads them only when it swaps, so with device cpu they change nothing
+    super_offload the Grace-Hopper superchip's optimizer: refused, not built
     fast_init, buffer_size, max_in_cpu
                   act only on parameters kept on NVMe, which minitron does not build (refused
                   below): accepted, checked, and without effect, as in DeepSpeed with device cpu
@@ -46,6 +51,8 @@ class OffloadConfig:
     max_in_cpu: int = 1_000_000_000
     fast_init: bool = False
     ratio: float = 1.0
+    pipeline_read: bool = False    # offload_optimizer only: swap_tensor/pipelined_optimizer_swapper.py
+    pipeline_write: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -106,12 +113,13 @@ def parse_offload_optimizer(section: dict, where: str, stage: int) -> OffloadCon
     if out.ratio < 1:
         raise DeepSpeedConfigError(f"{where}.ratio {out.ratio:g}: partial offloading (part of the states stepped "
                                    "on the GPU) is not built in minitron; use 1.0")
-    for key, why in (("pipeline_read", "overlaps reading the next sub-group with this one's step"),
-                     ("pipeline_write", "overlaps writing the last sub-group with this one's step"),
-                     ("super_offload", "is the Superchip (Grace-Hopper) path")):
-        if model_flag(section, key, False, where):
-            raise DeepSpeedConfigError(f"{where}.{key} {why}, which minitron does not build (it swaps "
-                                       "synchronously on ordinary hosts); remove it")
+    out.pipeline_read = model_flag(section, "pipeline_read", False, where)
+    out.pipeline_write = model_flag(section, "pipeline_write", False, where)
+    if model_flag(section, "super_offload", False, where):
+        # DeepSpeed's SuperOffloadOptimizer_Stage3 steps on the Grace CPU of a Grace-Hopper
+        # superchip beside the GPU's own step, which needs that chip's coherent memory.
+        raise DeepSpeedConfigError(f"{where}.super_offload is the Superchip (Grace-Hopper) optimizer, which needs "
+                                   "NVLink-C2C's shared CPU-GPU memory and is not built in minitron; remove it")
     if out.device != "none" and stage == 0:
         # DeepSpeed builds CPU-Adam, then steps it on parameters left on the GPU: its first step
         # fails there ("CPUAdam param is on cuda"). Offloading is a ZeRO optimizer's business.

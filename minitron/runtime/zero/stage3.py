@@ -45,45 +45,36 @@ from minitron.runtime.zero.partitioned_param_coordinator import (
 )
 from minitron.runtime.swap_tensor.aio_config import AioConfig
 from minitron.runtime.swap_tensor.optimizer_swapper import PartitionedOptimizerSwapper
+from minitron.runtime.swap_tensor.pipelined_optimizer_swapper import PipelinedOptimizerSwapper
 from minitron.runtime.zero.offload import ZeroOffload
-from minitron.runtime.zero.partition_parameters import fetch
+from minitron.runtime.zero.parameter_offload import (  # noqa: F401 -- register_external_parameter re-exported
+    AVAILABLE, NOT_AVAILABLE, DeepSpeedZeRoOffload, register_external_parameter,
+)
 from minitron.runtime.zero.utils import assert_ints_same_as_other_ranks
 from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 from minitron.runtime.zero.zeropp import ZeroPlusPlus
+from minitron.runtime.zero.stage3_config import Stage3Config
 from minitron.trace import traced
 
-AVAILABLE, NOT_AVAILABLE = "AVAILABLE", "NOT_AVAILABLE"   # DeepSpeed's ZeroParamStatus
+
+def sub_group_bounds(pieces: list, sub_group_size: int) -> list:
+    """DeepSpeed's _create_fp16_sub_groups over a group's parameters, given each one's piece
+    (my elements): [(first, end)] index ranges. A group whose pieces fit in ``sub_group_size``
+    stays whole; otherwise parameters are taken in order and a sub-group closes once it holds
+    that many elements, so one may exceed it by its last parameter. The estimate
+    (training/theoretical_offload.py) cuts the same way."""
+    if sub_group_size >= sum(pieces):
+        return [(0, len(pieces))]
+    out, first, numel = [], 0, 0
+    for k, piece in enumerate(pieces):
+        numel += piece
+        if numel >= sub_group_size or k == len(pieces) - 1:
+            out.append((first, k + 1))
+            first, numel = k + 1, 0
+    return out
 
 
-def register_external_parameter(module: torch.nn.Module, parameter: torch.nn.Parameter) -> None:
-    """``deepspeed.zero.register_external_parameter``: ``module`` uses ``parameter``, owned
-    elsewhere, in its forward. Call it before ``initialize()``; stage 3 then gathers the
-    parameter for ``module``'s forward and backward as it gathers the module's own."""
-    external = module.__dict__.setdefault("ds_external_parameters", [])
-    if not any(p is parameter for p in external):
-        external.append(parameter)
-
-
-def _params_of(module: torch.nn.Module) -> list:
-    """What a module's forward needs gathered: its own parameters and the registered ones."""
-    return list(module.parameters(recurse=False)) + list(getattr(module, "ds_external_parameters", []))
-
-
-class _GatherBeforeBackward(torch.autograd.Function):
-    """Identity in forward; in backward, gathers the module's parameters first."""
-
-    @staticmethod
-    def forward(ctx, optimizer, module, *outputs):
-        ctx.optimizer, ctx.module = optimizer, module
-        return tuple(t.view_as(t) for t in outputs)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        ctx.optimizer._fetch(ctx.module)
-        return (None, None, *grads)
-
-
-class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
+class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeRoOffload, DeepSpeedZeroOptimizer):
     def __init__(self, module: torch.nn.Module, init_optimizer: torch.optim.Optimizer, dp_process_group,
                  loss_scaler, clip_grad: float = 0.0, model_parallel_group=None, overlap_comm: bool = True,
                  offload_optimizer=None, offload_param=None, aio=None, zero_config=None):
@@ -108,52 +99,59 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         # overlap_comm (DeepSpeed's default at stage 3): each reduce-scatter is launched and left
         # in flight while backward goes on; reduce_gradients waits for them all.
         self.overlap_comm, self.in_flight = overlap_comm, []
-        self._group_of: dict = {}   # param -> (group index, offset of its piece in my flat partition)
-        dp, r = self.dp_world_size, self.partition_id
-        for i, group in enumerate(init_optimizer.param_groups):
+        self._group_of: dict = {}   # param -> (sub-group index, offset of its piece in my flat partition)
+        # sub_group_size: each param group's parameters cut into sub-groups, each its own master,
+        # stepped (and swapped) one after another (DeepSpeed's fp16_groups are these sub-groups)
+        sub_group_size = (zero_config.stage3 if zero_config is not None else Stage3Config()).sub_group_size
+        self.sub_group_to_group_id: list = []
+        for g, group in enumerate(init_optimizer.param_groups):
             params = [p for p in group["params"] if p.requires_grad]
-            self.fp16_groups.append(params)
-            pieces = []
             for p in params:
                 p.ds_numel, p.ds_shape, p.ds_id = p.numel(), p.shape, ds_ids.get(p, -1)
-                piece = -(-p.numel() // dp)            # ceil: the last rank's piece holds the padding
-                padded = p.new_zeros(piece * dp)   # on p's device: the engine has moved the module
-                padded[:p.numel()].copy_(p.detach().reshape(-1))
-                pieces.append(padded[r * piece:(r + 1) * piece])
-            flat = torch.cat(pieces) if pieces else torch.zeros(0, device=self.device)
-            flat = self.offload.host_tensor(flat) if self.offload.param else flat
-            self.fp16_partitioned_groups_flat.append(flat)
-            offset = 0
-            for p, piece in zip(params, pieces):
-                p.ds_tensor = flat[offset:offset + piece.numel()]   # my piece, a view into my flat
-                self._group_of[p] = (i, offset)
-                offset += piece.numel()
-            master = flat.detach().float()
-            master = self.offload.host_tensor(master) if self.offload.optimizer else master.to(self.device, copy=True)
-            master.requires_grad_(True)
-            master.ds_id = f"{params[0].ds_id}_{params[-1].ds_id}" if params else "empty"
-            self.single_partition_of_fp32_groups.append(master)
-            self.norm_mask.append(torch.cat([self._counted(p).expand(piece.numel())
-                                             for p, piece in zip(params, pieces)]
-                                            or [torch.zeros(0, dtype=torch.float64, device=self.device)]))
-            group["params"] = [master]
+            # the torch optimizer's group g holds its sub-groups' masters (DeepSpeed's
+            # _set_fp32_optimizer_param_groups, as a checkpoint's state dict lists them)
+            pieces = [-(-p.numel() // self.dp_world_size) for p in params]   # DeepSpeed's partition_numel
+            group["params"] = [self._partition_sub_group(params[a:b], g)
+                               for a, b in sub_group_bounds(pieces, sub_group_size)]
         self._nvme(offload_optimizer, aio)
         for p in self._group_of:
             p.ds_status = AVAILABLE
             p.register_post_accumulate_grad_hook(weakly_bound(self._reduce_partition_and_release))
         self._configure_knobs(module, zero_config)
         self.release(list(self._group_of))   # the persistent too: gathered at their first use
-        self._hooks = [module.register_forward_pre_hook(lambda *_: self.coordinator.reset_step())]
-        # Every module, as DeepSpeed hooks every one: one without parameters gathers nothing, but
-        # its forward and backward are steps of the coordinator's trace all the same.
-        for k, m in enumerate(module.modules()):
-            m.ds_id = k   # DeepSpeed numbers the modules too: the coordinator's warnings name them by it
-            self._hooks += [m.register_forward_pre_hook(self._pre_forward), m.register_forward_hook(self._post_forward)]
+        self._install_hooks(module)   # parameter_offload.py
+
+    def _partition_sub_group(self, params: list, g: int) -> torch.Tensor:
+        """My pieces of ``params`` end to end (the flat partition) and their fp32 master."""
+        dp, r, s = self.dp_world_size, self.partition_id, len(self.fp16_groups)
+        self.fp16_groups.append(params)
+        self.sub_group_to_group_id.append(g)
+        pieces = []
+        for p in params:
+            piece = -(-p.numel() // dp)            # ceil: the last rank's piece holds the padding
+            padded = p.new_zeros(piece * dp)   # on p's device: the engine has moved the module
+            padded[:p.numel()].copy_(p.detach().reshape(-1))
+            pieces.append(padded[r * piece:(r + 1) * piece])
+        flat = torch.cat(pieces) if pieces else torch.zeros(0, device=self.device)
+        flat = self.offload.host_tensor(flat) if self.offload.param else flat
+        self.fp16_partitioned_groups_flat.append(flat)
+        offset = 0
+        for p, piece in zip(params, pieces):
+            p.ds_tensor = flat[offset:offset + piece.numel()]   # my piece, a view into my flat
+            self._group_of[p] = (s, offset)
+            offset += piece.numel()
+        master = flat.detach().float()
+        master = self.offload.host_tensor(master) if self.offload.optimizer else master.to(self.device, copy=True)
+        master.requires_grad_(True)
+        master.ds_id = f"{params[0].ds_id}_{params[-1].ds_id}" if params else "empty"   # its swap files' name
+        self.single_partition_of_fp32_groups.append(master)
+        self.norm_mask.append(torch.cat([self._counted(p).expand(piece.numel()) for p, piece in zip(params, pieces)]
+                                        or [torch.zeros(0, dtype=torch.float64, device=self.device)]))
+        return master
 
     def _configure_knobs(self, module, zero_config) -> None:
         """Stage 3's knobs (persistence, prefetch, reuse: partitioned_param_coordinator.py) and
         ZeRO++ (zeropp.py; qgZ, runtime/comm/coalesced_collectives.py)."""
-        from minitron.runtime.zero.stage3_config import Stage3Config   # DeepSpeed's defaults
         z = zero_config.stage3 if zero_config is not None else Stage3Config()
         mark_persistent_parameters(module, self._group_of, z.param_persistence_threshold, z.model_persistence_threshold)
         self.coordinator = PartitionedParameterCoordinator(z.prefetch_bucket_size, z.max_live_parameters,
@@ -164,63 +162,6 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         self.allgather_sequential, self.all_reduce_fetch = z.allgather_sequential, z.use_all_reduce_for_fetch_params
         self.enable_sanity_checks = z.enable_sanity_checks
         self.coordinator.log_trace_cache_warnings = z.log_trace_cache_warnings
-
-    # --- gather and release ---------------------------------------------------------------
-
-    @torch.no_grad()
-    def gather(self, params: list) -> None:
-        """One all-gather for all of a module's missing parameters, as DeepSpeed coalesces them:
-        my pieces end to end go out, every rank's come back as the rows of ``full``, and
-        parameter p is its column range of the rows, read row after row."""
-        todo = list({id(p): p for p in params if p in self._group_of and p.ds_status != AVAILABLE}.values())
-        for dtype in dict.fromkeys(p.ds_tensor.dtype for p in todo):   # one dtype per collective
-            # partition_parameters.py: coalesced (zeropp.py: hpZ's secondary pieces, qwZ's int8),
-            # one by one, or one all-reduce, as the config asks; host -> device first, offloaded
-            fetch([p for p in todo if p.ds_tensor.dtype == dtype], self.zeropp,
-                  lambda mine: self.offload.fetch(mine, None), self.allgather_sequential, self.all_reduce_fetch)
-
-    def release(self, params: list) -> None:
-        for p in params:
-            if p in self._group_of:
-                if p.ds_status == AVAILABLE:
-                    self.zeropp.keep_secondary(p)   # hpZ: my 1/h of the whole, for the next gathers
-                p.data = p.ds_tensor.new_empty(0)   # on the device the parameter lives on
-                p.ds_status = NOT_AVAILABLE
-
-    def _fetch(self, module) -> None:
-        available = lambda: sum(p.ds_numel for p in self._group_of if p.ds_status == AVAILABLE)   # noqa: E731
-        own = [p for p in _params_of(module) if p in self._group_of]
-        self.coordinator.fetch_sub_module(module, own, self.gather, available)
-
-    def _pre_forward(self, module, inputs):
-        self._fetch(module)
-
-    def _post_forward(self, module, inputs, output):
-        # Wrap first, release second: a module may hand back one of its own parameters (a
-        # linear with skip_bias_add returns its bias, added by the caller); the wrapper's view
-        # of it keeps the gathered values that the caller still adds.
-        output = self._wrap_outputs(module, output)
-        self.release(self.coordinator.params_to_release(_params_of(module)))
-        return output
-
-    def _wrap_outputs(self, module, output):
-        single = torch.is_tensor(output)
-        items = [output] if single else list(output) if isinstance(output, (tuple, list)) else None
-        if items is None:
-            return output
-        if torch.is_grad_enabled():
-            slots = [k for k, t in enumerate(items) if torch.is_tensor(t) and t.requires_grad]
-            if not slots:
-                return output
-            wrapped = _GatherBeforeBackward.apply(self, module, *(items[k] for k in slots))
-            for k, t in zip(slots, wrapped):
-                items[k] = t
-        else:   # no backward to prepare for; a returned parameter still needs its values kept
-            own = _params_of(module)
-            items = [t.view_as(t) if any(t is p for p in own) else t for t in items]
-        if single:
-            return items[0]
-        return type(output)(*items) if hasattr(output, "_fields") else type(output)(items)   # namedtuple
 
     # --- gradients ------------------------------------------------------------------------
 
@@ -242,7 +183,7 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
             return
         padded = p.grad.new_zeros(piece * self.dp_world_size)
         padded[:p.ds_numel].copy_(p.grad.reshape(-1))
-        padded = self.gradient_reduction.to_wire(padded)
+        padded = self.gradient_reduction.for_param(p).to_wire(padded)   # torch_autocast: p's own wire dtype
         mine = padded.new_empty(piece)
         handle = dist.reduce_scatter_tensor(mine, padded, group=self.dp_process_group, async_op=self.overlap_comm)
         if self.overlap_comm:
@@ -267,6 +208,39 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
             handle.wait()
             self._add(i, offset, mine)
         self.in_flight = []
+
+    # --- the step, sub-group by sub-group ---------------------------------------------------
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """DeepSpeed's stage-3 step: the overflow check and the norm over every sub-group, then
+        each sub-group in turn: its states in from their files (ZeRO-Infinity), its gradient
+        unscaled and clipped, the optimizer stepped on it alone, its pieces updated, its states
+        back out. Swapping, one sub-group's states are all a rank holds of them at a time."""
+        prepared = self._prepare_step()
+        if prepared is None:
+            return
+        masters, swapped = self.single_partition_of_fp32_groups, sorted(self.swapped)
+        for s, master in enumerate(masters):
+            ahead = next((k for k in swapped if k > s), None)   # the next swapped sub-group
+            if s in self.swapped:   # pipeline_read starts reading ``ahead`` once mine are in
+                self.swapper.swap_in_optimizer_state(master, s, None if ahead is None else (masters[ahead], ahead))
+            self._set_grad(s, master, *prepared)
+            self._optimizer_step(s)
+            master.grad = None
+            self._publish(s)
+            if s in self.swapped:   # pipeline_write leaves the write in flight while another follows
+                self.swapper.swap_out_optimizer_state(master, s, async_swap=ahead is not None)
+        self.zero_grad()
+
+    def _optimizer_step(self, s: int) -> None:
+        """The torch optimizer's step on sub-group s's master alone (DeepSpeed's _optimizer_step)."""
+        group = self.optimizer.param_groups[self.sub_group_to_group_id[s]]
+        params, group["params"] = group["params"], [self.single_partition_of_fp32_groups[s]]
+        try:
+            self.optimizer.step()
+        finally:
+            group["params"] = params
 
     # --- the step's last move, bytes, full parameters ---------------------------------------
 
@@ -300,13 +274,14 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeroOptimizer):
         return {**super().host_bytes_held(), "params": self._pieces_bytes() if self.offload.param else 0}
 
     def _nvme(self, offload_optimizer, aio) -> None:
-        """ZeRO-Infinity: each group's master big enough to pay for the I/O goes to its files now
-        and comes back for each step (swap_tensor/optimizer_swapper.py)."""
+        """ZeRO-Infinity: each sub-group's master big enough to pay for the I/O goes to its files
+        now and comes back for its step (swap_tensor/; pipelined with pipeline_read/write)."""
         self.swapper, self.swapped = None, set()
         if offload_optimizer is None or offload_optimizer.device != "nvme":
             return
-        self.swapper = PartitionedOptimizerSwapper(offload_optimizer, aio or AioConfig(), self.optimizer,
-                                                   dist.get_rank())
+        pipelined = offload_optimizer.pipeline_read or offload_optimizer.pipeline_write
+        swapper = PipelinedOptimizerSwapper if pipelined else PartitionedOptimizerSwapper
+        self.swapper = swapper(offload_optimizer, aio or AioConfig(), self.optimizer, dist.get_rank())
         for i, master in enumerate(self.single_partition_of_fp32_groups):
             if self.swapper.swappable(master.numel(), master.element_size()):
                 self.swapped.add(i)

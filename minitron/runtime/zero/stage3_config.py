@@ -9,6 +9,9 @@ DEEPSPEED_DEFAULTS below says which and why):
     stage3_param_persistence_threshold, stage3_model_persistence_threshold
                           partitioned_param_coordinator.py
     zero_hpz_partition_size, zero_quantized_weights        zeropp.py
+    sub_group_size        each param group's parameters cut into sub-groups of about that many
+                          of my elements, each its own fp32 master, stepped (and under NVMe
+                          swapped) one after another: stage3.py
     zero_quantized_gradients                               runtime/comm/coalesced_collectives.py
     stage3_gather_16bit_weights_on_model_save (and its old name, ..._fp16_...)
                           read only by DeepSpeed's engine.save_16bit_model(), which gathers a
@@ -33,9 +36,6 @@ DEEPSPEED_DEFAULTS below says which and why):
                           the engine partitions a model already built, there and here (minitron
                           has no zero.Init), so either value changes nothing
 Accepted at DeepSpeed's default only (what minitron does; anything else is refused):
-    sub_group_size (1e9)  the fp32 partition stepped in pieces of that many elements, which
-                          bounds what offloading swaps in at once; minitron steps each group's
-                          partition whole
     stage3_module_granularity_threshold 0
                           (no module fetched as one leaf)
     zero_quantized_nontrainable_weights false
@@ -61,6 +61,7 @@ INTS = {   # field: (alias, minitron's default); every one ge=0
     "max_live_parameters": ("stage3_max_live_parameters", 1_000_000_000),
     "max_reuse_distance": ("stage3_max_reuse_distance", 0),
     "zero_hpz_partition_size": (None, 1),
+    "sub_group_size": (None, 1_000_000_000),
 }
 # DeepSpeed's defaults where minitron's differ. With them a small model keeps every parameter
 # whole (all under 1e5 elements), and from the second pass on gathers ahead and keeps a layer's
@@ -81,7 +82,7 @@ FLAGS = {
     "override_module_apply": (None, True),
     "pipeline_loading_checkpoint": (None, False),
 }
-DEFAULT_ONLY = {"sub_group_size": 1_000_000_000, "stage3_module_granularity_threshold": 0,
+DEFAULT_ONLY = {"stage3_module_granularity_threshold": 0,
                 "module_granularity_threshold": 0, "zero_quantized_nontrainable_weights": False,
                 "memory_efficient_linear": True}
 STAGE3_KEYS = tuple(k for table in (INTS, FLAGS) for name, (alias, _) in table.items()
@@ -96,6 +97,7 @@ class Stage3Config:
     max_live_parameters: int = INTS["max_live_parameters"][1]
     max_reuse_distance: int = INTS["max_reuse_distance"][1]
     zero_hpz_partition_size: int = 1
+    sub_group_size: int = 1_000_000_000
     zero_quantized_weights: bool = False
     zero_quantized_gradients: bool = False
     gather_16bit_weights_on_model_save: bool = False

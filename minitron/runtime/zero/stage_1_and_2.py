@@ -103,8 +103,6 @@ class DeepSpeedZeroOptimizer:
         self.device = torch.device(get_accelerator().current_device_name())
         # offload_optimizer: the masters and the moments on the host (zero/offload.py)
         self.offload = ZeroOffload(offload_optimizer, None, self.device)
-        # DeepSpeed's stages 1-2 keep even device "nvme" states in host memory: no swapper
-        self.swapper, self.swapped = None, set()
         self.overflow = False
         self._global_grad_norm = None
         self.bit16_groups, self.bit16_groups_flat = [], []
@@ -138,6 +136,7 @@ class DeepSpeedZeroOptimizer:
         self.is_gradient_accumulation_boundary = True
         in_backward = self.partition_gradients or self.overlap_comm
         self.buckets = GradientBuckets(self, reduce_bucket_size, self.overlap_comm) if in_backward else None
+        self.reduce_bucket_size = reduce_bucket_size
 
     def _init_model_parallel(self, model_parallel_group, model_parallel_rank: int | None = None) -> None:
         """With tensor parallelism, each rank's gradient is a slice of some parameters and a
@@ -193,6 +192,9 @@ class DeepSpeedZeroOptimizer:
             self.averaged_gradients = {i: self._flat_grad(i) for i in range(len(self.bit16_groups))}
             return
         reduction = self.gradient_reduction   # sum over ranks -> mean, in the configured dtype
+        if reduction.per_param_dtype:   # torch_autocast, stage 1: DeepSpeed's per-dtype buckets (buckets.py)
+            GradientBuckets(self, self.reduce_bucket_size, hooks=False).reduce_all()
+            return
         for i in range(len(self.bit16_groups)):
             flat = self._flat_grad(i)
             wire, size = reduction.to_wire(flat), flat.numel() // self.partition_count
@@ -246,6 +248,20 @@ class DeepSpeedZeroOptimizer:
 
     @torch.no_grad()
     def step(self) -> None:
+        prepared = self._prepare_step()
+        if prepared is None:
+            return
+        for i, master in enumerate(self.single_partition_of_fp32_groups):
+            self._set_grad(i, master, *prepared)
+        self.optimizer.step()
+        for i, master in enumerate(self.single_partition_of_fp32_groups):
+            master.grad = None
+            self._publish(i)
+        self.zero_grad()
+
+    def _prepare_step(self):
+        """The step's checks, for every group at once: (the reduced partitions, the scaled
+        norm), or None when an overflow skips the step."""
         partitions = [self.averaged_gradients.get(i) for i in range(len(self.single_partition_of_fp32_groups))]
         # one rank's Inf skips the step everywhere (unless bf16.check_grad_overflow is false)
         self.overflow = self.check_grad_overflow and self.has_overflow(partitions)
@@ -253,25 +269,19 @@ class DeepSpeedZeroOptimizer:
         self.loss_scaler.update_scale(self.overflow)
         if self.overflow:
             self.zero_grad()
-            return
+            return None
         scaled_norm = self.scaled_global_norm() if self.compute_grad_norm else None
         # a device tensor: read when logged
         self._global_grad_norm = scaled_norm / prev_scale if self.compute_grad_norm else None
-        for i, master in enumerate(self.single_partition_of_fp32_groups):
-            if i in self.swapped:   # ZeRO-Infinity (stage 3): the group's files back in host memory
-                self.swapper.swap_in_optimizer_state(master, i)
-            grad = partitions[i] if partitions[i] is not None else torch.zeros_like(master)
-            # offloaded: fp32 on the device, then across to the master on the host
-            grad = self.offload.copy_gradients_to_host(grad, i) if self.offload.optimizer else grad.float()
-            self.unscale_and_clip_grads([grad], scaled_norm)
-            master.grad = grad
-        self.optimizer.step()
-        for i, master in enumerate(self.single_partition_of_fp32_groups):
-            master.grad = None
-            self._publish(i)
-            if i in self.swapped:
-                self.swapper.swap_out_optimizer_state(master, i)
-        self.zero_grad()
+        return partitions, scaled_norm
+
+    def _set_grad(self, i: int, master: torch.Tensor, partitions: list, scaled_norm) -> None:
+        """Group i's reduced gradient, unscaled and clipped, as its master's .grad."""
+        grad = partitions[i] if partitions[i] is not None else torch.zeros_like(master)
+        # offloaded: fp32 on the device, then across to the master on the host
+        grad = self.offload.copy_gradients_to_host(grad, i) if self.offload.optimizer else grad.float()
+        self.unscale_and_clip_grads([grad], scaled_norm)
+        master.grad = grad
 
     def _publish(self, i: int) -> None:
         """My updated fp32 partition -> my bit16 partition -> everyone's flat buffer."""
