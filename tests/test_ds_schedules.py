@@ -158,7 +158,8 @@ def test_config_defaults_are_deepspeeds():
     ("OneCycle", {"cycle_min_lr": 0, "cycle_max_lr": 0.1, "cycle_stair_count": 2}, "unknown key"),
     ("LRRangeTest", {"lr_range_test_step_size": 0}, "at least 1"),
     ("LRRangeTest", {"lr_range_test_staircase": 1}, "true or false"),
-    ("CyclicLR", {}, "minitron runs"),
+    ("Cosine", {}, "neither DeepSpeed's"),   # torch has no such schedule either
+    ("CyclicLR", {}, "missing 2 required positional arguments"),   # torch's, found by its constructor
 ])
 def test_config_refusals(kind, params, says):
     with pytest.raises(DeepSpeedConfigError, match=says):
