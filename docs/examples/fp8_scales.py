@@ -4,6 +4,7 @@
     python docs/examples/fp8_scales.py history    # pretrain's steps with --fp8-format hybrid
     python docs/examples/fp8_scales.py bytes      # what minitron estimate counts for fp8
     python docs/examples/fp8_scales.py mx         # one tensor, per-tensor scale against MXFP8 blocks
+    python docs/examples/fp8_scales.py experts    # an MoE GPT's experts in fp8: rows, padding, scales
 
 ``history`` runs pretrain_gpt's own setup and train_step on one forked gloo rank (the
 launcher's API, as the tests run it): a small GPT on mock data, --fp8-format hybrid with the
@@ -142,9 +143,68 @@ def mx() -> None:
         print(f"{row[0]:>8} {row[1]:>9} | {row[2]:>17} {row[3]:>15} | {row[4]:>12} {row[5]:>15}")
 
 
+def experts() -> None:
+    """A small MoE GPT (2 layers, h 64, 4 experts, top-2: each step routes 128 tokens x 2) takes
+    3 Adam steps on one batch on one forked gloo rank, --fp8-format hybrid, delayed recipe, amax
+    history 4, "max". For the first layer's experts, each step: the rows routed to the expert,
+    the rows fc1 multiplies (padded to 16s), the amax of its fc1 input and the scale it cast
+    with, the expert's own."""
+    def body(rank):
+        from minitron.core import parallel_state as ps
+        from minitron.core.fp8_utils import get_fp8_context, fp8_quantizers
+        from minitron.core.models.gpt import GPTModel
+        from minitron.core.tensor_parallel import model_parallel_cuda_manual_seed
+        from minitron.core.transformer.transformer_config import TransformerConfig
+
+        ps.initialize_model_parallel(1, 1)
+        config = TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4, hidden_dropout=0.0,
+                                   attention_dropout=0.0, num_moe_experts=4, moe_router_topk=2, init_seed=3,
+                                   fp8="hybrid", fp8_recipe="delayed", fp8_amax_history_len=4,
+                                   fp8_amax_compute_algo="max")
+        model_parallel_cuda_manual_seed(5)
+        model = GPTModel(config, 256, 32)
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+        ids = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(1))
+        log = []
+        for e, expert in enumerate(model.decoder.layers[0].mlp.experts.local_experts):
+            with get_fp8_context(config):
+                slot = fp8_quantizers(expert.linear_fc1)["input"]   # made now, to be watched
+            forward, cast = expert.forward, slot.quantize
+
+            def routed(x, forward=forward, e=e):
+                log.append([e, x.size(0)])
+                return forward(x)
+
+            def quantize(x, group=None, cast=cast):
+                q, inv = cast(x, group)
+                log[-1] += [x.size(0), x.abs().max().item(), 1.0 / inv.item()]
+                return q, inv
+            expert.forward, slot.quantize = routed, quantize
+        for step in range(3):
+            loss = model(ids, torch.arange(32).expand(4, 32), labels=ids.roll(1, 1)).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return log
+
+    from minitron.launcher import LaunchConfig, run_on_ranks
+    log = run_on_ranks(body, LaunchConfig(world_size=1))[0]
+    print(f"{'step':>4} {'expert':>6} {'rows routed':>11} {'rows in fp8':>11} {'fc1 input amax':>14} "
+          f"{'scale cast with':>15}")
+    for i, (e, rows, padded, amax, scale) in enumerate(log):
+        print(f"{i // 4 + 1:>4} {e:>6} {rows:>11} {padded:>11} {amax:>14.4f} {scale:>15.2f}")
+    # the lines the chapter reads the table by: step 2 casts with 448 / each expert's own step-1 amax
+    first, second = log[:4], log[4:8]
+    print("\nstep 2 casts each expert's input with 448 / its own step-1 amax:")
+    for (e, _, _, amax, _), (_, _, _, _, scale) in zip(first, second):
+        print(f"  expert {e}: 448 / {amax:.4f} = {scale:.2f}")
+
+
 def main() -> None:
     if sys.argv[1:] == ["mx"]:
         return mx()
+    if sys.argv[1:] == ["experts"]:
+        return experts()
     if sys.argv[1:] == ["formats"]:
         return formats()
     if sys.argv[1:] == ["bytes"]:
