@@ -210,7 +210,6 @@ def test_held_bytes_equal_the_estimate_in_variants(tmp_path, variant):
     (["--fp16"], "not supported with --fp16"),
     (["--ckpt-format", "torch"], "requires --ckpt-format torch_dist"),
     (["--use-megatron-fsdp"], "two ways to shard"),
-    (["--save", "ckpt"], "cannot save or load"),
     (["--check-weight-hash-across-dp-replicas-interval", "1"], "each rank holds its rows"),
 ])
 def test_what_megatron_refuses_is_refused_in_one_line(extra, words):

@@ -56,8 +56,6 @@ def validate_torch_fsdp2_args(args) -> None:
     require(not getattr(args, "check_weight_hash_across_dp_replicas_interval", None), "--check-weight-hash-across-"
             f"dp-replicas-interval compares whole weights across dp, which {FLAG} does not keep (each rank holds "
             "its rows): drop it")
-    require(args.save is None and args.load is None, f"{FLAG} here cannot save or load its DTensor shards yet "
-            "(Megatron's torch_dist writes them through their sharded_state_dict): drop --save/--load")
     # FSDP2 decides itself when its reductions run (each unit's, right after its backward), and
     # DDP's bucketed overlap is not used with it: the header says so.
     if args.overlap_grad_reduce:

@@ -52,8 +52,9 @@ def _model_space(param, flat_range, value: torch.Tensor | None) -> torch.Tensor:
     """A tensor of the parameter's shape holding ``value`` (the whole state, or this rank's
     flat slice of it; every data-parallel rank's slices summed give the whole)."""
     if flat_range is None:
-        return (param.new_zeros(param.shape, dtype=torch.float32) if value is None
-                else value.detach().clone().float().reshape(param.shape))
+        local = _local(param)
+        return (local.new_zeros(local.shape, dtype=torch.float32) if value is None
+                else _local(value).clone().float().reshape(local.shape))
     # On the device the group's backend moves (NCCL: this rank's GPU, gloo: the host), as the
     # state itself is: a rank that owns nothing of this parameter has no slice to say where.
     full = torch.zeros(param.numel(), dtype=torch.float32, device=get_accelerator().current_device_name())
@@ -61,6 +62,22 @@ def _model_space(param, flat_range, value: torch.Tensor | None) -> torch.Tensor:
         full[flat_range[0]:flat_range[1]] = value.detach().float().view(-1)
     torch.distributed.all_reduce(full, group=_dp_group(param))
     return full.view(param.shape)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``t``: the rows of a DTensor (--use-torch-fsdp2's parameters and
+    their moments, whose sharded entries describe those rows), else ``t`` itself; detached."""
+    t = t.detach()
+    return t.to_local() if hasattr(t, "device_mesh") else t
+
+
+def _as(main: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """``local`` as ``main`` is held: a DTensor of the same placement when ``main`` is one (torch's
+    Adam steps DTensor parameters with DTensor moments), else as it is."""
+    if not hasattr(main, "device_mesh"):
+        return local
+    from torch.distributed.tensor import DTensor   # loaded already: main is one
+    return DTensor.from_local(local, main.device_mesh, main.placements, shape=main.shape, stride=main.stride())
 
 
 def _like(sh, key: str, data: torch.Tensor):
@@ -80,7 +97,8 @@ def _entries_by_param(model_sharded: dict, params) -> dict:
         elif isinstance(tree, (ShardedTensor, ShardedTensorFactory)):
             yield path[:-1], tree
     by_ptr = {(sh.data.data_ptr(), tuple(sh.data.shape)): (path, sh) for path, sh in walk(model_sharded, "")}
-    return {p: by_ptr[(p.data_ptr(), tuple(p.shape))] for p in params if (p.data_ptr(), tuple(p.shape)) in by_ptr}
+    at = {p: (_local(p).data_ptr(), tuple(_local(p).shape)) for p in params}
+    return {p: by_ptr[at[p]] for p in params if at[p] in by_ptr}
 
 
 def state_names(optimizer) -> list[str]:
@@ -105,7 +123,7 @@ def optimizer_sharded_state_dict(optimizer, model_sharded: dict, names: list[str
             value = main if name == "fp32_param" else state.get(name)
             key = f"optimizer.state.{name}.{sh.key}"
             if loading:   # DCP reads into these, so they are made where the parameter lives
-                entry = _like(sh, key, param.new_zeros(param.shape, dtype=torch.float32))
+                entry = _like(sh, key, _model_space(param, None, None))
             else:
                 entry = _like(sh, key, _model_space(param, flat_range, value))
                 if flat_range is not None:
@@ -142,12 +160,12 @@ def restore_optimizer_state(optimizer, loaded: dict, described: dict, step) -> N
     for key, (_, param, main, flat_range, name) in described.items():
         if main is None:
             continue   # another data-parallel rank owns all of this parameter
-        value = loaded[key]
-        mine = value.reshape(param.shape) if flat_range is None else value.reshape(-1)[flat_range[0]:flat_range[1]]
+        value, shape = loaded[key], _local(main).shape
+        mine = value.reshape(shape) if flat_range is None else value.reshape(-1)[flat_range[0]:flat_range[1]]
         if name == "fp32_param":
-            main.data.copy_(mine.reshape(main.shape))
+            _local(main).copy_(mine.reshape(shape))
             continue
         state = optimizer.optimizer.state.setdefault(main, {})
-        state[name] = mine.reshape(main.shape).clone().to(main.dtype)
+        state[name] = _as(main, mine.reshape(shape).clone().to(main.dtype))
         if step is not None:
             state["step"] = torch.tensor(float(step))   # host: torch's Adam keeps its count on the CPU

@@ -60,6 +60,10 @@ def _to_dcp(sharded_state_dict, saving: bool, saved_sizes: dict | None = None) -
         dtypes[sh.key] = sh.dtype
         if saving and not is_main_replica(sh.replica_id):
             continue
+        if sh.data.numel() == 0:
+            # No element here (FSDP2's rows of a piece this rank holds none of): nothing to write
+            # or read, and DCP would pair an empty chunk with a stored one at its offset.
+            continue
         offset, data = _global_chunk(sh, sh.data)
         saved = (saved_sizes or {}).get(sh.key)
         if saved is not None and tuple(saved) != sh.global_shape and sh.allow_shape_mismatch:

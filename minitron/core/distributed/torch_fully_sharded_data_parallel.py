@@ -26,6 +26,7 @@ Imported only under --use-torch-fsdp2: loading torch.distributed.tensor costs se
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -33,6 +34,7 @@ from torch.distributed.fsdp import fully_shard
 
 from minitron.accelerator import get_accelerator
 from minitron.core import parallel_state
+from minitron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory, map_leaves
 from minitron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from minitron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from minitron.core.transformer.module import MegatronModule
@@ -85,6 +87,11 @@ class TorchFullyShardedDataParallel(MegatronModule):
                     sub.set_gradient_divide_factor(1.0)
                     sub.set_force_sum_reduction_for_comms(True)
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """The model's sharded state dict, each DTensor parameter cut to the rows this rank holds
+        (Megatron's make_tp_sharded_tensor_for_checkpoint does the same for its FSDP2 params)."""
+        return map_leaves(_own_rows_of_dtensor, self.module.sharded_state_dict(prefix, sharded_offsets, metadata))
+
     def forward(self, *inputs, **kwargs):
         return self.module(*inputs, **kwargs)
 
@@ -120,3 +127,67 @@ class TorchFullyShardedDataParallel(MegatronModule):
             return sum(storages.values())
         params = list(self.module.parameters())
         return {"params": total(params), "grads": total(p.grad for p in params if p.grad is not None)}
+
+
+# --- checkpoints: a DTensor parameter as the rows this rank holds -------------------------------
+#
+# The model's sharded_state_dict describes a parameter as if this rank held all of it (its
+# tensor-parallel slice, at its offset). FSDP2 holds rows [lo, hi) of it, cut as torch.chunk
+# cuts dim 0 (ceil(rows / dp) each, the last ranks fewer or none). So each entry becomes those
+# rows, at offset + lo along the parameter's first axis: a rectangle of the same global tensor
+# that DDP's entry covers whole. Every rank's rows differ, so every rank writes its own (the
+# data-parallel place of the replica id becomes 0, as Megatron sets it for FSDP2).
+
+
+def _rows(param) -> tuple[int, int, torch.Tensor]:
+    """(first row, end row, this rank's rows) of a DTensor parameter sharded by fully_shard."""
+    local = param.detach().to_local()
+    rows, mesh = param.shape[0], param.device_mesh
+    per = -(-rows // mesh.size())
+    lo = min(mesh.get_local_rank() * per, rows)
+    if local.shape[0] != min(per, rows - lo):   # a placement this cut does not describe
+        raise ValueError(f"a DTensor parameter of {rows} rows holds {local.shape[0]} here, not rows "
+                         f"{lo}..{lo + per} of torch.chunk's cut: its placement is {param.placements}")
+    return lo, lo + local.shape[0], local
+
+
+def _cut(sh: ShardedTensor, first: int, local: torch.Tensor, lo: int) -> ShardedTensor:
+    """Of ``sh`` (param rows [first, first + its rows)), the rows in ``local`` (param rows
+    [lo, lo + len(local))), pointing into ``local``; empty if none."""
+    a = max(first, lo)
+    b = max(a, min(first + sh.local_shape[0], lo + local.shape[0]))
+    data = local[a - lo:b - lo]
+    offset = list(sh.global_offset)
+    offset[sh.prepend_axis_num] += a - first
+    # Every rank's rows are its own, so each writes them: the data-parallel place is 0. (An empty
+    # piece, which a rank of rows past the piece's has, is skipped by the checkpoint's writer.)
+    replica = (*sh.replica_id[:-1], 0) if isinstance(sh.replica_id, tuple) else 0
+    return replace(sh, data=data, dtype=data.dtype, local_shape=tuple(data.shape), global_offset=tuple(offset),
+                   axis_fragmentations=None, replica_id=replica)
+
+
+def _own_rows_of_dtensor(entry):
+    data = getattr(entry, "data", None)
+    if not hasattr(data, "device_mesh"):   # not a DTensor: a buffer (rotary's inv_freq), kept whole
+        return entry
+    lo, _, local = _rows(data)
+    if isinstance(entry, ShardedTensor):
+        return _cut(entry, 0, local, lo)
+    # A factory (SwiGLU's fc1 at tp > 1: gate rows, then up rows, under two global places): build
+    # it on a stand-in of the whole parameter, where each piece's first row is its storage offset,
+    # then keep each piece's rows that this rank holds. The optimizer's moments reuse build with
+    # their own local rows (dist_checkpointing/optimizer.py), so build takes local rows.
+    whole = torch.empty(data.shape, dtype=data.dtype, device="meta")
+    row = whole[0].numel()
+
+    def build(key, rows, replica_id):
+        pieces = []
+        for piece in entry.build_fn(key, whole, replica_id):
+            if not piece.data.is_contiguous() or piece.data.shape[1:] != whole.shape[1:]:
+                raise ValueError(f"{key}: a piece that is not whole rows cannot be cut by FSDP2's rows")
+            pieces.append(_cut(piece, piece.data.storage_offset() // row, rows, lo))
+        return pieces
+
+    def merge(pieces):   # the pieces, loaded, in order of their rows: this rank's rows
+        return torch.cat(pieces)
+    return ShardedTensorFactory(entry.key, local, build, merge, entry.replica_id)
