@@ -41,6 +41,7 @@ from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, fla
 from minitron.runtime.precision_config import check_master_weights, parse_precision_options
 from minitron.runtime.monitor.config import parse_monitor
 from minitron.runtime.swap_tensor.aio_config import parse_aio
+from minitron.runtime.torch_autocast import parse_torch_autocast
 from minitron.runtime.zero.offload_config import offloaded
 from minitron.runtime.profiling.config import parse_flops_profiler
 
@@ -52,7 +53,7 @@ TOP_LEVEL = TRIAD + ("steps_per_print", "gradient_clipping", "fp16", "bf16", "bf
                      "communication_data_type", "prescale_gradients", "gradient_predivide_factor",
                      "wall_clock_breakdown", "tensorboard", "csv_monitor", "wandb", "comet", "flops_profiler",
                      "activation_checkpointing", "aio", "zero_force_ds_cpu_optimizer", "comms_logger",
-                     "data_types", "timers", "compile") + ENGINE_KEYS
+                     "data_types", "timers", "compile", "torch_autocast") + ENGINE_KEYS
 DEFAULT_ONLY: dict = {}
 # Keys DeepSpeed 0.19.8 refuses whatever their value, because the feature behind them is gone
 # (its _REMOVED_TOP_LEVEL_CONFIG_KEYS): a leftover would otherwise be silently ignored.
@@ -247,7 +248,9 @@ class DeepSpeedConfig:
                    "checkpoint")
         self.load_universal_checkpoint = flag(checkpoint, "load_universal", False, "checkpoint")
         model_dtype = "fp16" if self.fp16_enabled else "bf16" if self.bfloat16_enabled else "fp32"
-        self.features = parse_features(params, checkpoint, model_dtype, self.zero_optimization_stage)
+        self.features = parse_features(params, checkpoint, model_dtype, self.zero_config)
+        # the forward under torch.autocast, and ZeRO's per-dtype gradient buckets (runtime/torch_autocast.py)
+        self.torch_autocast = parse_torch_autocast(params, self.zero_config.stage3.zero_quantized_weights)
 
     def _gradient_communication(self, params: dict) -> None:
         """communication_data_type, prescale_gradients, gradient_predivide_factor (what they do:
@@ -309,6 +312,7 @@ class DeepSpeedConfig:
             "gradient_predivide_factor": self.gradient_predivide_factor,
             "wall_clock_breakdown": self.wall_clock_breakdown,
             "flops_profiler": self.flops_profiler_config,
+            "torch_autocast": self.torch_autocast.as_dict(),
             **vars(self.engine_switches),
             "no_effect": no_effect_notes(self._param_dict),   # given, and changing nothing here: why
             **{name: getattr(self.monitor_config, name) for name in ("tensorboard", "csv_monitor", "wandb")},

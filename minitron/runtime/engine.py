@@ -28,6 +28,7 @@ from minitron.runtime import engine_switches as switches
 from minitron.runtime.engine_optimizer import (configure_basic_optimizer, configure_lr_scheduler,
                                                configure_zero_optimizer, model_parallel_group)
 from minitron.runtime.monitor.events import configure_monitoring, report_step
+from minitron.runtime.torch_autocast import autocast_if_enabled, init_autocast_params, warn_nested_autocast
 from minitron.trace import traced
 
 
@@ -66,6 +67,9 @@ class DeepSpeedEngine(torch.nn.Module):
         switches.memory(self, "DeepSpeed Engine: Before configure distributed model")
         self._configure_distributed_model()
         self._broadcast_model()
+        # torch_autocast: the safe modules' parameters marked before ZeRO is built (torch_autocast.py)
+        if config.torch_autocast.enabled:
+            init_autocast_params(self.module, config.torch_autocast)
         # The optimizer and the schedule, as DeepSpeed's _configure_optimizer builds them (engine_optimizer.py)
         self.basic_optimizer = configure_basic_optimizer(self, optimizer, model_parameters)
         self.optimizer = configure_zero_optimizer(self, self.basic_optimizer, mp_group)
@@ -124,12 +128,18 @@ class DeepSpeedEngine(torch.nn.Module):
         self._start_timers(self.engine_timers.forward_timers)
         if self._config.precision_options["auto_cast"]:   # fp16.auto_cast, fp16 enabled or not (as DeepSpeed)
             inputs = _cast_inputs_half(inputs)
-        output = self.module(*inputs, **kwargs)
+        with self.autocast():   # torch_autocast's section, when enabled
+            output = self.module(*inputs, **kwargs)
         self._stop_timers(self.engine_timers.forward_timers)
         if profiling:
             self.flops_profiler.stop_profile()
         switches.memory(self, "Engine after forward")
         return output
+
+    def autocast(self):
+        """The forward's torch.autocast context, as the torch_autocast section asks (DeepSpeed's
+        autocast_if_enabled): a caller's own autocast gives way to it, with one warning."""
+        return autocast_if_enabled(self._config.torch_autocast, self.device.type, warn_nested_autocast)
 
     def flops_profiler_active(self) -> bool:
         """DeepSpeed profiles on global rank 0 while global_steps is the config's profile_step."""

@@ -16,6 +16,7 @@ from minitron.ops.adam import FusedAdam
 from minitron.ops.adam.cpu_adam import DeepSpeedCPUAdam
 from minitron.ops.lamb import FusedLamb
 from minitron.runtime import basic_optimizer, gradient_reduction, torch_schedules
+from minitron.runtime.bf16_optimizer import BF16_Optimizer
 from minitron.runtime.fp16.onebit import OnebitAdam
 from minitron.runtime.loss_scaler import CreateLossScaler
 from minitron.runtime.lr_schedules import SCHEDULERS
@@ -99,7 +100,11 @@ def configure_zero_optimizer(engine, basic, mp_group):
     config, zero, stage = engine._config, engine._config.zero_config, engine.zero_optimization_stage()
     dtype = torch.half if config.fp16_enabled else torch.bfloat16 if config.bfloat16_enabled else torch.float
     scaler = CreateLossScaler(dtype, config.loss_scale, config.loss_scale == 0, config.dynamic_loss_scale_args)
-    if stage == 3:
+    if config.bfloat16_enabled and config.features.grad_accum_dtype == "fp32":   # stage 1 only (config.py)
+        optimizer = BF16_Optimizer(basic, engine.data_parallel_group, scaler, config.gradient_clipping, mp_group,
+                                   model_parallel_rank=tensor_parallel_rank(engine.mpu),
+                                   immediate_grad_update=config.precision_options["immediate_grad_update"])
+    elif stage == 3:
         optimizer = DeepSpeedZeroOptimizer_Stage3(engine.module, basic, engine.data_parallel_group, scaler,
                                                   config.gradient_clipping, mp_group, zero.overlap_comm,
                                                   offload_optimizer=zero.offload_optimizer,
@@ -114,10 +119,10 @@ def configure_zero_optimizer(engine, basic, mp_group):
                                            offload_optimizer=zero.offload_optimizer)
     # The gradients' dtype on the wire and where the mean's 1/dp goes (runtime/gradient_reduction.py)
     optimizer.gradient_reduction = gradient_reduction.for_stage(config, engine.dp_world_size)
-    if config.bfloat16_enabled and stage in (1, 2):
+    if config.bfloat16_enabled and stage in (1, 2) and not isinstance(optimizer, BF16_Optimizer):
         # bf16.check_grad_overflow: DeepSpeed hands it to stages 1 and 2 only (precision_config.py)
         optimizer.check_grad_overflow = config.precision_options["check_grad_overflow"]
-    if stage in (1, 2):   # ZeRO 1-2's knobs (zero/stage_1_and_2_config.py)
+    if stage in (1, 2) and not isinstance(optimizer, BF16_Optimizer):   # ZeRO 1-2's knobs (stage_1_and_2_config.py)
         optimizer.compute_grad_norm = zero.compute_grad_norm
         optimizer.use_multi_rank_bucket_allreduce = zero.use_multi_rank_bucket_allreduce
     if isinstance(basic, (FusedLamb, OnebitAdam)) and stage == 0:

@@ -26,16 +26,21 @@ A fourth, gradient_allreduce_op "sum" (DeepSpeed's gradient_average false), drop
 altogether: every path above sums and divides by nothing, predivide and prescale included (DeepSpeed
 tests gradient_average before it reads either). The step then sees dp times the mean gradient.
 
+torch_autocast (runtime/torch_autocast.py) replaces the first at ZeRO stages 1-3: each gradient
+travels in its parameter's own mark (``for_param``), and communication_data_type is not read.
+
 A rank hands ``to_wire`` its gradient, runs the collective (a sum) on what it got back, and takes
 ``from_wire`` of the result.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
+
+from minitron.runtime.torch_autocast import comm_dtype
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -51,6 +56,14 @@ class GradientReduction:
     # partition onto its owner (DeepSpeed: contiguous_gradients or reduce_scatter false)
     all_reduce: bool = False
     average: bool = True   # gradient_allreduce_op "mean"; False: "sum", nothing divides
+    per_param_dtype: bool = False   # torch_autocast at ZeRO 1-3: the dtype is each parameter's
+
+    def for_param(self, param: torch.Tensor) -> "GradientReduction":
+        """The reduction of ``param``'s gradient: this one, or under autocast this one in the
+        parameter's comm dtype (DeepSpeed's get_param_comm_dtype)."""
+        if not self.per_param_dtype:
+            return self
+        return replace(self, dtype=comm_dtype(param))
 
     def to_wire(self, grad: torch.Tensor) -> torch.Tensor:
         """A tensor to sum over the ranks: ``grad`` itself when no cast is asked for (the
@@ -77,15 +90,21 @@ def for_stage(config, dp: int) -> GradientReduction:
     """The reduction a DeepSpeedConfig asks for at its ZeRO stage (see the table above)."""
     zero = config.zero_config
     stage = zero.stage
-    if stage == 0:
+    # DeepSpeed's BF16_Optimizer (bf16 weights, fp32 accumulation, stage 1: bf16_optimizer.py) is
+    # reduced by the engine's all-reduce, as stage 0, in bf16 unless communication_data_type says
+    bf16_optimizer = config.bfloat16_enabled and config.features.grad_accum_dtype == "fp32"
+    if stage == 0 or bf16_optimizer:
         where = "engine"
     elif stage in (1, 2) and zero.contiguous_gradients and not zero.reduce_scatter:
         where = "zero"
     else:
         where = "divide"
-    dtype = DTYPES[config.communication_data_type] if config.communication_data_type else None
+    dtype = DTYPES[config.communication_data_type] if config.communication_data_type else \
+        torch.bfloat16 if bf16_optimizer else None
     predivide = 1.0 if where == "divide" else config.gradient_predivide_factor
-    all_reduce = stage == 0 or stage in (1, 2) and not (zero.contiguous_gradients and zero.reduce_scatter)
+    all_reduce = where == "engine" or stage in (1, 2) and not (zero.contiguous_gradients and zero.reduce_scatter)
     average = config.engine_switches.gradient_allreduce_op == "mean"
+    # stage 0's all-reduce is DeepSpeed's engine's, which reads no autocast mark
+    per_param = config.torch_autocast.enabled and stage >= 1 and not bf16_optimizer
     return GradientReduction(dp, where, dtype, config.prescale_gradients and where != "divide", predivide, all_reduce,
-                             average)
+                             average, per_param)

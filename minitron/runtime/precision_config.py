@@ -11,9 +11,9 @@ runtime/precision_config.py), each where DeepSpeed reads it and what it changes 
                                         accumulation (data_types); true adds each bf16 gradient
                                         into its fp32 copy from a hook as soon as backward makes it
                                         and frees the bf16 one. Same sums, held for less time: it
-                                        changes memory, not numbers. minitron's engine does not
-                                        build BF16_Optimizer, so the key is accepted and changes
-                                        nothing here, as in DeepSpeed's other paths.
+                                        changes memory, not numbers. Implemented for stage 1
+                                        (runtime/bf16_optimizer.py); minitron's PipelineEngine
+                                        does not build BF16_Optimizer, and elsewhere nothing reads it.
     fp16.auto_cast (false)              the engine's forward casts every floating input (in lists,
                                         tuples, dicts too) to fp16 before the module sees it, fp16
                                         enabled or not. Implemented: engine.py.

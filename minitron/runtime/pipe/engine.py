@@ -159,7 +159,8 @@ class PipelineEngine(DeepSpeedEngine):
     @traced(args=_instruction_args)
     def _exec_forward_pass(self, buffer_id: int) -> None:
         inputs = self.pipe_buffers["inputs"][buffer_id]
-        outputs = self.module(inputs)
+        with self.autocast():   # torch_autocast, as the data-parallel engine's forward (engine.py)
+            outputs = self.module(inputs)
         self.pipe_buffers["outputs"][buffer_id] = outputs
         if self.is_last_stage():
             loss_fn = self.module.loss_fn

@@ -52,13 +52,15 @@ class GradientBuckets:
     at most two buckets travel at once and the rest of backward waits only to reuse a buffer.
     The last ones are waited for after backward (``finish``, DeepSpeed's epilogue)."""
 
-    def __init__(self, optimizer, reduce_bucket_size: int, overlap_comm: bool = False):
+    def __init__(self, optimizer, reduce_bucket_size: int, overlap_comm: bool = False, hooks: bool = True):
         # The optimizer holds these buckets (optimizer.buckets) and they hold it weakly: a
         # plain cycle would wait for the collector's next full pass.
         self._opt = weakref.ref(optimizer)
         self.bucket_size, self.overlap_comm = reduce_bucket_size, overlap_comm
-        self.params: list = []
-        self.elements = 0
+        # One bucket per wire dtype: one only, unless torch_autocast marks some parameters'
+        # gradients to travel in its dtype (DeepSpeed's ipg_buckets, keyed the same way)
+        self.params: dict = {}   # wire dtype -> the bucket's parameters
+        self.elements: dict = {}
         self.in_flight: list = []   # launched buckets: (pieces I own, their sum, handles)
         self.where: dict = {}   # param -> (group index, its offset in the group's flat buffer)
         for i, params in enumerate(optimizer.bit16_groups):
@@ -66,7 +68,8 @@ class GradientBuckets:
             for p in params:
                 self.where[p] = (i, offset)
                 offset += p.numel()
-                p.register_post_accumulate_grad_hook(weakly_bound(self.grad_ready))
+                if hooks:   # without: the caller hands each gradient in (stage 1 after backward)
+                    p.register_post_accumulate_grad_hook(weakly_bound(self.grad_ready))
 
     @property
     def opt(self):
@@ -78,25 +81,30 @@ class GradientBuckets:
         # reduce_ready_partitions_and_remove_grads).
         if not self.opt.partition_gradients and not self.opt.is_gradient_accumulation_boundary:
             return
-        if self.params and self.elements + p.numel() > self.bucket_size:
-            self.reduce()
-        self.params.append(p)
-        self.elements += p.numel()
+        dtype = self.opt.gradient_reduction.for_param(p).dtype
+        if self.params.get(dtype) and self.elements[dtype] + p.numel() > self.bucket_size:
+            self.reduce(dtype)
+        self.params.setdefault(dtype, []).append(p)
+        self.elements[dtype] = self.elements.get(dtype, 0) + p.numel()
 
-    @traced(args=lambda self: {"params": len(self.params), "elements": self.elements,
-                               "async": self.overlap_comm})
+    @traced(args=lambda self, dtype=None: {"params": len(self.params.get(dtype, ())),
+                                           "elements": self.elements.get(dtype, 0), "async": self.overlap_comm,
+                                           **({"dtype": str(dtype)} if len(self.params) > 1 else {})})
     @torch.no_grad()
-    def reduce(self) -> None:
-        """Sum the bucket onto the partitions' owners (launched only, with overlap_comm); drop
-        its gradients."""
-        if not self.params:
+    def reduce(self, dtype=None) -> None:
+        """Sum the bucket of wire dtype ``dtype`` onto the partitions' owners (launched only,
+        with overlap_comm); drop its gradients."""
+        params = self.params.pop(dtype, None)
+        self.elements.pop(dtype, None)
+        if not params:
             return
         opt = self.opt
+        reduction = opt.gradient_reduction.for_param(params[0])   # the bucket's dtype on the wire
         group = opt.dp_process_group
-        bucket = torch.cat([p.grad.reshape(-1) for p in self.params])
+        bucket = torch.cat([p.grad.reshape(-1) for p in params])
         owned: dict = {}   # owner -> [(group index, offset in the owner's partition, offset in bucket, n)]
         at = 0
-        for p in self.params:
+        for p in params:
             i, start = self.where[p]
             size = opt.bit16_groups_flat[i].numel() // opt.partition_count
             first, end = start, start + p.numel()
@@ -111,8 +119,8 @@ class GradientBuckets:
         mine, handles = None, []
         # DeepSpeed's default: the whole bucket, once; my pieces where they lie in it (so too without
         # contiguous_gradients or reduce_scatter: its buffered_reduce_fallback)
-        if opt.use_multi_rank_bucket_allreduce or opt.gradient_reduction.all_reduce:
-            summed = opt.gradient_reduction.to_wire(bucket)
+        if opt.use_multi_rank_bucket_allreduce or reduction.all_reduce:
+            summed = reduction.to_wire(bucket)
             handles.append(dist.all_reduce(summed, group=group, async_op=self.overlap_comm))
             mine = (owned[opt.partition_id], summed) if opt.partition_id in owned else None
             owned = {}
@@ -121,7 +129,7 @@ class GradientBuckets:
             for i, offset, _, n in owned[owner]:
                 pieces.append((i, offset, k, n))
                 k += n
-            summed = opt.gradient_reduction.to_wire(torch.cat([bucket[b:b + n] for _, _, b, n in owned[owner]]))
+            summed = reduction.to_wire(torch.cat([bucket[b:b + n] for _, _, b, n in owned[owner]]))
             handles.append(dist.reduce(summed, dst=dist.get_global_rank(group, owner), group=group,
                                        async_op=self.overlap_comm))
             if owner == opt.partition_id:
@@ -131,9 +139,8 @@ class GradientBuckets:
             self.in_flight.append(launched)
         else:
             self._add(mine)
-        for p in self.params:
+        for p in params:
             p.grad = None
-        self.params, self.elements = [], 0
 
     @traced(args=lambda self, mine, handles: {"handles": len(handles)})
     def _wait(self, mine, handles) -> None:
@@ -155,8 +162,20 @@ class GradientBuckets:
                 opt.averaged_gradients[i] = summed.new_zeros(size)
             opt.averaged_gradients[i][offset:offset + n].add_(summed[k:k + n])
 
+    def reduce_all(self) -> None:
+        """Stage 1 under torch_autocast: every gradient, after the boundary's backward, into the
+        bucket of its wire dtype (marked parameters in autocast's, the rest in their own), as
+        DeepSpeed's reduce_gradients hands each one to its ipg buckets; then reduce them all."""
+        for params in self.opt.bit16_groups:
+            for p in params:
+                if p.grad is not None:
+                    self.grad_ready(p)
+        self.finish()
+
     def finish(self) -> None:
-        """After backward: reduce the last, partial bucket and wait for every one in flight."""
-        self.reduce()
+        """After backward: reduce the last, partial buckets (by dtype name, as DeepSpeed's
+        sort_dtypes) and wait for every one in flight."""
+        for dtype in sorted(self.params, key=str):
+            self.reduce(dtype)
         while self.in_flight:
             self._wait(*self.in_flight.pop(0))
