@@ -6,7 +6,8 @@
 * stage 3: stage3_allgather_sequential (one all-gather per parameter),
   stage3_use_all_reduce_for_fetch_params (a module's gather as one all-reduce),
   enable_sanity_checks (two broadcasts before each gradient's reduce-scatter),
-  log_trace_cache_warnings (a line where the trace breaks).
+  log_trace_cache_warnings (a line where the trace breaks), leaf_module and
+  stage3_module_granularity_threshold (a module gathered whole, with its descendants).
 
 Each moves the same numbers by another route: losses and fp32 masters are bit-equal to the
 default's (two ranks: every sum is a + b, whatever the collective), and the collectives
@@ -38,7 +39,13 @@ CASES = {
     "all_reduce": {**PLAIN3, "stage3_use_all_reduce_for_fetch_params": True},
     "sanity": {**PLAIN3, "enable_sanity_checks": True},
     "warn": {**PLAIN3, "log_trace_cache_warnings": True},
+    # on Nested: its block gathered whole, by name or by granularity (block: 148 elements over
+    # 2 + 1 layers, 49 a layer; the net: 692 over 6, 115), against module by module
+    "nested": PLAIN3,
+    "leaf": {**PLAIN3, "leaf_module": {"names": ["block"]}},
+    "granular": {**PLAIN3, "stage3_module_granularity_threshold": 60},
 }
+NESTED = ("nested", "leaf", "granular")
 PARAMS = 6   # three linears, a weight and a bias each
 
 
@@ -53,6 +60,25 @@ class Net(torch.nn.Module):
         return self.head(h if skip else torch.tanh(self.down(h)))
 
 
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(IN, 4), torch.nn.Linear(4, IN)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+class Nested(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.up, self.block, self.head = torch.nn.Linear(IN, IN), Block(), torch.nn.Linear(IN, IN)
+
+    def forward(self, x, skip: bool = False):
+        return self.head(torch.tanh(self.block(torch.tanh(self.up(x)))))
+
+
 def _runs(rank: int) -> dict:
     import torch.distributed as dist
 
@@ -64,7 +90,8 @@ def _runs(rank: int) -> dict:
         def run():
             config = {"train_batch_size": 2 * WORLD, "zero_optimization": zero, "gradient_clipping": 0.0,
                       "optimizer": {"type": "Adam", "params": {"lr": 0.01}}}
-            engine, losses, norms, printed = initialize(model=Net(), config=config)[0], [], [], io.StringIO()
+            net = Nested() if name in NESTED else Net()
+            engine, losses, norms, printed = initialize(model=net, config=config)[0], [], [], io.StringIO()
             # the "warn" case leaves its trace after the second pass (a forward without `down`)
             for k in range(STEPS + (1 if name == "warn" else 0)):
                 g = torch.Generator().manual_seed(10 + k)
@@ -79,7 +106,8 @@ def _runs(rank: int) -> dict:
                 losses.append(total.item())
                 norms.append(engine.get_global_grad_norm())
             master = engine.optimizer.single_partition_of_fp32_groups[0].detach().clone()
-            return {"losses": losses[:STEPS], "master": master, "norms": norms, "printed": printed.getvalue()}
+            return {"losses": losses[:STEPS], "master": master, "norms": norms, "printed": printed.getvalue(),
+                    "leaves": getattr(engine.optimizer, "leaf_modules", None)}
         out[name] = run()
     return out
 
@@ -104,7 +132,8 @@ def _calls(records: list, case: str) -> dict:
 
 
 @pytest.mark.parametrize("case, plain", [("stage2_reduce", "stage2"), ("stage1_no_norm", "stage1"),
-                                         ("sequential", "zero3"), ("all_reduce", "zero3"), ("sanity", "zero3")])
+                                         ("sequential", "zero3"), ("all_reduce", "zero3"), ("sanity", "zero3"),
+                                         ("leaf", "nested"), ("granular", "nested")])
 def test_same_numbers_by_another_route(runs, case, plain):
     for rank in runs[0]:
         assert rank[case]["losses"] == rank[plain]["losses"]
@@ -176,4 +205,19 @@ def test_accepted_where_nothing_reads_them():
     """legacy_stage1 at stage 0 (DeepSpeed reads it only when building a ZeRO optimizer);
     override_module_apply either way (read inside zero.Init only)."""
     for zero in ({"stage": 0, "legacy_stage1": True}, {"stage": 3, "override_module_apply": False}):
-        DeepSpeedConfig({"train_batch_size": 4, "zero_optimization": zero}, world_size=2)
+        notes = DeepSpeedConfig({"train_batch_size": 4, "zero_optimization": zero}, world_size=2).as_dict()["no_effect"]
+        # ds-config prints why a key changes nothing; override_module_apply is one
+        assert ("zero_optimization.override_module_apply" in notes) == ("override_module_apply" in zero)
+
+
+def test_leaf_modules_are_gathered_whole(runs):
+    """Nested's modules with parameters: up, block.a, block.b, head, each gathered before its
+    forward and its backward; a leaf block is one gather of both its linears, and its
+    children get no hooks."""
+    for rank in runs[0]:
+        assert rank["nested"]["leaves"] == []
+        assert rank["leaf"]["leaves"] == rank["granular"]["leaves"] == ["block"]
+    for records in runs[1].values():
+        per_step = {case: _calls(records, case)["all_gather_into_tensor"] // STEPS for case in NESTED}
+        assert per_step == {"nested": 8, "leaf": 6, "granular": 6}
+

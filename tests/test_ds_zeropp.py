@@ -165,7 +165,7 @@ def test_the_chapters_figures_are_measured_now(runs):
 
 def test_the_keys_parse_as_deepspeeds_fields():
     """Each stage-3 key under its field name or its stage3_ alias (DeepSpeed's models take
-    both), not both at once; stage3_module_granularity_threshold only at DeepSpeed's default,
+    both), not both at once; zero_quantized_nontrainable_weights only at DeepSpeed's default,
     which is what minitron runs; a negative size refused (ge=0)."""
     from minitron.runtime.config_sections import DeepSpeedConfigError, parse_zero
 
@@ -175,7 +175,7 @@ def test_the_keys_parse_as_deepspeeds_fields():
     assert parse(stage3_gather_fp16_weights_on_model_save=True).gather_16bit_weights_on_model_save is True
     assert parse(zero_hpz_partition_size=2, zero_quantized_weights="true").zero_quantized_weights is True
     for zero, says in (({"stage3_max_reuse_distance": 1, "max_reuse_distance": 1}, "are one field"),
-                       ({"stage3_module_granularity_threshold": 10}, "DeepSpeed's default"),
+                       ({"zero_quantized_nontrainable_weights": True}, "DeepSpeed's default"),
                        ({"stage3_prefetch_bucket_size": -1}, "stage3_prefetch_bucket_size")):
         with pytest.raises(DeepSpeedConfigError, match=says):
             parse(**zero)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from minitron.runtime.zero.leaf_modules import z3_leaf_module
 from minitron.runtime.zero.partition_parameters import fetch
 
 AVAILABLE, NOT_AVAILABLE = "AVAILABLE", "NOT_AVAILABLE"   # DeepSpeed's ZeroParamStatus
@@ -30,8 +31,10 @@ def register_external_parameter(module: torch.nn.Module, parameter: torch.nn.Par
 
 
 def _params_of(module: torch.nn.Module) -> list:
-    """What a module's forward needs gathered: its own parameters and the registered ones."""
-    return list(module.parameters(recurse=False)) + list(getattr(module, "ds_external_parameters", []))
+    """What a module's forward needs gathered: its own parameters and the registered ones; a
+    leaf module's descendants' too (leaf_modules.py)."""
+    return list(module.parameters(recurse=z3_leaf_module(module))) + \
+        list(getattr(module, "ds_external_parameters", []))
 
 
 class _GatherBeforeBackward(torch.autograd.Function):
@@ -55,10 +58,14 @@ class DeepSpeedZeRoOffload:
     def _install_hooks(self, module: torch.nn.Module) -> None:
         self._hooks = [module.register_forward_pre_hook(lambda *_: self.coordinator.reset_step())]
         # Every module, as DeepSpeed hooks every one: one without parameters gathers nothing, but
-        # its forward and backward are steps of the coordinator's trace all the same.
-        for k, m in enumerate(module.modules()):
-            m.ds_id = k   # DeepSpeed numbers the modules too: the coordinator's warnings name them by it
+        # its forward and backward are steps of the coordinator's trace all the same. A leaf
+        # module's descendants are not visited (DeepSpeed's _register_deepspeed_module).
+        todo, count = [module], 0
+        while todo:   # depth first, parents before children: module.modules()'s order
+            m = todo.pop(0)
+            m.ds_id, count = count, count + 1   # DeepSpeed's numbering; warnings name modules by it
             self._hooks += [m.register_forward_pre_hook(self._pre_forward), m.register_forward_hook(self._post_forward)]
+            todo[:0] = [] if z3_leaf_module(m) else list(m.children())
 
     @torch.no_grad()
     def gather(self, params: list) -> None:

@@ -46,6 +46,7 @@ from minitron.runtime.zero.partitioned_param_coordinator import (
 from minitron.runtime.swap_tensor.aio_config import AioConfig
 from minitron.runtime.swap_tensor.optimizer_swapper import PartitionedOptimizerSwapper
 from minitron.runtime.swap_tensor.pipelined_optimizer_swapper import PipelinedOptimizerSwapper
+from minitron.runtime.zero.leaf_modules import set_leaf_modules
 from minitron.runtime.zero.offload import ZeroOffload
 from minitron.runtime.zero.parameter_offload import (  # noqa: F401 -- register_external_parameter re-exported
     AVAILABLE, NOT_AVAILABLE, DeepSpeedZeRoOffload, register_external_parameter,
@@ -154,6 +155,8 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeRoOffload, DeepSpeedZeroOptimizer
         ZeRO++ (zeropp.py; qgZ, runtime/comm/coalesced_collectives.py)."""
         z = zero_config.stage3 if zero_config is not None else Stage3Config()
         mark_persistent_parameters(module, self._group_of, z.param_persistence_threshold, z.model_persistence_threshold)
+        # leaf_module, stage3_module_granularity_threshold: modules gathered whole (leaf_modules.py)
+        self.leaf_modules = set_leaf_modules(module, z.leaf_module, z.module_granularity_threshold)
         self.coordinator = PartitionedParameterCoordinator(z.prefetch_bucket_size, z.max_live_parameters,
                                                            z.max_reuse_distance)
         self.zeropp = ZeroPlusPlus(self.dp_process_group, z.zero_hpz_partition_size, z.zero_quantized_weights)

@@ -9,6 +9,8 @@ DEEPSPEED_DEFAULTS below says which and why):
     stage3_param_persistence_threshold, stage3_model_persistence_threshold
                           partitioned_param_coordinator.py
     zero_hpz_partition_size, zero_quantized_weights        zeropp.py
+    leaf_module, stage3_module_granularity_threshold
+                          modules gathered whole, with their descendants: leaf_modules.py
     sub_group_size        each param group's parameters cut into sub-groups of about that many
                           of my elements, each its own fp32 master, stepped (and under NVMe
                           swapped) one after another: stage3.py
@@ -36,8 +38,6 @@ DEEPSPEED_DEFAULTS below says which and why):
                           the engine partitions a model already built, there and here (minitron
                           has no zero.Init), so either value changes nothing
 Accepted at DeepSpeed's default only (what minitron does; anything else is refused):
-    stage3_module_granularity_threshold 0
-                          (no module fetched as one leaf)
     zero_quantized_nontrainable_weights false
                           (minitron's stage 3 partitions trainable parameters only)
     memory_efficient_linear true
@@ -53,6 +53,7 @@ import sys
 from dataclasses import dataclass
 
 from minitron.runtime.config_values import DeepSpeedConfigError, model_flag, model_int
+from minitron.runtime.zero.leaf_modules import DEFAULT_CLASSES, parse_leaf_module
 
 INTS = {   # field: (alias, minitron's default); every one ge=0
     "prefetch_bucket_size": ("stage3_prefetch_bucket_size", 0),
@@ -62,6 +63,7 @@ INTS = {   # field: (alias, minitron's default); every one ge=0
     "max_reuse_distance": ("stage3_max_reuse_distance", 0),
     "zero_hpz_partition_size": (None, 1),
     "sub_group_size": (None, 1_000_000_000),
+    "module_granularity_threshold": ("stage3_module_granularity_threshold", 0),
 }
 # DeepSpeed's defaults where minitron's differ. With them a small model keeps every parameter
 # whole (all under 1e5 elements), and from the second pass on gathers ahead and keeps a layer's
@@ -82,11 +84,10 @@ FLAGS = {
     "override_module_apply": (None, True),
     "pipeline_loading_checkpoint": (None, False),
 }
-DEFAULT_ONLY = {"stage3_module_granularity_threshold": 0,
-                "module_granularity_threshold": 0, "zero_quantized_nontrainable_weights": False,
+DEFAULT_ONLY = {"zero_quantized_nontrainable_weights": False,
                 "memory_efficient_linear": True}
 STAGE3_KEYS = tuple(k for table in (INTS, FLAGS) for name, (alias, _) in table.items()
-                    for k in (name, alias) if k) + ("stage3_gather_fp16_weights_on_model_save",)
+                    for k in (name, alias) if k) + ("stage3_gather_fp16_weights_on_model_save", "leaf_module")
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,8 @@ class Stage3Config:
     log_trace_cache_warnings: bool = False
     override_module_apply: bool = True
     pipeline_loading_checkpoint: bool = False
+    module_granularity_threshold: int = 0
+    leaf_module: tuple = (DEFAULT_CLASSES, (), ())   # (classes, names, name_suffixes): leaf_modules.py
 
 
 def _one(zero: dict, name: str, alias, where: str) -> tuple:
@@ -129,4 +132,5 @@ def parse_stage3(zero: dict, where: str) -> Stage3Config:
     if "stage3_gather_fp16_weights_on_model_save" in zero:   # DeepSpeed's deprecated name for the same field
         values["gather_16bit_weights_on_model_save"] = model_flag(
             zero, "stage3_gather_fp16_weights_on_model_save", False, where)
+    values["leaf_module"] = parse_leaf_module(zero, where)
     return Stage3Config(**values)
