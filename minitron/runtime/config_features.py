@@ -7,8 +7,10 @@ DeepSpeed reads them (``runtime/config.py``, ``compile/config.py``, ``utils/conf
                                          (checkpoint/engine_checkpoint.py)
     data_types.keep_in_fp32_modules      buffers whose names match stay fp32 when the model is
                                          cast to fp16/bf16 (runtime/keep_in_fp32.py)
-    data_types.grad_accum_dtype          the dtype gradients accumulate in; accepted where it is
-                                         the model's own (what runs anyway), refused elsewhere
+    data_types.grad_accum_dtype          the dtype gradients accumulate in: the model's own (what
+                                         runs anyway), or fp32 under bf16 at ZeRO stage 1 without
+                                         CPU offload, DeepSpeed's BF16_Optimizer (runtime/
+                                         bf16_optimizer.py); refused elsewhere
     timers.throughput                    DeepSpeed's ThroughputTimer: it prints samples/s every
                                          steps_per_print steps; accepted while it has nothing
                                          to print (NO_EFFECT says when)
@@ -108,7 +110,7 @@ def parse_checkpoint_keys(checkpoint: dict) -> tuple[str, bool]:
     return mode.upper(), node_local
 
 
-def parse_features(params: dict, checkpoint: dict, model_dtype: str, zero_stage: int) -> Features:
+def parse_features(params: dict, checkpoint: dict, model_dtype: str, zero_config) -> Features:
     tag_validation, node_local = parse_checkpoint_keys(checkpoint)
     types = _object(params, "data_types")
     check_keys(types, ("grad_accum_dtype", "keep_in_fp32_modules"), {}, "data_types")
@@ -116,13 +118,18 @@ def parse_features(params: dict, checkpoint: dict, model_dtype: str, zero_stage:
     if keep != "auto" and not (isinstance(keep, list) and all(isinstance(n, str) for n in keep)):
         raise DeepSpeedConfigError(f"data_types.keep_in_fp32_modules must be \"auto\" or a list of name patterns, "
                                    f"got {json_value(keep)}")
-    accum = types.get("grad_accum_dtype")
+    accum, zero_stage = types.get("grad_accum_dtype"), zero_config.stage
     if accum is not None:
         accum = _dtype(accum, "grad_accum_dtype")
-        if accum != model_dtype:
+        offload = zero_config.offload_optimizer is not None and zero_config.offload_optimizer.device == "cpu"
+        if (model_dtype, accum, zero_stage, offload) == ("bf16", "fp32", 1, False):   # DeepSpeed's BF16_Optimizer
+            if not zero_config.compute_grad_norm:   # its step needs the norm (DeepSpeed's ValueError)
+                raise DeepSpeedConfigError("zero_optimization.compute_grad_norm false does not support ZeRO stage 1 "
+                                           "with bf16 weights and fp32 gradient accumulation (DeepSpeed refuses it); "
+                                           "drop one")
+        elif accum != model_dtype:
             what = "an unsupported mix (DeepSpeed raises NotImplementedError) without ZeRO" if zero_stage == 0 else \
-                "DeepSpeed's BF16_Optimizer at stage 1" if zero_stage == 1 and (model_dtype, accum) == ("bf16", "fp32") \
-                else "ZeRO's separate accumulation buffers (grad_accum)"
+                "ZeRO's separate accumulation buffers (grad_accum)"
             raise DeepSpeedConfigError(f"data_types.grad_accum_dtype {accum} with {model_dtype} weights is {what}, "
                                        f"which minitron does not build; drop it (gradients accumulate in "
                                        f"{model_dtype}) or set it to {model_dtype}")
