@@ -12,70 +12,50 @@ rows: dp 2 cuts it 36 + 35, dp 4 18 + 18 + 18 + 17):
 
 The checkpoint holds each parameter's rows as FSDP2's ranks wrote them, and its .distcp files
 carry the owner records other torch_dist checkpoints carry: a file moved to another rank's name
-is refused before any rank starts.
+is refused before any rank starts. The chain is scripts/torch_fsdp2_ckpt_runs.py's, whose committed
+results chapter 12 prints.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
-import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
-from distributed import pretrain_records
 from minitron.core.dist_checkpointing.file_owner import read_file_owner
-from minitron.training.checkpoint_files import TRACKER, CheckpointError, file_digest, iteration_dir, read_metadata
+from minitron.training.checkpoint_files import CheckpointError, file_digest, iteration_dir, read_metadata
 from minitron.training.checkpoint_files_dist import check_sharded_files
 
-MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
-         "--ffn-hidden-size", "71", "--micro-batch-size", "1", "--global-batch-size", "4", "--lr", "1e-2",
-         "--train-iters", "6", "--mock-data", "--vocab-size", "1023", "--hidden-dropout", "0",
-         "--attention-dropout", "0", "--seed", "7", "--distributed-backend", "gloo", "--clip-grad", "1.0", "--untie-embeddings-and-output-weights",
-         "--ckpt-format", "torch_dist"]
-FSDP2 = ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+runs = importlib.import_module("torch_fsdp2_ckpt_runs")   # chapter 12's committed runs: the same chain
+COMMITTED = json.loads(runs.JSON.read_text())
 # Another layout sums the same fp32 gradients in another order (dp 2 reduces pairs, dp 4 a
-# reduce-scatter of four, DDP an all-reduce of its bucket): rounding, 1e-7 relative at most as
-# test_torch_fsdp2.py measures it, so 1e-5 leaves room and still catches a misplaced row.
+# reduce-scatter of four, DDP an all-reduce of its bucket): rounding, measured at 4.8e-7 of a
+# loss and 2.4e-7 of a norm at most (the committed runs), so 1e-5 relative leaves room; a row
+# read back into the wrong place changes a weight itself, not the last bits of a sum.
 TOL = 1e-5
-
-
-def _at(root, iteration: int, into):
-    """A checkpoint directory whose latest is ``root``'s ``iteration`` (a copy: the run wrote later ones)."""
-    into.mkdir()
-    shutil.copytree(iteration_dir(root, iteration), iteration_dir(into, iteration))
-    (into / TRACKER).write_text(str(iteration))
-    return into
 
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
-    # Loaded once here, not once in each of the ten forked ranks: FSDP2 and DCP, about 1.3 s of
-    # CPU a rank together.
-    import torch.distributed.checkpoint  # noqa: F401
-    import torch.distributed.fsdp  # noqa: F401
     tmp = tmp_path_factory.mktemp("fsdp2ckpt")
-    a = pretrain_records(tmp / "A", 2, [*MODEL, *FSDP2, "--save", str(tmp / "ckA"), "--save-interval", "2"])
-    at2 = _at(tmp / "ckA", 2, tmp / "at2")
-    b = pretrain_records(tmp / "B", 2, [*MODEL, *FSDP2, "--exit-interval", "4", "--load", str(at2)])
-    d = pretrain_records(tmp / "D", 2, [*MODEL, "--exit-interval", "4", "--load", str(at2), "--save", str(tmp / "ckD")])
-    e = pretrain_records(tmp / "E", 4, [*MODEL, *FSDP2, "--load", str(tmp / "ckD")])
-    return tmp, a, b, d, e
-
-
-def _curve(records):
-    return [(r["iteration"], r["lm_loss"], r["grad_norm"]) for r in records]
+    curves = runs.chain(tmp)
+    return tmp, curves["A"], curves["B"], curves["D"], curves["E"]
 
 
 def test_fsdp2_resumes_at_dp2_bit_for_bit(chain):
     _, a, b, _, _ = chain
-    assert [r["iteration"] for r in a] == [1, 2, 3, 4, 5, 6] and a[-1]["lm_loss"] < a[0]["lm_loss"]
-    assert _curve(b) == _curve(a)[2:4]
+    assert [it for it, _, _ in a] == [1, 2, 3, 4, 5, 6] and a[-1][1] < a[0][1]   # it trained
+    assert b == a[2:4]
 
 
 @pytest.mark.parametrize("run, span", [(3, slice(2, 4)), (4, slice(4, 6))], ids=["fsdp2-to-ddp", "ddp-to-fsdp2-dp4"])
 def test_another_layout_resumes_within_rounding(chain, run, span):
-    resumed, uninterrupted = _curve(chain[run]), _curve(chain[1])[span]
+    resumed, uninterrupted = chain[run], chain[1][span]
     assert [it for it, _, _ in resumed] == [it for it, _, _ in uninterrupted]
     for (_, loss, norm), (_, a_loss, a_norm) in zip(resumed, uninterrupted):
         assert loss == pytest.approx(a_loss, rel=TOL) and norm == pytest.approx(a_norm, rel=TOL)
@@ -85,13 +65,26 @@ def test_checkpoint_holds_each_ranks_rows(chain):
     from minitron.core.dist_checkpointing.serialization import read_dcp_metadata
 
     meta = read_dcp_metadata(iteration_dir(chain[0] / "ckA", 2)).state_dict_metadata
-    for key in ("decoder.layers.mlp.linear_fc1.weight", "optimizer.state.exp_avg.decoder.layers.mlp.linear_fc1.weight"):
+    rows = [[[layer, row, 0], [1, n, 32]] for layer in (0, 1) for row, n in ((0, 36), (36, 35))]
+    for key in (runs.SHOWN, f"optimizer.state.exp_avg.{runs.SHOWN}"):
         assert tuple(meta[key].size) == (2, 71, 32)   # the global tensor: both layers, all rows
-        chunks = sorted((tuple(c.offsets), tuple(c.sizes)) for c in meta[key].chunks)
-        assert chunks == [((layer, row, 0), (1, rows, 32)) for layer in (0, 1) for row, rows in ((0, 36), (36, 35))]
+        assert runs.chunks(iteration_dir(chain[0] / "ckA", 2), key) == rows
     # DDP's save of the same tensor: one chunk per layer, written by data-parallel rank 0.
-    ddp = read_dcp_metadata(iteration_dir(chain[0] / "ckD", 4)).state_dict_metadata
-    assert [tuple(c.sizes) for c in ddp["decoder.layers.mlp.linear_fc1.weight"].chunks] == [(1, 71, 32)] * 2
+    assert runs.chunks(iteration_dir(chain[0] / "ckD", 4)) == [[[0, 0, 0], [1, 71, 32]], [[1, 0, 0], [1, 71, 32]]]
+
+
+def test_chapter_12s_committed_runs_are_these(chain):
+    """docs/fsdp-runs/torch_fsdp2_ckpt.json (scripts/torch_fsdp2_ckpt_runs.py) holds this chain's
+    curves and chunks: the same flags on the same kind of ranks, so the same sums in the same
+    order (rel 1e-6 leaves the last bits to another CPU's kernels)."""
+    tmp, *curves = chain
+    assert COMMITTED["model"] == runs.MODEL
+    for name, curve in zip("ABDE", curves):
+        committed = COMMITTED["runs"][name]["curve"]
+        assert [c[0] for c in committed] == [it for it, _, _ in curve]
+        assert [c[1:] for c in committed] == [pytest.approx([loss, norm], rel=1e-6) for _, loss, norm in curve]
+    assert COMMITTED["chunks"] == {"A@2": runs.chunks(iteration_dir(tmp / "ckA", 2)),
+                                   "D@4": runs.chunks(iteration_dir(tmp / "ckD", 4))}
 
 
 def test_each_file_names_its_writer_and_a_moved_one_is_refused(chain, tmp_path):
@@ -102,7 +95,8 @@ def test_each_file_names_its_writer_and_a_moved_one_is_refused(chain, tmp_path):
         assert (record["rank"], record["data_parallel_rank"], record["data_parallel_size"]) == (rank, rank, 2)
     check_sharded_files(root, 2, read_metadata(root, 2))   # untouched: accepted
     # Swap the two ranks' files and re-sign the checksums, as someone moving them would.
-    moved = _at(root, 2, tmp_path / "moved")
+    moved = tmp_path / "moved"
+    runs.at(root, 2, moved)
     there = iteration_dir(moved, 2)
     os.replace(there / "__0_0.distcp", there / "swap")
     os.replace(there / "__1_0.distcp", there / "__0_0.distcp")
