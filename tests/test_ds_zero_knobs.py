@@ -7,7 +7,8 @@
   stage3_use_all_reduce_for_fetch_params (a module's gather as one all-reduce),
   enable_sanity_checks (two broadcasts before each gradient's reduce-scatter),
   log_trace_cache_warnings (a line where the trace breaks), leaf_module and
-  stage3_module_granularity_threshold (a module gathered whole, with its descendants).
+  stage3_module_granularity_threshold (a module gathered whole, with its descendants);
+* ignore_unused_parameters false (an offloaded ZeRO-2 step stops on an unused parameter).
 
 Each moves the same numbers by another route: losses and fp32 masters are bit-equal to the
 default's (two ranks: every sum is a + b, whatever the collective), and the collectives
@@ -109,7 +110,28 @@ def _runs(rank: int) -> dict:
             return {"losses": losses[:STEPS], "master": master, "norms": norms, "printed": printed.getvalue(),
                     "leaves": getattr(engine.optimizer, "leaf_modules", None)}
         out[name] = run()
+    out["unused"] = {ignore: _unused_step(rank, ignore) for ignore in (True, False)}
     return out
+
+
+def _unused_step(rank: int, ignore: bool) -> str:
+    """One offloaded ZeRO-2 step of a net with a linear its forward never calls."""
+    from minitron.runtime import initialize
+    net = Net()
+    # last in the flat buffer and larger than the rest: both ranks' partitions hold some of it,
+    # so both stop (a rank that stepped on would wait for the other in the norm's all-reduce)
+    net.spare = torch.nn.Linear(IN, 4 * IN)
+    config = {"train_batch_size": 2 * WORLD, "gradient_clipping": 0.0,
+              "optimizer": {"type": "Adam", "params": {"lr": 0.01}},
+              "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
+                                    "ignore_unused_parameters": ignore}}
+    engine = initialize(model=net, config=config)[0]
+    engine.backward(engine(torch.ones(2, IN)).sum())
+    try:
+        engine.step()
+    except RuntimeError as err:
+        return str(err)
+    return "stepped"
 
 
 @pytest.fixture(scope="module")
@@ -220,4 +242,12 @@ def test_leaf_modules_are_gathered_whole(runs):
     for records in runs[1].values():
         per_step = {case: _calls(records, case)["all_gather_into_tensor"] // STEPS for case in NESTED}
         assert per_step == {"nested": 8, "leaf": 6, "granular": 6}
+
+
+def test_unused_parameters_stop_an_offloaded_step_when_asked(runs):
+    """DeepSpeed asserts where its offloaded norm finds a parameter of the rank's partition
+    without a gradient: here the spare linear, which both ranks' partitions hold a part of."""
+    for rank in runs[0]:
+        assert rank["unused"][True] == "stepped"
+        assert "a parameter of shape (64, 16) was not used in producing the loss" in rank["unused"][False]
 

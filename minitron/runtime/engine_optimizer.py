@@ -125,6 +125,7 @@ def configure_zero_optimizer(engine, basic, mp_group):
     if stage in (1, 2) and not isinstance(optimizer, BF16_Optimizer):   # ZeRO 1-2's knobs (stage_1_and_2_config.py)
         optimizer.compute_grad_norm = zero.compute_grad_norm
         optimizer.use_multi_rank_bucket_allreduce = zero.use_multi_rank_bucket_allreduce
+        optimizer.track_unused_parameters(not zero.ignore_unused_parameters)
     if isinstance(basic, (FusedLamb, OnebitAdam)) and stage == 0:
         _tell_per_tensor_optimizer(basic, optimizer, config.fp16_enabled)
     return optimizer

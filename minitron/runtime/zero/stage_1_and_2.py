@@ -37,7 +37,7 @@ from minitron import comm as dist   # as DeepSpeed's ZeRO: from deepspeed import
 from minitron.accelerator import get_accelerator
 from minitron.runtime.gradient_reduction import GradientReduction
 from minitron.runtime.zero.alignment import NCCL_START_ALIGNMENT_FACTOR
-from minitron.runtime.zero.buckets import GradientBuckets
+from minitron.runtime.zero.buckets import GradientBuckets, weakly_bound
 from minitron.runtime.zero.offload import ZeroOffload, state_bytes
 
 
@@ -79,6 +79,9 @@ class DeepSpeedZeroOptimizer:
     # zero_optimization.use_multi_rank_bucket_allreduce: a bucket's gradients all-reduced in one
     # call (DeepSpeed's default), or reduced onto each owner in turn (buckets.py)
     use_multi_rank_bucket_allreduce = True
+    # zero_optimization.ignore_unused_parameters false: an offloaded step stops on a parameter of
+    # my partition that had no gradient since the last step (track_unused_parameters)
+    used = None
 
     def __init__(self, init_optimizer: torch.optim.Optimizer, dp_process_group, stage: int, loss_scaler,
                  clip_grad: float = 0.0, model_parallel_group=None, reduce_bucket_size: int = 500_000_000,
@@ -206,6 +209,33 @@ class DeepSpeedZeroOptimizer:
                 dist.reduce_scatter_tensor(mine, wire, group=self.dp_process_group)
             self.averaged_gradients[i] = reduction.from_wire(mine, flat.dtype)
 
+    def track_unused_parameters(self, on: bool) -> None:
+        """ignore_unused_parameters false. DeepSpeed checks it where it sums the offloaded norm
+        one parameter at a time (complete_grad_norm_calculation_for_cpu_offload): a parameter of
+        my partition that never received a gradient has no norm, and the step asserts. Without
+        offload nothing reads the key, there or here."""
+        if not on or not self.offload.optimizer:
+            return
+        self.used = set()
+        for params in self.bit16_groups:
+            for p in params:
+                p.register_post_accumulate_grad_hook(weakly_bound(self._mark_used))
+
+    def _mark_used(self, p: torch.Tensor) -> None:
+        self.used.add(id(p))
+
+    def _check_unused(self) -> None:
+        for i, params in enumerate(self.bit16_groups):
+            size, offset = self.bit16_groups_flat[i].numel() // self.partition_count, 0
+            mine = range(self.partition_id * size, (self.partition_id + 1) * size)
+            for p in params:
+                if id(p) not in self.used and offset < mine.stop and offset + p.numel() > mine.start:
+                    raise RuntimeError(f"a parameter of shape {tuple(p.shape)} was not used in producing the loss "
+                                       "(DeepSpeed's assertion with offload_optimizer): set zero_optimization."
+                                       "ignore_unused_parameters true, or make every trainable parameter take part")
+                offset += p.numel()
+        self.used = set()
+
     # --- the step --------------------------------------------------------------------------
 
     def has_overflow(self, partitions: list) -> bool:
@@ -270,6 +300,8 @@ class DeepSpeedZeroOptimizer:
         if self.overflow:
             self.zero_grad()
             return None
+        if self.used is not None:
+            self._check_unused()
         scaled_norm = self.scaled_global_norm() if self.compute_grad_norm else None
         # a device tensor: read when logged
         self._global_grad_norm = scaled_norm / prev_scale if self.compute_grad_norm else None
