@@ -31,26 +31,29 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
-
 from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, flag, json_value
 
+# (torch is imported where a tensor is touched: `minitron ds-config` reads the section without it)
 LOWER_PRECISION_SAFE_MODULES = ("torch.nn.Linear", "torch.nn.Conv1d", "torch.nn.Conv2d", "torch.nn.Conv3d")
-# DeepSpeed's DtypeEnum spellings of the dtypes torch.autocast takes
-DTYPES = {torch.bfloat16: ("torch.bfloat16", "bf16", "bfloat16"),
-          torch.float16: ("torch.float16", "fp16", "float16", "half"),
-          torch.float32: ("torch.float32", "fp32", "float32", "float")}
+# DeepSpeed's DtypeEnum spellings of the dtypes torch.autocast takes, by torch's name
+DTYPES = {"bfloat16": ("torch.bfloat16", "bf16", "bfloat16"), "float16": ("torch.float16", "fp16", "float16", "half"),
+          "float32": ("torch.float32", "fp32", "float32", "float")}
 PARAM_COMM_DTYPE_ATTR_NAME = "comm_dtype"   # DeepSpeed's attribute: ZeRO reads it off the parameter
 
 
 @dataclass
 class TorchAutocastConfig:
     enabled: bool = False
-    dtype: Optional[torch.dtype] = None   # None: torch's default for the device
+    dtype_name: Optional[str] = None   # "bfloat16", "float32"; None: torch's default for the device
     lower_precision_safe_modules: Optional[list] = None   # None: LOWER_PRECISION_SAFE_MODULES
 
+    @property
+    def dtype(self):
+        import torch
+        return None if self.dtype_name is None else getattr(torch, self.dtype_name)
+
     def as_dict(self) -> dict:
-        return {"enabled": self.enabled, "dtype": None if self.dtype is None else str(self.dtype),
+        return {"enabled": self.enabled, "dtype": self.dtype_name,
                 "lower_precision_safe_modules": self.lower_precision_safe_modules}
 
 
@@ -70,14 +73,15 @@ def parse_torch_autocast(params: dict, zero_quantized_weights: bool = False) -> 
     if modules is not None and not (isinstance(modules, list) and all(isinstance(m, str) for m in modules)):
         raise DeepSpeedConfigError(f"torch_autocast.lower_precision_safe_modules must be a list of class names "
                                    f"(\"torch.nn.Linear\"), got {json_value(modules)}")
-    if enabled and dtype == torch.float16:
+    if enabled and dtype == "float16":
         raise DeepSpeedConfigError("torch_autocast.dtype fp16: DeepSpeed pairs it with torch.amp.GradScaler (a loss "
                                    "scale that skips steps), which minitron's engine does not build; use bfloat16")
     if enabled and zero_quantized_weights:   # DeepSpeed's _validate_auto_cast_settings
         raise DeepSpeedConfigError("torch_autocast with zero_optimization.zero_quantized_weights: DeepSpeed refuses "
                                    "the pair (cannot enable both); drop one")
-    for name in modules or ():   # DeepSpeed imports them when the engine starts; here before any rank does
-        _import_class(name)
+    if enabled and modules:   # DeepSpeed imports them when the engine starts; here before any rank does
+        for name in modules:
+            _import_class(name)
     return TorchAutocastConfig(enabled, dtype, modules)
 
 
@@ -90,7 +94,7 @@ def _import_class(name: str) -> type:
                                    f"name a class by its module path, as \"torch.nn.Linear\"") from None
 
 
-def init_autocast_params(module: torch.nn.Module, config: TorchAutocastConfig) -> int:
+def init_autocast_params(module, config: TorchAutocastConfig) -> int:
     """Mark the parameters of the lower-precision-safe modules with the autocast dtype (the
     dtype their gradients will cross the data-parallel group in); returns how many."""
     names = config.lower_precision_safe_modules
@@ -104,7 +108,7 @@ def init_autocast_params(module: torch.nn.Module, config: TorchAutocastConfig) -
     return marked
 
 
-def comm_dtype(param: torch.Tensor) -> Optional[torch.dtype]:
+def comm_dtype(param):
     """The dtype ``param``'s gradient is reduced in under autocast: its mark, else its own
     (a mark of None, autocast without a dtype, is the gradient's own dtype too)."""
     return getattr(param, PARAM_COMM_DTYPE_ATTR_NAME, param.dtype)
@@ -137,6 +141,7 @@ def autocast_if_enabled(config: TorchAutocastConfig, device_type: str, warn):
     """The forward's context: the section's autocast when enabled. A caller that already runs
     under torch.autocast gets the section's setting instead of its own (on when enabled, off
     when not), with one warning, as DeepSpeed does."""
+    import torch
     outer = torch.is_autocast_enabled(device_type)
     if outer:
         warn(config.enabled)
