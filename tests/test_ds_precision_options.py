@@ -93,7 +93,7 @@ def _options(**sections) -> dict:
 def test_options_read_with_deepspeeds_defaults():
     assert _options() == {"auto_cast": False, "fp16_master_weights_and_grads": False,
                           "immediate_grad_update": False, "check_grad_overflow": True,
-                          "bf16_master_weights_and_grads": False}
+                          "bf16_master_weights_and_grads": False, "bf16_optimizer_states": False}
     # pydantic's lax bools, as DeepSpeed's models read them; immediate_grad_update is accepted
     assert _options(bf16={"enabled": True, "immediate_grad_update": "true", "check_grad_overflow": 0}) \
         == {**_options(), "immediate_grad_update": True, "check_grad_overflow": False}
@@ -106,6 +106,12 @@ def test_options_read_with_deepspeeds_defaults():
     ({"fp16": {"fp16_master_weights_and_grads": True}, "bf16": {"bf16_master_weights_and_grads": True},
       "zero_optimization": {"stage": 1}}, "exclude each other"),
     ({"fp16": {"enabled": True, "auto_cast": "sometimes"}}, "fp16.auto_cast"),
+    # bf16_optimizer_states: DeepSpeed's two assertions, then minitron's reason (no bf16 masters)
+    ({"bf16": {"enabled": True, "bf16_optimizer_states": True}}, "only with ZeRO stage 1, 2 or 3"),
+    ({"bf16": {"enabled": True, "bf16_optimizer_states": True}, "zero_optimization": {"stage": 1}},
+     "requires bf16.bf16_master_weights_and_grads"),
+    ({"bf16": {"enabled": True, "bf16_optimizer_states": True, "bf16_master_weights_and_grads": True},
+      "zero_optimization": {"stage": 2}}, "sit on bf16 master weights"),
 ])
 def test_refused_in_one_line(sections, words):
     with pytest.raises(DeepSpeedConfigError, match=words) as err:

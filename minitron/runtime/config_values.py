@@ -30,7 +30,6 @@ class DeepSpeedConfigError(ValueError):
 # loads; any other value asks for a behaviour minitron does not build and is refused.
 AT_DEFAULT = {
     "zero_optimization": {"elastic_checkpoint": False, "parameter_alignment": False},
-    "bf16": {"bf16_optimizer_states": False}, "bfloat16": {"bf16_optimizer_states": False},
 }
 
 

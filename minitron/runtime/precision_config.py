@@ -24,13 +24,21 @@ runtime/precision_config.py), each where DeepSpeed reads it and what it changes 
                                         (the CPU Adam updates 16-bit masters); refused here with
                                         those reasons, and where DeepSpeed would run it, because
                                         minitron's offloaded optimizer keeps fp32 masters.
+    bf16.bf16_optimizer_states (false)  with bf16 master weights, the optimizer's moments in bf16
+                                        too, so ZeRO 1-3 keep them on the device without
+                                        ZeRO-Offload. DeepSpeed asserts ZeRO stage 1-3 and
+                                        bf16_master_weights_and_grads; refused here after those,
+                                        because it needs the 16-bit masters above: ZeRO's
+                                        masters, its checkpoints' fp32 groups and the universal
+                                        conversion would all change dtype.
 """
 
 from __future__ import annotations
 
 from minitron.runtime.config_values import DeepSpeedConfigError, model_flag, model_view
 
-BF16_OPTIONS = {"immediate_grad_update": False, "check_grad_overflow": True, "bf16_master_weights_and_grads": False}
+BF16_OPTIONS = {"immediate_grad_update": False, "check_grad_overflow": True, "bf16_master_weights_and_grads": False,
+                "bf16_optimizer_states": False}
 FP16_OPTIONS = {"auto_cast": False, "fp16_master_weights_and_grads": False}
 
 
@@ -47,6 +55,16 @@ def check_master_weights(options: dict, stage: int, offload_optimizer) -> None:
     """DeepSpeed's refusals of 16-bit master weights in its order (its config's sanity check on
     the stage, then the ZeRO optimizer's on the pair and the offload), and minitron's where
     DeepSpeed would go on."""
+    if options["bf16_optimizer_states"]:   # DeepSpeed's config sanity check, then minitron's reason
+        if stage == 0:
+            raise DeepSpeedConfigError("bf16.bf16_optimizer_states: DeepSpeed supports it only with ZeRO stage 1, 2 "
+                                       "or 3; set zero_optimization.stage, or drop the key")
+        if not options["bf16_master_weights_and_grads"]:
+            raise DeepSpeedConfigError("bf16.bf16_optimizer_states requires bf16.bf16_master_weights_and_grads "
+                                       "(DeepSpeed asserts it); add it, or drop the key")
+        raise DeepSpeedConfigError("bf16.bf16_optimizer_states: bf16 optimizer states sit on bf16 master weights, "
+                                   "which minitron's ZeRO does not build (its masters, checkpoints and universal "
+                                   "conversion are fp32); drop the key")
     asked = [(section, key) for section, key in (("fp16", "fp16_master_weights_and_grads"),
                                                  ("bf16", "bf16_master_weights_and_grads")) if options[key]]
     if not asked:
