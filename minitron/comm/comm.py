@@ -30,6 +30,7 @@ from minitron.accelerator import get_accelerator, set_accelerator_for_backend
 from minitron.comm.torch import TorchBackend
 from minitron.comm.utils import TORCHRUN_VARS, WorldInfo, discover_world_info
 from minitron.trace import traced
+from minitron.utils.comms_logging import comms_logger, timed_op
 
 cdb = None  # the process-wide backend object, as in deepspeed.comm
 
@@ -121,9 +122,10 @@ def destroy_process_group(group=None) -> None:
 # DeepSpeed's module-level API. Its runtime imports this module as ``dist`` (``from deepspeed
 # import comm as dist``) and calls dist.all_reduce(...) where Megatron calls torch.distributed;
 # every function below forwards to cdb, and cdb (a TorchBackend) to torch.distributed. DeepSpeed
-# wraps each collective in @timed_op for its comms logger; @traced is our seam at the same place,
-# so a trace shows comm.comm.all_reduce with torch's call inside it (that one records the group
-# and the shapes, so this level records nothing of its own).
+# wraps each collective in @timed_op for its comms logger; so does _forwards (the logger is
+# minitron/utils/comms_logging.py), and within it @traced, so a trace shows comm.comm.all_reduce
+# with torch's call inside it (that one records the group and the shapes, so this level records
+# nothing of its own).
 ReduceOp = torch.distributed.ReduceOp  # DeepSpeed has its own enum, which TorchBackend maps to
                                        # torch's; with torch the only backend, torch's serves
 
@@ -136,7 +138,24 @@ def _cdb():
 
 
 def _forwards(fn):
-    return traced(fn, args=lambda *a, **k: {})
+    # timed_op outermost, so that a debug log name finds the collective's caller one frame up
+    return timed_op(traced(fn, args=lambda *a, **k: {}))
+
+
+def configure(comms_config: dict) -> None:
+    """The comms logger as the ds_config's section asks (DeepSpeedEngine.__init__ calls
+    dist.configure(config)); its bandwidths count the world's ranks, as DeepSpeed's do."""
+    comms_logger.configure(comms_config)
+    comms_logger.world_size, comms_logger.rank = get_world_size(), get_rank()
+
+
+def log_summary() -> dict:
+    """DeepSpeed's table, printed by rank 0 between two barriers (so every rank has logged its
+    ops first); the barriers are logged too, as log_summary_barrier. Returns this rank's summary."""
+    barrier(log_name="log_summary_barrier")
+    summary = comms_logger.log_all(print_log=get_rank() == 0)
+    barrier(log_name="log_summary_barrier")
+    return summary
 
 
 def get_rank(group=None) -> int:

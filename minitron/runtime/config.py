@@ -230,7 +230,8 @@ class DeepSpeedConfig:
         self.aio_config = parse_aio(params)
         self.zero_force_ds_cpu_optimizer = flag(params, "zero_force_ds_cpu_optimizer", True, "ds_config")
         self.monitor_config = parse_monitor(params)   # where the engine writes its scalars (runtime/monitor/)
-        parse_comms_logger(params)   # accepted while it leaves the logger off (runtime/comm/comms_logger_config.py)
+        # the comms logger, on whenever the section is there, as in DeepSpeed (runtime/comm/comms_logger_config.py)
+        self.comms_config = parse_comms_logger(params)
         # a per-module profile of one step (runtime/profiling/); it turns the engine's timers on, as in DeepSpeed
         self.flops_profiler_config = parse_flops_profiler(params)
         # ZeRO-R's section: read by deepspeed.checkpointing.configure, not by the engine

@@ -54,6 +54,7 @@ class DeepSpeedEngine(torch.nn.Module):
         self.data_parallel_group = mpu.get_data_parallel_group() if mpu is not None else dist.get_world_group()
         self.dp_world_size = dist.get_world_size(group=self.data_parallel_group)
         self.global_rank = dist.get_rank()
+        dist.configure(config.comms_config)   # the comms logger, before the model's broadcast, as DeepSpeed
         pp = mpu.get_pipeline_model_parallel_world_size() if hasattr(
             mpu, "get_pipeline_model_parallel_world_size") else 1
         if pp > 1 and not self.runs_pipelines:   # DeepSpeed runs pipelines in its PipelineEngine

@@ -1,0 +1,2 @@
+"""minitron.utils: DeepSpeed's ``deepspeed/utils`` pieces that the comm layer needs (the comms
+logger), kept where DeepSpeed keeps them."""
