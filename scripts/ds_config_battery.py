@@ -226,6 +226,8 @@ SCHEDULERS = {
     "MultiStepLR": ({"milestones": [10, 20]}, []), "PolynomialLR": ({"total_iters": 100}, []),
     "warmuplr": ({}, []), "Cosine": ({}, []),
 }
+WRAPPED = {"ZeRO-1": {"zero_optimization": {"stage": 1}}, "fp16": {"fp16": {"enabled": True}},
+           "bf16": {"bf16": {"enabled": True}}}
 
 
 def _merge(into: dict, extra: dict) -> dict:
@@ -301,6 +303,13 @@ def types_battery():
             for kind, value in zip(("default", "typical", "bad"), values):
                 sched = {"type": name, "params": {**params, key: value}}
                 yield f"scheduler[{name}].{key}={kind}", kind, _config({"scheduler": sched})
+    # where DeepSpeed's engine wraps the optimizer (ZeRO, fp16, bf16), a torch schedule gets the
+    # wrapper and torch refuses it; ZeRO refuses an optimizer it has not tested unless told to
+    for label, where in WRAPPED.items():
+        yield f"scheduler.type=StepLR with {label}", "type", _config(
+            where, {"scheduler": {"type": "StepLR", "params": SCHEDULERS["StepLR"][0]}})
+    yield "optimizer.type=RMSprop with ZeRO-1", "type", _config(
+        WRAPPED["ZeRO-1"], {"optimizer": {"type": "RMSprop", "params": OPTIMIZER_TYPES["RMSprop"]}})
 
 
 def battery() -> list[tuple[str, str, dict]]:

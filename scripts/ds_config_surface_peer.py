@@ -8,19 +8,20 @@ first, at a data-parallel size the mpu gives (a 1-rank gloo group is set up, bec
 DeepSpeedConfig asks the process group for the rank before it asks the mpu for the size).
 DeepSpeedConfig does not look inside the optimizer's and scheduler's params, nor ask whether
 ZeRO has tested the optimizer; the engine does, in deepspeed.initialize, before a step runs.
-Those checks are made here too ("initialize"), with DeepSpeed's own pieces and no model: the
-scheduler constructed as _scheduler_from_config constructs it, a torch.optim optimizer as
-_configure_basic_optimizer does, a DeepSpeed optimizer's arguments bound to its constructor's
-signature (its kernels are not built on a CPU), ZeRO's untested-optimizer assertion,
-max_grad_norm's refusal, the monitors rank 0 builds, and deepspeed.checkpointing.configure (what
-Megatron calls with the config for ZeRO-R). A failure reads as its exception's first line.
+Those checks are made here too ("initialize") by DeepSpeed's own engine methods on an engine
+that holds only the config (no model): _configure_basic_optimizer builds the optimizer (its op
+kernels replaced by no-ops, so every constructor check runs: FusedAdam's AMSGrad refusal, mup's
+missing package), _do_optimizer_sanity_check (ZeRO's untested-optimizer assertion), and
+_scheduler_from_config is handed the optimizer the engine would hand it: the ZeRO, fp16 or bf16
+wrapper's class where one wraps it, which torch's schedules refuse. Then the monitors rank 0
+builds, and deepspeed.checkpointing.configure (what Megatron calls with the config for ZeRO-R).
+A failure reads as its exception's first line.
 
     DS_ACCELERATOR=cpu /tmp/vds/bin/python scripts/ds_config_surface_peer.py FOLDER DP
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import socket
@@ -57,68 +58,84 @@ def _one_rank_group():
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
 
 
-def _optimizer(config):
-    """The engine's _configure_basic_optimizer and _do_optimizer_sanity_check, without a model."""
+class _NoKernel:
+    """What a DeepSpeed op builder's load() returns here: every call on the op is a no-op, so an
+    optimizer's constructor runs all of its argument checks (FusedAdam's AMSGrad refusal,
+    CPU-Adam's create_adam) without compiling a kernel this host has no compiler cache for."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def _engine(config):
+    """A DeepSpeedEngine that holds only the config: its optimizer and scheduler methods read
+    nothing else, so DeepSpeed's own _configure_basic_optimizer, _do_optimizer_sanity_check and
+    _scheduler_from_config run here without a model."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    engine = DeepSpeedEngine.__new__(DeepSpeedEngine)
+    for name, value in {"_config": config, "client_optimizer": None, "global_rank": 0, "pipeline_parallelism": False,
+                        "zenflow": False, "has_moe_layers": False}.items():
+        object.__setattr__(engine, name, value)
+    return engine
+
+
+def _weights():
+    """A matrix and a bias, each tagged as deepspeed.initialize tags a model's (Muon splits on it)."""
     import torch
-    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
-    from deepspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS
-    name, params = config.optimizer_name, dict(config.optimizer_params or {})
-    if name is None:
-        return
-    if "max_grad_norm" in params:
-        raise ValueError("'max_grad_norm' is not supported as an optimizer parameter (the engine's refusal)")
-    weights = [torch.nn.Parameter(torch.zeros(4))]
-    if name in DEEPSPEED_OPTIMIZERS:
-        cls = _deepspeed_optimizer(name, params, config)
-        if cls is None:
-            return
-        inspect.signature(cls).bind(weights, **params)   # its kernel is CUDA-only here: the arguments only
-        instance_type = cls
+    weights = [torch.nn.Parameter(torch.zeros(4, 4)), torch.nn.Parameter(torch.zeros(4))]
+    for w in weights:
+        w.use_muon = w.ndim >= 2
+    return weights
+
+
+def _basic_optimizer(engine):
+    """The engine's basic optimizer, built by its own _configure_basic_optimizer with the op
+    builders' load() swapped for _NoKernel (on the CPU accelerator FusedLamb's and FusedLion's
+    builders are NotImplementedBuilder: a GPU host has them, and the config is what is judged).
+    mup's optimizers fail as DeepSpeed fails without the package (it logs, then the name is
+    unbound). No optimizer in the config: the client's, as Megatron-DeepSpeed passes its own,
+    here torch's AdamW, which ZeRO has tested."""
+    import torch
+    from deepspeed.ops.op_builder.builder import OpBuilder
+    from deepspeed.ops.op_builder.cpu.no_impl import NotImplementedBuilder
+    if engine.optimizer_name() is None:
+        return torch.optim.AdamW(_weights(), lr=1e-4)
+    saved = {cls: cls.__dict__["load"] for cls in (OpBuilder, NotImplementedBuilder) if "load" in cls.__dict__}
+    try:
+        for cls in saved:
+            cls.load = lambda self, verbose=False: _NoKernel()
+        return engine._configure_basic_optimizer(_weights())
+    finally:
+        for cls, load in saved.items():
+            cls.load = load
+
+
+def _wrapped(engine, basic):
+    """The optimizer deepspeed.initialize hands the schedule (engine.optimizer): the class
+    _configure_optimizer wraps the basic one in, after _do_optimizer_sanity_check (ZeRO's
+    untested-optimizer assertion, the dtype mixes it refuses). The wrapper is allocated, not
+    constructed (its constructor partitions a model): what a schedule asks of it is its class
+    (torch's schedules: is it a torch.optim.Optimizer?) and its .optimizer (DeepSpeed's unwrap it)."""
+    from deepspeed.runtime import engine as ds_engine
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+    kind = engine._do_optimizer_sanity_check(basic)
+    if kind == ds_engine.ZERO_OPTIMIZATION:
+        cls = DeepSpeedZeroOptimizer_Stage3 if engine.zero_optimization_stage() == 3 else ds_engine.DeepSpeedZeroOptimizer
+    elif kind in (ds_engine.FP16, ds_engine.DDP_BFLOAT16):
+        cls = ds_engine.FP16_Optimizer if isinstance(basic, ds_engine.FusedAdam) else ds_engine.FP16_UnfusedOptimizer
+    elif kind == ds_engine.BFLOAT16:
+        cls = ds_engine.BF16_Optimizer
     else:
-        instance_type = type(getattr(torch.optim, name)(weights, **params))
-    if config.zero_enabled and instance_type not in ZERO_SUPPORTED_OPTIMIZERS:
-        assert config.zero_allow_untested_optimizer, ("You are using an untested ZeRO Optimizer. Please add "
-                                                      "<\"zero_allow_untested_optimizer\": true> in the config")
+        return basic
+    wrapper = cls.__new__(cls)
+    object.__setattr__(wrapper, "optimizer", basic)
+    return wrapper
 
 
-def _deepspeed_optimizer(name, params, config):
-    """The class the engine builds for a DeepSpeed-named optimizer (get_optimizer_configuration);
-    None where it needs a package this venv lacks (mup) or compiles kernels at construction (Muon)."""
-    import torch
-    from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
-    from deepspeed.ops.lamb import FusedLamb
-    from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
-    offloaded = config.zero_config.offload_optimizer is not None and \
-        str(config.zero_config.offload_optimizer.device) not in ("none", "OffloadDeviceEnum.none")
-    if name in ("adam", "adamw"):
-        params.pop("adam_w_mode", None)
-        params.pop("fp32_optimizer_states", None)
-        if params.pop("torch_adam", False):
-            params.pop("foreach", None)
-            return torch.optim.AdamW
-        return DeepSpeedCPUAdam if offloaded else FusedAdam
-    if name == "adagrad":
-        return torch.optim.Adagrad
-    if name == "lamb":
-        return FusedLamb
-    if name == "lion":
-        return DeepSpeedCPULion if offloaded else FusedLion
-    return None
-
-
-def _scheduler(config):
-    import torch
-    from deepspeed.runtime import lr_schedules
-    name = config.scheduler_name
-    if name is None:
-        return
-    if hasattr(lr_schedules, name):
-        cls = getattr(lr_schedules, name)
-    else:
-        assert hasattr(torch.optim.lr_scheduler, name), f"DeepSpeed does not recognize LR scheduler {name}"
-        cls = getattr(torch.optim.lr_scheduler, name)
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(4))], lr=0.1)
-    cls(optimizer, **(config.scheduler_params or {}))
+def _optimizer_and_scheduler(config):
+    """deepspeed.initialize's _configure_optimizer then _configure_lr_scheduler, without a model."""
+    engine = _engine(config)
+    engine._scheduler_from_config(_wrapped(engine, _basic_optimizer(engine)))
 
 
 def _monitors_and_checkpointing(config, path: Path):
@@ -140,8 +157,7 @@ def verdict(path: Path, dp: int) -> dict:
     except BaseException as exc:   # AssertionError, pydantic's ValidationError, TypeError...: all refusals
         return {"file": path.name, "accepted": False, "stage": "config", "reason": _first_line(exc)}
     try:
-        _optimizer(config)
-        _scheduler(config)
+        _optimizer_and_scheduler(config)
         _monitors_and_checkpointing(config, path)
     except BaseException as exc:
         return {"file": path.name, "accepted": False, "stage": "initialize", "reason": _first_line(exc)}
