@@ -24,7 +24,7 @@
       }
     }
   }
-  // Output blocks (class no-copy, see docs/hooks/run_commands.py) set smaller than code.
+  // Output blocks (class no-copy, see docs/hooks/page_text.py) set smaller than code.
   const small = [];
   for (const pre of typeset.querySelectorAll(".no-copy pre")) {
     const size = parseFloat(getComputedStyle(pre.querySelector("code") || pre).fontSize);

@@ -1,5 +1,5 @@
 """Run lines that start a debug adapter: each build listens on free ports of its own, and the
-page shows the default base's ports (docs/hooks/run_commands.py, debug_ports)."""
+page shows the default base's ports (docs/hooks/command_run.py, debug_ports)."""
 
 from __future__ import annotations
 

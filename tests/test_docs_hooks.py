@@ -111,7 +111,7 @@ def warm_hook():
     """One hook for the tests of the warm runner: starting it is an `import torch` and the
     launcher's warm-up (~3 s of CPU), which each test paid for again with a hook of its own."""
     hook = load_hook()
-    hook._warm.expected = True   # as in a build with pages to run (on_files sets it)
+    hook.command_run.warm.expected = True   # as in a build with pages to run (on_files sets it)
     yield hook
     hook.on_post_build(None)
 
@@ -126,14 +126,14 @@ def test_piped_and_or_echo_commands_run_warm_and_print_what_bash_prints(tmp_path
                                    "sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)\n")
     commands = ["python p.py | sort", "python p.py x 0 2>&1 | tail -2", "python p.py x 3 2>&1 || echo \"(exit code $?)\"",
                 "python p.py > /dev/null && python p.py | grep -v a", "python p.py err | sort"]
-    warm = hook._warm.module
+    warm = hook.command_run.warm.module
     assert [warm.warm_plan(c, str(BIN)) is not None for c in commands] == [True] * 5
     assert warm.warm_plan("python p.py 2>/dev/null | sort", str(BIN)) is None
     assert warm.warm_plan("python p.py | sort | head -1", str(BIN)) is None
     for command in commands:
         hook._cache.clear()
         plan = warm.warm_plan(command, str(BIN))
-        done, _ = hook._run_warm(plan, hook.scratch_dir(tmp_path))
+        done, _ = hook.command_run.run_warm(plan, hook.scratch_dir(tmp_path))
         bash = subprocess.run(["bash", "-c", command], cwd=hook.scratch_dir(tmp_path), env=hook.command_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if command.endswith("err | sort"):
@@ -170,7 +170,7 @@ def test_bash_commands_call_minitron_and_python_warm_and_print_what_bash_prints(
     # `;` keeps it with bash; the script sees the warm runner's torch, not a fresh interpreter's.
     assert hook.execute("python warm.py; true", "page.md", tmp_path) == "True"
     # A script the runner runs warm (no bash) that calls `python` itself: the call is warm too.
-    assert hook._warm.module.warm_plan("python calls.py", str(BIN))
+    assert hook.command_run.warm.module.warm_plan("python calls.py", str(BIN))
     assert hook.execute("python calls.py", "page.md", tmp_path) == "True"
     for command in STAND_IN_COMMANDS:
         shown = hook.execute(command, "page.md", tmp_path)

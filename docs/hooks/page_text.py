@@ -1,5 +1,5 @@
 """How a page's run lines are found, and how a command's output becomes Markdown (for
-run_commands.py, which runs the commands).
+run_commands.py, which finds the commands, and command_run.py, which runs them).
 
 The output goes in a ```text block (indented like the comment, so it works inside admonitions
 and tabs) marked ``.no-copy``: output is read, not pasted into a terminal, so no copy button

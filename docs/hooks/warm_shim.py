@@ -1,6 +1,6 @@
 """The stand-in for ``minitron`` and ``python`` in a docs command that bash runs (see warm_runner.py).
 
-run_commands.py copies this file, as ``minitron``, ``python`` and ``python3``, into a folder it
+warm_client.py copies this file, as ``minitron``, ``python`` and ``python3``, into a folder it
 puts first on bash's PATH. Run as one of those names, it asks the build's warm runner (the
 socket in $MINITRON_WARM_SOCKET) to fork the call from its interpreter, which has torch and
 minitron imported already, and hands over its argv, working directory, environment and its
