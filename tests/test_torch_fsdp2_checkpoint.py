@@ -107,3 +107,23 @@ def test_each_file_names_its_writer_and_a_moved_one_is_refused(chain, tmp_path):
     (there / "metadata.json").write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="moved or renamed between ranks"):
         check_sharded_files(moved, 2, read_metadata(moved, 2))
+
+
+@pytest.mark.stress
+def test_swiglu_at_tp2_resumes_at_tp1(tmp_path):
+    """SwiGLU's fc1 at tp 2 is stored as gate and up pieces (a ShardedTensorFactory), which FSDP2's
+    rows cut again: rank 0 of dp holds gate rows only, rank 1 up rows only. A save at tp 2 x dp 2
+    resumes at tp 2 x dp 2 bit for bit and at tp 1 x dp 2 to TOL (tp 1 cuts the matmuls otherwise)."""
+    from distributed import pretrain_records
+
+    model = [*runs.MODEL, *runs.FSDP2, "--swiglu", "--ffn-hidden-size", "72"]
+    tp2 = ["--tensor-model-parallel-size", "2"]
+
+    def curve(name, world, flags):
+        return [(r["iteration"], r["lm_loss"], r["grad_norm"])
+                for r in pretrain_records(tmp_path / name, world, [*model, *flags, "--exit-interval", "4"])]
+    full = curve("full", 4, [*tp2, "--save", str(tmp_path / "ck"), "--save-interval", "2"])
+    runs.at(tmp_path / "ck", 2, tmp_path / "at2")
+    assert curve("tp2", 4, [*tp2, "--load", str(tmp_path / "at2")]) == full[2:4]
+    for (it, loss, norm), (a_it, a_loss, a_norm) in zip(curve("tp1", 2, ["--load", str(tmp_path / "at2")]), full[2:4]):
+        assert it == a_it and loss == pytest.approx(a_loss, rel=TOL) and norm == pytest.approx(a_norm, rel=TOL)
