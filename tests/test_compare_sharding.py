@@ -3,7 +3,8 @@ scripts/compare_sharding.py wrote from ~10 traced 8-rank runs, too slow for ever
 
 * the committed file is the script's: its configurations, model and world; the checks the script
   runs (losses = the serial run's, bytes and collectives = the estimate's) pass on it; and its
-  figures are what sharding promises, to the byte where no padding enters;
+  figures are what sharding promises, to the byte (Megatron-FSDP's with the padding its unit
+  layout adds, fsdp/buffer_index.py);
 * one row, rerun now through the script's own code (the distributed optimizer, 8 ranks, one
   iteration), holds what the file says: the same bytes at rest, the same collectives in its
   iteration, and the same first loss;
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -41,19 +43,39 @@ def test_committed_file_is_the_scripts_runs():
     assert all(len(row["losses"]) == COMMITTED["iters"] for row in ROWS.values())
 
 
+def fsdp_units() -> list[list[tuple]]:
+    """The shapes in each of Megatron-FSDP's units of compare.MODEL: one unit per layer (qkv,
+    proj, fc1, fc2, their biases, two layernorms) and "the rest" (both embeddings, the final
+    norm, the untied output layer). Written from the GPT's structure, not from the estimate."""
+    flag = dict(zip(compare.MODEL, compare.MODEL[1:]))
+    h, seq, layers = int(flag["--hidden-size"]), int(flag["--seq-length"]), int(flag["--num-layers"])
+    vocab = -(-int(flag["--vocab-size"]) // 128) * 128   # padded as Megatron pads it (1023 -> 1024)
+    layer = [(h,), (h,), (3 * h, h), (3 * h,), (h, h), (h,), (h,), (h,), (4 * h, h), (4 * h,), (h, 4 * h), (h,)]
+    return [layer] * layers + [[(vocab, h), (seq, h), (h,), (h,), (vocab, h)]]
+
+
 def test_committed_figures_are_what_sharding_promises():
+    from minitron.core.distributed.fsdp.buffer_index import build_buffer_index
+
     n, dp = ROWS["DDP"]["ranks"][0]["numel"], COMMITTED["world"]
     ddp = rank0("DDP")
     # fp32 everywhere: Megatron steps the model's own fp32 weights (Adam's two moments only);
     # DeepSpeed keeps an fp32 master copy even then (three fp32 numbers per parameter).
     assert ddp == {"params": 4 * n, "grads": 4 * n, "optimizer": 8 * n}
-    # What each shards, 1/dp of the whole up to the padding that makes equal partitions
-    # (at most 2 x dp elements a flat buffer or a unit, one element a ZeRO-3 parameter).
+    # Megatron-FSDP pads each unit to a multiple of dp x its chunk (its widest row: fc2's 256 in
+    # a layer, 64 in the rest): 49,984 -> 51,200 elements a layer (1,216 of padding), 133,248 ->
+    # 133,632 the rest (384). Its buffers are that size on every rank, 338,432 elements, and a
+    # shard is 1/dp of it, 42,304 elements: all real on rank 0, as the padding ends each unit.
+    index = [build_buffer_index(shapes, dp) for shapes in fsdp_units()]
+    pad = [i.size - sum(math.prod(s) for s in shapes) for i, shapes in zip(index, fsdp_units())]
+    assert pad == [1216] * 4 + [384]
+    padded, shard = sum(i.size for i in index), sum(i.shard_size for i in index)
+    assert (padded, shard) == (n + sum(pad), (n + sum(pad)) // dp) == (338_432, 42_304)
+    # Elsewhere, what each shards is 1/dp of the whole up to the padding that makes equal
+    # partitions (at most 2 x dp elements a flat buffer, one element a ZeRO-3 parameter).
     slack = 4 * 2 * dp * 16
     for name, sharded, whole in [
             ("distributed optimizer", {"optimizer": 8}, {"params": 4, "grads": 4}),
-            ("FSDP optim", {"optimizer": 8}, {"params": 4, "grads": 4}),
-            ("FSDP optim_grads", {"optimizer": 8, "grads": 4}, {"params": 4}),
             ("ZeRO-1", {"optimizer": 12}, {"params": 4, "grads": 4}),
             ("ZeRO-2", {"optimizer": 12, "grads": 4}, {"params": 4}),
             ("ZeRO-3", {"optimizer": 12, "grads": 4, "params": 4}, {}),
@@ -63,6 +85,16 @@ def test_committed_figures_are_what_sharding_promises():
             assert 0 <= held[kind] - per * n / dp <= slack, (name, kind, held[kind])
         for kind, per in whole.items():
             assert 0 <= held[kind] - per * n <= slack, (name, kind, held[kind])
+    for name, sharded, whole in [
+            ("FSDP optim", {"optimizer": 8}, {"params": 4, "grads": 4}),
+            ("FSDP optim_grads", {"optimizer": 8, "grads": 4}, {"params": 4}),
+            ("FSDP optim_grads_params", {"optimizer": 8, "grads": 4, "params": 4}, {})]:
+        assert rank0(name) == {**{k: per * shard for k, per in sharded.items()},
+                               **{k: per * padded for k, per in whole.items()}}, name
+        # The last rank's shard holds the padding, and Adam keeps state for real elements only.
+        assert ROWS[name]["ranks"][-1]["step"]["optimizer"] == 8 * (shard - sum(pad)), name
+    # optim_grads_params at its peak: its shards, and the rest unit and one layer gathered whole.
+    assert ROWS["FSDP optim_grads_params"]["ranks"][0]["peak_params"] == 4 * (shard + index[-1].size + index[0].size)
     # Parameters sharded: the peak holds the gathered units/modules on top of the step's bytes.
     for name in ("FSDP optim_grads_params", "ZeRO-3", "FSDP2"):
         peak = sum(ROWS[name]["ranks"][0]["peak"].values())
