@@ -25,6 +25,13 @@ from minitron import comm as dist
 from minitron.trace import traced
 
 
+def print_rank_0(message: str) -> None:
+    """DeepSpeed's print_rank_0 of this module, as its callers use it (force=True): rank 0 prints.
+    ZeRO's own, because runtime/ stands below training/ and cannot borrow training's."""
+    if dist.get_rank() == 0:
+        print(message, flush=True)
+
+
 def fetch(params: list, zeropp, to_device, sequential: bool = False, all_reduce: bool = False) -> None:
     """Gather ``params`` (one dtype, all missing). ``to_device`` brings host pieces across
     (offload_param)."""

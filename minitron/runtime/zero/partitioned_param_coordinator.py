@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 
 from minitron.trace import traced
+from minitron.runtime.zero.partition_parameters import print_rank_0
 
 INVALID, RECORD, COMPLETE = "INVALID", "RECORD", "COMPLETE"   # DeepSpeed's ZeRoTraceMode
 
@@ -89,7 +90,6 @@ class PartitionedParameterCoordinator:
         """The pass left the trace: record the next one."""
         self.mode, self.order = INVALID, []
         if self.log_trace_cache_warnings:
-            from minitron.training.utils import print_rank_0   # (runtime/ does not import training/ at load)
             print_rank_0(f"Invalidate trace cache @ step {self.step_id}: {why}")
 
     @traced(name="minitron.runtime.zero.partitioned_param_coordinator.fetch_sub_module",
