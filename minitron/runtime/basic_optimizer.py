@@ -55,12 +55,12 @@ def optimizer_class(kind: str, offload: bool):
     """The class DeepSpeed's engine calls for ``kind`` (with the model's parameters and the params)."""
     if kind == "Adagrad":
         if offload:
-            from minitron.ops.adagrad import DeepSpeedCPUAdagrad
+            from minitron.ops.adagrad import DeepSpeedCPUAdagrad   # lazy: the ops import torch; a ds_config is read without it
             return DeepSpeedCPUAdagrad
-        import torch
+        import torch   # lazy: a ds_config is read without torch
         return torch.optim.Adagrad
     if kind == "Lion":
-        from minitron.ops.lion import DeepSpeedCPULion, FusedLion
+        from minitron.ops.lion import DeepSpeedCPULion, FusedLion   # lazy: the ops import torch
         return DeepSpeedCPULion if offload else FusedLion
     if kind in MUP:
         import mup   # checked to be installed by check()
@@ -86,7 +86,7 @@ def check(kind: str, params: dict, offload: bool) -> None:
                                    "the top-level \"gradient_clipping\" instead")
     if kind in MUP:   # mup's optimizers need the model's base shapes to build: nothing to try on one tensor
         return
-    import torch
+    import torch   # lazy: a ds_config is read without torch; only a trial build of this type needs it
     cls = optimizer_class(kind, offload)
     try:
         cls([torch.nn.Parameter(torch.zeros(1))], **params)

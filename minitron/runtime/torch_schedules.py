@@ -37,7 +37,7 @@ def refuse_unknown(kind, own: tuple) -> None:
     """A type that is neither DeepSpeed's nor torch's: DeepSpeed's assertion, as one line."""
     hint = ""
     if isinstance(kind, str):
-        import torch
+        import torch   # lazy: a ds_config is read without torch; only this hint needs it
         case = next((n for n in dir(torch.optim.lr_scheduler) if n.lower() == kind.lower()), None)
         hint = f"; torch's are looked up by their exact name: write {case!r}" if case else ""
     raise DeepSpeedConfigError(f"scheduler.type {json_value(kind)} is neither DeepSpeed's ({', '.join(own)}) nor a "
@@ -50,7 +50,7 @@ def check(kind: str, params: dict) -> None:
     if kind in FAILS_AT_STEP:
         raise DeepSpeedConfigError(f"scheduler.type {kind!r}: DeepSpeed builds torch's {kind} and fails at the first "
                                    f"step ({FAILS_AT_STEP[kind]}); name another schedule")
-    import torch
+    import torch   # lazy: a ds_config is read without torch; only a trial build of a torch schedule needs it
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1, momentum=0.9)
     try:
         getattr(torch.optim.lr_scheduler, kind)(optimizer, **params)
@@ -70,5 +70,5 @@ def check_wrapped(kind: str, stage: int, fp16: bool, bf16: bool) -> None:
 
 
 def build(kind: str, optimizer, params: dict):
-    import torch
+    import torch   # lazy: as in check()
     return getattr(torch.optim.lr_scheduler, kind)(optimizer, **params)

@@ -54,7 +54,7 @@ def _rss() -> int:
         with open("/proc/self/statm") as f:
             rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):   # not Linux: the kernel's peak is all there is
-        import resource
+        import resource   # lazy: only where /proc is missing
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     _peak_rss = max(_peak_rss, rss)
     return rss
