@@ -33,6 +33,7 @@ from typing import Any, Optional, Union
 from minitron.runtime.comm.comms_logger_config import parse_comms_logger
 from minitron.runtime.activation_checkpointing.config import parse_activation_checkpointing
 from minitron.runtime import basic_optimizer, torch_schedules
+from minitron.runtime.config_pipeline import parse_pipeline
 from minitron.runtime.config_optimizer import OPTIMIZERS, ZERO_TESTED, parse_optimizer
 from minitron.runtime.config_engine import ENGINE_KEYS, check_unmanaged, parse_engine_switches
 from minitron.runtime.config_features import no_effect_notes, parse_features
@@ -53,7 +54,7 @@ TOP_LEVEL = TRIAD + ("steps_per_print", "gradient_clipping", "fp16", "bf16", "bf
                      "communication_data_type", "prescale_gradients", "gradient_predivide_factor",
                      "wall_clock_breakdown", "tensorboard", "csv_monitor", "wandb", "comet", "flops_profiler",
                      "activation_checkpointing", "aio", "zero_force_ds_cpu_optimizer", "comms_logger",
-                     "data_types", "timers", "compile", "torch_autocast") + ENGINE_KEYS
+                     "data_types", "timers", "compile", "torch_autocast", "pipeline") + ENGINE_KEYS
 DEFAULT_ONLY: dict = {}
 # Keys DeepSpeed 0.19.8 refuses whatever their value, because the feature behind them is gone
 # (its _REMOVED_TOP_LEVEL_CONFIG_KEYS): a leftover would otherwise be silently ignored.
@@ -232,6 +233,7 @@ class DeepSpeedConfig:
         self.monitor_config = parse_monitor(params)   # where the engine writes its scalars (runtime/monitor/)
         # the comms logger, on whenever the section is there, as in DeepSpeed (runtime/comm/comms_logger_config.py)
         self.comms_config = parse_comms_logger(params)
+        self.pipeline = parse_pipeline(params)   # read by the PipelineEngine (runtime/config_pipeline.py)
         # a per-module profile of one step (runtime/profiling/); it turns the engine's timers on, as in DeepSpeed
         self.flops_profiler_config = parse_flops_profiler(params)
         # ZeRO-R's section: read by deepspeed.checkpointing.configure, not by the engine

@@ -108,4 +108,8 @@ def gpt_model_pipe(config, vocab_size: int, max_sequence_length: int, tied: bool
     else:
         specs.append(LayerSpec(OutputPipe, config, vocab_size))
     topology = PipeModelDataParallelTopology(num_pp=pp, num_mp=1, num_dp=dp)
-    return PipelineModule(specs, topology=topology, loss_fn=_loss, partition_method="type:TransformerLayerPipe")
+    # checkpointable_layers: a pipeline.activation_checkpoint_interval recomputes transformer layers
+    # only, as DeepSpeed does for Megatron-DeepSpeed's GPTModelPipe; a checkpointed embedding, whose
+    # input (token ids) cannot require grad, would get no gradient from the reentrant checkpoint
+    return PipelineModule(specs, topology=topology, loss_fn=_loss, partition_method="type:TransformerLayerPipe",
+                          checkpointable_layers=["TransformerLayerPipe"])

@@ -56,6 +56,12 @@ class PipelineEngine(DeepSpeedEngine):
         self.prev_stage, self.next_stage = self.stage_id - 1, self.stage_id + 1
         self.is_pipe_parallel = self.num_stages > 1
         self.is_data_parallel = self.grid.data_parallel_size > 1
+        pipeline = self._config.pipeline   # the ds_config's section (runtime/config_pipeline.py)
+        if self.grid.model_parallel_size > 1 and (pipeline["pipe_partitioned"] or pipeline["grad_partitioned"]):
+            raise ValueError("pipeline.pipe_partitioned / grad_partitioned with a model axis cut what stages send "
+                             "into model-parallel pieces, which minitron does not build; set both false")
+        if pipeline["activation_checkpoint_interval"] > 0:   # the config's overrides the module's own
+            self.module.activation_checkpoint_interval = pipeline["activation_checkpoint_interval"]
         if self.is_pipe_parallel:
             p2p.init_process_groups(self.grid)
         self.data_iterator, self.batch_fn = None, None
@@ -152,7 +158,12 @@ class PipelineEngine(DeepSpeedEngine):
     def _exec_load_micro_batch(self, buffer_id: int) -> None:
         inputs, labels = self._next_batch()
         if self.is_first_stage():
-            self.pipe_buffers["inputs"][buffer_id] = self._to_device(inputs)
+            loaded = self._to_device(inputs)
+            if self.module.activation_checkpoint_interval > 0:   # the reentrant checkpoint's output needs
+                for t in (loaded if isinstance(loaded, tuple) else (loaded,)):   # an input that requires grad
+                    if torch.is_tensor(t):
+                        t.requires_grad = t.is_floating_point()
+            self.pipe_buffers["inputs"][buffer_id] = loaded
         if self.is_last_stage():
             self.pipe_buffers["labels"][buffer_id] = self._to_device(labels)
 

@@ -31,6 +31,7 @@ from torch import nn
 
 from minitron import comm as dist   # as DeepSpeed's: from deepspeed import comm as dist
 from minitron.accelerator import get_accelerator
+from minitron.runtime.activation_checkpointing import checkpointing
 from minitron.runtime.pipe.partition import partition_balanced, partition_uniform
 from minitron.runtime.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid
 
@@ -69,8 +70,14 @@ def _trainable(module: nn.Module) -> int:
 
 class PipelineModule(nn.Module):
     def __init__(self, layers, num_stages: int | None = None, topology=None, loss_fn=None,
-                 partition_method: str = "parameters"):
+                 partition_method: str = "parameters", activation_checkpoint_interval: int = 0,
+                 activation_checkpoint_func=None, checkpointable_layers: list[str] | None = None):
         super().__init__()
+        # Activations of every ``interval`` layers recomputed in backward (0: none); the ds_config's
+        # pipeline.activation_checkpoint_interval overrides it when the engine is built, as in DeepSpeed
+        self.activation_checkpoint_interval = activation_checkpoint_interval
+        self.activation_checkpoint_func = activation_checkpoint_func or checkpointing.checkpoint
+        self.checkpointable_layers = checkpointable_layers
         if num_stages is None and topology is None:
             raise RuntimeError("must provide num_stages or topology")
         self.loss_fn = loss_fn
@@ -147,10 +154,30 @@ class PipelineModule(nn.Module):
         raise NotImplementedError(f"Partitioning method {method} not implemented.")
 
     def forward(self, forward_input):
+        def run(funcs):
+            def chunk(*inputs):
+                x = inputs[0] if len(inputs) == 1 else inputs   # a lone tensor travels unwrapped
+                for layer in funcs:
+                    x = layer(x)
+                return x
+            return chunk
+
+        interval = self.activation_checkpoint_interval
+        if interval <= 0:
+            return run(self.forward_funcs)(forward_input)
         x = forward_input
-        for layer in self.forward_funcs:
-            x = layer(x)
+        for start in range(0, len(self.forward_funcs), interval):
+            funcs = self.forward_funcs[start:start + interval]
+            x = x if isinstance(x, tuple) else (x,)
+            x = self.activation_checkpoint_func(run(funcs), *x) if self._is_checkpointable(funcs) else run(funcs)(*x)
         return x
+
+    def _is_checkpointable(self, funcs) -> bool:
+        """DeepSpeed's rule: the listed layer classes only, if the module lists any; else any chunk
+        holding parameters (a chunk of functions alone has nothing worth recomputing)."""
+        if self.checkpointable_layers is not None:
+            return all(f.__class__.__name__ in self.checkpointable_layers for f in funcs)
+        return any(any(True for _ in f.parameters()) for f in funcs if isinstance(f, nn.Module))
 
     # --- tied weights -------------------------------------------------------------------------
 
