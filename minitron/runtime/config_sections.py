@@ -220,10 +220,11 @@ class ZeroConfig:
     reduce_scatter: bool = True
     allgather_partitions: bool = True
     round_robin_gradients: bool = False
-    compute_grad_norm: bool = True   # these four: zero/stage_1_and_2_config.py
+    compute_grad_norm: bool = True   # these five: zero/stage_1_and_2_config.py
     use_multi_rank_bucket_allreduce: bool = True
     load_from_fp32_weights: bool = True
     ignore_unused_parameters: bool = True
+    elastic_checkpoint: bool = False
     # ZeRO-Offload / ZeRO-Infinity (zero/offload_config.py): None when not asked for
     offload_optimizer: Optional[OffloadConfig] = None
     offload_param: Optional[OffloadConfig] = None

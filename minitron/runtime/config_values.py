@@ -25,11 +25,11 @@ class DeepSpeedConfigError(ValueError):
 
 
 # Keys of DeepSpeed 0.19.8 minitron takes at their default value only, by section: at that value
-# each asks for what minitron does anyway (it loads ZeRO's fp32 partitions, resumes at the same
-# data-parallel size, keeps fp32 optimizer states...), so a config that spells the default out
-# loads; any other value asks for a behaviour minitron does not build and is refused.
+# each asks for what minitron does anyway (ZeRO's flat buffer packs parameters end to end), so a
+# config that spells the default out loads; any other value asks for a behaviour minitron does
+# not build and is refused.
 AT_DEFAULT = {
-    "zero_optimization": {"elastic_checkpoint": False, "parameter_alignment": False},
+    "zero_optimization": {"parameter_alignment": False},
 }
 
 

@@ -126,6 +126,7 @@ def configure_zero_optimizer(engine, basic, mp_group):
         optimizer.compute_grad_norm = zero.compute_grad_norm
         optimizer.use_multi_rank_bucket_allreduce = zero.use_multi_rank_bucket_allreduce
         optimizer.track_unused_parameters(not zero.ignore_unused_parameters)
+        optimizer.elastic_checkpoint = zero.elastic_checkpoint
     if isinstance(basic, (FusedLamb, OnebitAdam)) and stage == 0:
         _tell_per_tensor_optimizer(basic, optimizer, config.fp16_enabled)
     return optimizer

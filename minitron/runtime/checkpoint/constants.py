@@ -29,6 +29,7 @@ CHECKPOINT_PARALLEL_DIMS = "checkpoint_parallel_dimensions"
 # --- keys of the optimizer state ------------------------------------------------------------------
 OPTIMIZER_STATE_DICT = "optimizer_state_dict"
 BASE_OPTIMIZER_STATE = "base_optimizer_state"
+BASE_OPTIMIZER_STATE_STEP = "base_optimizer_state_step"   # elastic_checkpoint: the groups' step, apart
 SINGLE_PARTITION_OF_FP32_GROUPS = "single_partition_of_fp32_groups"   # stages 1-2, padding cut off
 FP32_FLAT_GROUPS = "fp32_flat_groups"                                 # stage 3, padding kept
 FP32_GROUPS_FLAT = "fp32_groups_flat"                                 # stage 0 at 16 bits, unpadded

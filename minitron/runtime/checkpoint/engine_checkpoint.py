@@ -74,10 +74,12 @@ def ckpt_name(engine, path: Path) -> Path:
     return path / mp
 
 
-def zero_ckpt_name(engine, path: Path) -> Path:
-    """``_get_zero_ckpt_name``: this rank's optimizer file; bf16 runs get the ``bf16_`` prefix."""
+def zero_ckpt_name(engine, path: Path, dp_rank: int | None = None) -> Path:
+    """``_get_zero_ckpt_name``: this rank's optimizer file (or data-parallel rank ``dp_rank``'s);
+    bf16 runs get the ``bf16_`` prefix."""
     prefix = C.BF16_ZERO_FILE_PREFIX if engine._config.bfloat16_enabled else C.ZERO_FILE_PREFIX
-    return path / f"{prefix}{_dp_rank(engine)}_{C.MODEL_FILE_PREFIX}{_mp_rank(engine):02d}{C.OPTIM_FILE_SUFFIX}"
+    dp_rank = _dp_rank(engine) if dp_rank is None else dp_rank
+    return path / f"{prefix}{dp_rank}_{C.MODEL_FILE_PREFIX}{_mp_rank(engine):02d}{C.OPTIM_FILE_SUFFIX}"
 
 
 # --- what the model-states file holds ----------------------------------------------------------
@@ -215,14 +217,18 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict: bool = True)
     if universal:
         return _load_universal(engine, Path(load_dir) / str(tag))
     path, stage, opt = Path(load_dir) / str(tag), engine.zero_optimization_stage(), engine.optimizer
-    _check_owner(engine, ckpt_name(engine, path), per_data_parallel_rank=stage == 3)   # before unpickling it
+    zero = engine._config.zero_config
+    elastic = zero.elastic_checkpoint and stage in (1, 2)   # every rank reads every rank's optimizer file
+    if not elastic:   # an elastic load may change the dp size, which the model file's owner records
+        _check_owner(engine, ckpt_name(engine, path), per_data_parallel_rank=stage == 3)   # before unpickling it
     state = _read(ckpt_name(engine, path), "the model states")
     if C.DS_VERSION not in state:
         raise ValueError(f"{path} is in minitron's layout from before it wrote DeepSpeed's (no ds_version in its "
                          "model-states file): save it again with this minitron, or load it with the one that wrote it")
-    if state["dp_world_size"] != engine.dp_world_size:
+    if state["dp_world_size"] != engine.dp_world_size and not elastic:
         raise ValueError(f"{path} was saved by {state['dp_world_size']} data-parallel ranks, this run has "
-                         f"{engine.dp_world_size}: ZeRO partitions do not carry over; resume with the same size")
+                         f"{engine.dp_world_size}: ZeRO partitions do not carry over; resume with the same size "
+                         "(or save and load at ZeRO stage 1-2 with zero_optimization.elastic_checkpoint)")
     if stage == 3:   # the parameters' entries are empty; their pieces come with the optimizer
         engine.module.load_state_dict({n: state["module"][n] for n in state[C.BUFFER_NAMES]}, strict=False)
     else:
@@ -232,13 +238,31 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict: bool = True)
             raise ValueError(f"{path} was saved at a ZeRO stage above 0 and this run has stage 0: "
                              "resume with the stage it was saved at")
         load_stage0_state_dict(opt, state["optimizer"], _dtype(engine))
+    elif elastic:
+        every = [_read(_owned(engine, path, r, state["dp_world_size"]), f"data-parallel rank {r}'s optimizer "
+                       "partition")[C.OPTIMIZER_STATE_DICT] for r in range(state["dp_world_size"])]
+        mine = every[_dp_rank(engine)] if _dp_rank(engine) < len(every) else every[0]
+        with pipeline_loading(stage, zero.stage3.pipeline_loading_checkpoint):   # refuses it below stage 3
+            load_zero_state_dict(opt, mine, zero.load_from_fp32_weights, every_rank=every)
     else:
         _check_owner(engine, zero_ckpt_name(engine, path), per_data_parallel_rank=True)
-        zero = engine._config.zero_config
         with pipeline_loading(stage, zero.stage3.pipeline_loading_checkpoint):   # the node's ranks in turn
             load_zero_state_dict(opt, _read(zero_ckpt_name(engine, path), "this rank's optimizer partition")
                                  [C.OPTIMIZER_STATE_DICT], zero.load_from_fp32_weights)
     return _restore_counters(engine, path, state)
+
+
+def _owned(engine, path: Path, dp_rank: int, dp_size: int) -> Path:
+    """Saved data-parallel rank ``dp_rank``'s optimizer file, its owner record checked against the
+    saving run's layout (an elastic load reads them all, at any dp size)."""
+    file = zero_ckpt_name(engine, path, dp_rank)
+    group = engine.optimizer.model_parallel_group
+    expected = owner(_mp_rank(engine), dist.get_world_size(group=group) if group is not None else 1,
+                     dp=dp_rank, dp_size=dp_size)
+    problem = owner_mismatch(file, read_owner(file), expected, f"rank {engine.global_rank}")
+    if problem:
+        raise ValueError(problem)
+    return file
 
 
 def _restore_counters(engine, path: Path, state: dict) -> tuple:

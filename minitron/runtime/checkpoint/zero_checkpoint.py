@@ -38,6 +38,8 @@ from minitron.accelerator import get_accelerator
 from minitron.ops.adam import FusedAdam
 from minitron.runtime.checkpoint import constants as C
 from minitron.runtime.checkpoint.adam_state import running_form
+from minitron.runtime.checkpoint.elastic_checkpoint import (is_elastic, lean_base_optimizer_state, restore_elastic,
+                                                            restore_own_lean)
 from minitron.runtime.checkpoint.pickles import DeepSpeedObject, deepspeed_object
 from minitron.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
@@ -107,7 +109,10 @@ def zero_state_dict(opt, names: dict) -> dict:
                 C.OPTIMIZER_STATE_DICT: opt.optimizer.state_dict(),
                 C.FP32_FLAT_GROUPS: [m.detach().clone() for m in masters]}
     bounds = [_partition_bounds(opt, i) for i in range(len(masters))]
-    return {**common, C.CLIP_GRAD: opt.clip_grad, C.BASE_OPTIMIZER_STATE: opt.optimizer.state_dict(),
+    # elastic_checkpoint: lean moments per group and the step apart (elastic_checkpoint.py)
+    base = (lean_base_optimizer_state(opt, [pad for _, _, pad in bounds]) if opt.elastic_checkpoint else
+            {C.BASE_OPTIMIZER_STATE: opt.optimizer.state_dict()})
+    return {**common, C.CLIP_GRAD: opt.clip_grad, **base,
             C.SINGLE_PARTITION_OF_FP32_GROUPS: [m.detach()[:size - pad].clone()
                                                 for m, (_, size, pad) in zip(masters, bounds)],
             C.ZERO_STAGE: opt.stage, C.GROUP_PADDINGS: [pad for _, _, pad in bounds],
@@ -118,24 +123,36 @@ def zero_state_dict(opt, names: dict) -> dict:
 
 
 @torch.no_grad()
-def load_zero_state_dict(opt, state: dict, load_from_fp32_weights: bool = True) -> None:
+def load_zero_state_dict(opt, state: dict, load_from_fp32_weights: bool = True, every_rank: list | None = None) -> None:
     """The inverse of zero_state_dict, for a file minitron or DeepSpeed wrote. The fp32 masters
     are the truth: the 16-bit (or fp32) model weights are copied from them. With
     ``zero_optimization.load_from_fp32_weights`` false, stages 1-2 take the masters from the
     model's weights instead, loaded already from the model-states file (DeepSpeed's
     _restore_from_bit16_weights): a 16-bit model's masters come back rounded to 16 bits, and
     the checkpoint's fp32 partitions are not read. DeepSpeed's stage-3 loader restores the fp32
-    pieces whatever the key says, and so does this one."""
+    pieces whatever the key says, and so does this one. ``every_rank``: every saved rank's state,
+    read with elastic_checkpoint; an elastic file is then re-cut for this run's dp size."""
     saved_count = state[C.PARTITION_COUNT]
     saved_count = max(saved_count) if isinstance(saved_count, list) else saved_count
-    if int(state[C.ZERO_STAGE]) != opt.stage or saved_count != opt.partition_count:
+    elastic = every_rank is not None and opt.stage in (1, 2) and is_elastic(state)
+    if int(state[C.ZERO_STAGE]) != opt.stage or saved_count != opt.partition_count and not elastic:
         raise ValueError(f"this checkpoint was saved at ZeRO stage {int(state[C.ZERO_STAGE])} with {saved_count} "
                          f"partitions; this run has stage {opt.stage} with {opt.partition_count}: resume with "
                          "the same stage and data-parallel size")
     three = opt.stage == 3
-    opt.optimizer.load_state_dict(running_form(opt.optimizer,
-                                              state[C.OPTIMIZER_STATE_DICT if three else C.BASE_OPTIMIZER_STATE]))
     opt.loss_scaler.load_state_dict(scaler_state(opt.loss_scaler, state[C.LOSS_SCALER]))
+    if elastic:
+        restore_elastic(opt, every_rank, load_from_fp32_weights)
+        for i in range(len(opt.single_partition_of_fp32_groups)):
+            if not load_from_fp32_weights:
+                opt.single_partition_of_fp32_groups[i].copy_(opt.parallel_partitioned_bit16_groups[i][opt.partition_id])
+            opt._publish(i)
+        return
+    if not three and is_elastic(state):   # an elastic file at the same dp size, read rigidly
+        restore_own_lean(opt, state)
+    else:
+        opt.optimizer.load_state_dict(running_form(opt.optimizer,
+                                                  state[C.OPTIMIZER_STATE_DICT if three else C.BASE_OPTIMIZER_STATE]))
     saved = state[C.FP32_FLAT_GROUPS if three else C.SINGLE_PARTITION_OF_FP32_GROUPS]
     for i, (master, part) in enumerate(zip(opt.single_partition_of_fp32_groups, saved)):
         master.zero_()                      # the padding a lean partition left out

@@ -82,6 +82,9 @@ class DeepSpeedZeroOptimizer:
     # zero_optimization.ignore_unused_parameters false: an offloaded step stops on a parameter of
     # my partition that had no gradient since the last step (track_unused_parameters)
     used = None
+    # zero_optimization.elastic_checkpoint: the optimizer file in a form any dp size can load
+    # (checkpoint/elastic_checkpoint.py)
+    elastic_checkpoint = False
 
     def __init__(self, init_optimizer: torch.optim.Optimizer, dp_process_group, stage: int, loss_scaler,
                  clip_grad: float = 0.0, model_parallel_group=None, reduce_bucket_size: int = 500_000_000,

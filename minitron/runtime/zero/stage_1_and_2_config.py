@@ -19,6 +19,11 @@ constructor, which minitron makes before any rank starts):
                                false, with offload_optimizer at stages 1-2: the step stops on a
                                parameter of the rank's partition that had no gradient (DeepSpeed
                                asserts where it sums the offloaded norm); read nowhere else
+    elastic_checkpoint (false)  true: each rank's optimizer file holds its Adam moments lean (the
+                               padding cut off, one dict per group) and the step apart, and a
+                               load reads every rank's file, glues the partitions and takes its
+                               own of the new layout (checkpoint/elastic_checkpoint.py). At
+                               stage 3 DeepSpeed only warns that it is no longer supported
     legacy_stage1 (false)      the ZeRO-1 of DeepSpeed before 0.5.9: DeepSpeed 0.19.8 raises at
                                initialize when a ZeRO stage is on, and reads it nowhere at
                                stage 0; minitron refuses it at once, there alike
@@ -29,7 +34,7 @@ from __future__ import annotations
 from minitron.runtime.config_values import DeepSpeedConfigError, model_flag
 
 KNOB_KEYS = ("compute_grad_norm", "use_multi_rank_bucket_allreduce", "load_from_fp32_weights", "legacy_stage1",
-             "ignore_unused_parameters")
+             "ignore_unused_parameters", "elastic_checkpoint")
 
 
 def parse_stage_1_and_2(zero: dict, stage: int, params: dict, offload_optimizer, where: str) -> dict:
@@ -37,7 +42,8 @@ def parse_stage_1_and_2(zero: dict, stage: int, params: dict, offload_optimizer,
     out = {"compute_grad_norm": model_flag(zero, "compute_grad_norm", True, where),
            "use_multi_rank_bucket_allreduce": model_flag(zero, "use_multi_rank_bucket_allreduce", True, where),
            "load_from_fp32_weights": model_flag(zero, "load_from_fp32_weights", True, where),
-           "ignore_unused_parameters": model_flag(zero, "ignore_unused_parameters", True, where)}
+           "ignore_unused_parameters": model_flag(zero, "ignore_unused_parameters", True, where),
+           "elastic_checkpoint": model_flag(zero, "elastic_checkpoint", False, where)}
     if model_flag(zero, "legacy_stage1", False, where) and stage > 0:
         raise DeepSpeedConfigError(f"{where}.legacy_stage1: the ZeRO stage 1 of DeepSpeed before 0.5.9, which "
                                    "0.19.8 refuses at initialize as well; remove it")
