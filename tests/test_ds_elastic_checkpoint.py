@@ -135,3 +135,17 @@ def test_what_cannot_be_cut_anew_is_refused(runs):
     assert "saved at ZeRO stage 2 with 2 partitions" in out["refused_rigid"]   # a rigid file: padded moments
     # without the key the model file's owner record already refuses the other dp size
     assert "data-parallel-size 2, not this run's 4" in out["refused_elastic"]
+
+
+def test_parameter_alignment_is_refused_where_deepspeed_reads_it():
+    from minitron.runtime.config import DeepSpeedConfig
+    from minitron.runtime.config_values import DeepSpeedConfigError
+
+    def config(stage):
+        return {"train_batch_size": 4, "zero_optimization": {"stage": stage, "parameter_alignment": True}}
+    for stage in (1, 2):   # DeepSpeedZeroOptimizer pads parameters to 16 bytes: not built
+        with pytest.raises(DeepSpeedConfigError, match="16-byte boundary"):
+            DeepSpeedConfig(config(stage), world_size=2)
+    for stage in (0, 3):   # read by no DeepSpeed code there: accepted, and ds-config says why
+        notes = DeepSpeedConfig(config(stage), world_size=2).as_dict()["no_effect"]
+        assert "no DeepSpeed code reads it" in notes["zero_optimization.parameter_alignment"]

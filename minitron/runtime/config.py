@@ -48,7 +48,7 @@ from minitron.runtime.profiling.config import parse_flops_profiler
 
 TRIAD = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 # Top-level keys minitron reads; anything else is refused, but for the keys check_keys accepts at
-# DeepSpeed's default value only (config_values.AT_DEFAULT; this file's DEFAULT_ONLY holds none).
+# DeepSpeed's default value only (check_keys' default_only; this file's DEFAULT_ONLY holds none).
 TOP_LEVEL = TRIAD + ("steps_per_print", "gradient_clipping", "fp16", "bf16", "bfloat16", "optimizer",
                      "scheduler", "zero_optimization", "checkpoint", "zero_allow_untested_optimizer",
                      "communication_data_type", "prescale_gradients", "gradient_predivide_factor",

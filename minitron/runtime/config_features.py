@@ -28,6 +28,9 @@ from typing import Optional
 from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, json_value, model_flag, model_view
 
 NO_EFFECT = {
+    "zero_optimization.parameter_alignment": "pads each parameter of a ZeRO 1-2 flat group to a 16-byte "
+                                             "boundary; at stages 0 and 3 no DeepSpeed code reads it (minitron "
+                                             "refuses true at stages 1-2: zero/stage_1_and_2_config.py)",
     "compile": "DeepCompile's passes, which DeepSpeed applies only when the program calls engine.compile() "
                "(torch.compile of the engine); minitron's engine has no compile(), so a config that leaves "
                "deepcompile false changes nothing, there or here",

@@ -24,21 +24,10 @@ class DeepSpeedConfigError(ValueError):
     """A bad ds_config value; the message is one line naming the key."""
 
 
-# Keys of DeepSpeed 0.19.8 minitron takes at their default value only, by section: at that value
-# each asks for what minitron does anyway (ZeRO's flat buffer packs parameters end to end), so a
-# config that spells the default out loads; any other value asks for a behaviour minitron does
-# not build and is refused.
-AT_DEFAULT = {
-    "zero_optimization": {"parameter_alignment": False},
-}
-
-
 def check_keys(section: dict, known: tuple, default_only: dict, where: str, model: bool = False) -> None:
-    """Refuse keys minitron does not read. ``default_only`` keys (and the section's AT_DEFAULT
-    ones) are accepted at DeepSpeed's default value only (it is what minitron does anyway), so
-    real configs that spell the default out still load. ``model``: the section is a pydantic
-    model's, whose bools are lax."""
-    default_only = {**AT_DEFAULT.get(where, {}), **default_only}
+    """Refuse keys minitron does not read. ``default_only`` keys are accepted at DeepSpeed's
+    default value only (it is what minitron does anyway), so real configs that spell the default
+    out still load. ``model``: the section is a pydantic model's, whose bools are lax."""
     for key, value in section.items():
         if key in known:
             continue

@@ -24,6 +24,13 @@ constructor, which minitron makes before any rank starts):
                                load reads every rank's file, glues the partitions and takes its
                                own of the new layout (checkpoint/elastic_checkpoint.py). At
                                stage 3 DeepSpeed only warns that it is no longer supported
+    parameter_alignment (false)
+                               true: DeepSpeed starts every parameter of a flat group but the
+                               last on a 16-byte boundary (8 elements of bf16/fp16, 4 of fp32),
+                               padding between parameters. minitron refuses it at stages 1-2
+                               (its flat buffer, buckets and checkpoint readers pack parameters
+                               end to end); at stages 0 and 3 no DeepSpeed code reads it, and
+                               neither does minitron's
     legacy_stage1 (false)      the ZeRO-1 of DeepSpeed before 0.5.9: DeepSpeed 0.19.8 raises at
                                initialize when a ZeRO stage is on, and reads it nowhere at
                                stage 0; minitron refuses it at once, there alike
@@ -34,7 +41,7 @@ from __future__ import annotations
 from minitron.runtime.config_values import DeepSpeedConfigError, model_flag
 
 KNOB_KEYS = ("compute_grad_norm", "use_multi_rank_bucket_allreduce", "load_from_fp32_weights", "legacy_stage1",
-             "ignore_unused_parameters", "elastic_checkpoint")
+             "ignore_unused_parameters", "elastic_checkpoint", "parameter_alignment")
 
 
 def parse_stage_1_and_2(zero: dict, stage: int, params: dict, offload_optimizer, where: str) -> dict:
@@ -47,6 +54,11 @@ def parse_stage_1_and_2(zero: dict, stage: int, params: dict, offload_optimizer,
     if model_flag(zero, "legacy_stage1", False, where) and stage > 0:
         raise DeepSpeedConfigError(f"{where}.legacy_stage1: the ZeRO stage 1 of DeepSpeed before 0.5.9, which "
                                    "0.19.8 refuses at initialize as well; remove it")
+    if model_flag(zero, "parameter_alignment", False, where) and stage in (1, 2):
+        raise DeepSpeedConfigError(
+            f"{where}.parameter_alignment true pads each parameter of a ZeRO 1-2 flat group to a 16-byte boundary, "
+            "which moves every parameter's offset, the partitions and the checkpoint's param_alignment_paddings; "
+            "minitron packs parameters end to end and does not build that layout: remove the key")
     if not out["compute_grad_norm"]:
         why = ("is supported only with ZeRO stage 1 or 2" if stage not in (1, 2) else
                "requires gradient_clipping 0 (clipping needs the norm)" if _clips(params) else
