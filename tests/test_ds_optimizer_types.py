@@ -34,7 +34,7 @@ def test_deepspeed_and_torch_optimizer_types_load(kind):
     ({"type": "RMSprop", "params": {"betas": [0.9, 0.99]}}, "unexpected keyword argument 'betas'"),
     ({"type": "LBFGS"}, "needs a closure"),
     ({"type": "MuAdam"}, "pip install mup"),
-    ({"type": "Muon"}, "not built in minitron"),
+    ({"type": "Muon", "params": {"per_head_muon": True}}, "per_head_muon true is not built"),   # Muon: stage 0, fp32
 ])
 def test_refusals_name_the_cause(optimizer, words):
     with pytest.raises(DeepSpeedConfigError, match=words.replace("(", r"\(")):

@@ -12,7 +12,8 @@ DeepSpeed's AttributeError. Of its own, besides Adam/Lamb:
 * Lion: FusedLion, or DeepSpeedCPULion under offload (ops/lion/: one arithmetic);
 * MuAdam, MuAdamW, MuSGD: imported from the ``mup`` package (maximal-update parametrisation),
   which DeepSpeed does not ship;
-* Muon: DeepSpeed's MuonWithAuxAdam (runtime/zero/muon/), not built in minitron (below).
+* Muon: MuonWithAuxAdam (runtime/zero/muon/): orthogonalised momentum for the matrices, Adam for
+  the rest; built at stage 0 in fp32 (``muon_refusal`` says why not beyond).
 
 Bad params are found here by building the optimizer once on a one-element parameter, so a
 misspelt key or a negative lr is one line before any process starts, not a rank's traceback.
@@ -75,9 +76,8 @@ def check(kind: str, params: dict, offload: bool) -> None:
         raise DeepSpeedConfigError(f"{where} comes from the mup package (DeepSpeed imports it from there), which is "
                                    f"not installed: pip install mup, or name another optimizer")
     if kind == "Muon":
-        raise DeepSpeedConfigError(f"{where}: DeepSpeed's MuonWithAuxAdam (runtime/zero/muon/: Newton-Schulz "
-                                   f"orthogonalised momentum for 2-D weights, Adam for the rest) is not built in "
-                                   f"minitron; use Adam, Lion, or a torch.optim optimizer")
+        _check_muon(params)
+        return
     if kind in FAILS_AT_STEP:
         raise DeepSpeedConfigError(f"{where}: DeepSpeed builds torch's {kind} and fails at the first step ("
                                    f"{FAILS_AT_STEP[kind]}); name another optimizer")
@@ -99,3 +99,37 @@ def check(kind: str, params: dict, offload: bool) -> None:
 def build(kind: str, params: list, kwargs: dict, offload: bool):
     """The optimizer over ``params``, as DeepSpeed's engine builds it: the config's params passed through."""
     return optimizer_class(kind, offload)(params, **kwargs)
+
+
+def _check_muon(params: dict) -> None:
+    """Muon's params: DeepSpeed's engine reads the keys it knows and ignores the rest, so a
+    misspelt "momentun" would silently train with 0.95; minitron names it instead."""
+    from minitron.runtime.zero.muon.muon_optimizer import ADAM_KEYS, MUON_KEYS, OTHER_KEYS
+    from minitron.runtime.zero.muon.original_muon import NS_METHODS
+    known = sorted(set(MUON_KEYS + ADAM_KEYS + OTHER_KEYS))
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise DeepSpeedConfigError(f"optimizer.params {unknown} for Muon: DeepSpeed reads none of them (it would "
+                                   f"ignore them); its keys are {known}")
+    if params.get("ns_method", "gram") not in NS_METHODS:
+        raise DeepSpeedConfigError(f"optimizer.params.ns_method {json_value(params['ns_method'])} for Muon: one of "
+                                   f"{list(NS_METHODS)}")
+    if params.get("per_head_muon", False):   # needs each attention projection's head count
+        raise DeepSpeedConfigError("optimizer.params.per_head_muon true is not built in minitron (DeepSpeed reads "
+                                   "each attention projection's head count from a Hugging Face config); drop it")
+
+
+def muon_refusal(stage: int, precision: str) -> str | None:
+    """Why Muon cannot run here at this stage/precision, or None (stage 0, fp32)."""
+    if stage >= 1:
+        # DeepSpeed orthogonalises each matrix while it fills the flat gradient partitions, and a
+        # matrix cut by a partition boundary needs the all-reduce of its whole gradient first
+        # (stage_1_and_2.average_tensor); stage 3 gathers each sub-group's matrices. Not built here.
+        return (f"optimizer.type Muon at zero_optimization.stage {stage} is not built in minitron (DeepSpeed "
+                f"orthogonalises whole matrices while it partitions the gradients, all-reducing those a "
+                f"partition splits); use stage 0")
+    if precision != "fp32":
+        # DeepSpeed's fp16 path unscales Muon's scale-free update and its BF16_Optimizer steps
+        # fp32 matrices beside bf16 ones: neither is built here
+        return f"optimizer.type Muon with {precision} is not built in minitron (it runs in fp32); disable {precision}"
+    return None

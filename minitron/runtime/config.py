@@ -212,6 +212,11 @@ class DeepSpeedConfig:
             if self.bfloat16_enabled:   # DeepSpeed steps it inside its BF16_Optimizer, which minitron lacks
                 raise DeepSpeedConfigError("optimizer.type OneBitAdam with bf16 is not built in minitron (it runs "
                                            "in fp32 and fp16); set bf16.enabled false")
+        if self.optimizer_name == "Muon":   # built at stage 0 in fp32 (basic_optimizer.muon_refusal)
+            refusal = basic_optimizer.muon_refusal(self.zero_optimization_stage, "fp16" if self.fp16_enabled
+                                                   else "bf16" if self.bfloat16_enabled else "fp32")
+            if refusal:
+                raise DeepSpeedConfigError(refusal)
         if self.zero_enabled and self.optimizer_name not in (None,) + ZERO_TESTED \
                 and not self.zero_allow_untested_optimizer:   # DeepSpeed's _do_optimizer_sanity_check
             raise DeepSpeedConfigError(f"optimizer.type {self.optimizer_name!r} is untested with ZeRO (stage "

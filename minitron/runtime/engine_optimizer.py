@@ -21,6 +21,7 @@ from minitron.runtime.fp16.onebit import OnebitAdam
 from minitron.runtime.loss_scaler import CreateLossScaler
 from minitron.runtime.lr_schedules import SCHEDULERS
 from minitron.runtime.zero.offload_config import offloaded
+from minitron.runtime.zero.muon import muon_optimizer
 from minitron.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
@@ -73,6 +74,8 @@ def configure_basic_optimizer(engine, optimizer, model_parameters) -> torch.opti
     kwargs = dict(config.optimizer_params)
     if config.optimizer_name == "SGD":     # any other torch.optim name: getattr(torch.optim, name)
         return torch.optim.SGD(params, **kwargs)
+    if config.optimizer_name == "Muon":   # tags the module's matrices, then splits the groups (zero/muon/)
+        return muon_optimizer.build(engine.module, params, kwargs)
     if config.optimizer_name not in ("Adam", "AdamW", "Lamb", "OneBitAdam"):   # Adagrad, Lion, torch's
         return basic_optimizer.build(config.optimizer_name, params, kwargs, offload)
     if config.optimizer_name == "Lamb":

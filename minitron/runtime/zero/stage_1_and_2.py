@@ -38,6 +38,7 @@ from minitron.accelerator import get_accelerator
 from minitron.runtime.gradient_reduction import GradientReduction
 from minitron.runtime.zero.alignment import NCCL_START_ALIGNMENT_FACTOR
 from minitron.runtime.zero.buckets import GradientBuckets, weakly_bound
+from minitron.runtime.zero.muon.muon_optimizer import orthogonalise_flat_gradient
 from minitron.runtime.zero.offload import ZeroOffload, state_bytes
 
 
@@ -286,6 +287,9 @@ class DeepSpeedZeroOptimizer:
             return
         for i, master in enumerate(self.single_partition_of_fp32_groups):
             self._set_grad(i, master, *prepared)
+            if self.optimizer.param_groups[i].get("use_muon"):   # stage 0 only (config.py): the whole matrices
+                orthogonalise_flat_gradient(self.optimizer, self.optimizer.param_groups[i], master,
+                                            self.bit16_groups[i])
         self.optimizer.step()
         for i, master in enumerate(self.single_partition_of_fp32_groups):
             master.grad = None
