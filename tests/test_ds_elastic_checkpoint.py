@@ -115,9 +115,10 @@ def test_another_dp_size_resumes_the_same_numbers(runs, dp):
         assert torch.equal(_glued(outs, key), _glued(saved, key))
     for out in outs:
         assert all(torch.equal(a, b) for a, b in zip(out["loaded"]["weights"], saved[0]["saved"]["weights"]))
-        # the gradient's all-reduce sums dp terms in another order: fp32 rounding, well under 1e-5
-        assert out["losses"] == pytest.approx(saved[0]["losses"], rel=1e-5)
-        assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(out["after"], saved[0]["after"]))
+        # the gradient's all-reduce sums dp terms in another order: fp32 rounding (measured: the
+        # losses equal, the weights after two steps within 1.5e-8), held to 1e-6
+        assert out["losses"] == pytest.approx(saved[0]["losses"], rel=1e-6)
+        assert all(torch.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(out["after"], saved[0]["after"]))
     assert saved[0]["losses"][0] != saved[0]["losses"][1]   # the steps after the load do move the model
 
 
