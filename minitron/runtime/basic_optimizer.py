@@ -104,8 +104,7 @@ def build(kind: str, params: list, kwargs: dict, offload: bool):
 def _check_muon(params: dict) -> None:
     """Muon's params: DeepSpeed's engine reads the keys it knows and ignores the rest, so a
     misspelt "momentun" would silently train with 0.95; minitron names it instead."""
-    from minitron.runtime.zero.muon.muon_optimizer import ADAM_KEYS, MUON_KEYS, OTHER_KEYS
-    from minitron.runtime.zero.muon.original_muon import NS_METHODS
+    from minitron.runtime.zero.muon import ADAM_KEYS, MUON_KEYS, NS_METHODS, OTHER_KEYS   # torch-free
     known = sorted(set(MUON_KEYS + ADAM_KEYS + OTHER_KEYS))
     unknown = sorted(set(params) - set(known))
     if unknown:

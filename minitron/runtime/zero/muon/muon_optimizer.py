@@ -25,14 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from minitron.runtime.zero.muon.original_muon import NS_METHODS, muon_update
-
-# Which of the config's keys each half takes (DeepSpeed's _MUON_HALF_KEYS / _ADAM_HALF_KEYS)
-MUON_KEYS = ("lr", "momentum", "weight_decay", "ns_method")
-ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
-# What the engine reads besides: the per-half lrs, the aux Adam's form, and per-head tagging
-OTHER_KEYS = ("muon_lr", "adam_lr", "adam_w_mode", "torch_adam", "foreach", "fp32_optimizer_states",
-              "per_head_muon")
+from minitron.runtime.zero.muon import ADAM_KEYS, MUON_KEYS, NS_METHODS
+from minitron.runtime.zero.muon.original_muon import muon_update
 
 
 def set_optimizer_flags(model: torch.nn.Module) -> None:

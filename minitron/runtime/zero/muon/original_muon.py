@@ -29,10 +29,10 @@ import math
 
 import torch
 
+
 # The quintic's coefficients: the largest slope at zero that still keeps every singular value
 # in a band around 1 after five rounds (Jordan's tuning).
 A, B, C = 3.4445, -4.7750, 2.0315
-NS_METHODS = ("gram", "standard")
 
 
 def ns_compute_dtype(ns_method: str, device: torch.device | str = "cpu") -> torch.dtype:
