@@ -175,7 +175,6 @@ def test_nvme_swap_files_as_deepspeed_lays_them_out(runs):
     ({"stage": 2, "offload_optimizer": {"device": "nvme"}}, "needs nvme_path"),
     ({"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}, "only supported for ZeRO stage 3"),
     ({"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}, "not built"),
-    ({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}, "not parameters"),
     ({"stage": 2, "cpu_offload": True, "offload_optimizer": {"device": "cpu"}}, "together"),
     ({"stage": 0, "offload_optimizer": {"device": "cpu"}}, "stage 1, 2 or 3"),
     ({"stage": 2, "offload_optimizer": {"device": "gpu"}}, "must be \"none\", \"cpu\" or \"nvme\""),

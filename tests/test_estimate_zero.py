@@ -168,19 +168,19 @@ def test_param_groups_are_the_optimizers():
 
 def test_offload_refusal_is_one_line(capsys, monkeypatch, tmp_path):
     """What the engine does not offload is not estimated either: the ds_config's own refusal
-    (parameters to NVMe; zero/offload_config.py)."""
+    (part of the states offloaded, ratio < 1; zero/offload_config.py)."""
     import sys
 
     from minitron.cli import main
 
     config = tmp_path / "ds.json"
     config.write_text(json.dumps({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 1, "zero_optimization":
-                                  {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}}))
+                                  {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}}))
     monkeypatch.setattr(sys, "argv", ["minitron", "estimate", "--world", "2", *MODEL, "--deepspeed-config", str(config)])
     with pytest.raises(SystemExit) as stop:
         main()
     err = capsys.readouterr().err
-    assert stop.value.code == 2 and "offload_param.device \"nvme\"" in err and len(err.strip().splitlines()) == 1, err
+    assert stop.value.code == 2 and "offload_optimizer.ratio 0.5" in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_deepspeeds_formulas_term_by_term():

@@ -15,12 +15,18 @@ e the weights' bytes and k the optimizer's moments:
                         device -> host: P x e each step when the master stays on the device
     nvme (stage 3)      a sub-group whose fp32 master is at least max(1 MiB, aio.block_size) lives
                         in 1 + k files, each padded to aio.intra_op_parallelism KiB, read and
-                        written once a step; smaller sub-groups stay in host memory
+                        written once a step; smaller sub-groups stay in host memory.
+                        offload_param nvme: the sub-groups past max_in_cpu elements (counted as
+                        swap_tensor/partitioned_param_swapper.py counts them) keep each piece
+                        of at least that floor in its own file (its e bytes, padded the same
+                        way), read before each gather of it and written once a step; those
+                        bytes leave "host"
 """
 
 from __future__ import annotations
 
 from minitron.runtime.zero.alignment import NCCL_START_ALIGNMENT_FACTOR
+from minitron.runtime.swap_tensor.partitioned_param_swapper import in_memory_sub_groups
 from minitron.runtime.zero.stage3 import sub_group_bounds
 from minitron.training.theoretical_params import DTYPE_BYTES, Param, num_microbatches, optimizer_moments, round_up
 from minitron.training.theoretical_zero import _layer_of, _modules, _recomputed, ds_config, param_groups
@@ -73,22 +79,45 @@ def offload_costs(args, plist: list[Param]) -> dict:
             out["to device"] += sum(sizes) * e
     if par:
         out["host"] += sum(sizes) * e
-        out["to device"] += _gathered_pieces(args, plist) * e
+        gathers = _gathers(args, plist)
+        out["to device"] += sum(_piece(args, p) * gathers.get(p.name, 0) for p in plist) * e
         if opt is None:
             out["to host"] += sum(sizes) * e
+        for p, file in _param_files(args, plist):
+            out["host"] -= _piece(args, p) * e
+            out["nvme"] += file
+            out["nvme read"] += file * gathers.get(p.name, 0)
+            out["nvme write"] += file
     return out
 
 
-def _gathered_pieces(args, plist: list[Param]) -> int:
-    """Elements of my pieces that the gathers of one train_step fetch (as theoretical_zero's
-    stage-3 gathers: each module before its forward and its backward, a recomputed layer once
-    more, the tied embedding again for the output layer)."""
-    dp, m = args.data_parallel_size, num_microbatches(args)
-    piece = {p.name: -(-p.numel // dp) for p in plist}
-    again, total = _recomputed(args), 0
+def _piece(args, p: Param) -> int:
+    return -(-p.numel // args.data_parallel_size)
+
+
+def _param_files(args, plist: list[Param]) -> list:
+    """(param, its swap file's bytes) of each piece offload_param nvme keeps in a file."""
+    cfg = ds_config(args)
+    zero, aio, e = cfg.zero_config, cfg.aio_config, DTYPE_BYTES[args.params_dtype]
+    if cfg.zero_optimization_stage != 3 or zero.offload_param is None or zero.offload_param.device != "nvme":
+        return []
+    subs = [[g[a:b] for a, b in sub_group_bounds([_piece(args, p) for p in g], zero.stage3.sub_group_size)]
+            for g in param_groups(plist)]
+    sizes = [[sum(_piece(args, p) for p in sub) for sub in group] for group in subs]
+    kept = in_memory_sub_groups(sizes, zero.offload_param.max_in_cpu)
+    return [(p, round_up(_piece(args, p) * e, aio.aligned_bytes))
+            for sub, in_memory in zip([sub for group in subs for sub in group], kept) if not in_memory
+            for p in sub if _piece(args, p) * e >= aio.min_swap_bytes]
+
+
+def _gathers(args, plist: list[Param]) -> dict:
+    """How often one train_step gathers each parameter (as theoretical_zero's stage-3 gathers:
+    each module before its forward and its backward, a recomputed layer once more, the tied
+    embedding again for the output layer)."""
+    m, again, out = num_microbatches(args), _recomputed(args), {}
     for name, params in _modules(plist).items():
-        mine = sum(piece[p.name] for p in params)
-        total += mine * (3 if _layer_of(name) in again else 2) * m
+        for p in params:
+            out[p.name] = (3 if _layer_of(name) in again else 2) * m
     if not args.untie_embeddings_and_output_weights:
-        total += piece["embedding.word_embeddings.weight"] * m
-    return total
+        out["embedding.word_embeddings.weight"] += m
+    return out

@@ -5,22 +5,29 @@ stand for them: DeepSpeed 0.19.8's ``zero/offload_config.py`` and the deprecatio
 What each key does here (the ZeRO optimizers read them: zero/offload.py):
 
     device        "cpu": the fp32 master, the optimizer's moments and its step live in host
-                  memory; "nvme" at stage 3 also swaps them to files under nvme_path between
-                  steps (swap_tensor/). DeepSpeed's stages 1-2 ask only "device != none", so
-                  "nvme" there is the CPU case, as here
+                  memory (offload_param: stage 3's pieces); "nvme" at stage 3 also swaps them
+                  to files under nvme_path between steps (swap_tensor/). DeepSpeed's stages
+                  1-2 ask only "device != none", so "nvme" there is the CPU case, as here
     pin_memory    host tensors are page-locked on CUDA (copies can run asynchronously); a CPU
                   rank has no device to copy to, so nothing is pinned there
     buffer_count  the swapper's pool of aligned I/O buffers (nvme): a step needs one per
-                  swapped tensor of a group, and stops with a clear line when it has fewer
+                  swapped tensor of a group (offload_param: a gather one per swapped piece
+                  it reads), and stops with a clear line when it has fewer
     ratio         < 1 offloads part of the states (stage 3 only in DeepSpeed): refused, not built
     pipeline_read, pipeline_write
                   nvme at stage 3: read the next sub-group's files while this one steps, and
                   write this one's while the next steps (swap_tensor/pipelined_optimizer_swapper.py);
                   DeepSpeed reads them only when it swaps, so with device cpu they change nothing
     super_offload the Grace-Hopper superchip's optimizer: refused, not built
-    fast_init, buffer_size, max_in_cpu
-                  act only on parameters kept on NVMe, which minitron does not build (refused
-                  below): accepted, checked, and without effect, as in DeepSpeed with device cpu
+    buffer_size, max_in_cpu
+                  offload_param nvme: the elements one swap buffer holds (a bigger piece is
+                  refused when stage 3 starts, as DeepSpeed asserts it), and the elements kept
+                  in host memory before sub-groups go to files
+                  (swap_tensor/partitioned_param_swapper.py); with device cpu they change
+                  nothing, as in DeepSpeed
+    fast_init     offload_optimizer nvme with parameters on NVMe too: DeepSpeed fills the
+                  optimizer's swap files from the parameters' buffers instead of one host
+                  copy; the same files result, so minitron accepts it and reads as without
 """
 
 from __future__ import annotations
@@ -95,9 +102,6 @@ def parse_offload_param(section: dict, where: str) -> OffloadConfig:
     out = _common(section, where, buffer_count=5)
     out.buffer_size = model_int(section, "buffer_size", out.buffer_size, where, minimum=0)
     out.max_in_cpu = model_int(section, "max_in_cpu", out.max_in_cpu, where, minimum=0)
-    if out.device == "nvme":
-        raise DeepSpeedConfigError(f"{where}.device \"nvme\": minitron swaps optimizer states to NVMe "
-                                   "(offload_optimizer), not parameters; use \"cpu\" here")
     return out
 
 

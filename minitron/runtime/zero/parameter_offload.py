@@ -53,7 +53,8 @@ class _GatherBeforeBackward(torch.autograd.Function):
 
 class DeepSpeedZeRoOffload:
     """Needs from the optimizer: ``_group_of`` (the partitioned parameters), ``coordinator``,
-    ``zeropp``, ``offload``, ``allgather_sequential`` and ``all_reduce_fetch``."""
+    ``zeropp``, ``offload``, ``allgather_sequential``, ``all_reduce_fetch`` and the parameter
+    swapping's ``param_swapper``, ``_swap_in``, ``_release_swapped`` (param_swap.py)."""
 
     def _install_hooks(self, module: torch.nn.Module) -> None:
         self._hooks = [module.register_forward_pre_hook(lambda *_: self.coordinator.reset_step())]
@@ -73,19 +74,25 @@ class DeepSpeedZeRoOffload:
         my pieces end to end go out, every rank's come back as the rows of ``full``, and
         parameter p is its column range of the rows, read row after row."""
         todo = list({id(p): p for p in params if p in self._group_of and p.ds_status != AVAILABLE}.values())
+        if self.param_swapper is not None:   # offload_param nvme: the swapped pieces from their files first
+            self._swap_in(todo)
         for dtype in dict.fromkeys(p.ds_tensor.dtype for p in todo):   # one dtype per collective
             # partition_parameters.py: coalesced (zeropp.py: hpZ's secondary pieces, qwZ's int8),
             # one by one, or one all-reduce, as the config asks; host -> device first, offloaded
             fetch([p for p in todo if p.ds_tensor.dtype == dtype], self.zeropp,
                   lambda mine: self.offload.fetch(mine, None), self.allgather_sequential, self.all_reduce_fetch)
+        self._release_swapped([p for p in todo if p.ds_persist])   # kept whole: no release will come
 
     def release(self, params: list) -> None:
         for p in params:
             if p in self._group_of:
                 if p.ds_status == AVAILABLE:
                     self.zeropp.keep_secondary(p)   # hpZ: my 1/h of the whole, for the next gathers
-                p.data = p.ds_tensor.new_empty(0)   # on the device the parameter lives on
+                # on the device the parameter lives on (a swapped piece's: the host, as "cpu")
+                p.data = torch.empty(0, dtype=p.ds_tensor.dtype,
+                                     device=self.offload.host if p.ds_tensor.is_meta else p.ds_tensor.device)
                 p.ds_status = NOT_AVAILABLE
+        self._release_swapped(params)   # offload_param nvme: the pieces read for the gather go
 
     def _fetch(self, module) -> None:
         available = lambda: sum(p.ds_numel for p in self._group_of if p.ds_status == AVAILABLE)   # noqa: E731

@@ -48,6 +48,7 @@ from minitron.runtime.swap_tensor.optimizer_swapper import PartitionedOptimizerS
 from minitron.runtime.swap_tensor.pipelined_optimizer_swapper import PipelinedOptimizerSwapper
 from minitron.runtime.zero.leaf_modules import set_leaf_modules
 from minitron.runtime.zero.offload import ZeroOffload
+from minitron.runtime.zero.param_swap import PartitionedParamSwapping
 from minitron.runtime.zero.parameter_offload import (  # noqa: F401 -- register_external_parameter re-exported
     AVAILABLE, NOT_AVAILABLE, DeepSpeedZeRoOffload, register_external_parameter,
 )
@@ -75,7 +76,7 @@ def sub_group_bounds(pieces: list, sub_group_size: int) -> list:
     return out
 
 
-class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeRoOffload, DeepSpeedZeroOptimizer):
+class DeepSpeedZeroOptimizer_Stage3(PartitionedParamSwapping, DeepSpeedZeRoOffload, DeepSpeedZeroOptimizer):
     def __init__(self, module: torch.nn.Module, init_optimizer: torch.optim.Optimizer, dp_process_group,
                  loss_scaler, clip_grad: float = 0.0, model_parallel_group=None, overlap_comm: bool = True,
                  offload_optimizer=None, offload_param=None, aio=None, zero_config=None):
@@ -115,6 +116,7 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeRoOffload, DeepSpeedZeroOptimizer
             group["params"] = [self._partition_sub_group(params[a:b], g)
                                for a, b in sub_group_bounds(pieces, sub_group_size)]
         self._nvme(offload_optimizer, aio)
+        self._nvme_params(offload_param, aio, dist.get_rank())   # param_swap.py: pieces to files
         for p in self._group_of:
             p.ds_status = AVAILABLE
             p.register_post_accumulate_grad_hook(weakly_bound(self._reduce_partition_and_release))
@@ -198,8 +200,9 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeRoOffload, DeepSpeedZeroOptimizer
 
     def _add(self, i: int, offset: int, mine: torch.Tensor) -> None:
         if i not in self.averaged_gradients:   # on the device, even when the pieces live on the host
-            flat = self.fp16_partitioned_groups_flat[i]
-            self.averaged_gradients[i] = torch.zeros(flat.shape, dtype=flat.dtype, device=self.device)
+            pieces = [p.ds_tensor for p in self.fp16_groups[i]]   # (their sizes: a swapped one is meta)
+            self.averaged_gradients[i] = torch.zeros(sum(t.numel() for t in pieces), dtype=pieces[0].dtype,
+                                                     device=self.device)
         mean = self.gradient_reduction.from_wire(mine, self.averaged_gradients[i].dtype)   # divided before the sum
         self.averaged_gradients[i][offset:offset + mine.numel()].add_(mean)
 
@@ -249,8 +252,11 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeRoOffload, DeepSpeedZeroOptimizer
 
     def _publish(self, i: int) -> None:
         # My pieces take the update; nobody gathers now: the next forward does, module by module.
-        self.offload.publish(self.single_partition_of_fp32_groups[i], self.fp16_partitioned_groups_flat[i], i,
-                             dest_on_host=self.offload.param)
+        if self.fp16_partitioned_groups_flat[i] is None:   # offload_param nvme: files and loose pieces
+            self._publish_swapped(i)
+        else:
+            self.offload.publish(self.single_partition_of_fp32_groups[i], self.fp16_partitioned_groups_flat[i], i,
+                                 dest_on_host=self.offload.param)
         # ... but for the persistent parameters, kept whole, so gathered now (DeepSpeed's _post_step);
         # hpZ's secondary pieces hold the old weights and go.
         self.zeropp.invalidate_secondary(self.fp16_groups[i])
@@ -271,7 +277,8 @@ class DeepSpeedZeroOptimizer_Stage3(DeepSpeedZeRoOffload, DeepSpeedZeroOptimizer
         return {"params": params, "grads": grads, "optimizer_states": self._optimizer_state_bytes()}
 
     def _pieces_bytes(self) -> int:
-        return sum(f.numel() * f.element_size() for f in self.fp16_partitioned_groups_flat)
+        return sum(f.numel() * f.element_size() for f in self.fp16_partitioned_groups_flat if f is not None) + \
+            self._loose_pieces_bytes()
 
     def host_bytes_held(self) -> dict:
         return {**super().host_bytes_held(), "params": self._pieces_bytes() if self.offload.param else 0}
