@@ -8,6 +8,8 @@ forward and one before its backward, and its descendants get no hooks at all. Th
 many small modules (one gather in place of many) and is needed where a module picks which
 children run (an MoE block's experts): the trace would change from pass to pass.
 
+    (the section is read, torch-free, by leaf_module_config.py)
+
     leaf_module.classes         class names, short or module-qualified (DeepSpeed's default:
                                 three Hugging Face MoE blocks, which minitron's models are not)
     leaf_module.names           module names as named_modules() gives them
@@ -26,34 +28,8 @@ import sys
 
 import torch
 
-from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, json_value
-
-DEFAULT_CLASSES = ("transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
-                   "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
-                   "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock")
-KEYS = ("classes", "names", "name_suffixes")
 MAX_LEAF = 1e9   # DeepSpeed's Z3_MAX_LEAF_SIZE: a larger leaf would hold too much at once
 CONTAINERS = tuple(torch.nn.modules.container.__all__)
-
-
-def parse_leaf_module(zero: dict, where: str) -> tuple:
-    """((classes), (names), (name_suffixes)); a string stands for a list of one, as DeepSpeed's
-    model coerces it, and repeats are dropped."""
-    section = zero.get("leaf_module")
-    if section is None:
-        return DEFAULT_CLASSES, (), ()
-    if not isinstance(section, dict):
-        raise DeepSpeedConfigError(f"{where}.leaf_module must be an object with classes, names or name_suffixes, "
-                                   f"got {json_value(section)}")
-    check_keys(section, KEYS, {}, f"{where}.leaf_module")
-    out = []
-    for key, default in zip(KEYS, (DEFAULT_CLASSES, (), ())):
-        value = section.get(key, default)
-        value = [value] if isinstance(value, str) else value
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            raise DeepSpeedConfigError(f"{where}.leaf_module.{key} must be a list of strings, got {json_value(value)}")
-        out.append(tuple(dict.fromkeys(value)))
-    return tuple(out)
 
 
 def z3_leaf_module(module: torch.nn.Module) -> bool:

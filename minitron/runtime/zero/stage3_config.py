@@ -53,7 +53,7 @@ import sys
 from dataclasses import dataclass
 
 from minitron.runtime.config_values import DeepSpeedConfigError, model_flag, model_int
-from minitron.runtime.zero.leaf_modules import DEFAULT_CLASSES, parse_leaf_module
+from minitron.runtime.zero.leaf_module_config import DEFAULT_CLASSES, parse_leaf_module
 
 INTS = {   # field: (alias, minitron's default); every one ge=0
     "prefetch_bucket_size": ("stage3_prefetch_bucket_size", 0),
