@@ -23,9 +23,8 @@ import pytest
 import torch
 
 from minitron.runtime.swap_tensor.aio_config import AioConfig
-from minitron.runtime.swap_tensor.partitioned_param_swapper import (
-    AsyncPartitionedParameterSwapper, in_memory_sub_groups,
-)
+from minitron.runtime.swap_tensor.partitioned_param_swapper import AsyncPartitionedParameterSwapper
+from minitron.runtime.zero.sub_groups import in_memory_sub_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))

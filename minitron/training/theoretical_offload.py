@@ -26,8 +26,7 @@ e the weights' bytes and k the optimizer's moments:
 from __future__ import annotations
 
 from minitron.runtime.zero.alignment import NCCL_START_ALIGNMENT_FACTOR
-from minitron.runtime.swap_tensor.partitioned_param_swapper import in_memory_sub_groups
-from minitron.runtime.zero.stage3 import sub_group_bounds
+from minitron.runtime.zero.sub_groups import in_memory_sub_groups, sub_group_bounds
 from minitron.training.theoretical_params import DTYPE_BYTES, Param, num_microbatches, optimizer_moments, round_up
 from minitron.training.theoretical_zero import _layer_of, _modules, _recomputed, ds_config, param_groups
 

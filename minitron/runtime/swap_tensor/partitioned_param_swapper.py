@@ -42,23 +42,6 @@ from minitron.runtime.swap_tensor.aio_config import AioConfig
 from minitron.trace import traced
 
 
-def in_memory_sub_groups(groups: list, max_in_cpu: int) -> list:
-    """``groups``: each param group's sub-groups' sizes (my elements). Whether each sub-group, in
-    order, stays in host memory: DeepSpeed gives group j a host buffer of what still fits under
-    ``max_in_cpu`` after the groups before it (all of the group if it fits whole), and a
-    sub-group lives in that buffer if it fits after the group's sub-groups before it."""
-    out, counted = [], 0
-    for sizes in groups:
-        total = sum(sizes)
-        room = total if counted + total <= max_in_cpu else max(0, max_in_cpu - counted)
-        room = max(room, 1)   # DeepSpeed's buffer for "no room" is torch.empty(1): one element fits
-        counted, offset = counted + total, 0
-        for size in sizes:
-            out.append(offset + size <= room)
-            offset += size
-    return out
-
-
 def swap_folder(nvme_path: str, dtype: torch.dtype, rank: int) -> str:
     return os.path.join(nvme_path, "zero_stage_3", f"{str(dtype).split('.')[1]}params", f"rank{rank}")
 

@@ -56,24 +56,8 @@ from minitron.runtime.zero.utils import assert_ints_same_as_other_ranks
 from minitron.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 from minitron.runtime.zero.zeropp import ZeroPlusPlus
 from minitron.runtime.zero.stage3_config import Stage3Config
+from minitron.runtime.zero.sub_groups import sub_group_bounds
 from minitron.trace import traced
-
-
-def sub_group_bounds(pieces: list, sub_group_size: int) -> list:
-    """DeepSpeed's _create_fp16_sub_groups over a group's parameters, given each one's piece
-    (my elements): [(first, end)] index ranges. A group whose pieces fit in ``sub_group_size``
-    stays whole; otherwise parameters are taken in order and a sub-group closes once it holds
-    that many elements, so one may exceed it by its last parameter. The estimate
-    (training/theoretical_offload.py) cuts the same way."""
-    if sub_group_size >= sum(pieces):
-        return [(0, len(pieces))]
-    out, first, numel = [], 0, 0
-    for k, piece in enumerate(pieces):
-        numel += piece
-        if numel >= sub_group_size or k == len(pieces) - 1:
-            out.append((first, k + 1))
-            first, numel = k + 1, 0
-    return out
 
 
 class DeepSpeedZeroOptimizer_Stage3(PartitionedParamSwapping, DeepSpeedZeRoOffload, DeepSpeedZeroOptimizer):
