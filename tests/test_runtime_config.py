@@ -114,7 +114,7 @@ def test_deepspeed_defaults():
     ({"train_batch_size": 8, "zero_optimization": {"stage": 4}}, "stage must be 0, 1, 2 or 3"),
     ({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "disk"}}}, "device"),
     ({"train_batch_size": 8, "zero_optimization": {"cpu_offload": True}}, "offloading the optimizer needs ZeRO"),
-    ({"train_batch_size": 8, "optimizer": {"type": "ZeroOneAdam"}}, "Adam, AdamW, Lamb, SGD, OneBitAdam"),
+    ({"train_batch_size": 8, "optimizer": {"type": "ZeroOneAdam"}}, "neither DeepSpeed's own"),
     ({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"betas": [0.9]}}}, "betas"),
     ({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"torch_adam": "yes"}}},
      "optimizer.params.torch_adam must be true or false"),

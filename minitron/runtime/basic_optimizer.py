@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 
 from minitron.runtime.config_values import DeepSpeedConfigError, json_value
+from minitron.runtime.torch_names import may_be_exported
 
 # DeepSpeed's own names beyond config_optimizer.OPTIMIZERS' (any case), in minitron's spelling
 DEEPSPEED_OWN = ("Adagrad", "Lion", "MuAdam", "MuAdamW", "MuSGD", "Muon")
@@ -46,6 +47,8 @@ def resolve(kind) -> str | None:
 
 def _torch_class(name: str):
     if name.lower() in ("adam", "adamw", "lamb", "onebitadam"):   # DeepSpeed's own win, in any case
+        return None
+    if not may_be_exported("torch.optim", name):   # a name torch lacks is refused without importing it
         return None
     import torch   # only for a config that names a torch optimizer: ds-config stays torch-free otherwise
     cls = getattr(torch.optim, name, None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 from minitron.runtime import basic_optimizer
+from minitron.runtime.torch_names import spelled_as
 from minitron.runtime.config_sections import _section, _typed_section
 from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, flag, json_value, number, \
     positive_int
@@ -90,10 +91,9 @@ def _refuse_unknown(kind) -> None:
     if isinstance(kind, str) and (kind.lower() in {n.lower() for n in own} or kind in TORCH_NAMED):
         return
     hint = ""
-    if isinstance(kind, str):
-        import torch   # only on the way to a refusal: which torch.optim name was meant
-        case = next((n for n in dir(torch.optim) if n.lower() == kind.lower()), None)
-        hint = f"; DeepSpeed looks a torch optimizer up by its exact name: write {case!r}" if case else ""
+    case = spelled_as("torch.optim", kind) if isinstance(kind, str) else None   # which torch name was meant
+    if case:
+        hint = f"; DeepSpeed looks a torch optimizer up by its exact name: write {case!r}"
     raise DeepSpeedConfigError(f"optimizer.type {json_value(kind)} is neither DeepSpeed's own ({', '.join(own)}; any "
                                f"case) nor a torch.optim optimizer{hint}")
 

@@ -115,12 +115,12 @@ def parse_scheduler(params: dict) -> tuple[Optional[str], Optional[dict]]:
     here each is refused with its name before anything runs. Per-param-group lists, which the
     constructors also take, are not read: one value for every group."""
     kind = _section(params, "scheduler").get("type")
-    if kind not in SCHEDULERS and torch_schedules.resolve(kind) is not None:   # torch's, by its exact name
+    if isinstance(kind, str) and kind not in SCHEDULERS and torch_schedules.resolve(kind) is not None:   # torch's, by its exact name
         check_keys(_section(params, "scheduler"), ("type", "params"), {}, "scheduler")
         sched = dict(_section(_section(params, "scheduler"), "params"))
         torch_schedules.check(kind, sched)   # config.py refuses it where DeepSpeed's optimizer is a wrapper
         return kind, sched
-    if "type" in _section(params, "scheduler") and kind not in SCHEDULERS:
+    if "type" in _section(params, "scheduler") and not (isinstance(kind, str) and kind in SCHEDULERS):
         torch_schedules.refuse_unknown(kind, tuple(SCHEDULERS))
     kind, sched = _typed_section(params, "scheduler", SCHEDULERS)
     if kind is None:

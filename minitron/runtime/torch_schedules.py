@@ -19,14 +19,15 @@ engine's optimizer and the config's params, unread. Two consequences a user meet
 from __future__ import annotations
 
 from minitron.runtime.config_values import DeepSpeedConfigError, json_value
+from minitron.runtime.torch_names import may_be_exported, spelled_as
 
 FAILS_AT_STEP = {"ReduceLROnPlateau": "its step() needs the metric to watch, which DeepSpeed's engine never passes"}
 
 
 def resolve(kind) -> str | None:
     """``kind`` when torch.optim.lr_scheduler has a schedule of that exact name, else None."""
-    if not isinstance(kind, str):
-        return None
+    if not isinstance(kind, str) or not may_be_exported("torch.optim.lr_scheduler", kind):
+        return None   # a name torch lacks is refused without importing it
     import torch   # only for a config whose scheduler is none of DeepSpeed's: ds-config stays torch-free
     cls = getattr(torch.optim.lr_scheduler, kind, None)
     schedules = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
@@ -36,10 +37,9 @@ def resolve(kind) -> str | None:
 def refuse_unknown(kind, own: tuple) -> None:
     """A type that is neither DeepSpeed's nor torch's: DeepSpeed's assertion, as one line."""
     hint = ""
-    if isinstance(kind, str):
-        import torch   # lazy: a ds_config is read without torch; only this hint needs it
-        case = next((n for n in dir(torch.optim.lr_scheduler) if n.lower() == kind.lower()), None)
-        hint = f"; torch's are looked up by their exact name: write {case!r}" if case else ""
+    case = spelled_as("torch.optim.lr_scheduler", kind) if isinstance(kind, str) else None
+    if case:
+        hint = f"; torch's are looked up by their exact name: write {case!r}"
     raise DeepSpeedConfigError(f"scheduler.type {json_value(kind)} is neither DeepSpeed's ({', '.join(own)}) nor a "
                                f"torch.optim.lr_scheduler schedule{hint}")
 
