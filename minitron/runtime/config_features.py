@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from minitron.runtime.config_engine import NO_EFFECT as ENGINE_NO_EFFECT
+from minitron.runtime.config_pipeline import NO_EFFECT as PIPELINE_NO_EFFECT
 from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, json_value, model_flag, model_view
 
 NO_EFFECT = {
@@ -71,8 +73,6 @@ class Features:
 
 def no_effect_notes(params: dict) -> dict:
     """The keys this config gives that DeepSpeed acts on and minitron need not: key -> why."""
-    from minitron.runtime.config_engine import NO_EFFECT as ENGINE_NO_EFFECT
-    from minitron.runtime.config_pipeline import NO_EFFECT as PIPELINE_NO_EFFECT
     notes = {key: why for key, why in ENGINE_NO_EFFECT.items() if key in params}
     for key, why in {**NO_EFFECT, **PIPELINE_NO_EFFECT}.items():
         section, _, inner = key.partition(".")

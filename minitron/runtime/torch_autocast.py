@@ -49,7 +49,7 @@ class TorchAutocastConfig:
 
     @property
     def dtype(self):
-        import torch
+        import torch   # lazy: the section is read without torch (ds-config, the launcher's checks)
         return None if self.dtype_name is None else getattr(torch, self.dtype_name)
 
     def as_dict(self) -> dict:
@@ -123,6 +123,8 @@ def warn_nested_autocast(enabled: bool) -> None:
     if _WARNED_NESTED_AUTOCAST:
         return
     _WARNED_NESTED_AUTOCAST = True
+    # lazy: this module's top is the config's reader, which stays torch-free; comm and the
+    # engine's logger (runtime/utils.py) import torch
     from minitron import comm as dist
     from minitron.runtime.utils import logger
     if dist.get_rank() != 0:
@@ -141,7 +143,7 @@ def autocast_if_enabled(config: TorchAutocastConfig, device_type: str, warn):
     """The forward's context: the section's autocast when enabled. A caller that already runs
     under torch.autocast gets the section's setting instead of its own (on when enabled, off
     when not), with one warning, as DeepSpeed does."""
-    import torch
+    import torch   # lazy: as dtype above
     outer = torch.is_autocast_enabled(device_type)
     if outer:
         warn(config.enabled)
