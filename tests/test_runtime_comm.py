@@ -124,11 +124,14 @@ def test_comm_offers_only_what_runs():
 
 def _engine_body(ckpt_dir: str):
     def body(rank):
-        for stage in (0, 1, 2, 3):
+        # ZeRO-2 twice: DeepSpeed's default all-reduces whole buckets; without
+        # use_multi_rank_bucket_allreduce each bucket is reduced onto its owners (`reduce`)
+        for stage, multi_rank in ((0, True), (1, True), (2, True), (2, False), (3, True)):
             model = toy_mlp(rank, 6, 3)
             config = {"train_batch_size": 4, "gradient_clipping": 1.0,
                       "optimizer": {"type": "Adam", "params": {"lr": 0.01}},
-                      "zero_optimization": {"stage": stage, "reduce_bucket_size": 50}}
+                      "zero_optimization": {"stage": stage, "reduce_bucket_size": 50,
+                                            "use_multi_rank_bucket_allreduce": multi_rank}}
             engine, *_ = initialize(model=model, config=config)
             x = torch.randn(2, 6, generator=torch.Generator().manual_seed(rank))
             engine.backward(engine(x).square().mean())
