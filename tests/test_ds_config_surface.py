@@ -24,11 +24,15 @@ CASES = {
     "top.fp_16=unknown": "unknown key 'fp_16'; did you mean 'fp16'",
     "comet.project=bad": "comet.project must be a string",        # DeepSpeed's CometConfig refuses it
     "zero_optimization.compute_grad_norm=default": None,          # DeepSpeed's default: what minitron does
-    "zero_optimization.compute_grad_norm=typical": "implements only true",
+    "zero_optimization.compute_grad_norm=typical": None,          # false: no norm, as DeepSpeed skips it
     "optimizer[AdamW].amsgrad=default": None,                    # FusedAdam's default: minitron's Adam
-    "optimizer[AdamW].bias_correction=typical": "implements only true",
+    "optimizer[AdamW].amsgrad=typical": "torch_adam",            # FusedAdam refuses AMSGrad: DeepSpeed's fix named
+    "optimizer[AdamW].bias_correction=typical": None,            # false: the Adam step without it, as FusedAdam's
+    "optimizer.type=MuAdam": "mup",                              # DeepSpeed imports it from mup, not installed
+    "scheduler.type=StepLR": None,                               # torch's schedule on a torch optimizer (fp32)
+    "scheduler.type=StepLR with fp16": "is not an Optimizer",    # ... on fp16's wrapper, which torch refuses
+    "zero_optimization.offload_optimizer.super_offload=typical": "Grace-Hopper",
     "comms_logger.verbose=typical": None,                        # the logger stays off: nothing asked
-    "comms_logger.enabled=typical": "comms logger is not built",
     "full ZeRO-3 bf16 offload=cpu": None,
     "full Hugging Face template (ZeRO-2, auto)": "got 'auto'",   # the Trainer fills the triad in first
     "full Hugging Face template, filled in": None,
@@ -109,7 +113,9 @@ def test_deepspeed_side(units, tmp_path):
     """DeepSpeed's verdicts on a few configs (this interpreter is DeepSpeed's: the peer runs in it)."""
     _, by_name = units
     names = ["triad batch=6,micro=2,accum=2", "top.fp_16=unknown", "comet.project=bad", "optimizer.type=Adagrad",
-             "scheduler[WarmupLR].warmup_type=bad", "optimizer[AdamW].max_grad_norm=typical"]
+             "scheduler[WarmupLR].warmup_type=bad", "optimizer[AdamW].max_grad_norm=typical", "optimizer.type=MuAdam",
+             "optimizer[AdamW].amsgrad=typical", "scheduler.type=StepLR", "scheduler.type=StepLR with ZeRO-1",
+             "scheduler.type=StepLR with bf16", "optimizer.type=RMSprop with ZeRO-1"]
     for i, name in enumerate(names):
         (tmp_path / f"{i:04d}.json").write_text(json.dumps(by_name[name]["config"]))
     got = surface.deepspeed_verdicts(sys.executable, tmp_path)
@@ -121,3 +127,12 @@ def test_deepspeed_side(units, tmp_path):
     assert verdict["optimizer.type=Adagrad"]["accepted"]
     assert verdict["scheduler[WarmupLR].warmup_type=bad"]["accepted"]   # it warns and falls back to log
     assert verdict["optimizer[AdamW].max_grad_norm=typical"]["stage"] == "initialize"
+    # what the engine's own optimizer and scheduler methods refuse, each where deepspeed.initialize does
+    refusals = {"optimizer.type=MuAdam": "MuAdam", "optimizer[AdamW].amsgrad=typical": "AMSGrad",
+                "scheduler.type=StepLR with ZeRO-1": "DeepSpeedZeroOptimizer is not an Optimizer",
+                "scheduler.type=StepLR with bf16": "FP16_UnfusedOptimizer is not an Optimizer",
+                "optimizer.type=RMSprop with ZeRO-1": "untested ZeRO Optimizer"}
+    for name, fragment in refusals.items():
+        assert (verdict[name]["accepted"], verdict[name]["stage"]) == (False, "initialize"), (name, verdict[name])
+        assert fragment in verdict[name]["reason"], (name, verdict[name])
+    assert verdict["scheduler.type=StepLR"]["accepted"]          # fp32 without ZeRO: a torch optimizer
