@@ -144,7 +144,12 @@ def autocast_if_enabled(config: TorchAutocastConfig, device_type: str, warn):
     under torch.autocast gets the section's setting instead of its own (on when enabled, off
     when not), with one warning, as DeepSpeed does."""
     import torch   # lazy: as dtype above
-    outer = torch.is_autocast_enabled(device_type)
+    try:
+        outer = torch.is_autocast_enabled(device_type)
+    except RuntimeError:   # a device type torch has no autocast for (meta): no caller's autocast to find
+        if config.enabled:
+            raise
+        outer = False
     if outer:
         warn(config.enabled)
     if config.enabled:

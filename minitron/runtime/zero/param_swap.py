@@ -56,7 +56,7 @@ class PartitionedParamSwapping:
 
     def _swap_in(self, params: list) -> None:
         """Before a gather: the swapped pieces among ``params`` into buffers."""
-        todo = [p for p in params if p.ds_tensor.is_meta]
+        todo = [p for p in params if p in self.params_swapped]
         if todo:
             self.param_swapper.swap_in(todo)
 
@@ -87,7 +87,7 @@ class PartitionedParamSwapping:
         """Host bytes of the pieces of sub-groups without a flat buffer (the swapped ones: none)."""
         return sum(p.ds_tensor.numel() * p.ds_tensor.element_size()
                    for s, flat in enumerate(self.fp16_partitioned_groups_flat) if flat is None
-                   for p in self.fp16_groups[s] if not p.ds_tensor.is_meta)
+                   for p in self.fp16_groups[s] if p not in self.params_swapped)
 
     def nvme_bytes_held(self) -> dict:
         """Bytes in this rank's swap files: the parameters' (the optimizer's states: swap_tensor/)."""

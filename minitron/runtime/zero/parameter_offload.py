@@ -88,9 +88,10 @@ class DeepSpeedZeRoOffload:
             if p in self._group_of:
                 if p.ds_status == AVAILABLE:
                     self.zeropp.keep_secondary(p)   # hpZ: my 1/h of the whole, for the next gathers
-                # on the device the parameter lives on (a swapped piece's: the host, as "cpu")
+                # on the device the parameter lives on (a swapped piece's, a meta stand-in between
+                # reads: the host, as "cpu"); asked of the swapper, as a rank's own device may be meta
                 p.data = torch.empty(0, dtype=p.ds_tensor.dtype,
-                                     device=self.offload.host if p.ds_tensor.is_meta else p.ds_tensor.device)
+                                     device=self.offload.host if p in self.params_swapped else p.ds_tensor.device)
                 p.ds_status = NOT_AVAILABLE
         self._release_swapped(params)   # offload_param nvme: the pieces read for the gather go
 
