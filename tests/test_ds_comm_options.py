@@ -47,7 +47,7 @@ def test_zero_flags_default_and_resolve():
         "stage": 2, "reduce_bucket_size": 500_000_000, "allgather_bucket_size": 500_000_000, "overlap_comm": False,
         "contiguous_gradients": True, "reduce_scatter": True, "allgather_partitions": False,
         "round_robin_gradients": True, "compute_grad_norm": True, "use_multi_rank_bucket_allreduce": True,
-        "load_from_fp32_weights": True, "ignore_unused_parameters": True}
+        "load_from_fp32_weights": True, "ignore_unused_parameters": True, "elastic_checkpoint": False}
     assert zero.communication_data_type is None and zero.gradient_predivide_factor == 1.0
 
 

@@ -67,7 +67,11 @@ def optimizer_class(kind: str, offload: bool):
         from minitron.ops.lion import DeepSpeedCPULion, FusedLion   # lazy: the ops import torch
         return DeepSpeedCPULion if offload else FusedLion
     if kind in MUP:
-        import mup   # checked to be installed by check()
+        try:
+            import mup   # lazy: an optional package, not minitron's dependency; check() found it installed
+        except ImportError:
+            raise DeepSpeedConfigError(f"optimizer.type {kind!r} comes from the mup package, which is not "
+                                       f"installed: pip install mup") from None
         return getattr(mup, kind)
     return _torch_class(kind)
 
@@ -92,7 +96,7 @@ def check(kind: str, params: dict, offload: bool) -> None:
     import torch   # lazy: a ds_config is read without torch; only a trial build of this type needs it
     cls = optimizer_class(kind, offload)
     try:
-        cls([torch.nn.Parameter(torch.zeros(1))], **params)
+        cls([torch.nn.Parameter(torch.zeros(1))], **params)   # host: a trial build before any rank, never stepped
     except (TypeError, ValueError, RuntimeError) as exc:
         # what torch's constructor says (an unexpected keyword, "Invalid learning rate: -1"), on one line
         reason = " ".join(str(exc).split())

@@ -51,7 +51,7 @@ def check(kind: str, params: dict) -> None:
         raise DeepSpeedConfigError(f"scheduler.type {kind!r}: DeepSpeed builds torch's {kind} and fails at the first "
                                    f"step ({FAILS_AT_STEP[kind]}); name another schedule")
     import torch   # lazy: a ds_config is read without torch; only a trial build of a torch schedule needs it
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1, momentum=0.9)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1, momentum=0.9)   # host: a trial build
     try:
         getattr(torch.optim.lr_scheduler, kind)(optimizer, **params)
     except (TypeError, ValueError, KeyError, ZeroDivisionError) as exc:

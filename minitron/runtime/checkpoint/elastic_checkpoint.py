@@ -63,7 +63,7 @@ def my_partition(opt, i: int, lean_parts: list) -> torch.Tensor:
     into this run's partitions: mine."""
     whole = torch.cat([p.reshape(-1).float() for p in lean_parts])
     align = NCCL_START_ALIGNMENT_FACTOR * opt.partition_count
-    padded = torch.zeros(-(-whole.numel() // align) * align, dtype=whole.dtype)
+    padded = whole.new_zeros(-(-whole.numel() // align) * align)
     padded[:whole.numel()].copy_(whole)
     size = padded.numel() // opt.partition_count
     if padded.numel() != opt.bit16_groups_flat[i].numel():

@@ -54,7 +54,7 @@ class AsyncPartitionedParameterSwapper:
         self.swap_folder = swap_folder(config.nvme_path, dtype, rank)
         shutil.rmtree(self.swap_folder, ignore_errors=True)   # DeepSpeed's: no stale files from another run
         os.makedirs(self.swap_folder, exist_ok=True)
-        self.element_size = torch.tensor([], dtype=dtype).element_size()
+        self.element_size = torch.empty(0, dtype=dtype, device="meta").element_size()   # no data: bytes per element only
         self.in_buffers: dict = {}   # ds_id -> the piece read back, while a gather holds it
 
     def swappable(self, numel: int) -> bool:
