@@ -63,6 +63,9 @@ def parse_torch_autocast(params: dict, zero_quantized_weights: bool = False) -> 
         raise DeepSpeedConfigError(f"torch_autocast must be an object, got {json_value(section)}")
     check_keys(section, ("enabled", "dtype", "lower_precision_safe_modules"), {}, "torch_autocast")
     enabled = flag(section, "enabled", False, "torch_autocast")   # read raw (get_scalar_param), as DeepSpeed
+    for key in ("dtype", "lower_precision_safe_modules"):
+        if key in section and section[key] is None:   # DeepSpeed fails on an explicit null for either
+            raise DeepSpeedConfigError(f"torch_autocast.{key} is null; leave the key out for DeepSpeed's default")
     dtype = section.get("dtype")
     if dtype is not None:
         dtype = next((d for d, names in DTYPES.items() if dtype in names), None)
