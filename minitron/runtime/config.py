@@ -19,13 +19,11 @@ what the run does not do.
 
 The yardstick is DeepSpeed 0.19.8: a value it accepts for a key minitron models is accepted here
 and resolves to the same value; anything else is refused. Its reader is hjson, not json, and
-that decides more than one might think (see ``hjson_number``).
+that decides more than one might think (``config_utils.py`` reads the file as hjson would).
 """
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -38,6 +36,7 @@ from minitron.runtime.config_optimizer import OPTIMIZERS, ZERO_TESTED, parse_opt
 from minitron.runtime.config_engine import ENGINE_KEYS, check_unmanaged, parse_engine_switches
 from minitron.runtime.config_features import no_effect_notes, parse_features
 from minitron.runtime.config_sections import SCHEDULERS, parse_precision, parse_scheduler, parse_zero
+from minitron.runtime.config_utils import load_config   # others import it from here too (checkpointing, initialize)
 from minitron.runtime.config_values import DeepSpeedConfigError, check_keys, flag, json_value, number, positive_int
 from minitron.runtime.precision_config import check_master_weights, parse_precision_options
 from minitron.runtime.monitor.config import parse_monitor
@@ -61,69 +60,6 @@ DEFAULT_ONLY: dict = {}
 REMOVED = {"sparse_gradients": "DeepSpeed 0.19.8 removed sparse compression of dense embedding gradients and "
                                "refuses the key whatever its value (an nn.Embedding(sparse=True) needs no flag); "
                                "remove it"}
-
-
-def _no_duplicate_keys(pairs):
-    seen = {}
-    for key, value in pairs:
-        if key in seen:
-            raise DeepSpeedConfigError(f"duplicate key {key!r}")
-        seen[key] = value
-    return seen
-
-
-def hjson_number(text: str) -> Union[int, float]:
-    """A JSON number with a fraction or an exponent, as DeepSpeed's reader (hjson 3.1) returns it:
-    a whole value below 1e10 becomes an int. So ``"stage": 1.0``, ``"train_batch_size": 8.0`` and
-    ``"reduce_bucket_size": 5e8`` (the form DeepSpeed's own docs use) reach DeepSpeed as 1, 8 and
-    500000000, and must here too; ``1e30`` stays a float, and 1e400 is infinite (hjson refuses
-    it, and every number check here refuses what is not finite)."""
-    value = float(text)
-    return int(value) if math.isfinite(value) and value.is_integer() and abs(value) < 1e10 else value
-
-
-def _as_hjson_reads(value):
-    """A dict given by a program, its floats made what hjson would have made of them in a file:
-    one rule for both ways in (a dict, to DeepSpeed, is taken as it is; its pydantic models
-    then turn a whole float into an int anyway, and its batch arithmetic gives the same
-    numbers)."""
-    if isinstance(value, dict):
-        return {k: _as_hjson_reads(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_as_hjson_reads(v) for v in value]
-    return hjson_number(repr(value)) if type(value) is float else value
-
-
-def load_config(config: Union[str, Path, dict]) -> dict:
-    """The config as a dict: a dict is taken as is (its floats read as hjson reads them), a path
-    is read as JSON (duplicate keys refused, as DeepSpeed refuses them)."""
-    if isinstance(config, dict):
-        try:
-            return _as_hjson_reads(config)
-        except RecursionError:
-            raise DeepSpeedConfigError("the ds_config dict is nested too deeply to be a ds_config") from None
-    path = Path(config)
-    if not path.is_file():
-        raise DeepSpeedConfigError(f"{path}: no such file; give the path of a ds_config JSON file")
-    try:
-        # Infinity and NaN are not JSON (hjson reads them as the text "Infinity"); json gives
-        # floats, which every number check below refuses by the key's name.
-        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicate_keys,
-                          parse_float=hjson_number)
-    except UnicodeDecodeError as exc:
-        raise DeepSpeedConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise DeepSpeedConfigError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    except DeepSpeedConfigError as exc:
-        raise DeepSpeedConfigError(f"{path}: {exc}") from None
-    except RecursionError:
-        raise DeepSpeedConfigError(f"{path}: nested too deeply to be a ds_config (a few levels of objects)") from None
-    except ValueError:  # Python's cap on integer digits (4300), which hjson hits too
-        raise DeepSpeedConfigError(f"{path}: a number of more than 4300 digits, which neither Python's json nor "
-                                   f"DeepSpeed's hjson reads; no ds_config value needs one") from None
-    if not isinstance(data, dict):
-        raise DeepSpeedConfigError(f"{path}: a ds_config is a JSON object, got {type(data).__name__}")
-    return data
 
 
 def resolve_batch_triad(train_batch: Optional[int], micro_batch: Optional[int],

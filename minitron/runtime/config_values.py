@@ -60,7 +60,7 @@ def json_value(value: Any) -> str:
 def positive_int(section: dict, key: str, allow_none: bool = False, where: str = "", minimum: Optional[int] = 1,
                  maximum: Optional[int] = None) -> Optional[int]:
     """A whole number read raw: a JSON integer (a file's 8.0 is one already, see
-    config.hjson_number). ``minimum`` None: the caller checks the sign (the batch triad, with
+    config_utils.hjson_number). ``minimum`` None: the caller checks the sign (the batch triad, with
     DeepSpeed's own messages)."""
     value = section.get(key)
     if value is None and allow_none:
