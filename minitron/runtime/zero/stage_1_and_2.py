@@ -27,6 +27,10 @@ A step: check every partition for Inf/NaN (an overflow skips the step on all ran
 global gradient norm (each rank's partition, squares summed over the data-parallel group), unscale
 and clip in one multiply, let the torch optimizer update my fp32 partition, copy it into my bit16
 partition, and all-gather the partitions so every rank has the whole model again.
+
+Beside this file, by concept: how the layout above is built (stage_1_and_2_layout.py), the
+unused-parameter check of ignore_unused_parameters false (stage_1_and_2_unused.py), and the
+bytes a rank holds (stage_1_and_2_memory.py); the class takes them in as mixins.
 """
 
 from __future__ import annotations
@@ -36,30 +40,12 @@ import torch
 from minitron import comm as dist   # as DeepSpeed's ZeRO: from deepspeed import comm as dist
 from minitron.accelerator import get_accelerator
 from minitron.runtime.gradient_reduction import GradientReduction
-from minitron.runtime.zero.alignment import NCCL_START_ALIGNMENT_FACTOR
-from minitron.runtime.zero.buckets import GradientBuckets, weakly_bound
+from minitron.runtime.zero.buckets import GradientBuckets
 from minitron.runtime.zero.muon.muon_optimizer import orthogonalise_flat_gradient
-from minitron.runtime.zero.offload import ZeroOffload, state_bytes
-
-
-def flatten_dense_tensors_aligned(tensors: list, alignment: int) -> torch.Tensor:
-    """The tensors end to end, zero-padded so the length is a multiple of ``alignment``, on
-    their device (the engine has moved the module there already)."""
-    numel = sum(t.numel() for t in tensors)
-    flat = torch.zeros(-(-numel // alignment) * alignment, dtype=tensors[0].dtype, device=tensors[0].device)
-    offset = 0
-    for t in tensors:
-        flat[offset:offset + t.numel()].copy_(t.detach().reshape(-1))
-        offset += t.numel()
-    return flat
-
-
-def round_robin_order(params: list, dp: int) -> list:
-    """DeepSpeed's round_robin_gradients: parameter k is dealt to pile k % dp and the piles are laid
-    end to end, so each rank's partition holds a more even share of the parameters (and of the
-    gradients reduced onto it in backward) than consecutive layers would give it. The flat
-    buffer, its partitions and a checkpoint's param_shapes all follow this order, as in DeepSpeed."""
-    return [p for pile in range(dp) for p in params[pile::dp]]
+from minitron.runtime.zero.offload import ZeroOffload
+from minitron.runtime.zero.stage_1_and_2_layout import FlatPartitionLayout
+from minitron.runtime.zero.stage_1_and_2_memory import HeldBytes
+from minitron.runtime.zero.stage_1_and_2_unused import UnusedParameterCheck
 
 
 def _has_inf_or_nan(tensor: torch.Tensor) -> torch.Tensor:
@@ -69,7 +55,7 @@ def _has_inf_or_nan(tensor: torch.Tensor) -> torch.Tensor:
     return values.isinf().logical_or(values.isnan()).any().float()
 
 
-class DeepSpeedZeroOptimizer:
+class DeepSpeedZeroOptimizer(FlatPartitionLayout, UnusedParameterCheck, HeldBytes):
     # bf16.check_grad_overflow (the engine sets it for bf16 at stages 1-2): false skips the Inf/NaN
     # check, so a non-finite gradient is stepped into the weights, as DeepSpeed does then
     check_grad_overflow = True
@@ -80,9 +66,6 @@ class DeepSpeedZeroOptimizer:
     # zero_optimization.use_multi_rank_bucket_allreduce: a bucket's gradients all-reduced in one
     # call (DeepSpeed's default), or reduced onto each owner in turn (buckets.py)
     use_multi_rank_bucket_allreduce = True
-    # zero_optimization.ignore_unused_parameters false: an offloaded step stops on a parameter of
-    # my partition that had no gradient since the last step (track_unused_parameters)
-    used = None
     # zero_optimization.elastic_checkpoint: the optimizer file in a form any dp size can load
     # (checkpoint/elastic_checkpoint.py)
     elastic_checkpoint = False
@@ -115,27 +98,8 @@ class DeepSpeedZeroOptimizer:
         self.bit16_groups, self.bit16_groups_flat = [], []
         self.parallel_partitioned_bit16_groups, self.single_partition_of_fp32_groups = [], []
         self.averaged_gradients: dict = {}   # group -> my partition's reduced gradient
-        for group in init_optimizer.param_groups:
-            params = [p for p in group["params"] if p.requires_grad]
-            if round_robin_gradients and stage >= 1:
-                params = round_robin_order(params, self.dp_world_size)
-            self.bit16_groups.append(params)
-            flat = flatten_dense_tensors_aligned(params, NCCL_START_ALIGNMENT_FACTOR * self.dp_world_size)
-            self.bit16_groups_flat.append(flat)
-            offset = 0
-            for p in params:   # the model's parameters now live inside the flat buffer
-                p.data = flat[offset:offset + p.numel()].view_as(p)
-                offset += p.numel()
-            size = flat.numel() // self.partition_count
-            partitions = [flat.narrow(0, k * size, size) for k in range(self.partition_count)]
-            self.parallel_partitioned_bit16_groups.append(partitions)
-            master = partitions[self.partition_id].detach().clone().float()
-            master = (self.offload.host_tensor(master) if self.offload.optimizer else master).requires_grad_(True)
-            self.single_partition_of_fp32_groups.append(master)
-            group["params"] = [master]   # from here on the torch optimizer sees my partition only
-            counted = torch.cat([self._counted(p).expand(p.numel()) for p in params]
-                                + [torch.zeros(flat.numel() - offset, dtype=torch.float64, device=flat.device)])
-            self.norm_mask.append(counted.narrow(0, self.partition_id * size, size))
+        for group in init_optimizer.param_groups:   # flat buffer, partitions, master (stage_1_and_2_layout.py)
+            self._partition_group(group, round_robin_gradients)
         # Stage 2 reduces in backward, bucket by bucket (buckets.py); so does stage 1 with
         # overlap_comm, in the boundary's backward only. Otherwise stages 0 and 1 reduce once,
         # after the boundary's backward. The engine sets the flag before each backward.
@@ -144,24 +108,6 @@ class DeepSpeedZeroOptimizer:
         in_backward = self.partition_gradients or self.overlap_comm
         self.buckets = GradientBuckets(self, reduce_bucket_size, self.overlap_comm) if in_backward else None
         self.reduce_bucket_size = reduce_bucket_size
-
-    def _init_model_parallel(self, model_parallel_group, model_parallel_rank: int | None = None) -> None:
-        """With tensor parallelism, each rank's gradient is a slice of some parameters and a
-        copy of the others; the norm counts a slice on every rank, a copy on tensor rank 0 only,
-        and sums over the tensor-parallel group too (DeepSpeed's get_grad_norm_direct). Under
-        a PipelineEngine that group spans the pipeline's stages as well, so the tensor rank
-        comes separately (``model_parallel_rank``), and a tied weight's second copy (marked
-        ``ds_pipe_replicated`` by the PipelineModule) is not counted again."""
-        self.model_parallel_group = model_parallel_group
-        if model_parallel_rank is None:
-            model_parallel_rank = dist.get_rank(group=model_parallel_group) if model_parallel_group else 0
-        self.model_parallel_rank = model_parallel_rank
-        self.norm_mask = []   # per group, over my partition: 1.0 where an element counts
-
-    def _counted(self, p: torch.Tensor) -> torch.Tensor:
-        counts = (getattr(p, "tensor_model_parallel", False) or self.model_parallel_rank == 0) and not getattr(
-            p, "ds_pipe_replicated", False)
-        return torch.tensor([1.0 if counts else 0.0], dtype=torch.float64, device=p.device)
 
     # --- gradients ------------------------------------------------------------------------
 
@@ -212,33 +158,6 @@ class DeepSpeedZeroOptimizer:
                 mine = wire.new_empty(size)
                 dist.reduce_scatter_tensor(mine, wire, group=self.dp_process_group)
             self.averaged_gradients[i] = reduction.from_wire(mine, flat.dtype)
-
-    def track_unused_parameters(self, on: bool) -> None:
-        """ignore_unused_parameters false. DeepSpeed checks it where it sums the offloaded norm
-        one parameter at a time (complete_grad_norm_calculation_for_cpu_offload): a parameter of
-        my partition that never received a gradient has no norm, and the step asserts. Without
-        offload nothing reads the key, there or here."""
-        if not on or not self.offload.optimizer:
-            return
-        self.used = set()
-        for params in self.bit16_groups:
-            for p in params:
-                p.register_post_accumulate_grad_hook(weakly_bound(self._mark_used))
-
-    def _mark_used(self, p: torch.Tensor) -> None:
-        self.used.add(id(p))
-
-    def _check_unused(self) -> None:
-        for i, params in enumerate(self.bit16_groups):
-            size, offset = self.bit16_groups_flat[i].numel() // self.partition_count, 0
-            mine = range(self.partition_id * size, (self.partition_id + 1) * size)
-            for p in params:
-                if id(p) not in self.used and offset < mine.stop and offset + p.numel() > mine.start:
-                    raise RuntimeError(f"a parameter of shape {tuple(p.shape)} was not used in producing the loss "
-                                       "(DeepSpeed's assertion with offload_optimizer): set zero_optimization."
-                                       "ignore_unused_parameters true, or make every trainable parameter take part")
-                offset += p.numel()
-        self.used = set()
 
     # --- the step --------------------------------------------------------------------------
 
@@ -337,28 +256,8 @@ class DeepSpeedZeroOptimizer:
             for p in params:
                 p.grad = None
 
-    # --- what a rank holds, and checkpoints -------------------------------------------------
+    # --- what the wrapped optimizer holds (the bytes a rank holds: stage_1_and_2_memory.py) ---
 
     @property
     def param_groups(self) -> list:
         return self.optimizer.param_groups
-
-    def bytes_held(self) -> dict:
-        """Bytes this rank holds: parameters (the flat buffers, padding included), gradients
-        between micro-batches, optimizer states (fp32 master + the moments)."""
-        params = sum(f.numel() * f.element_size() for f in self.bit16_groups_flat)
-        if self.partition_gradients:
-            grads = sum(g.numel() * g.element_size() for g in self.averaged_gradients.values())
-        else:
-            grads = sum(p.grad.numel() * p.grad.element_size()
-                        for ps in self.bit16_groups for p in ps if p.grad is not None)
-        return {"params": params, "grads": grads, "optimizer_states": self._optimizer_state_bytes()}
-
-    def _optimizer_state_bytes(self) -> int:
-        """On the device: the masters and moments (none of them when offloaded)."""
-        return 0 if self.offload.optimizer else state_bytes(self.optimizer, self.single_partition_of_fp32_groups)
-
-    def host_bytes_held(self) -> dict:
-        """What offloading keeps in host memory between steps (bytes_held: the device's)."""
-        states = state_bytes(self.optimizer, self.single_partition_of_fp32_groups) if self.offload.optimizer else 0
-        return {"params": 0, "optimizer_states": states}
