@@ -7,7 +7,10 @@ the parameter bytes of its units at their peak (optim_grads_params: its shards p
 gathered at once), its gradient bytes, and its optimizer state after the step (Adam's two
 moments, and the fp32 main copies of a bf16 model's pieces). Then, on every rank, these and
 the bytes and calls handed to each group kind inside that train_step equal the estimate
-exactly: in fp32, and (a stress case) in bf16 with fp32 gradients, Megatron's default.
+exactly: in fp32, and (a stress case) in bf16 with fp32 gradients, Megatron's default. A fifth
+run is optim with --overlap-grad-reduce --ddp-bucket-size 5000: the model is cut into buckets
+(the embedding alone, then the layers' parameters across layers), one unit each, as Megatron's
+_get_parameter_groups cuts it outside unit modules.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4
          "--ffn-hidden-size", "71", "--micro-batch-size", "1", "--global-batch-size", "4", "--lr", "1e-3",
          "--mock-data", "--vocab-size", "1023", "--distributed-backend", "gloo", "--clip-grad", "1.0",
          "--use-megatron-fsdp"]
+BUCKETS = ["--overlap-grad-reduce", "--ddp-bucket-size", "5000"]
+RUNS = [(strategy, []) for strategy in STRATEGIES] + [("optim", BUCKETS)]
 
 
 def _held(argv):
@@ -39,12 +44,13 @@ def _held(argv):
         from minitron.training.model_setup import setup_model_and_optimizer
         from minitron.training.training import train_step
 
-        initialize_megatron(args_defaults=ARGS_DEFAULTS, argv=argv + ["--train-iters", str(len(STRATEGIES))])
+        initialize_megatron(args_defaults=ARGS_DEFAULTS, argv=argv + ["--train-iters", str(len(RUNS))])
         get_args().iteration = get_args().consumed_train_samples = 0
         train_iter, _, _ = build_train_valid_test_data_iterators(train_valid_test_datasets_provider)
         gather, out = FSDPUnit._all_gather, []
-        for strategy in STRATEGIES:
+        for strategy, flags in RUNS:
             get_args().data_parallel_sharding_strategy = strategy
+            get_args().overlap_grad_reduce, get_args().ddp_bucket_size = (True, 5000) if flags else (False, None)
             model, optimizer, scheduler = setup_model_and_optimizer(model_provider, "encoder_or_decoder")
             fsdp, peak = model[0], [model[0].bytes_held()["params"]]
 
@@ -77,11 +83,11 @@ def test_estimate_equals_what_each_strategy_holds_and_sends(tmp_path, precision)
     except RankFailure as failure:
         raise AssertionError(f"{failure}\n{failure.log_tail(30)}") from None
     runs = load_trace(trace_dir)
-    for k, strategy in enumerate(STRATEGIES):
-        args = validate_pretrain([*argv, "--train-iters", "1", "--data-parallel-sharding-strategy", strategy], 2)
+    for k, (strategy, flags) in enumerate(RUNS):
+        args = validate_pretrain([*argv, *flags, "--train-iters", "1", "--data-parallel-sharding-strategy", strategy], 2)
         build_tokenizer(args)
         for cost in tmu.report_theoretical_memory(args):
-            where = f"{strategy} rank {cost.rank}"
+            where = f"{strategy} {' '.join(flags)} rank {cost.rank}"
             for key in ("params", "grads", "optimizer"):
                 assert held[cost.rank][k][key] == cost.memory[key], \
                     f"{where} {key}: {held[cost.rank][k][key]} held, {cost.memory[key]} estimated"
@@ -96,3 +102,5 @@ def test_estimate_equals_what_each_strategy_holds_and_sends(tmp_path, precision)
     opt = [held[0][k]["optimizer"] for k in range(4)]
     grads = [held[0][k]["grads"] for k in range(4)]
     assert opt[1] < opt[0] and grads[2] < grads[1] and held[0][3]["params"] > held[0][2]["params"]
+    # the buckets: several units, each padded, so more bytes than optim's one unit
+    assert held[0][4]["params"] > held[0][1]["params"]

@@ -2,16 +2,18 @@
 
 Megatron-FSDP decides where each parameter sits in a unit's buffer, how much padding the
 buffer gets and which part each data-parallel rank owns from the parameters' shapes alone
-(megatron_fsdp/param_and_grad_buffer.py): _get_parameter_groups makes the units (one per
-fsdp_unit_module, here the transformer layers, plus the rest), orders each unit's parameters and
-picks its chunk size; build_data_parallel_buffer_index places them and cuts the buffer. Both are
+(megatron_fsdp/param_and_grad_buffer.py): _get_parameter_groups makes the units (with
+optim_grads_params one per fsdp_unit_module, the transformer layers, plus the rest; with the other
+three strategies mcore_fsdp_adapter.py passes no unit modules, so the whole chunk is one bucket
+per kind, cut at the bucket size where there is one), orders each unit's parameters and picks its
+chunk size; build_data_parallel_buffer_index places them and cuts the buffer. Both are
 plain Python over shapes, so they run here, on minitron's own GPT modules: the same parameter
 objects in the same modules.
 
 For three small GPTs (h 32 with ffn 71, whose rows 71 and 32 make a chunk of 2272 with gaps the
 small parameters fill; the llama case of test_mcore_peer.py; 4 SequentialMLP experts) this holds,
-for optim_grads_params (Megatron's default, the one strategy whose units are the layers) and
-no_shard (nothing padded):
+for each of the four strategies, and for optim with --overlap-grad-reduce and a bucket of 5000
+elements (the embedding a bucket alone, the layers' parameters cut across layers):
 
 * minitron's FullyShardedDataParallel makes Megatron's units, parameter for parameter (its
   experts a unit of their own, as Megatron splits ".experts." parameters off);
@@ -62,13 +64,19 @@ MODELS = {  # name: (TransformerConfig fields, GPTModel arguments)
     "llama": (dict(CASES["llama"][0]), CASES["llama"][1]),
     "moe": (dict(num_moe_experts=4, moe_router_topk=2, add_bias_linear=False), {}),
 }
-STRATEGIES = ("optim_grads_params", "no_shard")
+STRATEGIES = ("optim_grads_params", "optim_grads", "optim", "no_shard")
+BUCKETED = ("optim", 5000)   # --overlap-grad-reduce --ddp-bucket-size 5000
+RUNS = [(strategy, None) for strategy in STRATEGIES] + [BUCKETED]
 DPS = (2, 3, 4)
 
 
-def _megatron(model, strategy):
-    """Megatron's units of ``model`` for ``strategy``: [(its parameters in buffer order, chunk size)]."""
-    policy = BucketingPolicy(fsdp_unit_modules=[TransformerLayer], data_parallel_sharding_strategy=strategy)
+def _megatron(model, strategy, bucket_size=None):
+    """Megatron's units of ``model`` for ``strategy``: [(its parameters in buffer order, chunk size)].
+    The unit modules as mcore_fsdp_adapter.py picks them; the bucket size as get_model resolves it
+    (None without --overlap-grad-reduce; BucketingPolicy's own default, 40M, is never the one used)."""
+    units = [TransformerLayer] if strategy == "optim_grads_params" else []
+    policy = BucketingPolicy(suggested_bucket_size=bucket_size, fsdp_unit_modules=units,
+                             data_parallel_sharding_strategy=strategy)
     groups, _, _ = _get_parameter_groups(model, policy, {})
     return [(list(g.params), g.chunk_size_factor) for g in groups]
 
@@ -93,45 +101,44 @@ def compared():
         out = {}
         for name, (fields, model_args) in MODELS.items():
             config = TransformerConfig(**{**SHAPE, **fields}, init_seed=3)
-            for strategy in STRATEGIES:
+            for strategy, bucket in RUNS:
                 model = GPTModel(config, VOCAB, SEQ, **model_args)
-                theirs = _megatron(model, strategy)   # before FSDP makes the parameters views
-                fsdp = FullyShardedDataParallel(config, model, strategy)
-                out[name, strategy] = fsdp.units, theirs
+                theirs = _megatron(model, strategy, bucket)   # before FSDP makes the parameters views
+                fsdp = FullyShardedDataParallel(config, model, strategy, bucket_size=bucket,
+                                                overlap_grad_reduce=bucket is not None)
+                out[name, strategy, bucket] = fsdp.units, theirs
         return out
     finally:
         parallel_state.destroy_model_parallel()
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.parametrize("run", RUNS)
 @pytest.mark.parametrize("name", list(MODELS))
-def test_minitron_makes_megatrons_units(compared, name):
-    ours, theirs = compared[name, "optim_grads_params"]
+def test_minitron_makes_megatrons_units(compared, name, run):
+    ours, theirs = compared[(name, *run)]
     assert sorted(sorted(map(id, u.params)) for u in ours) == sorted(sorted(map(id, params)) for params, _ in theirs)
+    layers = 2 + (name == "moe") * 2   # each layer, and an MoE layer's experts, a unit of its own
+    assert len(ours) == {"optim_grads_params": layers + 1, None: 1 + (name == "moe")}.get(run[0], len(ours))
+    if run == BUCKETED:   # cut by size: more buckets than kinds, none past the size but by its last parameter
+        assert len(ours) > 1 + (name == "moe")
+        assert all(u.numel - u.params[-1].numel() < BUCKETED[1] for u in ours)
     if name == "moe":
         assert any(u.name.endswith("(experts)") for u in ours)
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("run", RUNS)
 @pytest.mark.parametrize("name", list(MODELS))
-def test_offsets_padding_and_shards_are_megatrons(compared, name, strategy):
-    units, theirs = compared[name, strategy]
-    # no_shard: Megatron buckets by size, not by layer; the layout of each of minitron's units is
-    # still Megatron's function of its shapes, so each unit is held against that function
-    groups = theirs if strategy == "optim_grads_params" else [
-        (params, None) for params in (u.params for u in units)]
+def test_offsets_padding_and_shards_are_megatrons(compared, name, run):
+    units, theirs = compared[(name, *run)]
+    strategy = run[0]
     by_params = {frozenset(map(id, u.params)): u for u in units}
     agreed = 0
-    for params, chunk in groups:
+    for params, chunk in theirs:
         unit = by_params[frozenset(map(id, params))]
         ids = [id(p) for p in unit.params]
-        order = [ids.index(id(p)) for p in params] if chunk is not None else None
-        if chunk is None:   # Megatron's order and chunk for these parameters, taken as a group of their own
-            wrapper = torch.nn.Module()
-            wrapper.held = torch.nn.ParameterList(unit.params)
-            [(params, chunk)] = _megatron(wrapper, "no_shard")
         assert unit.index.chunk == chunk
-        assert order is None or list(unit.index.order) == order
+        assert list(unit.index.order) == [ids.index(id(p)) for p in params]
         offsets, size, _ = _megatron_index(params, chunk, strategy, 1, 0)
         assert unit.flat.numel() == size and unit.offsets == offsets
         for dp in DPS:
@@ -144,7 +151,7 @@ def test_offsets_padding_and_shards_are_megatrons(compared, name, strategy):
                     assert shard[1] - shard[0] == size // dp and (shard[1] - shard[0]) % chunk == 0
         agreed += len(params)
     assert agreed == sum(len(u.params) for u in units)
-    if name == "gpt-ffn71" and strategy == "optim_grads_params":   # the chunk is lcm(71, 32): gaps and padding
+    if name == "gpt-ffn71" and run == ("optim_grads_params", None):   # the chunk is lcm(71, 32): gaps and padding
         layer = next(u for u in units if u.name.endswith("layers.0"))
         assert layer.index.chunk == math.lcm(71, 32) and layer.flat.numel() > layer.numel
 
@@ -161,7 +168,7 @@ def test_random_shapes_are_laid_out_as_megatron_lays_them():
         module = torch.nn.Module()   # a unit of these shapes, on the meta device: shapes only
         module.held = torch.nn.ParameterList(torch.nn.Parameter(torch.empty(s, device="meta")) for s in shapes)
         position = {id(p): i for i, p in enumerate(module.held)}
-        for strategy in STRATEGIES:
+        for strategy in ("optim_grads_params", "no_shard"):   # the layout tells only sharded from not
             [(params, chunk)] = _megatron(module, strategy)
             for dp in (1, *DPS):
                 ours = build_buffer_index(shapes, dp, strategy != "no_shard")

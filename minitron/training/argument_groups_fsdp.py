@@ -65,11 +65,13 @@ def validate_fsdp_args(args) -> None:
             "optim_grads_params", "--outer-dp-sharding-strategy optim needs --data-parallel-sharding-strategy "
             "optim_grads_params (Megatron's rule)")
     # Megatron-FSDP overlaps its gathers and reductions with compute under these; minitron's units
-    # gather and reduce when needed, computing the same, so the header says so.
+    # gather and reduce when needed, computing the same, so the header says so. (--overlap-grad-reduce
+    # also sizes the buckets outside unit modules, as Megatron's does: that part minitron follows.)
     notes = [f"{given} (with {flag}): overlaps Megatron-FSDP's collectives with compute; minitron's units "
              "gather and reduce when they are needed, the same numbers"
-             for given, on in (("--overlap-grad-reduce", args.overlap_grad_reduce),
-                               ("--overlap-param-gather", args.overlap_param_gather)) if on]
+             + (" (its buckets of --ddp-bucket-size elements are cut as Megatron cuts them)" if grad else "")
+             for given, on, grad in (("--overlap-grad-reduce", args.overlap_grad_reduce, True),
+                                     ("--overlap-param-gather", args.overlap_param_gather, False)) if on]
     if args.outer_dp_sharding_strategy != "no_shard":   # as --num-distributed-optimizer-instances' note says
         notes.append("--outer-dp-sharding-strategy optim: Hybrid FSDP's sharding across its outer data-parallel "
                      "groups; minitron's units shard over all data-parallel ranks, the same step")

@@ -91,8 +91,10 @@ def get_model(model_provider_func, model_type, wrap_with_ddp: bool = True):
                                          rebuild=build if meta else None,
                                          main_params_dtype=args.megatron_fsdp_main_params_dtype,
                                          main_grads_dtype=args.megatron_fsdp_main_grads_dtype,
-                                         grad_comm_dtype=args.megatron_fsdp_grad_comm_dtype)
-                for chunk, build in zip(model, builders)]
+                                         grad_comm_dtype=args.megatron_fsdp_grad_comm_dtype,
+                                         bucket_size=args.ddp_bucket_size, overlap_grad_reduce=args.overlap_grad_reduce,
+                                         disable_bucketing=i > 0)
+                for i, (chunk, build) in enumerate(zip(model, builders))]
     if args.use_torch_fsdp2:   # torch's own FSDP2 wraps each chunk instead (Megatron's torch_FSDP)
         # lazy, as DDP below; and torch.distributed.tensor, which it loads, costs seconds
         from minitron.core.distributed.torch_fully_sharded_data_parallel import TorchFullyShardedDataParallel

@@ -1,9 +1,11 @@
 """What Megatron-FSDP (--use-megatron-fsdp) holds and sends per rank, from the arguments alone.
 
-The units are core/distributed/fsdp's, per model chunk: each transformer layer (with, beside
-it, a unit of its experts cut over the expert-data-parallel group, and one of its fp8 weights
-under --fp8-param-gather), the tied embedding where two pipeline stages hold it, and the rest
-of the chunk (embedding, final norm, output layer). A unit over a group of g ranks is laid
+The units are core/distributed/fsdp's, per model chunk: with optim_grads_params each transformer
+layer (with, beside it, a unit of its experts cut over the expert-data-parallel group, and one
+of its fp8 weights under --fp8-param-gather); the tied embedding where two pipeline stages hold
+it; and the rest (embedding, final norm, output layer; with the other strategies every
+parameter), one unit per kind (dense, experts, fp8), cut at DDP's bucket size with
+--overlap-grad-reduce. A unit over a group of g ranks is laid
 out as core/distributed/fsdp/buffer_index.py lays it out, from each parameter's elements and row
 width: P elements, chunk gaps and end padding included (sharded: a multiple of g chunks; no_shard:
 no padding), cut into g shards of S = P/g, of which rank r owns [r*S, (r+1)*S) and steps the
@@ -34,7 +36,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from minitron.core.distributed.fsdp.buffer_index import BufferIndex, build_buffer_index
+from minitron.core.distributed.distributed_data_parallel_config import resolve_bucket_size
+from minitron.core.distributed.fsdp.buffer_index import BufferIndex, build_buffer_index, parameter_buckets
 from minitron.training.theoretical_fp8 import _is_quantized_weight
 from minitron.training.theoretical_moe import expert_data_parallel_size, has_experts
 from minitron.training.theoretical_params import DTYPE_BYTES, _flag, chunks_of, model_params, num_microbatches, \
@@ -67,13 +70,15 @@ def _fp8(args, p) -> bool:
 
 
 def fsdp_units(args, pp_rank: int = 0, chunk: int = 0) -> list[Unit]:
-    """The chunk's units in the wrapper's order: per layer its dense, fp8 and expert units;
-    then the tied embedding; then the rest."""
+    """The chunk's units in the wrapper's order: with optim_grads_params per layer its dense, fp8
+    and expert units; then the rest in buckets by kind (every parameter, with the other
+    strategies); then the tied embedding."""
     layers: dict[str, list] = {}
     tied, rest = [], []
     split = args.pipeline_model_parallel_size > 1 and not args.untie_embeddings_and_output_weights
+    per_layer = args.data_parallel_sharding_strategy == "optim_grads_params"
     for p in model_params(args, pp_rank, chunk):
-        found = _LAYER.match(p.name)
+        found = _LAYER.match(p.name) if per_layer else None
         if found:
             layers.setdefault(found.group(1), []).append(p)
         elif split and p.shared_embedding:
@@ -88,8 +93,16 @@ def fsdp_units(args, pp_rank: int = 0, chunk: int = 0) -> list[Unit]:
                 label = name + (" (experts)" if expert else "") + (" (fp8)" if fp8 else "")
                 if mine:
                     units.append(Unit(label, mine, expert, fp8, name))
+    # the wrapper's rule (fully_sharded_data_parallel.py): DDP's bucket size, sized from dense dp
+    size = resolve_bucket_size(getattr(args, "ddp_bucket_size", None), getattr(args, "overlap_grad_reduce", False),
+                               _dp(args), disable_bucketing=pp_rank > 0 or chunk > 0)
+    kinds = [(p.expert, _fp8(args, p)) for p in rest]
+    buckets = parameter_buckets(kinds, [p.numel for p in rest], size)
+    for n, ((expert, fp8), members) in enumerate(buckets):
+        label = REST + (f" {n}" if sum(key == (expert, fp8) for key, _ in buckets) > 1 else "")
+        label += (" (experts)" if expert else "") + (" (fp8)" if fp8 else "")
+        units.append(Unit(label, tuple(rest[i] for i in members), expert, fp8, None))
     units += [Unit(TIED, tuple(tied), False, False, None)] if tied else []
-    units += [Unit(REST, tuple(rest), False, False, None)] if rest else []
     return units
 
 

@@ -112,3 +112,26 @@ def build_buffer_index(shapes, dp: int, sharded: bool = True) -> BufferIndex:
         end += numel[j]
     size = -(-end // (dp * chunk)) * dp * chunk if sharded else end
     return BufferIndex(tuple(order), chunk, tuple(offsets), size, dp, sharded)
+
+
+def parameter_buckets(keys, numels, bucket_size: int | None) -> list[tuple[object, list[int]]]:
+    """Megatron-FSDP's buckets of parameters that belong to no unit module (_get_parameter_groups):
+    [(key, indices into ``keys``)]. Parameters of one kind (``keys[i]``: Megatron's dtype and
+    expert-or-not) go together in the module's order, whatever lies between them; a bucket closes
+    after the parameter that brings it to ``bucket_size`` elements or more. None: one bucket per
+    kind, as Megatron's bucket size is None without --overlap-grad-reduce."""
+    kinds: dict = {}   # insertion order: kinds in the order their first parameter comes
+    for i, key in enumerate(keys):
+        kinds.setdefault(key, []).append(i)
+    buckets = []
+    for key, members in kinds.items():
+        bucket, size = [], 0
+        for i in members:
+            bucket.append(i)
+            size += numels[i]
+            if bucket_size and size >= bucket_size:
+                buckets.append((key, bucket))
+                bucket, size = [], 0
+        if bucket:
+            buckets.append((key, bucket))
+    return buckets

@@ -12,8 +12,11 @@ whole only while their unit runs:
                          into each rank's shard and free the unit
 
 So at any moment a rank holds its shards plus the one or two units that run. The units are
-the transformer layers and the rest of the chunk (embedding, final norm, output layer), as
-Megatron's default ``fsdp_unit_modules`` are the layers.
+Megatron-FSDP's buckets (its _get_parameter_groups): with ``optim_grads_params`` each transformer
+layer (Megatron's default ``fsdp_unit_modules``) and the rest of the chunk (embedding, final
+norm, output layer); with ``no_shard``, ``optim`` and ``optim_grads`` there are no unit modules,
+and the whole chunk is one bucket per kind of parameter, cut at DDP's bucket size only with
+--overlap-grad-reduce: a small model reduces its gradients in one collective, as Megatron does.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from contextlib import contextmanager
 import torch
 
 from minitron.core import parallel_state
+from minitron.core.distributed.distributed_data_parallel_config import resolve_bucket_size
+from minitron.core.distributed.fsdp.buffer_index import parameter_buckets
 from minitron.core.distributed.fsdp.finalize import sum_partial_pieces_over_tp, sum_tied_embedding_pieces_over_stages
 from minitron.core.distributed.fsdp.meta_init import MetaMaterializer
 from minitron.core.distributed.fsdp.unit import FSDPUnit
@@ -54,7 +59,8 @@ class FullyShardedDataParallel(MegatronModule):
 
     def __init__(self, config, module: torch.nn.Module, strategy: str, broadcast_from_src: bool = False,
                  grad_reduce_in_fp32: bool = False, rebuild=None, main_params_dtype: str = "fp32",
-                 main_grads_dtype: str = "auto", grad_comm_dtype: str = "auto"):
+                 main_grads_dtype: str = "auto", grad_comm_dtype: str = "auto", bucket_size: int | None = None,
+                 overlap_grad_reduce: bool = False, disable_bucketing: bool = False):
         super().__init__(config)
         self.module = module
         self.strategy = strategy
@@ -66,25 +72,39 @@ class FullyShardedDataParallel(MegatronModule):
         # their own. The scale is 1/dp for both, as DDP's.
         expert_group = parallel_state.get_expert_data_parallel_group() \
             if any(not getattr(p, "allreduce", True) for p in module.parameters()) else None
-        # Each layer's parameters, then the rest: the layers' modules, and the chunk itself.
-        unit_modules = [(name, m) for name, m in module.named_modules() if isinstance(m, TransformerLayer)]
-        taken: set = set()
-        plan = []   # (unit name, the module whose forward gathers it, its parameters, its group)
-        for name, m in unit_modules:
-            params = [p for p in m.parameters() if p.requires_grad and p not in taken]
-            taken.update(params)
-            plan.append((name, m, [p for p in params if getattr(p, "allreduce", True)], self.dp_cp_group))
-            plan.append((name + " (experts)", m, [p for p in params if not getattr(p, "allreduce", True)],
-                         expert_group))
         # With pipeline stages the tied embedding lives on the first and the last stage, and the
         # two copies' gradients are summed piece by piece (finish_grad_sync): a unit of its own
-        # gives it the same shards on both stages.
+        # gives it the same shards on both stages (Megatron gives it a bucket of its own too).
         tied = self._tied_embedding(module)
-        if tied is not None:
-            taken.add(tied)
-            plan.append(("(tied embedding)", module, [tied], self.dp_cp_group))
+        # DDP's bucket size (a first chunk of the first stage, with --overlap-grad-reduce; else None)
+        bucket_size = resolve_bucket_size(bucket_size, overlap_grad_reduce, dp, disable_bucketing or
+                                          parallel_state.get_pipeline_model_parallel_rank() > 0)
+        taken: set = {tied} if tied is not None else set()
+        plan = []   # (unit name, the module whose forward gathers it, its parameters, its group)
+        if strategy == "optim_grads_params":
+            # Each layer's parameters, then the rest: Megatron's default fsdp_unit_modules are the
+            # layers, gathered one at a time (mcore_fsdp_adapter.py)
+            for name, m in module.named_modules():
+                if not isinstance(m, TransformerLayer):
+                    continue
+                params = [p for p in m.parameters() if p.requires_grad and p not in taken]
+                taken.update(params)
+                plan.append((name, m, [p for p in params if getattr(p, "allreduce", True)], self.dp_cp_group))
+                plan.append((name + " (experts)", m, [p for p in params if not getattr(p, "allreduce", True)],
+                             expert_group))
+        # The rest, and with the other strategies everything: Megatron has no unit modules there
+        # (nothing is gathered per layer), so parameters go into buckets as DDP's do, by kind
+        # (dense or expert, fp8 or not) and up to bucket_size elements (buffer_index.py).
         rest = [p for p in module.parameters() if p.requires_grad and p not in taken]
-        plan.append(("(rest)", module, rest, self.dp_cp_group))
+        kinds = [(getattr(p, "allreduce", True), is_fp8_param(p)) for p in rest]
+        buckets = parameter_buckets(kinds, [p.numel() for p in rest], bucket_size)
+        for n, ((dense, fp8), members) in enumerate(buckets):
+            # "(rest)", or "(rest 0)", "(rest 1)", ... where a kind fills several buckets
+            name = "(rest)" + (f" {n}" if sum(key == (dense, fp8) for key, _ in buckets) > 1 else "")
+            plan.append((name if dense else name + " (experts)", module, [rest[i] for i in members],
+                         self.dp_cp_group if dense else expert_group))
+        if tied is not None:
+            plan.append(("(tied embedding)", module, [tied], self.dp_cp_group))
         # --fp8-param-gather: a unit's fp8 weights get a unit of their own beside it, gathered by
         # the same module's hooks, as Megatron-FSDP keeps one buffer per dtype (unit.py).
         plan = [(name + " (fp8)" if fp8 else name, m, [p for p in params if is_fp8_param(p) == fp8], group)
