@@ -44,9 +44,10 @@ def test_committed_file_is_the_scripts_runs():
 
 
 def fsdp_units() -> list[list[tuple]]:
-    """The shapes in each of Megatron-FSDP's units of compare.MODEL: one unit per layer (qkv,
-    proj, fc1, fc2, their biases, two layernorms) and "the rest" (both embeddings, the final
-    norm, the untied output layer). Written from the GPT's structure, not from the estimate."""
+    """The shapes in each of Megatron-FSDP's optim_grads_params units of compare.MODEL: one unit
+    per layer (qkv, proj, fc1, fc2, their biases, two layernorms) and "the rest" (both
+    embeddings, the final norm, the untied output layer). Written from the GPT's structure, not
+    from the estimate. The other strategies have no unit modules: the model is one unit."""
     flag = dict(zip(compare.MODEL, compare.MODEL[1:]))
     h, seq, layers = int(flag["--hidden-size"]), int(flag["--seq-length"]), int(flag["--num-layers"])
     vocab = -(-int(flag["--vocab-size"]) // 128) * 128   # padded as Megatron pads it (1023 -> 1024)
@@ -63,14 +64,22 @@ def test_committed_figures_are_what_sharding_promises():
     # DeepSpeed keeps an fp32 master copy even then (three fp32 numbers per parameter).
     assert ddp == {"params": 4 * n, "grads": 4 * n, "optimizer": 8 * n}
     # Megatron-FSDP pads each unit to a multiple of dp x its chunk (its widest row: fc2's 256 in
-    # a layer, 64 in the rest): 49,984 -> 51,200 elements a layer (1,216 of padding), 133,248 ->
-    # 133,632 the rest (384). Its buffers are that size on every rank, 338,432 elements, and a
-    # shard is 1/dp of it, 42,304 elements: all real on rank 0, as the padding ends each unit.
-    index = [build_buffer_index(shapes, dp) for shapes in fsdp_units()]
-    pad = [i.size - sum(math.prod(s) for s in shapes) for i, shapes in zip(index, fsdp_units())]
+    # a layer and in the whole model, 64 in the rest). optim_grads_params: 49,984 -> 51,200
+    # elements a layer (1,216 of padding), 133,248 -> 133,632 the rest (384), 338,432 in all, a
+    # shard 42,304. optim and optim_grads, one unit in the module's order: 333,184 -> 333,824
+    # (640), a shard 41,728. Buffers are that size on every rank, and the padding ends each unit,
+    # so rank 0's shard is all real.
+    units = fsdp_units()
+    index = [build_buffer_index(shapes, dp) for shapes in units]
+    pad = [i.size - sum(math.prod(s) for s in shapes) for i, shapes in zip(index, units)]
     assert pad == [1216] * 4 + [384]
     padded, shard = sum(i.size for i in index), sum(i.shard_size for i in index)
     assert (padded, shard) == (n + sum(pad), (n + sum(pad)) // dp) == (338_432, 42_304)
+    single = build_buffer_index(units[-1][:2] + [s for layer in units[:-1] for s in layer] + units[-1][2:], dp)
+    assert (single.size, single.shard_size) == (n + 640, (n + 640) // dp) == (333_824, 41_728)
+    layouts = {"FSDP optim": (single.size, single.shard_size, 640),
+               "FSDP optim_grads": (single.size, single.shard_size, 640),
+               "FSDP optim_grads_params": (padded, shard, sum(pad))}
     # Elsewhere, what each shards is 1/dp of the whole up to the padding that makes equal
     # partitions (at most 2 x dp elements a flat buffer, one element a ZeRO-3 parameter).
     slack = 4 * 2 * dp * 16
@@ -89,10 +98,11 @@ def test_committed_figures_are_what_sharding_promises():
             ("FSDP optim", {"optimizer": 8}, {"params": 4, "grads": 4}),
             ("FSDP optim_grads", {"optimizer": 8, "grads": 4}, {"params": 4}),
             ("FSDP optim_grads_params", {"optimizer": 8, "grads": 4, "params": 4}, {})]:
-        assert rank0(name) == {**{k: per * shard for k, per in sharded.items()},
-                               **{k: per * padded for k, per in whole.items()}}, name
+        size, piece, padding = layouts[name]
+        assert rank0(name) == {**{k: per * piece for k, per in sharded.items()},
+                               **{k: per * size for k, per in whole.items()}}, name
         # The last rank's shard holds the padding, and Adam keeps state for real elements only.
-        assert ROWS[name]["ranks"][-1]["step"]["optimizer"] == 8 * (shard - sum(pad)), name
+        assert ROWS[name]["ranks"][-1]["step"]["optimizer"] == 8 * (piece - padding), name
     # optim_grads_params at its peak: its shards, and the rest unit and one layer gathered whole.
     assert ROWS["FSDP optim_grads_params"]["ranks"][0]["peak_params"] == 4 * (shard + index[-1].size + index[0].size)
     # Parameters sharded: the peak holds the gathered units/modules on top of the step's bytes.
