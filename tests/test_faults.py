@@ -91,7 +91,10 @@ def test_ctrl_c_stops_preprocess_workers_and_cleans_up(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.Popen([MINITRON, "preprocess", "--input", str(corpus), "--output-prefix", str(out),
                              "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True,
+                            # a suite run as a background job ignores SIGINT, and its children inherit
+                            # that: give this one a terminal's default, as test_cli_flags does
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     _wait_for(lambda: any(".bin.tmp" in p.name for p in tmp_path.iterdir()) or proc.poll() is not None)
     time.sleep(0.5)  # the workers are tokenizing now
     assert proc.poll() is None, "finished before it could be interrupted: make the corpus larger"

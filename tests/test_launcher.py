@@ -141,8 +141,10 @@ def test_processes_a_fake_rank_started_end_with_the_play(tmp_path, fails):
 
 
 def test_ctrl_c_in_the_parent_stops_every_rank(out):
+    # (a suite run as a background job ignores SIGINT, and children inherit that: the default back)
     parent = subprocess.Popen([sys.executable, str(HERE / "_launch_and_wait.py"), str(out)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while not all((out / f"rank{r}.json").exists() for r in range(4)):
