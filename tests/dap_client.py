@@ -188,7 +188,9 @@ def demo() -> int:
                            stderr=subprocess.STDOUT,
                            # Eager gloo connections: new_group itself then waits for every member,
                            # which is what this session shows (the launcher's default is lazy).
-                           env={**os.environ, "COLUMNS": "200", "TORCH_GLOO_LAZY_INIT": "0"})
+                           env={**os.environ, "COLUMNS": "200", "TORCH_GLOO_LAZY_INIT": "0"},
+                           # Ctrl-C stops it at the end: SIGINT's default, even under a background run
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         while "waiting for a debugger" not in terminal.read_text():
             assert job.poll() is None, terminal.read_text()
