@@ -21,6 +21,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # the offload script beside this one, from any cwd
+from show_offload_bytes import model  # noqa: E402 (chapter 14c's MLP: the same one, swapped to files here)
+
 JSON = Path(__file__).resolve().parent.parent / "docs" / "examples" / "param_swap.json"
 STEPS = 3
 NVME = {"device": "nvme", "nvme_path": "NVME", "max_in_cpu": 0}
@@ -31,13 +34,6 @@ CASES = {"cpu": {"offload_param": {"device": "cpu"}},
 LABELS = {"cpu": "cpu", "nvme": "nvme, max_in_cpu 0", "nvme_default": "nvme, max_in_cpu 1e9",
           "both_nvme": "nvme + optimizer nvme"}
 SWAPS = ("AsyncPartitionedParameterSwapper.swap_in", "AsyncPartitionedParameterSwapper.swap_out")
-
-
-def model():
-    import torch
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 512), torch.nn.Tanh(), torch.nn.LayerNorm(512),
-                               torch.nn.Linear(512, 1024), torch.nn.Tanh(), torch.nn.Linear(1024, 4))
 
 
 def _body(root: str):
