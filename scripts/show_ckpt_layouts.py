@@ -4,6 +4,8 @@
     python scripts/show_ckpt_layouts.py           # saved at tp 2 x pp 2; bytes each rank of
                                                   # tp 1 x pp 2 and of tp 4 x pp 1 reads, per file
     python scripts/show_ckpt_layouts.py --svg     # the same as a picture (stdout)
+    python scripts/show_ckpt_layouts.py --svg-out reads.svg   # the table, and the picture
+                                                  # written to reads.svg, from the same runs
 
 A small GPT (4 layers, SwiGLU) is saved by 4 forked gloo ranks at tp 2 x pp 2, then loaded
 at each other layout by as many ranks; every rank reports DCP's plan: which stored chunks it
@@ -101,11 +103,22 @@ def reads(where: Path) -> dict[str, dict[str, int]]:
     return rows
 
 
+def picture(rows: dict[str, dict[str, int]]) -> str:
+    """The bytes each reading rank reads, one bar per rank, split by the file's writer (SVG)."""
+    from minitron.cli.views.svg_curves import bars_svg
+
+    named = {row: {f"written by rank {f.split('_')[2]}": n for f, n in files.items()}
+             for row, files in rows.items()}
+    return bars_svg(named, heading=f"bytes each rank reads of one tp {SAVED[0]} × pp {SAVED[1]} checkpoint")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layer", action="store_true", help="print layer 0's sharded state dict")
     parser.add_argument("--svg", action="store_true", help="print the bytes read as an SVG picture")
     parser.add_argument("--json", action="store_true", help="print the bytes read as JSON")
+    # The chapter shows the table and the picture: one set of 12 ranks for both, not two.
+    parser.add_argument("--svg-out", type=Path, metavar="FILE", help="also write the picture to FILE")
     options = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(tmp)
@@ -114,14 +127,12 @@ def main(argv: list[str] | None = None) -> None:
             return
         rows = reads(where)
         stored = sum(p.stat().st_size for p in where.glob("__*_0.distcp"))
+    if options.svg_out:
+        options.svg_out.write_text(picture(rows) + "\n")
     if options.json:
         print(json.dumps(rows))
     elif options.svg:
-        from minitron.cli.views.svg_curves import bars_svg
-
-        named = {row: {f"written by rank {f.split('_')[2]}": n for f, n in files.items()}
-                 for row, files in rows.items()}
-        print(bars_svg(named, heading=f"bytes each rank reads of one tp {SAVED[0]} × pp {SAVED[1]} checkpoint"))
+        print(picture(rows))
     else:
         print(f"saved at tp {SAVED[0]} x pp {SAVED[1]}: {stored:,} bytes in 4 .distcp files")
         for row, files in rows.items():
