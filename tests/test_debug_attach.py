@@ -36,16 +36,26 @@ HERE = Path(__file__).parent
 
 
 # -- processes --------------------------------------------------------------------------------
+def _read(path: str) -> bytes:
+    # os.open/os.read, not pathlib: the Watcher below reads every process's files 50 times a
+    # second, and pathlib's objects and text decoding were most of its CPU.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+
+
 def _procs():
     """(pid, argv, ppid) of every process we can read."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+    for name in os.listdir("/proc"):
+        if name.isdigit():
             try:
-                argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-                stat = (entry / "stat").read_text()
+                argv = _read(f"/proc/{name}/cmdline").decode(errors="replace").split("\0")
+                stat = _read(f"/proc/{name}/stat")
             except OSError:
                 continue
-            yield int(entry.name), argv, int(stat[stat.rfind(")") + 2:].split()[1])
+            yield int(name), argv, int(stat[stat.rfind(b")") + 2:].split()[1])
 
 
 def _argv(pid: int) -> str:
@@ -56,15 +66,19 @@ def _argv(pid: int) -> str:
         return ""
 
 
-def adapters(port: int) -> list[int]:
-    """debugpy adapter processes serving clients on ``port``."""
-    def serves(argv: list[str]) -> bool:
-        return "--port" in argv and argv[argv.index("--port") + 1:][:1] == [str(port)]
-    return [pid for pid, argv, _ in _procs() if any("debugpy" in a for a in argv) and serves(argv)]
+def _serves(argv: list[str], port: int) -> bool:
+    """Is ``argv`` a debugpy adapter serving clients on ``port``?"""
+    return (any("debugpy" in a for a in argv) and "--port" in argv
+            and argv[argv.index("--port") + 1:][:1] == [str(port)])
 
 
-def children(pid: int) -> list[int]:
-    return [p for p, _, ppid in _procs() if ppid == pid]
+def adapters(port: int, procs=None) -> list[int]:
+    """debugpy adapter processes serving clients on ``port`` (among ``procs``: one scan's)."""
+    return [pid for pid, argv, _ in (procs if procs is not None else _procs()) if _serves(argv, port)]
+
+
+def children(pid: int, procs=None) -> list[int]:
+    return [p for p, _, ppid in (procs if procs is not None else _procs()) if ppid == pid]
 
 
 # What each process identified was running when first seen: a survivor is named by it even
@@ -111,8 +125,9 @@ class Watcher:
 
     def _watch(self, root: int, port: int, exclude: set) -> None:
         while not self._done.is_set():
-            self.children.update(identities(p for p in children(root) if p not in exclude))
-            self.adapters.update(identities(adapters(port)))
+            procs = list(_procs())   # one scan of /proc for both questions
+            self.children.update(identities(p for p in children(root, procs) if p not in exclude))
+            self.adapters.update(identities(adapters(port, procs)))
             time.sleep(0.02)
 
     def stop(self) -> dict[int, str]:
