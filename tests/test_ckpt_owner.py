@@ -87,16 +87,27 @@ def strip_distcp_owners(where: Path) -> None:
     resign(where)
 
 
+def keep_the_first_save(ck: Path, fmt: str) -> None:
+    """A run that saved at iterations 1 and 2, made a checkpoint of iteration 1 alone: what a run
+    stopped after its first iteration leaves (the resume must then repeat iteration 2)."""
+    shutil.rmtree(ck / "global_step2" if fmt == "deepspeed" else iteration_dir(ck, 2))
+    (ck / "latest_checkpointed_iteration.txt").write_text("1")   # Megatron's tracker (DeepSpeed's runs too)
+    if fmt == "deepspeed":
+        (ck / "latest").write_text("global_step1")
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """Per format: the uninterrupted run's losses, and a checkpoint after its first iteration."""
+    """Per format: the uninterrupted run's losses, and the checkpoint it saved after its first
+    iteration (one run, not a whole one and a stopped one: a launch of two ranks costs more
+    than the save it spares)."""
     tmp = tmp_path_factory.mktemp("owner")
     runs = {}
     for fmt, flags in formats(tmp).items():
-        whole = pretrain_records(tmp / f"whole-{fmt}", 2, MODEL + flags)
-        pretrain_records(tmp / f"first-{fmt}", 2, MODEL + flags + ["--exit-interval", "1", "--save",
-                                                                   str(tmp / f"ck-{fmt}")])
-        runs[fmt] = (whole, tmp / f"ck-{fmt}", flags)
+        ck = tmp / f"ck-{fmt}"
+        whole = pretrain_records(tmp / f"whole-{fmt}", 2, MODEL + flags + ["--save", str(ck), "--save-interval", "1"])
+        keep_the_first_save(ck, fmt)
+        runs[fmt] = (whole, ck, flags)
     return runs
 
 
