@@ -6,10 +6,10 @@ can look in /proc afterwards and tell "gone" from "still running" or "zombie, ne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -140,25 +140,75 @@ def test_processes_a_fake_rank_started_end_with_the_play(tmp_path, fails):
     assert surviving_children(tmp_path, 4) == []
 
 
+def _launch_sleepers(out: Path, write_fd: int) -> None:
+    """The Ctrl-C test's parent: a fork of this process (torch loaded already, where a fresh
+    interpreter would pay ~1.7 s of CPU to import it) that launches 4 sleeping ranks and, as
+    Python does for an uncaught exception, prints the traceback and exits 1."""
+    import traceback
+
+    os.dup2(write_fd, 1)
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
+    # Python's own Ctrl-C (a suite run as a background job ignores SIGINT, and forks inherit that)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    code = 0
+    try:
+        # warm=(): the sleeping ranks never reach an optimizer, so torch._dynamo (the default
+        # warm-up) would be imported for nothing.
+        launch(LaunchConfig(world_size=4, log_dir=out / "logs", warm=()), Target(function=lambda: probe(out, "sleep")))
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def test_ctrl_c_in_the_parent_stops_every_rank(out):
-    # (a suite run as a background job ignores SIGINT, and children inherit that: the default back)
-    parent = subprocess.Popen([sys.executable, str(HERE / "_launch_and_wait.py"), str(out)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    read_fd, write_fd = os.pipe()
+    parent = os.fork()
+    if parent == 0:
+        os.close(read_fd)
+        try:
+            _launch_sleepers(out, write_fd)
+        finally:
+            os._exit(3)   # never back into pytest from the fork
+    os.close(write_fd)
+    status = None
+
+    def ended() -> bool:
+        nonlocal status
+        if status is None:
+            pid, waited = os.waitpid(parent, os.WNOHANG)
+            status = waited if pid else None
+        return status is not None
+
     try:
         deadline = time.monotonic() + 60
         while not all((out / f"rank{r}.json").exists() for r in range(4)):
-            assert parent.poll() is None, parent.stdout.read().decode()
+            assert not ended(), "the parent ended before its ranks started"
             assert time.monotonic() < deadline, "ranks never started"
             time.sleep(0.05)
-        parent.send_signal(signal.SIGINT)
-        code = parent.wait(timeout=60)
+        os.kill(parent, signal.SIGINT)
+        deadline = time.monotonic() + 60
+        while not ended() and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait()
-    assert code != 0
-    assert "KeyboardInterrupt" in parent.stdout.read().decode()
+        if not ended():   # never leave it behind, whatever failed
+            os.kill(parent, signal.SIGKILL)
+            os.waitpid(parent, 0)
+        # What it printed is all in the pipe now; read without waiting for an EOF a stray
+        # rank holding the pipe would withhold.
+        os.set_blocking(read_fd, False)
+        printed = b""
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(read_fd, 1 << 16):
+                printed += chunk
+        os.close(read_fd)
+    code = os.waitstatus_to_exitcode(status) if status is not None else None
+    assert code not in (0, None), printed.decode(errors="replace")
+    assert b"KeyboardInterrupt" in printed
     # The parent is gone, so any rank still here would be an orphan (or an unreaped zombie).
     assert leftovers(out, 4) == []
     assert not list(out.glob("finished*"))
