@@ -3,6 +3,8 @@
     python scripts/show_ds_options.py optimizers   # Lamb's trust ratios at stage 0 and under ZeRO
     python scripts/show_ds_options.py comm         # what each gradient-communication key does to the mean
     python scripts/show_ds_options.py monitor      # csv_monitor's files and wall_clock_breakdown's lines
+    python scripts/show_ds_options.py optimizers comm monitor --out DIR   # all three on the same
+                                                   # ranks, each report written to DIR/<kind>.txt
 
 Every rank builds the same small MLP, calls minitron.runtime.initialize() with the config shown and
 trains on its half of each batch; rank 0 reports. Chapter 14 runs each at build time.
@@ -108,11 +110,19 @@ def show(kind: str, report: dict, out: Path) -> None:
                                                           for r in rows[1:]]))
 
 
+KINDS = ("optimizers", "comm", "monitor")
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0] not in ("optimizers", "comm", "monitor"):
-        print(__doc__.splitlines()[2].strip(), file=sys.stderr)
+    out = None
+    if "--out" in argv[:-1]:   # chapter 14 shows all three: one launch of the ranks, not three
+        at = argv.index("--out")
+        out, argv = Path(argv[at + 1]), argv[:at] + argv[at + 2:]
+    if not argv or any(kind not in KINDS for kind in argv) or (len(argv) > 1 and out is None):
+        print("usage: show_ds_options.py KIND [KIND...] [--out DIR], KIND one of optimizers, comm, monitor; "
+              "several kinds need --out DIR (each report goes to DIR/<kind>.txt)", file=sys.stderr)
         return 2
-    kind = argv[0]
+    kinds = list(dict.fromkeys(argv))
     import torch._dynamo  # noqa: F401  (torch.optim loads it on first use: once here, not per rank)
 
     from minitron.launcher import LaunchConfig, RankFailure, Target, launch
@@ -122,7 +132,7 @@ def main(argv: list[str]) -> int:
 
         def rank_main():
             rank = int(os.environ["RANK"])
-            report = globals()[kind](rank, tmp)
+            report = {kind: globals()[kind](rank, tmp) for kind in kinds}
             (tmp / f"rank{rank}.json").write_text(json.dumps(report))
 
         try:
@@ -130,7 +140,16 @@ def main(argv: list[str]) -> int:
         except RankFailure as failure:
             print(f"{failure}\n{failure.log_tail()}", file=sys.stderr)
             return 1
-        show(kind, json.loads((tmp / "rank0.json").read_text()), tmp)
+        reports = json.loads((tmp / "rank0.json").read_text())
+        for kind in kinds:
+            if out is None:
+                show(kind, reports[kind], tmp)
+                continue
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                show(kind, reports[kind], tmp)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"{kind}.txt").write_text(printed.getvalue())
     return 0
 
 
