@@ -141,7 +141,7 @@ def layouts() -> None:
 def check() -> None:
     trace = "docs-out/hybrid/cost"
     _minitron("pretrain", "--world", "4", "--tp", "2", "--pp", "2", "--sequence-parallel", "--hybrid-layer-pattern",
-              "M*-M|M-", *TOY, "--seq-length", "32", "--micro-batch-size", "1", "--global-batch-size", "4",
+              "M*-M|M-", *TOY, "--seq-length", "32", "--micro-batch-size", "1", "--global-batch-size", "2",
               "--train-iters", "1", "--vocab-size", "1023", "--log-dir", trace + "-logs", "--trace", trace,
               keep=lambda line: False)
     _minitron("estimate", "--check", trace)

@@ -3,7 +3,7 @@
     python docs/examples/torch_fsdp2_run.py
 
 One traced `pretrain` on 2 forked gloo ranks (a 2-layer GPT of hidden size 64, 2 micro-batches
-per rank, 2 iterations). It prints each FSDP2 unit with rank 0's shard (what its all-gather
+per rank, 1 iteration: FSDP2's first step makes the same calls as the ones after it). It prints each FSDP2 unit with rank 0's shard (what its all-gather
 hands in), then every collective rank 0 called over the data-parallel group in the first
 micro-batch of the last step, in order, each named by the unit its shape belongs to, and whether
 forward or backward called it; last, rank 0's bytes as `minitron estimate` predicts them
@@ -25,7 +25,7 @@ from minitron.training.tokenizer import build_tokenizer
 
 OUT = Path("docs-out/torch_fsdp2")
 MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-         "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "2", "--lr", "1e-3",
+         "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "1", "--lr", "1e-3",
          "--mock-data", "--vocab-size", "1023", "--distributed-backend", "gloo",
          "--untie-embeddings-and-output-weights", "--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]
 DIST = "torch.distributed."
