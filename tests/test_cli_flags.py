@@ -1,6 +1,8 @@
 """The command line as a newcomer meets it: aliases, typos, --version, --help, Ctrl-C.
 
-Each case runs the real `minitron` executable, as a user would.
+The typo rows of trace, launch's aliases, --version and Ctrl-C run the real `minitron` executable,
+as a user would; the rest its entry point in this process (tests/cli_here.py), the same code
+without a fresh interpreter's start-up.
 """
 
 from __future__ import annotations
@@ -45,12 +47,14 @@ def test_a_mistyped_flag_is_named_with_a_suggestion(argv, typo, suggestion):
     assert "Missing option" not in line
 
 
-def test_flags_after_the_script_belong_to_the_script(tmp_path):
+def test_flags_after_the_script_belong_to_the_script(tmp_path, capfd):
+    # In this process (the executable's launch is test_ctrl_c_stops_every_rank_and_says_so's):
+    # the rank is forked from here, and what it prints goes to file descriptor 1, which capfd reads.
     script = tmp_path / "echo_args.py"
     script.write_text("import sys; print(' '.join(sys.argv[1:]))\n")
-    proc = run("launch", "--world", "1", "--backend", "gloo", str(script), "--wrld", "--tp", "3")
+    proc = run("launch", "--world", "1", "--backend", "gloo", str(script), "--wrld", "--tp", "3", here=True)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "--wrld --tp 3"
+    assert capfd.readouterr().out.strip() == "--wrld --tp 3"
 
 
 def test_groups_takes_megatrons_long_flags_and_the_short_aliases():
