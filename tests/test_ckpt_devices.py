@@ -165,15 +165,27 @@ def uninterrupted(tmp_path_factory):
     return tmp, {"torch_dist": megatron, "torch": megatron, "deepspeed": ds}
 
 
+_FIRST: dict = {}   # format -> (its flags, the saving run's records, its checkpoint directory)
+
+
+def saved_as_a_gpu_run(tmp: Path, fmt: str) -> tuple[list[str], list[dict], Path]:
+    """Two iterations on gloo ranks whose saves have a GPU run's RNG states; once per format
+    (the row test below reads the torch_dist save too)."""
+    if fmt not in _FIRST:
+        flags = MODEL + FORMATS[fmt] + (["--deepspeed-config", _ds_config(tmp / "ds.json")] if fmt == "deepspeed"
+                                        else [])
+        with pytest.MonkeyPatch.context() as patch:   # the forked saving ranks inherit it
+            patch.setattr(checkpointing, "get_rng_state", lambda: as_a_gpu_run_saves(get_rng_state()))
+            first = pretrain_records(tmp / "first", 2, flags + ["--exit-interval", "2", "--save", str(tmp / "ck")])
+        _FIRST[fmt] = flags, first, tmp / "ck"
+    return _FIRST[fmt]
+
+
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_a_checkpoint_in_a_gpu_runs_shape_resumes_on_cpu_ranks(uninterrupted, tmp_path, fmt):
-    tmp, whole = uninterrupted
-    flags = MODEL + FORMATS[fmt] + (["--deepspeed-config", str(tmp / "ds.json")] if fmt == "deepspeed" else [])
-    with pytest.MonkeyPatch.context() as patch:   # the forked saving ranks inherit it
-        patch.setattr(checkpointing, "get_rng_state", lambda: as_a_gpu_run_saves(get_rng_state()))
-        first = pretrain_records(tmp_path / "first", 2, flags + ["--exit-interval", "2", "--save",
-                                                                 str(tmp_path / "ck")])
-    second = pretrain_records(tmp_path / "second", 2, flags + ["--load", str(tmp_path / "ck")])
+    _, whole = uninterrupted
+    flags, first, ck = saved_as_a_gpu_run(tmp_path, fmt)
+    second = pretrain_records(tmp_path / "second", 2, flags + ["--load", str(ck)])
     # Dropout off: the reseeded streams are never drawn from, so resuming changes no bit.
     assert [r["lm_loss"] for r in first + second] == [r["lm_loss"] for r in whole[fmt]]
     log = (tmp_path / "second" / "logs" / "rank0.log").read_text()
@@ -182,13 +194,13 @@ def test_a_checkpoint_in_a_gpu_runs_shape_resumes_on_cpu_ranks(uninterrupted, tm
 
 def test_with_the_distributed_optimizer_each_rank_writes_its_rows_of_the_state(tmp_path):
     """torch_dist at dp 2: each rank keeps and writes half the rows of each optimizer tensor (a save
-    holds half the state, not all of it); the weights are still written by data-parallel rank 0."""
+    holds half the state, not all of it); the weights are still written by data-parallel rank 0.
+    The save read is the torch_dist one above: its RNG states in a GPU run's form touch no optimizer row."""
     from minitron.core.dist_checkpointing.serialization import read_dcp_metadata
     from minitron.training.checkpoint_files import iteration_dir
 
-    pretrain_records(tmp_path / "run", 2, MODEL + FORMATS["torch_dist"] + [
-        "--train-iters", "1", "--save", str(tmp_path / "ck"), "--save-interval", "1"])
-    meta = read_dcp_metadata(iteration_dir(tmp_path / "ck", 1))
+    _, _, ck = saved_as_a_gpu_run(tmp_path, "torch_dist")
+    meta = read_dcp_metadata(iteration_dir(ck, 2))
     files: dict[str, set] = {}
     for index, info in meta.storage_data.items():
         files.setdefault(index.fqn, set()).add(info.relative_path)
