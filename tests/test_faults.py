@@ -75,12 +75,24 @@ def test_a_killed_launcher_leaves_no_scratch_folder(tmp_path):
     scratch.mkdir()
     script = tmp_path / "sleep.py"
     script.write_text(f"import os, time\nopen(r'{tmp_path}/up' + os.environ['RANK'], 'w')\ntime.sleep(60)\n")
-    proc = subprocess.Popen([MINITRON, "launch", "--world", "2", "--log-dir", str(tmp_path / "logs"), str(script)],
-                            env={**os.environ, "TMPDIR": str(scratch)})
-    _wait_for(lambda: (tmp_path / "up0").exists() and (tmp_path / "up1").exists())
-    assert any(p.name.startswith("minitron-errors-") for p in scratch.iterdir())  # it was there
-    proc.kill()
-    proc.wait()
+    # The launcher is a fork of this process (torch loaded: a fresh `minitron launch` would
+    # import it again, ~1.2 s of CPU), with TMPDIR pointing at the scratch as the user's would.
+    launcher = os.fork()
+    if launcher == 0:
+        try:
+            import tempfile
+
+            os.environ["TMPDIR"] = str(scratch)
+            tempfile.tempdir = None   # read TMPDIR again: this process had its answer cached
+            launch(LaunchConfig(world_size=2, log_dir=tmp_path / "logs", warm=()), Target(script=str(script)))
+        finally:
+            os._exit(1)   # never back into pytest from the fork
+    try:
+        _wait_for(lambda: (tmp_path / "up0").exists() and (tmp_path / "up1").exists())
+        assert any(p.name.startswith("minitron-errors-") for p in scratch.iterdir())  # it was there
+    finally:
+        os.kill(launcher, signal.SIGKILL)
+        os.waitpid(launcher, 0)
     _wait_for(lambda: not list(scratch.iterdir()), timeout=10)
 
 
