@@ -16,11 +16,12 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from distributed import in_fork
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -116,13 +117,13 @@ def test_committed_figures_are_what_sharding_promises():
 
 @pytest.fixture(scope="module")
 def rerun(tmp_path_factory):
-    """The script's own run, in its own interpreter: its launches patch this process's modules while
-    they run, and a forked rank of a later test in this worker must not find anything of them."""
+    """The script's own run (its `run` command, as the file's rows were made), in a forked copy of
+    this worker: its launches patch the modules of the process they run in while they run, and a
+    forked rank of a later test in this worker must not find anything of them."""
     out = tmp_path_factory.mktemp("rerun") / "row.json"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare_sharding.py"), "run", "--only", RERUN,
-                           "--world", str(compare.WORLD), "--iters", "1", "--no-serial", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    code = in_fork(compare.main, ["run", "--only", RERUN, "--world", str(compare.WORLD), "--iters", "1",
+                                 "--no-serial", "--out", str(out)])
+    assert code == 0
     return json.loads(out.read_text())
 
 
