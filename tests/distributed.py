@@ -93,7 +93,6 @@ def train_chunk(chunk, optimizer, vocab: int, seq: int, batch: int, steps: int) 
     return losses
 
 
-
 def in_fork(fn, *args, timeout: float = 600):
     """``fn(*args)`` in a forked copy of this process; what it returns (pickled) comes back.
 
