@@ -62,29 +62,33 @@ def reference_loss(W: dict, ids, positions, labels, tied: bool):
     return F.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1), reduction="none").view(b, s)
 
 
-def serial_run(tied: bool) -> dict:
+def serial_run() -> dict:
+    """The serial model, tied and untied, in one forked rank: {tied: its loss, weights, grads}."""
     def body(rank):
         # A lone forked rank would get both cores and use torch's OpenMP pool, which deadlocks in
         # a child if an earlier test already started that pool in the pytest process. One thread.
         torch.set_num_threads(1)
-        model = build(1, False, tied)
-        ids, positions, labels = batch()
-        loss = model(ids, positions, labels=labels)
-        loss.mean().backward()
-        W = {n: p.detach().clone().requires_grad_() for n, p in model.named_parameters()}
-        ref = reference_loss(W, ids, positions, labels, tied)
-        ref.mean().backward()
-        diffs = {"loss": (loss - ref).abs().max().item()}
-        diffs.update({n: (p.grad - W[n].grad).abs().max().item() for n, p in model.named_parameters()})
-        return {"loss": loss.detach(), "diffs": diffs,
-                "weights": {n: p.detach() for n, p in model.named_parameters()},
-                "grads": {n: p.grad for n, p in model.named_parameters()}}
+        runs = {}
+        for tied in (True, False):
+            model = build(1, False, tied)
+            ids, positions, labels = batch()
+            loss = model(ids, positions, labels=labels)
+            loss.mean().backward()
+            W = {n: p.detach().clone().requires_grad_() for n, p in model.named_parameters()}
+            ref = reference_loss(W, ids, positions, labels, tied)
+            ref.mean().backward()
+            diffs = {"loss": (loss - ref).abs().max().item()}
+            diffs.update({n: (p.grad - W[n].grad).abs().max().item() for n, p in model.named_parameters()})
+            runs[tied] = {"loss": loss.detach(), "diffs": diffs,
+                          "weights": {n: p.detach() for n, p in model.named_parameters()},
+                          "grads": {n: p.grad for n, p in model.named_parameters()}}
+        return runs
     return run_ranks(body, world_size=1)[0]
 
 
 @pytest.fixture(scope="module")
 def serial():
-    return {True: serial_run(True)}
+    return serial_run()
 
 
 def test_serial_model_matches_a_plain_torch_gpt(serial):
@@ -100,8 +104,15 @@ def _shard(full: torch.Tensor, param, rank: int, tp: int) -> torch.Tensor:
     return full
 
 
-def tp_run(tp: int, sp: bool, tied: bool, reference: dict):
-    def body(rank):
+# (sp, tied) variants per tensor-parallel size; each size's variants run in one launch, one after
+# another on the same ranks (build() reseeds, so each model starts as a fresh run's would).
+VARIANTS = {2: [(False, True), (True, True), (True, False)], 4: [(False, True), (True, True)]}
+
+
+def tp_run(tp: int, serial: dict) -> dict:
+    """{(sp, tied): per rank, the loss and gradient differences from the serial model's slices}."""
+    def one(sp: bool, tied: bool) -> dict:
+        reference = serial[tied]
         model = build(tp, sp, tied)
         r = parallel_state.get_tensor_model_parallel_rank()
         ids, positions, labels = batch()
@@ -119,12 +130,25 @@ def tp_run(tp: int, sp: bool, tied: bool, reference: dict):
         names = sorted(n for n, _ in model.named_parameters())
         return {"loss_diff": (loss.detach() - reference["loss"]).abs().max().item(),
                 "grad_diff": grad_diff, "weights_exact": exact, "names": names}
-    return run_ranks(body, world_size=tp, tp=tp)
+
+    ranks = run_ranks(lambda rank: {v: one(*v) for v in VARIANTS[tp]}, world_size=tp, tp=tp)
+    return {v: [r[v] for r in ranks] for v in VARIANTS[tp]}
+
+
+@pytest.fixture(scope="module")
+def tp_runs(serial):
+    return {}   # tp -> tp_run's answer, filled by the first test that needs it
+
+
+def _results(tp_runs, serial, tp, sp, tied):
+    if tp not in tp_runs:
+        tp_runs[tp] = tp_run(tp, serial)
+    return tp_runs[tp][(sp, tied)]
 
 
 @pytest.mark.parametrize("tp,sp", [(2, False), (2, True), (4, False), (4, True)])
-def test_tensor_parallel_gpt_equals_serial(serial, tp, sp):
-    results = tp_run(tp, sp, True, serial[True])
+def test_tensor_parallel_gpt_equals_serial(serial, tp_runs, tp, sp):
+    results = _results(tp_runs, serial, tp, sp, True)
     assert results[0]["names"] == sorted(serial[True]["weights"])  # same parameters, same names
     loss_diff = max(r["loss_diff"] for r in results)
     grad_diff = max(max(r["grad_diff"].values()) for r in results)
@@ -136,10 +160,9 @@ def test_tensor_parallel_gpt_equals_serial(serial, tp, sp):
         assert not bad, bad
 
 
-def test_untied_output_layer_equals_serial(serial):
-    serial[False] = serial.get(False) or serial_run(False)
+def test_untied_output_layer_equals_serial(serial, tp_runs):
     assert max(serial[False]["diffs"].values()) < 1e-5
-    results = tp_run(2, True, False, serial[False])
+    results = _results(tp_runs, serial, 2, True, False)
     assert "output_layer.weight" in results[0]["names"]
     assert all(r["weights_exact"] for r in results)
     assert max(r["loss_diff"] for r in results) < LOSS_TOL
