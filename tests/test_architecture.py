@@ -124,6 +124,19 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+# An import is a statement, and statements live only in these lists (a def's or class's body,
+# an if's or try's branches, a handler's, a match case's): the walk for imports goes down them
+# alone, not into the expressions that are most of a tree's nodes (a lambda's body is one).
+_STATEMENT_LISTS = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def _statements(node: ast.AST):
+    for name in _STATEMENT_LISTS:
+        children = getattr(node, name, None)
+        if isinstance(children, list):
+            yield from children
+
+
 @lru_cache(maxsize=None)
 def imports() -> tuple[Import, ...]:
     found = []
@@ -132,14 +145,14 @@ def imports() -> tuple[Import, ...]:
         lines = _lines(rel)
 
         def walk(node: ast.AST, in_function: bool, type_checking: bool) -> None:
-            for child in ast.iter_child_nodes(node):
+            for child in _statements(node):
                 if isinstance(child, (ast.Import, ast.ImportFrom)):
                     found.append(Import(module, rel, child.lineno, child.end_lineno or child.lineno,
                                         in_function, type_checking,
                                         tuple(_targets(module, is_package, child)),
                                         lines[child.lineno - 1].strip()))
                     continue
-                nested = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                nested = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
                 guarded = isinstance(child, ast.If) and _is_type_checking(child.test)
                 walk(child, in_function or nested, type_checking or guarded)
 
@@ -398,13 +411,17 @@ def _tree(path: Path) -> ast.Module:
 
 @lru_cache(maxsize=None)
 def _definitions(path: Path) -> tuple[list[ast.AST], list[ast.ClassDef]]:
-    """(every def, every class) in the module, nested ones included: one walk of its tree."""
+    """(every def, every class) in the module, nested ones included: one walk of its statements
+    (defs and classes are statements: no expression holds one)."""
     functions, classes = [], []
-    for node in ast.walk(_tree(path)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            functions.append(node)
-        elif isinstance(node, ast.ClassDef):
-            classes.append(node)
+    pending = [_tree(path)]
+    while pending:
+        for node in _statements(pending.pop()):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions.append(node)
+            elif isinstance(node, ast.ClassDef):
+                classes.append(node)
+            pending.append(node)
     return functions, classes
 
 
@@ -439,11 +456,15 @@ def _facts_of(path: Path):
         name = name.lstrip("_")
         items = literal.items() if isinstance(literal, dict) else [(None, literal)]
         for key, item in items:
-            yield ("constant", name, repr(key), repr(item)), name, line
+            yield ("constant", name, repr(key), repr(item)), name, line, None
     for node in _definitions(path)[0]:
         body = node.body[1:] if ast.get_docstring(node) is not None else node.body
         if len(body) >= 2:
-            yield ("body", _normalised(node, body)), node.name, node.lineno
+            # Keyed by its shape, the kinds of its nodes in order: equal bodies have equal
+            # shapes, and few shapes are shared, so only those bodies are dumped and compared
+            # (_all_fact_offences), not all ~1,800 (ast.dump was most of this test's time).
+            shape = tuple(type(n).__name__ for statement in body for n in ast.walk(statement))
+            yield ("body", shape), node.name, node.lineno, (node, body)
 
 
 def _declared_twice(path: Path):
@@ -487,19 +508,26 @@ def _normalised(function, body) -> str:
 @lru_cache(maxsize=None)
 def _all_fact_offences() -> list[tuple[str, str, str]]:
     """(file, what, message) for each place that states a fact again, ALLOW not consulted."""
-    places: dict[tuple, set[tuple[str, int, str]]] = {}
+    places: dict[tuple, dict[tuple[str, int, str], tuple | None]] = {}
     found = set()
     for path, _ in modules().values():
         rel = str(path.relative_to(ROOT))
-        for key, what, line in _facts_of(path):
-            places.setdefault(key, set()).add((rel, line, what))
+        for key, what, line, definition in _facts_of(path):
+            places.setdefault(key, {})[(rel, line, what)] = definition
         for what, line, first in _declared_twice(path):
             found.add((rel, what, f"{rel}:{line} {what} declared again (first at line {first})"))
     for key, where in places.items():
-        (home, home_line, home_what), *others = sorted(where)
+        groups = [list(where)]
+        if key[0] == "body" and len(where) > 1:   # one shape: the same body only if the same tree
+            same: dict[str, list] = {}
+            for place, (node, body) in where.items():
+                same.setdefault(_normalised(node, body), []).append(place)
+            groups = list(same.values())
         verb = "restates" if key[0] == "constant" else "repeats the body of"
-        for rel, line, what in others:
-            found.add((rel, what, f"{rel}:{line} {what} {verb} {home}:{home_line} {home_what}"))
+        for group in groups:
+            (home, home_line, home_what), *others = sorted(group)
+            for rel, line, what in others:
+                found.add((rel, what, f"{rel}:{line} {what} {verb} {home}:{home_line} {home_what}"))
     return sorted(found)
 
 
