@@ -166,13 +166,16 @@ def test_a_training_trace_shows_its_schedule():
     assert "stage 0 F0 F1 ·  B0 ·  B1   33%" in text and "stage 1 ·  F0 B0 F1 B1 ·    33%" in text
 
 
-def minitron(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return run_minitron(*argv, cwd=cwd, env={**os.environ, "COLUMNS": "80", "NO_COLOR": "1"})
+def minitron(*argv: str, cwd: Path | None = None, here: bool = False) -> subprocess.CompletedProcess:
+    """`minitron ARGV` at 80 columns: the executable, or (``here``) its entry point in this
+    process, for the calls after the first (test_view_reads_the_trace_of_a_torchrun_run's, and
+    test_trace_reader's refusals, hold the executable)."""
+    return run_minitron(*argv, cwd=cwd, env={**os.environ, "COLUMNS": "80", "NO_COLOR": "1"}, here=here)
 
 
 def test_a_directory_without_rank_files_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "notes.txt").write_text("not a trace")
-    proc = minitron("view", str(tmp_path))
+    proc = minitron("view", str(tmp_path), here=True)
     assert proc.returncode == 2 and not proc.stdout
     assert proc.stderr.count("\n") == 1 and "no rank*.jsonl" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "trace.json").exists()
@@ -211,13 +214,14 @@ def test_view_reads_the_trace_of_a_torchrun_run(torchrun_trace):
 
 
 def test_view_focus_folds_the_ancestors_of_a_torchrun_trace(torchrun_trace):
-    proc = minitron("view", str(torchrun_trace), "--focus", "initialize_model_parallel", "--show", "tree")
+    proc = minitron("view", str(torchrun_trace), "--focus", "initialize_model_parallel", "--show", "tree",
+                    here=True)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     # the chain starts at the script's entry; at 80 columns its middle folds into "…"
     assert lines[1].startswith("└── pretrain_gpt.__main__ › ") and lines[1].endswith(" › _initialize_distributed ›")
     assert "initialize_model_parallel" in lines[2] and "new_group" in lines[3]
-    missing = minitron("view", str(torchrun_trace), "--focus", "no_such_step")
+    missing = minitron("view", str(torchrun_trace), "--focus", "no_such_step", here=True)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "matches no call" in missing.stderr
 
 
