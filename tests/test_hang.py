@@ -3,8 +3,8 @@
 Each of the chapter's five hang scripts (docs/examples/hang_*.py) runs once per module on forked
 gloo ranks under a 1 s hang timeout, through launcher.launch (the ranks fork from this process,
 which already holds torch): the diagnosis the launcher hands to the screen is kept, with how long
-after the timeout it came. The command line runs one case end to end (`minitron launch
---hang-timeout`, then `minitron view --hang`), and the recorder's open records are checked to
+after the timeout it came. The command line's entry point runs one case end to end (`minitron
+launch --hang-timeout`, then `minitron view --hang`), and the recorder's open records are checked to
 leave complete traces as they were.
 """
 
@@ -135,8 +135,11 @@ def test_the_finished_calls_of_a_hung_trace_read_as_a_trace(hangs):
 def test_launch_and_view_hang_on_the_command_line(tmp_path):
     trace_dir = tmp_path / "t"
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    # The entry point in this process (its ranks fork from here, torch loaded): the command
+    # line's own part, the one-line "hung" and exit code 1, is main()'s; `launch` as an
+    # executable is held by test_cli.py and test_cli_flags.py.
     proc = run_minitron("launch", "--world", "2", "--trace", trace_dir, "--hang-timeout", "1",
-                        EXAMPLES / "hang_order.py", env=env, timeout=120)
+                        EXAMPLES / "hang_order.py", env=env, here=True)
     assert proc.returncode == 1, proc.stderr
     assert "Deadlock" in proc.stdout and "0 → 1 → 0" in proc.stdout
     assert proc.stderr.startswith("minitron: hung: no rank finished a traced call for 1 s")
