@@ -2,8 +2,8 @@
 --world_info, hostfile and core list; vscode's launch.json; preprocess's corpus and prefix;
 ds-config's values; pretrain --load's metadata and shards. Each is one line, exit code 2,
 nothing left running, and (unless the row says torch) refused before torch was imported. A
-row that imports torch costs ~1.5 s of CPU (the others ~40 ms), so they are few: the same
-checks in more variants run in-process in test_data_preprocess.py and test_runtime_config.py.
+row that needs torch runs in this process (which has it), so they are few: the same checks in
+more variants run in-process in test_data_preprocess.py and test_runtime_config.py.
 
 One table, run by tests/refusals.py in a torch-free interpreter (a few rows forked one child
 each, the rest one after another in it). The
@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 
 import pytest
 
 from bad_files import write_checkpoints, write_files
-from refusals import Case, run_cases
+from cli_here import minitron_here
+from refusals import Case, Outcome, run_cases
 
 TINY = ["--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2", "--seq-length", "16",
         "--micro-batch-size", "1", "--global-batch-size", "1", "--train-iters", "2", "--lr", "1e-3",
@@ -304,6 +306,23 @@ ACCEPTED = [
 FORKED = ("world_info []", "preprocess line-1-not-json-workers", "load shard-garbage", "ds_config clip-nan")
 
 
+def _children() -> set[int]:
+    found = set()
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as f:
+            found |= {int(pid) for pid in f.read().split()}
+    return found
+
+
+def _here(case: Case) -> Outcome:
+    """A row run through the entry point in this process (tests/cli_here.py), as an Outcome: a
+    process of this one that it leaves running counts as left."""
+    before = _children()
+    done = minitron_here(*case.argv, cwd=case.cwd, env={**os.environ, "COLUMNS": "200"})
+    return Outcome(case=case, code=done.returncode, stdout=done.stdout, stderr=done.stderr, seconds=0.0,
+                   torch_imported=True, timed_out=False, left_processes=bool(_children() - before))
+
+
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
     d = tmp_path_factory.mktemp("bad-files")
@@ -315,10 +334,10 @@ def outcomes(tmp_path_factory):
     cases = [case(row) for row in ROWS if not (len(row) > 4 and row[4])]
     cases += [Case(["ds-config", str(d / f"accepted-{n}.json"), "--json"], cwd=str(d), id=f"accepted {n}")
               for n in range(len(ACCEPTED))]
-    # The rows whose refusal needs torch (a shard loaded weights-only) run in a harness that
-    # has it already: ~1.5 s of import each otherwise.
-    with_torch = [case(row) for row in ROWS if len(row) > 4 and row[4]]
-    found = run_cases([c for c in cases if c.id in FORKED]) + run_cases(with_torch, preload=("torch",))
+    # The rows whose refusal needs torch (a shard loaded weights-only) run in this process,
+    # which has it already: a harness of their own would import it again (~1.5 s of CPU).
+    found = [_here(case(row)) for row in ROWS if len(row) > 4 and row[4]]
+    found += run_cases([c for c in cases if c.id in FORKED])
     found += run_cases([c for c in cases if c.id not in FORKED], fork=False)
     return {outcome.case.id: outcome for outcome in found}, d
 
