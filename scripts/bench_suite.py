@@ -9,11 +9,13 @@ too. The import is timed three times in fresh interpreters (the median counts), 
 
 Two places to run pytest:
 
-* default: this checkout, with its .venv, as it stands (uncommitted changes included; the
-  page cache in .cache/pages/ as it is, so the docs build may run few commands);
+* default: this checkout, with its .venv, as it stands (uncommitted changes included, and
+  docs/page-outputs/ as it is);
 * --fresh-clone: HEAD cloned into a temporary folder, its venv made by the README's own set-up
-  steps (timed, but outside the budget: the budget is the test run), then pytest there, with
-  no page cache: every page's commands run, as on a reader's first `pytest`.
+  steps (timed, but outside the budget: the budget is the test run), then pytest there, as on
+  a reader's first `pytest`: the docs build runs the commands of every page whose committed
+  outputs (docs/page-outputs/) do not match the code, and the line after the times says how
+  many did. MINITRON_DOCS_CACHE=0 in the environment runs them all.
 
 The command is read from README.md (section "Test it"), so this follows the README when it
 changes. --pytest-args adds arguments to its pytest (files to select, -n 0, ...): a selection
@@ -90,6 +92,12 @@ def fresh_clone(into: Path) -> Path:
     return clone
 
 
+def page_outputs(where: Path) -> set[str]:
+    """The entries of docs/page-outputs/: the build adds one for each page whose commands ran."""
+    folder = where / "docs" / "page-outputs"
+    return {entry.name for entry in folder.glob("*.json")} if folder.is_dir() else set()
+
+
 def measure(where: Path, pytest_args: list[str]) -> int:
     python = where / ".venv" / "bin" / "python"
     if not python.exists():
@@ -100,6 +108,7 @@ def measure(where: Path, pytest_args: list[str]) -> int:
     _, pytest_step = readme_steps(where / "README.md")
     command = f"{pytest_step} {shlex.join(pytest_args)}".strip()
     load_before = os.getloadavg()[0]
+    outputs_before = page_outputs(where)
     with tempfile.TemporaryFile() as log:
         wall, cpu, code = timed(command, where, log)
         summary = tail(log, 3)
@@ -113,6 +122,11 @@ def measure(where: Path, pytest_args: list[str]) -> int:
     print(f"`{command}` in {where}: {wall:.1f} s wall, {cpu:.1f} s CPU, exit code {code}")
     print(f"{os.cpu_count()} cores; 1-minute load average {load_before:.1f} before pytest, "
           f"{os.getloadavg()[0]:.1f} after (a busy machine inflates both times; the ratio moves less)")
+    if os.environ.get("MINITRON_DOCS_CACHE") == "0":
+        print("docs build: every page ran its commands (MINITRON_DOCS_CACHE=0)")
+    else:
+        ran = page_outputs(where) - outputs_before
+        print(f"docs build: {len(ran)} page(s) ran their commands (their outputs were not in docs/page-outputs/)")
     for line in slowest:  # --durations=N asked for them: where the time went
         print(f"  {line}")
     # --durations only reports; any other argument (files, -k, -m, -n 0, -x) changes the run.

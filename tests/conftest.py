@@ -116,7 +116,7 @@ def _site_scratch(config) -> Path:
 
 # --- the site build, started early ------------------------------------------------------------
 # `mkdocs build --strict` runs every command the pages show: ~85 s of CPU when none of their
-# outputs is in .cache/pages/ (docs/hooks/page_cache.py), seconds when all are. So the build
+# outputs is in docs/page-outputs/ (docs/hooks/page_cache.py), seconds when all are. So the build
 # starts as soon as the tests are collected, ahead of the tests, and the tests that read the
 # site (the `site_build` fixture: test_docs.py's strict build, test_pages_browser.py's
 # measures) only wait for it. Under several workers the first one to finish collecting starts

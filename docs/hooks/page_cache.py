@@ -1,8 +1,9 @@
-"""The outputs of a page's commands, kept between builds (used by run_commands.py).
+"""The outputs of a page's commands, kept with the sources (used by run_commands.py).
 
-Why: running every page's commands costs a minute and a half of a core, and most builds (a
-prose edit, `mkdocs serve`, the test suite run twice) run the same commands on the same code.
-So the outputs of a page are kept in ``.cache/pages/`` (git-ignored) under a key that changes
+Why: running every page's commands costs a minute and a half of a core, most builds (a prose
+edit, `mkdocs serve`, every test run) run the same commands on the same code, and the suite's
+budget (issue 35) is spent by a fresh clone's first `pytest`. So the outputs of a page are kept
+in ``docs/page-outputs/``, committed with the code that printed them, under a key that changes
 whenever anything they could depend on does:
 
 * the page's commands, all of them in page order: a command may read what an earlier one on
@@ -13,8 +14,12 @@ whenever anything they could depend on does:
 * what the build tells the commands: the column width, and the interpreter, torch and CPU
   count they run with.
 
-A page whose key is found is not run at all. Set ``MINITRON_DOCS_CACHE=0`` to run everything.
-A clean clone (CI) has no cache and builds everything once.
+A page whose key is found is not run at all; a page whose key is not (its commands or any
+source changed, or another torch) runs its commands, and the build writes their outputs there
+and removes the entries no page asked for: after a change to the code, the build leaves the
+new outputs in ``git status``, to commit with the change. A stale folder costs time, never
+correctness: what does not match is run. Set ``MINITRON_DOCS_CACHE=0`` to run everything
+(.ci/run does, once, so that every command is run against the code of every landing).
 
 One input is left out of the key: SOURCE_DATE_EPOCH, the time the training log prints (the
 time of the last commit of the code). Committing changes it without changing the code, and a
@@ -36,7 +41,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-FOLDER = Path(".cache") / "pages"
+FOLDER = Path("docs") / "page-outputs"
 SOURCES = ("minitron", "scripts", "docs/examples", "docs/hooks", "pyproject.toml")
 
 

@@ -10,8 +10,8 @@ This file is the build's side: which commands run, and when. A command runs
 
 * once per build: a second page asking for the same command gets the first answer;
 * not at all when nothing it depends on has changed since a build that ran it: a page's
-  outputs are kept in ``.cache/pages/`` under a hash of its commands and of the sources they
-  run (docs/hooks/page_cache.py says what counts);
+  outputs are kept in ``docs/page-outputs/`` (committed) under a hash of its commands and of
+  the sources they run (docs/hooks/page_cache.py says what counts);
 * ahead of time, a few at once: as soon as the build knows its pages, every page's commands
   start, ``MINITRON_DOCS_JOBS`` pages at a time (default: the number of CPUs, at least 2).
   The commands of one page run in page order, so a command may read what an earlier command
