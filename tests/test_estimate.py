@@ -29,7 +29,9 @@ from minitron.launcher import LaunchConfig, RankFailure, run_on_ranks, session_e
 from minitron.training import theoretical_memory_usage as tmu
 from minitron.training.tokenizer import build_tokenizer
 
-MODEL = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+# Two layers (four in the interleaved layout: pp 2 x vp 2 is a layer a virtual stage): the
+# estimate counts each layer as the ranks run it, and more of them only cost the ranks CPU.
+MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
          "--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-3", "--mock-data", "--vocab-size", "1023",
          "--distributed-backend", "gloo"]
 FORWARD = "minitron.core.pipeline_parallel.schedules.forward_step"
@@ -121,8 +123,8 @@ LAYOUTS = {
     "cp2-tp2-sp-bf16": (4, ["--cp", "2", "--tp", "2", "--sequence-parallel", "--group-query-attention",
                             "--num-query-groups", "2", "--bf16", "--accumulate-allreduce-grads-in-fp32",
                             "--hidden-dropout", "0"]),
-    "pp2-vp2-dp2-distopt-fp16": (4, ["--pp", "2", "--vp", "2", "--use-distributed-optimizer", "--global-batch-size",
-                                     "8", "--fp16", "--loss-scale", "1"]),
+    "pp2-vp2-dp2-distopt-fp16": (4, ["--num-layers", "4", "--pp", "2", "--vp", "2", "--use-distributed-optimizer",
+                                     "--global-batch-size", "8", "--fp16", "--loss-scale", "1"]),
     "dp2-mla": (2, ["--multi-latent-attention", "--rope-type", "rope", "--q-lora-rank", "8", "--kv-lora-rank", "12",
                     "--qk-head-dim", "4", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "6", "--qk-layernorm",
                     "--normalization", "RMSNorm", "--global-batch-size", "2"]),

@@ -8,13 +8,12 @@ module that does not own it (register_external_parameter)."""
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from distributed import pretrain_records
-from cli_here import MINITRON
+from cli_here import run_minitron
 
 ITERS = 2
 MODEL = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
@@ -64,10 +63,12 @@ def test_engine_matches_serial(tmp_path, serial, name):
 
 
 def refusal(tmp_path, world: int, *flags) -> str:
-    """The one line `minitron pretrain` prints, having checked that it exits 2 and starts nothing."""
+    """The one line `minitron pretrain` prints, having checked that it exits 2 and starts nothing.
+    Its entry point in this process: a refusal starts no rank, and the executable's own refusals
+    are held in tests/test_bad_inputs_flags.py."""
     logs = tmp_path / "logs"
-    done = subprocess.run([MINITRON, "pretrain", "--world", str(world), "--log-dir", str(logs), *MODEL, *flags],
-                          capture_output=True, text=True, env={**os.environ, "COLUMNS": "300"}, timeout=120)
+    done = run_minitron("pretrain", "--world", str(world), "--log-dir", str(logs), *MODEL, *flags,
+                        env={**os.environ, "COLUMNS": "300"}, here=True)
     assert done.returncode == 2, done.stdout + done.stderr
     assert not logs.exists()
     lines = done.stderr.strip().splitlines()
