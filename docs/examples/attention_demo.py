@@ -29,7 +29,7 @@ def rope() -> None:
 
 # Dropout off, and 1023 tokens + end-of-document pad to the same 1024 rows for tp 1 and tp 4.
 TRAIN = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "8", "--seq-length", "16",
-         "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "3", "--lr", "1e-3",
+         "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "2", "--lr", "1e-3",
          "--mock-data", "--vocab-size", "1023", "--hidden-dropout", "0", "--attention-dropout", "0",
          "--seed", "7", "--distributed-backend", "gloo", "--group-query-attention", "--num-query-groups", "2",
          "--position-embedding-type", "rope"]

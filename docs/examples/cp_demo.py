@@ -138,7 +138,7 @@ def messages(trace_dir: str) -> None:
 # The model of tests/test_context_parallel.py: dropout off, and 1023 tokens + end-of-document pad
 # to the same 1024 rows for tp 1 and tp 2, so the serial and the parallel run are one model.
 TRAIN = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
-         "--micro-batch-size", "1", "--global-batch-size", "4", "--train-iters", "3", "--lr", "1e-3",
+         "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "3", "--lr", "1e-3",
          "--mock-data", "--vocab-size", "1023", "--hidden-dropout", "0", "--attention-dropout", "0",
          "--seed", "7", "--distributed-backend", "gloo"]
 
