@@ -69,7 +69,7 @@ class Link:
 
 def link_of(cluster: Cluster, ranks: list[int]) -> Link:
     """NVLink when every rank of the group sits in one node, else InfiniBand (the slower)."""
-    if len({r // cluster.gpus_per_node for r in ranks}) == 1:
+    if min(ranks) // cluster.gpus_per_node == max(ranks) // cluster.gpus_per_node:
         return Link("nvlink", cluster.nvlink_gb_s, cluster.nvlink_latency_us)
     return Link("ib", cluster.ib_gb_s, cluster.ib_latency_us)
 
@@ -143,7 +143,7 @@ def group_times(args, cost, cluster: Cluster) -> list[GroupTime]:
     out = []
     for key, nbytes in cost.comm.items():
         # a kind not in the layout (the hierarchical cp sub-groups): assume the world's span
-        ranks = layout.get(key, list(range(args.world_size)))
+        ranks = layout[key] if key in layout else range(args.world_size)
         if len(ranks) == 1 or not nbytes:
             continue
         link, kind, calls = link_of(cluster, ranks), collective_of(args, key), cost.calls.get(key, 1)
