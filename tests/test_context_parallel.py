@@ -76,9 +76,20 @@ def _ring_vs_serial(rank: int, dropout: bool = False) -> float:
     return max(e.item() for e in errors)
 
 
+@pytest.fixture(scope="module")
+def cp2_ring():
+    """On one launch of cp 2: the ring against causal attention, then the dropout derivatives
+    (test_ring_attention_backward_with_dropout_matches_finite_differences) on the same ranks."""
+    return run_ranks(lambda rank: (_ring_vs_serial(rank), _directional_derivatives_with_dropout(rank)),
+                     world_size=2, cp=2)
+
+
 @pytest.mark.parametrize("cp", [2, 4])
-def test_ring_attention_equals_causal_attention(cp):
-    errors = run_ranks(_ring_vs_serial, world_size=cp, cp=cp)
+def test_ring_attention_equals_causal_attention(cp, request):
+    if cp == 2:
+        errors = [error for error, _ in request.getfixturevalue("cp2_ring")]
+    else:
+        errors = run_ranks(_ring_vs_serial, world_size=cp, cp=cp)
     assert max(errors) < 1e-5, errors
 
 
@@ -120,8 +131,8 @@ def _directional_derivatives_with_dropout(rank: int) -> tuple[float, float]:
     return analytic.item(), ((plus - minus) / (2 * eps)).item()
 
 
-def test_ring_attention_backward_with_dropout_matches_finite_differences():
-    for analytic, numeric in run_ranks(_directional_derivatives_with_dropout, world_size=2, cp=2):
+def test_ring_attention_backward_with_dropout_matches_finite_differences(cp2_ring):
+    for analytic, numeric in (derivatives for _, derivatives in cp2_ring):
         assert analytic == pytest.approx(numeric, rel=1e-6), (analytic, numeric)
 
 
