@@ -34,6 +34,7 @@ strategies under --use-megatron-fsdp (theoretical_fsdp.py), and torch's FSDP2 un
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -102,17 +103,17 @@ def buffer_layout(params: list[Param], dp: int, dist_opt: bool,
     return buckets, where
 
 
-def owned_numel(layout: tuple[list, dict], dp: int, dp_rank: int) -> int:
+def owned_numel(layout: tuple[list, dict], dp: int, dp_rank: int, spans: list | None = None) -> int:
     """Elements of real parameters inside this data-parallel rank's shards (its optimizer
-    state), from buffer_layout's answer: padding is nobody's."""
+    state), from buffer_layout's answer: padding is nobody's. ``spans``: the layout's
+    parameter spans sorted, if the caller has them (_Stage keeps them for every rank's call)."""
     buckets, where = layout
-    spans = sorted(where.values())
-    starts = [a for a, _ in spans]
+    spans = sorted(where.values()) if spans is None else spans
     owned = 0
     for start, end in buckets:
         size = (end - start) // dp
         lo, hi = start + dp_rank * size, start + (dp_rank + 1) * size
-        i = max(bisect.bisect_right(starts, lo) - 1, 0)   # spans are disjoint and sorted
+        i = max(bisect.bisect_right(spans, (lo, math.inf)) - 1, 0)   # spans are disjoint and sorted
         while i < len(spans) and spans[i][0] < hi:
             a, b = spans[i]
             owned += max(0, min(b, hi) - max(a, lo))
@@ -121,7 +122,26 @@ def owned_numel(layout: tuple[list, dict], dp: int, dp_rank: int) -> int:
 
 
 # --- memory -----------------------------------------------------------------------------------
-def stage_buffers(args, pp_rank: int) -> list[tuple[list[Param], tuple]]:
+class _Stage(list):
+    """stage_buffers' answer, [(parameters, buffer layout)] per buffer, with what every rank of
+    the stage reads from it worked out once: with the distributed optimizer each data-parallel
+    rank is a role of its own (1,024 of them at tp = pp = 1 on 1,024 ranks), and summing the
+    stage's parameters and sorting its spans for each was most of the estimate's time."""
+
+    @functools.cached_property
+    def numel(self) -> int:
+        return sum(p.numel for plist, _ in self for p in plist)
+
+    @functools.cached_property
+    def buffered(self) -> int:
+        return sum(layout[0][-1][1] for _, layout in self if layout[0])
+
+    @functools.cached_property
+    def spans(self) -> list[list]:
+        return [sorted(layout[1].values()) for _, layout in self]
+
+
+def stage_buffers(args, pp_rank: int) -> _Stage:
     """Each model chunk of a pipeline stage: its parameters and its buffer layout."""
     def layout_for(chunk):
         # DDP's rule (resolve_bucket_size): buckets with --overlap-grad-reduce, on the first
@@ -131,9 +151,9 @@ def stage_buffers(args, pp_rank: int) -> list[tuple[list[Param], tuple]]:
                                    dense_dp, disable_bucketing=pp_rank > 0 or chunk > 0)
         return lambda plist, dp: buffer_layout(plist, dp, args.use_distributed_optimizer, size)
     # Experts (theoretical_moe.py) get a buffer of their own, over the expert-data-parallel group.
-    return [entry for chunk in chunks_of(args)
-            for entry in split_fp8_params(args, split_buffers(args, model_params(args, pp_rank, chunk), layout_for(chunk)),
-                                          layout_for(chunk))]
+    return _Stage(entry for chunk in chunks_of(args)
+                  for entry in split_fp8_params(args, split_buffers(args, model_params(args, pp_rank, chunk),
+                                                                    layout_for(chunk)), layout_for(chunk)))
 
 
 def compute_weight_and_optimizer_memory(args, stage: list, dp_rank: int, expert_dp_rank: int = 0,
@@ -154,10 +174,10 @@ def compute_weight_and_optimizer_memory(args, stage: list, dp_rank: int, expert_
     e = DTYPE_BYTES[args.params_dtype]
     grad_e = 4 if args.accumulate_allreduce_grads_in_fp32 else e
     dp, dist_opt = args.data_parallel_size * args.context_parallel_size, args.use_distributed_optimizer
-    params = sum(p.numel for plist, _ in stage for p in plist)
-    buffered = sum(layout[0][-1][1] for _, layout in stage if layout[0])
-    owned = sum(owned_numel(layout, shards(args, plist, dp), expert_dp_rank if is_expert_buffer(plist) else dp_rank)
-                for plist, layout in stage) if dist_opt else params
+    stage = stage if isinstance(stage, _Stage) else _Stage(stage)
+    params, buffered = stage.numel, stage.buffered
+    owned = sum(owned_numel(layout, shards(args, plist, dp), expert_dp_rank if is_expert_buffer(plist) else dp_rank,
+                            spans) for (plist, layout), spans in zip(stage, stage.spans)) if dist_opt else params
     main_copy = 4 if e != 4 else 0   # a 16-bit model is stepped through fp32 main params
     return params, {"params": (buffered if dist_opt else params) * e, "grads": buffered * grad_e,
                     "optimizer": owned * (4 * optimizer_moments(args) + main_copy)}
