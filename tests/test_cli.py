@@ -1,4 +1,5 @@
-"""The `minitron` executable, run as a user runs it: a subprocess, output read from its pipes.
+"""The `minitron` command line as a user meets it: the executable for a row of each table, its
+entry point in this process (tests/cli_here.py) for the rest.
 
 (a) `groups --json` prints Megatron's layout (checked against tests/megatron_reference.py);
 (b) bad input is one line on stderr, a non-zero exit, and no rank started;
@@ -185,8 +186,10 @@ def test_the_directory_is_cleared_meanwhile_and_a_failure_is_one_line(tmp_path, 
     assert capfd.readouterr().err.count("\n") == 1
 
 def test_launch_names_the_failing_rank_and_leaves_nothing(tmp_path):
+    # The entry point in this process, its ranks forked from here (torch loaded): the one line
+    # is main()'s; `launch` as an executable is held by test_cli_flags' Ctrl-C test.
     logs = tmp_path / "logs"
-    proc = run("launch", "--world", "4", "--log-dir", str(logs), PROBE, str(tmp_path), "raise")
+    proc = run("launch", "--world", "4", "--log-dir", str(logs), PROBE, str(tmp_path), "raise", here=True)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr.splitlines()[0]
     first = proc.stderr.splitlines()[0]
