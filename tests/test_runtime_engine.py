@@ -107,8 +107,20 @@ def _stages_body(world: int, ckpt_dir: str):
         if world == 2:
             out["resume"] = _resume(ckpt_dir)
             out["refused"] = _refuses_pipeline_parallel()
+            out["fp16"] = _fp16_body(rank)
+        else:   # the same ranks again as tensor parallel 2 x data parallel 2 (one launch for both)
+            parallel_state.destroy_model_parallel()
+            parallel_state.initialize_model_parallel(2)
+            out["tp"] = _tp_body(rank)
         return out
     return body
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """One launch per world size, each running every test's body that needs that many ranks."""
+    return {world: run_ranks(_stages_body(world, str(tmp_path_factory.mktemp(f"engine{world}"))), world_size=world)
+            for world in (2, 4)}
 
 
 def _refuses_pipeline_parallel() -> str:
@@ -148,9 +160,9 @@ def _resume(ckpt_dir: str) -> dict:
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_zero_stages_equal_serial(world, tmp_path):
+def test_zero_stages_equal_serial(world, launched):
     serial, serial_norms = _serial_losses()
-    results = run_ranks(_stages_body(world, str(tmp_path)), world_size=world)
+    results = launched[world]
     replicated = results[0][0]["bytes"]
     for rank, out in enumerate(results):
         for stage in (0, 1, 2, 3):
@@ -225,10 +237,10 @@ def _tp_body(rank):
     return out
 
 
-def test_zero_stages_with_tensor_parallelism_equal_serial():
+def test_zero_stages_with_tensor_parallelism_equal_serial(launched):
     model = _serial_tp_reference()
     serial, serial_norms = _serial_run(model, model.parameters(), scheduled=False)
-    for rank, out in enumerate(run_ranks(_tp_body, world_size=4, tp=2)):
+    for rank, out in enumerate(ranks["tp"] for ranks in launched[4]):
         for stage, got in out.items():
             assert got["losses"] == pytest.approx(serial, abs=1e-5), (stage, rank)
             assert got["norms"] == pytest.approx(serial_norms, rel=1e-5), (stage, rank)
@@ -255,8 +267,8 @@ def _fp16_body(rank):
     return seen
 
 
-def test_fp16_overflow_skips_with_hysteresis():
-    for seen in run_ranks(_fp16_body, world_size=2):
+def test_fp16_overflow_skips_with_hysteresis(launched):
+    for seen in (ranks["fp16"] for ranks in launched[2]):
         # hysteresis 2: the first overflow only lowers the counter, the second halves 256.
         assert seen == [(True, 256.0, 2, 0), (False, 256.0, 1, 1), (False, 128.0, 1, 2), (True, 128.0, 1, 2)]
 
