@@ -4,7 +4,7 @@
     python scripts/show_zero_bytes.py --dp 2
 
 Every rank builds the same MLP, calls minitron.runtime.initialize() with Adam and two
-micro-batches per step, trains three steps, and reports what its engine holds: parameters and
+micro-batches per step, trains two steps, and reports what its engine holds: parameters and
 optimizer states (fp32 master + Adam's two moments) after the steps, gradients between the two
 micro-batches (what accumulation keeps), and the losses, which a second table sets beside one
 process's run on the whole batch. Columns show bytes and the fraction of the model's own (4 bytes a
@@ -31,7 +31,7 @@ def _mlp():
                                torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.GELU(), torch.nn.Linear(HIDDEN, IN))
 
 
-MICRO, GAS, STEPS, LR = 2, 2, 3, 1e-3
+MICRO, GAS, STEPS, LR = 2, 2, 2, 1e-3
 
 
 def _batch(step: int, dp: int):
