@@ -1,10 +1,11 @@
 """--debug for real: a debugger attaches to one rank of a running job, and nothing is left behind.
 
-The client is tests/dap_client.py, speaking the same protocol VS Code speaks. The attach and
-timeout jobs are the real command line (``minitron trace ... --debug R``) in a subprocess, so
-what is tested is what a user runs: forked gloo ranks, per-rank logs, the "waiting" line on the
-launcher's terminal. The taken-port and spawned-rank jobs call the launcher from this process,
-which saves a second torch start-up each.
+The client is tests/dap_client.py, speaking the same protocol VS Code speaks. The attach job is
+the real command line (``minitron trace ... --debug R``) in a subprocess, so what is tested is
+what a user runs: forked gloo ranks, per-rank logs, the "waiting" line on the launcher's
+terminal. The timeout job is the same command line through its entry point in this process,
+and the taken-port and spawned-rank jobs call the launcher from this process, which saves a
+torch start-up each.
 
 "Nothing left behind" is checked by pid: while a job runs we note its rank processes and the
 debugpy adapter processes listening on its ports (each with its kernel start time, so a reused
@@ -26,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from _rank_probe import start_time, state
+from cli_here import minitron_here
 from dap_client import DapClient
 from minitron.core import parallel_state
 from minitron.launcher import LaunchConfig, RankFailure, Target, launch
@@ -244,20 +246,27 @@ def test_attach_to_rank_1_break_in_initialize_model_parallel_and_finish(tmp_path
     assert survivors(watched) == []
 
 
-def test_nobody_attaches_within_the_wait_timeout(tmp_path):
+def test_nobody_attaches_within_the_wait_timeout(tmp_path, capfd):
+    """The same command line through its entry point in this process (the attach test above
+    runs the executable): its ranks fork from here, and the rank's "waiting" line reaches this
+    process's file descriptor 2, which capfd reads."""
     port = quiet_ports() + 1
-    job = Job(tmp_path, "--debug", "1", "--debug-port-base", str(port - 1), "--debug-wait-timeout", "2")
-    # Watched from the start: rank 1 gives up 2 s after its "waiting" line, and a busy machine
-    # can let this test read that line later than that (it failed so, once, under load).
-    watcher = Watcher(job.proc.pid, port)
-    job.wait_for(f"rank 1: waiting for a debugger on 127.0.0.1:{port}")
-    assert job.finish() != 0
-    watched = watcher.stop()
+    before = set(children(os.getpid()))  # not this command's (the suite's site build, say)
+    # Watched from the start: rank 1 gives up 2 s after its "waiting" line.
+    watcher = Watcher(os.getpid(), port, exclude=before)
+    try:
+        done = minitron_here("trace", "--world", "2", "--out", str(tmp_path / "trace"), "--debug", "1",
+                             "--debug-port-base", str(port - 1), "--debug-wait-timeout", "2",
+                             env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"})
+    finally:
+        watched = watcher.stop()
+    assert done.returncode != 0
     # Two ranks and the rendezvous keeper, and the adapter; and, when it lives long enough to be
-    # seen, the child that clears --out of a previous run while the command imports torch
-    # (cli/trace_out.py). Whatever was seen must be gone at the end (below).
+    # seen, the child that clears --out of a previous run (cli/trace_out.py). Whatever was seen
+    # must be gone at the end (below).
     assert len(watcher.children) in (3, 4) and watcher.adapters
-    text = job.text()
+    text = done.stdout + done.stderr + capfd.readouterr().err
+    assert f"rank 1: waiting for a debugger on 127.0.0.1:{port}" in text
     assert f"no debugger attached within 2 s on 127.0.0.1:{port}" in text
     assert "rank 1 exited with code 1" in text  # the launcher names the rank and stopped rank 0
     assert survivors(watched) == []
