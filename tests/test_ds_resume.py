@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cli_here import run_minitron
-from distributed import pretrain_records
+from distributed import pretrain_records, pretrain_records_each
 
 ITERS = 4
 FLAGS = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
@@ -32,10 +32,11 @@ def _config(path: Path, stage: int) -> str:
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dsresume")
     config = ["--deepspeed-config", _config(tmp / "ds.json", 2)]
-    full = pretrain_records(tmp / "full", 2, FLAGS + config)
-    first = pretrain_records(tmp / "first", 2, FLAGS + config + ["--exit-interval", "2", "--save", str(tmp / "ck")])
-    second = pretrain_records(tmp / "second", 2, FLAGS + config + ["--load", str(tmp / "ck")])
-    return tmp, full, first, second
+    # One set of ranks runs the three in turn (each from its own start, as a fresh job would).
+    runs = pretrain_records_each(tmp / "runs", 2, {
+        "full": FLAGS + config, "first": FLAGS + config + ["--exit-interval", "2", "--save", str(tmp / "ck")],
+        "second": FLAGS + config + ["--load", str(tmp / "ck")]})
+    return tmp, runs["full"], runs["first"], runs["second"]
 
 
 def test_resume_repeats_the_uninterrupted_run_exactly(runs):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from distributed import pretrain_records, run_ranks
+from distributed import pretrain_records, pretrain_records_each
 from cli_here import run_minitron
 
 ITERS = 2
@@ -47,34 +47,16 @@ LAYOUTS = {   # name: (world, ZeRO stage, extra flags)
 }
 
 
-def _pretrain_each(argvs: dict):
-    """Each rank runs pretrain once per layout, one after the other, leaving the world to the
-    next: one launch per world size (fresh ranks for each layout cost 0.1-0.2 s of CPU more a
-    layout; nothing of a run outlives destroy_global_state, and the losses are the same)."""
-    def body(rank):
-        from minitron.pretrain_gpt import run_main
-        from minitron.training.training import destroy_global_state
-
-        for name, argv in argvs.items():
-            print(f"--- {name}", flush=True)   # a failing rank's log tail says which layout failed
-            run_main(argv)
-            destroy_global_state(world=False)   # the harness leaves the world itself
-    return body
-
-
 @pytest.fixture(scope="module")
 def engine_runs(tmp_path_factory):
-    """Every layout's iterations.jsonl records, by name."""
+    """Every layout's iterations.jsonl records, by name: one launch per world size, whose ranks
+    run pretrain once per layout (tests/distributed.py pretrain_records_each)."""
     root, runs = tmp_path_factory.mktemp("engine"), {}
     for world in sorted({w for w, _, _ in LAYOUTS.values()}):
-        argvs = {}
-        for name, (w, stage, flags) in LAYOUTS.items():
-            if w == world:
-                config = write_config(root / f"{name}.json", stage)
-                argvs[name] = [*MODEL, *flags, "--deepspeed", "--deepspeed-config", str(config),
-                               "--log-jsonl", str(root / f"{name}.jsonl")]
-        run_ranks(_pretrain_each(argvs), world_size=world, tp=None)
-        runs.update({name: [json.loads(line) for line in open(root / f"{name}.jsonl")] for name in argvs})
+        argvs = {name: [*MODEL, *flags, "--deepspeed", "--deepspeed-config",
+                        str(write_config(root / f"{name}.json", stage))]
+                 for name, (w, stage, flags) in LAYOUTS.items() if w == world}
+        runs.update(pretrain_records_each(root / f"world{world}", world, argvs))
     return runs
 
 
