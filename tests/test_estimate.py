@@ -21,6 +21,7 @@ import sys
 
 import pytest
 
+from distributed import run_each
 from minitron.cli.common import validate_pretrain
 from minitron.cli.estimate import check_trace
 from minitron.cli.views.diff import comm_by_key, recorded_args
@@ -102,32 +103,11 @@ def _estimated(argv, world, held, trace_dir):
 
 
 def run_layouts(root, world, flagsets: dict) -> dict:
-    """run_layout for several layouts of one world size on one set of ranks: each rank runs
-    each layout in turn, traced into its own directory (fresh ranks for each cost 0.1-0.2 s of
-    CPU more a layout; destroy_global_state leaves nothing of one to the next)."""
+    """run_layout for several layouts of one world size on one set of ranks, each traced into
+    its own directory (tests/distributed.py run_each)."""
     argvs = {name: MODEL + flags for name, flags in flagsets.items()}
-
-    def body(rank):
-        from minitron import trace
-        from minitron.training.training import destroy_global_state
-
-        out = {}
-        for name, argv in argvs.items():
-            print(f"--- {name}", flush=True)   # a failing rank's log tail says which layout failed
-            trace.start(root / name / "trace", rank)
-            try:
-                out[name] = _held(argv)(rank)
-            finally:
-                trace.stop()
-            destroy_global_state(world=False)   # the harness leaves the world itself
-        return out
-    cfg = LaunchConfig(world_size=world, log_dir=root / f"logs{world}")
-    try:
-        held = run_on_ranks(body, cfg)
-    except RankFailure as failure:
-        raise AssertionError(f"{failure}\n{failure.log_tail(30)}") from None
-    return {name: _estimated(argv, world, [h[name] for h in held], root / name / "trace")
-            for name, argv in argvs.items()}
+    held = run_each(root, world, {name: _held(argv) for name, argv in argvs.items()})
+    return {name: _estimated(argv, world, held[name], root / name / "trace") for name, argv in argvs.items()}
 
 
 def peak_activations(records, units) -> int:

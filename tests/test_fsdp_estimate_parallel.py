@@ -1,6 +1,6 @@
 """`minitron estimate --use-megatron-fsdp` beyond tp = pp = ep = 1, against execution.
 
-One launch of 4 forked gloo ranks per layout runs pretrain's path (optim_grads_params,
+One launch of 4 forked gloo ranks runs each layout in turn through pretrain's path (optim_grads_params,
 Megatron's default strategy), one traced train_step on a 2- or 4-layer GPT (hidden 32); each rank measures what
 it holds, as tests/test_fsdp_estimate.py does (its units' parameter bytes at their peak, its
 gradient bytes, its optimizer state after the step). Then, on every rank, these and the bytes
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import pytest
 
+from distributed import run_each
 from minitron.cli.common import validate_pretrain
 from minitron.cli.views.diff import comm_by_key
-from minitron.launcher import LaunchConfig, RankFailure, run_on_ranks, session_env
 from minitron.trace.reader import TRAIN_STEP, load_trace
 from minitron.training import theoretical_memory_usage as tmu
 from minitron.training.tokenizer import build_tokenizer
@@ -73,18 +73,24 @@ def _held(argv):
     return body
 
 
-@pytest.fixture(scope="module", params=list(LAYOUTS))
-def layout(request, tmp_path_factory):
-    argv = [*MODEL, *LAYOUTS[request.param]]
-    out = tmp_path_factory.mktemp(request.param)
-    cfg = LaunchConfig(world_size=4, log_dir=out / "logs", env=session_env(4, out / "trace"))
-    try:
-        held = run_on_ranks(_held(argv), cfg)
-    except RankFailure as failure:
-        raise AssertionError(f"{failure}\n{failure.log_tail(30)}") from None
-    args = validate_pretrain(argv, 4)
-    build_tokenizer(args)
-    return request.param, held, load_trace(out / "trace"), tmu.report_theoretical_memory(args), args
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    """Every layout on one launch of 4 ranks, each rank running them in turn, each traced into
+    its own directory (tests/distributed.py run_each)."""
+    out = tmp_path_factory.mktemp("fsdp_parallel")
+    argvs = {name: [*MODEL, *flags] for name, flags in LAYOUTS.items()}
+    held = run_each(out, 4, {name: _held(argv) for name, argv in argvs.items()})
+    estimated = {}
+    for name, argv in argvs.items():
+        args = validate_pretrain(argv, 4)
+        build_tokenizer(args)
+        estimated[name] = name, held[name], load_trace(out / name / "trace"), tmu.report_theoretical_memory(args), args
+    return estimated
+
+
+@pytest.fixture(params=list(LAYOUTS))
+def layout(request, executed):
+    return executed[request.param]
 
 
 def test_estimate_equals_what_each_rank_holds_and_sends(layout):
