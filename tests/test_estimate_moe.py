@@ -13,7 +13,7 @@
 import json
 
 import pytest
-from test_estimate import MODEL, peak_activations, run_layout
+from test_estimate import MODEL, peak_activations, run_layouts
 
 from minitron.cli.estimate import check_trace
 from minitron.cli.views.diff import comm_by_key
@@ -36,12 +36,21 @@ LAYOUTS = {   # name: (world, flags, exact communication)
 }
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
-def test_moe_estimate_matches_execution(tmp_path, capsys, name):
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    """Each world size's layouts on one launch, each rank running them in turn (run_layouts)."""
     from minitron.cli.command import expand_aliases
+    root, out = tmp_path_factory.mktemp("moe_layouts"), {}
+    for world in sorted({w for w, _, _ in LAYOUTS.values()}):
+        out.update(run_layouts(root, world, {name: expand_aliases(MOE + flags)
+                                             for name, (w, flags, _) in LAYOUTS.items() if w == world}))
+    return out
 
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_moe_estimate_matches_execution(executed, capsys, name):
     world, flags, exact = LAYOUTS[name]
-    args, held, runs, trace_dir = run_layout(tmp_path, world, expand_aliases(MOE + flags))
+    args, held, runs, trace_dir = executed[name]
     assert (not expectation_keys(args)) == exact
     for cost, measured in zip(tmu.report_theoretical_memory(args), held):
         traced = {k: v[0] for k, v in comm_by_key(runs[cost.rank], args.params_dtype).items()}
