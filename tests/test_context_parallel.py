@@ -52,7 +52,7 @@ def test_validate_args_refuses_what_the_ring_cannot_do(world, flags, words):
 
 def _ring_vs_serial(rank: int, dropout: bool = False) -> float:
     torch.set_num_threads(1)
-    cp, r = ps.get_context_parallel_world_size(), ps.get_context_parallel_rank()
+    cp = ps.get_context_parallel_world_size()
     b, n, s, d = 2, 3, 8 * cp, 4
     g = torch.Generator().manual_seed(11)
     q, k, v, grad = (torch.randn(b, n, s, d, generator=g) for _ in range(4))
