@@ -67,31 +67,26 @@ def _reads_the_site(item) -> bool:
 
 # The order files are dealt in (`--no-loadscope-reorder` keeps this one, rather than xdist's
 # "most tests first"): the longest first, so that none of them is left to run alone at the end
-# (a few files take 10-20 s of wall time, measured with two workers, most take one or two),
-# then the rest as collected, and last the files whose tests read the site build, so that
-# waiting for the build holds nothing else up. A file missing from LONGEST only runs later.
-# Longest first by the summed --durations of a whole run (two workers, a loaded machine; file
-# by file, so a new heavy file belongs here too): one test of test_moe_sequence_parallel.py
-# trains for real with three commands, and dealt late it ran on alone while the other worker
-# had finished. The refusal tables, once first, now take a few seconds (tests/refusals.py).
-# test_docs_hooks.py (its warm runner's start, then commands) and test_cli_flags.py (two Ctrl-C
-# and script-flag jobs) took 26 and 28 s of a loaded fresh-clone run, mostly waiting, and were
-# dealt in the middle as collected.
-LONGEST = ("test_moe_sequence_parallel.py", "test_launcher.py", "test_trace_reader.py", "test_docs_hooks.py",
-           "test_cli_flags.py", "test_training_log.py",
-           "test_runner.py", "test_throughput_log.py", "test_architecture.py", "test_faults.py",
-           "test_estimate_check.py", "test_ds_checkpoint.py", "test_trace16.py", "test_ckpt_owner.py",
-           "test_debug_attach.py", "test_estimate.py", "test_fusions.py", "test_layout.py", "test_view.py",
-           "test_pretrain_deepspeed.py", "test_groups_scale.py", "test_training_equivalence.py", "test_moe.py",
-           "test_bad_inputs_flags.py", "test_bad_inputs_files.py", "test_context_parallel.py")
+# (a few files take 5-13 s of wall time, measured with two workers, most take one or two), then
+# the rest as collected. A file missing from LONGEST only runs later, so a new heavy file
+# belongs here. Longest by the wall time of a whole two-worker run (this machine, committed page
+# outputs), with the files that mostly wait (a debugger's timeout, a hang's, Ctrl-C jobs) set
+# between files that compute, so that the two workers seldom wait at the same time.
+# The site's readers come first: test_pages_browser.py is the longest file (Chromium visits
+# every page), and dealt last, as it once was while the build ran every page's commands, it ran
+# on alone for its last 10 s. Dealt first, its worker waits for the build (seconds, the pages'
+# outputs being committed) while the build itself keeps that core busy.
+LONGEST = ("test_pages_browser.py", "test_moe.py", "test_training_equivalence.py", "test_debug_attach.py",
+           "test_torch_fsdp2_checkpoint.py", "test_hang.py", "test_context_parallel.py", "test_exercises.py",
+           "test_ckpt_devices.py", "test_launcher.py", "test_view.py", "test_docs_hooks.py", "test_ckpt_owner.py",
+           "test_moe_sequence_parallel.py", "test_pretrain_deepspeed.py", "test_ds_checkpoint.py",
+           "test_trace_reader.py", "test_ddp_overlap_moe.py", "test_gpt_options.py", "test_estimate_zero.py",
+           "test_faults.py", "test_ds_offload.py", "test_layout.py", "test_runtime_engine.py",
+           "test_fp8_parallel.py", "test_bad_inputs_flags.py", "test_estimate.py", "test_mtp.py", "test_docs.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
-    late = {item.path for item in items if _reads_the_site(item)}
-
     def turn(item) -> tuple[int, int]:
-        if item.path in late:
-            return (2, 0)
         if item.path.name in LONGEST:
             return (0, LONGEST.index(item.path.name))
         return (1, 0)
@@ -130,11 +125,12 @@ def pytest_collection_finish(session):
     if not session.config.option.collectonly and any(_reads_the_site(item) for item in session.items):
         _start_site_build(session)
     if hasattr(session.config, "workerinput"):
-        # The build is the run's longest chain of work (its commands and then the browser's
-        # visit of every page): at equal priority it finished well after the tests, while
-        # the tests, half of whose time is waiting, run as well on what the build leaves.
-        # So the workers step back (the build started above keeps the priority it was born
-        # with) and the build goes first. Every process a test starts inherits this.
+        # The build goes first: the browser's visit of every page waits for it, and where the
+        # committed page outputs do not match the code it is the run's longest chain of work
+        # (every page's commands); at equal priority it then finished well after the tests,
+        # which, much of their time waiting, run as well on what the build leaves. So the
+        # workers step back (the build started above keeps the priority it was born with).
+        # Every process a test starts inherits this.
         os.nice(WORKER_NICENESS)
 
 
