@@ -23,6 +23,8 @@ import socket
 import threading
 import time
 
+from minitron.launcher.processes import ForkedProcess
+
 
 class DapError(RuntimeError):
     pass
@@ -165,10 +167,11 @@ def _first_body_line(func) -> tuple[str, int]:
     return code.co_filename, min(line for _, _, line in code.co_lines() if line and line > code.co_firstlineno)
 
 
-class _ForkedCommand:
+class _ForkedCommand(ForkedProcess):
     """``minitron ARGV`` as a forked copy of this process, which has imported torch already:
     the command line's own entry point, without a second interpreter paying for that import
-    (~1.5 s of CPU). The part of Popen's interface the demo uses."""
+    (~1.5 s of CPU). The part of Popen's interface the demo uses (the launcher's ForkedProcess,
+    with a wait that gives up and a signal)."""
 
     def __init__(self, argv: list[str], terminal, env: dict[str, str]):
         import signal
@@ -177,8 +180,9 @@ class _ForkedCommand:
         sys.stdout.flush()
         sys.stderr.flush()
         terminal.touch()  # before the fork: the demo reads it at once
-        self.pid, self.returncode = os.fork(), None
-        if self.pid:
+        pid = os.fork()
+        if pid:
+            super().__init__(pid)
             return
         code = 1
         try:
@@ -206,13 +210,6 @@ class _ForkedCommand:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
-
-    def poll(self):
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
 
     def wait(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout

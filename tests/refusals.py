@@ -43,18 +43,8 @@ _CHILD = r'''
 import json, os, resource, signal, sys, time
 import minitron.cli  # once, before any fork: every case shares the import
 from minitron.cli import main
-import typer.main
-# And the click command typer builds from minitron's app: ~60 ms of reading signatures and
-# type hints at every call of app(), the larger part of a refusal's time once the modules are
-# loaded. Built here once, the same object every case would build; each child gets its own copy.
-_commands = {}
-_build_command = typer.main.get_command
-def _built_command(app):
-    if id(app) not in _commands:
-        _commands[id(app)] = (app, _build_command(app))
-    return _commands[id(app)][1]
-typer.main.get_command = _built_command
-_built_command(minitron.cli.app)
+from typer_command_cache import build_once
+build_once(minitron.cli.app)   # typer's command from the app: built once, each child gets its own copy
 MEMORY_CAP = int(sys.argv[1])
 for name in sys.argv[2:]:  # preloaded for cases whose refusal needs them (see run_cases)
     __import__(name)
@@ -140,6 +130,9 @@ for line in sys.stdin:
     imported = set(sys.modules)
 '''
 
+
+# The forked child runs from `python -c`, whose path does not hold tests/ (typer_command_cache.py).
+_TESTS_ON_PATH = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
 
 # The sequential side (fork=False): refusals_sequential.py, run as a script.
 SEQUENTIAL = str(Path(__file__).with_name("refusals_sequential.py"))
@@ -236,7 +229,8 @@ def _run_in_one_harness(cases: list[Case], memory_cap: int, preload: tuple[str, 
             "env": {**base_env, **(case.env or {})},
             "out": str(scratch / f"{number}.out"), "err": str(scratch / f"{number}.err"),
         }))
-    proc = subprocess.run([sys.executable, *(["-c", _CHILD] if fork else [SEQUENTIAL]), str(memory_cap), *preload],
+    proc = subprocess.run([sys.executable, *(["-c", _TESTS_ON_PATH + _CHILD] if fork else [SEQUENTIAL]),
+                           str(memory_cap), *preload],
                           input="\n".join(lines) + "\n", capture_output=True, text=True,
                           timeout=sum(case.timeout for case in cases) + 60)
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

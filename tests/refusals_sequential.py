@@ -14,25 +14,11 @@ import sys
 import time
 import traceback
 
-import typer.main
-
 import minitron.cli
 from minitron.cli import main
+from typer_command_cache import build_once
 
-# typer builds the click command from minitron's app at every call of app(): ~60 ms of reading
-# signatures, the larger part of a refusal once the modules are loaded. Built once, here.
-_commands = {}
-_build_command = typer.main.get_command
-
-
-def _built_command(app):
-    if id(app) not in _commands:
-        _commands[id(app)] = (app, _build_command(app))
-    return _commands[id(app)][1]
-
-
-typer.main.get_command = _built_command
-_built_command(minitron.cli.app)
+build_once(minitron.cli.app)   # typer's command from the app, built once for every case
 
 # A child subreaper: whatever a case started, even a daemon that double-forked out of its
 # session, ends up this process's child, so "a process left running" is "a live child".
