@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from _rank_probe import start_time, state
 from cli_here import minitron_here
 from dap_client import DapClient
 from minitron.core import parallel_state
-from minitron.launcher import LaunchConfig, RankFailure, Target, launch
+from minitron.launcher import LaunchConfig, RankFailure, Target, free_port, launch
 from minitron.launcher.debug import debug_env
 
 MINITRON = [sys.executable, "-m", "minitron"]
@@ -150,19 +149,13 @@ def no_adapter(port: int, timeout: float = GONE_WITHIN) -> bool:
 
 
 def quiet_ports() -> int:
-    """A port P with P and P + 1 free (the ports of ranks 0 and 1), below Linux's ephemeral
-    range (32768 and up), where nobody's outgoing connections land. A free ephemeral port (what
-    binding port 0 gives) can be handed to another job's connection between our check and the
-    rank's listen: under load, with other jobs' gloo links opening, that failed a run in 20."""
-    while True:
-        base = random.randrange(20000, 32000)
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", base))
-                b.bind(("127.0.0.1", base + 1))
-            return base
-        except OSError:
-            continue
+    """A port P with P and P + 1 free (the ports of ranks 0 and 1): the launcher's free_port,
+    which draws below Linux's ephemeral range, where nobody's outgoing connections land (a free
+    ephemeral port can be handed to another job's connection between our check and the rank's
+    listen: under load, with other jobs' gloo links opening, that failed a run in 20), and draws
+    with SystemRandom (this module's `random` may have been seeded by an earlier test in the
+    same worker, alike in every worker, and two workers then drew the same ports)."""
+    return free_port(count=2)
 
 
 # -- jobs -------------------------------------------------------------------------------------
