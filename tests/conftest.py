@@ -3,7 +3,7 @@ import sys
 
 # Compiled once per clone, not once per process: where the environment says not to write
 # bytecode (PYTHONDONTWRITEBYTECODE=1, as on the machines CI runs on), each of the suite's
-# processes (two workers, the site build, every `minitron` it starts) compiled every module of
+# processes (the workers, the site build, every `minitron` it starts) compiled every module of
 # minitron again, and pytest rewrote and compiled every test file in each worker: 0.3 s of CPU
 # per process that imports the training path, ~3 s per worker. The files go where Python puts
 # them by default (__pycache__/, ignored by git); the processes started later read them.
@@ -46,10 +46,13 @@ from minitron.accelerator.cpu_accelerator import CPU_Accelerator  # noqa: E402
 set_accelerator(CPU_Accelerator())
 
 
-# --- two workers (pytest-xdist) --------------------------------------------------------------
-# The suite runs in two worker processes (`-n 2` in pyproject's addopts): half of its time is
-# spent waiting (ranks on each other, launchers on timeouts, Ctrl-C tests on signals), and the
-# second worker fills those waits. Workers are dealt whole files (`--dist loadfile`), so a
+# --- three workers (pytest-xdist) ------------------------------------------------------------
+# The suite runs in three worker processes (`-n 3` in pyproject's addopts), on machines of two
+# cores: much of a test's time is waiting (ranks on each other, launchers on timeouts, a
+# debugger's and a hang's timeouts, Ctrl-C tests on signals, Chromium laying out a page), and a
+# worker more than the cores fills those waits. Measured on 2 cores with the pages' outputs
+# committed: 131-134 s with two workers, 116-120 s with three; the third costs an `import
+# torch` and a collection (~4 s of CPU). Workers are dealt whole files (`--dist loadfile`), so a
 # file's module fixtures (a training run several tests read) run once: a run that several
 # tests read lives in the file of those tests (the 16-rank trace in test_trace16.py).
 #
@@ -71,7 +74,7 @@ def _reads_the_site(item) -> bool:
 # the rest as collected. A file missing from LONGEST only runs later, so a new heavy file
 # belongs here. Longest by the wall time of a whole two-worker run (this machine, committed page
 # outputs), with the files that mostly wait (a debugger's timeout, a hang's, Ctrl-C jobs) set
-# between files that compute, so that the two workers seldom wait at the same time.
+# between files that compute, so that the workers seldom all wait at the same time.
 # The site's readers come first: test_pages_browser.py is the longest file (Chromium visits
 # every page), and dealt last, as it once was while the build ran every page's commands, it ran
 # on alone for its last 10 s. Dealt first, its worker waits for the build (seconds, the pages'

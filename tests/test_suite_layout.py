@@ -1,4 +1,4 @@
-"""The suite's own layout: under the two workers of pyproject's addopts, a file's module
+"""The suite's own layout: under the workers of pyproject's addopts, a file's module
 fixtures run once.
 
 Why this is tested: the suite once dealt its tests by xdist groups, and a change in pytest
@@ -46,7 +46,7 @@ def test_each_file_runs_in_one_worker_and_its_module_fixture_once(tmp_path):
     (tmp_path / "pytest.ini").write_text(f"[pytest]\naddopts = {addopts}\nmarkers = stress: -\n")
     notes = tmp_path / "notes.txt"
     # Hypothesis's plugin left out: it deals nothing (xdist does), and loading it in the run and
-    # in each of its two workers was ~40% of this test's CPU.
+    # in each of its workers was ~40% of this test's CPU.
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
                            str(tmp_path)],
                           cwd=tmp_path, env={"NOTES": str(notes), "PATH": "/usr/bin:/bin"},
