@@ -150,7 +150,8 @@ STRESS = {
                              "--num-query-groups", "1", "--position-embedding-type", "rope"]),
     "cp4-a2a+p2p": (4, ["--cp", "4", "--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", "2",
                         "2", "--seq-length", "32"]),
-    "cp2-tp2-a2a-p2p-fused": (4, ["--cp", "2", "--tp", "2", "--cp-comm-type", "a2a", "p2p", "a2a", "p2p",
+    "cp2-tp2-a2a-p2p-fused": (4, ["--num-layers", "4", "--cp", "2", "--tp", "2",   # a kind per layer: 4 layers
+                                  "--cp-comm-type", "a2a", "p2p", "a2a", "p2p",
                                   "--attention-dropout", "0", "--group-query-attention", "--num-query-groups", "1"]),
 }
 LAYOUTS.update(STRESS)
