@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from minitron.cli import app
 from minitron.launcher.runner import ResourceError, cores_for_rank, parse_range_list
 from cli_here import MINITRON
+from distributed import in_fork
 
 CORES = sorted(os.sched_getaffinity(0))
 
@@ -73,6 +74,36 @@ def test_save_pid_file_removed_on_sigterm(tmp_path):
     assert rank_lines(tmp_path / "logs", 1) == ["True"]
     assert not Path(f"/tmp/{os.getpid()}.deepspeed").exists()
     assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def _launch_signalled_at_fork(tmp_path: Path, nth: int):
+    """In a fork of the test worker (the hook below stays registered for good): the launcher
+    sends itself SIGTERM from inside its ``nth`` fork's at-fork hook, where Python cannot raise."""
+    forks = []
+
+    def at_fork():
+        forks.append(os.getpid())
+        if len(forks) == nth:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    os.register_at_fork(after_in_parent=at_fork)
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    started = time.monotonic()
+    result = launch("--world", "1", "--log-dir", tmp_path / "logs", "--save_pid", script)
+    return result.exit_code, time.monotonic() - started, len(forks), result.output
+
+
+@pytest.mark.parametrize("nth", [1, 2], ids=["rendezvous-keeper", "rank"])
+def test_sigterm_during_a_fork_still_stops_the_launch(tmp_path, nth):
+    """A SIGTERM that lands while the launcher forks its rendezvous keeper (the first fork) or a
+    rank (the second) is held until the child is on record, then stops the launch: not printed
+    as "Exception ignored" and lost while the launcher waits on its ranks."""
+    code, seconds, forks, output = in_fork(_launch_signalled_at_fork, tmp_path, nth)
+    assert forks >= nth, output
+    assert code == 128 + signal.SIGTERM, output
+    assert seconds < 30, output   # the rank was stopped, not waited for
+    assert "ignored" not in output
 
 
 def test_dry_run_shows_each_ranks_cores():

@@ -47,7 +47,7 @@ import torch.distributed as dist
 
 from minitron import trace
 from minitron.launcher.launch import frozen_heap
-from minitron.launcher.processes import ForkedProcess, stop_process_groups
+from minitron.launcher.processes import ForkedProcess, stop_process_groups, stop_signals_held
 from minitron.launcher.worker import rank_session
 from minitron.trace import TRACE_DIR_ENV
 from minitron.trace.schema import PLAYED
@@ -207,14 +207,17 @@ def _settled(keep):
     return kept
 
 
-def _play_copy(i: int, deck: int, dealer: int, scratch: str, world_size: int, rank_main, trace_dir, keep, played):
-    """Body of forked copy ``i``: play the ranks dealt to it, marshal what ``keep`` returned. Never returns."""
+def _play_copy(i: int, deck: int, dealer: int, scratch: str, world_size: int, rank_main, trace_dir, keep, played,
+               mask: set):
+    """Body of forked copy ``i``: play the ranks dealt to it, marshal what ``keep`` returned. Never returns.
+    ``mask``: the signal mask to put back (forked with stop signals held)."""
     code = 1
     try:
         os.setsid()  # a group of its own, which the parent stops at the end with whatever a rank started
         os.close(dealer)  # or the deck would never run out: a pipe ends when every writer has closed it
         gc.enable()  # the command line turned the collector off for itself; what we inherited stays frozen
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         kept = _on_fresh_stack(_play, world_size, rank_main, trace_dir, _dealt(deck), _settled(keep), played)
         with open(os.path.join(scratch, f"{i}.kept"), "wb") as f:
             f.write(marshal.dumps(kept))
@@ -253,13 +256,13 @@ def _play_in_processes(world_size: int, rank_main, trace_dir, ranks: list[int], 
     with open(deck, "rb", buffering=0) as reading, open(dealer, "wb", buffering=0) as dealing, \
             tempfile.TemporaryDirectory(prefix="minitron-fake-") as scratch:
         try:
-            with frozen_heap():
+            with frozen_heap(), stop_signals_held() as mask:
                 for i in range(processes):
                     sys.stdout.flush()
                     sys.stderr.flush()
                     pid = os.fork()
                     if pid == 0:
-                        _play_copy(i, deck, dealer, scratch, world_size, rank_main, trace_dir, keep, played)
+                        _play_copy(i, deck, dealer, scratch, world_size, rank_main, trace_dir, keep, played, mask)
                     copies.append(ForkedProcess(pid))
             reading.close()  # the copies read the deck; we only deal it
             try:

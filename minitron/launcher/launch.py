@@ -30,7 +30,7 @@ import tempfile
 import time
 import traceback
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
@@ -38,7 +38,7 @@ from typing import Callable, Iterator
 from minitron.launcher.debug import CONSOLE_FD_ENV
 from minitron.launcher.failures import DeathOrder, JobHung, RankFailure, first_failure
 from minitron.launcher.hang_watch import HangWatch, ask_where, flight_recorder_env
-from minitron.launcher.processes import ForkedProcess, stop_process_groups
+from minitron.launcher.processes import ForkedProcess, stop_process_groups, stop_signals_held
 from minitron.launcher.rendezvous import StoreKeeper, die_with_parent
 from minitron.launcher.worker import ERROR_DIR_ENV, Target, run_target
 from minitron.trace import TRACE_DIR_ENV
@@ -104,8 +104,9 @@ def log_path(cfg: LaunchConfig, rank: int) -> Path | None:
     return cfg.log_dir / f"rank{rank}.log" if cfg.log_dir else None
 
 
-def _run_forked_child(rank: int, cfg: LaunchConfig, target: Target) -> None:
-    """Body of a forked rank. Never returns: the child must not run the parent's code on."""
+def _run_forked_child(rank: int, cfg: LaunchConfig, target: Target, mask: set) -> None:
+    """Body of a forked rank. Never returns: the child must not run the parent's code on.
+    ``mask``: the signal mask to put back (the launcher forks with stop signals held)."""
     code = 1
     try:
         # A session of its own (so also a process group: killpg reaches anything this rank
@@ -117,6 +118,7 @@ def _run_forked_child(rank: int, cfg: LaunchConfig, target: Target) -> None:
         gc.enable()
         die_with_parent()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it stops us with SIGTERM
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.environ.update(rank_env(rank, cfg))
         path = log_path(cfg, rank)
         if path:
@@ -151,14 +153,14 @@ def rank_target(rank: int, cfg: LaunchConfig, target: Target) -> Target:
     return replace(target, argv=[f"--local_rank={rank}", *target.argv])
 
 
-def _start(rank: int, cfg: LaunchConfig, target: Target):
+def _start(rank: int, cfg: LaunchConfig, target: Target, mask):
     target = rank_target(rank, cfg, target)
     if cfg.start_method == "fork":
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _run_forked_child(rank, cfg, target)
+            _run_forked_child(rank, cfg, target, mask)
         return ForkedProcess(pid)
     path = log_path(cfg, rank)
     out = open(path, "w") if path else None
@@ -237,9 +239,10 @@ def launch(cfg: LaunchConfig, target: Target, monitor: Callable[[], None] | None
     procs: list = []
     deaths = None
     try:
-        with frozen_heap():
+        held = stop_signals_held() if cfg.start_method == "fork" else nullcontext()
+        with frozen_heap(), held as mask:
             for rank in range(cfg.world_size):
-                procs.append(_start(rank, cfg, target))
+                procs.append(_start(rank, cfg, target, mask))
         deaths = DeathOrder(procs)
         next_tick = time.monotonic()
         while True:

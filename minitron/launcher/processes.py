@@ -12,6 +12,32 @@ from __future__ import annotations
 import os
 import signal
 import time
+from contextlib import contextmanager
+from typing import Iterator
+
+# What stops a launch from outside: Ctrl-C, and the SIGTERM of whoever started it.
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextmanager
+def stop_signals_held() -> Iterator[set]:
+    """While children are forked: a stop signal waits until each one's pid is on our list.
+
+    Python runs a signal's handler at the next bytecode, wherever that falls. During os.fork
+    it falls in the at-fork hooks (logging's lock release is one), where an exception cannot
+    propagate: the KeyboardInterrupt, or --save_pid's SystemExit, is printed as "ignored" and
+    lost, and the launcher waits on for ranks nobody stops. Even right after the fork, a stop
+    before ``procs.append`` would lose the pid of a child that then runs on. Held, the signal
+    arrives as the block ends, when every child is in the list that the stop walks.
+
+    Yields the mask from before: each forked child puts it back first thing (it inherits the
+    block). Only for forks: a program we exec would inherit the block and never hear SIGTERM.
+    """
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield held
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 class ForkedProcess:

@@ -20,6 +20,8 @@ import signal
 import socket
 import sys
 
+from minitron.launcher.processes import stop_signals_held
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -62,42 +64,56 @@ class StoreKeeper:
                   f"it can join or disturb this job", file=sys.stderr)
         port_r, port_w = os.pipe()
         self._stop_r, self._stop_w = os.pipe()
-        self.pid = os.fork()
-        if self.pid == 0:  # the keeper
-            code = 1
-            try:
-                os.setsid()
-                die_with_parent()
-                os.close(port_r)
-                os.close(self._stop_w)
-                # The launcher killed outright takes us down with SIGTERM: still clean up.
-                signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-                import torch.distributed  # loaded in the launcher by now; this module stays torch-free
-                sock = bound_socket(cfg.master_addr, cfg.master_port or 0)
-                store = torch.distributed.TCPStore(cfg.master_addr, sock.getsockname()[1], cfg.world_size,
-                                                   is_master=True, wait_for_workers=False,
-                                                   master_listen_fd=sock.fileno())
-                os.write(port_w, str(store.port).encode())
+        self.pid = None
+        try:
+            with stop_signals_held() as mask:   # a stop now would be lost in the fork's hooks: see there
+                self.pid = os.fork()
+                if self.pid == 0:
+                    self._serve(cfg, scratch, port_r, port_w, mask)  # never returns
                 os.close(port_w)
-                port_w = None
-                os.read(self._stop_r, 1)  # until the launcher closes its end (or dies)
-                code = 0
-            except BaseException as exc:
-                if port_w is not None:
-                    os.write(port_w, f"error {exc}".encode())
-            finally:
-                if scratch is not None:  # the run's scratch folder outlives a SIGKILLed launcher otherwise
-                    shutil.rmtree(scratch, ignore_errors=True)
-                os._exit(code)
-        os.close(port_w)
-        os.close(self._stop_r)
-        answer = os.read(port_r, 4096).decode()
-        os.close(port_r)
+                os.close(self._stop_r)
+            answer = os.read(port_r, 4096).decode()
+        except BaseException:   # a held Ctrl-C or SIGTERM, delivered as the block ended
+            if self.pid is not None:
+                self.close()
+            raise
+        finally:
+            os.close(port_r)
         if not answer.isdigit():
             self.close()
             raise ValueError(f"cannot serve the rendezvous on {cfg.master_addr}:{cfg.master_port}: "
                              f"{answer.removeprefix('error ')}; choose another --master-port")
         cfg.master_port = int(answer)
+
+    def _serve(self, cfg, scratch, port_r: int, port_w: int, mask: set) -> None:
+        """Body of the keeper: serve the store until the launcher closes its end of the stop pipe
+        (or dies). Never returns."""
+        code = 1
+        try:
+            os.setsid()
+            die_with_parent()
+            os.close(port_r)
+            os.close(self._stop_w)
+            # The launcher killed outright takes us down with SIGTERM: still clean up.
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            import torch.distributed  # loaded in the launcher by now; this module stays torch-free
+            sock = bound_socket(cfg.master_addr, cfg.master_port or 0)
+            store = torch.distributed.TCPStore(cfg.master_addr, sock.getsockname()[1], cfg.world_size,
+                                               is_master=True, wait_for_workers=False,
+                                               master_listen_fd=sock.fileno())
+            os.write(port_w, str(store.port).encode())
+            os.close(port_w)
+            port_w = None
+            os.read(self._stop_r, 1)  # until the launcher closes its end (or dies)
+            code = 0
+        except BaseException as exc:
+            if port_w is not None:
+                os.write(port_w, f"error {exc}".encode())
+        finally:
+            if scratch is not None:  # the run's scratch folder outlives a SIGKILLed launcher otherwise
+                shutil.rmtree(scratch, ignore_errors=True)
+            os._exit(code)
 
     def close(self) -> None:
         os.close(self._stop_w)
