@@ -1,3 +1,4 @@
+import gc
 import os
 import sys
 
@@ -17,33 +18,46 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 # tests/distributed.py (run_ranks), cli_here.py and the other helpers are imported as plain
 # modules by the tests.
 sys.path.insert(0, str(Path(__file__).parent))
 
-# The launcher forks ranks from this process. A forked child cannot use a thread pool its
-# parent started (the pool's threads do not survive fork), so the pytest process must never
-# start torch's intra-op pool: tests that compute in-process run single-threaded. Each forked
-# rank then sizes its own pool (launch.py sets it from OMP_NUM_THREADS). What the ranks import
-# (torch._dynamo among it) the launcher warms in this process before its first fork.
-torch.set_num_threads(1)
-# And so does every process the tests start, forked ranks and `minitron` subprocesses alike:
-# left alone, the launcher gives a one-rank job all the cores, and a model this small only
-# pays for the extra threads (they spin waiting for each other: a 1-rank, 3-iteration test
+# Every process the tests start, forked ranks and `minitron` subprocesses alike, runs one
+# thread: left alone, the launcher gives a one-rank job all the cores, and a model this small
+# only pays for the extra threads (they spin waiting for each other: a 1-rank, 3-iteration test
 # run took 19 s of CPU with 2 threads on a busy 2-core machine, 6 s with one). The numbers do
 # not change: the tests compare runs, and every run now has the same single thread.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# This process computes on the CPU, on a machine with GPUs too: the tests that build layers and
-# tensors in it compare them with CPU tensors of their own, and the ranks it forks are CPU ranks
-# whatever it chose (a forked child cannot use CUDA). The tests marked gpu run `minitron` in
-# processes of their own, which choose their device by their backend as a user's would.
-from minitron.accelerator import set_accelerator  # noqa: E402 (after the thread settings above)
-from minitron.accelerator.cpu_accelerator import CPU_Accelerator  # noqa: E402
 
-set_accelerator(CPU_Accelerator())
+def pytest_configure(config):
+    if _controller(config):
+        return   # it runs no test: without torch's import it starts the workers 1.3 s sooner
+    import torch
+
+    gc.freeze()   # torch's ~170,000 objects, out of the collector's walks: see pytest_collection_finish
+    # The launcher forks ranks from this process. A forked child cannot use a thread pool its
+    # parent started (the pool's threads do not survive fork), so the pytest process must never
+    # start torch's intra-op pool: tests that compute in-process run single-threaded. Each forked
+    # rank then sizes its own pool (launch.py sets it from OMP_NUM_THREADS). What the ranks import
+    # (torch._dynamo among it) the launcher warms in this process before its first fork.
+    torch.set_num_threads(1)
+
+    # This process computes on the CPU, on a machine with GPUs too: the tests that build layers
+    # and tensors in it compare them with CPU tensors of their own, and the ranks it forks are
+    # CPU ranks whatever it chose (a forked child cannot use CUDA). The tests marked gpu run
+    # `minitron` in processes of their own, which choose their device by their backend as a
+    # user's would.
+    from minitron.accelerator import set_accelerator
+    from minitron.accelerator.cpu_accelerator import CPU_Accelerator
+
+    set_accelerator(CPU_Accelerator())
+
+
+def _controller(config) -> bool:
+    """Whether this is pytest-xdist's controller, which deals the tests to workers and runs none."""
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
 
 
 # --- three workers (pytest-xdist) ------------------------------------------------------------
@@ -80,9 +94,9 @@ def _reads_the_site(item) -> bool:
 # on alone for its last 10 s. Dealt first, its worker waits for the build (seconds, the pages'
 # outputs being committed) while the build itself keeps that core busy.
 LONGEST = ("test_pages_browser.py", "test_moe.py", "test_training_equivalence.py", "test_debug_attach.py",
-           "test_torch_fsdp2_checkpoint.py", "test_hang.py", "test_context_parallel.py", "test_exercises.py",
-           "test_ckpt_devices.py", "test_launcher.py", "test_view.py", "test_docs_hooks.py", "test_ckpt_owner.py",
-           "test_moe_sequence_parallel.py", "test_pretrain_deepspeed.py", "test_ds_checkpoint.py",
+           "test_torch_fsdp2_checkpoint.py", "test_context_parallel.py", "test_ckpt_devices.py", "test_view.py",
+           "test_ckpt_owner.py", "test_hang.py", "test_ds_checkpoint.py", "test_exercises.py", "test_launcher.py",
+           "test_docs_hooks.py", "test_moe_sequence_parallel.py", "test_pretrain_deepspeed.py",
            "test_trace_reader.py", "test_ddp_overlap_moe.py", "test_gpt_options.py", "test_estimate_zero.py",
            "test_faults.py", "test_ds_offload.py", "test_layout.py", "test_runtime_engine.py",
            "test_fp8_parallel.py", "test_bad_inputs_flags.py", "test_estimate.py", "test_mtp.py", "test_docs.py")
@@ -135,6 +149,11 @@ def pytest_collection_finish(session):
         # workers step back (the build started above keeps the priority it was born with).
         # Every process a test starts inherits this.
         os.nice(WORKER_NICENESS)
+    # What collection loaded (torch, minitron, every test module) lives until the worker ends,
+    # and the cyclic collector walked all of it on each full collection: 0.2 s a time, 1.5 s
+    # of CPU per worker over a run. Frozen, it is never walked again, here or in the processes
+    # the tests fork from here; what the tests create is collected as before.
+    gc.freeze()
 
 
 WORKER_NICENESS = 3   # CPU weight 526 against the build's 1024 (Linux's table for nice 3 and 0)
