@@ -1,3 +1,4 @@
+import compileall
 import gc
 import os
 import sys
@@ -14,6 +15,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -33,6 +35,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 def pytest_configure(config):
     if _controller(config):
+        _rewrite_test_files(config)
         return   # it runs no test: without torch's import it starts the workers 1.3 s sooner
     import torch
 
@@ -58,6 +61,37 @@ def pytest_configure(config):
 def _controller(config) -> bool:
     """Whether this is pytest-xdist's controller, which deals the tests to workers and runs none."""
     return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
+
+
+def _rewrite_test_files(config) -> None:
+    """(The controller) pytest's rewrite of every test file's asserts, and minitron's bytecode,
+    cached once for all workers.
+
+    Each worker collects every test file, and pytest rewrites a file's asserts when it first
+    imports it, caching the result in __pycache__. In a fresh clone there is no cache yet and
+    the three workers collect at the same moment, so each rewrote all of them (collection takes
+    5.3 s of CPU, 2.3 s from the cache), and each compiled minitron. Here a thread of the
+    controller, which is otherwise idle, writes both caches while the workers import torch, in
+    the order they collect, so they mostly read them: measured on 2 cores, a fresh clone's run
+    of one test went from 12.4 to 10.8 s of CPU. It uses pytest's own (private) functions, so
+    what it writes is what a worker would; should they change, it stops and the workers rewrite
+    as before.
+    """
+    def rewrite_all():
+        try:
+            from _pytest.assertion import rewrite
+
+            state = config.stash[rewrite.assertstate_key]
+            for path in sorted(Path(__file__).parent.glob("test_*.py")):
+                pyc = rewrite.get_cache_dir(path) / (path.name[:-3] + rewrite.PYC_TAIL)
+                if rewrite._read_pyc(path, pyc, state.trace) is None and rewrite.try_makedirs(pyc.parent):
+                    source_hash, code = rewrite._rewrite_test(path, config)
+                    rewrite._write_pyc(state, code, source_hash, pyc)
+            compileall.compile_dir(Path(__file__).parent.parent / "minitron", quiet=2)
+        except Exception:   # only a head start: a worker that finds no cache rewrites for itself
+            return
+
+    threading.Thread(target=rewrite_all, name="rewrite-test-files", daemon=True).start()
 
 
 # --- three workers (pytest-xdist) ------------------------------------------------------------
