@@ -153,7 +153,7 @@ def rank_target(rank: int, cfg: LaunchConfig, target: Target) -> Target:
     return replace(target, argv=[f"--local_rank={rank}", *target.argv])
 
 
-def _start(rank: int, cfg: LaunchConfig, target: Target, mask):
+def _start(rank: int, cfg: LaunchConfig, target: Target, mask: set | None):
     target = rank_target(rank, cfg, target)
     if cfg.start_method == "fork":
         sys.stdout.flush()
